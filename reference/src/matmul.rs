@@ -1,0 +1,211 @@
+//! The linear-layer kernel `Y = X W^T`, batch invariant by construction.
+//!
+//! Every output element `Y[t, o]` is one call of [`dot`] on row `t` of `X` and row `o` of `W`, with a
+//! fixed reduction order that does not depend on how many rows are computed together. So a position's
+//! logits are bitwise identical whether it is decoded alone or inside a prefill chunk, which is what
+//! makes greedy self-speculative decoding exactly lossless (spec section 5). A BLAS gemm would not
+//! give this: it picks different code paths (and summation orders) for one row and for many.
+//!
+//! Two kernels, tested bitwise equal:
+//! - [`linear_naive`]: the definition, one loop nest, one thread.
+//! - [`linear`]: the same dots, parallel over blocks of output rows. Each weight row is read from
+//!   memory once per call and dotted with every input row while it is in cache; decode (`T = 1`) is
+//!   memory bound, so this is what reaches the machine's bandwidth.
+
+use ndarray::{Array1, Array2, ArrayView2, Axis};
+use rayon::prelude::*;
+
+/// Partial sums kept by [`dot`]: products `k ≡ j (mod LANES)` accumulate in lane `j`. 16 lanes let
+/// the compiler keep several SIMD accumulators in flight without changing the result.
+pub const LANES: usize = 16;
+
+/// Output rows per parallel task in [`linear`].
+const ROWS_PER_TASK: usize = 8;
+
+/// `sum_k a[k] * b[k]` in the crate's one canonical order: lane `j` sums the products at
+/// `k = j, j + LANES, ...` over the whole chunks, the lanes are added left to right, then the tail
+/// (`len % LANES` products) is added left to right. No fused multiply-add, so every build and CPU
+/// gives the same bits.
+///
+/// # Panics
+/// If `a.len() != b.len()`.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot of slices of different lengths");
+    let mut lanes = [0.0f32; LANES];
+    let whole = a.len() / LANES * LANES;
+    for (ca, cb) in a[..whole]
+        .chunks_exact(LANES)
+        .zip(b[..whole].chunks_exact(LANES))
+    {
+        for j in 0..LANES {
+            lanes[j] += ca[j] * cb[j];
+        }
+    }
+    let mut sum = 0.0f32;
+    for lane in lanes {
+        sum += lane;
+    }
+    for k in whole..a.len() {
+        sum += a[k] * b[k];
+    }
+    sum
+}
+
+/// `Y = X W^T (+ b)`: the definition. `linear` must equal it bit for bit.
+///
+/// # Shapes
+/// - `x`: `[T, in]`, `w`: `[out, in]`, `b`: `[out]` -> `[T, out]`
+///
+/// # Panics
+/// If the inner dimensions differ (shapes are validated at load, so this is a bug).
+pub fn linear_naive(
+    x: ArrayView2<f32>,
+    w: ArrayView2<f32>,
+    b: Option<&Array1<f32>>,
+) -> Array2<f32> {
+    assert_eq!(
+        x.ncols(),
+        w.ncols(),
+        "linear: input width {} vs weight width {}",
+        x.ncols(),
+        w.ncols()
+    );
+    let mut y = Array2::zeros((x.nrows(), w.nrows()));
+    for (t, xr) in x.rows().into_iter().enumerate() {
+        let xs = xr.to_vec();
+        for (o, wr) in w.rows().into_iter().enumerate() {
+            let ws = wr.to_vec();
+            y[[t, o]] = dot(&xs, &ws) + b.map_or(0.0, |b| b[o]);
+        }
+    }
+    y
+}
+
+/// `Y = X W^T (+ b)`, the fast twin of [`linear_naive`] (same bits, tested): output rows are split
+/// into blocks computed in parallel; within a block each weight row is dotted with every input row.
+///
+/// # Shapes
+/// - `x`: `[T, in]`, `w`: `[out, in]`, `b`: `[out]` -> `[T, out]`
+///
+/// # Panics
+/// If the inner dimensions differ.
+pub fn linear(x: ArrayView2<f32>, w: ArrayView2<f32>, b: Option<&Array1<f32>>) -> Array2<f32> {
+    assert_eq!(
+        x.ncols(),
+        w.ncols(),
+        "linear: input width {} vs weight width {}",
+        x.ncols(),
+        w.ncols()
+    );
+    let (t_rows, out) = (x.nrows(), w.nrows());
+    let x = x.as_standard_layout();
+    let w = w.as_standard_layout();
+    let xs = x.as_slice().expect("standard layout");
+    let ws = w.as_slice().expect("standard layout");
+    let width = w.ncols();
+    // yt[o * T + t] = Y[t, o]: each task owns a contiguous run of output rows.
+    let mut yt = vec![0.0f32; out * t_rows];
+    if t_rows > 0 && width > 0 {
+        yt.par_chunks_mut(ROWS_PER_TASK * t_rows)
+            .enumerate()
+            .for_each(|(block, chunk)| {
+                let o0 = block * ROWS_PER_TASK;
+                for (i, y_o) in chunk.chunks_exact_mut(t_rows).enumerate() {
+                    let o = o0 + i;
+                    let w_o = &ws[o * width..(o + 1) * width];
+                    let bias = b.map_or(0.0, |b| b[o]);
+                    for (t, y) in y_o.iter_mut().enumerate() {
+                        *y = dot(&xs[t * width..(t + 1) * width], w_o) + bias;
+                    }
+                }
+            });
+    }
+    let yt = Array2::from_shape_vec((out, t_rows), yt).expect("sizes match");
+    yt.reversed_axes().as_standard_layout().into_owned()
+}
+
+/// Rows `rows` of `X W^T`: the same dots as [`linear`], for a gathered subset of input rows (MoE
+/// experts). Returned in the order of `rows`.
+///
+/// # Shapes
+/// - `x`: `[T, in]`, `w`: `[out, in]` -> `[rows.len(), out]`
+pub fn linear_rows(
+    x: ArrayView2<f32>,
+    rows: &[usize],
+    w: ArrayView2<f32>,
+    b: Option<&Array1<f32>>,
+) -> Array2<f32> {
+    let gathered = x.select(Axis(0), rows);
+    linear(gathered.view(), w, b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::array;
+    use proptest::prelude::*;
+
+    #[test]
+    fn hand_computed() {
+        let x = array![[1.0f32, 2.0, 3.0], [0.5, -1.0, 0.0]];
+        let w = array![[1.0f32, 0.0, -1.0], [2.0, 1.0, 0.5]];
+        let b = array![0.25f32, -1.0];
+        let want = array![
+            [1.0 - 3.0 + 0.25, 2.0 + 2.0 + 1.5 - 1.0],
+            [0.5 + 0.25, 1.0 - 1.0 - 1.0]
+        ];
+        assert_eq!(linear(x.view(), w.view(), Some(&b)), want);
+        assert_eq!(linear_naive(x.view(), w.view(), Some(&b)), want);
+    }
+
+    #[test]
+    fn dot_order_is_the_documented_one() {
+        // 17 elements: one whole chunk of 16 lanes plus a tail of one.
+        let a: Vec<f32> = (0..17).map(|i| 1.0 + i as f32 * 1e-3).collect();
+        let b: Vec<f32> = (0..17)
+            .map(|i| if i % 2 == 0 { 1e4 } else { -1e4 + 0.5 })
+            .collect();
+        let mut lanes = [0.0f32; LANES];
+        for k in 0..16 {
+            lanes[k] += a[k] * b[k];
+        }
+        let mut want = 0.0f32;
+        for l in lanes {
+            want += l;
+        }
+        want += a[16] * b[16];
+        assert_eq!(dot(&a, &b).to_bits(), want.to_bits());
+    }
+
+    fn matrix(rows: usize, cols: usize, seed: u64) -> Array2<f32> {
+        // A small LCG keeps the test free of extra dependencies.
+        let mut s = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        Array2::from_shape_fn((rows, cols), |_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+    }
+
+    proptest! {
+        /// The fast kernel equals the naive one bit for bit, and a row's result does not depend on
+        /// the other rows in the chunk (batch invariance).
+        #[test]
+        fn fast_equals_naive_and_is_batch_invariant(t in 1usize..7, inner in 1usize..70, out in 1usize..80, seed in any::<u64>()) {
+            let x = matrix(t, inner, seed);
+            let w = matrix(out, inner, seed ^ 1);
+            let b = Array1::from_iter((0..out).map(|i| i as f32 * 0.01));
+            let fast = linear(x.view(), w.view(), Some(&b));
+            let naive = linear_naive(x.view(), w.view(), Some(&b));
+            prop_assert!(fast.iter().zip(naive.iter()).all(|(a, b)| a.to_bits() == b.to_bits()));
+            for r in 0..t {
+                let alone = linear(x.slice(ndarray::s![r..r + 1, ..]), w.view(), Some(&b));
+                prop_assert!(alone.row(0).iter().zip(fast.row(r).iter()).all(|(a, b)| a.to_bits() == b.to_bits()));
+            }
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! The base model: the slow residual stream of M2R2 (spec section 0), exactly HF's
+//! `LlamaForCausalLM` / `MistralForCausalLM` / `Qwen2ForCausalLM` / `MixtralForCausalLM` in f32.
+//!
+//! ```text
+//! s_0 = Embed[tokens]                                  [T, D]
+//! for l in 0..N:
+//!     s += Attention_l(RMSNorm(s), cache_l)            (writes K/V of the T positions)
+//!     s += FeedForward_l(RMSNorm(s))                   (SwiGLU MLP or sparse MoE)
+//! logits = LMHead(RMSNorm_final(s))                    [T, V]
+//! ```
+
+use crate::attention::attention_block;
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::kv_cache::KvCache;
+use crate::matmul::linear;
+use crate::mlp::mlp;
+use crate::moe::{Routing, moe};
+use crate::ops::rms_norm;
+use crate::rope::Rope;
+use crate::weights::{FeedForward, Weights};
+use ndarray::{Array2, ArrayView2, Axis};
+
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub config: ModelConfig,
+    pub weights: Weights,
+    rope: Rope,
+}
+
+impl Model {
+    /// Wrap validated config and weights (as produced by the loaders).
+    pub fn new(config: ModelConfig, weights: Weights) -> Self {
+        let rope = Rope::new(&config);
+        Model {
+            config,
+            weights,
+            rope,
+        }
+    }
+
+    /// The longest sequence a cache may hold: the model's context.
+    pub fn context_length(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+
+    /// A cache sized for `positions` positions, refused beyond the context.
+    pub fn new_cache(&self, positions: usize) -> Result<KvCache> {
+        if positions > self.context_length() {
+            return Err(Error::ContextOverflow {
+                needed: positions,
+                capacity: self.context_length(),
+            });
+        }
+        Ok(KvCache::new(&self.config, positions))
+    }
+
+    /// Refuse token ids outside the vocabulary and positions beyond the cache.
+    pub fn check_input(&self, tokens: &[u32], pos0: usize, cache: &KvCache) -> Result<()> {
+        if let Some(position) = tokens
+            .iter()
+            .position(|&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(Error::TokenOutOfRange {
+                id: tokens[position],
+                position: pos0 + position,
+                vocab_size: self.config.vocab_size,
+            });
+        }
+        let needed = pos0 + tokens.len();
+        let capacity = cache.capacity().min(self.context_length());
+        if needed > capacity {
+            return Err(Error::ContextOverflow { needed, capacity });
+        }
+        Ok(())
+    }
+
+    /// `s_0`: embedding rows of the tokens (ids already checked).
+    ///
+    /// # Shapes
+    /// -> `[T, D]`
+    pub fn embed(&self, tokens: &[u32]) -> Array2<f32> {
+        let ids: Vec<usize> = tokens.iter().map(|&t| t as usize).collect();
+        self.weights.embed.select(Axis(0), &ids)
+    }
+
+    /// One decoder layer of the slow stream on a chunk of rows at positions `pos0..pos0+T`, in place:
+    /// `s += Attn(RMSNorm(s)); s += FFN(RMSNorm(s))`. Writes the chunk's K/V into `cache`. Returns the
+    /// expert routing of each row in MoE layers.
+    ///
+    /// # Shapes
+    /// - `s`: `[T, D]`
+    pub fn layer_forward(
+        &self,
+        l: usize,
+        s: &mut Array2<f32>,
+        pos0: usize,
+        cache: &mut KvCache,
+    ) -> Option<Vec<Routing>> {
+        let layer = &self.weights.layers[l];
+        let eps = self.config.rms_norm_eps as f32;
+        // attention rmsnorm, attention, residual
+        let h = rms_norm(s.view(), &layer.attn_norm, eps);
+        let attn = attention_block(
+            &self.config,
+            &layer.attn,
+            &self.rope,
+            l,
+            h.view(),
+            pos0,
+            cache,
+        );
+        *s += &attn;
+        // ffn rmsnorm, ffn, residual
+        let h = rms_norm(s.view(), &layer.mlp_norm, eps);
+        let (ffn, routing) = match &layer.ffn {
+            FeedForward::Dense(m) => (mlp(m, h.view()), None),
+            FeedForward::Moe(m) => {
+                let (y, routing) = moe(m, h.view());
+                (y, Some(routing))
+            }
+        };
+        *s += &ffn;
+        routing
+    }
+
+    /// `LMHead(RMSNorm_final(s))`.
+    ///
+    /// # Shapes
+    /// - `s`: `[T, D]` -> `[T, V]`
+    pub fn logits(&self, s: ArrayView2<f32>) -> Array2<f32> {
+        let h = rms_norm(s, &self.weights.final_norm, self.config.rms_norm_eps as f32);
+        linear(h.view(), self.weights.lm_head().view(), None)
+    }
+
+    /// Run `tokens` through the whole model as one chunk appended at `cache.len()`, advance the cache
+    /// and return the logits of every new position.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[T]` -> `[T, V]`
+    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Array2<f32>> {
+        let pos0 = cache.len();
+        self.check_input(tokens, pos0, cache)?;
+        let mut s = self.embed(tokens);
+        for l in 0..self.config.num_hidden_layers {
+            self.layer_forward(l, &mut s, pos0, cache);
+        }
+        cache.set_len(pos0 + tokens.len());
+        Ok(self.logits(s.view()))
+    }
+
+    /// Logits of every position of `tokens` computed in one chunk from an empty cache.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[T]` -> `[T, V]`
+    pub fn teacher_forced_logits(&self, tokens: &[u32]) -> Result<Array2<f32>> {
+        let mut cache = self.new_cache(tokens.len())?;
+        self.forward(tokens, &mut cache)
+    }
+}
