@@ -1,0 +1,251 @@
+//! Chat templates: Jinja templates (`tokenizer.chat_template`) rendered with minijinja the way
+//! transformers renders them with jinja2 (`apply_chat_template(..., tokenize=False)`).
+//!
+//! transformers' environment, reproduced here: `trim_blocks` and `lstrip_blocks` on; the
+//! variables `messages`, `add_generation_prompt` and the special tokens (`bos_token`, `eos_token`,
+//! `unk_token`, `pad_token`, those the tokenizer has); the function `raise_exception(msg)`.
+//! Python string methods templates call (`.strip()`, `.startswith()`, ...) and dict methods
+//! (`.items()`, `.get()`) are provided for the common cases. Not available: `tojson`, loop
+//! `break` / `continue`, `strftime_now` (a template that uses them fails with a message naming
+//! what is missing).
+
+use super::Tokenizer;
+use crate::error::{Error, Result};
+use minijinja::value::{Value, ValueKind, from_args};
+use minijinja::{Environment, ErrorKind, State, context};
+use serde::{Deserialize, Serialize};
+
+/// One message of a conversation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user` or `assistant`
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// ChatML, used when the tokenizer's source has no chat template: every message as
+/// `<|im_start|>{role}\n{content}<|im_end|>\n`, then `<|im_start|>assistant\n` when a generation
+/// prompt is asked for. Unlike SmolLM2's own template it adds no default system message.
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}\
+{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}\
+{% endfor %}\
+{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+impl Tokenizer {
+    /// The conversation rendered by the chat template, as text (encode it with
+    /// `add_special_tokens = false`: the template writes the special tokens). With
+    /// `add_generation_prompt` the text ends with the start of an assistant turn.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<Value, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
+        env.set_unknown_method_callback(python_method);
+        let err = |e: minijinja::Error| {
+            let mut msg = format!("chat template: {e}");
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                msg.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            Error::Tokenizer(msg)
+        };
+        let template = env.template_from_str(&self.chat_template).map_err(err)?;
+        let token = |t: &Option<super::SpecialToken>| t.as_ref().map(|t| t.content.clone());
+        template
+            .render(context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => token(&self.bos),
+                eos_token => token(&self.eos),
+                unk_token => token(&self.unk),
+                pad_token => token(&self.pad),
+            })
+            .map_err(err)
+    }
+}
+
+/// The Python `str` and `dict` methods chat templates commonly call.
+fn python_method(
+    _state: &State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, minijinja::Error> {
+    if let Some(s) = value.as_str() {
+        let chars = |arg: Option<&str>| -> Vec<char> {
+            arg.map(|a| a.chars().collect()).unwrap_or_default()
+        };
+        let strip_set = |c: char, set: &[char]| {
+            if set.is_empty() {
+                c.is_whitespace()
+            } else {
+                set.contains(&c)
+            }
+        };
+        return Ok(match method {
+            "strip" | "lstrip" | "rstrip" => {
+                let (arg,): (Option<&str>,) = from_args(args)?;
+                let set = chars(arg);
+                let out = match method {
+                    "strip" => s.trim_matches(|c| strip_set(c, &set)),
+                    "lstrip" => s.trim_start_matches(|c| strip_set(c, &set)),
+                    _ => s.trim_end_matches(|c| strip_set(c, &set)),
+                };
+                Value::from(out)
+            }
+            "startswith" => {
+                let (prefix,): (&str,) = from_args(args)?;
+                Value::from(s.starts_with(prefix))
+            }
+            "endswith" => {
+                let (suffix,): (&str,) = from_args(args)?;
+                Value::from(s.ends_with(suffix))
+            }
+            "lower" => Value::from(s.to_lowercase()),
+            "upper" => Value::from(s.to_uppercase()),
+            "replace" => {
+                let (old, new): (&str, &str) = from_args(args)?;
+                Value::from(s.replace(old, new))
+            }
+            "split" => {
+                let (sep,): (Option<&str>,) = from_args(args)?;
+                let parts: Vec<Value> = match sep {
+                    Some(sep) => s.split(sep).map(Value::from).collect(),
+                    None => s.split_whitespace().map(Value::from).collect(),
+                };
+                Value::from(parts)
+            }
+            _ => return Err(minijinja::Error::from(ErrorKind::UnknownMethod)),
+        });
+    }
+    if value.kind() == ValueKind::Map {
+        return match method {
+            "items" | "keys" | "values" => {
+                let _: () = from_args(args)?;
+                let mut out = vec![];
+                for key in value.try_iter()? {
+                    let item = value.get_item(&key)?;
+                    out.push(match method {
+                        "items" => Value::from(vec![key, item]),
+                        "keys" => key,
+                        _ => item,
+                    });
+                }
+                Ok(Value::from(out))
+            }
+            "get" => {
+                let (key, default): (Value, Option<Value>) = from_args(args)?;
+                let item = value.get_item(&key)?;
+                Ok(if item.is_undefined() {
+                    default.unwrap_or(Value::from(()))
+                } else {
+                    item
+                })
+            }
+            _ => Err(minijinja::Error::from(ErrorKind::UnknownMethod)),
+        };
+    }
+    Err(minijinja::Error::from(ErrorKind::UnknownMethod))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_template(template: &str) -> Tokenizer {
+        let mut t = Tokenizer::byte_level_builtin(300).unwrap();
+        t.chat_template = template.to_string();
+        t.chat_template_is_fallback = false;
+        t
+    }
+
+    #[test]
+    fn chatml_fallback() {
+        let t = Tokenizer::byte_level_builtin(300).unwrap();
+        let messages = [
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", "Hi"),
+        ];
+        assert_eq!(
+            t.apply_chat_template(&messages, true).unwrap(),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!(
+            t.apply_chat_template(&messages[1..], false).unwrap(),
+            "<|im_start|>user\nHi<|im_end|>\n"
+        );
+        let ids = t
+            .encode(&t.apply_chat_template(&messages[1..], true).unwrap(), false)
+            .unwrap();
+        assert_eq!(ids[0], t.token_to_id("<|im_start|>").unwrap());
+    }
+
+    #[test]
+    fn jinja2_whitespace_rules() {
+        // trim_blocks drops the newline after a block tag, lstrip_blocks the indent before it.
+        let t = with_template(
+            "{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content }}]\n    {% endif %}\n{% endfor %}\n",
+        );
+        let out = t.apply_chat_template(
+            &[ChatMessage::new("user", "a"), ChatMessage::new("user", "b")],
+            false,
+        );
+        assert_eq!(out.unwrap(), "[a]\n[b]\n");
+    }
+
+    #[test]
+    fn python_methods_and_special_tokens() {
+        let t = with_template(
+            "{{ eos_token }}|{{ messages[0].content.strip() }}|{{ messages[0].content.lstrip(' x') }}|\
+             {{ messages[0]['role'].startswith('us') }}|{{ messages[0].role.upper() }}|\
+             {{ 'a,b'.split(',') | join('+') }}|{{ messages[0].get('role') }}|{{ messages[0].get('x', 'd') }}|\
+             {% for k, v in messages[0].items() %}{{ k }}={{ v | length }};{% endfor %}",
+        );
+        let out = t
+            .apply_chat_template(&[ChatMessage::new("user", "  x hi ")], false)
+            .unwrap();
+        assert_eq!(
+            out,
+            "<|endoftext|>|x hi|hi |True|USER|a+b|user|d|role=4;content=7;"
+        );
+    }
+
+    #[test]
+    fn template_errors_are_tokenizer_errors() {
+        let t = with_template("{{ raise_exception('no system role allowed') }}");
+        let err = t.apply_chat_template(&[], false).unwrap_err();
+        assert!(matches!(err, Error::Tokenizer(_)));
+        assert!(err.to_string().contains("no system role allowed"), "{err}");
+        let t = with_template("{% for m in messages %}");
+        let err = t.apply_chat_template(&[], false).unwrap_err().to_string();
+        assert!(err.contains("chat template"), "{err}");
+        let t = with_template("{{ messages[0].content.frobnicate() }}");
+        let err = t
+            .apply_chat_template(&[ChatMessage::new("user", "x")], false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("frobnicate") || err.contains("unknown method"),
+            "{err}"
+        );
+    }
+}

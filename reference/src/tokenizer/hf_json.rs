@@ -1,0 +1,123 @@
+//! A tokenizer from a HF checkpoint folder: `tokenizer.json` (the `tokenizers` pipeline, used as
+//! is) and, beside it, `tokenizer_config.json` for the special tokens and the chat template
+//! (`chat_template.jinja` takes precedence, as in transformers 5).
+
+use super::{SpecialToken, Tokenizer};
+use crate::error::{Error, Result};
+use serde_json::Value;
+use std::path::Path;
+
+impl Tokenizer {
+    /// Load `tokenizer.json` at `path`; `tokenizer_config.json` and `chat_template.jinja` in the
+    /// same folder are read when present (without a template the tokenizer uses ChatML).
+    pub fn from_file(path: &Path) -> Result<Tokenizer> {
+        let label = path.display().to_string();
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| Error::Tokenizer(format!("{label}: cannot load tokenizer.json: {e}")))?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+
+        let config_path = dir.join("tokenizer_config.json");
+        let config = match std::fs::read_to_string(&config_path) {
+            Ok(text) => serde_json::from_str::<Value>(&text).map_err(|e| {
+                Error::Tokenizer(format!("{}: not valid JSON: {e}", config_path.display()))
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Value::Null,
+            Err(e) => return Err(Error::io(config_path, e)),
+        };
+        let special = |key: &str| -> Option<SpecialToken> {
+            let content = match &config[key] {
+                Value::String(s) => s.clone(),
+                Value::Object(o) => o.get("content")?.as_str()?.to_string(),
+                _ => return None,
+            };
+            let id = inner.token_to_id(&content)?;
+            Some(SpecialToken { content, id })
+        };
+        let specials = [
+            special("bos_token"),
+            special("eos_token"),
+            special("unk_token"),
+            special("pad_token"),
+        ];
+
+        let jinja_path = dir.join("chat_template.jinja");
+        let chat_template = match std::fs::read_to_string(&jinja_path) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                template_of(&config["chat_template"])
+            }
+            Err(e) => return Err(Error::io(jinja_path, e)),
+        };
+        Ok(Tokenizer::assemble(inner, specials, &[], chat_template))
+    }
+}
+
+/// `chat_template` is a string, or a list of `{name, template}` of which `default` is used.
+fn template_of(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(items) => items
+            .iter()
+            .find(|t| t["name"] == "default")
+            .and_then(|t| t["template"].as_str())
+            .map(str::to_string),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_through_tokenizer_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let builtin = Tokenizer::byte_level_builtin(300).unwrap();
+        let json_path = dir.path().join("tokenizer.json");
+        builtin.backend().save(&json_path, false).unwrap();
+
+        // Without tokenizer_config.json: same ids, no special tokens known, ChatML.
+        let plain = Tokenizer::from_file(&json_path).unwrap();
+        let text = "<|im_start|>héllo the world 😀";
+        assert_eq!(
+            plain.encode(text, true).unwrap(),
+            builtin.encode(text, true).unwrap()
+        );
+        assert_eq!(plain.eos_token_ids(), vec![258]); // <|im_end|> found by name
+        assert!(plain.chat_template_is_fallback());
+
+        let config = r#"{"eos_token": {"content": "<|endoftext|>"}, "bos_token": "<|im_start|>",
+            "chat_template": [{"name": "default", "template": "{{ bos_token }}{{ messages[0].content }}"}]}"#;
+        std::fs::write(dir.path().join("tokenizer_config.json"), config).unwrap();
+        let t = Tokenizer::from_file(&json_path).unwrap();
+        assert_eq!((t.bos_token_id(), t.eos_token_id()), (Some(257), Some(256)));
+        assert_eq!(t.eos_token_ids(), vec![256, 258]);
+        let messages = [super::super::ChatMessage::new("user", "hi")];
+        assert_eq!(
+            t.apply_chat_template(&messages, false).unwrap(),
+            "<|im_start|>hi"
+        );
+
+        std::fs::write(
+            dir.path().join("chat_template.jinja"),
+            "[{{ messages[0].role }}]",
+        )
+        .unwrap();
+        let t = Tokenizer::from_file(&json_path).unwrap();
+        assert_eq!(t.apply_chat_template(&messages, false).unwrap(), "[user]");
+
+        std::fs::write(dir.path().join("tokenizer_config.json"), "{not json").unwrap();
+        let err = Tokenizer::from_file(&json_path).unwrap_err().to_string();
+        assert!(
+            err.contains("tokenizer_config.json: not valid JSON"),
+            "{err}"
+        );
+        let err = Tokenizer::from_file(&dir.path().join("missing.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("missing.json: cannot load tokenizer.json"),
+            "{err}"
+        );
+    }
+}
