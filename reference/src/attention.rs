@@ -1,17 +1,14 @@
-//! Causal grouped-query self-attention with RoPE and a KV cache (HF `LlamaAttention`, eager).
+//! Causal grouped-query self-attention (HF `LlamaAttention`, eager): the per-row kernel. The block
+//! around it (projections, RoPE, cache writes) is `layer::decoder_layer`.
 //!
 //! Row `t` of a chunk sits at absolute position `p = pos0 + t` and attends to cached positions
 //! `lo..=p`, where `lo = 0`, or `p + 1 - w` with a sliding window `w` (Mistral: key `j` is visible
 //! when `p - j < w`). Query head `h` reads key/value head `h / (H / Hkv)`.
 
 use crate::config::ModelConfig;
-use crate::kv_cache::KvCache;
-use crate::matmul::{dot, linear};
+use crate::matmul::dot;
 use crate::ops::softmax_inplace;
-use crate::rope::Rope;
-use crate::weights::Attention;
-use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
-use rayon::prelude::*;
+use ndarray::{Array1, ArrayView1, ArrayView2};
 
 /// First visible key position for a query at position `p`.
 pub fn window_start(config: &ModelConfig, p: usize) -> usize {
@@ -78,50 +75,6 @@ pub fn attend(
         }
     }
     out
-}
-
-/// The attention block for a chunk of slow-stream rows: q/k/v projections, RoPE, write K/V of positions
-/// `pos0..pos0+T` into `cache` layer `layer`, causal attention, output projection.
-///
-/// # Shapes
-/// - `h`: `[T, D]` (already RMS-normed) -> `[T, D]`
-pub fn attention_block(
-    config: &ModelConfig,
-    weights: &Attention,
-    rope: &Rope,
-    layer: usize,
-    h: ArrayView2<f32>,
-    pos0: usize,
-    cache: &mut KvCache,
-) -> Array2<f32> {
-    let mut q = linear(h, weights.q.w.view(), weights.q.b.as_ref()); // [T, H*Dh]
-    let mut k = linear(h, weights.k.w.view(), weights.k.b.as_ref()); // [T, Hkv*Dh]
-    let v = linear(h, weights.v.w.view(), weights.v.b.as_ref()); // [T, Hkv*Dh]
-    rope.apply(q.view_mut(), pos0, config.head_dim);
-    rope.apply(k.view_mut(), pos0, config.head_dim);
-    cache.write(layer, pos0, k.view(), v.view());
-
-    let (keys, values) = cache.layer(layer, pos0 + h.nrows());
-    let rows: Vec<Array1<f32>> = (0..h.nrows())
-        .into_par_iter()
-        .map(|t| {
-            let p = pos0 + t;
-            let lo = window_start(config, p);
-            let visible = ndarray::s![lo..=p, ..];
-            attend(
-                config,
-                q.row(t),
-                keys.slice(visible),
-                values.slice(visible),
-                None,
-            )
-        })
-        .collect();
-    let mut ctx = Array2::zeros((h.nrows(), config.q_dim())); // [T, H*Dh]
-    for (t, row) in rows.into_iter().enumerate() {
-        ctx.row_mut(t).assign(&row);
-    }
-    linear(ctx.view(), weights.o.w.view(), weights.o.b.as_ref())
 }
 
 #[cfg(test)]

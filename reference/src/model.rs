@@ -9,16 +9,15 @@
 //! logits = LMHead(RMSNorm_final(s))                    [T, V]
 //! ```
 
-use crate::attention::attention_block;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
 use crate::matmul::linear;
-use crate::mlp::mlp;
-use crate::moe::{Routing, moe};
+use crate::layer::decoder_layer;
+use crate::moe::Routing;
 use crate::ops::rms_norm;
 use crate::rope::Rope;
-use crate::weights::{FeedForward, Weights};
+use crate::weights::Weights;
 use ndarray::{Array2, ArrayView2, Axis};
 
 #[derive(Clone, Debug)]
@@ -90,38 +89,13 @@ impl Model {
     ///
     /// # Shapes
     /// - `s`: `[T, D]`
-    pub fn layer_forward(
-        &self,
-        l: usize,
-        s: &mut Array2<f32>,
-        pos0: usize,
-        cache: &mut KvCache,
-    ) -> Option<Vec<Routing>> {
-        let layer = &self.weights.layers[l];
-        let eps = self.config.rms_norm_eps as f32;
-        // attention rmsnorm, attention, residual
-        let h = rms_norm(s.view(), &layer.attn_norm, eps);
-        let attn = attention_block(
-            &self.config,
-            &layer.attn,
-            &self.rope,
-            l,
-            h.view(),
-            pos0,
-            cache,
-        );
-        *s += &attn;
-        // ffn rmsnorm, ffn, residual
-        let h = rms_norm(s.view(), &layer.mlp_norm, eps);
-        let (ffn, routing) = match &layer.ffn {
-            FeedForward::Dense(m) => (mlp(m, h.view()), None),
-            FeedForward::Moe(m) => {
-                let (y, routing) = moe(m, h.view());
-                (y, Some(routing))
-            }
-        };
-        *s += &ffn;
-        routing
+    pub fn layer_forward(&self, l: usize, s: &mut Array2<f32>, pos0: usize, cache: &mut KvCache) -> Option<Vec<Routing>> {
+        decoder_layer(self, l, s, pos0, cache, None)
+    }
+
+    /// The RoPE tables of this model.
+    pub fn rope(&self) -> &Rope {
+        &self.rope
     }
 
     /// `LMHead(RMSNorm_final(s))`.

@@ -39,12 +39,17 @@ pub fn top_k(probs: &[f32], k: usize) -> Routing {
     let mut order: Vec<usize> = (0..probs.len()).collect();
     // Stable sort: equal probabilities keep ascending index order.
     order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
-    let mut chosen: Vec<usize> = order[..k].to_vec();
-    // PyTorch: routing_weights /= routing_weights.sum(dim=-1, keepdim=True), summed in top-k order.
+    top_k_of(probs, &order[..k])
+}
+
+/// The given experts with their probabilities renormalised to sum to one (summed in the given order:
+/// PyTorch `routing_weights /= routing_weights.sum(-1)` sums in top-k order), in ascending index.
+pub fn top_k_of(probs: &[f32], experts: &[usize]) -> Routing {
     let mut total = 0.0f32;
-    for &e in &chosen {
+    for &e in experts {
         total += probs[e];
     }
+    let mut chosen = experts.to_vec();
     chosen.sort_unstable();
     Routing {
         weights: chosen.iter().map(|&e| probs[e] / total).collect(),
@@ -82,15 +87,6 @@ pub fn mix_experts(moe: &Moe, h: ArrayView2<f32>, routing: &[Routing]) -> Array2
     y
 }
 
-/// The MoE block: route, then mix.
-///
-/// # Shapes
-/// - `h`: `[T, D]` -> (`[T, D]`, T routings)
-pub fn moe(moe: &Moe, h: ArrayView2<f32>) -> (Array2<f32>, Vec<Routing>) {
-    let routing = route(moe, h);
-    (mix_experts(moe, h, &routing), routing)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,7 +122,9 @@ mod tests {
             top_k: 2,
         };
         let x = 1.0f32;
-        let (y, routing) = moe(&m, array![[x]].view());
+        let h = array![[x]];
+        let routing = route(&m, h.view());
+        let y = mix_experts(&m, h.view(), &routing);
         // softmax([0, 1, 2]) = [0.09003, 0.24473, 0.66524]; keep experts 1 and 2.
         assert_eq!(routing[0].experts, vec![1, 2]);
         let (p1, p2) = (0.24472847f32, 0.66524096f32);
