@@ -1,0 +1,172 @@
+//! What several commands share: the `--model` argument and loading, the prompt arguments
+//! (`--prompt [--chat]` or `--tokens`), error printing and number formatting.
+
+use super::progress;
+use anyhow::{Context, Result, bail};
+use reference::load::{LoadedModel, load_model};
+use reference::tokenizer::ChatMessage;
+use std::time::Instant;
+
+/// `--model`, with the built-in `tiny` as default.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// tiny | tiny-moe | smollm2 | a Hugging Face checkpoint folder | a .gguf file
+    #[arg(long, value_name = "MODEL", default_value = "tiny")]
+    pub model: String,
+}
+
+/// The prompt: text (optionally wrapped in the chat template) or token ids, exactly one of them.
+#[derive(clap::Args, Clone, Debug)]
+pub struct PromptArgs {
+    /// Prompt text, encoded with the model's tokenizer (adding its special tokens)
+    #[arg(
+        long,
+        value_name = "TEXT",
+        required_unless_present = "tokens",
+        conflicts_with = "tokens"
+    )]
+    pub prompt: Option<String>,
+    /// Wrap --prompt as one user message in the tokenizer's chat template (with the generation prompt)
+    #[arg(long, requires = "prompt")]
+    pub chat: bool,
+    /// Prompt as comma-separated token ids, e.g. 1,2,3
+    #[arg(long, value_name = "IDS", value_parser = parse_token_ids, required_unless_present = "prompt")]
+    pub tokens: Option<TokenIds>,
+}
+
+/// Token ids given on the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenIds(pub Vec<u32>);
+
+/// Parse `1,2,3` strictly: every comma-separated item must be a token id (spaces around items are
+/// allowed; empty items are not).
+pub fn parse_token_ids(text: &str) -> Result<TokenIds, String> {
+    if text.trim().is_empty() {
+        return Err("no token ids given (expected comma-separated ids such as 1,2,3)".into());
+    }
+    text.split(',')
+        .enumerate()
+        .map(|(i, item)| {
+            let item = item.trim();
+            if item.is_empty() {
+                return Err(format!("item {} of `{text}` is empty (expected comma-separated ids such as 1,2,3)", i + 1));
+            }
+            item.parse::<u32>().map_err(|_| {
+                format!("`{item}` (item {} of `{text}`) is not a token id (a non-negative integer below 2^32)", i + 1)
+            })
+        })
+        .collect::<Result<Vec<u32>, String>>()
+        .map(TokenIds)
+}
+
+/// Load a model, with a spinner while it loads (on a terminal) and a one-line summary on stderr.
+pub fn load(spec: &str) -> Result<LoadedModel> {
+    let spinner = progress::spinner(format!("loading {spec}"));
+    let start = Instant::now();
+    let loaded = load_model(spec).with_context(|| format!("cannot load model `{spec}`"));
+    spinner.finish_and_clear();
+    let loaded = loaded?;
+    eprintln!(
+        "loaded {} ({} parameters, {} layers) from {} in {:.2} s",
+        loaded.name,
+        count(loaded.model.config.parameter_count() as f64),
+        loaded.model.config.num_hidden_layers,
+        loaded.source,
+        start.elapsed().as_secs_f64()
+    );
+    Ok(loaded)
+}
+
+/// The prompt's token ids. Text is encoded with the model's tokenizer: plain text with its special
+/// tokens added (HF `tokenizer(text)`), chat text rendered by the chat template and then encoded
+/// without adding special tokens again (HF `apply_chat_template(..., tokenize=True)`, whose template
+/// already writes them).
+pub fn prompt_tokens(loaded: &LoadedModel, args: &PromptArgs) -> Result<Vec<u32>> {
+    let tokens = match (&args.tokens, &args.prompt) {
+        (Some(TokenIds(ids)), _) => ids.clone(),
+        (None, Some(text)) => {
+            let tokenizer = loaded.tokenizer()?;
+            if args.chat {
+                let messages = [ChatMessage::new("user", text.as_str())];
+                let rendered = tokenizer
+                    .apply_chat_template(&messages, true)
+                    .context("cannot apply the chat template")?;
+                tokenizer.encode(&rendered, false)?
+            } else {
+                tokenizer.encode(text, true)?
+            }
+        }
+        (None, None) => bail!("give a prompt: --prompt TEXT or --tokens IDS"),
+    };
+    if tokens.is_empty() {
+        bail!("the prompt encodes to no tokens: give a non-empty prompt");
+    }
+    Ok(tokens)
+}
+
+/// `error` and its causes, `: `-separated, skipping a cause whose text the message already holds.
+pub fn error_chain(error: &anyhow::Error) -> String {
+    let mut text = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+    }
+    text
+}
+
+/// `134.5 M`-style counts.
+pub fn count(n: f64) -> String {
+    match n {
+        n if n >= 1e9 => format!("{:.2} G", n / 1e9),
+        n if n >= 1e6 => format!("{:.1} M", n / 1e6),
+        n if n >= 1e4 => format!("{:.1} k", n / 1e3),
+        n => format!("{n}"),
+    }
+}
+
+/// Decimal bytes: `538.1 MB`.
+pub fn bytes(n: f64) -> String {
+    match n {
+        n if n >= 1e9 => format!("{:.2} GB", n / 1e9),
+        n if n >= 1e6 => format!("{:.1} MB", n / 1e6),
+        n if n >= 1e3 => format!("{:.1} kB", n / 1e3),
+        n => format!("{n} B"),
+    }
+}
+
+/// Print one JSON value as the whole of stdout.
+pub fn print_json(value: &serde_json::Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).expect("JSON values serialise")
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_ids_are_parsed_strictly() {
+        assert_eq!(parse_token_ids("1,2,3"), Ok(TokenIds(vec![1, 2, 3])));
+        assert_eq!(parse_token_ids(" 4 , 5"), Ok(TokenIds(vec![4, 5])));
+        let err = parse_token_ids("1,x,3").unwrap_err();
+        assert!(err.contains("`x` (item 2 of `1,x,3`)"), "{err}");
+        assert!(parse_token_ids("1,,2").unwrap_err().contains("item 2"));
+        assert!(parse_token_ids("").is_err());
+        assert!(parse_token_ids("-1").is_err());
+        assert!(parse_token_ids("99999999999").is_err());
+    }
+
+    #[test]
+    fn error_chain_skips_repeated_causes() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        let error = anyhow::Error::new(io)
+            .context("f.bin: gone")
+            .context("cannot load model `f`");
+        assert_eq!(error_chain(&error), "cannot load model `f`: f.bin: gone");
+    }
+}

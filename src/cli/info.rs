@@ -1,0 +1,182 @@
+//! `m2r2 info`: what a model is: config, parameter count and size, one row per layer, context,
+//! tokenizer.
+
+use super::bench::DecodeWeights;
+use super::common::{self, ModelArgs};
+use anyhow::Result;
+use reference::load::LoadedModel;
+use reference::weight_names::WeightId;
+use serde_json::{Value, json};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Print one JSON object instead of tables
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let loaded = common::load(&args.model.model)?;
+    let info = describe(&loaded)?;
+    if args.json {
+        common::print_json(&info);
+    } else {
+        print_text(&info);
+    }
+    Ok(())
+}
+
+/// The layer a weight belongs to (`None` for embedding, final norm, head).
+fn layer_of(id: WeightId) -> Option<usize> {
+    match id {
+        WeightId::Embed | WeightId::FinalNorm | WeightId::LmHead => None,
+        WeightId::AttnNorm(l)
+        | WeightId::MlpNorm(l)
+        | WeightId::Attn(l, _)
+        | WeightId::AttnBias(l, _)
+        | WeightId::Mlp(l, _)
+        | WeightId::MlpBias(l, _)
+        | WeightId::Router(l)
+        | WeightId::Expert(l, _, _) => Some(l),
+    }
+}
+
+/// Everything `info` reports, as JSON (the text output is printed from it too).
+pub fn describe(loaded: &LoadedModel) -> Result<Value> {
+    let model = &loaded.model;
+    let c = &model.config;
+    // Parameters per layer, counted from the loaded tensors.
+    let mut per_layer = vec![0usize; c.num_hidden_layers];
+    let mut outside_layers = 0usize;
+    for (id, tensor) in model.weights.named_tensors(c) {
+        match layer_of(id) {
+            Some(l) => per_layer[l] += tensor.len(),
+            None => outside_layers += tensor.len(),
+        }
+    }
+    let (d, q, kv) = (c.hidden_size, c.q_dim(), c.kv_dim());
+    let ffn = match &c.moe {
+        None => json!({"kind": "dense", "intermediate_size": c.intermediate_size}),
+        Some(moe) => json!({
+            "kind": "moe",
+            "experts": moe.num_local_experts,
+            "experts_per_token": moe.num_experts_per_tok,
+            "intermediate_size": c.intermediate_size,
+        }),
+    };
+    let layers: Vec<Value> = per_layer
+        .iter()
+        .enumerate()
+        .map(|(l, &parameters)| {
+            json!({
+                "layer": l,
+                "attention": {"q": [q, d], "k": [kv, d], "v": [kv, d], "o": [d, q]},
+                "ffn": ffn,
+                "parameters": parameters,
+            })
+        })
+        .collect();
+    let parameter_count = c.parameter_count();
+    let tokenizer = match &loaded.tokenizer {
+        None => Value::Null,
+        Some(t) => json!({
+            "vocab_size": t.vocab_size(),
+            "bos_token_id": t.bos_token_id(),
+            "bos_token": t.bos_token_id().and_then(|id| t.id_to_token(id)),
+            "eos_token_ids": t.eos_token_ids(),
+            "eos_tokens": t.eos_token_ids().into_iter().map(|id| t.id_to_token(id)).collect::<Vec<_>>(),
+            "chat_template": !t.chat_template_is_fallback(),
+            "chat_template_fallback": if t.chat_template_is_fallback() { Some("chatml") } else { None },
+        }),
+    };
+    let decode = DecodeWeights::of(c);
+    Ok(json!({
+        "model": loaded.name,
+        "source": loaded.source,
+        "config": serde_json::to_value(c)?,
+        "config_hash": c.hash(),
+        "parameter_count": parameter_count,
+        "bytes_f32": 4 * parameter_count,
+        "parameters_outside_layers": outside_layers,
+        "weights_read_per_decoded_token": decode.floats(),
+        "context_length": model.context_length(),
+        "layers": layers,
+        "tokenizer": tokenizer,
+    }))
+}
+
+fn print_text(info: &Value) {
+    let n = |v: &Value| v.as_u64().unwrap_or(0) as f64;
+    println!("model         {}", info["model"].as_str().unwrap_or(""));
+    println!("source        {}", info["source"].as_str().unwrap_or(""));
+    println!(
+        "parameters    {} ({}), {} as f32",
+        common::count(n(&info["parameter_count"])),
+        info["parameter_count"],
+        common::bytes(n(&info["bytes_f32"]))
+    );
+    println!(
+        "per token     {} weights read per decoded token (see `m2r2 bench`)",
+        common::count(n(&info["weights_read_per_decoded_token"]))
+    );
+    println!("context       {} positions", info["context_length"]);
+    println!(
+        "config hash   {}",
+        info["config_hash"].as_str().unwrap_or("")
+    );
+    println!("config");
+    if let Some(config) = info["config"].as_object() {
+        for (key, value) in config {
+            println!("  {key:<26} {value}");
+        }
+    }
+    match info["tokenizer"].as_object() {
+        None => println!("tokenizer     none (pass --tokens)"),
+        Some(t) => println!(
+            "tokenizer     vocab {}, bos {}, eos {}, chat template {}",
+            t["vocab_size"],
+            t["bos_token"],
+            t["eos_tokens"],
+            if t["chat_template"].as_bool() == Some(true) {
+                "yes"
+            } else {
+                "no (ChatML stands in)"
+            }
+        ),
+    }
+    println!();
+    println!(
+        "{:<6} {:<12} {:<12} {:<12} {:<12} {:<34} {:>12}",
+        "layer", "q", "k", "v", "o", "ffn", "parameters"
+    );
+    let shape = |v: &Value| format!("{v}").replace(',', ", ");
+    for layer in info["layers"].as_array().into_iter().flatten() {
+        let a = &layer["attention"];
+        let f = &layer["ffn"];
+        let ffn = if f["kind"] == "moe" {
+            format!(
+                "MoE {} experts, top-{}, I={}",
+                f["experts"], f["experts_per_token"], f["intermediate_size"]
+            )
+        } else {
+            format!("dense SwiGLU, I={}", f["intermediate_size"])
+        };
+        println!(
+            "{:<6} {:<12} {:<12} {:<12} {:<12} {:<34} {:>12}",
+            layer["layer"].to_string(),
+            shape(&a["q"]),
+            shape(&a["k"]),
+            shape(&a["v"]),
+            shape(&a["o"]),
+            ffn,
+            layer["parameters"].to_string()
+        );
+    }
+    println!(
+        "{:<93} {:>12}",
+        "embedding, final norm, head",
+        info["parameters_outside_layers"].to_string()
+    );
+}

@@ -1,0 +1,58 @@
+//! Progress bars on stderr (indicatif), drawn only when stderr is a terminal: piped or captured
+//! output never gets escape codes or carriage returns.
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
+use std::time::Duration;
+
+/// Whether progress bars may be drawn.
+pub fn enabled() -> bool {
+    std::io::stderr().is_terminal()
+}
+
+fn bar(len: Option<u64>, template: &str) -> ProgressBar {
+    if !enabled() {
+        return ProgressBar::hidden();
+    }
+    let bar = match len {
+        Some(len) => ProgressBar::new(len),
+        None => ProgressBar::new_spinner(),
+    };
+    bar.set_draw_target(ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template(template)
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+/// A spinner with a message, ticking on its own (model load).
+pub fn spinner(message: impl Into<String>) -> ProgressBar {
+    let bar = bar(None, "{spinner} {msg} {elapsed}");
+    bar.set_message(message.into());
+    if enabled() {
+        bar.enable_steady_tick(Duration::from_millis(100));
+    }
+    bar
+}
+
+/// A bar over `total` bytes (extraction, hashing).
+pub fn bytes(total: u64, message: impl Into<String>) -> ProgressBar {
+    let bar = bar(
+        Some(total),
+        "{msg} [{bar:32}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+    );
+    bar.set_message(message.into());
+    bar
+}
+
+/// A bar over `total` generated tokens.
+pub fn tokens(total: u64, message: impl Into<String>) -> ProgressBar {
+    let bar = bar(
+        Some(total),
+        "{msg} [{bar:32}] {pos}/{len} tokens {per_sec} eta {eta}",
+    );
+    bar.set_message(message.into());
+    bar
+}

@@ -1,0 +1,63 @@
+//! `m2r2`: the command line of the M2R2 reference. One subcommand per file under `cli/`.
+//!
+//! Conventions shared by every command: results go to stdout (`--json` prints exactly one JSON
+//! object), diagnostics, progress and timings to stderr; any error prints `error: <message with its
+//! causes>` and exits 1; usage errors exit 2 (clap's default).
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "m2r2",
+    version,
+    about = "M2R2 (Mixture of Multi-Rate Residuals): reference implementation on ndarray",
+    after_help = "Models: tiny | tiny-moe (built in, random weights) | smollm2 (after `m2r2 fetch smollm2`) \
+                  | a Hugging Face checkpoint folder | a .gguf file"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate tokens from a prompt (greedy, or sampled with --temperature).
+    Generate(cli::generate::Args),
+    /// Teacher-forced logits of every position, written as a safetensors file.
+    Logits(cli::logits::Args),
+    /// Record a greedy golden file, or check a model against one.
+    #[command(subcommand)]
+    Golden(cli::golden::Command),
+    /// Describe a model: config, parameters, layers, tokenizer.
+    Info(cli::info::Args),
+    /// Measure prefill and decode speed against the machine's memory bandwidth (threads: all cores,
+    /// or RAYON_NUM_THREADS).
+    Bench(cli::bench::Args),
+    /// Download a model into the cache (only `smollm2` for now).
+    Fetch(cli::fetch::Args),
+    /// A tour of what the reference does, on a built-in model (no files needed).
+    Demo(cli::demo::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Generate(args) => cli::generate::run(&args),
+        Command::Logits(args) => cli::logits::run(&args),
+        Command::Golden(command) => cli::golden::run(&command),
+        Command::Info(args) => cli::info::run(&args),
+        Command::Bench(args) => cli::bench::run(&args),
+        Command::Fetch(args) => cli::fetch::run(&args),
+        Command::Demo(args) => cli::demo::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {}", cli::common::error_chain(&error));
+            ExitCode::FAILURE
+        }
+    }
+}
