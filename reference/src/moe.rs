@@ -11,7 +11,8 @@ use crate::ops::softmax_inplace;
 use crate::weights::Moe;
 use ndarray::{Array2, ArrayView2, Axis};
 
-/// The experts chosen for one row and their renormalised mixing weights, in ascending expert index.
+/// The experts chosen for one row (in top-k order: most probable first) and their renormalised
+/// mixing weights.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Routing {
     pub experts: Vec<usize>,
@@ -42,18 +43,16 @@ pub fn top_k(probs: &[f32], k: usize) -> Routing {
     top_k_of(probs, &order[..k])
 }
 
-/// The given experts with their probabilities renormalised to sum to one (summed in the given order:
-/// PyTorch `routing_weights /= routing_weights.sum(-1)` sums in top-k order), in ascending index.
+/// The given experts with their probabilities renormalised to sum to one, summed in the given order
+/// (PyTorch `routing_weights /= routing_weights.sum(-1)` sums in top-k order).
 pub fn top_k_of(probs: &[f32], experts: &[usize]) -> Routing {
     let mut total = 0.0f32;
     for &e in experts {
         total += probs[e];
     }
-    let mut chosen = experts.to_vec();
-    chosen.sort_unstable();
     Routing {
-        weights: chosen.iter().map(|&e| probs[e] / total).collect(),
-        experts: chosen,
+        weights: experts.iter().map(|&e| probs[e] / total).collect(),
+        experts: experts.to_vec(),
     }
 }
 
@@ -97,7 +96,7 @@ mod tests {
     #[test]
     fn top_k_hand_computed() {
         let r = top_k(&[0.1, 0.4, 0.2, 0.3], 2);
-        assert_eq!(r.experts, vec![1, 3]);
+        assert_eq!(r.experts, vec![1, 3]); // most probable first
         assert_abs_diff_eq!(r.weights[0], 0.4 / 0.7, epsilon = 1e-7);
         assert_abs_diff_eq!(r.weights[1], 0.3 / 0.7, epsilon = 1e-7);
         // Ties go to the lower index.
@@ -126,7 +125,7 @@ mod tests {
         let routing = route(&m, h.view());
         let y = mix_experts(&m, h.view(), &routing);
         // softmax([0, 1, 2]) = [0.09003, 0.24473, 0.66524]; keep experts 1 and 2.
-        assert_eq!(routing[0].experts, vec![1, 2]);
+        assert_eq!(routing[0].experts, vec![2, 1]);
         let (p1, p2) = (0.24472847f32, 0.66524096f32);
         let base = crate::ops::silu(x) * x;
         let want = (p1 * 10.0 + p2 * 100.0) / (p1 + p2) * base;

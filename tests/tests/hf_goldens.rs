@@ -217,14 +217,13 @@ fn mixtral_routing_matches_hf() {
             .layer_forward(l, &mut s, 0, &mut cache)
             .expect("a MoE layer returns routing");
         for (row, r) in routing.iter().enumerate() {
-            // HF lists experts by descending weight; ours ascend by index. Compare as (expert, weight) sets.
-            let mut hf: Vec<(usize, f32)> = (0..k)
+            // Both list the experts in top-k order (most probable first).
+            let hf: Vec<(usize, f32)> = (0..k)
                 .map(|j| {
                     let at = (l * len + row) * k + j;
                     (hf_experts[at] as usize, hf_weights[at])
                 })
                 .collect();
-            hf.sort_by_key(|&(e, _)| e);
             let ours: Vec<(usize, f32)> = r
                 .experts
                 .iter()

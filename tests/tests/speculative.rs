@@ -1,0 +1,289 @@
+//! Self-speculative decoding is lossless (spec section 5):
+//! - greedy speculative output equals plain greedy decoding token for token, for every draft gate,
+//!   fixed and dynamic draft lengths, random adapters and ARLA, dense and MoE (proptest);
+//! - afterwards the KV cache equals the one plain decoding builds for the same tokens, bit for bit;
+//! - speculative sampling preserves the base model's distribution (chi-square test).
+
+use proptest::prelude::*;
+use reference::Model;
+use reference::builtin::random_source;
+use reference::config::{Architecture, ModelConfig, MoeConfig, RopeScaling};
+use reference::draft_verify::ReferenceSpeculation;
+use reference::exit_gate::GateKind;
+use reference::fast_stream::M2r2;
+use reference::generate::greedy;
+use reference::m2r2_config::M2r2Config;
+use reference::m2r2_weights::M2r2Weights;
+use reference::sampling::{SamplingParams, sampling_distribution};
+use reference::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
+use reference::weights::Weights;
+
+fn small_config(layers: usize, moe: bool, vocab: usize) -> ModelConfig {
+    ModelConfig {
+        architecture: if moe {
+            Architecture::Mixtral
+        } else {
+            Architecture::Llama
+        },
+        vocab_size: vocab,
+        hidden_size: 16,
+        intermediate_size: 24,
+        num_hidden_layers: layers,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 4,
+        max_position_embeddings: 64,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        rope_scaling: RopeScaling::Default,
+        qkv_bias: false,
+        o_bias: false,
+        mlp_bias: false,
+        tie_word_embeddings: !moe,
+        sliding_window: None,
+        moe: moe.then_some(MoeConfig {
+            num_local_experts: 4,
+            num_experts_per_tok: 2,
+        }),
+        bos_token_id: None,
+        eos_token_ids: vec![],
+    }
+}
+
+fn model(config: &ModelConfig, seed: u64) -> Model {
+    Model::new(
+        config.clone(),
+        Weights::load(config, &random_source(config, seed)).unwrap(),
+    )
+}
+
+#[derive(Debug, Clone)]
+struct Problem {
+    layers: usize,
+    moe: bool,
+    seed: u64,
+    prompt: Vec<u32>,
+    new_tokens: usize,
+    /// Index into the gates (0-based) for the draft gate.
+    draft_gate: usize,
+    draft: DraftLength,
+    stop: Option<u32>,
+}
+
+fn draft_strategy() -> impl Strategy<Value = DraftLength> {
+    prop_oneof![
+        (1usize..6).prop_map(DraftLength::Fixed),
+        (
+            1usize..6,
+            prop_oneof![
+                Just(GateKind::Arla),
+                Just(GateKind::Confidence),
+                Just(GateKind::Entropy)
+            ],
+            0.0f32..1.0
+        )
+            .prop_map(|(max, gate, threshold)| DraftLength::Dynamic {
+                max,
+                gate,
+                threshold
+            }),
+    ]
+}
+
+fn problem_strategy() -> impl Strategy<Value = Problem> {
+    (
+        2usize..6,
+        any::<bool>(),
+        any::<u64>(),
+        prop::collection::vec(0u32..40, 1..6),
+        1usize..20,
+        0usize..3,
+        draft_strategy(),
+        prop::option::weighted(0.3, 0u32..40),
+    )
+        .prop_map(
+            |(layers, moe, seed, prompt, new_tokens, draft_gate, draft, stop)| Problem {
+                layers,
+                moe,
+                seed,
+                prompt,
+                new_tokens,
+                draft_gate,
+                draft,
+                stop,
+            },
+        )
+}
+
+impl Problem {
+    fn check(&self) -> Result<(), TestCaseError> {
+        let config = small_config(self.layers, self.moe, 40);
+        let base = model(&config, self.seed);
+        let m2r2_config = M2r2Config::default_for(&config);
+        let weights = M2r2Weights::random(&config, m2r2_config, self.seed ^ 0x55).unwrap();
+        let draft_gate = 1 + self.draft_gate % weights.config.num_gates();
+        let stop: Vec<u32> = self.stop.into_iter().collect();
+
+        let want = greedy(&base, &self.prompt, self.new_tokens, &stop).unwrap();
+
+        let gate = match &self.draft {
+            DraftLength::Dynamic { gate, .. } => Some(*gate),
+            DraftLength::Fixed(_) => None,
+        };
+        let capacity = self.prompt.len() + self.new_tokens + self.draft.max() + 1;
+        let mut backend =
+            ReferenceSpeculation::new(M2r2::new(&base, &weights), draft_gate, gate, capacity)
+                .unwrap();
+        let options = SpeculativeOptions {
+            max_new_tokens: self.new_tokens,
+            stop_tokens: stop,
+            draft_length: self.draft.clone(),
+            sampling: None,
+        };
+        let got = speculative_generate(&mut backend, &self.prompt, &options).unwrap();
+        prop_assert_eq!(
+            &got.tokens,
+            &want,
+            "draft gate {} of {:?}",
+            draft_gate,
+            weights.config.gates
+        );
+
+        // The cache holds exactly the base model's entries for prompt + emitted tokens (all but the last).
+        let fed: Vec<u32> = self
+            .prompt
+            .iter()
+            .chain(&want[..want.len() - 1])
+            .copied()
+            .collect();
+        let mut plain = base.new_cache(capacity).unwrap();
+        base.forward(&fed, &mut plain).unwrap();
+        prop_assert_eq!(backend.cache().len(), fed.len());
+        prop_assert!(
+            backend.cache().prefix_equals(&plain, fed.len()),
+            "KV cache differs from the base model's"
+        );
+
+        // Every round emits its accepted drafts plus one base token.
+        let emitted: usize = got.rounds.iter().map(|r| r.accepted + 1).sum();
+        prop_assert!(emitted + 1 >= got.tokens.len());
+        prop_assert!(
+            got.rounds
+                .iter()
+                .all(|r| r.accepted <= r.drafted.len() && r.drafted.len() <= self.draft.max())
+        );
+        Ok(())
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn greedy_speculative_equals_greedy(problem in problem_strategy()) {
+        problem.check()?;
+    }
+}
+
+/// Zero adapters: the draft is exactly "exit at the draft gate with the base head", still lossless.
+#[test]
+fn zero_adapters_are_lossless_too() {
+    let tiny = reference::builtin::builtin("tiny-moe").unwrap();
+    let zeros = M2r2Weights::zeros(&tiny.config);
+    let prompt = [10u32, 20, 30, 40];
+    let want = greedy(&tiny, &prompt, 24, &[]).unwrap();
+    for draft_gate in 1..=zeros.config.num_gates() {
+        let mut backend =
+            ReferenceSpeculation::new(M2r2::new(&tiny, &zeros), draft_gate, None, 64).unwrap();
+        let options = SpeculativeOptions {
+            max_new_tokens: 24,
+            stop_tokens: vec![],
+            draft_length: DraftLength::Fixed(4),
+            sampling: None,
+        };
+        let got = speculative_generate(&mut backend, &prompt, &options).unwrap();
+        assert_eq!(got.tokens, want, "draft gate {draft_gate}");
+    }
+}
+
+/// Speculative sampling draws from the base model's distribution. Vocabulary of 6, temperature 6 (the
+/// random model is very peaked; this spreads every cell above 5 expected counts), prompt of one
+/// token, 3 new tokens (the 2nd and 3rd come from the first speculative round: accepted drafts,
+/// corrections and bonus tokens). Over 4000 seeds, the empirical distributions of token 2 and of
+/// token 3 are compared with the exact marginals computed from the base model by enumeration, with
+/// a chi-square test at significance 0.001 each (df = 5, critical value 20.515).
+#[test]
+fn speculative_sampling_preserves_the_distribution() {
+    let vocab = 6;
+    let config = small_config(4, false, vocab);
+    let base = model(&config, 11);
+    let weights = M2r2Weights::random(&config, M2r2Config::default_for(&config), 12).unwrap();
+    let params = |seed| SamplingParams {
+        temperature: 6.0,
+        top_k: None,
+        top_p: None,
+        seed,
+    };
+    let prompt = [3u32];
+
+    // Exact marginals of tokens 2 and 3 by enumerating tokens 1 and 2.
+    let dist = |tokens: &[u32]| {
+        let logits = base.teacher_forced_logits(tokens).unwrap();
+        sampling_distribution(logits.row(tokens.len() - 1).as_slice().unwrap(), &params(0))
+    };
+    let p1 = dist(&prompt);
+    let (mut m2, mut m3) = (vec![0.0f64; vocab], vec![0.0f64; vocab]);
+    for t1 in 0..vocab as u32 {
+        let p2 = dist(&[3, t1]);
+        for t2 in 0..vocab as u32 {
+            let joint = p1[t1 as usize] as f64 * p2[t2 as usize] as f64;
+            m2[t2 as usize] += joint;
+            let p3 = dist(&[3, t1, t2]);
+            for t3 in 0..vocab {
+                m3[t3] += joint * p3[t3] as f64;
+            }
+        }
+    }
+
+    let samples = 4000;
+    let (mut c2, mut c3) = (vec![0usize; vocab], vec![0usize; vocab]);
+    let mut rejections = 0;
+    for seed in 0..samples {
+        let mut backend =
+            ReferenceSpeculation::new(M2r2::new(&base, &weights), 1, None, 16).unwrap();
+        let options = SpeculativeOptions {
+            max_new_tokens: 3,
+            stop_tokens: vec![],
+            draft_length: DraftLength::Fixed(2),
+            sampling: Some(params(seed as u64)),
+        };
+        let out = speculative_generate(&mut backend, &prompt, &options).unwrap();
+        c2[out.tokens[1] as usize] += 1;
+        c3[out.tokens[2] as usize] += 1;
+        rejections += out
+            .rounds
+            .iter()
+            .filter(|r| r.accepted < r.drafted.len())
+            .count();
+    }
+    let chi2 = |counts: &[usize], p: &[f64]| -> f64 {
+        counts
+            .iter()
+            .zip(p)
+            .map(|(&c, &p)| {
+                let expected = p * samples as f64;
+                (c as f64 - expected).powi(2) / expected
+            })
+            .sum()
+    };
+    let (x2, x3) = (chi2(&c2, &m2), chi2(&c3, &m3));
+    println!("token 2: chi2 {x2:.2} counts {c2:?} expected {m2:?}");
+    println!("token 3: chi2 {x3:.2} counts {c3:?} expected {m3:?}");
+    assert!(
+        rejections > samples / 20,
+        "drafts should be rejected sometimes ({rejections}), else the test is weak"
+    );
+    assert!(
+        x2 < 20.515 && x3 < 20.515,
+        "chi-square {x2:.2} / {x3:.2} above the 0.001 critical value 20.515"
+    );
+}
