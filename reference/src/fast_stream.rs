@@ -60,7 +60,7 @@ impl<'a> M2r2<'a> {
         let mut f = s.select(Axis(0), slots);
         let mut routing = Vec::new();
         for l in self.weights.config.interval_layers(j) {
-            let fast = (!slots.is_empty()).then(|| FastRows {
+            let fast = (!slots.is_empty()).then_some(FastRows {
                 f: &mut f,
                 slot: slots,
                 accelerator: Some(&self.weights.accelerator),

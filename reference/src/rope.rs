@@ -45,7 +45,8 @@ pub fn inverse_frequencies(head_dim: usize, theta: f64, scaling: &RopeScaling) -
                     } else {
                         f
                     };
-                    let medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+                    // HF: is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+                    let medium = wavelen >= high_freq_wavelen && wavelen <= low_freq_wavelen;
                     if medium {
                         let smooth = (old_len / wavelen - low) / (high - low);
                         (1.0 - smooth) * scaled / factor + smooth * scaled

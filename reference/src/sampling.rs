@@ -92,7 +92,7 @@ pub enum Sampler {
     Greedy,
     Sample {
         params: SamplingParams,
-        rng: ChaCha8Rng,
+        rng: Box<ChaCha8Rng>,
     },
 }
 
@@ -102,7 +102,7 @@ impl Sampler {
             None => Sampler::Greedy,
             Some(params) => {
                 params.validate()?;
-                let rng = ChaCha8Rng::seed_from_u64(params.seed);
+                let rng = Box::new(ChaCha8Rng::seed_from_u64(params.seed));
                 Sampler::Sample { params, rng }
             }
         })
@@ -113,7 +113,7 @@ impl Sampler {
         match self {
             Sampler::Greedy => argmax(logits) as u32,
             Sampler::Sample { params, rng } => {
-                draw(&sampling_distribution(logits, params), rng) as u32
+                draw(&sampling_distribution(logits, params), rng.as_mut()) as u32
             }
         }
     }

@@ -39,6 +39,9 @@ pub trait SpeculativeBackend {
     fn vocab_size(&self) -> usize;
     /// Positions in the cache (fed tokens, drafted or verified).
     fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     /// Run `tokens` through the whole model, appended to the cache; logits of the last position.
     fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
     /// Feed `token` at the next position through the draft layers (the slow rows write the cache and

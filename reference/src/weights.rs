@@ -83,6 +83,7 @@ pub struct Moe {
 }
 
 #[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)] // one per layer: boxing buys nothing
 pub enum FeedForward {
     Dense(Mlp),
     Moe(Moe),
