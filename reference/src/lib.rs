@@ -16,6 +16,7 @@ pub mod builtin;
 pub mod checkpoint;
 pub mod config;
 pub mod draft_verify;
+pub mod early_exit;
 pub mod error;
 pub mod exit_gate;
 pub mod fast_stream;
