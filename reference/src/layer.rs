@@ -76,16 +76,29 @@ pub fn decoder_layer(
     };
 
     // attention rmsnorm, qkv matmuls (one weight read for both streams)
-    let h = stack(rms_norm(s.view(), &layer.attn_norm, eps), rms_norm(f.view(), &layer.attn_norm, eps));
+    let h = stack(
+        rms_norm(s.view(), &layer.attn_norm, eps),
+        rms_norm(f.view(), &layer.attn_norm, eps),
+    );
     let attn = &layer.attn;
     let mut q = project(&attn.q, Target::Attn(AttnProj::Q), h.view()); // [T+Tf, H*Dh]
     let mut k = project(&attn.k, Target::Attn(AttnProj::K), h.view()); // [T+Tf, Hkv*Dh]
     let v = project(&attn.v, Target::Attn(AttnProj::V), h.view()); // [T+Tf, Hkv*Dh]
-    let position = |row: usize| if row < ts { pos0 + row } else { pos0 + slot[row - ts] };
+    let position = |row: usize| {
+        if row < ts {
+            pos0 + row
+        } else {
+            pos0 + slot[row - ts]
+        }
+    };
     for row in 0..ts + slot.len() {
         let p = position(row);
-        model.rope().apply(q.slice_mut(s![row..row + 1, ..]), p, config.head_dim);
-        model.rope().apply(k.slice_mut(s![row..row + 1, ..]), p, config.head_dim);
+        model
+            .rope()
+            .apply(q.slice_mut(s![row..row + 1, ..]), p, config.head_dim);
+        model
+            .rope()
+            .apply(k.slice_mut(s![row..row + 1, ..]), p, config.head_dim);
     }
     // Only the slow stream writes the cache (spec section 2).
     cache.write(l, pos0, k.slice(s![..ts, ..]), v.slice(s![..ts, ..]));
@@ -97,11 +110,23 @@ pub fn decoder_layer(
             let lo = window_start(config, p);
             if row < ts {
                 // slow row: cached keys lo..=p, its own included
-                attend(config, q.row(row), keys.slice(s![lo..=p, ..]), values.slice(s![lo..=p, ..]), None)
+                attend(
+                    config,
+                    q.row(row),
+                    keys.slice(s![lo..=p, ..]),
+                    values.slice(s![lo..=p, ..]),
+                    None,
+                )
             } else {
                 // fast row: slow keys lo..p, then its own key/value at p
                 let own = (k.row(row), v.row(row));
-                attend(config, q.row(row), keys.slice(s![lo..p, ..]), values.slice(s![lo..p, ..]), Some(own))
+                attend(
+                    config,
+                    q.row(row),
+                    keys.slice(s![lo..p, ..]),
+                    values.slice(s![lo..p, ..]),
+                    Some(own),
+                )
             }
         })
         .collect();
@@ -111,13 +136,19 @@ pub fn decoder_layer(
     *f += &o.slice(s![ts.., ..]);
 
     // ffn rmsnorm, ffn
-    let h = stack(rms_norm(s.view(), &layer.mlp_norm, eps), rms_norm(f.view(), &layer.mlp_norm, eps));
+    let h = stack(
+        rms_norm(s.view(), &layer.mlp_norm, eps),
+        rms_norm(f.view(), &layer.mlp_norm, eps),
+    );
     let (y, routing) = match &layer.ffn {
         FeedForward::Dense(m) => {
             let mut gate = project(&m.gate, Target::Mlp(MlpProj::Gate), h.view()); // [T+Tf, I]
             let up = project(&m.up, Target::Mlp(MlpProj::Up), h.view());
             swiglu_inplace(&mut gate, &up);
-            (project(&m.down, Target::Mlp(MlpProj::Down), gate.view()), None)
+            (
+                project(&m.down, Target::Mlp(MlpProj::Down), gate.view()),
+                None,
+            )
         }
         FeedForward::Moe(moe) => {
             let slow_routing = route(moe, h.slice(s![..ts, ..]));
@@ -142,7 +173,11 @@ pub fn decoder_layer(
 
 /// `[a; b]` along rows.
 fn stack(a: Array2<f32>, b: Array2<f32>) -> Array2<f32> {
-    if b.nrows() == 0 { a } else { concatenate![Axis(0), a, b] }
+    if b.nrows() == 0 {
+        a
+    } else {
+        concatenate![Axis(0), a, b]
+    }
 }
 
 fn from_rows(rows: &[Array1<f32>], width: usize) -> Array2<f32> {

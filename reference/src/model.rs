@@ -12,8 +12,8 @@
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
-use crate::matmul::linear;
 use crate::layer::decoder_layer;
+use crate::matmul::linear;
 use crate::moe::Routing;
 use crate::ops::rms_norm;
 use crate::rope::Rope;
@@ -89,7 +89,13 @@ impl Model {
     ///
     /// # Shapes
     /// - `s`: `[T, D]`
-    pub fn layer_forward(&self, l: usize, s: &mut Array2<f32>, pos0: usize, cache: &mut KvCache) -> Option<Vec<Routing>> {
+    pub fn layer_forward(
+        &self,
+        l: usize,
+        s: &mut Array2<f32>,
+        pos0: usize,
+        cache: &mut KvCache,
+    ) -> Option<Vec<Routing>> {
         decoder_layer(self, l, s, pos0, cache, None)
     }
 
