@@ -534,3 +534,39 @@ fn checkpoint_folders_load_or_fail_naming_the_problem() {
         &["config.json"],
     );
 }
+
+#[test]
+fn bad_gguf_files_and_model_types_are_refused_clearly() {
+    let root = tempfile::tempdir().unwrap();
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf/quant_types.gguf");
+    let bytes = std::fs::read(&fixture).unwrap();
+
+    let truncated = root.path().join("truncated.gguf");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 3]).unwrap();
+    fails(
+        &["info", "--model", truncated.to_str().unwrap()],
+        &["truncated.gguf"],
+    );
+
+    let garbage = root.path().join("garbage.gguf");
+    std::fs::write(&garbage, b"this is not a gguf file at all").unwrap();
+    fails(
+        &["info", "--model", garbage.to_str().unwrap()],
+        &["garbage.gguf"],
+    );
+
+    // A valid GGUF that holds no llama model (the dequantisation fixture).
+    fails(
+        &["info", "--model", fixture.to_str().unwrap()],
+        &["quant_types.gguf"],
+    );
+
+    let (text, config) = hf_config();
+    let gpt2 = text.replace("\"llama\"", "\"gpt2\"");
+    let dir = write_folder(&root.path().join("gpt2"), &gpt2, &hf_tensors(&config));
+    fails(
+        &["info", "--model", &dir],
+        &["config.json", "unsupported model_type `gpt2`"],
+    );
+}
