@@ -9,6 +9,7 @@
 //! - verify: the kept residuals of all drafted positions through layers `e_gd+1..=N` as one chunk.
 //! - rollback: truncate the cache; kept residuals of dropped positions are forgotten.
 
+use crate::cost::Work;
 use crate::error::Result;
 use crate::exit_gate::{GateKind, gate_score};
 use crate::fast_stream::M2r2;
@@ -29,6 +30,8 @@ pub struct ReferenceSpeculation<'a> {
     verified: usize,
     /// Positions fed (verified plus drafted).
     len: usize,
+    /// Work of draft and verify steps (prefill excluded), counted from the shapes multiplied.
+    work: Work,
 }
 
 impl<'a> ReferenceSpeculation<'a> {
@@ -60,7 +63,13 @@ impl<'a> ReferenceSpeculation<'a> {
             kept: Vec::new(),
             verified: 0,
             len: 0,
+            work: Work::default(),
         })
+    }
+
+    /// Work of the draft and verify steps so far (the prompt's prefill excluded).
+    pub fn work(&self) -> Work {
+        self.work
     }
 
     /// The KV cache (complete for the verified positions).
@@ -91,12 +100,14 @@ impl SpeculativeBackend for ReferenceSpeculation<'_> {
         let p = self.len;
         model.check_input(&[token], p, &self.cache)?;
         let mut s = model.embed(&[token]); // [1, D]
+        self.work += Work::read(model.config.hidden_size);
         let all_states = self.gate == Some(GateKind::Arla);
         let mut exit_states: Vec<Array1<f32>> = Vec::new();
         for j in 0..self.draft_gate {
             let fast = propose && (all_states || j + 1 == self.draft_gate);
             let slots: &[usize] = if fast { &[0] } else { &[] };
             let out = self.m2r2.run_interval(j, &mut s, p, &mut self.cache, slots);
+            self.work += out.work;
             if fast {
                 exit_states.push(out.exit_states.row(0).to_owned());
             }
@@ -109,11 +120,9 @@ impl SpeculativeBackend for ReferenceSpeculation<'_> {
         let u = exit_states
             .last()
             .expect("the draft gate's interval ran with a fast row");
-        let logits = self
-            .m2r2
-            .exit_logits(u.view().insert_axis(ndarray::Axis(0)))
-            .row(0)
-            .to_vec();
+        let (logits, head) = model.logits_counted(u.view().insert_axis(ndarray::Axis(0)));
+        self.work += head;
+        let logits = logits.row(0).to_vec();
         let score = match self.gate {
             None => None,
             Some(kind) => {
@@ -140,12 +149,16 @@ impl SpeculativeBackend for ReferenceSpeculation<'_> {
         }
         let first_upper = self.m2r2.weights.config.gate_layer(self.draft_gate);
         for l in first_upper..model.config.num_hidden_layers {
-            model.layer_forward(l, &mut chunk, self.verified, &mut self.cache);
+            self.work += model
+                .layer_forward_counted(l, &mut chunk, self.verified, &mut self.cache)
+                .work;
         }
         self.verified += self.kept.len();
         self.kept.clear();
         self.cache.set_len(self.verified);
-        Ok(model.logits(chunk.view()))
+        let (logits, head) = model.logits_counted(chunk.view());
+        self.work += head;
+        Ok(logits)
     }
 
     fn rollback(&mut self, len: usize) {

@@ -13,6 +13,7 @@
 //! - `fast-kv`: fill the skipped layers' K/V from the exit state `u_g` (each layer's `attn_norm`, k and
 //!   v projections, RoPE). Cheaper, approximate: later tokens see different keys above the exit.
 
+use crate::cost::Work;
 use crate::error::{Error, Result};
 use crate::exit_gate::{GateKind, gate_score};
 use crate::fast_stream::M2r2;
@@ -85,6 +86,9 @@ pub struct EarlyExitOutput {
     /// Slow layer-rows computed after the prompt (deferred `exact` layers included), and fast ones.
     pub slow_layer_rows: usize,
     pub fast_layer_rows: usize,
+    /// Work after the prompt (deferred `exact` layers and `fast-kv` fills included), counted from the
+    /// shapes multiplied.
+    pub work: Work,
     /// The KV cache left behind (complete: pending `exact` layers are flushed at the end).
     pub cache: KvCache,
 }
@@ -151,6 +155,7 @@ pub fn early_exit_generate(
         trace: Vec::new(),
         slow_layer_rows: 0,
         fast_layer_rows: 0,
+        work: Work::default(),
         cache: KvCache::new(&model.config, 0),
     };
     if options.max_new_tokens == 0 {
@@ -177,6 +182,7 @@ pub fn early_exit_generate(
         let p = cache.len();
         model.check_input(&[token], p, &cache)?;
         let mut s = model.embed(&[token]); // [rows, D]; the current token is the last row
+        out.work += Work::read(model.config.hidden_size);
         let mut pos0 = p;
         let mut exit_states = Vec::new();
         let mut scores = Vec::new();
@@ -191,18 +197,19 @@ pub fn early_exit_generate(
             let gated = j < num_gates;
             let slots: &[usize] = if gated { &[current] } else { &[] };
             let interval = m2r2.run_interval(j, &mut s, pos0, &mut cache, slots);
+            out.work += interval.work;
             out.slow_layer_rows += s.nrows() * config.interval_len(j);
             out.fast_layer_rows += slots.len() * config.interval_len(j);
             if !gated {
-                let logits = model.logits(s.slice(s![current.., ..]));
+                let (logits, head) = model.logits_counted(s.slice(s![current.., ..]));
+                out.work += head;
                 emitted = Some((choose(logits.row(0).as_slice().expect("contiguous")), None));
                 break;
             }
             let u = interval.exit_states.row(0).to_owned();
-            let logits = m2r2
-                .exit_logits(u.view().insert_axis(Axis(0)))
-                .row(0)
-                .to_vec();
+            let (logits, head) = model.logits_counted(u.view().insert_axis(Axis(0)));
+            out.work += head;
+            let logits = logits.row(0).to_vec();
             exit_states.push(u);
             let views: Vec<ArrayView1<f32>> = exit_states.iter().map(|u| u.view()).collect();
             let score = gate_score(
@@ -229,7 +236,13 @@ pub fn early_exit_generate(
                         });
                     }
                     KvPolicy::FastKv => {
-                        fill_kv_from_exit_state(m2r2, exit_layer, views[gate - 1], p, &mut cache)
+                        out.work += fill_kv_from_exit_state(
+                            m2r2,
+                            exit_layer,
+                            views[gate - 1],
+                            p,
+                            &mut cache,
+                        );
                     }
                 }
                 emitted = Some((choose(&logits), Some(gate)));
@@ -258,7 +271,9 @@ pub fn early_exit_generate(
                 pos0 -= older.states.nrows();
                 states = concatenate![Axis(0), older.states, states];
             }
-            model.layer_forward(l, &mut states, pos0, &mut cache);
+            out.work += model
+                .layer_forward_counted(l, &mut states, pos0, &mut cache)
+                .work;
             out.slow_layer_rows += states.nrows();
         }
     }
@@ -277,10 +292,11 @@ fn fill_kv_from_exit_state(
     u: ArrayView1<f32>,
     p: usize,
     cache: &mut KvCache,
-) {
+) -> Work {
     let model = m2r2.model;
     let eps = model.config.rms_norm_eps as f32;
     let u: ArrayView2<f32> = u.insert_axis(Axis(0));
+    let mut work = Work::default();
     for l in from..model.config.num_hidden_layers {
         let layer = &model.weights.layers[l];
         let h = rms_norm(u, &layer.attn_norm, eps);
@@ -288,5 +304,10 @@ fn fill_kv_from_exit_state(
         let v = linear(h.view(), layer.attn.v.w.view(), layer.attn.v.b.as_ref());
         model.rope().apply(k.view_mut(), p, model.config.head_dim);
         cache.write(l, p, k.view(), v.view());
+        let (kw, vw) = (&layer.attn.k, &layer.attn.v);
+        work += Work::read(model.config.hidden_size)
+            + Work::matmul(1, kw.w.nrows(), kw.w.ncols(), kw.b.is_some())
+            + Work::matmul(1, vw.w.nrows(), vw.w.ncols(), vw.b.is_some());
     }
+    work
 }

@@ -11,6 +11,7 @@
 //! slow KV cache and never write it (spec section 2). They run only when their output is consumed
 //! (spec section 7): callers pass the slots that need a fast row.
 
+use crate::cost::Work;
 use crate::kv_cache::KvCache;
 use crate::layer::{FastRows, decoder_layer};
 use crate::m2r2_weights::M2r2Weights;
@@ -31,6 +32,8 @@ pub struct IntervalOutput {
     pub exit_states: Array2<f32>,
     /// Per layer of the interval: the slow rows' expert routing (MoE layers), for expert prefetch.
     pub routing: Vec<Option<Vec<Routing>>>,
+    /// Work done by the interval's layers (counted from the shapes multiplied).
+    pub work: Work,
 }
 
 impl<'a> M2r2<'a> {
@@ -59,17 +62,21 @@ impl<'a> M2r2<'a> {
         // f <- s_{e_j}: the fast stream restarts from the slow residual at every gate.
         let mut f = s.select(Axis(0), slots);
         let mut routing = Vec::new();
+        let mut work = Work::default();
         for l in self.weights.config.interval_layers(j) {
             let fast = (!slots.is_empty()).then_some(FastRows {
                 f: &mut f,
                 slot: slots,
                 accelerator: Some(&self.weights.accelerator),
             });
-            routing.push(decoder_layer(self.model, l, s, pos0, cache, fast));
+            let out = decoder_layer(self.model, l, s, pos0, cache, fast);
+            routing.push(out.routing);
+            work += out.work;
         }
         IntervalOutput {
             exit_states: f,
             routing,
+            work,
         }
     }
 

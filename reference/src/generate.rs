@@ -1,6 +1,7 @@
 //! Autoregressive decoding with the base model: prefill the prompt in one chunk, then one token at a
 //! time from the KV cache.
 
+use crate::cost::Work;
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::sampling::{Sampler, SamplingParams};
@@ -21,6 +22,8 @@ pub struct Generation {
     pub tokens: Vec<u32>,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
+    /// Work of the decode steps (the prompt's prefill excluded).
+    pub work: Work,
 }
 
 impl Generation {
@@ -58,6 +61,7 @@ pub fn generate(
     let mut tokens = Vec::with_capacity(options.max_new_tokens);
     let mut last = logits.row(logits.nrows() - 1).to_vec();
     let start = Instant::now();
+    let mut work = Work::default();
     while tokens.len() < options.max_new_tokens {
         let token = sampler.next(&last);
         tokens.push(token);
@@ -65,13 +69,16 @@ pub fn generate(
         if options.stop_tokens.contains(&token) || tokens.len() == options.max_new_tokens {
             break;
         }
-        last = model.forward(&[token], &mut cache)?.row(0).to_vec();
+        let (logits, step) = model.forward_counted(&[token], &mut cache)?;
+        work += step;
+        last = logits.row(0).to_vec();
     }
     Ok(Generation {
         prompt_tokens: prompt.to_vec(),
         tokens,
         prefill_seconds,
         decode_seconds: start.elapsed().as_secs_f64(),
+        work,
     })
 }
 

@@ -20,6 +20,7 @@
 
 use crate::accelerator::Accelerator;
 use crate::attention::{attend, window_start};
+use crate::cost::Work;
 use crate::kv_cache::KvCache;
 use crate::m2r2_config::Target;
 use crate::matmul::linear;
@@ -30,6 +31,7 @@ use crate::weight_names::{AttnProj, MlpProj};
 use crate::weights::{FeedForward, Linear};
 use ndarray::{Array1, Array2, ArrayView2, Axis, concatenate, s};
 use rayon::prelude::*;
+use std::cell::Cell;
 
 /// The fast rows entering a layer together with the slow chunk.
 pub struct FastRows<'a> {
@@ -41,8 +43,16 @@ pub struct FastRows<'a> {
     pub accelerator: Option<&'a Accelerator>,
 }
 
+/// What a layer call produced besides the updated rows.
+#[derive(Clone, Debug)]
+pub struct LayerOutput {
+    /// The slow rows' expert routing (MoE layers).
+    pub routing: Option<Vec<Routing>>,
+    /// The work done, counted from the shapes actually multiplied (checked against `cost::CostModel`).
+    pub work: Work,
+}
+
 /// Run layer `l` on slow rows `s` (positions `pos0..pos0+T`) and optional fast rows, in place.
-/// Returns the slow rows' expert routing in MoE layers.
 ///
 /// # Shapes
 /// - `s`: `[T, D]`, `fast.f`: `[Tf, D]`
@@ -53,7 +63,7 @@ pub fn decoder_layer(
     pos0: usize,
     cache: &mut KvCache,
     fast: Option<FastRows<'_>>,
-) -> Option<Vec<Routing>> {
+) -> LayerOutput {
     let config = &model.config;
     let layer = &model.weights.layers[l];
     let eps = config.rms_norm_eps as f32;
@@ -63,12 +73,34 @@ pub fn decoder_layer(
         Some(fr) => (fr.f, fr.slot, fr.accelerator),
         None => (&mut f_empty, &no_slot[..], None),
     };
+    let work = Cell::new(Work::read(2 * config.hidden_size)); // the two norm weights
+    let count = |w: Work| work.set(work.get() + w);
     // Base weights on all rows, plus the adapter term on the fast rows (rows ts..).
     let project = |lin: &Linear, target: Target, h: ArrayView2<f32>| -> Array2<f32> {
         let mut y = linear(h, lin.w.view(), lin.b.as_ref());
+        count(Work::matmul(
+            h.nrows(),
+            lin.w.nrows(),
+            lin.w.ncols(),
+            lin.b.is_some(),
+        ));
         if let Some(acc) = accelerator
             && let Some(delta) = acc.delta(l, target, h.slice(s![ts.., ..]))
         {
+            let lora = acc.lora(l, target).expect("delta came from this adapter");
+            let fast_rows = h.nrows() - ts;
+            count(Work::matmul(
+                fast_rows,
+                lora.a.nrows(),
+                lora.a.ncols(),
+                false,
+            ));
+            count(Work::matmul(
+                fast_rows,
+                lora.b.nrows(),
+                lora.b.ncols(),
+                false,
+            ));
             let mut fast_part = y.slice_mut(s![ts.., ..]);
             fast_part += &delta;
         }
@@ -109,7 +141,7 @@ pub fn decoder_layer(
             let p = position(row);
             let lo = window_start(config, p);
             if row < ts {
-                // slow row: cached keys lo..=p, its own included
+                // slow row: cached keys lo..=p, its own included (p + 1 - lo keys, as for fast rows)
                 attend(
                     config,
                     q.row(row),
@@ -130,6 +162,10 @@ pub fn decoder_layer(
             }
         })
         .collect();
+    for row in 0..ts + slot.len() {
+        let p = position(row);
+        count(Work::attention(config, p + 1 - window_start(config, p)));
+    }
     let ctx = from_rows(&ctx_rows, config.q_dim()); // [T+Tf, H*Dh]
     let o = project(&attn.o, Target::Attn(AttnProj::O), ctx.view());
     *s += &o.slice(s![..ts, ..]);
@@ -152,6 +188,12 @@ pub fn decoder_layer(
         }
         FeedForward::Moe(moe) => {
             let slow_routing = route(moe, h.slice(s![..ts, ..]));
+            count(Work::matmul(
+                h.nrows(),
+                moe.router.nrows(),
+                moe.router.ncols(),
+                false,
+            ));
             // Fast rows: the slow row's experts, mixed by the fast row's own router probabilities
             // renormalised over those experts (spec section 1).
             let mut all = slow_routing.clone();
@@ -163,12 +205,25 @@ pub fn decoder_layer(
                     all.push(top_k_of(p.as_slice().expect("contiguous"), chosen));
                 }
             }
+            let expert = &moe.experts[0];
+            let per_row = expert.gate.w.len() + expert.up.w.len() + expert.down.w.len();
+            let used = (0..moe.experts.len())
+                .filter(|e| all.iter().any(|r| r.experts.contains(e)))
+                .count();
+            let assignments: usize = all.iter().map(|r| r.experts.len()).sum();
+            count(Work {
+                weight_macs: (assignments * per_row) as u64,
+                ..Work::read(used * per_row)
+            });
             (mix_experts(moe, h.view(), &all), Some(slow_routing))
         }
     };
     *s += &y.slice(s![..ts, ..]);
     *f += &y.slice(s![ts.., ..]);
-    routing
+    LayerOutput {
+        routing,
+        work: work.get(),
+    }
 }
 
 /// `[a; b]` along rows.

@@ -15,6 +15,7 @@ pub mod attention;
 pub mod builtin;
 pub mod checkpoint;
 pub mod config;
+pub mod cost;
 pub mod draft_verify;
 pub mod early_exit;
 pub mod error;

@@ -10,9 +10,10 @@
 //! ```
 
 use crate::config::ModelConfig;
+use crate::cost::Work;
 use crate::error::{Error, Result};
 use crate::kv_cache::KvCache;
-use crate::layer::decoder_layer;
+use crate::layer::{LayerOutput, decoder_layer};
 use crate::matmul::linear;
 use crate::moe::Routing;
 use crate::ops::rms_norm;
@@ -96,6 +97,17 @@ impl Model {
         pos0: usize,
         cache: &mut KvCache,
     ) -> Option<Vec<Routing>> {
+        self.layer_forward_counted(l, s, pos0, cache).routing
+    }
+
+    /// [`layer_forward`](Self::layer_forward), also returning the work done.
+    pub fn layer_forward_counted(
+        &self,
+        l: usize,
+        s: &mut Array2<f32>,
+        pos0: usize,
+        cache: &mut KvCache,
+    ) -> LayerOutput {
         decoder_layer(self, l, s, pos0, cache, None)
     }
 
@@ -109,8 +121,16 @@ impl Model {
     /// # Shapes
     /// - `s`: `[T, D]` -> `[T, V]`
     pub fn logits(&self, s: ArrayView2<f32>) -> Array2<f32> {
+        self.logits_counted(s).0
+    }
+
+    /// [`logits`](Self::logits), also returning the work done.
+    pub fn logits_counted(&self, s: ArrayView2<f32>) -> (Array2<f32>, Work) {
         let h = rms_norm(s, &self.weights.final_norm, self.config.rms_norm_eps as f32);
-        linear(h.view(), self.weights.lm_head().view(), None)
+        let head = self.weights.lm_head();
+        let work = Work::read(self.weights.final_norm.len())
+            + Work::matmul(s.nrows(), head.nrows(), head.ncols(), false);
+        (linear(h.view(), head.view(), None), work)
     }
 
     /// Run `tokens` through the whole model as one chunk appended at `cache.len()`, advance the cache
@@ -119,14 +139,25 @@ impl Model {
     /// # Shapes
     /// - `tokens`: `[T]` -> `[T, V]`
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Array2<f32>> {
+        Ok(self.forward_counted(tokens, cache)?.0)
+    }
+
+    /// [`forward`](Self::forward), also returning the work done (embedding rows, layers, head).
+    pub fn forward_counted(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+    ) -> Result<(Array2<f32>, Work)> {
         let pos0 = cache.len();
         self.check_input(tokens, pos0, cache)?;
         let mut s = self.embed(tokens);
+        let mut work = Work::read(tokens.len() * self.config.hidden_size);
         for l in 0..self.config.num_hidden_layers {
-            self.layer_forward(l, &mut s, pos0, cache);
+            work += self.layer_forward_counted(l, &mut s, pos0, cache).work;
         }
         cache.set_len(pos0 + tokens.len());
-        Ok(self.logits(s.view()))
+        let (logits, head) = self.logits_counted(s.view());
+        Ok((logits, work + head))
     }
 
     /// Logits of every position of `tokens` computed in one chunk from an empty cache.

@@ -90,6 +90,11 @@ pub struct SpeculativeOptions {
 /// One verification round, for reports and `--trace`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Round {
+    /// Positions in the cache when the round began: its rows sit at `start..start + drafted + 1`.
+    pub start: usize,
+    /// Draft steps that ran the fast stream (the drafted ones, plus one whose proposal the dynamic
+    /// gate dropped).
+    pub proposals: usize,
     pub drafted: Vec<u32>,
     /// How many drafted tokens were accepted.
     pub accepted: usize,
@@ -200,6 +205,8 @@ pub fn speculative_generate(
         let base = backend.verify()?;
         let (accepted, base_token) = chooser.accept(&drafted, &draft_logits, &base);
         rounds.push(Round {
+            start: n,
+            proposals: drafted.len().max(scores.len()),
             drafted: drafted.clone(),
             accepted,
             base_token,

@@ -1,0 +1,373 @@
+//! One cost model: FLOPs and weight bytes read, for every decoding mode (spec section 7).
+//!
+//! [`Work`] counts multiply-accumulates (MACs; FLOPs = 2 MACs) in weight products and in attention,
+//! and the f32 weight bytes read from memory, each matrix counted once per call however many rows
+//! share it (that is the point of stacking slow and fast rows, and of verifying drafts in a chunk).
+//!
+//! [`CostModel`] predicts the work of each step from the config and a few facts about the step (rows,
+//! positions, which gate); the decoding modes report per-token FLOPs and bytes from it, so the
+//! reference and the ONNX runner report with the same formulas. The forward pass also counts the work
+//! it really does from the shapes it multiplies (`decoder_layer`, `Model::logits_counted`); the tests
+//! check that the two agree exactly (MoE expert bytes: the model counts `min(E, rows * k)` experts per
+//! call, an upper bound that is exact for one row).
+//!
+//! Not counted: RMSNorm / RoPE / softmax arithmetic (O(D) per row), KV-cache reads, activations, ARLA
+//! (`J * (d_lat * D + 3 d_lat^2)` MACs per token, under 0.1% of a layer for the default sizes).
+
+use crate::config::ModelConfig;
+use crate::m2r2_weights::M2r2Weights;
+use std::ops::{Add, AddAssign};
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Work {
+    /// MACs in products with weight matrices (base, adapters, routers, LM head)
+    pub weight_macs: u64,
+    /// MACs in attention: `q.k` scores and the weighted sum of values
+    pub attention_macs: u64,
+    /// f32 weight bytes read (matrices, biases, norm weights, embedding rows)
+    pub weight_bytes: u64,
+}
+
+impl Work {
+    pub fn flops(&self) -> u64 {
+        2 * (self.weight_macs + self.attention_macs)
+    }
+
+    /// Work for a product of `rows` rows with an `[out, in]` matrix (plus a bias of `out`).
+    pub fn matmul(rows: usize, out: usize, inp: usize, bias: bool) -> Work {
+        Work {
+            weight_macs: (rows * out * inp) as u64,
+            attention_macs: 0,
+            weight_bytes: 4 * (out * inp + if bias { out } else { 0 }) as u64,
+        }
+    }
+
+    /// Reading `n` f32 weights without multiplying by them (norm weights, embedding rows).
+    pub fn read(n: usize) -> Work {
+        Work {
+            weight_bytes: 4 * n as u64,
+            ..Work::default()
+        }
+    }
+
+    /// Attention of one row over `visible` keys.
+    pub fn attention(config: &ModelConfig, visible: usize) -> Work {
+        Work {
+            attention_macs: (2 * visible * config.num_attention_heads * config.head_dim) as u64,
+            ..Work::default()
+        }
+    }
+}
+
+impl Add for Work {
+    type Output = Work;
+    fn add(self, o: Work) -> Work {
+        Work {
+            weight_macs: self.weight_macs + o.weight_macs,
+            attention_macs: self.attention_macs + o.attention_macs,
+            weight_bytes: self.weight_bytes + o.weight_bytes,
+        }
+    }
+}
+
+impl AddAssign for Work {
+    fn add_assign(&mut self, o: Work) {
+        *self = *self + o;
+    }
+}
+
+impl std::iter::Sum for Work {
+    fn sum<I: Iterator<Item = Work>>(iter: I) -> Work {
+        iter.fold(Work::default(), Add::add)
+    }
+}
+
+/// Predicts [`Work`] from the configs.
+#[derive(Clone, Copy)]
+pub struct CostModel<'a> {
+    pub model: &'a ModelConfig,
+    /// The adapters and gates; `None` for the base model alone.
+    pub m2r2: Option<&'a M2r2Weights>,
+}
+
+impl<'a> CostModel<'a> {
+    pub fn new(model: &'a ModelConfig, m2r2: Option<&'a M2r2Weights>) -> Self {
+        CostModel { model, m2r2 }
+    }
+
+    /// Layer `l` on `positions.len()` slow rows (the positions they sit at) and fast rows at
+    /// `fast_positions`.
+    pub fn layer(&self, l: usize, positions: &[usize], fast_positions: &[usize]) -> Work {
+        let c = self.model;
+        let (d, i) = (c.hidden_size, c.intermediate_size);
+        let rows = positions.len() + fast_positions.len();
+        let mut w = Work::read(2 * d) // two norm weights
+            + Work::matmul(rows, c.q_dim(), d, c.qkv_bias)
+            + Work::matmul(rows, c.kv_dim(), d, c.qkv_bias)
+            + Work::matmul(rows, c.kv_dim(), d, c.qkv_bias)
+            + Work::matmul(rows, d, c.q_dim(), c.o_bias);
+        for &p in positions.iter().chain(fast_positions) {
+            let lo = crate::attention::window_start(c, p);
+            w += Work::attention(c, p + 1 - lo);
+        }
+        w += match &c.moe {
+            None => {
+                Work::matmul(rows, i, d, c.mlp_bias)
+                    + Work::matmul(rows, i, d, c.mlp_bias)
+                    + Work::matmul(rows, d, i, c.mlp_bias)
+            }
+            Some(moe) => {
+                let k = moe.num_experts_per_tok;
+                let experts_read = moe.num_local_experts.min(positions.len() * k);
+                Work::matmul(rows, moe.num_local_experts, d, false)
+                    + Work {
+                        weight_macs: (rows * k * 3 * d * i) as u64,
+                        ..Work::default()
+                    }
+                    + Work::read(experts_read * 3 * d * i)
+            }
+        };
+        if !fast_positions.is_empty() {
+            w += self.adapter(l, fast_positions.len());
+        }
+        w
+    }
+
+    /// Adapter terms `scale * B (A x)` of layer `l` for `rows` fast rows (none without an adapter).
+    pub fn adapter(&self, l: usize, rows: usize) -> Work {
+        let Some(layer) = self
+            .m2r2
+            .and_then(|m| m.accelerator.layers.get(l))
+            .and_then(Option::as_ref)
+        else {
+            return Work::default();
+        };
+        let rank = self.m2r2.expect("checked").accelerator.rank;
+        layer
+            .loras
+            .keys()
+            .map(|t| {
+                let (out, inp) = t.shape(self.model);
+                Work::matmul(rows, rank, inp, false) + Work::matmul(rows, out, rank, false)
+            })
+            .sum()
+    }
+
+    /// Final norm and LM head on `rows` rows.
+    pub fn head(&self, rows: usize) -> Work {
+        Work::read(self.model.hidden_size)
+            + Work::matmul(rows, self.model.vocab_size, self.model.hidden_size, false)
+    }
+
+    /// Embedding rows of `rows` tokens.
+    pub fn embed(&self, rows: usize) -> Work {
+        Work::read(rows * self.model.hidden_size)
+    }
+
+    /// The whole model on one chunk of rows at `positions`: plain decoding / prefill / verify.
+    pub fn base_chunk(&self, layers: std::ops::Range<usize>, positions: &[usize]) -> Work {
+        layers.map(|l| self.layer(l, positions, &[])).sum()
+    }
+
+    /// One plain greedy decode step of the token at position `p`.
+    pub fn greedy_step(&self, p: usize) -> Work {
+        self.embed(1) + self.base_chunk(0..self.model.num_hidden_layers, &[p]) + self.head(1)
+    }
+
+    /// One draft step at position `p` through gates `1..=draft_gate`; when proposing, with fast rows
+    /// in the listed intervals (0-based) and the exit head.
+    pub fn draft_step(
+        &self,
+        p: usize,
+        draft_gate: usize,
+        fast_intervals: &[usize],
+        propose: bool,
+    ) -> Work {
+        let m2r2 = &self.m2r2.expect("draft cost needs the M2R2 weights").config;
+        let mut w = self.embed(1);
+        for j in 0..draft_gate {
+            let fast: &[usize] = if propose && fast_intervals.contains(&j) {
+                &[p]
+            } else {
+                &[]
+            };
+            for l in m2r2.interval_layers(j) {
+                w += self.layer(l, &[p], fast);
+            }
+        }
+        if propose {
+            w += self.head(1);
+        }
+        w
+    }
+
+    /// Verification of the drafted positions `positions` from the draft gate up.
+    pub fn verify(&self, draft_gate: usize, positions: &[usize]) -> Work {
+        let m2r2 = &self
+            .m2r2
+            .expect("verify cost needs the M2R2 weights")
+            .config;
+        self.base_chunk(
+            m2r2.gate_layer(draft_gate)..self.model.num_hidden_layers,
+            positions,
+        ) + self.head(positions.len())
+    }
+}
+
+impl CostModel<'_> {
+    /// The draft and verify work of self-speculative rounds (spec section 5): per round, `drafted + 1`
+    /// draft steps (the last one proposes only when a dynamic gate dropped its proposal), then one
+    /// verify chunk. `all_intervals`: the gate needs every exit state (ARLA), so the fast stream runs
+    /// in every interval up to the draft gate; otherwise only in the one ending at it.
+    pub fn speculative(
+        &self,
+        rounds: &[crate::speculative::Round],
+        draft_gate: usize,
+        all_intervals: bool,
+    ) -> Work {
+        let fast: Vec<usize> = if all_intervals {
+            (0..draft_gate).collect()
+        } else {
+            vec![draft_gate - 1]
+        };
+        rounds
+            .iter()
+            .map(|r| {
+                let rows = r.drafted.len() + 1;
+                let drafts: Work = (0..rows)
+                    .map(|i| self.draft_step(r.start + i, draft_gate, &fast, i < r.proposals))
+                    .sum();
+                let positions: Vec<usize> = (r.start..r.start + rows).collect();
+                drafts + self.verify(draft_gate, &positions)
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builtin::random_source;
+    use crate::config::{Architecture, MoeConfig, RopeScaling};
+    use crate::draft_verify::ReferenceSpeculation;
+    use crate::exit_gate::GateKind;
+    use crate::fast_stream::M2r2;
+    use crate::m2r2_config::M2r2Config;
+    use crate::model::Model;
+    use crate::speculative::{
+        DraftLength, SpeculativeBackend, SpeculativeOptions, speculative_generate,
+    };
+    use crate::weights::Weights;
+
+    fn small(moe: bool, window: Option<usize>) -> (Model, M2r2Weights) {
+        let config = ModelConfig {
+            architecture: if moe {
+                Architecture::Mixtral
+            } else {
+                Architecture::Llama
+            },
+            vocab_size: 50,
+            hidden_size: 16,
+            intermediate_size: 24,
+            num_hidden_layers: 6,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 4,
+            max_position_embeddings: 64,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            rope_scaling: RopeScaling::Default,
+            qkv_bias: true,
+            o_bias: false,
+            mlp_bias: false,
+            tie_word_embeddings: false,
+            sliding_window: window,
+            moe: moe.then_some(MoeConfig {
+                num_local_experts: 4,
+                num_experts_per_tok: 2,
+            }),
+            bos_token_id: None,
+            eos_token_ids: vec![],
+        };
+        let model = Model::new(
+            config.clone(),
+            Weights::load(&config, &random_source(&config, 5)).unwrap(),
+        );
+        let weights = M2r2Weights::random(&config, M2r2Config::default_for(&config), 6).unwrap();
+        (model, weights)
+    }
+
+    /// Plain decoding: the work the forward pass counts equals the cost model's, step by step.
+    #[test]
+    fn greedy_counts_equal_the_model() {
+        for (moe, window) in [(false, None), (false, Some(3)), (true, None)] {
+            let (model, weights) = small(moe, window);
+            let cost = CostModel::new(&model.config, Some(&weights));
+            let mut cache = model.new_cache(20).unwrap();
+            let (_, prefill) = model.forward_counted(&[1, 2, 3, 4], &mut cache).unwrap();
+            let mut predicted = cost.embed(4) + cost.base_chunk(0..6, &[0, 1, 2, 3]) + cost.head(4);
+            if moe {
+                // Chunked MoE calls read the distinct experts; the model counts min(E, rows * k).
+                assert_eq!(prefill.weight_macs, predicted.weight_macs);
+                assert!(prefill.weight_bytes <= predicted.weight_bytes);
+                predicted = prefill;
+            }
+            assert_eq!(prefill, predicted, "prefill, moe {moe} window {window:?}");
+            for p in 4..12 {
+                let (_, step) = model
+                    .forward_counted(&[(p * 7 % 50) as u32], &mut cache)
+                    .unwrap();
+                assert_eq!(
+                    step,
+                    cost.greedy_step(p),
+                    "step at {p}, moe {moe} window {window:?}"
+                );
+            }
+        }
+    }
+
+    /// Self-speculation: the draft and verify work counted by the reference backend equals the cost
+    /// model's prediction from the rounds alone (dense; fixed and dynamic drafts, every draft gate).
+    #[test]
+    fn speculative_counts_equal_the_model() {
+        let (model, weights) = small(false, None);
+        let cost = CostModel::new(&model.config, Some(&weights));
+        let dense = |d: DraftLength, gate: usize| {
+            let kind = match &d {
+                DraftLength::Dynamic { gate, .. } => Some(*gate),
+                DraftLength::Fixed(_) => None,
+            };
+            let mut backend =
+                ReferenceSpeculation::new(M2r2::new(&model, &weights), gate, kind, 64).unwrap();
+            let options = SpeculativeOptions {
+                max_new_tokens: 20,
+                stop_tokens: vec![],
+                draft_length: d,
+                sampling: None,
+            };
+            let out = speculative_generate(&mut backend, &[3, 1, 4], &options).unwrap();
+            let predicted = cost.speculative(&out.rounds, gate, kind == Some(GateKind::Arla));
+            assert_eq!(backend.work(), predicted, "gate {gate} kind {kind:?}");
+            assert!(backend.len() > 3);
+        };
+        for gate in 1..=weights.config.num_gates() {
+            dense(DraftLength::Fixed(3), gate);
+            dense(
+                DraftLength::Dynamic {
+                    max: 4,
+                    gate: GateKind::Confidence,
+                    threshold: 0.3,
+                },
+                gate,
+            );
+            dense(
+                DraftLength::Dynamic {
+                    max: 4,
+                    gate: GateKind::Arla,
+                    threshold: 0.5,
+                },
+                gate,
+            );
+        }
+    }
+}
