@@ -40,6 +40,11 @@ enum Command {
     Fetch(cli::fetch::Args),
     /// A tour of what the reference does, on a built-in model (no files needed).
     Demo(cli::demo::Args),
+    /// Write seeded random M2R2 weights (adapters + ARLA) for a model into a folder, for --m2r2 DIR.
+    InitM2r2(cli::init_m2r2::Args),
+    /// Residual dynamics per layer and gate: direction change, alignment with the final residual,
+    /// early-exit agreement (and a PCA view with --features linalg).
+    Analyze(cli::analyze::Args),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +57,8 @@ fn main() -> ExitCode {
         Command::Bench(args) => cli::bench::run(&args),
         Command::Fetch(args) => cli::fetch::run(&args),
         Command::Demo(args) => cli::demo::run(&args),
+        Command::InitM2r2(args) => cli::init_m2r2::run(&args),
+        Command::Analyze(args) => cli::analyze::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,10 +1,11 @@
-//! `m2r2 generate`: greedy or seeded sampled decoding, streamed to stdout or reported as one JSON
+//! `m2r2 generate`: greedy or seeded sampled decoding with the base model, early exit, or
+//! self-speculation (`--mode`, see [`super::m2r2_args`]), streamed to stdout or reported as one JSON
 //! object.
 
 use super::common::{self, ModelArgs, PromptArgs};
+use super::m2r2_args::{DecodeRequest, M2r2Args, ModeRun, run_mode, trace_lines};
 use super::progress;
 use anyhow::{Result, bail};
-use reference::generate::{GenerateOptions, Generation, generate};
 use reference::load::LoadedModel;
 use reference::sampling::SamplingParams;
 use serde_json::json;
@@ -21,9 +22,16 @@ pub struct Args {
     pub max_new_tokens: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
-    /// Print one JSON object (tokens, text, timings) instead of streaming text
+    #[command(flatten)]
+    pub m2r2: M2r2Args,
+    /// Print one JSON object (tokens, text, timings, M2R2 statistics) instead of streaming text
     #[arg(long)]
     pub json: bool,
+    /// Print a per-token teaching trace on stderr: greedy: logit and probability; early-exit: gate
+    /// scores and where the token exited; speculative: per round the drafts, how many were accepted
+    /// and the correction or bonus token
+    #[arg(long)]
+    pub trace: bool,
 }
 
 /// Sampling flags: greedy unless `--temperature` > 0.
@@ -81,8 +89,11 @@ impl SamplingArgs {
 pub fn run(args: &Args) -> Result<()> {
     let sampling = args.sampling.params()?;
     let loaded = common::load(&args.model.model)?;
+    let weights = args.m2r2.weights(&loaded)?;
+    let settings = args.m2r2.settings(&loaded, &weights)?;
     let prompt = common::prompt_tokens(&loaded, &args.prompt)?;
-    let options = GenerateOptions {
+    let request = DecodeRequest {
+        prompt: &prompt,
         max_new_tokens: args.max_new_tokens,
         stop_tokens: loaded.stop_tokens(),
         sampling,
@@ -90,58 +101,74 @@ pub fn run(args: &Args) -> Result<()> {
 
     // Streaming text and a progress bar would fight over one terminal: the bar is shown only when
     // the text is not going to it.
-    let show_bar = options.max_new_tokens >= 32 && (args.json || !std::io::stdout().is_terminal());
+    let show_bar = request.max_new_tokens >= 32 && (args.json || !std::io::stdout().is_terminal());
     let bar = if show_bar {
-        progress::tokens(options.max_new_tokens as u64, "generating")
+        progress::tokens(request.max_new_tokens as u64, "generating")
     } else {
         indicatif::ProgressBar::hidden()
     };
     let mut stream = (!args.json).then(|| TextStream::new(&loaded));
-    let generation = generate(&loaded.model, &prompt, &options, &mut |token, _logits| {
-        bar.inc(1);
-        if let Some(stream) = &mut stream {
-            stream.push(token);
-        }
-    });
+    let run = run_mode(
+        &loaded,
+        &weights,
+        &settings,
+        &request,
+        args.trace,
+        &mut |token| {
+            bar.inc(1);
+            if let Some(stream) = &mut stream {
+                stream.push(token);
+            }
+        },
+    );
     bar.finish_and_clear();
-    let generation = generation?;
+    let run = run?;
     if let Some(stream) = stream {
         stream.finish()?;
     }
+    if args.trace {
+        let text = |token: u32| match &loaded.tokenizer {
+            Some(t) => t.decode(&[token], false).unwrap_or_default(),
+            None => String::new(),
+        };
+        for line in trace_lines(&run, &settings, &text) {
+            eprintln!("{line}");
+        }
+    }
 
-    let stopped = generation
+    let stopped = run
         .tokens
         .last()
-        .is_some_and(|t| options.stop_tokens.contains(t));
-    let prefill_tps = rate(generation.prompt_tokens.len(), generation.prefill_seconds);
+        .is_some_and(|t| request.stop_tokens.contains(t));
     if args.json {
         let text = match &loaded.tokenizer {
-            Some(t) => Some(t.decode(&generation.tokens, true)?),
+            Some(t) => Some(t.decode(&run.tokens, true)?),
             None => None,
         };
-        let sampling = options.sampling.as_ref();
-        common::print_json(&json!({
+        let sampling = request.sampling.as_ref();
+        let mut report = json!({
             "model": loaded.name,
             "source": loaded.source,
-            "mode": if sampling.is_some() { "sample" } else { "greedy" },
+            "sampling": if sampling.is_some() { "sample" } else { "greedy" },
             "temperature": sampling.map(|s| decimal(s.temperature)),
             "top_p": sampling.and_then(|s| s.top_p).map(decimal),
             "top_k": sampling.and_then(|s| s.top_k),
             "seed": sampling.map(|s| s.seed),
-            "max_new_tokens": options.max_new_tokens,
-            "prompt_tokens": generation.prompt_tokens,
-            "tokens": generation.tokens,
+            "max_new_tokens": request.max_new_tokens,
+            "prompt_tokens": prompt,
+            "tokens": run.tokens,
             "text": text,
             "stop_reason": if stopped { "stop_token" } else { "max_new_tokens" },
-            "timings": {
-                "prefill_seconds": generation.prefill_seconds,
-                "decode_seconds": generation.decode_seconds,
-            },
-            "tokens_per_second": generation.decode_tokens_per_second(),
-            "prefill_tokens_per_second": prefill_tps,
-        }));
+            "prefill_tokens_per_second": run.prefill_seconds.map(|s| rate(prompt.len(), s)),
+            "m2r2": settings.to_json(),
+        });
+        let object = report.as_object_mut().expect("a JSON object");
+        // `mode` names the decoding loop (greedy | early-exit | speculative); `sampling` says whether
+        // tokens were sampled.
+        object.extend(run.report_fields());
+        common::print_json(&report);
     } else {
-        print_summary(&generation, stopped);
+        print_summary(&run, prompt.len(), stopped);
     }
     Ok(())
 }
@@ -161,20 +188,26 @@ fn rate(n: usize, seconds: f64) -> f64 {
     }
 }
 
-fn print_summary(generation: &Generation, stopped: bool) {
+fn print_summary(run: &ModeRun, prompt_tokens: usize, stopped: bool) {
+    let prefill = match run.prefill_seconds {
+        Some(s) => format!(
+            "prefill {s:.3} s = {:.1} tokens/s; ",
+            rate(prompt_tokens, s)
+        ),
+        None => String::new(),
+    };
     eprintln!(
-        "[{} prompt tokens, {} generated ({}); prefill {:.3} s = {:.1} tokens/s; decode {:.3} s = {:.1} tokens/s]",
-        generation.prompt_tokens.len(),
-        generation.tokens.len(),
+        "[{} mode: {prompt_tokens} prompt tokens, {} generated ({}); {prefill}decode {:.3} s = {:.1} tokens/s; {:.2} layers per token]",
+        run.mode.name(),
+        run.tokens.len(),
         if stopped {
             "stopped at an end token"
         } else {
             "reached --max-new-tokens"
         },
-        generation.prefill_seconds,
-        rate(generation.prompt_tokens.len(), generation.prefill_seconds),
-        generation.decode_seconds,
-        generation.decode_tokens_per_second(),
+        run.decode_seconds,
+        run.tokens_per_second(),
+        run.layers_per_token,
     );
 }
 

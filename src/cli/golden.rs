@@ -1,16 +1,23 @@
-//! `m2r2 golden write | check`: record a greedy decode, and check a model against a recording tensor
-//! by tensor (OK / NOT OK with the largest differences, as llm.c's `test_gpt2`).
+//! `m2r2 golden write | check`: record a decode (greedy, early-exit or speculative, with every
+//! step's M2R2 decisions), and check a model against a recording tensor by tensor (OK / NOT OK with
+//! the largest differences, as llm.c's `test_gpt2`). `check` takes the mode and its settings from
+//! the file.
 
 use super::common::{self, ModelArgs, PromptArgs};
+use super::m2r2_args::{M2r2Args, Mode};
 use anyhow::{Context, Result, bail};
-use reference::golden::{CheckReport, DEFAULT_ATOL, Golden};
+use reference::early_exit::{EarlyExitOptions, KvPolicy};
+use reference::fast_stream::M2r2;
+use reference::golden::{CheckReport, DEFAULT_ATOL, Golden, M2r2Record};
+use reference::speculative::{DraftLength, SpeculativeOptions};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
-    /// Record `--steps` greedy tokens and the logits each was chosen from
+    /// Record `--steps` tokens of `--mode` and the logits each was chosen from (M2R2 modes: also the
+    /// gate scores, exits, drafts and accepted counts)
     Write(WriteArgs),
     /// Recompute a golden file and compare; exits 1 when a tensor differs beyond the tolerance
     Check(CheckArgs),
@@ -22,7 +29,9 @@ pub struct WriteArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub prompt: PromptArgs,
-    /// Greedy steps to record
+    #[command(flatten)]
+    pub m2r2: M2r2Args,
+    /// Steps (tokens) to record
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub steps: usize,
     /// Golden file to write (safetensors)
@@ -41,6 +50,10 @@ pub struct CheckArgs {
     /// Model to check (default: the model named in the golden file)
     #[arg(long, value_name = "MODEL")]
     pub model: Option<String>,
+    /// M2R2 weights folder for early-exit and speculative goldens, or `none` (default: the model's
+    /// built-in M2R2 weights); they must be the ones recorded with
+    #[arg(long = "m2r2", value_name = "DIR|none")]
+    pub m2r2: Option<String>,
     /// Largest allowed absolute difference of a logit
     #[arg(long, value_name = "X", default_value_t = DEFAULT_ATOL, allow_negative_numbers = true)]
     pub atol: f32,
@@ -59,7 +72,7 @@ pub fn run(command: &Command) -> Result<()> {
 fn write(args: &WriteArgs) -> Result<()> {
     let loaded = common::load(&args.model.model)?;
     let prompt = common::prompt_tokens(&loaded, &args.prompt)?;
-    let golden = Golden::record_greedy(&loaded.model, &loaded.name, &prompt, args.steps)?;
+    let golden = record(args, &loaded, &prompt)?;
     golden
         .write(&args.out)
         .with_context(|| format!("cannot write golden {}", args.out.display()))?;
@@ -68,15 +81,18 @@ fn write(args: &WriteArgs) -> Result<()> {
             "file": args.out.display().to_string(),
             "model": golden.model,
             "config_hash": golden.config_hash,
+            "mode": golden.mode,
+            "format_version": golden.format_version(),
             "prompt_tokens": golden.prompt_tokens,
             "tokens": golden.tokens,
             "logits_shape": golden.logits.shape(),
         }));
     } else {
         println!(
-            "wrote {}: {} greedy steps of {} after {} prompt tokens (logits [{}, {}], config {})",
+            "wrote {}: {} {} steps of {} after {} prompt tokens (logits [{}, {}], config {})",
             args.out.display(),
             golden.tokens.len(),
+            golden.mode,
             golden.model,
             golden.prompt_tokens.len(),
             golden.logits.nrows(),
@@ -85,6 +101,104 @@ fn write(args: &WriteArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Record `args.steps` tokens in `args.m2r2.mode` (greedy; no stop tokens).
+fn record(
+    args: &WriteArgs,
+    loaded: &reference::load::LoadedModel,
+    prompt: &[u32],
+) -> Result<Golden> {
+    let model = &loaded.model;
+    if args.m2r2.mode == Mode::Greedy {
+        return Ok(Golden::record_greedy(
+            model,
+            &loaded.name,
+            prompt,
+            args.steps,
+        )?);
+    }
+    let weights = args.m2r2.weights(loaded)?;
+    let settings = args.m2r2.settings(loaded, &weights)?;
+    let m2r2 = M2r2::new(model, &weights);
+    let golden = match settings.mode {
+        Mode::Greedy => unreachable!("handled above"),
+        Mode::EarlyExit => {
+            if settings.kv_policy != KvPolicy::Exact {
+                bail!(
+                    "early-exit goldens need --kv-policy exact: with {} the cache is approximate \
+                     and the exit logits cannot be recomputed independently of the decoder",
+                    settings.kv_policy
+                );
+            }
+            let options = EarlyExitOptions {
+                max_new_tokens: args.steps,
+                stop_tokens: vec![],
+                gate: settings.gate,
+                threshold: settings.threshold,
+                kv_policy: settings.kv_policy,
+                sampling: None,
+            };
+            Golden::record_early_exit(m2r2, &loaded.name, prompt, args.steps, &options)?
+        }
+        Mode::Speculative => {
+            // The draft gate's score is recorded when it decides the draft length.
+            let gate = matches!(settings.draft_length, DraftLength::Dynamic { .. })
+                .then_some(settings.gate);
+            let options = SpeculativeOptions {
+                max_new_tokens: args.steps,
+                stop_tokens: vec![],
+                draft_length: settings.draft_length.clone(),
+                sampling: None,
+            };
+            Golden::record_speculative(
+                m2r2,
+                &loaded.name,
+                prompt,
+                args.steps,
+                settings.draft_gate,
+                gate,
+                &options,
+            )?
+        }
+    };
+    Ok(golden)
+}
+
+/// The mode's settings, in words, as recorded.
+fn settings_line(golden: &Golden) -> String {
+    let Some(m2r2) = &golden.m2r2 else {
+        return "greedy".into();
+    };
+    match &m2r2.record {
+        M2r2Record::EarlyExit {
+            gate,
+            threshold,
+            kv_policy,
+            ..
+        } => format!(
+            "early-exit (gate {gate} >= {threshold}, kv {kv_policy}, m2r2 {})",
+            m2r2.weights_hash
+        ),
+        M2r2Record::Speculative {
+            draft_gate,
+            draft_length,
+            ..
+        } => {
+            let length = match draft_length {
+                DraftLength::Fixed(n) => format!("{n} drafts"),
+                DraftLength::Dynamic {
+                    max,
+                    gate,
+                    threshold,
+                } => format!("up to {max} drafts while {gate} >= {threshold}"),
+            };
+            format!(
+                "speculative (draft gate {draft_gate}, {length}, m2r2 {})",
+                m2r2.weights_hash
+            )
+        }
+    }
 }
 
 fn check(args: &CheckArgs) -> Result<()> {
@@ -96,7 +210,24 @@ fn check(args: &CheckArgs) -> Result<()> {
     let spec = args.model.as_deref().unwrap_or(&golden.model);
     let loaded = common::load(spec)?;
     let start = Instant::now();
-    let report = golden.check(&loaded.model, args.atol)?;
+    let report = if golden.m2r2.is_some() {
+        let choice = M2r2Args {
+            mode: Mode::Greedy,
+            m2r2: args.m2r2.clone(),
+            gate: None,
+            threshold: None,
+            kv_policy: KvPolicy::Exact,
+            draft_gate: None,
+            draft_len: None,
+            dynamic_draft: false,
+        };
+        let weights = choice.weights(&loaded)?;
+        golden
+            .check_m2r2(M2r2::new(&loaded.model, &weights), args.atol)
+            .with_context(|| format!("M2R2 weights: {}", choice.source(&loaded)))?
+    } else {
+        golden.check(&loaded.model, args.atol)?
+    };
     let seconds = start.elapsed().as_secs_f64();
     if args.json {
         common::print_json(&report_json(args, &golden, &loaded.name, &report, seconds));
@@ -128,16 +259,17 @@ fn print_report(
     seconds: f64,
 ) {
     println!(
-        "golden {} (recorded with {}): {} prompt tokens, {} steps; checking {model} at atol {:e}",
+        "golden {} (recorded with {}, {}): {} prompt tokens, {} steps; checking {model} at atol {:e}",
         args.file.display(),
         golden.model,
+        settings_line(golden),
         golden.prompt_tokens.len(),
         golden.tokens.len(),
         args.atol
     );
     for e in &report.entries {
         println!(
-            "{:<8} {:<6}  max abs diff {:<10.3e}  max rel diff {:<10.3e}  at {:<10}  {}",
+            "{:<16} {:<6}  max abs diff {:<10.3e}  max rel diff {:<10.3e}  at {:<10}  {}",
             e.name,
             if e.ok { "OK" } else { "NOT OK" },
             e.max_abs,
@@ -164,6 +296,7 @@ fn report_json(
     json!({
         "file": args.file.display().to_string(),
         "golden_model": golden.model,
+        "mode": golden.mode,
         "model": model,
         "atol": args.atol,
         "ok": report.ok(),

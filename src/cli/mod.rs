@@ -1,5 +1,6 @@
 //! The subcommands, one per file, and what they share.
 
+pub mod analyze;
 pub mod bench;
 pub mod common;
 pub mod demo;
@@ -7,5 +8,7 @@ pub mod fetch;
 pub mod generate;
 pub mod golden;
 pub mod info;
+pub mod init_m2r2;
 pub mod logits;
+pub mod m2r2_args;
 pub mod progress;

@@ -154,7 +154,8 @@ fn sampling_follows_the_seed() {
         ])
     };
     let a = sample("1");
-    assert_eq!(a["mode"], "sample");
+    assert_eq!(a["mode"], "greedy");
+    assert_eq!(a["sampling"], "sample");
     assert_eq!(a["seed"], 1);
     assert_eq!(a["tokens"], sample("1")["tokens"]);
     let others = ["2", "3", "4"].map(|s| sample(s)["tokens"].clone());
@@ -570,3 +571,6 @@ fn bad_gguf_files_and_model_types_are_refused_clearly() {
         &["config.json", "unsupported model_type `gpt2`"],
     );
 }
+mod analyze;
+mod golden_m2r2;
+mod m2r2_modes;

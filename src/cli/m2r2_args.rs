@@ -1,0 +1,681 @@
+//! The M2R2 decoding flags shared by `generate` and `golden` (`--mode`, `--m2r2`, `--gate`,
+//! `--threshold`, `--kv-policy`, `--draft-gate`, `--draft-len` / `--dynamic-draft`), and one function
+//! that runs the chosen mode and returns a mode-independent [`ModeRun`].
+//!
+//! | mode          | what runs                                                        | spec |
+//! |---------------|------------------------------------------------------------------|------|
+//! | `greedy`      | the base model alone (M2R2 weights unused)                       | 1    |
+//! | `early-exit`  | exit at the first gate whose score reaches the threshold         | 4    |
+//! | `speculative` | draft with the fast stream at the draft gate, verify with the rest | 5    |
+//!
+//! Per-token figures (`flops_per_token`, `bytes_per_token`, `layers_per_token`) are per decoded
+//! token: the work after the prompt divided by `tokens.len() - 1`, because the first generated token
+//! comes from the prompt's prefill in every mode.
+
+use anyhow::{Context, Result, bail};
+use reference::cost::Work;
+use reference::draft_verify::ReferenceSpeculation;
+use reference::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
+use reference::exit_gate::GateKind;
+use reference::fast_stream::M2r2;
+use reference::generate::{GenerateOptions, generate};
+use reference::load::LoadedModel;
+use reference::m2r2_weights::M2r2Weights;
+use reference::sampling::SamplingParams;
+use reference::speculative::{
+    Draft, DraftLength, Round, SpeculativeBackend, SpeculativeOptions, speculative_generate,
+};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::Instant;
+
+/// Which decoding loop runs.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The base model, one token per forward
+    Greedy,
+    /// Emit a token at the first exit gate whose score reaches --threshold (spec section 4)
+    EarlyExit,
+    /// Lossless self-speculation: draft at --draft-gate, verify with the full model (spec section 5)
+    Speculative,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Greedy => "greedy",
+            Mode::EarlyExit => "early-exit",
+            Mode::Speculative => "speculative",
+        }
+    }
+}
+
+/// The M2R2 flags, flattened into `generate` and `golden`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct M2r2Args {
+    /// Decoding mode
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = Mode::Greedy)]
+    pub mode: Mode,
+    /// M2R2 weights folder (as written by `m2r2 init-m2r2`), or `none` for zero adapters without
+    /// ARLA; default: the model's built-in M2R2 weights (seeded random for tiny/tiny-moe, zeros
+    /// otherwise)
+    #[arg(long = "m2r2", value_name = "DIR|none")]
+    pub m2r2: Option<String>,
+    /// Exit gate score: arla | confidence | entropy (default: arla when ARLA weights exist, else
+    /// confidence)
+    #[arg(long, value_name = "GATE", value_parser = parse_gate)]
+    pub gate: Option<GateKind>,
+    /// Exit (early-exit) or keep drafting (--dynamic-draft) while the gate score is >= X (default:
+    /// the M2R2 config's arla.threshold; > 1 never exits)
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    pub threshold: Option<f32>,
+    /// K/V of the layers an exited token skipped: exact (computed later, equals the base model) |
+    /// fast-kv (filled from the exit state, approximate)
+    #[arg(long, value_name = "POLICY", value_parser = parse_kv_policy, default_value = "exact")]
+    pub kv_policy: KvPolicy,
+    /// Draft gate g_d, 1-based (default: the M2R2 config's draft_gate)
+    #[arg(long, value_name = "G")]
+    pub draft_gate: Option<usize>,
+    /// Tokens drafted per verification, >= 1 (default: the M2R2 config's draft_len)
+    #[arg(long, value_name = "N", conflicts_with = "dynamic_draft")]
+    pub draft_len: Option<usize>,
+    /// Draft until the gate score falls below --threshold (at most the config's draft_len)
+    #[arg(long)]
+    pub dynamic_draft: bool,
+}
+
+fn parse_gate(text: &str) -> Result<GateKind, String> {
+    text.parse().map_err(|e: reference::Error| e.to_string())
+}
+
+fn parse_kv_policy(text: &str) -> Result<KvPolicy, String> {
+    text.parse().map_err(|e: reference::Error| e.to_string())
+}
+
+/// The M2R2 settings of one run, every default resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct M2r2Settings {
+    pub mode: Mode,
+    /// Where the weights came from, for reports.
+    pub source: String,
+    pub gates: Vec<usize>,
+    pub gate: GateKind,
+    pub threshold: f32,
+    pub kv_policy: KvPolicy,
+    pub draft_gate: usize,
+    pub draft_length: DraftLength,
+}
+
+impl M2r2Settings {
+    /// The settings as a JSON object (the `m2r2` part of reports).
+    pub fn to_json(&self) -> Value {
+        let (draft_len, dynamic) = match &self.draft_length {
+            DraftLength::Fixed(n) => (*n, false),
+            DraftLength::Dynamic { max, .. } => (*max, true),
+        };
+        json!({
+            "source": self.source,
+            "gates": self.gates,
+            "gate": self.gate.name(),
+            "threshold": decimal(self.threshold),
+            "kv_policy": self.kv_policy.to_string(),
+            "draft_gate": self.draft_gate,
+            "draft_len": draft_len,
+            "dynamic_draft": dynamic,
+        })
+    }
+}
+
+impl M2r2Args {
+    /// The M2R2 weights chosen by `--m2r2` for `loaded`.
+    pub fn weights(&self, loaded: &LoadedModel) -> Result<M2r2Weights> {
+        let config = &loaded.model.config;
+        match self.m2r2.as_deref() {
+            None => M2r2Weights::builtin_for(&loaded.name, config).with_context(|| {
+                format!("cannot make the built-in M2R2 weights of {}", loaded.name)
+            }),
+            Some("none") => Ok(M2r2Weights::zeros(config)),
+            Some(dir) => M2r2Weights::load_dir(Path::new(dir), config)
+                .with_context(|| format!("cannot load the M2R2 weights folder `{dir}` (--m2r2)")),
+        }
+    }
+
+    /// Where [`weights`](Self::weights) takes them from, in words.
+    pub fn source(&self, loaded: &LoadedModel) -> String {
+        match self.m2r2.as_deref() {
+            None if reference::builtin::BUILTIN_NAMES.contains(&loaded.name.as_str()) => {
+                "builtin (seeded random)".into()
+            }
+            None => "builtin (zeros: no trained M2R2 weights for this model)".into(),
+            Some("none") => "none (zeros)".into(),
+            Some(dir) => dir.into(),
+        }
+    }
+
+    /// Resolve every default against `weights` and check the flags (clear errors, before decoding).
+    pub fn settings(&self, loaded: &LoadedModel, weights: &M2r2Weights) -> Result<M2r2Settings> {
+        let config = &weights.config;
+        let gate = match self.gate {
+            Some(GateKind::Arla) if weights.arla.is_none() => bail!(
+                "--gate arla needs ARLA weights, and these M2R2 weights ({}) have none \
+                 (no arla.safetensors): use --gate confidence or --gate entropy",
+                self.source(loaded)
+            ),
+            Some(g) => g,
+            None if weights.arla.is_some() => GateKind::Arla,
+            None => GateKind::Confidence,
+        };
+        let threshold = self.threshold.unwrap_or(config.arla.threshold);
+        if !threshold.is_finite() {
+            bail!("--threshold must be a finite number, got {threshold}");
+        }
+        let draft_gate = self.draft_gate.unwrap_or(config.draft_gate);
+        if draft_gate == 0 || draft_gate > config.num_gates() {
+            bail!(
+                "--draft-gate {draft_gate} does not exist: the gates are 1..={} (after layers {:?})",
+                config.num_gates(),
+                config.gates
+            );
+        }
+        if self.draft_len == Some(0) {
+            bail!("--draft-len must be at least 1");
+        }
+        let draft_length = if self.dynamic_draft {
+            DraftLength::Dynamic {
+                max: config.draft_len.max(1),
+                gate,
+                threshold,
+            }
+        } else {
+            DraftLength::Fixed(self.draft_len.unwrap_or(config.draft_len).max(1))
+        };
+        Ok(M2r2Settings {
+            mode: self.mode,
+            source: self.source(loaded),
+            gates: config.gates.clone(),
+            gate,
+            threshold,
+            kv_policy: self.kv_policy,
+            draft_gate,
+            draft_length,
+        })
+    }
+}
+
+/// One emitted token, whatever the mode.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenStep {
+    pub token: u32,
+    /// Slow-stream layers this token had computed when it was emitted (N unless it exited early).
+    pub layers: usize,
+    /// early-exit: the gate it exited at (1-based), `None` when it ran all layers.
+    pub exit_gate: Option<usize>,
+    /// early-exit: the gate scores evaluated for this token.
+    pub scores: Vec<f32>,
+    /// greedy: the chosen token's logit and softmax probability.
+    pub logit: Option<f32>,
+    pub probability: Option<f32>,
+    /// speculative: the round that emitted it (`None` for the prompt's token) and whether it was an
+    /// accepted draft (`false`: the base model's correction or bonus token).
+    pub round: Option<usize>,
+    pub accepted_draft: bool,
+}
+
+impl TokenStep {
+    fn plain(token: u32, layers: usize) -> Self {
+        TokenStep {
+            token,
+            layers,
+            exit_gate: None,
+            scores: Vec::new(),
+            logit: None,
+            probability: None,
+            round: None,
+            accepted_draft: false,
+        }
+    }
+}
+
+/// What a mode-specific loop reports beyond tokens.
+#[derive(Clone, Debug)]
+pub enum ModeDetails {
+    Greedy,
+    EarlyExit {
+        /// Tokens that exited at gate g (index g-1), last entry: no exit.
+        histogram: Vec<usize>,
+        /// Mean slow layers a decoded token had computed when it was emitted (under `exact` the
+        /// skipped ones run later, so `layers_per_token` stays N).
+        layers_at_emit: f64,
+    },
+    Speculative {
+        rounds: Vec<Round>,
+        mean_accepted_tokens: f64,
+        acceptance_by_position: Vec<f64>,
+        acceptance_rate: f64,
+    },
+}
+
+/// The result of one decode in any mode.
+#[derive(Clone, Debug)]
+pub struct ModeRun {
+    pub mode: Mode,
+    pub tokens: Vec<u32>,
+    pub steps: Vec<TokenStep>,
+    /// Prefill time; `None` when the loop does not separate it (early-exit).
+    pub prefill_seconds: Option<f64>,
+    /// Decode time (early-exit: prefill included).
+    pub decode_seconds: f64,
+    /// Work after the prompt's prefill.
+    pub work: Work,
+    /// Slow layer-rows computed per decoded token (speculative: rejected drafts included).
+    pub layers_per_token: f64,
+    pub num_layers: usize,
+    pub details: ModeDetails,
+}
+
+impl ModeRun {
+    /// Tokens decoded after the prompt's prefill produced the first.
+    pub fn decoded(&self) -> usize {
+        self.tokens.len().saturating_sub(1)
+    }
+
+    pub fn tokens_per_second(&self) -> f64 {
+        if self.decode_seconds > 0.0 {
+            self.decoded() as f64 / self.decode_seconds
+        } else {
+            0.0
+        }
+    }
+
+    /// The mode-specific report fields (merged into `generate --json`):
+    /// - every mode: `mode`, `layers_per_token`, `flops_per_token`, `bytes_per_token` (per decoded
+    ///   token, the first token excluded: it comes from the prompt's prefill), `tokens_per_second`,
+    ///   `timings`;
+    /// - early-exit: `exit_histogram`, an array of J + 1 counts: tokens that exited at gate 1..=J,
+    ///   then tokens that ran all N layers (the first token, from the prompt, counts there);
+    ///   `layers_at_emit_per_token`: mean slow layers computed before a decoded token was emitted;
+    /// - speculative: `rounds`, `mean_accepted_tokens` (tokens emitted per verification, the base
+    ///   token included), `acceptance_by_position` (accepted / drafted per draft position),
+    ///   `acceptance_rate` (accepted / drafted).
+    pub fn report_fields(&self) -> serde_json::Map<String, Value> {
+        let per = self.decoded().max(1) as f64;
+        let mut map = serde_json::Map::new();
+        map.insert("mode".into(), json!(self.mode.name()));
+        map.insert("layers_per_token".into(), json!(self.layers_per_token));
+        map.insert(
+            "flops_per_token".into(),
+            json!(self.work.flops() as f64 / per),
+        );
+        map.insert(
+            "bytes_per_token".into(),
+            json!(self.work.weight_bytes as f64 / per),
+        );
+        map.insert("tokens_per_second".into(), json!(self.tokens_per_second()));
+        map.insert(
+            "timings".into(),
+            json!({
+                "prefill_seconds": self.prefill_seconds,
+                "decode_seconds": self.decode_seconds,
+            }),
+        );
+        match &self.details {
+            ModeDetails::Greedy => {}
+            ModeDetails::EarlyExit {
+                histogram,
+                layers_at_emit,
+            } => {
+                map.insert("exit_histogram".into(), json!(histogram));
+                map.insert("layers_at_emit_per_token".into(), json!(layers_at_emit));
+            }
+            ModeDetails::Speculative {
+                rounds,
+                mean_accepted_tokens,
+                acceptance_by_position,
+                acceptance_rate,
+            } => {
+                map.insert("rounds".into(), json!(rounds.len()));
+                map.insert("mean_accepted_tokens".into(), json!(mean_accepted_tokens));
+                map.insert(
+                    "acceptance_by_position".into(),
+                    json!(acceptance_by_position),
+                );
+                map.insert("acceptance_rate".into(), json!(acceptance_rate));
+            }
+        }
+        map
+    }
+}
+
+/// What to decode.
+pub struct DecodeRequest<'a> {
+    pub prompt: &'a [u32],
+    pub max_new_tokens: usize,
+    pub stop_tokens: Vec<u32>,
+    pub sampling: Option<SamplingParams>,
+}
+
+/// Run `settings.mode`. `on_token` sees every emitted token: as it is chosen in greedy mode, after
+/// the loop in the other modes. `record_scores` asks speculative decoding to score every proposal
+/// (for `--trace`), which costs the gate's work.
+pub fn run_mode(
+    loaded: &LoadedModel,
+    weights: &M2r2Weights,
+    settings: &M2r2Settings,
+    request: &DecodeRequest<'_>,
+    record_scores: bool,
+    on_token: &mut dyn FnMut(u32),
+) -> Result<ModeRun> {
+    let model = &loaded.model;
+    let n = model.config.num_hidden_layers;
+    let run = match settings.mode {
+        Mode::Greedy => {
+            let options = GenerateOptions {
+                max_new_tokens: request.max_new_tokens,
+                stop_tokens: request.stop_tokens.clone(),
+                sampling: request.sampling.clone(),
+            };
+            let mut steps = Vec::new();
+            let generation = generate(model, request.prompt, &options, &mut |token, logits| {
+                let mut step = TokenStep::plain(token, n);
+                let (logit, probability) = logit_and_probability(logits, token);
+                step.logit = Some(logit);
+                step.probability = Some(probability);
+                steps.push(step);
+                on_token(token);
+            })?;
+            ModeRun {
+                mode: Mode::Greedy,
+                layers_per_token: n as f64,
+                tokens: generation.tokens,
+                steps,
+                prefill_seconds: Some(generation.prefill_seconds),
+                decode_seconds: generation.decode_seconds,
+                work: generation.work,
+                num_layers: n,
+                details: ModeDetails::Greedy,
+            }
+        }
+        Mode::EarlyExit => {
+            let options = EarlyExitOptions {
+                max_new_tokens: request.max_new_tokens,
+                stop_tokens: request.stop_tokens.clone(),
+                gate: settings.gate,
+                threshold: settings.threshold,
+                kv_policy: settings.kv_policy,
+                sampling: request.sampling.clone(),
+            };
+            let start = Instant::now();
+            let out = early_exit_generate(M2r2::new(model, weights), request.prompt, &options)?;
+            let seconds = start.elapsed().as_secs_f64();
+            let steps = out
+                .trace
+                .iter()
+                .map(|t| TokenStep {
+                    exit_gate: t.exit_gate,
+                    scores: t.scores.clone(),
+                    ..TokenStep::plain(t.token, t.layers_at_emit)
+                })
+                .collect();
+            for &token in &out.tokens {
+                on_token(token);
+            }
+            ModeRun {
+                mode: Mode::EarlyExit,
+                layers_per_token: out.layers_per_token(),
+                details: ModeDetails::EarlyExit {
+                    histogram: out.exit_histogram(weights.config.num_gates()),
+                    layers_at_emit: {
+                        let decoded = &out.trace[out.trace.len().min(1)..];
+                        let sum: usize = decoded.iter().map(|t| t.layers_at_emit).sum();
+                        sum as f64 / decoded.len().max(1) as f64
+                    },
+                },
+                tokens: out.tokens,
+                steps,
+                prefill_seconds: None,
+                decode_seconds: seconds,
+                work: out.work,
+                num_layers: n,
+            }
+        }
+        Mode::Speculative => {
+            let gate = (record_scores
+                || matches!(settings.draft_length, DraftLength::Dynamic { .. }))
+            .then_some(settings.gate);
+            let capacity =
+                request.prompt.len() + request.max_new_tokens + settings.draft_length.max() + 1;
+            let inner = ReferenceSpeculation::new(
+                M2r2::new(model, weights),
+                settings.draft_gate,
+                gate,
+                capacity,
+            )?;
+            let mut backend = Timed {
+                inner,
+                prefill_seconds: 0.0,
+            };
+            let options = SpeculativeOptions {
+                max_new_tokens: request.max_new_tokens,
+                stop_tokens: request.stop_tokens.clone(),
+                draft_length: settings.draft_length.clone(),
+                sampling: request.sampling.clone(),
+            };
+            let start = Instant::now();
+            let out = speculative_generate(&mut backend, request.prompt, &options)?;
+            let seconds = start.elapsed().as_secs_f64();
+            let steps = speculative_steps(&out.tokens, &out.rounds, n);
+            let fed: usize = out.rounds.iter().map(|r| r.drafted.len() + 1).sum();
+            for &token in &out.tokens {
+                on_token(token);
+            }
+            ModeRun {
+                mode: Mode::Speculative,
+                layers_per_token: (fed * n) as f64
+                    / out.tokens.len().saturating_sub(1).max(1) as f64,
+                details: ModeDetails::Speculative {
+                    mean_accepted_tokens: out.mean_accepted_length(),
+                    acceptance_by_position: out.acceptance_by_position(),
+                    acceptance_rate: out.acceptance_rate(),
+                    rounds: out.rounds,
+                },
+                tokens: out.tokens,
+                steps,
+                prefill_seconds: Some(backend.prefill_seconds),
+                decode_seconds: (seconds - backend.prefill_seconds).max(0.0),
+                work: backend.inner.work(),
+                num_layers: n,
+            }
+        }
+    };
+    Ok(run)
+}
+
+/// The emitted tokens of speculative decoding, attributed to their rounds. The output may stop
+/// inside a round (a stop token or `max_new_tokens`), so tokens lead and rounds follow.
+fn speculative_steps(tokens: &[u32], rounds: &[Round], n: usize) -> Vec<TokenStep> {
+    let mut steps: Vec<TokenStep> = tokens
+        .first()
+        .map(|&t| TokenStep::plain(t, n))
+        .into_iter()
+        .collect();
+    let mut rest = tokens.iter().skip(1);
+    'rounds: for (r, round) in rounds.iter().enumerate() {
+        for i in 0..=round.accepted {
+            let Some(&token) = rest.next() else {
+                break 'rounds;
+            };
+            steps.push(TokenStep {
+                round: Some(r),
+                accepted_draft: i < round.accepted,
+                ..TokenStep::plain(token, n)
+            });
+        }
+    }
+    steps
+}
+
+/// The chosen token's logit and its probability under `softmax(logits)`.
+fn logit_and_probability(logits: &[f32], token: u32) -> (f32, f32) {
+    let logit = logits[token as usize];
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
+    (logit, (logit - max).exp() / sum)
+}
+
+/// A backend that times its prefill, so decode speed excludes it as in greedy mode.
+struct Timed<'a> {
+    inner: ReferenceSpeculation<'a>,
+    prefill_seconds: f64,
+}
+
+impl SpeculativeBackend for Timed<'_> {
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn prefill(&mut self, tokens: &[u32]) -> reference::Result<Vec<f32>> {
+        let start = Instant::now();
+        let logits = self.inner.prefill(tokens);
+        self.prefill_seconds += start.elapsed().as_secs_f64();
+        logits
+    }
+    fn draft(&mut self, token: u32, propose: bool) -> reference::Result<Option<Draft>> {
+        self.inner.draft(token, propose)
+    }
+    fn verify(&mut self) -> reference::Result<ndarray::Array2<f32>> {
+        self.inner.verify()
+    }
+    fn rollback(&mut self, len: usize) {
+        self.inner.rollback(len)
+    }
+}
+
+/// The `--trace` lines of a run, for stderr. `text(token)` renders a token (its text, or nothing
+/// without a tokenizer).
+pub fn trace_lines(
+    run: &ModeRun,
+    settings: &M2r2Settings,
+    text: &dyn Fn(u32) -> String,
+) -> Vec<String> {
+    let n = run.num_layers;
+    let show = |t: u32| {
+        let s = text(t);
+        if s.is_empty() {
+            format!("{t}")
+        } else {
+            format!("{t} {s:?}")
+        }
+    };
+    let mut lines = Vec::new();
+    match &run.details {
+        ModeDetails::Greedy => {
+            lines.push(format!("trace: greedy, all {n} layers per token"));
+            for (i, step) in run.steps.iter().enumerate() {
+                lines.push(format!(
+                    "  token {i:>3}: {:<20} logit {:>8.3}  p {:.4}",
+                    show(step.token),
+                    step.logit.unwrap_or(f32::NAN),
+                    step.probability.unwrap_or(f32::NAN),
+                ));
+            }
+        }
+        ModeDetails::EarlyExit {
+            histogram,
+            layers_at_emit,
+        } => {
+            lines.push(format!(
+                "trace: early exit, gate {} >= {} at gates after layers {:?} (of {n}), kv {}",
+                settings.gate, settings.threshold, settings.gates, settings.kv_policy
+            ));
+            for (i, step) in run.steps.iter().enumerate() {
+                let scores: Vec<String> = step
+                    .scores
+                    .iter()
+                    .enumerate()
+                    .map(|(g, s)| format!("g{}(L{})={s:.3}", g + 1, settings.gates[g]))
+                    .collect();
+                let outcome = match step.exit_gate {
+                    Some(g) => format!("exit at gate {g} after {} layers", settings.gates[g - 1]),
+                    None if i == 0 => format!("from the prompt (all {n} layers)"),
+                    None => format!("ran all {n} layers"),
+                };
+                lines.push(format!(
+                    "  token {i:>3}: {:<20} {outcome:<28} scores [{}]",
+                    show(step.token),
+                    scores.join(" ")
+                ));
+            }
+            lines.push(format!(
+                "  exits per gate 1..={} then none: {histogram:?}; per decoded token {layers_at_emit:.2} \
+                 layers before emitting, {:.2} layers in all ({})",
+                histogram.len() - 1,
+                run.layers_per_token,
+                match settings.kv_policy {
+                    KvPolicy::Exact => "exact: skipped layers run later for the KV cache",
+                    KvPolicy::FastKv => "fast-kv: skipped layers' K/V filled from the exit state",
+                }
+            ));
+        }
+        ModeDetails::Speculative {
+            rounds,
+            mean_accepted_tokens,
+            acceptance_rate,
+            ..
+        } => {
+            let how = match &settings.draft_length {
+                DraftLength::Fixed(k) => format!("{k} drafts per round"),
+                DraftLength::Dynamic {
+                    max,
+                    gate,
+                    threshold,
+                } => {
+                    format!("up to {max} drafts while {gate} >= {threshold}")
+                }
+            };
+            lines.push(format!(
+                "trace: speculative, draft at gate {} (after layer {} of {n}), {how}",
+                settings.draft_gate,
+                settings.gates[settings.draft_gate - 1]
+            ));
+            if let Some(first) = run.tokens.first() {
+                lines.push(format!("  prompt -> {}", show(*first)));
+            }
+            for (r, round) in rounds.iter().enumerate() {
+                let drafted: Vec<String> = round.drafted.iter().map(|&t| show(t)).collect();
+                let rejected = match round.drafted.get(round.accepted) {
+                    Some(&t) => format!(
+                        "rejected {}; correction {}",
+                        show(t),
+                        show(round.base_token)
+                    ),
+                    None => format!("all accepted; bonus {}", show(round.base_token)),
+                };
+                let scores = if round.scores.is_empty() {
+                    String::new()
+                } else {
+                    let s: Vec<String> = round.scores.iter().map(|s| format!("{s:.3}")).collect();
+                    format!(" scores [{}]", s.join(" "))
+                };
+                lines.push(format!(
+                    "  round {r:>3}: drafted [{}]{scores} accepted {}/{}; {rejected}",
+                    drafted.join(", "),
+                    round.accepted,
+                    round.drafted.len()
+                ));
+            }
+            lines.push(format!(
+                "  {} rounds, {mean_accepted_tokens:.2} tokens per verification, acceptance {:.1}%",
+                rounds.len(),
+                acceptance_rate * 100.0
+            ));
+        }
+    }
+    lines
+}
+
+/// An f32 flag value as the f64 with the same shortest decimal text.
+fn decimal(x: f32) -> f64 {
+    x.to_string().parse().unwrap_or(f64::from(x))
+}
