@@ -11,6 +11,9 @@
 //! check that the two agree exactly (MoE expert bytes: the model counts `min(E, rows * k)` experts per
 //! call, an upper bound that is exact for one row).
 //!
+//! Every decoding mode has its predictor: [`CostModel::greedy_step`], [`CostModel::speculative`]
+//! (from the rounds) and [`CostModel::early_exit`] (from the exit trace).
+//!
 //! Not counted: RMSNorm / RoPE / softmax arithmetic (O(D) per row), KV-cache reads, activations, ARLA
 //! (`J * (d_lat * D + 3 d_lat^2)` MACs per token, under 0.1% of a layer for the default sizes).
 
@@ -244,6 +247,74 @@ impl CostModel<'_> {
     }
 }
 
+impl CostModel<'_> {
+    /// The work of early-exit decoding after the prompt (spec section 4), from the exit trace alone:
+    /// token `i >= 1` of `trace` was produced by feeding the previous token at position
+    /// `prompt_len + i - 1`; it ran interval by interval with a fast row, evaluating the exit head at
+    /// each gate it reached, until its exit gate (or all layers and the base head). With `exact`, the
+    /// rows it skipped wait in groups and run later with the next token that reaches them (and at the
+    /// end); with `fast-kv`, the skipped layers' k/v projections run on the exit state at once.
+    pub fn early_exit(
+        &self,
+        prompt_len: usize,
+        trace: &[crate::early_exit::ExitTrace],
+        kv_policy: crate::early_exit::KvPolicy,
+    ) -> Work {
+        let weights = self.m2r2.expect("early-exit cost needs the M2R2 weights");
+        let m2r2 = &weights.config;
+        let c = self.model;
+        let n_layers = c.num_hidden_layers;
+        // Pending groups (positions, frontier), oldest first, as in `early_exit.rs`.
+        let mut pending: Vec<(Vec<usize>, usize)> = Vec::new();
+        let mut w = Work::default();
+        for (i, t) in trace.iter().enumerate().skip(1) {
+            let p = prompt_len + i - 1;
+            let mut positions = vec![p];
+            w += self.embed(1);
+            for j in 0..=m2r2.num_gates() {
+                if let Some((older, _)) = pending.pop_if(|g| g.1 == m2r2.boundary(j)) {
+                    positions = older.into_iter().chain(positions).collect();
+                }
+                let gated = j < m2r2.num_gates();
+                let fast: &[usize] = if gated { &[p] } else { &[] };
+                for l in m2r2.interval_layers(j) {
+                    w += self.layer(l, &positions, fast);
+                }
+                w += self.head(1);
+                if !gated || t.exit_gate != Some(j + 1) {
+                    continue;
+                }
+                let exit_layer = m2r2.gate_layer(j + 1);
+                match kv_policy {
+                    crate::early_exit::KvPolicy::Exact => {
+                        if let Some((same, _)) = pending.pop_if(|g| g.1 == exit_layer) {
+                            positions = same.into_iter().chain(positions).collect();
+                        }
+                        pending.push((positions.clone(), exit_layer));
+                    }
+                    crate::early_exit::KvPolicy::FastKv => {
+                        for _ in exit_layer..n_layers {
+                            w += Work::read(c.hidden_size)
+                                + Work::matmul(1, c.kv_dim(), c.hidden_size, c.qkv_bias)
+                                + Work::matmul(1, c.kv_dim(), c.hidden_size, c.qkv_bias);
+                        }
+                    }
+                }
+                break;
+            }
+        }
+        if let Some((mut positions, frontier)) = pending.pop() {
+            for l in frontier..n_layers {
+                if let Some((older, _)) = pending.pop_if(|g| g.1 == l) {
+                    positions = older.into_iter().chain(positions).collect();
+                }
+                w += self.layer(l, &positions, &[]);
+            }
+        }
+        w
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,6 +393,42 @@ mod tests {
                     cost.greedy_step(p),
                     "step at {p}, moe {moe} window {window:?}"
                 );
+            }
+        }
+    }
+
+    /// Early exit: the work counted by the decoder equals the cost model's replay of its exit trace,
+    /// for both KV policies, over thresholds that give no exits, some, and all at gate 1.
+    #[test]
+    fn early_exit_counts_equal_the_model() {
+        use crate::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
+        for window in [None, Some(4)] {
+            let (model, weights) = small(false, window);
+            let cost = CostModel::new(&model.config, Some(&weights));
+            for kv_policy in [KvPolicy::Exact, KvPolicy::FastKv] {
+                for (gate, threshold) in [
+                    (GateKind::Confidence, 2.0),
+                    (GateKind::Arla, 0.5),
+                    (GateKind::Entropy, 0.2),
+                    (GateKind::Confidence, 0.0),
+                ] {
+                    let options = EarlyExitOptions {
+                        max_new_tokens: 16,
+                        stop_tokens: vec![],
+                        gate,
+                        threshold,
+                        kv_policy,
+                        sampling: None,
+                    };
+                    let prompt = [2u32, 7, 1];
+                    let out = early_exit_generate(M2r2::new(&model, &weights), &prompt, &options)
+                        .unwrap();
+                    let predicted = cost.early_exit(prompt.len(), &out.trace, kv_policy);
+                    assert_eq!(
+                        out.work, predicted,
+                        "{kv_policy} {gate} >= {threshold}, window {window:?}"
+                    );
+                }
             }
         }
     }

@@ -8,6 +8,7 @@ use proptest::prelude::*;
 use reference::Model;
 use reference::builtin::random_source;
 use reference::config::{Architecture, ModelConfig, MoeConfig, RopeScaling};
+use reference::cost::CostModel;
 use reference::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
 use reference::exit_gate::GateKind;
 use reference::fast_stream::M2r2;
@@ -109,6 +110,18 @@ impl Problem {
                     reference::ops::argmax(row.as_slice().unwrap()) as u32
                 );
             }
+        }
+
+        // The cost model's replay of the exit trace predicts the counted work (MoE: the expert bytes
+        // are an upper bound, min(E, rows * k) experts per call).
+        let cost = CostModel::new(&model.config, Some(&weights));
+        let predicted = cost.early_exit(self.prompt.len(), &out.trace, KvPolicy::Exact);
+        prop_assert_eq!(out.work.weight_macs, predicted.weight_macs);
+        prop_assert_eq!(out.work.attention_macs, predicted.attention_macs);
+        if self.moe {
+            prop_assert!(out.work.weight_bytes <= predicted.weight_bytes);
+        } else {
+            prop_assert_eq!(out.work.weight_bytes, predicted.weight_bytes);
         }
 
         // fast-kv: every layer below the lowest exit layer is exact.
