@@ -141,3 +141,31 @@ pub fn assert_all_ok(checks: &[TensorCheck]) {
         .collect();
     assert!(failed.is_empty(), "NOT OK: {}", failed.join(", "));
 }
+
+/// A small model config for property tests: `D = 16`, `I = 24`, 4 query heads over 2 key/value heads
+/// of 4, context 64; Mixtral-like (4 experts, top-2, untied head) when `moe`, else Llama-like with a
+/// tied head. Everything else as the built-in `tiny`.
+pub fn small_config(layers: usize, moe: bool, vocab: usize) -> reference::ModelConfig {
+    use reference::config::{Architecture, MoeConfig};
+    reference::ModelConfig {
+        architecture: if moe {
+            Architecture::Mixtral
+        } else {
+            Architecture::Llama
+        },
+        vocab_size: vocab,
+        hidden_size: 16,
+        intermediate_size: 24,
+        num_hidden_layers: layers,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 4,
+        max_position_embeddings: 64,
+        tie_word_embeddings: !moe,
+        moe: moe.then_some(MoeConfig {
+            num_local_experts: 4,
+            num_experts_per_tok: 2,
+        }),
+        ..reference::builtin::tiny_config()
+    }
+}

@@ -4,10 +4,10 @@
 //! - a gate that never fires equals the base model (greedy tokens and cache);
 //! - `fast-kv`: the layers below the lowest exit are exact.
 
+use m2r2_tests::small_config;
 use proptest::prelude::*;
 use reference::Model;
 use reference::builtin::random_source;
-use reference::config::{Architecture, ModelConfig, MoeConfig, RopeScaling};
 use reference::cost::CostModel;
 use reference::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
 use reference::exit_gate::GateKind;
@@ -16,38 +16,6 @@ use reference::generate::greedy;
 use reference::m2r2_config::M2r2Config;
 use reference::m2r2_weights::M2r2Weights;
 use reference::weights::Weights;
-
-fn config(layers: usize, moe: bool) -> ModelConfig {
-    ModelConfig {
-        architecture: if moe {
-            Architecture::Mixtral
-        } else {
-            Architecture::Llama
-        },
-        vocab_size: 30,
-        hidden_size: 16,
-        intermediate_size: 24,
-        num_hidden_layers: layers,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: 4,
-        max_position_embeddings: 64,
-        rms_norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        rope_scaling: RopeScaling::Default,
-        qkv_bias: false,
-        o_bias: false,
-        mlp_bias: false,
-        tie_word_embeddings: true,
-        sliding_window: None,
-        moe: moe.then_some(MoeConfig {
-            num_local_experts: 4,
-            num_experts_per_tok: 2,
-        }),
-        bos_token_id: None,
-        eos_token_ids: vec![],
-    }
-}
 
 #[derive(Debug, Clone)]
 struct Problem {
@@ -62,7 +30,7 @@ struct Problem {
 
 impl Problem {
     fn setup(&self) -> (Model, M2r2Weights) {
-        let c = config(self.layers, self.moe);
+        let c = small_config(self.layers, self.moe, 30);
         let model = Model::new(
             c.clone(),
             Weights::load(&c, &random_source(&c, self.seed)).unwrap(),

@@ -4,10 +4,11 @@
 //! - afterwards the KV cache equals the one plain decoding builds for the same tokens, bit for bit;
 //! - speculative sampling preserves the base model's distribution (chi-square test).
 
+use m2r2_tests::small_config;
 use proptest::prelude::*;
 use reference::Model;
+use reference::ModelConfig;
 use reference::builtin::random_source;
-use reference::config::{Architecture, ModelConfig, MoeConfig, RopeScaling};
 use reference::draft_verify::ReferenceSpeculation;
 use reference::exit_gate::GateKind;
 use reference::fast_stream::M2r2;
@@ -17,38 +18,6 @@ use reference::m2r2_weights::M2r2Weights;
 use reference::sampling::{SamplingParams, sampling_distribution};
 use reference::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
 use reference::weights::Weights;
-
-fn small_config(layers: usize, moe: bool, vocab: usize) -> ModelConfig {
-    ModelConfig {
-        architecture: if moe {
-            Architecture::Mixtral
-        } else {
-            Architecture::Llama
-        },
-        vocab_size: vocab,
-        hidden_size: 16,
-        intermediate_size: 24,
-        num_hidden_layers: layers,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: 4,
-        max_position_embeddings: 64,
-        rms_norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        rope_scaling: RopeScaling::Default,
-        qkv_bias: false,
-        o_bias: false,
-        mlp_bias: false,
-        tie_word_embeddings: !moe,
-        sliding_window: None,
-        moe: moe.then_some(MoeConfig {
-            num_local_experts: 4,
-            num_experts_per_tok: 2,
-        }),
-        bos_token_id: None,
-        eos_token_ids: vec![],
-    }
-}
 
 fn model(config: &ModelConfig, seed: u64) -> Model {
     Model::new(
