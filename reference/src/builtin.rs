@@ -72,7 +72,12 @@ pub fn builtin(name: &str) -> Result<Model> {
             )));
         }
     };
-    let weights = Weights::load(&config, &random_source(&config, BUILTIN_SEED))?;
+    random_model(config, BUILTIN_SEED)
+}
+
+/// A model of `config` with the random weights of [`random_source`] drawn from `seed`.
+pub fn random_model(config: ModelConfig, seed: u64) -> Result<Model> {
+    let weights = Weights::load(&config, &random_source(&config, seed))?;
     Ok(Model::new(config, weights))
 }
 

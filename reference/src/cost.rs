@@ -318,7 +318,7 @@ impl CostModel<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::builtin::random_source;
+    use crate::builtin::random_model;
     use crate::config::{Architecture, MoeConfig, RopeScaling};
     use crate::draft_verify::ReferenceSpeculation;
     use crate::exit_gate::GateKind;
@@ -328,7 +328,6 @@ mod tests {
     use crate::speculative::{
         DraftLength, SpeculativeBackend, SpeculativeOptions, speculative_generate,
     };
-    use crate::weights::Weights;
 
     fn small(moe: bool, window: Option<usize>) -> (Model, M2r2Weights) {
         let config = ModelConfig {
@@ -360,10 +359,7 @@ mod tests {
             bos_token_id: None,
             eos_token_ids: vec![],
         };
-        let model = Model::new(
-            config.clone(),
-            Weights::load(&config, &random_source(&config, 5)).unwrap(),
-        );
+        let model = random_model(config.clone(), 5).unwrap();
         let weights = M2r2Weights::random(&config, M2r2Config::default_for(&config), 6).unwrap();
         (model, weights)
     }

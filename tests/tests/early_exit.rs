@@ -7,7 +7,7 @@
 use m2r2_tests::small_config;
 use proptest::prelude::*;
 use reference::Model;
-use reference::builtin::random_source;
+use reference::builtin::random_model;
 use reference::cost::CostModel;
 use reference::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
 use reference::exit_gate::GateKind;
@@ -15,7 +15,6 @@ use reference::fast_stream::M2r2;
 use reference::generate::greedy;
 use reference::m2r2_config::M2r2Config;
 use reference::m2r2_weights::M2r2Weights;
-use reference::weights::Weights;
 
 #[derive(Debug, Clone)]
 struct Problem {
@@ -31,10 +30,7 @@ struct Problem {
 impl Problem {
     fn setup(&self) -> (Model, M2r2Weights) {
         let c = small_config(self.layers, self.moe, 30);
-        let model = Model::new(
-            c.clone(),
-            Weights::load(&c, &random_source(&c, self.seed)).unwrap(),
-        );
+        let model = random_model(c.clone(), self.seed).unwrap();
         let weights =
             M2r2Weights::random(&c, M2r2Config::default_for(&c), self.seed ^ 0x77).unwrap();
         (model, weights)

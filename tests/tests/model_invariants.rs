@@ -8,9 +8,8 @@
 
 use ndarray::{Array2, s};
 use proptest::prelude::*;
-use reference::builtin::random_source;
+use reference::builtin::random_model;
 use reference::config::{Architecture, ModelConfig, MoeConfig, RopeScaling};
-use reference::weights::Weights;
 use reference::{KvCache, Model};
 
 /// A random small model: the `Problem` of these property tests.
@@ -91,8 +90,7 @@ fn problem_strategy() -> impl Strategy<Value = Problem> {
 
 impl Problem {
     fn model(&self) -> Model {
-        let weights = Weights::load(&self.config, &random_source(&self.config, self.seed)).unwrap();
-        Model::new(self.config.clone(), weights)
+        random_model(self.config.clone(), self.seed).unwrap()
     }
 
     /// Logits of all tokens, fed in the given chunks, and the cache it leaves.

@@ -8,7 +8,7 @@ use m2r2_tests::small_config;
 use proptest::prelude::*;
 use reference::Model;
 use reference::ModelConfig;
-use reference::builtin::random_source;
+use reference::builtin::random_model;
 use reference::draft_verify::ReferenceSpeculation;
 use reference::exit_gate::GateKind;
 use reference::fast_stream::M2r2;
@@ -17,13 +17,9 @@ use reference::m2r2_config::M2r2Config;
 use reference::m2r2_weights::M2r2Weights;
 use reference::sampling::{SamplingParams, sampling_distribution};
 use reference::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
-use reference::weights::Weights;
 
 fn model(config: &ModelConfig, seed: u64) -> Model {
-    Model::new(
-        config.clone(),
-        Weights::load(config, &random_source(config, seed)).unwrap(),
-    )
+    random_model(config.clone(), seed).unwrap()
 }
 
 #[derive(Debug, Clone)]
