@@ -6,27 +6,10 @@ use std::path::Path;
 
 /// Rewrite a safetensors file with one element of the I64 `tensor` set to `value`.
 fn set_i64(path: &Path, tensor: &str, index: usize, value: i64) {
-    let bytes = std::fs::read(path).unwrap();
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
-    let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(name, t)| (name, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
-        .collect();
-    let (_, dtype, _, data) = owned.iter_mut().find(|t| t.0 == tensor).unwrap();
-    assert_eq!(*dtype, Dtype::I64);
-    data[8 * index..8 * index + 8].copy_from_slice(&value.to_le_bytes());
-    let views: Vec<(String, safetensors::tensor::TensorView)> = owned
-        .iter()
-        .map(|(n, d, s, b)| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
-            )
-        })
-        .collect();
-    safetensors::serialize_to_file(views, meta.metadata().clone(), path).unwrap();
+    super::edit_tensor(path, tensor, |dtype, data| {
+        assert_eq!(dtype, Dtype::I64);
+        data[8 * index..8 * index + 8].copy_from_slice(&value.to_le_bytes());
+    });
 }
 
 fn read_i64(path: &Path, tensor: &str) -> Vec<i64> {

@@ -212,8 +212,8 @@ fn logits_are_written_and_reproducible() {
     assert_eq!(want.iter().copied().collect::<Vec<f32>>(), data);
 }
 
-/// Rewrite a safetensors file with one element of `tensor` (f32) moved by `delta`.
-fn tamper(path: &Path, tensor: &str, index: usize, delta: f32) {
+/// Rewrite a safetensors file in place with `edit` applied to the bytes of `tensor` (metadata kept).
+fn edit_tensor(path: &Path, tensor: &str, edit: impl FnOnce(Dtype, &mut [u8])) {
     let bytes = std::fs::read(path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
@@ -222,10 +222,8 @@ fn tamper(path: &Path, tensor: &str, index: usize, delta: f32) {
         .into_iter()
         .map(|(name, t)| (name, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
         .collect();
-    let (_, _, _, data) = owned.iter_mut().find(|t| t.0 == tensor).unwrap();
-    let at = 4 * index;
-    let v = f32::from_le_bytes(data[at..at + 4].try_into().unwrap()) + delta;
-    data[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    let (_, dtype, _, data) = owned.iter_mut().find(|t| t.0 == tensor).unwrap();
+    edit(*dtype, data);
     let views: Vec<(String, safetensors::tensor::TensorView)> = owned
         .iter()
         .map(|(n, d, s, b)| {
@@ -236,6 +234,16 @@ fn tamper(path: &Path, tensor: &str, index: usize, delta: f32) {
         })
         .collect();
     safetensors::serialize_to_file(views, meta.metadata().clone(), path).unwrap();
+}
+
+/// Rewrite a safetensors file with one element of `tensor` (f32) moved by `delta`.
+fn tamper(path: &Path, tensor: &str, index: usize, delta: f32) {
+    edit_tensor(path, tensor, |dtype, data| {
+        assert_eq!(dtype, Dtype::F32);
+        let at = 4 * index;
+        let v = f32::from_le_bytes(data[at..at + 4].try_into().unwrap()) + delta;
+        data[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    });
 }
 
 #[test]
