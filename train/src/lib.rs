@@ -13,8 +13,13 @@
 //! `Hkv` key/value heads, `Dh` head dim, `R` fast rows in a batch, `S` visible cached positions,
 //! `r` adapter rank.
 
+pub mod adamw;
 pub mod adapters;
+pub mod align;
 pub mod attention;
+pub mod checkpoint;
+pub mod data;
+pub mod distill;
 pub mod error;
 pub mod fast_stream;
 pub mod grad_check;
@@ -23,10 +28,12 @@ pub mod linear;
 pub mod real;
 pub mod rmsnorm;
 pub mod rope;
+pub mod schedule;
 pub mod slow_stream;
 pub mod swiglu;
 #[cfg(test)]
 mod test_util;
+pub mod trainer;
 
 pub use error::{Error, Result};
 pub use real::Real;
