@@ -16,6 +16,7 @@
 pub mod adamw;
 pub mod adapters;
 pub mod align;
+pub mod arla;
 pub mod attention;
 pub mod checkpoint;
 pub mod data;
