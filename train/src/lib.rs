@@ -17,6 +17,7 @@ pub mod adamw;
 pub mod adapters;
 pub mod align;
 pub mod arla;
+pub mod arla_trainer;
 pub mod attention;
 pub mod checkpoint;
 pub mod data;
