@@ -49,6 +49,8 @@ enum Command {
     DistillData(cli::distill_data::Args),
     /// Train the accelerator adapters on distillation data (base model frozen).
     Train(cli::train::Args),
+    /// Train ARLA on trained adapters and calibrate its threshold on development data.
+    TrainArla(cli::train_arla::Args),
 }
 
 fn main() -> ExitCode {
@@ -65,6 +67,7 @@ fn main() -> ExitCode {
         Command::Analyze(args) => cli::analyze::run(&args),
         Command::DistillData(args) => cli::distill_data::run(&args),
         Command::Train(args) => cli::train::run(&args),
+        Command::TrainArla(args) => cli::train_arla::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,3 +14,4 @@ pub mod logits;
 pub mod m2r2_args;
 pub mod progress;
 pub mod train;
+pub mod train_arla;

@@ -1,6 +1,7 @@
 //! `distill-data` and `train` end to end on the built-in `tiny` model: data is written and read
 //! back, training lowers the held-out KL, the checkpoint is an M2R2 weights folder that `generate`
-//! uses (speculative output equal to greedy), `--resume` continues, bad input is refused clearly.
+//! uses (speculative output equal to greedy), `--resume` continues, `train-arla` writes a calibrated
+//! ARLA the decoding modes use, bad input is refused clearly.
 
 use super::{fails, generate_json, ok};
 use std::path::Path;
@@ -96,6 +97,54 @@ fn distill_train_resume_generate() {
     spec_args.extend(["--mode", "speculative", "--m2r2", &ck]);
     let spec = generate_json(&spec_args);
     assert_eq!(spec["tokens"], greedy["tokens"]);
+    // ARLA on top of the trained adapters, calibrated on the dev data; the folder drives
+    // early exit and keeps speculative decoding equal to greedy.
+    let arla = ok(&[
+        "train-arla",
+        "--model",
+        "tiny",
+        "--m2r2",
+        &ck,
+        "--data",
+        &p("data"),
+        "--dev-data",
+        &p("dev"),
+        "--steps",
+        "30",
+        "--batch",
+        "32",
+        "--target-agreement",
+        "0.9",
+        "--out",
+        &p("arla"),
+    ]);
+    assert!(
+        arla.stdout
+            .contains("| threshold | agreement | layers/token"),
+        "{}",
+        arla.stdout
+    );
+    assert!(arla.stdout.contains("wrote"), "{}", arla.stdout);
+    let arla_dir = p("arla");
+    let mut spec_args = prompt.to_vec();
+    spec_args.extend([
+        "--mode",
+        "speculative",
+        "--m2r2",
+        &arla_dir,
+        "--dynamic-draft",
+    ]);
+    assert_eq!(generate_json(&spec_args)["tokens"], greedy["tokens"]);
+    let mut exit_args = prompt.to_vec();
+    exit_args.extend([
+        "--mode",
+        "early-exit",
+        "--m2r2",
+        &arla_dir,
+        "--gate",
+        "arla",
+    ]);
+    generate_json(&exit_args);
     // Resume to a larger total.
     let resumed = ok(&[
         "train",
