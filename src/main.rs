@@ -51,6 +51,8 @@ enum Command {
     Train(cli::train::Args),
     /// Train ARLA on trained adapters and calibrate its threshold on development data.
     TrainArla(cli::train_arla::Args),
+    /// Pruned draft head (FLOPs-aware drafting): the most frequent response tokens, measured.
+    DraftHead(cli::draft_head::Args),
 }
 
 fn main() -> ExitCode {
@@ -68,6 +70,7 @@ fn main() -> ExitCode {
         Command::DistillData(args) => cli::distill_data::run(&args),
         Command::Train(args) => cli::train::run(&args),
         Command::TrainArla(args) => cli::train_arla::run(&args),
+        Command::DraftHead(args) => cli::draft_head::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

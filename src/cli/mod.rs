@@ -5,6 +5,7 @@ pub mod bench;
 pub mod common;
 pub mod demo;
 pub mod distill_data;
+pub mod draft_head;
 pub mod fetch;
 pub mod generate;
 pub mod golden;

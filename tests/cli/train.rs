@@ -145,6 +145,27 @@ fn distill_train_resume_generate() {
         "arla",
     ]);
     generate_json(&exit_args);
+    // The pruned draft head: measured, written, and the folder still loads.
+    let head = ok(&[
+        "draft-head",
+        "--model",
+        "tiny",
+        "--m2r2",
+        &arla_dir,
+        "--data",
+        &p("data"),
+        "--dev-data",
+        &p("dev"),
+        "--sizes",
+        "8,64",
+        "--write",
+        "64",
+    ]);
+    assert!(head.stdout.contains("| pruned | 64 |"), "{}", head.stdout);
+    assert!(dir.path().join("arla/draft_head.json").is_file());
+    let mut spec_args = prompt.to_vec();
+    spec_args.extend(["--mode", "speculative", "--m2r2", &arla_dir]);
+    assert_eq!(generate_json(&spec_args)["tokens"], greedy["tokens"]);
     // Resume to a larger total.
     let resumed = ok(&[
         "train",

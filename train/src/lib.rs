@@ -22,6 +22,7 @@ pub mod attention;
 pub mod checkpoint;
 pub mod data;
 pub mod distill;
+pub mod draft_head;
 pub mod error;
 pub mod fast_stream;
 pub mod grad_check;
