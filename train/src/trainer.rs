@@ -193,11 +193,7 @@ impl Trainer {
             .collect();
         let base = FrozenBase::new(model, layers)?;
         let samples = slow_samples(model, config, data, &intervals, on_sample)?;
-        let pool: Vec<Row> = samples
-            .iter()
-            .enumerate()
-            .flat_map(|(i, s)| (s.first_row..s.len()).map(move |pos| Row { sample: i, pos }))
-            .collect();
+        let pool = response_rows(&samples);
         if pool.is_empty() {
             return Err(Error::Invalid(
                 "the data has no response rows to train on".into(),
@@ -241,11 +237,23 @@ impl Trainer {
         self.pool.len()
     }
 
-    /// The current M2R2 weights (trained adapters written into the template).
+    /// The current M2R2 weights: the trained adapters written into the template, and no adapter on
+    /// the layers of untrained gates (their fast stream is the plain early exit, as with `B = 0`,
+    /// and the checkpoint stays small: PEFT's `layers_to_transform` lists the adapted layers).
     pub fn weights(&self) -> M2r2Weights {
         let mut w = self.template.clone();
         for g in &self.gates {
             g.adapters.write_into(&mut w.accelerator);
+        }
+        let config = &self.template.config;
+        for (l, layer) in w.accelerator.layers.iter_mut().enumerate() {
+            if !self
+                .gates
+                .iter()
+                .any(|g| config.interval_layers(g.gate - 1).contains(&l))
+            {
+                *layer = None;
+            }
         }
         w
     }
@@ -286,7 +294,7 @@ impl Trainer {
     pub fn gradient(&self, i: usize, rows: &[Row]) -> (GateStats, Adapters<f32>) {
         let parts: Vec<(GateStats, Adapters<f32>)> = rows
             .par_chunks(ROWS_PER_TASK)
-            .map(|chunk| self.chunk_gradient(i, chunk, true))
+            .map(|chunk| self.chunk_gradient(i, &self.samples, chunk, true))
             .collect();
         let mut stats = GateStats {
             gate: self.gates[i].gate,
@@ -305,20 +313,7 @@ impl Trainer {
 
     /// Statistics of every trained gate on `rows` of the training data, without gradients.
     pub fn evaluate_rows(&self, rows: &[Row]) -> Vec<GateStats> {
-        (0..self.gates.len())
-            .map(|i| {
-                let parts: Vec<GateStats> = rows
-                    .par_chunks(ROWS_PER_TASK)
-                    .map(|chunk| self.chunk_gradient(i, chunk, false).0)
-                    .collect();
-                let mut stats = GateStats {
-                    gate: self.gates[i].gate,
-                    ..GateStats::default()
-                };
-                parts.iter().for_each(|p| stats.add(p));
-                stats
-            })
-            .collect()
+        self.evaluate_on(&self.samples, rows)
     }
 
     /// Statistics of every trained gate on every trainable row of the training data.
@@ -331,39 +326,44 @@ impl Trainer {
         let config = &self.template.config;
         let intervals: Vec<usize> = self.gates.iter().map(|g| g.gate - 1).collect();
         let samples = slow_samples(model, config, data, &intervals, &mut |_| {})?;
-        let rows: Vec<Row> = samples
-            .iter()
-            .enumerate()
-            .flat_map(|(i, s)| (s.first_row..s.len()).map(move |pos| Row { sample: i, pos }))
-            .collect();
-        let held_out = Trainer {
-            options: self.options.clone(),
-            template: self.template.clone(),
-            gates: self.gates.clone(),
-            step: self.step,
-            history: Vec::new(),
-            base: self.base.clone(),
-            samples,
-            pool: rows.clone(),
-        };
-        Ok(held_out.evaluate_rows(&rows))
+        Ok(self.evaluate_on(&samples, &response_rows(&samples)))
+    }
+
+    fn evaluate_on(&self, samples: &[SlowSample<f32>], rows: &[Row]) -> Vec<GateStats> {
+        (0..self.gates.len())
+            .map(|i| {
+                let parts: Vec<GateStats> = rows
+                    .par_chunks(ROWS_PER_TASK)
+                    .map(|chunk| self.chunk_gradient(i, samples, chunk, false).0)
+                    .collect();
+                let mut stats = GateStats {
+                    gate: self.gates[i].gate,
+                    ..GateStats::default()
+                };
+                parts.iter().for_each(|p| stats.add(p));
+                stats
+            })
+            .collect()
     }
 
     /// Forward (and, with `grad`, backward) of gate `i` on one sub-batch; loss averaged over it.
-    fn chunk_gradient(&self, i: usize, rows: &[Row], grad: bool) -> (GateStats, Adapters<f32>) {
+    fn chunk_gradient(
+        &self,
+        i: usize,
+        samples: &[SlowSample<f32>],
+        rows: &[Row],
+        grad: bool,
+    ) -> (GateStats, Adapters<f32>) {
         let g = &self.gates[i];
         let j = g.gate - 1;
         let layers = self.template.config.interval_layers(j);
-        let batch = Batch {
-            samples: &self.samples,
-            rows,
-        };
+        let batch = Batch { samples, rows };
         let f = fast_stream::start_states(batch, j);
         let (u, tape) = fast_stream::forward(&self.base, &g.adapters, layers.clone(), batch, f);
         // teacher: the base model's final distribution, from s_N
         let mut target = ndarray::Array2::zeros(u.raw_dim());
         for (mut t, row) in target.axis_iter_mut(Axis(0)).zip(rows) {
-            t.assign(&self.samples[row.sample].last.row(row.pos));
+            t.assign(&samples[row.sample].last.row(row.pos));
         }
         let (teacher, _) = self.base.head.forward(target.view());
         let (logits, head_tape) = self.base.head.forward(u.view());
@@ -430,6 +430,15 @@ impl Trainer {
         self.history = history;
         Ok(self)
     }
+}
+
+/// Every trainable row (response positions) of `samples`.
+fn response_rows(samples: &[SlowSample<f32>]) -> Vec<Row> {
+    samples
+        .iter()
+        .enumerate()
+        .flat_map(|(i, s)| (s.first_row..s.len()).map(move |pos| Row { sample: i, pos }))
+        .collect()
 }
 
 /// The slow stream of every sample, keeping what `intervals` need.
