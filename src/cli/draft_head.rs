@@ -3,26 +3,15 @@
 //! pruned draft still equals the base model's token, and write the chosen subset into an M2R2
 //! weights folder (`draft_head.json`). The verifier keeps the full head, so output stays lossless.
 
-use super::common::{self, ModelArgs};
+use super::train_arla::{Trained, TrainedArgs};
 use anyhow::{Context, Result, bail};
 use reference::m2r2_config::Target;
-use reference::m2r2_weights::M2r2Weights;
-use std::path::PathBuf;
 use train::draft_head::{DraftHead, pruned_agreement};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     #[command(flatten)]
-    pub model: ModelArgs,
-    /// M2R2 weights folder (trained adapters)
-    #[arg(long = "m2r2", value_name = "DIR")]
-    pub m2r2: PathBuf,
-    /// Distillation data the token frequencies come from
-    #[arg(long, value_name = "DIR")]
-    pub data: PathBuf,
-    /// Held-out distillation data the agreement is measured on
-    #[arg(long, value_name = "DIR")]
-    pub dev_data: PathBuf,
+    pub trained: TrainedArgs,
     /// Subset sizes to compare, comma-separated
     #[arg(long, value_name = "K,...", default_value = "256,1024,4096,8192")]
     pub sizes: String,
@@ -32,13 +21,14 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let loaded = common::load(&args.model.model)?;
+    let Trained {
+        loaded,
+        weights,
+        data,
+        dev,
+    } = args.trained.load()?;
     let model = &loaded.model;
     let config = &model.config;
-    let weights = M2r2Weights::load_dir(&args.m2r2, config)
-        .with_context(|| format!("cannot load M2R2 weights from {}", args.m2r2.display()))?;
-    let (data, _) = train::data::read(&args.data, config.vocab_size)?;
-    let (dev, _) = train::data::read(&args.dev_data, config.vocab_size)?;
     let sizes: Vec<usize> = args
         .sizes
         .split(',')
@@ -100,10 +90,10 @@ pub fn run(args: &Args) -> Result<()> {
         if k == 0 || k > config.vocab_size {
             bail!("--write must lie in 1..={}", config.vocab_size);
         }
-        DraftHead::most_frequent(&data, config.vocab_size, k).save(&args.m2r2)?;
+        DraftHead::most_frequent(&data, config.vocab_size, k).save(&args.trained.m2r2)?;
         println!(
             "wrote the {k}-token draft head into {}",
-            args.m2r2.display()
+            args.trained.m2r2.display()
         );
     }
     Ok(())

@@ -7,6 +7,7 @@ use super::common::{self, ModelArgs};
 use super::progress;
 use anyhow::{Context, Result, bail};
 use reference::arla::Arla;
+use reference::load::LoadedModel;
 use reference::m2r2_weights::M2r2Weights;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -14,20 +15,53 @@ use train::arla_trainer::{
     ArlaOptions, SweepPoint, TokenGates, arla_accuracy, arla_scores, calibrate, collect,
     default_thresholds, sweep, train,
 };
+use train::data::DistillSample;
 
+/// The trained weights and the data both `train-arla` and `draft-head` work on.
 #[derive(clap::Args, Debug)]
-pub struct Args {
+pub struct TrainedArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     /// M2R2 weights folder with the trained adapters (e.g. written by `m2r2 train`)
     #[arg(long = "m2r2", value_name = "DIR")]
     pub m2r2: PathBuf,
-    /// Distillation data to train on
+    /// Distillation data to train on (draft-head: where the token frequencies come from)
     #[arg(long, value_name = "DIR")]
     pub data: PathBuf,
-    /// Held-out distillation data (development prompts) for the calibration and the sweep
+    /// Held-out distillation data (development prompts) for calibration and measurements
     #[arg(long, value_name = "DIR")]
     pub dev_data: PathBuf,
+}
+
+/// What [`TrainedArgs`] names, loaded and checked.
+pub struct Trained {
+    pub loaded: LoadedModel,
+    pub weights: M2r2Weights,
+    pub data: Vec<DistillSample>,
+    pub dev: Vec<DistillSample>,
+}
+
+impl TrainedArgs {
+    pub fn load(&self) -> Result<Trained> {
+        let loaded = common::load(&self.model.model)?;
+        let config = &loaded.model.config;
+        let weights = M2r2Weights::load_dir(&self.m2r2, config)
+            .with_context(|| format!("cannot load M2R2 weights from {}", self.m2r2.display()))?;
+        let (data, _) = train::data::read(&self.data, config.vocab_size)?;
+        let (dev, _) = train::data::read(&self.dev_data, config.vocab_size)?;
+        Ok(Trained {
+            loaded,
+            weights,
+            data,
+            dev,
+        })
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub trained: TrainedArgs,
     /// Optimizer steps
     #[arg(long, value_name = "N", default_value_t = 2000)]
     pub steps: usize,
@@ -77,12 +111,13 @@ pub fn run(args: &Args) -> Result<()> {
     if args.steps == 0 || args.batch == 0 {
         bail!("--steps and --batch must be at least 1");
     }
-    let loaded = common::load(&args.model.model)?;
+    let Trained {
+        loaded,
+        mut weights,
+        data,
+        dev,
+    } = args.trained.load()?;
     let model = &loaded.model;
-    let mut weights = M2r2Weights::load_dir(&args.m2r2, &model.config)
-        .with_context(|| format!("cannot load M2R2 weights from {}", args.m2r2.display()))?;
-    let (data, _) = train::data::read(&args.data, model.config.vocab_size)?;
-    let (dev, _) = train::data::read(&args.dev_data, model.config.vocab_size)?;
     let start = Instant::now();
     let bar = progress::tokens(
         (data.len() + dev.len()) as u64,

@@ -60,6 +60,8 @@ fn distill_train_resume_generate() {
         "1",
         "--rank",
         "4",
+        "--align",
+        "cosine",
         "--steps",
         "40",
         "--batch-rows",

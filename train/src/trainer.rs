@@ -377,24 +377,18 @@ impl Trainer {
             rows: kl.rows,
         };
         let mut grads = g.adapters.zeros_like();
+        let mut du_align = None;
         if let Some(kind) = self.options.align {
             let w = self.options.align_weight as f32;
-            let (loss, du_align) = align_loss(kind, u.view(), target.view(), w);
+            let (loss, du) = align_loss(kind, u.view(), target.view(), w);
             stats.align = loss as f64;
-            if grad {
-                let du = self.base.head.backward(dlogits.view(), &head_tape) + du_align;
-                fast_stream::backward(
-                    &self.base,
-                    &g.adapters,
-                    layers,
-                    batch,
-                    &tape,
-                    du,
-                    &mut grads,
-                );
+            du_align = Some(du);
+        }
+        if grad {
+            let mut du = self.base.head.backward(dlogits.view(), &head_tape);
+            if let Some(d) = du_align {
+                du += &d;
             }
-        } else if grad {
-            let du = self.base.head.backward(dlogits.view(), &head_tape);
             fast_stream::backward(
                 &self.base,
                 &g.adapters,
