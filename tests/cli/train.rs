@@ -203,6 +203,22 @@ fn distill_train_resume_generate() {
         ],
         &["already done 40 of 40 steps"],
     );
+    fails(
+        &[
+            "train",
+            "--model",
+            "tiny",
+            "--data",
+            &p("dev"),
+            "--resume",
+            &ck,
+            "--steps",
+            "60",
+            "--out",
+            &p("ck3"),
+        ],
+        &["trained on other data", "same --data"],
+    );
 }
 
 #[test]

@@ -28,7 +28,15 @@ struct TrainerState {
     options: TrainOptions,
     /// Per trained gate: AdamW's step count.
     optimizer_steps: Vec<(usize, u64)>,
+    /// The training data's shape (samples, trainable rows): resuming needs the same data.
+    data: (usize, usize),
     history: Vec<StepLog>,
+}
+
+/// (samples, trainable rows) of distillation data.
+fn data_shape(data: &[DistillSample]) -> (usize, usize) {
+    let rows = data.iter().map(|s| s.tokens.len() - s.first_row()).sum();
+    (data.len(), rows)
 }
 
 /// Write the trainer's weights and state into `dir` (created if needed).
@@ -38,6 +46,7 @@ pub fn save(trainer: &Trainer, dir: &Path) -> Result<()> {
         step: trainer.step,
         options: trainer.options.clone(),
         optimizer_steps: trainer.gates.iter().map(|g| (g.gate, g.opt.t)).collect(),
+        data: (trainer.samples_count(), trainer.rows_available()),
         history: trainer.history.clone(),
     };
     let path = dir.join(STATE_FILE);
@@ -75,6 +84,17 @@ pub fn resume(
         file: path.display().to_string(),
         msg: format!("not a trainer state: {e}"),
     })?;
+    if data_shape(data) != state.data {
+        return Err(Error::Invalid(format!(
+            "{} was trained on other data ({} samples, {} rows; given {} samples, {} rows): resume \
+             with the same --data",
+            dir.display(),
+            state.data.0,
+            state.data.1,
+            data.len(),
+            data_shape(data).1
+        )));
+    }
     let mut options = state.options;
     if let Some(s) = steps {
         options.steps = s;

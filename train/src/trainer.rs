@@ -232,6 +232,11 @@ impl Trainer {
         })
     }
 
+    /// Number of samples in the data.
+    pub fn samples_count(&self) -> usize {
+        self.samples.len()
+    }
+
     /// Number of trainable rows in the data.
     pub fn rows_available(&self) -> usize {
         self.pool.len()
