@@ -83,6 +83,9 @@ pub struct Args {
     /// Output folder: the M2R2 weights with ARLA and the calibrated threshold
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
+    /// Write the tensors as f16 (half the size; what ships in the repository)
+    #[arg(long)]
+    pub f16: bool,
 }
 
 fn print_sweep(name: &str, points: &[SweepPoint]) {
@@ -208,10 +211,14 @@ pub fn run(args: &Args) -> Result<()> {
     weights
         .save_dir(&args.out)
         .with_context(|| format!("cannot write {}", args.out.display()))?;
+    if args.f16 {
+        train::ship::to_f16_in_place(&args.out)?;
+    }
     println!(
-        "wrote {} (arla.threshold = {:.2})",
+        "wrote {} (arla.threshold = {:.2}{})",
         args.out.display(),
-        best.threshold
+        best.threshold,
+        if args.f16 { ", f16" } else { "" }
     );
     Ok(())
 }

@@ -117,6 +117,7 @@ fn distill_train_resume_generate() {
         "32",
         "--target-agreement",
         "0.9",
+        "--f16",
         "--out",
         &p("arla"),
     ]);
@@ -126,7 +127,7 @@ fn distill_train_resume_generate() {
         "{}",
         arla.stdout
     );
-    assert!(arla.stdout.contains("wrote"), "{}", arla.stdout);
+    assert!(arla.stdout.contains("f16)"), "{}", arla.stdout);
     let arla_dir = p("arla");
     let mut spec_args = prompt.to_vec();
     spec_args.extend([

@@ -32,6 +32,7 @@ pub mod real;
 pub mod rmsnorm;
 pub mod rope;
 pub mod schedule;
+pub mod ship;
 pub mod slow_stream;
 pub mod swiglu;
 #[cfg(test)]
