@@ -78,6 +78,39 @@ fn forward_equals_reference_run_interval() {
     }
 }
 
+/// The same check on the real model (SmolLM2-135M: 9 query heads over 3 KV heads, Dh 64, tied
+/// head), draft gate only, with seeded random adapters. Needs `m2r2 fetch smollm2` (fails, never
+/// skips, without it).
+#[test]
+fn smollm2_forward_equals_reference_run_interval() {
+    let loaded = reference::load::load_model("smollm2").unwrap();
+    let model = &loaded.model;
+    let mut config = M2r2Config::default_for(&model.config);
+    config.rank = 4;
+    let weights = M2r2Weights::random(&model.config, config, 9).unwrap();
+    let want = reference_exit_logits(model, &weights);
+    let config = &weights.config;
+    let samples = [SlowSample::<f32>::compute(model, config, &TOKENS, 0, &[0]).unwrap()];
+    let base = FrozenBase::<f32>::new(model, config.interval_layers(0)).unwrap();
+    let adapters = Adapters::<f32>::from_accelerator(&weights.accelerator, |l| l < config.gates[0]);
+    let rows = rows();
+    let batch = Batch {
+        samples: &samples,
+        rows: &rows,
+    };
+    let f = fast_stream::start_states(batch, 0);
+    let (u, _) = fast_stream::forward(&base, &adapters, config.interval_layers(0), batch, f);
+    let (logits, _) = base.head.forward(u.view());
+    let mut max = 0.0f32;
+    for (r, row) in rows.iter().enumerate() {
+        for (a, b) in logits.row(r).iter().zip(want[0].row(row.pos)) {
+            max = max.max((a - b).abs() / (1.0 + b.abs()));
+        }
+    }
+    println!("smollm2 gate 1: max relative |logit diff| {max:.2e}");
+    assert!(max < 1e-5, "{max}");
+}
+
 /// A tiny dense model (D = 16) so that every adapter coordinate can be probed.
 fn micro_config() -> ModelConfig {
     ModelConfig {
