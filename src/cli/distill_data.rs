@@ -71,6 +71,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let mut prompts = read_prompts(&args.prompts)?;
     if let Some(n) = args.limit {
+        if n == 0 {
+            bail!("--limit must be at least 1");
+        }
         prompts.truncate(n);
     }
     let loaded = common::load(&args.model.model)?;
