@@ -45,6 +45,14 @@ enum Command {
     /// Residual dynamics per layer and gate: direction change, alignment with the final residual,
     /// early-exit agreement (and a PCA view with --features linalg).
     Analyze(cli::analyze::Args),
+    /// Self-distillation data: the base model's own responses to chat-templated prompts.
+    DistillData(cli::distill_data::Args),
+    /// Train the accelerator adapters on distillation data (base model frozen).
+    Train(cli::train::Args),
+    /// Train ARLA on trained adapters and calibrate its threshold on development data.
+    TrainArla(cli::train_arla::Args),
+    /// Pruned draft head (FLOPs-aware drafting): the most frequent response tokens, measured.
+    DraftHead(cli::draft_head::Args),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +67,10 @@ fn main() -> ExitCode {
         Command::Demo(args) => cli::demo::run(&args),
         Command::InitM2r2(args) => cli::init_m2r2::run(&args),
         Command::Analyze(args) => cli::analyze::run(&args),
+        Command::DistillData(args) => cli::distill_data::run(&args),
+        Command::Train(args) => cli::train::run(&args),
+        Command::TrainArla(args) => cli::train_arla::run(&args),
+        Command::DraftHead(args) => cli::draft_head::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

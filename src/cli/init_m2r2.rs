@@ -50,7 +50,7 @@ pub struct Args {
 }
 
 /// Parse `--targets q_proj,k_proj`.
-fn parse_targets(text: &str) -> Result<Vec<Target>> {
+pub fn parse_targets(text: &str) -> Result<Vec<Target>> {
     text.split(',')
         .map(|name| {
             let name = name.trim();

@@ -1,0 +1,129 @@
+//! `m2r2 distill-data`: self-distillation data for training the accelerator adapters (issue 7): the
+//! base model's own responses to chat-templated prompts, written as token sequences (format:
+//! `train::data`).
+
+use super::common::{self, ModelArgs, PromptArgs};
+use super::progress;
+use anyhow::{Context, Result, bail};
+use std::io::BufRead;
+use std::path::PathBuf;
+use train::data::{DistillMeta, write};
+use train::distill::{DistillOptions, generate_samples};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompts, one JSON object per line with `id` and `prompt` (e.g. ../shared/data/train_prompts.jsonl)
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub prompts: PathBuf,
+    /// Folder to write (samples.jsonl, meta.json)
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Responses per prompt
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub samples_per_prompt: usize,
+    /// Longest response, in tokens
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_new_tokens: usize,
+    /// Sampling temperature (default: greedy, the verifier's own decoding)
+    #[arg(long, value_name = "T")]
+    pub temperature: Option<f32>,
+    /// Seed of sample k of prompt i: S + i * K + k
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Use only the first N prompts (smoke runs)
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+}
+
+/// `(id, prompt text)` of every line of a prompts file.
+fn read_prompts(path: &PathBuf) -> Result<Vec<(String, String)>> {
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.with_context(|| format!("cannot read {}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |what: &str| format!("{} line {}: {what}", path.display(), i + 1);
+        let value: serde_json::Value =
+            serde_json::from_str(&line).with_context(|| bad("not JSON"))?;
+        let field = |name: &str| {
+            value
+                .get(name)
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+                .with_context(|| bad(&format!("missing string field `{name}`")))
+        };
+        out.push((field("id")?, field("prompt")?));
+    }
+    if out.is_empty() {
+        bail!("{} holds no prompts", path.display());
+    }
+    Ok(out)
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    if args.samples_per_prompt == 0 || args.max_new_tokens == 0 {
+        bail!("--samples-per-prompt and --max-new-tokens must be at least 1");
+    }
+    let mut prompts = read_prompts(&args.prompts)?;
+    if let Some(n) = args.limit {
+        if n == 0 {
+            bail!("--limit must be at least 1");
+        }
+        prompts.truncate(n);
+    }
+    let loaded = common::load(&args.model.model)?;
+    let encoded: Vec<(String, Vec<u32>)> = prompts
+        .iter()
+        .map(|(id, text)| {
+            let prompt = PromptArgs {
+                prompt: Some(text.clone()),
+                chat: true,
+                tokens: None,
+            };
+            Ok((id.clone(), common::prompt_tokens(&loaded, &prompt)?))
+        })
+        .collect::<Result<_>>()?;
+    let options = DistillOptions {
+        samples_per_prompt: args.samples_per_prompt,
+        max_new_tokens: args.max_new_tokens,
+        temperature: args.temperature,
+        seed: args.seed,
+        stop_tokens: loaded.stop_tokens(),
+    };
+    let total = encoded.len() * args.samples_per_prompt;
+    let bar = progress::tokens(total as u64, "samples");
+    let start = std::time::Instant::now();
+    let mut generated = 0usize;
+    let samples = generate_samples(&loaded.model, &encoded, &options, &mut |s| {
+        generated += s.tokens.len() - s.prompt_len;
+        bar.inc(1);
+    })?;
+    bar.finish_and_clear();
+    let seconds = start.elapsed().as_secs_f64();
+    let meta = DistillMeta {
+        model: loaded.name.clone(),
+        prompts: args.prompts.display().to_string(),
+        samples_per_prompt: args.samples_per_prompt,
+        max_new_tokens: args.max_new_tokens,
+        temperature: args.temperature,
+        seed: args.seed,
+        samples: samples.len(),
+        tokens: samples.iter().map(|s| s.tokens.len()).sum(),
+    };
+    write(&args.out, &samples, &meta)?;
+    println!(
+        "wrote {} samples ({} response tokens, {} tokens in all) to {} in {:.1} s ({:.1} response tokens/s)",
+        samples.len(),
+        generated,
+        meta.tokens,
+        args.out.display(),
+        seconds,
+        generated as f64 / seconds.max(1e-9)
+    );
+    Ok(())
+}

@@ -1,0 +1,276 @@
+//! `m2r2 train`: train the accelerator adapters on self-distillation data (issue 7), base model
+//! frozen, with the hand-written backward passes of the `train` crate. Checkpoints are M2R2 weights
+//! folders in the PEFT layout (usable as `--m2r2 DIR`) with the optimizer state for `--resume`.
+
+use super::common::{self, ModelArgs};
+use super::init_m2r2::parse_targets;
+use super::progress;
+use anyhow::{Context, Result, bail};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use reference::m2r2_config::{M2r2Config, parse_gates};
+use std::path::PathBuf;
+use std::time::Instant;
+use train::align::AlignKind;
+use train::checkpoint;
+use train::trainer::{GateStats, StepLog, TrainOptions, Trainer, initial_weights};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Distillation data folder (written by `m2r2 distill-data`)
+    #[arg(long, value_name = "DIR")]
+    pub data: PathBuf,
+    /// Exit gates as comma-separated layer counts (default: 3 near-equal intervals)
+    #[arg(long, value_name = "E1,E2,...")]
+    pub gates: Option<String>,
+    /// Gates (1-based) whose adapters are trained, comma-separated (default: all)
+    #[arg(long, value_name = "G,...")]
+    pub train_gates: Option<String>,
+    /// Adapter rank r
+    #[arg(long, value_name = "R", default_value_t = 16)]
+    pub rank: usize,
+    /// Adapter alpha (scale alpha / r; default 2 r)
+    #[arg(long, value_name = "A")]
+    pub alpha: Option<f32>,
+    /// Adapted linear maps, comma-separated (default: all seven)
+    #[arg(long, value_name = "LIST")]
+    pub targets: Option<String>,
+    /// Optimizer steps (each updates every trained gate once)
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub steps: usize,
+    /// Fast rows per gate per step
+    #[arg(long, value_name = "B", default_value_t = 64)]
+    pub batch_rows: usize,
+    /// Peak learning rate
+    #[arg(long, value_name = "X", default_value_t = 2e-3)]
+    pub lr: f64,
+    /// Final learning rate of the cosine decay (default lr / 10)
+    #[arg(long, value_name = "X")]
+    pub lr_min: Option<f64>,
+    /// Warm-up steps (default steps / 20)
+    #[arg(long, value_name = "N")]
+    pub warmup: Option<usize>,
+    /// AdamW decoupled weight decay
+    #[arg(long, value_name = "X", default_value_t = 0.0)]
+    pub weight_decay: f64,
+    /// Clip each gate's gradient to this global L2 norm
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    pub clip: f64,
+    /// Distillation temperature tau of the KL loss
+    #[arg(long, value_name = "T", default_value_t = 1.0)]
+    pub temperature: f64,
+    /// Alignment of the exit state with the final slow residual: cosine | mse
+    #[arg(long, value_name = "KIND")]
+    pub align: Option<AlignKind>,
+    /// Weight of the alignment term
+    #[arg(long, value_name = "X", default_value_t = 0.1)]
+    pub align_weight: f64,
+    /// Seed of the adapter initialisation and of the row sampling
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Output folder (checkpoint: M2R2 weights + optimizer state)
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Continue from a checkpoint folder (its settings are used; --steps sets the new total)
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
+    /// Also write the checkpoint every N steps
+    #[arg(long, value_name = "N")]
+    pub save_every: Option<usize>,
+    /// Held-out distillation data (e.g. from dev prompts): per-gate agreement before and after
+    #[arg(long, value_name = "DIR")]
+    pub eval_data: Option<PathBuf>,
+    /// Print one line per N steps on stderr (always when stderr is not a terminal)
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    pub log_every: usize,
+}
+
+fn gate_summary(stats: &[GateStats]) -> String {
+    stats
+        .iter()
+        .map(|s| format!("g{} kl {:.4} agree {:.3}", s.gate, s.kl, s.agreement()))
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
+fn step_bar(total: u64) -> ProgressBar {
+    if !progress::enabled() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    bar.set_draw_target(ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("train [{bar:24}] {pos}/{len} {per_sec} eta {eta} {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let loaded = common::load(&args.model.model)?;
+    let model = &loaded.model;
+    let (data, meta) = train::data::read(&args.data, model.config.vocab_size)?;
+    if meta.model != loaded.name {
+        eprintln!(
+            "note: {} was generated with model `{}`, training `{}`",
+            args.data.display(),
+            meta.model,
+            loaded.name
+        );
+    }
+    let start = Instant::now();
+    let precompute = step_bar(data.len() as u64);
+    precompute.set_message("slow stream of each sample");
+    let mut on_sample = |_| precompute.inc(1);
+    let mut trainer = match &args.resume {
+        Some(dir) => checkpoint::resume(model, dir, &data, Some(args.steps), &mut on_sample)
+            .with_context(|| format!("cannot resume from {}", dir.display()))?,
+        None => {
+            let mut config = M2r2Config::default_for(&model.config);
+            if let Some(g) = &args.gates {
+                config.gates = parse_gates(g)?;
+            }
+            config.rank = args.rank;
+            config.alpha = args.alpha.unwrap_or(2.0 * args.rank as f32);
+            if let Some(t) = &args.targets {
+                config.targets = parse_targets(t)?;
+            }
+            let train_gates = match &args.train_gates {
+                Some(list) => list
+                    .split(',')
+                    .map(|g| {
+                        g.trim()
+                            .parse::<usize>()
+                            .with_context(|| format!("--train-gates: `{g}` is not a gate number"))
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+                None => (1..=config.gates.len()).collect(),
+            };
+            let options = TrainOptions {
+                train_gates,
+                steps: args.steps,
+                batch_rows: args.batch_rows,
+                lr: args.lr,
+                lr_min: args.lr_min.unwrap_or(args.lr / 10.0),
+                warmup: args.warmup.unwrap_or(args.steps / 20),
+                weight_decay: args.weight_decay,
+                clip: args.clip,
+                temperature: args.temperature,
+                align: args.align,
+                align_weight: args.align_weight,
+                seed: args.seed,
+            };
+            let weights = initial_weights(model, config, args.seed)
+                .with_context(|| format!("invalid M2R2 settings for {}", loaded.name))?;
+            Trainer::new(model, weights, &data, options, &mut on_sample)?
+        }
+    };
+    precompute.finish_and_clear();
+    eprintln!(
+        "slow stream of {} samples ({} trainable rows) in {:.1} s; training gates {:?}, {} adapter parameters",
+        data.len(),
+        trainer.rows_available(),
+        start.elapsed().as_secs_f64(),
+        trainer.options.train_gates,
+        trainer
+            .gates
+            .iter()
+            .map(|g| g.adapters.len())
+            .sum::<usize>()
+    );
+    if trainer.step >= trainer.options.steps {
+        bail!(
+            "the checkpoint has already done {} of {} steps: give a larger --steps",
+            trainer.step,
+            trainer.options.steps
+        );
+    }
+    let eval = match &args.eval_data {
+        Some(dir) => Some(train::data::read(dir, model.config.vocab_size)?.0),
+        None => None,
+    };
+    let before = match &eval {
+        Some(e) => Some(trainer.evaluate(model, e)?),
+        None => None,
+    };
+
+    let bar = step_bar(trainer.options.steps as u64);
+    bar.set_position(trainer.step as u64);
+    let log_to_stderr = !progress::enabled();
+    let train_start = Instant::now();
+    let first_step = trainer.step;
+    let mut window: Vec<StepLog> = Vec::new();
+    while trainer.step < trainer.options.steps {
+        let log = trainer.train_step();
+        window.push(log);
+        bar.inc(1);
+        if window.len() >= args.log_every.max(1) || trainer.step == trainer.options.steps {
+            let mut mean: Vec<GateStats> = window[0]
+                .gates
+                .iter()
+                .map(|g| GateStats {
+                    gate: g.gate,
+                    ..GateStats::default()
+                })
+                .collect();
+            for log in &window {
+                for (m, g) in mean.iter_mut().zip(&log.gates) {
+                    let n = (m.rows + g.rows) as f64;
+                    m.kl = (m.kl * m.rows as f64 + g.kl * g.rows as f64) / n;
+                    m.agree += g.agree;
+                    m.rows += g.rows;
+                }
+            }
+            let line = format!(
+                "step {} lr {:.2e} | {}",
+                trainer.step,
+                window.last().map_or(0.0, |l| l.lr),
+                gate_summary(&mean)
+            );
+            bar.set_message(gate_summary(&mean));
+            if log_to_stderr {
+                eprintln!("{line}");
+            }
+            window.clear();
+        }
+        if let Some(n) = args.save_every
+            && trainer.step % n.max(1) == 0
+        {
+            checkpoint::save(&trainer, &args.out)?;
+        }
+    }
+    bar.finish_and_clear();
+    let seconds = train_start.elapsed().as_secs_f64();
+    let steps = trainer.step - first_step;
+    checkpoint::save(&trainer, &args.out)
+        .with_context(|| format!("cannot write {}", args.out.display()))?;
+    println!(
+        "trained {steps} steps in {seconds:.1} s ({:.3} s/step, {} rows per gate per step); wrote {}",
+        seconds / steps.max(1) as f64,
+        trainer.options.batch_rows,
+        args.out.display()
+    );
+    if let (Some(e), Some(before)) = (&eval, before) {
+        let after = trainer.evaluate(model, e)?;
+        println!(
+            "held-out data {}:",
+            args.eval_data.as_ref().expect("eval").display()
+        );
+        println!("| gate | rows | KL before | KL after | agreement before | agreement after |");
+        println!("|---|---|---|---|---|---|");
+        for (b, a) in before.iter().zip(&after) {
+            println!(
+                "| {} | {} | {:.4} | {:.4} | {:.3} | {:.3} |",
+                a.gate,
+                a.rows,
+                b.kl,
+                a.kl,
+                b.agreement(),
+                a.agreement()
+            );
+        }
+    }
+    Ok(())
+}

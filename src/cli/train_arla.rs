@@ -1,0 +1,224 @@
+//! `m2r2 train-arla`: train ARLA (spec section 3) on top of trained adapters with binary
+//! cross-entropy on "the exit token equals the base model's token", then calibrate its threshold on
+//! held-out (development) data for a target agreement. Prints the early-exit sweep of ARLA next to
+//! the confidence and entropy gates on the same tokens.
+
+use super::common::{self, ModelArgs};
+use super::progress;
+use anyhow::{Context, Result, bail};
+use reference::arla::Arla;
+use reference::load::LoadedModel;
+use reference::m2r2_weights::M2r2Weights;
+use std::path::PathBuf;
+use std::time::Instant;
+use train::arla_trainer::{
+    ArlaOptions, SweepPoint, TokenGates, arla_accuracy, arla_scores, calibrate, collect,
+    default_thresholds, sweep, train,
+};
+use train::data::DistillSample;
+
+/// The trained weights and the data both `train-arla` and `draft-head` work on.
+#[derive(clap::Args, Debug)]
+pub struct TrainedArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// M2R2 weights folder with the trained adapters (e.g. written by `m2r2 train`)
+    #[arg(long = "m2r2", value_name = "DIR")]
+    pub m2r2: PathBuf,
+    /// Distillation data to train on (draft-head: where the token frequencies come from)
+    #[arg(long, value_name = "DIR")]
+    pub data: PathBuf,
+    /// Held-out distillation data (development prompts) for calibration and measurements
+    #[arg(long, value_name = "DIR")]
+    pub dev_data: PathBuf,
+}
+
+/// What [`TrainedArgs`] names, loaded and checked.
+pub struct Trained {
+    pub loaded: LoadedModel,
+    pub weights: M2r2Weights,
+    pub data: Vec<DistillSample>,
+    pub dev: Vec<DistillSample>,
+}
+
+impl TrainedArgs {
+    pub fn load(&self) -> Result<Trained> {
+        let loaded = common::load(&self.model.model)?;
+        let config = &loaded.model.config;
+        let weights = M2r2Weights::load_dir(&self.m2r2, config)
+            .with_context(|| format!("cannot load M2R2 weights from {}", self.m2r2.display()))?;
+        let (data, _) = train::data::read(&self.data, config.vocab_size)?;
+        let (dev, _) = train::data::read(&self.dev_data, config.vocab_size)?;
+        Ok(Trained {
+            loaded,
+            weights,
+            data,
+            dev,
+        })
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub trained: TrainedArgs,
+    /// Optimizer steps
+    #[arg(long, value_name = "N", default_value_t = 2000)]
+    pub steps: usize,
+    /// (token, gate) examples per step
+    #[arg(long, value_name = "B", default_value_t = 256)]
+    pub batch: usize,
+    /// Peak learning rate (warm-up 5 %, cosine to lr / 10)
+    #[arg(long, value_name = "X", default_value_t = 3e-3)]
+    pub lr: f64,
+    /// AdamW weight decay
+    #[arg(long, value_name = "X", default_value_t = 0.0)]
+    pub weight_decay: f64,
+    /// Seed of the initial ARLA weights and of the example sampling
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Agreement with the base model the calibrated threshold must reach on the dev data
+    #[arg(long, value_name = "X", default_value_t = 0.95)]
+    pub target_agreement: f64,
+    /// Output folder: the M2R2 weights with ARLA and the calibrated threshold
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Write the tensors as f16 (half the size; what ships in the repository)
+    #[arg(long)]
+    pub f16: bool,
+}
+
+fn print_sweep(name: &str, points: &[SweepPoint]) {
+    println!("{name}:");
+    println!("| threshold | agreement | layers/token | exits per gate |");
+    println!("|---|---|---|---|");
+    for p in points.iter().filter(|p| {
+        ((p.threshold * 10.0).round() - p.threshold * 10.0).abs() < 1e-4 || p.threshold > 1.0
+    }) {
+        let exits: Vec<String> = p.exits.iter().map(|e| format!("{e:.2}")).collect();
+        println!(
+            "| {:.2} | {:.3} | {:.2} | {} |",
+            p.threshold,
+            p.agreement,
+            p.layers_per_token,
+            exits.join(" / ")
+        );
+    }
+}
+
+fn scores_of(tokens: &[TokenGates], pick: impl Fn(&TokenGates) -> &Vec<f32>) -> Vec<Vec<f32>> {
+    tokens.iter().map(|t| pick(t).clone()).collect()
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    if args.steps == 0 || args.batch == 0 {
+        bail!("--steps and --batch must be at least 1");
+    }
+    let Trained {
+        loaded,
+        mut weights,
+        data,
+        dev,
+    } = args.trained.load()?;
+    let model = &loaded.model;
+    let start = Instant::now();
+    let bar = progress::tokens(
+        (data.len() + dev.len()) as u64,
+        "exit states of each sample",
+    );
+    let train_tokens = collect(model, &weights, &data, &mut |_| bar.inc(1))?;
+    let dev_tokens = collect(model, &weights, &dev, &mut |_| bar.inc(1))?;
+    bar.finish_and_clear();
+    eprintln!(
+        "exit states of {} training and {} dev tokens in {:.1} s",
+        train_tokens.len(),
+        dev_tokens.len(),
+        start.elapsed().as_secs_f64()
+    );
+    let config = &weights.config;
+    let eps = model.config.rms_norm_eps as f32;
+    let init = Arla::random(
+        model.config.hidden_size,
+        config.num_gates(),
+        config.arla.latent,
+        args.seed,
+    );
+    let options = ArlaOptions {
+        steps: args.steps,
+        batch: args.batch,
+        lr: args.lr,
+        weight_decay: args.weight_decay,
+        seed: args.seed,
+    };
+    let start = Instant::now();
+    let (arla, losses) = train(&init, &train_tokens, eps, &options)?;
+    let tail = &losses[losses.len().saturating_sub(50)..];
+    let (bce, acc) = arla_accuracy(&arla_scores(&arla, &dev_tokens, eps), &dev_tokens);
+    println!(
+        "trained ARLA {} steps in {:.1} s: train BCE (last 50 steps) {:.4}; dev BCE {bce:.4}, accuracy {acc:.3}",
+        args.steps,
+        start.elapsed().as_secs_f64(),
+        tail.iter().sum::<f64>() / tail.len() as f64
+    );
+    let thresholds = default_thresholds();
+    let gates = &config.gates;
+    let n = model.config.num_hidden_layers;
+    let arla_points = sweep(
+        &dev_tokens,
+        &arla_scores(&arla, &dev_tokens, eps),
+        gates,
+        n,
+        &thresholds,
+    );
+    let conf_points = sweep(
+        &dev_tokens,
+        &scores_of(&dev_tokens, |t| &t.confidence),
+        gates,
+        n,
+        &thresholds,
+    );
+    let ent_points = sweep(
+        &dev_tokens,
+        &scores_of(&dev_tokens, |t| &t.entropy),
+        gates,
+        n,
+        &thresholds,
+    );
+    print_sweep("ARLA", &arla_points);
+    print_sweep("confidence", &conf_points);
+    print_sweep("entropy", &ent_points);
+    println!(
+        "calibrated for agreement >= {} on the dev data:",
+        args.target_agreement
+    );
+    for (name, points) in [
+        ("arla", &arla_points),
+        ("confidence", &conf_points),
+        ("entropy", &ent_points),
+    ] {
+        match calibrate(points, args.target_agreement) {
+            Some(p) => println!(
+                "  {name}: threshold {:.2}, agreement {:.3}, layers/token {:.2}",
+                p.threshold, p.agreement, p.layers_per_token
+            ),
+            None => println!("  {name}: no threshold reaches the target"),
+        }
+    }
+    let best = calibrate(&arla_points, args.target_agreement)
+        .expect("the never-exit threshold reaches any target agreement <= 1");
+    weights.config.arla.threshold = best.threshold;
+    weights.arla = Some(arla);
+    weights
+        .save_dir(&args.out)
+        .with_context(|| format!("cannot write {}", args.out.display()))?;
+    if args.f16 {
+        train::ship::to_f16_in_place(&args.out)?;
+    }
+    println!(
+        "wrote {} (arla.threshold = {:.2}{})",
+        args.out.display(),
+        best.threshold,
+        if args.f16 { ", f16" } else { "" }
+    );
+    Ok(())
+}

@@ -1,0 +1,292 @@
+//! `distill-data` and `train` end to end on the built-in `tiny` model: data is written and read
+//! back, training lowers the held-out KL, the checkpoint is an M2R2 weights folder that `generate`
+//! uses (speculative output equal to greedy), `--resume` continues, `train-arla` writes a calibrated
+//! ARLA the decoding modes use, bad input is refused clearly.
+
+use super::{fails, generate_json, ok};
+use std::path::Path;
+
+fn write_prompts(path: &Path, prefix: &str, n: usize) {
+    let lines: Vec<String> = (0..n)
+        .map(|i| format!("{{\"id\": \"{prefix}{i}\", \"prompt\": \"Count to {i}.\"}}"))
+        .collect();
+    std::fs::write(path, lines.join("\n") + "\n").unwrap();
+}
+
+#[test]
+fn distill_train_resume_generate() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    write_prompts(&dir.path().join("train.jsonl"), "t", 8);
+    write_prompts(&dir.path().join("dev.jsonl"), "d", 3);
+    let out = ok(&[
+        "distill-data",
+        "--model",
+        "tiny",
+        "--prompts",
+        &p("train.jsonl"),
+        "--out",
+        &p("data"),
+        "--max-new-tokens",
+        "24",
+        "--temperature",
+        "0.8",
+        "--samples-per-prompt",
+        "2",
+        "--seed",
+        "3",
+    ]);
+    assert!(out.stdout.contains("wrote 16 samples"), "{}", out.stdout);
+    ok(&[
+        "distill-data",
+        "--model",
+        "tiny",
+        "--prompts",
+        &p("dev.jsonl"),
+        "--out",
+        &p("dev"),
+        "--max-new-tokens",
+        "24",
+    ]);
+    let trained = ok(&[
+        "train",
+        "--model",
+        "tiny",
+        "--data",
+        &p("data"),
+        "--eval-data",
+        &p("dev"),
+        "--train-gates",
+        "1",
+        "--rank",
+        "4",
+        "--align",
+        "cosine",
+        "--steps",
+        "40",
+        "--batch-rows",
+        "16",
+        "--lr",
+        "3e-3",
+        "--seed",
+        "1",
+        "--out",
+        &p("ck"),
+    ]);
+    // The held-out table: | gate | rows | KL before | KL after | ...
+    let row = trained
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("| 1 |"))
+        .expect("gate 1 row");
+    let cells: Vec<f64> = row
+        .split('|')
+        .filter_map(|c| c.trim().parse().ok())
+        .collect();
+    assert!(cells[3] < cells[2], "held-out KL did not fall: {row}");
+    // The checkpoint drives speculative decoding, which stays equal to greedy.
+    let prompt = [
+        "--tokens",
+        "84,104,101",
+        "--max-new-tokens",
+        "16",
+        "--model",
+        "tiny",
+    ];
+    let greedy = generate_json(&prompt);
+    let mut spec_args = prompt.to_vec();
+    let ck = p("ck");
+    spec_args.extend(["--mode", "speculative", "--m2r2", &ck]);
+    let spec = generate_json(&spec_args);
+    assert_eq!(spec["tokens"], greedy["tokens"]);
+    // ARLA on top of the trained adapters, calibrated on the dev data; the folder drives
+    // early exit and keeps speculative decoding equal to greedy.
+    let arla = ok(&[
+        "train-arla",
+        "--model",
+        "tiny",
+        "--m2r2",
+        &ck,
+        "--data",
+        &p("data"),
+        "--dev-data",
+        &p("dev"),
+        "--steps",
+        "30",
+        "--batch",
+        "32",
+        "--target-agreement",
+        "0.9",
+        "--f16",
+        "--out",
+        &p("arla"),
+    ]);
+    assert!(
+        arla.stdout
+            .contains("| threshold | agreement | layers/token"),
+        "{}",
+        arla.stdout
+    );
+    assert!(arla.stdout.contains("f16)"), "{}", arla.stdout);
+    let arla_dir = p("arla");
+    let mut spec_args = prompt.to_vec();
+    spec_args.extend([
+        "--mode",
+        "speculative",
+        "--m2r2",
+        &arla_dir,
+        "--dynamic-draft",
+    ]);
+    assert_eq!(generate_json(&spec_args)["tokens"], greedy["tokens"]);
+    let mut exit_args = prompt.to_vec();
+    exit_args.extend([
+        "--mode",
+        "early-exit",
+        "--m2r2",
+        &arla_dir,
+        "--gate",
+        "arla",
+    ]);
+    generate_json(&exit_args);
+    // The pruned draft head: measured, written, and the folder still loads.
+    let head = ok(&[
+        "draft-head",
+        "--model",
+        "tiny",
+        "--m2r2",
+        &arla_dir,
+        "--data",
+        &p("data"),
+        "--dev-data",
+        &p("dev"),
+        "--sizes",
+        "8,64",
+        "--write",
+        "64",
+    ]);
+    assert!(head.stdout.contains("| pruned | 64 |"), "{}", head.stdout);
+    assert!(dir.path().join("arla/draft_head.json").is_file());
+    let mut spec_args = prompt.to_vec();
+    spec_args.extend(["--mode", "speculative", "--m2r2", &arla_dir]);
+    assert_eq!(generate_json(&spec_args)["tokens"], greedy["tokens"]);
+    // Resume to a larger total.
+    let resumed = ok(&[
+        "train",
+        "--model",
+        "tiny",
+        "--data",
+        &p("data"),
+        "--resume",
+        &ck,
+        "--steps",
+        "50",
+        "--out",
+        &p("ck2"),
+    ]);
+    assert!(
+        resumed.stdout.contains("trained 10 steps"),
+        "{}",
+        resumed.stdout
+    );
+    fails(
+        &[
+            "train",
+            "--model",
+            "tiny",
+            "--data",
+            &p("data"),
+            "--resume",
+            &ck,
+            "--steps",
+            "40",
+            "--out",
+            &p("ck3"),
+        ],
+        &["already done 40 of 40 steps"],
+    );
+    fails(
+        &[
+            "train",
+            "--model",
+            "tiny",
+            "--data",
+            &p("dev"),
+            "--resume",
+            &ck,
+            "--steps",
+            "60",
+            "--out",
+            &p("ck3"),
+        ],
+        &["trained on other data", "same --data"],
+    );
+}
+
+#[test]
+fn bad_training_input_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    fails(
+        &[
+            "train",
+            "--model",
+            "tiny",
+            "--data",
+            &p("nothing"),
+            "--out",
+            &p("o"),
+        ],
+        &["meta.json"],
+    );
+    std::fs::write(dir.path().join("bad.jsonl"), "{\"prompt\": \"x\"}\n").unwrap();
+    fails(
+        &[
+            "distill-data",
+            "--model",
+            "tiny",
+            "--prompts",
+            &p("bad.jsonl"),
+            "--out",
+            &p("d"),
+        ],
+        &["line 1", "`id`"],
+    );
+    write_prompts(&dir.path().join("ok.jsonl"), "t", 2);
+    ok(&[
+        "distill-data",
+        "--model",
+        "tiny",
+        "--prompts",
+        &p("ok.jsonl"),
+        "--out",
+        &p("data"),
+        "--max-new-tokens",
+        "4",
+    ]);
+    fails(
+        &[
+            "train",
+            "--model",
+            "tiny",
+            "--data",
+            &p("data"),
+            "--train-gates",
+            "7",
+            "--out",
+            &p("o"),
+        ],
+        &["gate 7 does not exist"],
+    );
+    fails(
+        &[
+            "train",
+            "--model",
+            "tiny-moe",
+            "--data",
+            &p("data"),
+            "--out",
+            &p("o"),
+        ],
+        &["sparse MoE", "dense"],
+    );
+}

@@ -1,0 +1,114 @@
+//! The trainable parameters: the LoRA pairs of the accelerator adapters of some layers, converted
+//! from and back to the reference's [`Accelerator`] (so checkpoints are the PEFT layout and load
+//! through `M2r2Weights::load_dir` unchanged).
+
+use crate::linear::LoraPair;
+use crate::real::{Real, lift};
+use ndarray::Array2;
+use reference::accelerator::{Accelerator, Lora};
+use reference::m2r2_config::Target;
+use std::collections::BTreeMap;
+
+/// LoRA pairs keyed by (code layer, target); also used for their gradients (same shapes).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Adapters<F> {
+    /// `alpha / r` (or rsLoRA's `alpha / sqrt(r)`)
+    pub scale: F,
+    pub pairs: BTreeMap<(usize, Target), LoraPair<F>>,
+}
+
+impl<F: Real> Adapters<F> {
+    /// The pairs of `acc` on the layers `keep` accepts.
+    pub fn from_accelerator(acc: &Accelerator, keep: impl Fn(usize) -> bool) -> Self {
+        let mut pairs = BTreeMap::new();
+        for (l, layer) in acc.layers.iter().enumerate() {
+            let Some(layer) = layer.as_ref().filter(|_| keep(l)) else {
+                continue;
+            };
+            for (&t, lora) in &layer.loras {
+                pairs.insert(
+                    (l, t),
+                    LoraPair {
+                        a: lift(lora.a.view()),
+                        b: lift(lora.b.view()),
+                    },
+                );
+            }
+        }
+        Adapters {
+            scale: F::lift(acc.scale()),
+            pairs,
+        }
+    }
+
+    /// Write these pairs into `acc` (as f32), leaving its other layers as they are.
+    ///
+    /// # Panics
+    /// If `acc` has no pair at one of these keys (it was built from the same config).
+    pub fn write_into(&self, acc: &mut Accelerator) {
+        for (&(l, t), pair) in &self.pairs {
+            let lora: &mut Lora = acc.layers[l]
+                .as_mut()
+                .and_then(|la| la.loras.get_mut(&t))
+                .expect("accelerator built from the same config");
+            lora.a = pair.a.mapv(F::lower);
+            lora.b = pair.b.mapv(F::lower);
+        }
+    }
+
+    pub fn get(&self, layer: usize, target: Target) -> Option<&LoraPair<F>> {
+        self.pairs.get(&(layer, target))
+    }
+
+    /// Zeros of the same shapes (a gradient accumulator).
+    pub fn zeros_like(&self) -> Self {
+        Adapters {
+            scale: self.scale,
+            pairs: self
+                .pairs
+                .iter()
+                .map(|(&k, p)| (k, p.zeros_like()))
+                .collect(),
+        }
+    }
+
+    /// The pairs of the layers `keep` accepts.
+    pub fn subset(&self, keep: impl Fn(usize) -> bool) -> Self {
+        Adapters {
+            scale: self.scale,
+            pairs: self
+                .pairs
+                .iter()
+                .filter(|((l, _), _)| keep(*l))
+                .map(|(&k, p)| (k, p.clone()))
+                .collect(),
+        }
+    }
+
+    /// Every parameter tensor in a fixed order (layer, target, A then B).
+    pub fn tensors(&self) -> impl Iterator<Item = &Array2<F>> {
+        self.pairs.values().flat_map(|p| [&p.a, &p.b])
+    }
+
+    /// Mutable twin of [`tensors`](Self::tensors), same order.
+    pub fn tensors_mut(&mut self) -> impl Iterator<Item = &mut Array2<F>> {
+        self.pairs.values_mut().flat_map(|p| [&mut p.a, &mut p.b])
+    }
+
+    /// Number of scalar parameters.
+    pub fn len(&self) -> usize {
+        self.tensors().map(|t| t.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Euclidean norm over all parameters.
+    pub fn norm(&self) -> F {
+        self.tensors()
+            .map(|t| t.iter().map(|&v| v * v).sum::<F>())
+            .sum::<F>()
+            .sqrt()
+    }
+}

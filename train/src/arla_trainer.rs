@@ -1,0 +1,297 @@
+//! Training ARLA from trained adapters (issue 7) and calibrating its threshold.
+//!
+//! Examples: every response position of the data at every gate `g`, with the fast exit states
+//! `u_1..u_g` of the reference inference (`M2r2::all_exit_states`) and the label of spec section 3,
+//! `argmax(exit logits at g) == argmax(final logits)`. The confidence and entropy scores of the
+//! same exits are kept, so the three gates can be compared on the same tokens.
+//!
+//! Calibration simulates early exit (spec section 4) per token on held-out data: exit at the first
+//! gate whose score reaches the threshold; an exited token agrees with the base model when its label
+//! is 1, a token that never exits runs the full model and agrees. The threshold kept is the one with
+//! the fewest layers per token among those reaching the target agreement.
+
+use crate::adamw::{AdamW, AdamWConfig, clip_grad_norm};
+use crate::arla::{ArlaParams, backward, bce, forward};
+use crate::data::DistillSample;
+use crate::error::{Error, Result};
+use crate::schedule::Schedule;
+use ndarray::{Array2, Axis, s};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+use reference::Model;
+use reference::arla::Arla;
+use reference::exit_gate::{GateKind, gate_score};
+use reference::fast_stream::M2r2;
+use reference::m2r2_weights::M2r2Weights;
+use reference::ops::argmax;
+
+/// One token's exit evidence at every gate.
+#[derive(Clone, Debug)]
+pub struct TokenGates {
+    /// `[J, D]` fast exit states `u_1..u_J`
+    pub states: Array2<f32>,
+    /// Per gate: the exit token equals the base model's token.
+    pub agree: Vec<bool>,
+    /// Per gate: max-softmax confidence of the exit logits.
+    pub confidence: Vec<f32>,
+    /// Per gate: `1 - H / ln V` of the exit logits.
+    pub entropy: Vec<f32>,
+}
+
+/// The exit evidence of every response position of `data` (`on_sample(i)` after each sample).
+pub fn collect(
+    model: &Model,
+    weights: &M2r2Weights,
+    data: &[DistillSample],
+    on_sample: &mut dyn FnMut(usize),
+) -> Result<Vec<TokenGates>> {
+    let m2r2 = M2r2::new(model, weights);
+    let j = m2r2.num_gates();
+    let mut out = Vec::new();
+    for (i, sample) in data.iter().enumerate() {
+        let rows: Vec<usize> = (sample.first_row()..sample.tokens.len()).collect();
+        let gates = m2r2.all_exit_states(&sample.tokens)?;
+        let final_logits = model.teacher_forced_logits(&sample.tokens)?;
+        let per_gate: Vec<(Array2<f32>, Array2<f32>)> = gates
+            .iter()
+            .map(|(u, _)| {
+                let u = u.select(Axis(0), &rows);
+                let logits = m2r2.exit_logits(u.view());
+                (u, logits)
+            })
+            .collect();
+        for (r, &pos) in rows.iter().enumerate() {
+            let want = argmax(final_logits.row(pos).as_slice().expect("row"));
+            let mut states = Array2::zeros((j, model.config.hidden_size));
+            let (mut agree, mut confidence, mut entropy) = (vec![], vec![], vec![]);
+            for (g, (u, logits)) in per_gate.iter().enumerate() {
+                states.row_mut(g).assign(&u.row(r));
+                let row = logits.row(r);
+                let row = row.as_slice().expect("row");
+                agree.push(argmax(row) == want);
+                let eps = model.config.rms_norm_eps as f32;
+                confidence.push(gate_score(GateKind::Confidence, None, &[], row, eps)?);
+                entropy.push(gate_score(GateKind::Entropy, None, &[], row, eps)?);
+            }
+            out.push(TokenGates {
+                states,
+                agree,
+                confidence,
+                entropy,
+            });
+        }
+        on_sample(i);
+    }
+    Ok(out)
+}
+
+/// ARLA training settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ArlaOptions {
+    pub steps: usize,
+    /// (token, gate) examples per step
+    pub batch: usize,
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub seed: u64,
+}
+
+/// Train `init` with BCE on every (token, gate) of `tokens`; returns the weights and the mean batch
+/// loss of each step. Deterministic for a seed (step `s` draws from ChaCha8 stream `s`).
+pub fn train(
+    init: &Arla,
+    tokens: &[TokenGates],
+    eps: f32,
+    options: &ArlaOptions,
+) -> Result<(Arla, Vec<f64>)> {
+    if tokens.is_empty() || options.batch == 0 {
+        return Err(Error::Invalid(
+            "ARLA training needs examples and a batch of at least 1".into(),
+        ));
+    }
+    let j = init.n_gates();
+    let mut params = ArlaParams::<f32>::from_reference(init);
+    let mut opt = AdamW::new(
+        AdamWConfig {
+            weight_decay: options.weight_decay,
+            ..AdamWConfig::default()
+        },
+        params.tensors().into_iter(),
+    );
+    let schedule = Schedule {
+        lr_max: options.lr,
+        lr_min: options.lr / 10.0,
+        warmup: options.steps / 20,
+        steps: options.steps,
+    };
+    let mut losses = Vec::with_capacity(options.steps);
+    for step in 0..options.steps {
+        let mut rng = ChaCha8Rng::seed_from_u64(options.seed);
+        rng.set_stream(step as u64);
+        let picks: Vec<(usize, usize)> = (0..options.batch)
+            .map(|_| (rng.random_range(0..tokens.len()), rng.random_range(1..=j)))
+            .collect();
+        let parts: Vec<(f64, ArlaParams<f32>)> = picks
+            .par_chunks(64)
+            .map(|chunk| {
+                let mut grad = params.zeros_like();
+                let mut loss = 0.0;
+                for &(t, g) in chunk {
+                    let (logit, tape) = forward(&params, tokens[t].states.slice(s![..g, ..]), eps);
+                    let (l, dlogit) = bce(logit, tokens[t].agree[g - 1]);
+                    loss += l as f64;
+                    backward(&params, &tape, dlogit / options.batch as f32, &mut grad);
+                }
+                (loss, grad)
+            })
+            .collect();
+        let mut grad = params.zeros_like();
+        let mut loss = 0.0;
+        for (l, g) in parts {
+            loss += l;
+            for (acc, part) in grad.tensors_mut().into_iter().zip(g.tensors()) {
+                *acc += part;
+            }
+        }
+        clip_grad_norm(grad.tensors_mut().into_iter(), 1.0);
+        opt.step(
+            schedule.lr(step),
+            params.tensors_mut().into_iter(),
+            grad.tensors().into_iter(),
+        );
+        losses.push(loss / options.batch as f64);
+    }
+    Ok((params.to_reference(), losses))
+}
+
+/// `p_exit` of every token at every gate.
+pub fn arla_scores(arla: &Arla, tokens: &[TokenGates], eps: f32) -> Vec<Vec<f32>> {
+    tokens
+        .par_iter()
+        .map(|t| {
+            (1..=arla.n_gates())
+                .map(|g| {
+                    let states: Vec<_> = (0..g).map(|i| t.states.row(i)).collect();
+                    arla.exit_prob(&states, eps)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Mean BCE and accuracy (p_exit >= 0.5 vs label) of ARLA over every (token, gate).
+pub fn arla_accuracy(scores: &[Vec<f32>], tokens: &[TokenGates]) -> (f64, f64) {
+    let (mut loss, mut right, mut n) = (0.0, 0usize, 0usize);
+    for (s, t) in scores.iter().zip(tokens) {
+        for (&p, &y) in s.iter().zip(&t.agree) {
+            let p = (p as f64).clamp(1e-7, 1.0 - 1e-7);
+            loss -= if y { p.ln() } else { (1.0 - p).ln() };
+            right += usize::from((p >= 0.5) == y);
+            n += 1;
+        }
+    }
+    (loss / n.max(1) as f64, right as f64 / n.max(1) as f64)
+}
+
+/// One threshold of an early-exit sweep.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SweepPoint {
+    pub threshold: f32,
+    /// Fraction of tokens equal to the base model's.
+    pub agreement: f64,
+    /// Mean layers computed before the token is emitted (`e_g` at an exit, `N` otherwise).
+    pub layers_per_token: f64,
+    /// Fraction of tokens exiting at each gate.
+    pub exits: Vec<f64>,
+}
+
+/// Simulate early exit over `tokens` with per-gate `scores` for each threshold.
+pub fn sweep(
+    tokens: &[TokenGates],
+    scores: &[Vec<f32>],
+    gate_layers: &[usize],
+    num_layers: usize,
+    thresholds: &[f32],
+) -> Vec<SweepPoint> {
+    let n = tokens.len().max(1) as f64;
+    thresholds
+        .iter()
+        .map(|&tau| {
+            let (mut agree, mut layers) = (0usize, 0usize);
+            let mut exits = vec![0usize; gate_layers.len()];
+            for (t, s) in tokens.iter().zip(scores) {
+                match s.iter().position(|&x| x >= tau) {
+                    Some(g) => {
+                        exits[g] += 1;
+                        layers += gate_layers[g];
+                        agree += usize::from(t.agree[g]);
+                    }
+                    None => {
+                        layers += num_layers;
+                        agree += 1;
+                    }
+                }
+            }
+            SweepPoint {
+                threshold: tau,
+                agreement: agree as f64 / n,
+                layers_per_token: layers as f64 / n,
+                exits: exits.iter().map(|&e| e as f64 / n).collect(),
+            }
+        })
+        .collect()
+}
+
+/// The sweep point with the fewest layers per token whose agreement reaches `target` (the largest
+/// threshold on ties); `None` if no threshold reaches it.
+pub fn calibrate(points: &[SweepPoint], target: f64) -> Option<&SweepPoint> {
+    points
+        .iter()
+        .filter(|p| p.agreement >= target)
+        .min_by(|a, b| {
+            a.layers_per_token
+                .total_cmp(&b.layers_per_token)
+                .then(b.threshold.total_cmp(&a.threshold))
+        })
+}
+
+/// Thresholds `0, 0.02, ..., 1` and `1.01` (never exits).
+pub fn default_thresholds() -> Vec<f32> {
+    let mut t: Vec<f32> = (0..=50).map(|i| i as f32 / 50.0).collect();
+    t.push(1.01);
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn token(agree: [bool; 2]) -> TokenGates {
+        TokenGates {
+            states: Array2::zeros((2, 1)),
+            agree: agree.to_vec(),
+            confidence: vec![0.0; 2],
+            entropy: vec![0.0; 2],
+        }
+    }
+
+    /// Two tokens, gates after layers 2 and 4 of 6: hand-computed sweep and calibration.
+    #[test]
+    fn sweep_hand_computed() {
+        let tokens = [token([true, true]), token([false, true])];
+        let scores = vec![vec![0.9, 0.9], vec![0.6, 0.8]];
+        let points = sweep(&tokens, &scores, &[2, 4], 6, &[0.5, 0.7, 0.95]);
+        // 0.5: both exit at gate 1, the second disagrees.
+        assert_eq!(points[0].agreement, 0.5);
+        assert_eq!(points[0].layers_per_token, 2.0);
+        // 0.7: first exits at gate 1, second at gate 2 (agrees).
+        assert_eq!(points[1].agreement, 1.0);
+        assert_eq!(points[1].layers_per_token, 3.0);
+        assert_eq!(points[1].exits, vec![0.5, 0.5]);
+        // 0.95: nobody exits.
+        assert_eq!(points[2].layers_per_token, 6.0);
+        assert_eq!(calibrate(&points, 0.9).unwrap().threshold, 0.7);
+        assert_eq!(calibrate(&points, 0.4).unwrap().threshold, 0.5);
+    }
+}

@@ -1,0 +1,175 @@
+//! The exit head and the distillation loss of one gate (spec section 1, issue 7): final RMSNorm,
+//! LM head (both frozen), and the KL divergence from the base model's final distribution.
+//!
+//! ```text
+//! logits = RMSNorm_final(u) W_head^T                        [R, V]
+//! p_t = softmax(teacher / tau)   log p_s = log_softmax(logits / tau)
+//! loss = tau^2 / R * sum_r sum_v p_t (log p_t - log p_s)    (Hinton's tau^2 keeps gradients O(1))
+//! dlogits = tau / R * (p_s - p_t)
+//! du = RMSNorm backward of (dlogits W_head)
+//! ```
+//! The teacher logits are the base model's own: `LMHead(RMSNorm_final(s_N))`, recomputed from the
+//! stored final slow residual instead of storing `V`-sized distributions.
+
+use crate::real::{Real, lift};
+use crate::rmsnorm;
+use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
+use rayon::prelude::*;
+
+/// The frozen final norm and LM head.
+#[derive(Clone, Debug)]
+pub struct Head<F> {
+    /// `[D]`
+    pub norm: Array1<F>,
+    /// `[V, D]`
+    pub w: Array2<F>,
+    pub eps: F,
+}
+
+/// What the head forward keeps for the backward.
+pub struct HeadTape<F> {
+    /// `[R, D]` the input `u`
+    pub u: Array2<F>,
+    /// `[R]`
+    pub inv: Array1<F>,
+}
+
+/// Loss of one batch: mean KL and top-1 agreement.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KlStats {
+    /// `tau^2 * mean_r KL(p_t || p_s)`
+    pub loss: f64,
+    /// Rows whose argmax equals the teacher's argmax.
+    pub agree: usize,
+    pub rows: usize,
+}
+
+impl<F: Real> Head<F> {
+    pub fn from_model(model: &reference::Model) -> Self {
+        Head {
+            norm: lift(model.weights.final_norm.view()),
+            w: lift(model.weights.lm_head().view()),
+            eps: F::c(model.config.rms_norm_eps),
+        }
+    }
+
+    /// `LMHead(RMSNorm_final(u))`, with what the backward needs.
+    ///
+    /// # Shapes
+    /// - `u`: `[R, D]` -> `[R, V]`
+    pub fn forward(&self, u: ArrayView2<F>) -> (Array2<F>, HeadTape<F>) {
+        let (z, inv) = rmsnorm::forward(u, self.norm.view(), self.eps);
+        let logits = z.dot(&self.w.t());
+        (
+            logits,
+            HeadTape {
+                u: u.to_owned(),
+                inv,
+            },
+        )
+    }
+
+    /// `du` from `dlogits`.
+    ///
+    /// # Shapes
+    /// - `dlogits`: `[R, V]` -> `[R, D]`
+    pub fn backward(&self, dlogits: ArrayView2<F>, tape: &HeadTape<F>) -> Array2<F> {
+        let dz = dlogits.dot(&self.w);
+        rmsnorm::backward(dz.view(), tape.u.view(), self.norm.view(), tape.inv.view()).0
+    }
+}
+
+/// `log_softmax(x / tau)` of one row.
+fn log_softmax<F: Real>(x: ArrayView1<F>, tau: F) -> Array1<F> {
+    let max = x.iter().copied().fold(F::neg_infinity(), F::max) / tau;
+    let lse = x.iter().map(|&v| (v / tau - max).exp()).sum::<F>().ln() + max;
+    x.mapv(|v| v / tau - lse)
+}
+
+/// KL distillation loss and its gradient with respect to the student logits.
+///
+/// # Shapes
+/// - `student`, `teacher`: `[R, V]` -> (stats, `dlogits` `[R, V]`)
+pub fn kl_loss<F: Real>(
+    student: ArrayView2<F>,
+    teacher: ArrayView2<F>,
+    tau: F,
+) -> (KlStats, Array2<F>) {
+    let rows = student.nrows();
+    let r = F::c(rows as f64);
+    let per_row: Vec<(f64, bool, Array1<F>)> = (0..rows)
+        .into_par_iter()
+        .map(|t| {
+            let ls = log_softmax(student.row(t), tau);
+            let lt = log_softmax(teacher.row(t), tau);
+            let mut kl = F::zero();
+            let mut d = Array1::zeros(ls.len());
+            for v in 0..ls.len() {
+                let pt = lt[v].exp();
+                if pt > F::zero() {
+                    kl += pt * (lt[v] - ls[v]);
+                }
+                d[v] = tau / r * (ls[v].exp() - pt);
+            }
+            let agree = reference::ops::argmax(&student.row(t).mapv(F::lower).to_vec())
+                == reference::ops::argmax(&teacher.row(t).mapv(F::lower).to_vec());
+            ((tau * tau * kl).to_f64().unwrap_or(f64::NAN), agree, d)
+        })
+        .collect();
+    let mut dlogits = Array2::zeros(student.raw_dim());
+    for (t, p) in per_row.iter().enumerate() {
+        dlogits.row_mut(t).assign(&p.2);
+    }
+    let stats = KlStats {
+        loss: per_row.iter().map(|p| p.0).sum::<f64>() / rows.max(1) as f64,
+        agree: per_row.iter().filter(|p| p.1).count(),
+        rows,
+    };
+    (stats, dlogits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grad_check::{compare, numeric_gradient};
+    use crate::test_util::{matrix, vector};
+    use ndarray::array;
+    use proptest::prelude::*;
+
+    /// KL of a distribution with itself is 0; hand-computed KL for two 2-way distributions.
+    #[test]
+    fn kl_hand_computed() {
+        let t = array![[0.0f64, 0.0]];
+        let (s, d) = kl_loss(t.view(), t.view(), 1.0);
+        assert_eq!(s.loss, 0.0);
+        assert!(d.iter().all(|&v| v == 0.0));
+        // p_t = [1/2, 1/2], p_s = softmax([ln 3, 0]) = [3/4, 1/4]:
+        // KL = 1/2 ln(2/3) + 1/2 ln(2) = 0.1438410
+        let s = array![[3f64.ln(), 0.0]];
+        let (stats, _) = kl_loss(s.view(), t.view(), 1.0);
+        approx::assert_abs_diff_eq!(
+            stats.loss,
+            0.5 * (2.0f64 / 3.0).ln() + 0.5 * 2f64.ln(),
+            epsilon = 1e-12
+        );
+        assert_eq!(stats.agree, 1); // ties: both argmax 0
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(16))]
+        /// d loss / d u through the KL, the LM head and the final RMSNorm.
+        #[test]
+        fn backward_matches_finite_differences(rows in 1usize..4, d in 2usize..6, v in 2usize..9, tau in 0.5f64..3.0, seed in 0u64..1000) {
+            let head = Head { norm: vector::<f64>(d, seed), w: matrix(v, d, seed + 1), eps: 1e-5 };
+            let u = matrix::<f64>(rows, d, seed + 2);
+            let teacher = matrix::<f64>(rows, v, seed + 3) * 2.0;
+            let loss = |u: ArrayView2<f64>| kl_loss(head.forward(u).0.view(), teacher.view(), tau).0.loss;
+            let (logits, tape) = head.forward(u.view());
+            let (_, dlogits) = kl_loss(logits.view(), teacher.view(), tau);
+            let du = head.backward(dlogits.view(), &tape);
+            let n = numeric_gradient(u.view().into_dyn(), |p| loss(p.view().into_dimensionality().unwrap()));
+            let r = compare("du", du.view().into_dyn(), n.view(), 1e-7, 1e-5);
+            prop_assert!(r.ok, "{}", r);
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! The frozen slow stream of one data sample, computed once and kept: everything a fast row of a
+//! trained interval depends on (spec sections 1 and 2).
+//!
+//! Given the frozen base model, fast row `(t, j)` depends only on the slow residual `s_{e_j}` at
+//! position `t` and the slow K/V of interval `j`'s layers at positions `< t`; its teacher is the
+//! base model's final distribution at `t`, recomputed from the final slow residual `s_N`. So one
+//! base forward per sample (the reference's own `layer_forward`, so the K/V are exactly the
+//! inference cache) gives every input of every fast row, and rows can be batched freely.
+
+use crate::error::Result;
+use crate::real::{Real, lift};
+use ndarray::Array2;
+use reference::Model;
+use reference::m2r2_config::M2r2Config;
+
+/// The slow-stream quantities of one token sequence.
+#[derive(Clone, Debug)]
+pub struct SlowSample<F> {
+    pub tokens: Vec<u32>,
+    /// First position whose fast rows are trained (the first response position's input row).
+    pub first_row: usize,
+    /// Per interval `j` (`0..J`): `s_{e_j}` `[T, D]`, kept for the trained intervals only.
+    pub starts: Vec<Option<Array2<F>>>,
+    /// Per code layer: cached (K, V) `[T, Hkv*Dh]` (keys rotated), kept for the trained
+    /// intervals' layers only.
+    pub kv: Vec<Option<(Array2<F>, Array2<F>)>>,
+    /// `s_N` `[T, D]`: the teacher's final residual.
+    pub last: Array2<F>,
+}
+
+impl<F: Real> SlowSample<F> {
+    /// Run the base model over `tokens` once and keep what the intervals `intervals` need.
+    pub fn compute(
+        model: &Model,
+        config: &M2r2Config,
+        tokens: &[u32],
+        first_row: usize,
+        intervals: &[usize],
+    ) -> Result<Self> {
+        let n = model.config.num_hidden_layers;
+        let mut cache = model.new_cache(tokens.len())?;
+        model.check_input(tokens, 0, &cache)?;
+        let mut s = model.embed(tokens);
+        let mut starts = vec![None; config.num_gates()];
+        let mut kv = vec![None; n];
+        for (l, kv_l) in kv.iter_mut().enumerate() {
+            let owner = intervals
+                .iter()
+                .copied()
+                .find(|&j| config.interval_layers(j).contains(&l));
+            if let Some(j) = owner
+                && config.boundary(j) == l
+            {
+                starts[j] = Some(lift(s.view()));
+            }
+            model.layer_forward(l, &mut s, 0, &mut cache);
+            if owner.is_some() {
+                let (k, v) = cache.layer(l, tokens.len());
+                *kv_l = Some((lift(k), lift(v)));
+            }
+        }
+        Ok(SlowSample {
+            tokens: tokens.to_vec(),
+            first_row,
+            starts,
+            kv,
+            last: lift(s.view()),
+        })
+    }
+
+    /// Number of positions.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}

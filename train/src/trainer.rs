@@ -1,0 +1,459 @@
+//! The training loop of the accelerator adapters (issue 7): per trained gate, a batch of fast rows
+//! drawn from the data, the interval forward, KL to the base model's final distribution (plus the
+//! optional alignment term), the hand-written backward into that interval's adapters only, global
+//! norm clipping, AdamW with warm-up and cosine schedule.
+//!
+//! Deterministic for a seed: the rows of step `s`, gate `g` come from ChaCha8 stream
+//! `s * 256 + g` of the seed (so a resumed run draws what an uninterrupted run draws), every row is
+//! computed independently and in a fixed order, and the sub-batches processed in parallel are summed
+//! in a fixed order.
+
+use crate::adamw::{AdamW, AdamWConfig, clip_grad_norm};
+use crate::adapters::Adapters;
+use crate::align::{AlignKind, align_loss};
+use crate::data::DistillSample;
+use crate::error::{Error, Result};
+use crate::fast_stream::{self, Batch, FrozenBase, Row};
+use crate::head::kl_loss;
+use crate::schedule::Schedule;
+use crate::slow_stream::SlowSample;
+use ndarray::Axis;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+use reference::Model;
+use reference::accelerator::Accelerator;
+use reference::m2r2_config::M2r2Config;
+use reference::m2r2_weights::M2r2Weights;
+use serde::{Deserialize, Serialize};
+
+/// Rows per parallel sub-batch (the matrix products of a sub-batch run on one thread).
+const ROWS_PER_TASK: usize = 16;
+
+/// Training settings (stored in checkpoints).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainOptions {
+    /// Gates (1-based) whose interval's adapters are trained.
+    pub train_gates: Vec<usize>,
+    /// Total optimizer steps (each step updates every trained gate once).
+    pub steps: usize,
+    /// Fast rows per gate per step.
+    pub batch_rows: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Final learning rate of the cosine decay.
+    pub lr_min: f64,
+    pub warmup: usize,
+    pub weight_decay: f64,
+    /// Global L2 norm the gradient of one gate is clipped to.
+    pub clip: f64,
+    /// Distillation temperature tau.
+    pub temperature: f64,
+    /// Optional alignment of the exit state with `s_N`, and its weight.
+    pub align: Option<AlignKind>,
+    pub align_weight: f64,
+    /// Seed of the row sampling (and of the adapters' initialisation, see [`initial_weights`]).
+    pub seed: u64,
+}
+
+impl TrainOptions {
+    pub fn schedule(&self) -> Schedule {
+        Schedule {
+            lr_max: self.lr,
+            lr_min: self.lr_min,
+            warmup: self.warmup,
+            steps: self.steps,
+        }
+    }
+
+    fn validate(&self, config: &M2r2Config) -> Result<()> {
+        let bad = |m: String| Err(Error::Invalid(m));
+        let j = config.num_gates();
+        if self.train_gates.is_empty() {
+            return bad("no gate to train".into());
+        }
+        if let Some(g) = self.train_gates.iter().find(|&&g| g == 0 || g > j) {
+            return bad(format!(
+                "gate {g} does not exist: the M2R2 config has gates 1..={j}"
+            ));
+        }
+        if self.batch_rows == 0 || self.steps == 0 {
+            return bad("steps and batch rows must be at least 1".into());
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite()) || self.lr_min < 0.0 || self.lr_min > self.lr {
+            return bad(format!(
+                "learning rates must satisfy 0 <= lr_min <= lr, lr > 0 (got lr {}, lr_min {})",
+                self.lr, self.lr_min
+            ));
+        }
+        if self.temperature.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
+            || self.clip.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
+        {
+            return bad("temperature and clip must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// Loss and agreement of one gate over some rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GateStats {
+    pub gate: usize,
+    /// `tau^2 * mean KL(p_base || p_exit)`
+    pub kl: f64,
+    /// Weighted alignment term (0 without one).
+    pub align: f64,
+    /// Rows whose exit argmax equals the base model's argmax.
+    pub agree: usize,
+    pub rows: usize,
+}
+
+impl GateStats {
+    /// Top-1 agreement with the base model.
+    pub fn agreement(&self) -> f64 {
+        self.agree as f64 / self.rows.max(1) as f64
+    }
+
+    fn add(&mut self, other: &GateStats) {
+        let n = (self.rows + other.rows).max(1) as f64;
+        self.kl = (self.kl * self.rows as f64 + other.kl * other.rows as f64) / n;
+        self.align = (self.align * self.rows as f64 + other.align * other.rows as f64) / n;
+        self.agree += other.agree;
+        self.rows += other.rows;
+    }
+}
+
+/// One logged step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepLog {
+    pub step: usize,
+    pub lr: f64,
+    pub gates: Vec<GateStats>,
+}
+
+/// Adapters and optimizer state of one trained gate.
+#[derive(Clone, Debug)]
+pub struct GateState {
+    pub gate: usize,
+    pub adapters: Adapters<f32>,
+    pub opt: AdamW<f32>,
+}
+
+/// Starting weights: the settings `config`, `A ~ N(0, 1/in)` from `seed` and `B = 0` (PEFT's
+/// initialisation up to the distribution of `A`), so training starts at the early exit (fast =
+/// slow). No ARLA.
+pub fn initial_weights(model: &Model, config: M2r2Config, seed: u64) -> Result<M2r2Weights> {
+    let mut weights = M2r2Weights::random(&model.config, config, seed)?;
+    weights.arla = None;
+    zero_b(&mut weights.accelerator);
+    Ok(weights)
+}
+
+fn zero_b(acc: &mut Accelerator) {
+    for lora in acc
+        .layers
+        .iter_mut()
+        .flatten()
+        .flat_map(|l| l.loras.values_mut())
+    {
+        lora.b.fill(0.0);
+    }
+}
+
+/// The whole training state.
+pub struct Trainer {
+    pub options: TrainOptions,
+    /// Settings and the adapters of the untrained gates; trained pairs are written in by `weights()`.
+    pub template: M2r2Weights,
+    pub gates: Vec<GateState>,
+    /// Steps done.
+    pub step: usize,
+    pub history: Vec<StepLog>,
+    base: FrozenBase<f32>,
+    samples: Vec<SlowSample<f32>>,
+    pool: Vec<Row>,
+}
+
+impl Trainer {
+    /// Set up training of `weights` on `data`: computes the frozen slow stream of every sample once
+    /// (`on_sample(i)` after each).
+    pub fn new(
+        model: &Model,
+        weights: M2r2Weights,
+        data: &[DistillSample],
+        options: TrainOptions,
+        on_sample: &mut dyn FnMut(usize),
+    ) -> Result<Self> {
+        let config = &weights.config;
+        options.validate(config)?;
+        let intervals: Vec<usize> = options.train_gates.iter().map(|g| g - 1).collect();
+        let layers: Vec<usize> = intervals
+            .iter()
+            .flat_map(|&j| config.interval_layers(j))
+            .collect();
+        let base = FrozenBase::new(model, layers)?;
+        let samples = slow_samples(model, config, data, &intervals, on_sample)?;
+        let pool = response_rows(&samples);
+        if pool.is_empty() {
+            return Err(Error::Invalid(
+                "the data has no response rows to train on".into(),
+            ));
+        }
+        let gates = options
+            .train_gates
+            .iter()
+            .map(|&g| {
+                let range = config.interval_layers(g - 1);
+                let adapters =
+                    Adapters::from_accelerator(&weights.accelerator, |l| range.contains(&l));
+                let opt = AdamW::new(
+                    AdamWConfig {
+                        weight_decay: options.weight_decay,
+                        ..AdamWConfig::default()
+                    },
+                    adapters.tensors(),
+                );
+                GateState {
+                    gate: g,
+                    adapters,
+                    opt,
+                }
+            })
+            .collect();
+        Ok(Trainer {
+            options,
+            template: weights,
+            gates,
+            step: 0,
+            history: Vec::new(),
+            base,
+            samples,
+            pool,
+        })
+    }
+
+    /// Number of samples in the data.
+    pub fn samples_count(&self) -> usize {
+        self.samples.len()
+    }
+
+    /// Number of trainable rows in the data.
+    pub fn rows_available(&self) -> usize {
+        self.pool.len()
+    }
+
+    /// The current M2R2 weights: the trained adapters written into the template, and no adapter on
+    /// the layers of untrained gates (their fast stream is the plain early exit, as with `B = 0`,
+    /// and the checkpoint stays small: PEFT's `layers_to_transform` lists the adapted layers).
+    pub fn weights(&self) -> M2r2Weights {
+        let mut w = self.template.clone();
+        for g in &self.gates {
+            g.adapters.write_into(&mut w.accelerator);
+        }
+        let config = &self.template.config;
+        for (l, layer) in w.accelerator.layers.iter_mut().enumerate() {
+            if !self
+                .gates
+                .iter()
+                .any(|g| config.interval_layers(g.gate - 1).contains(&l))
+            {
+                *layer = None;
+            }
+        }
+        w
+    }
+
+    /// The rows of step `step` for gate `gate`.
+    fn draw_rows(&self, step: usize, gate: usize) -> Vec<Row> {
+        let mut rng = ChaCha8Rng::seed_from_u64(self.options.seed);
+        rng.set_stream((step as u64) * 256 + gate as u64);
+        (0..self.options.batch_rows)
+            .map(|_| self.pool[rng.random_range(0..self.pool.len())])
+            .collect()
+    }
+
+    /// One optimizer step of every trained gate; returns each gate's batch statistics.
+    pub fn train_step(&mut self) -> StepLog {
+        let lr = self.options.schedule().lr(self.step);
+        let mut stats = Vec::new();
+        for i in 0..self.gates.len() {
+            let gate = self.gates[i].gate;
+            let rows = self.draw_rows(self.step, gate);
+            let (s, mut grads) = self.gradient(i, &rows);
+            clip_grad_norm(grads.tensors_mut(), self.options.clip);
+            let g = &mut self.gates[i];
+            g.opt.step(lr, g.adapters.tensors_mut(), grads.tensors());
+            stats.push(s);
+        }
+        let log = StepLog {
+            step: self.step,
+            lr,
+            gates: stats,
+        };
+        self.step += 1;
+        self.history.push(log.clone());
+        log
+    }
+
+    /// Loss statistics and mean gradient of gate `i` over `rows`, sub-batches in parallel.
+    pub fn gradient(&self, i: usize, rows: &[Row]) -> (GateStats, Adapters<f32>) {
+        let parts: Vec<(GateStats, Adapters<f32>)> = rows
+            .par_chunks(ROWS_PER_TASK)
+            .map(|chunk| self.chunk_gradient(i, &self.samples, chunk, true))
+            .collect();
+        let mut stats = GateStats {
+            gate: self.gates[i].gate,
+            ..GateStats::default()
+        };
+        let mut grads = self.gates[i].adapters.zeros_like();
+        for (s, g) in parts {
+            let weight = s.rows as f32 / rows.len() as f32;
+            for (acc, part) in grads.tensors_mut().zip(g.tensors()) {
+                acc.scaled_add(weight, part);
+            }
+            stats.add(&s);
+        }
+        (stats, grads)
+    }
+
+    /// Statistics of every trained gate on `rows` of the training data, without gradients.
+    pub fn evaluate_rows(&self, rows: &[Row]) -> Vec<GateStats> {
+        self.evaluate_on(&self.samples, rows)
+    }
+
+    /// Statistics of every trained gate on every trainable row of the training data.
+    pub fn evaluate_training_rows(&self) -> Vec<GateStats> {
+        self.evaluate_rows(&self.pool)
+    }
+
+    /// Statistics of every trained gate on all response rows of other samples (held-out data).
+    pub fn evaluate(&self, model: &Model, data: &[DistillSample]) -> Result<Vec<GateStats>> {
+        let config = &self.template.config;
+        let intervals: Vec<usize> = self.gates.iter().map(|g| g.gate - 1).collect();
+        let samples = slow_samples(model, config, data, &intervals, &mut |_| {})?;
+        Ok(self.evaluate_on(&samples, &response_rows(&samples)))
+    }
+
+    fn evaluate_on(&self, samples: &[SlowSample<f32>], rows: &[Row]) -> Vec<GateStats> {
+        (0..self.gates.len())
+            .map(|i| {
+                let parts: Vec<GateStats> = rows
+                    .par_chunks(ROWS_PER_TASK)
+                    .map(|chunk| self.chunk_gradient(i, samples, chunk, false).0)
+                    .collect();
+                let mut stats = GateStats {
+                    gate: self.gates[i].gate,
+                    ..GateStats::default()
+                };
+                parts.iter().for_each(|p| stats.add(p));
+                stats
+            })
+            .collect()
+    }
+
+    /// Forward (and, with `grad`, backward) of gate `i` on one sub-batch; loss averaged over it.
+    fn chunk_gradient(
+        &self,
+        i: usize,
+        samples: &[SlowSample<f32>],
+        rows: &[Row],
+        grad: bool,
+    ) -> (GateStats, Adapters<f32>) {
+        let g = &self.gates[i];
+        let j = g.gate - 1;
+        let layers = self.template.config.interval_layers(j);
+        let batch = Batch { samples, rows };
+        let f = fast_stream::start_states(batch, j);
+        let (u, tape) = fast_stream::forward(&self.base, &g.adapters, layers.clone(), batch, f);
+        // teacher: the base model's final distribution, from s_N
+        let mut target = ndarray::Array2::zeros(u.raw_dim());
+        for (mut t, row) in target.axis_iter_mut(Axis(0)).zip(rows) {
+            t.assign(&samples[row.sample].last.row(row.pos));
+        }
+        let (teacher, _) = self.base.head.forward(target.view());
+        let (logits, head_tape) = self.base.head.forward(u.view());
+        let tau = self.options.temperature as f32;
+        let (kl, dlogits) = kl_loss(logits.view(), teacher.view(), tau);
+        let mut stats = GateStats {
+            gate: g.gate,
+            kl: kl.loss,
+            align: 0.0,
+            agree: kl.agree,
+            rows: kl.rows,
+        };
+        let mut grads = g.adapters.zeros_like();
+        let mut du_align = None;
+        if let Some(kind) = self.options.align {
+            let w = self.options.align_weight as f32;
+            let (loss, du) = align_loss(kind, u.view(), target.view(), w);
+            stats.align = loss as f64;
+            du_align = Some(du);
+        }
+        if grad {
+            let mut du = self.base.head.backward(dlogits.view(), &head_tape);
+            if let Some(d) = du_align {
+                du += &d;
+            }
+            fast_stream::backward(
+                &self.base,
+                &g.adapters,
+                layers,
+                batch,
+                &tape,
+                du,
+                &mut grads,
+            );
+        }
+        (stats, grads)
+    }
+
+    /// Rebuild a trainer from its parts (checkpoint resume).
+    pub(crate) fn with_state(
+        mut self,
+        gates: Vec<GateState>,
+        step: usize,
+        history: Vec<StepLog>,
+    ) -> Result<Self> {
+        if gates.len() != self.gates.len()
+            || gates
+                .iter()
+                .zip(&self.gates)
+                .any(|(a, b)| a.gate != b.gate || a.opt.m.len() != b.opt.m.len())
+        {
+            return Err(Error::Invalid(
+                "the checkpoint's optimizer state does not match its adapters".into(),
+            ));
+        }
+        self.gates = gates;
+        self.step = step;
+        self.history = history;
+        Ok(self)
+    }
+}
+
+/// Every trainable row (response positions) of `samples`.
+fn response_rows(samples: &[SlowSample<f32>]) -> Vec<Row> {
+    samples
+        .iter()
+        .enumerate()
+        .flat_map(|(i, s)| (s.first_row..s.len()).map(move |pos| Row { sample: i, pos }))
+        .collect()
+}
+
+/// The slow stream of every sample, keeping what `intervals` need.
+fn slow_samples(
+    model: &Model,
+    config: &M2r2Config,
+    data: &[DistillSample],
+    intervals: &[usize],
+    on_sample: &mut dyn FnMut(usize),
+) -> Result<Vec<SlowSample<f32>>> {
+    data.iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let s = SlowSample::compute(model, config, &d.tokens, d.first_row(), intervals);
+            on_sample(i);
+            s
+        })
+        .collect()
+}
