@@ -45,6 +45,9 @@ enum Command {
     /// Residual dynamics per layer and gate: direction change, alignment with the final residual,
     /// early-exit agreement (and a PCA view with --features linalg).
     Analyze(cli::analyze::Args),
+    /// Ahead-of-time MoE expert loading: trace the experts of a greedy decode, then simulate a
+    /// device cache fed over a host link for each predictor (lazy, next-gate, m2r2, oracle).
+    MoeSim(cli::moe_sim::Args),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => cli::demo::run(&args),
         Command::InitM2r2(args) => cli::init_m2r2::run(&args),
         Command::Analyze(args) => cli::analyze::run(&args),
+        Command::MoeSim(args) => cli::moe_sim::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

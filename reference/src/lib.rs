@@ -37,6 +37,7 @@ pub mod memory_sim;
 pub mod mlp;
 pub mod model;
 pub mod moe;
+pub mod moe_sweep;
 pub mod ops;
 pub mod rope;
 pub mod sampling;
