@@ -197,15 +197,9 @@ pub fn run(args: &Args) -> Result<()> {
     let points = sweep(trace, &args.policy, &params, &capacities, &bandwidths)
         .context("cannot run the sweep")?;
     if let Some(path) = &args.plot {
-        plot(
-            path,
-            &points,
-            &args.policy,
-            &bandwidths,
-            &loaded.name,
-            scope,
-        )
-        .with_context(|| format!("cannot write the plot {}", path.display()))?;
+        let title = format!("{} ({} sizes)", loaded.name, args.timing.name());
+        plot(path, &points, &args.policy, &bandwidths, &title, scope)
+            .with_context(|| format!("cannot write the plot {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
 
@@ -406,7 +400,7 @@ fn plot(
     points: &[SweepPoint],
     policies: &[Predictor],
     bandwidths: &[f64],
-    model: &str,
+    title: &str,
     scope: CapacityScope,
 ) -> Result<()> {
     use plotters::prelude::*;
@@ -450,7 +444,7 @@ fn plot(
     ];
     for (area, (name, metric, top)) in panels.iter().zip(metrics) {
         let mut chart = ChartBuilder::on(area)
-            .caption(format!("{model}: {name}"), ("sans-serif", 20))
+            .caption(format!("{title}: {name}"), ("sans-serif", 20))
             .margin(14)
             .x_label_area_size(40)
             .y_label_area_size(50)
