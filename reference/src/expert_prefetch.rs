@@ -156,6 +156,7 @@ impl Predictor {
             Predictor::NextGate => layer
                 .next_gate
                 .iter()
+                .filter(|_| l > 0)
                 .map(|experts| Prediction {
                     at: IssuePoint::start(l - 1),
                     experts: experts.clone(),

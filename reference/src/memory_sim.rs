@@ -112,6 +112,7 @@ impl SimParams {
         self.latency + self.expert_bytes / self.bandwidth
     }
 
+    /// Refuse parameters, and traces, that the simulator cannot run.
     fn validate(&self, trace: &ExpertTrace) -> Result<()> {
         let bad = |msg: String| Err(Error::Invalid(msg));
         if self.capacity < trace.top_k {
@@ -161,6 +162,39 @@ impl SimParams {
         }
         if trace.moe_layers().is_empty() {
             return bad("the trace has no MoE layer".into());
+        }
+        for (t, step) in trace.steps.iter().enumerate() {
+            if step.layers.len() != trace.num_layers {
+                return bad(format!(
+                    "step {t} has {} layers, the trace {}",
+                    step.layers.len(),
+                    trace.num_layers
+                ));
+            }
+            for (l, layer) in step.layers.iter().enumerate() {
+                let Some(layer) = layer else { continue };
+                let valid = |experts: &[usize]| {
+                    experts.iter().all(|&e| e < trace.num_experts)
+                        && (1..experts.len()).all(|i| !experts[..i].contains(&experts[i]))
+                };
+                if layer.used.len() != trace.top_k || !valid(&layer.used) {
+                    return bad(format!(
+                        "step {t} layer {l}: used experts {:?} are not {} distinct experts below {}",
+                        layer.used, trace.top_k, trace.num_experts
+                    ));
+                }
+                for p in Predictor::ALL {
+                    for guess in p.predictions(step, l) {
+                        if guess.at > IssuePoint::start(l) || !valid(&guess.experts) {
+                            return bad(format!(
+                                "step {t} layer {l}: {p} predicts {:?} at {:?}, not distinct experts \
+                                 below {} issued by the start of the layer",
+                                guess.experts, guess.at, trace.num_experts
+                            ));
+                        }
+                    }
+                }
+            }
         }
         Ok(())
     }
@@ -864,5 +898,16 @@ mod tests {
         let mut p = params(2, Eviction::Lru);
         p.compute.pop();
         assert!(err(p).contains("compute has 1 layers, the trace 2"));
+        // Traces: an expert outside the model, a guess issued after its layer started.
+        let p = params(2, Eviction::Lru);
+        let bad = trace(&[[(4, None, None), (1, None, None)]]);
+        let e = simulate(&bad, Predictor::Lazy, &p).unwrap_err().to_string();
+        assert!(e.contains("step 0 layer 0: used experts [4]"), "{e}");
+        let mut late = trace(&[[(0, None, None), (1, None, Some(2))]]);
+        late.steps[0].layers[1].as_mut().unwrap().m2r2[0].at = IssuePoint::end(1);
+        let e = simulate(&late, Predictor::M2r2, &p)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("m2r2 predicts [2]"), "{e}");
     }
 }
