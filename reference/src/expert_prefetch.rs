@@ -219,6 +219,9 @@ pub struct TracedDecode {
     pub tokens: Vec<u32>,
     /// The logits each token was chosen from: `steps + 1` rows of `[V]`.
     pub logits: Vec<Vec<f32>>,
+    /// Per layer, the mean wall-clock seconds of one decode step's `decoder_layer` call on this
+    /// machine (with the fast row in the gated intervals). Not part of the trace: it varies run to run.
+    pub layer_seconds: Vec<f64>,
 }
 
 /// Greedily decode `steps + 1` tokens after `prompt` with the base model, running the fast stream
@@ -248,6 +251,7 @@ pub fn collect_trace(m2r2: M2r2<'_>, prompt: &[u32], steps: usize) -> Result<Tra
     let mut logits = vec![prefill.row(prompt.len() - 1).to_vec()];
     let mut tokens = vec![argmax(&logits[0]) as u32];
     let mut trace_steps = Vec::with_capacity(steps);
+    let mut layer_seconds = vec![0.0f64; n];
     for _ in 0..steps {
         let token = *tokens.last().expect("one token");
         let pos = cache.len();
@@ -280,7 +284,9 @@ pub fn collect_trace(m2r2: M2r2<'_>, prompt: &[u32], steps: usize) -> Result<Tra
                     slot: &[0],
                     accelerator: Some(&m2r2.weights.accelerator),
                 });
+                let start = std::time::Instant::now();
                 let out = decoder_layer(model, l, &mut s, pos, &mut cache, fast);
+                layer_seconds[l] += start.elapsed().as_secs_f64() / steps as f64;
                 if let (Some(routing), Some(trace)) = (out.routing, layers[l].as_mut()) {
                     trace.used = routing[0].experts.clone();
                 }
@@ -323,6 +329,7 @@ pub fn collect_trace(m2r2: M2r2<'_>, prompt: &[u32], steps: usize) -> Result<Tra
         },
         tokens,
         logits,
+        layer_seconds,
     })
 }
 

@@ -12,6 +12,8 @@
 //! | device compute | 30 TFLOP/s | its dense fp16 rate |
 //! | bytes per parameter | 2 | bf16 / fp16 weights |
 //!
+//! Or `Timing::Measured`: the reference's own wall-clock time per layer while tracing.
+//!
 //! A layer's time is the roofline `max(FLOPs / rate, bytes / device bandwidth)` of its pre-MoE part
 //! and of its experts separately, from [`CostModel`] (which counts f32 bytes; they are rescaled to
 //! the deployment's bytes per parameter).
@@ -67,6 +69,9 @@ pub enum Timing {
     Model,
     /// Mixtral-8x7B's sizes (D 4096, I 14336, 32/8 heads of 128) with the trace's layers and k
     Mixtral8x7b,
+    /// the reference's own per-layer wall-clock times while tracing, split into pre-MoE and experts
+    /// in the cost model's proportions (experts sized from the traced model)
+    Measured,
 }
 
 impl Timing {
@@ -74,6 +79,7 @@ impl Timing {
         match self {
             Timing::Model => "model",
             Timing::Mixtral8x7b => "mixtral-8x7b",
+            Timing::Measured => "measured",
         }
     }
 }
@@ -84,8 +90,9 @@ impl std::str::FromStr for Timing {
         match s {
             "model" => Ok(Timing::Model),
             "mixtral-8x7b" => Ok(Timing::Mixtral8x7b),
+            "measured" => Ok(Timing::Measured),
             _ => Err(Error::Invalid(format!(
-                "unknown timing `{s}` (expected model or mixtral-8x7b)"
+                "unknown timing `{s}` (expected model, mixtral-8x7b or measured)"
             ))),
         }
     }
@@ -168,6 +175,20 @@ pub fn layer_times(
                 pre: d.seconds(pre),
                 moe: d.seconds(experts),
             }
+        })
+        .collect()
+}
+
+/// Measured whole-layer seconds split into pre-MoE and experts in the proportions of `model`'s
+/// cost-model times (`model` from [`layer_times`]).
+pub fn split_measured(measured: &[f64], model: &[LayerTime]) -> Vec<LayerTime> {
+    measured
+        .iter()
+        .zip(model)
+        .map(|(&m, t)| {
+            let total = t.pre + t.moe;
+            let pre = if total > 0.0 { m * t.pre / total } else { m };
+            LayerTime { pre, moe: m - pre }
         })
         .collect()
 }
@@ -263,6 +284,21 @@ mod tests {
         let f = layer_times(&c, None, Some(1), 0, &d);
         assert_eq!(f[0].moe, t[0].moe);
         assert_eq!(f[1], t[1]);
+    }
+
+    #[test]
+    fn measured_times_are_split_like_the_cost_model() {
+        let model = [
+            LayerTime { pre: 1.0, moe: 3.0 },
+            LayerTime { pre: 0.0, moe: 0.0 },
+        ];
+        assert_eq!(
+            split_measured(&[8.0, 2.0], &model),
+            vec![
+                LayerTime { pre: 2.0, moe: 6.0 },
+                LayerTime { pre: 2.0, moe: 0.0 }
+            ]
+        );
     }
 
     #[test]

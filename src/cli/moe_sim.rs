@@ -13,7 +13,7 @@ use reference::fast_stream::M2r2;
 use reference::memory_sim::{CapacityScope, Eviction, SimParams, SimResult, compare};
 use reference::moe_sweep::{
     Deployment, SweepPoint, Timing, default_capacities, expert_bytes, layer_times,
-    mixtral_8x7b_config, sweep,
+    mixtral_8x7b_config, split_measured, sweep,
 };
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -55,7 +55,8 @@ pub struct Args {
     /// Bytes per weight on device and host (2: bf16; 0.5: 4-bit)
     #[arg(long, value_name = "N", default_value_t = 2.0)]
     pub bytes_per_param: f64,
-    /// Layer and expert sizes for the times: model (the traced model) | mixtral-8x7b
+    /// Layer times and expert sizes: model (the traced model's sizes) | mixtral-8x7b | measured
+    /// (the reference's own per-layer wall-clock times while tracing, the traced model's experts)
     #[arg(long, value_name = "SIZES", value_parser = parse_timing, default_value = "model")]
     pub timing: Timing,
     /// Predictors to simulate, comma separated: lazy, next-gate, m2r2, oracle
@@ -154,7 +155,7 @@ pub fn run(args: &Args) -> Result<()> {
         ),
     };
     let timing_config = match args.timing {
-        Timing::Model => config.clone(),
+        Timing::Model | Timing::Measured => config.clone(),
         Timing::Mixtral8x7b => mixtral_8x7b_config(
             config.num_hidden_layers,
             moe.num_local_experts,
@@ -165,7 +166,7 @@ pub fn run(args: &Args) -> Result<()> {
     let adapters = (args.timing == Timing::Model).then_some(&weights);
     let last_gate = weights.config.gate_layer(weights.config.num_gates());
     let position = prompt.len() + args.steps / 2;
-    let params = SimParams {
+    let mut params = SimParams {
         capacity,
         scope,
         eviction: args.eviction,
@@ -182,6 +183,11 @@ pub fn run(args: &Args) -> Result<()> {
         ),
         warmup_tokens: args.warmup,
     };
+    if args.timing == Timing::Measured {
+        // Measured with the fast row in the gated layers: every policy is charged the same.
+        params.compute = split_measured(&decoded.layer_seconds, &params.compute);
+        params.fast_compute = params.compute.clone();
+    }
     let results = compare(trace, &args.policy, &params)?;
     let capacities = args
         .sweep_capacities

@@ -128,6 +128,15 @@ fn moe_sim_options() {
     assert_eq!(r["deployment"]["expert_bytes"], 352_321_536.0);
     assert_eq!(r["policies"].as_array().unwrap().len(), 2);
     assert_eq!(r["sweep"]["points"].as_array().unwrap().len(), 2 * 2 * 2);
+    // Times measured from the reference itself: positive, and the same for every policy.
+    let m = moe_sim(&["--timing", "measured"]);
+    assert_eq!(m["deployment"]["timing"], "measured");
+    let pre = m["deployment"]["layer_pre_us"].as_array().unwrap();
+    assert!(pre.iter().all(|t| t.as_f64().unwrap() > 0.0), "{pre:?}");
+    assert_eq!(
+        m["deployment"]["layer_pre_us"],
+        m["deployment"]["fast_layer_pre_us"]
+    );
     // The text report prints a table per policy.
     let text = ok(&[
         "moe-sim", "--tokens", TOKENS, "--steps", "6", "--warmup", "1",
