@@ -29,6 +29,9 @@
 //!
 //! A transfer counts as a *hit* for its access when the expert is cached or has landed by the end
 //! of the layer's pre-MoE part (no wait); `cache_hit_rate` counts cached experts only.
+//!
+//! One file past the usual size: the cache, the copy engine and the counters are private parts of
+//! one simulation whose invariants (above) only hold together.
 
 use crate::error::{Error, Result};
 use crate::expert_prefetch::{ExpertTrace, IssuePoint, Predictor};
