@@ -53,6 +53,9 @@ enum Command {
     TrainArla(cli::train_arla::Args),
     /// Pruned draft head (FLOPs-aware drafting): the most frequent response tokens, measured.
     DraftHead(cli::draft_head::Args),
+    /// Ahead-of-time MoE expert loading: trace the experts of a greedy decode, then simulate a
+    /// device cache fed over a host link for each predictor (lazy, next-gate, m2r2, oracle).
+    MoeSim(cli::moe_sim::Args),
 }
 
 fn main() -> ExitCode {
@@ -71,6 +74,7 @@ fn main() -> ExitCode {
         Command::Train(args) => cli::train::run(&args),
         Command::TrainArla(args) => cli::train_arla::run(&args),
         Command::DraftHead(args) => cli::draft_head::run(&args),
+        Command::MoeSim(args) => cli::moe_sim::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -13,6 +13,7 @@ pub mod info;
 pub mod init_m2r2;
 pub mod logits;
 pub mod m2r2_args;
+pub mod moe_sim;
 pub mod progress;
 pub mod train;
 pub mod train_arla;

@@ -583,3 +583,4 @@ mod analyze;
 mod golden_m2r2;
 mod m2r2_modes;
 mod train;
+mod moe_sim;

@@ -1,0 +1,197 @@
+//! `m2r2 moe-sim` end to end: the JSON report's fields, the SVG, the HF Mixtral fixture, and the
+//! failure cases.
+
+use super::{fails, ok};
+use serde_json::Value;
+
+const TOKENS: &str = "3,1,4,1,5";
+
+fn moe_sim(extra: &[&str]) -> Value {
+    let mut args = vec!["moe-sim", "--tokens", TOKENS, "--steps", "12", "--json"];
+    args.extend_from_slice(extra);
+    ok(&args).json()
+}
+
+#[test]
+fn moe_sim_json_and_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("moe.svg");
+    let r = moe_sim(&["--plot", svg.to_str().unwrap(), "--warmup", "2"]);
+    assert_eq!(r["model"], "tiny-moe");
+    assert_eq!(r["steps"], 12);
+    assert_eq!(r["tokens"].as_array().unwrap().len(), 13);
+    assert_eq!(r["trace"]["num_experts"], 8);
+    assert_eq!(r["trace"]["top_k"], 2);
+    assert_eq!(r["trace"]["moe_layers"].as_array().unwrap().len(), 8);
+    assert_eq!(r["m2r2"]["gates"], serde_json::json!([2, 4, 6]));
+    // Defaults: half of every layer's experts, global, LRU; tiny-moe's expert is 3 * 64 * 96 bf16.
+    assert_eq!(r["params"]["capacity"], 32);
+    assert_eq!(r["params"]["capacity_scope"], "global");
+    assert_eq!(r["params"]["eviction"], "lru");
+    assert_eq!(r["deployment"]["expert_bytes"], 36864.0);
+    let transfer = r["deployment"]["transfer_us"].as_f64().unwrap();
+    assert!((transfer - (10.0 + 36864.0 / 25e9 * 1e6)).abs() < 1e-9);
+
+    let policies = r["policies"].as_array().unwrap();
+    let names: Vec<&str> = policies
+        .iter()
+        .map(|p| p["policy"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["lazy", "next-gate", "m2r2", "oracle"]);
+    for p in policies {
+        for key in [
+            "hit_rate",
+            "cache_hit_rate",
+            "bytes_moved",
+            "wasted_bytes",
+            "stall_seconds",
+            "stall_per_token_seconds",
+            "compute_per_token_seconds",
+            "time_per_token_seconds",
+            "speedup_over_lazy",
+        ] {
+            assert!(p[key].as_f64().unwrap() >= 0.0, "{key}: {p}");
+        }
+        assert_eq!(p["tokens"], 10);
+        assert_eq!(p["accesses"], 10 * 8 * 2);
+        for key in [
+            "prefetches",
+            "useful_prefetches",
+            "demand_loads",
+            "peak_buffered_experts",
+        ] {
+            assert!(p[key].is_u64(), "{key}");
+        }
+        assert_eq!(p["layers"].as_array().unwrap().len(), 8);
+        let time = p["time_per_token_seconds"].as_f64().unwrap();
+        let compute = p["compute_per_token_seconds"].as_f64().unwrap();
+        let stall = p["stall_per_token_seconds"].as_f64().unwrap();
+        assert!((time - compute - stall).abs() <= 1e-9 * time, "{p}");
+    }
+    assert_eq!(policies[0]["speedup_over_lazy"], 1.0);
+    assert!(policies[0]["precision"].is_null());
+    assert_eq!(policies[3]["precision"], 1.0);
+    assert_eq!(policies[3]["recall"], 1.0);
+    let oracle = policies[3]["time_per_token_seconds"].as_f64().unwrap();
+    for p in policies {
+        assert!(oracle <= p["time_per_token_seconds"].as_f64().unwrap() * (1.0 + 1e-9));
+    }
+
+    let sweep = &r["sweep"];
+    let capacities: Vec<u64> = sweep["capacities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_u64().unwrap())
+        .collect();
+    assert_eq!(capacities, [2, 8, 16, 24, 32, 40, 48, 56, 64]);
+    let points = sweep["points"].as_array().unwrap();
+    assert_eq!(points.len(), capacities.len() * 4);
+    for key in [
+        "capacity",
+        "bandwidth_gbps",
+        "policy",
+        "hit_rate",
+        "stall_per_token_seconds",
+        "time_per_token_seconds",
+        "speedup_over_lazy",
+    ] {
+        assert!(!points[0][key].is_null(), "{key}");
+    }
+    let svg_text = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg_text.starts_with("<svg") && svg_text.contains("speedup over lazy"));
+    assert_eq!(r["plot"], svg.to_str().unwrap());
+}
+
+#[test]
+fn moe_sim_options() {
+    // Per-layer capacity, keep-predicted, two bandwidths, Mixtral-8x7B sizes, zero adapters.
+    let r = moe_sim(&[
+        "--capacity-per-layer",
+        "4",
+        "--eviction",
+        "keep-predicted",
+        "--policy",
+        "m2r2,oracle",
+        "--sweep-capacities",
+        "2,8",
+        "--sweep-bandwidths",
+        "25,100",
+        "--timing",
+        "mixtral-8x7b",
+        "--m2r2",
+        "none",
+    ]);
+    assert_eq!(r["params"]["capacity_scope"], "per-layer");
+    assert_eq!(r["params"]["total_experts"], 8);
+    assert_eq!(r["m2r2"]["zero_adapters"], true);
+    assert_eq!(r["deployment"]["expert_bytes"], 352_321_536.0);
+    assert_eq!(r["policies"].as_array().unwrap().len(), 2);
+    assert_eq!(r["sweep"]["points"].as_array().unwrap().len(), 2 * 2 * 2);
+    // Times measured from the reference itself: positive, and the same for every policy.
+    let m = moe_sim(&["--timing", "measured"]);
+    assert_eq!(m["deployment"]["timing"], "measured");
+    let pre = m["deployment"]["layer_pre_us"].as_array().unwrap();
+    assert!(pre.iter().all(|t| t.as_f64().unwrap() > 0.0), "{pre:?}");
+    assert_eq!(
+        m["deployment"]["layer_pre_us"],
+        m["deployment"]["fast_layer_pre_us"]
+    );
+    // The text report prints a table per policy.
+    let text = ok(&[
+        "moe-sim", "--tokens", TOKENS, "--steps", "6", "--warmup", "1",
+    ])
+    .stdout;
+    for needle in [
+        "policy",
+        "m2r2 per MoE layer",
+        "oracle per MoE layer",
+        "sweep",
+    ] {
+        assert!(text.contains(needle), "{needle}:\n{text}");
+    }
+}
+
+/// The tiny HF Mixtral checkpoint (2 layers, gate after layer 1) traces and simulates.
+#[test]
+fn moe_sim_on_the_hf_mixtral_fixture() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/mixtral");
+    let r = moe_sim(&["--model", dir.to_str().unwrap(), "--warmup", "0"]);
+    assert_eq!(r["trace"]["num_layers"], 2);
+    assert_eq!(r["m2r2"]["gates"], serde_json::json!([1]));
+    assert!(r["policies"][3]["hit_rate"].as_f64().is_some());
+}
+
+#[test]
+fn moe_sim_refuses_bad_input() {
+    fails(
+        &["moe-sim", "--model", "tiny", "--tokens", TOKENS],
+        &["dense model", "MoE"],
+    );
+    fails(
+        &["moe-sim", "--tokens", TOKENS, "--capacity", "1"],
+        &["capacity 1 is below k = 2"],
+    );
+    fails(
+        &[
+            "moe-sim", "--tokens", TOKENS, "--steps", "3", "--warmup", "3",
+        ],
+        &["warm-up"],
+    );
+    fails(
+        &["moe-sim", "--tokens", TOKENS, "--policy", "belady"],
+        &["unknown expert predictor `belady`"],
+    );
+    fails(
+        &["moe-sim", "--tokens", TOKENS, "--bandwidth-gbps", "0"],
+        &["--bandwidth-gbps must be a positive number"],
+    );
+    fails(
+        &["moe-sim", "--tokens", "999", "--steps", "2"],
+        &["token id 999"],
+    );
+    fails(
+        &["moe-sim", "--tokens", TOKENS, "--m2r2", "/nonexistent-m2r2"],
+        &["/nonexistent-m2r2"],
+    );
+}
