@@ -4,6 +4,7 @@ pub mod analyze;
 pub mod bench;
 pub mod common;
 pub mod demo;
+pub mod export;
 pub mod fetch;
 pub mod generate;
 pub mod golden;
