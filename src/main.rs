@@ -36,7 +36,7 @@ enum Command {
     /// Measure prefill and decode speed against the machine's memory bandwidth (threads: all cores,
     /// or RAYON_NUM_THREADS).
     Bench(cli::bench::Args),
-    /// Download a model into the cache (only `smollm2` for now).
+    /// Download into the cache: the `smollm2` model, or the `onnxruntime` library.
     Fetch(cli::fetch::Args),
     /// A tour of what the reference does, on a built-in model (no files needed).
     Demo(cli::demo::Args),
