@@ -12,3 +12,4 @@ pub mod init_m2r2;
 pub mod logits;
 pub mod m2r2_args;
 pub mod progress;
+pub mod run;
