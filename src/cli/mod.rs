@@ -2,6 +2,7 @@
 
 pub mod analyze;
 pub mod bench;
+pub mod bench_onnx;
 pub mod common;
 pub mod demo;
 pub mod fetch;
