@@ -3,7 +3,7 @@
 
 use crate::ep::EpConfig;
 use crate::error::{Error, Result};
-use crate::kv_store::KvStore;
+use crate::kv_store::{Kv, KvStore};
 use crate::manifest::{ExportDir, GraphKind};
 use crate::session::{Input, OnnxSession};
 use crate::step::{StepInputs, check_tokens};
@@ -18,7 +18,8 @@ use std::time::Instant;
 pub struct OnnxModel {
     session: OnnxSession,
     config: ModelConfig,
-    kv: KvStore,
+    /// On the device for GPU providers (IoBinding), else on the host.
+    kv: Kv,
     /// Rows per run at most (TensorRT's profile); longer prompts are fed in chunks.
     max_rows: Option<usize>,
 }
@@ -29,11 +30,12 @@ impl OnnxModel {
         let path = export.graph(GraphKind::Model)?;
         let session = OnnxSession::load(&path, ep)?;
         let config = export.manifest.config.clone();
-        let kv = KvStore::new(
+        let kv = Kv::new(
             0..config.num_hidden_layers,
             config.num_key_value_heads,
             config.head_dim,
-        );
+            session.ep_used().is_gpu(),
+        )?;
         Ok(OnnxModel {
             session,
             config,
@@ -46,9 +48,9 @@ impl OnnxModel {
         &self.session
     }
 
-    /// The KV cache (every layer).
-    pub fn kv(&self) -> &KvStore {
-        &self.kv
+    /// The KV cache of every layer, on the host (a copy when it lives on the device).
+    pub fn kv(&mut self) -> Result<KvStore> {
+        self.kv.to_host()
     }
 
     /// Forget the cache.
@@ -73,7 +75,7 @@ impl OnnxModel {
 
     fn forward_chunk(&mut self, tokens: &[u32]) -> Result<Array2<f32>> {
         let step = StepInputs::new(tokens, self.kv.len());
-        let mut inputs = vec![
+        let inputs = [
             ("input_ids", Input::I64(step.input_ids.view().into_dyn())),
             (
                 "attention_mask",
@@ -84,8 +86,7 @@ impl OnnxModel {
                 Input::I64(step.position_ids.view().into_dyn()),
             ),
         ];
-        inputs.extend(self.kv.inputs());
-        let mut out = self.session.run(&inputs)?;
+        let mut out = self.kv.run(&mut self.session, &inputs, tokens.len())?;
         let file = self.session.file().to_string();
         let logits = logits_rows(
             out.take("logits")?,
@@ -94,7 +95,6 @@ impl OnnxModel {
             &file,
             "logits",
         )?;
-        self.kv.update(&mut out, tokens.len(), &file)?;
         Ok(logits)
     }
 

@@ -89,6 +89,15 @@ impl KvStore {
         Ok(())
     }
 
+    /// Replace every layer's keys and values (same layers, same positions in each).
+    pub fn replace(&mut self, layers: Vec<(Array4<f32>, Array4<f32>)>) {
+        assert_eq!(layers.len(), self.keys.len(), "one (key, value) per layer");
+        for (i, (k, v)) in layers.into_iter().enumerate() {
+            self.keys[i] = k;
+            self.values[i] = v;
+        }
+    }
+
     /// Keep the first `len` positions (no-op if already shorter).
     pub fn truncate(&mut self, len: usize) {
         if len >= self.len() {
@@ -116,4 +125,88 @@ fn take4(
         });
     }
     Ok(t.into_dimensionality::<Ix4>().expect("rank checked"))
+}
+
+/// The KV cache of one graph: on the host (CPU provider: plain runs) or on the device (CUDA /
+/// TensorRT: IoBinding, see [`DeviceKv`](crate::device_kv::DeviceKv)).
+pub enum Kv {
+    Host(KvStore),
+    Device {
+        kv: crate::device_kv::DeviceKv,
+        kv_heads: usize,
+        head_dim: usize,
+    },
+}
+
+impl Kv {
+    /// An empty cache for `layers`, on the device when `on_device`.
+    pub fn new(
+        layers: Range<usize>,
+        kv_heads: usize,
+        head_dim: usize,
+        on_device: bool,
+    ) -> Result<Self> {
+        Ok(if on_device {
+            Kv::Device {
+                kv: crate::device_kv::DeviceKv::new(layers, kv_heads, head_dim)?,
+                kv_heads,
+                head_dim,
+            }
+        } else {
+            Kv::Host(KvStore::new(layers, kv_heads, head_dim))
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Kv::Host(store) => store.len(),
+            Kv::Device { kv, .. } => kv.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Run `session` on `inputs` plus this cache's `past_key_values.*`; the cache takes the
+    /// `present.*` outputs (`added` more positions). Returns the other outputs.
+    pub fn run(
+        &mut self,
+        session: &mut crate::session::OnnxSession,
+        inputs: &[(&str, Input<'_>)],
+        added: usize,
+    ) -> Result<Outputs> {
+        match self {
+            Kv::Host(store) => {
+                let mut all: Vec<(&str, Input<'_>)> =
+                    inputs.iter().map(|(n, i)| (*n, i.reborrow())).collect();
+                all.extend(store.inputs());
+                let mut out = session.run(&all)?;
+                drop(all);
+                store.update(&mut out, added, session.file())?;
+                Ok(out)
+            }
+            Kv::Device { kv, .. } => kv.run(session, inputs, added),
+        }
+    }
+
+    /// Keep the first `len` positions.
+    pub fn truncate(&mut self, len: usize) {
+        match self {
+            Kv::Host(store) => store.truncate(len),
+            Kv::Device { kv, .. } => kv.truncate(len),
+        }
+    }
+
+    /// The cache on the host (a copy for a device cache).
+    pub fn to_host(&mut self) -> Result<KvStore> {
+        match self {
+            Kv::Host(store) => Ok(store.clone()),
+            Kv::Device {
+                kv,
+                kv_heads,
+                head_dim,
+            } => kv.to_host(*kv_heads, *head_dim),
+        }
+    }
 }

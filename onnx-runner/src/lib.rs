@@ -15,6 +15,7 @@
 //! Dimension legend as in the reference: `V` vocab, `D` hidden, `Hkv` key/value heads, `Dh` head
 //! dim, `T` rows fed in one run, `S` cached positions.
 
+pub mod device_kv;
 pub mod ep;
 pub mod error;
 pub mod greedy;

@@ -6,8 +6,9 @@ use crate::ep::{Ep, EpConfig};
 use crate::error::{Error, Result};
 use crate::runtime;
 use ndarray::{ArrayD, ArrayViewD, CowArray, IxDyn};
+use ort::memory::{AllocationDevice, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::{Session, SessionInputValue};
-use ort::value::{TensorElementType, TensorRef, ValueType};
+use ort::value::{DynTensor, Tensor, TensorElementType, TensorRef, ValueType};
 use std::borrow::Cow;
 use std::path::Path;
 
@@ -103,6 +104,14 @@ pub enum Input<'a> {
 }
 
 impl Input<'_> {
+    /// The same input, borrowed for a shorter time.
+    pub fn reborrow(&self) -> Input<'_> {
+        match self {
+            Input::F32(a) => Input::F32(a.view()),
+            Input::I64(a) => Input::I64(a.view()),
+        }
+    }
+
     fn dtype(&self) -> DType {
         match self {
             Input::F32(_) => DType::F32,
@@ -164,6 +173,8 @@ pub struct OnnxSession {
     inputs: Vec<TensorInfo>,
     outputs: Vec<TensorInfo>,
     ep_used: Ep,
+    /// CUDA / TensorRT device (IoBinding's device memory).
+    device_id: i32,
 }
 
 impl std::fmt::Debug for OnnxSession {
@@ -237,6 +248,7 @@ impl OnnxSession {
             session,
             file,
             ep_used,
+            device_id: ep.device_id,
         })
     }
 
@@ -324,11 +336,141 @@ impl OnnxSession {
         Ok(Outputs { file, tensors })
     }
 
+    /// Run with IoBinding (GPU providers): `host` inputs are checked and copied in by ONNX Runtime,
+    /// `device` tensors (earlier outputs kept on the device) are bound as they are, the outputs named
+    /// in `keep` are bound to the provider's device memory and returned without a host copy, and
+    /// every other f32 output comes back to the host.
+    pub fn run_bound(
+        &mut self,
+        host: &[(&str, Input<'_>)],
+        device: &[(&str, &DynTensor)],
+        keep: &[&str],
+    ) -> Result<(Outputs, Vec<(String, DynTensor)>)> {
+        let file = self.file.clone();
+        let err = |e: ort::Error| Error::ort(&file, e);
+        for (name, _) in device {
+            if !self.inputs.iter().any(|i| i.name == *name) {
+                return Err(Error::UnknownInput {
+                    file: file.clone(),
+                    name: name.to_string(),
+                    known: self
+                        .inputs
+                        .iter()
+                        .map(|i| i.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+        }
+        let given: Vec<&str> = host
+            .iter()
+            .map(|(n, _)| *n)
+            .chain(device.iter().map(|(n, _)| *n))
+            .collect();
+        if let Some(missing) = self
+            .inputs
+            .iter()
+            .find(|i| !given.contains(&i.name.as_str()))
+        {
+            return Err(Error::MissingInput {
+                file,
+                name: missing.name.clone(),
+            });
+        }
+        self.check_host_inputs(host)?;
+
+        let device_memory = MemoryInfo::new(
+            AllocationDevice::CUDA,
+            self.device_id,
+            AllocatorType::Device,
+            MemoryType::Default,
+        )
+        .map_err(err)?;
+        let host_memory = MemoryInfo::new(
+            AllocationDevice::CPU,
+            0,
+            AllocatorType::Device,
+            MemoryType::CPUOutput,
+        )
+        .map_err(err)?;
+        let mut binding = self.session.create_binding().map_err(err)?;
+        for (name, input) in host {
+            let tensor: DynTensor = match input {
+                Input::F32(a) => Tensor::from_array(a.as_standard_layout().into_owned())
+                    .map_err(err)?
+                    .upcast(),
+                Input::I64(a) => Tensor::from_array(a.as_standard_layout().into_owned())
+                    .map_err(err)?
+                    .upcast(),
+            };
+            binding.bind_input(*name, &tensor).map_err(err)?;
+        }
+        for (name, tensor) in device {
+            binding.bind_input(*name, *tensor).map_err(err)?;
+        }
+        for info in &self.outputs {
+            let memory = if keep.contains(&info.name.as_str()) {
+                &device_memory
+            } else {
+                &host_memory
+            };
+            binding
+                .bind_output_to_device(info.name.as_str(), memory)
+                .map_err(err)?;
+        }
+        let mut outputs = self.session.run_binding(&binding).map_err(err)?;
+        let mut kept = Vec::with_capacity(keep.len());
+        for name in keep {
+            let value = outputs.remove(*name).ok_or_else(|| Error::MissingOutput {
+                file: file.clone(),
+                name: name.to_string(),
+                known: self
+                    .outputs
+                    .iter()
+                    .map(|o| o.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+            let tensor: DynTensor = value.downcast().map_err(err)?;
+            kept.push((name.to_string(), tensor));
+        }
+        let mut tensors = Vec::new();
+        for info in self
+            .outputs
+            .iter()
+            .filter(|o| o.dtype == DType::F32 && !keep.contains(&o.name.as_str()))
+        {
+            if let Some(value) = outputs.get(&info.name) {
+                let array = value
+                    .try_extract_array::<f32>()
+                    .map_err(|e| Error::ort(&file, format!("output `{}`: {e}", info.name)))?;
+                tensors.push((info.name.clone(), array.to_owned()));
+            }
+        }
+        Ok((Outputs { file, tensors }, kept))
+    }
+
     fn tensor_error(&self, name: &str, e: impl std::fmt::Display) -> Error {
         Error::ort(&self.file, format!("input `{name}`: {e}"))
     }
 
     fn check_inputs(&self, inputs: &[(&str, Input<'_>)]) -> Result<()> {
+        self.check_host_inputs(inputs)?;
+        if let Some(missing) = self
+            .inputs
+            .iter()
+            .find(|info| !inputs.iter().any(|(n, _)| *n == info.name))
+        {
+            return Err(Error::MissingInput {
+                file: self.file.clone(),
+                name: missing.name.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Name, dtype and shape of each given input (not that every input is given).
+    fn check_host_inputs(&self, inputs: &[(&str, Input<'_>)]) -> Result<()> {
         for (i, (name, input)) in inputs.iter().enumerate() {
             let info = self
                 .inputs
@@ -372,16 +514,6 @@ impl OnnxSession {
                     actual: shape.to_vec(),
                 });
             }
-        }
-        if let Some(missing) = self
-            .inputs
-            .iter()
-            .find(|info| !inputs.iter().any(|(n, _)| *n == info.name))
-        {
-            return Err(Error::MissingInput {
-                file: self.file.clone(),
-                name: missing.name.clone(),
-            });
         }
         Ok(())
     }

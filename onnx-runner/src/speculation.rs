@@ -13,7 +13,7 @@
 use crate::ep::EpConfig;
 use crate::error::{Error, Result};
 use crate::greedy::logits_rows;
-use crate::kv_store::KvStore;
+use crate::kv_store::{Kv, KvStore};
 use crate::manifest::{ExportDir, GraphKind};
 use crate::session::{Input, OnnxSession};
 use crate::step::{StepInputs, check_tokens};
@@ -52,9 +52,10 @@ pub struct OnnxSpeculation {
     has_arla: bool,
     /// The gate scored at each proposal (dynamic drafting, `--trace`).
     gate: Option<GateKind>,
-    /// KV of layers `0..e` (positions `0..len`) and `e..N` (positions `0..verified`).
-    lower: KvStore,
-    upper: KvStore,
+    /// KV of layers `0..e` (positions `0..len`) and `e..N` (positions `0..verified`); on the
+    /// device for GPU providers (IoBinding).
+    lower: Kv,
+    upper: Kv,
     /// `[D]` slow residuals `s_e` of positions `verified..len`
     kept: Vec<Array1<f32>>,
     verified: usize,
@@ -82,11 +83,12 @@ impl OnnxSpeculation {
         let verifier = OnnxSession::load(&export.graph(GraphKind::Verifier)?, ep)?;
         let c = &m.config;
         let e = m.draft_layers;
+        let (hkv, dh) = (c.num_key_value_heads, c.head_dim);
         Ok(OnnxSpeculation {
+            lower: Kv::new(0..e, hkv, dh, draft.ep_used().is_gpu())?,
+            upper: Kv::new(e..c.num_hidden_layers, hkv, dh, verifier.ep_used().is_gpu())?,
             draft,
             verifier,
-            lower: KvStore::new(0..e, c.num_key_value_heads, c.head_dim),
-            upper: KvStore::new(e..c.num_hidden_layers, c.num_key_value_heads, c.head_dim),
             config: c.clone(),
             draft_layers: e,
             has_arla: m.has_arla,
@@ -104,9 +106,10 @@ impl OnnxSpeculation {
         (&self.draft, &self.verifier)
     }
 
-    /// KV of the draft layers and of the verifier layers.
-    pub fn kv(&self) -> (&KvStore, &KvStore) {
-        (&self.lower, &self.upper)
+    /// KV of the draft layers and of the verifier layers, on the host (copies when they live on
+    /// the device).
+    pub fn kv(&mut self) -> Result<(KvStore, KvStore)> {
+        Ok((self.lower.to_host()?, self.upper.to_host()?))
     }
 
     pub fn draft_layers(&self) -> usize {
@@ -129,7 +132,7 @@ impl OnnxSpeculation {
         let past = self.lower.len();
         check_tokens(&self.config, tokens, past)?;
         let step = StepInputs::new(tokens, past);
-        let mut inputs = vec![
+        let inputs = [
             ("input_ids", Input::I64(step.input_ids.view().into_dyn())),
             (
                 "attention_mask",
@@ -140,8 +143,7 @@ impl OnnxSpeculation {
                 Input::I64(step.position_ids.view().into_dyn()),
             ),
         ];
-        inputs.extend(self.lower.inputs());
-        let mut out = self.draft.run(&inputs)?;
+        let mut out = self.lower.run(&mut self.draft, &inputs, tokens.len())?;
         let file = self.draft.file().to_string();
         let t = tokens.len();
         let c = &self.config;
@@ -177,7 +179,6 @@ impl OnnxSpeculation {
         } else {
             None
         };
-        self.lower.update(&mut out, t, &file)?;
         Ok((logits, exit_prob, hidden))
     }
 
@@ -187,7 +188,7 @@ impl OnnxSpeculation {
         let m = hidden.nrows();
         let step = StepInputs::rows(m, self.upper.len());
         let hidden: Array3<f32> = hidden.insert_axis(Axis(0)); // [1, m, D]
-        let mut inputs = vec![
+        let inputs = [
             ("hidden_states", Input::F32(hidden.view().into_dyn())),
             (
                 "attention_mask",
@@ -198,8 +199,7 @@ impl OnnxSpeculation {
                 Input::I64(step.position_ids.view().into_dyn()),
             ),
         ];
-        inputs.extend(self.upper.inputs());
-        let mut out = self.verifier.run(&inputs)?;
+        let mut out = self.upper.run(&mut self.verifier, &inputs, m)?;
         let file = self.verifier.file().to_string();
         let logits = logits_rows(
             out.take("logits")?,
@@ -208,7 +208,6 @@ impl OnnxSpeculation {
             &file,
             "logits",
         )?;
-        self.upper.update(&mut out, m, &file)?;
         Ok(logits)
     }
 }
