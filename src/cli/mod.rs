@@ -2,6 +2,7 @@
 
 pub mod analyze;
 pub mod bench;
+pub mod bench_onnx;
 pub mod common;
 pub mod demo;
 pub mod export;
@@ -13,3 +14,4 @@ pub mod init_m2r2;
 pub mod logits;
 pub mod m2r2_args;
 pub mod progress;
+pub mod run;

@@ -1,0 +1,158 @@
+//! `m2r2 run` failures that need no real export: a folder that is not an export, an ONNX Runtime
+//! library that is missing or not ONNX Runtime, and a GPU provider asked of the CPU-only library.
+//! Every case exits non-zero with a message naming what to fix, never a panic.
+
+use super::Run;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The CPU ONNX Runtime of the real m2r2 cache (scripts/test.sh fetches it first).
+fn onnxruntime() -> PathBuf {
+    onnx_runner::provision::fetch(false).expect("m2r2 fetch onnxruntime")
+}
+
+/// `m2r2 args` with `ORT_DYLIB_PATH` set (the CLI tests' cache is empty, so without it the binary
+/// would provision the library there).
+fn m2r2_with_ort(args: &[&str], ort: &Path) -> Run {
+    let cache = std::env::temp_dir().join("m2r2-cli-tests-empty-cache");
+    let out = Command::new(env!("CARGO_BIN_EXE_m2r2"))
+        .args(args)
+        .env("M2R2_CACHE", &cache)
+        .env("ORT_DYLIB_PATH", ort)
+        .output()
+        .expect("the binary runs");
+    let run = Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    assert!(
+        !run.stderr.contains("panicked"),
+        "m2r2 {args:?} panicked:\n{}",
+        run.stderr
+    );
+    run
+}
+
+fn fails_with(args: &[&str], ort: &Path, needles: &[&str]) {
+    let run = m2r2_with_ort(args, ort);
+    assert!(
+        matches!(run.code, Some(c) if c != 0),
+        "m2r2 {args:?} should fail:\n{}{}",
+        run.stdout,
+        run.stderr
+    );
+    for needle in needles {
+        assert!(
+            run.stderr.contains(needle),
+            "m2r2 {args:?}: stderr should contain {needle:?}:\n{}",
+            run.stderr
+        );
+    }
+}
+
+/// A folder with a valid manifest for the built-in tiny model and a graph file that is the
+/// session tests' fixture: enough to reach library loading and provider registration.
+fn fake_export(dir: &Path) {
+    let config = reference::builtin::tiny_config();
+    let m2r2 = reference::m2r2_config::M2r2Config::default_for(&config);
+    let manifest = serde_json::json!({
+        "format_version": 1,
+        "exporter_version": "test",
+        "model_name": "tiny",
+        "config": config,
+        "draft_gate": m2r2.draft_gate,
+        "draft_layers": m2r2.gates[m2r2.draft_gate - 1],
+        "m2r2": m2r2,
+        "has_arla": false,
+        "opset": 17,
+        "weights_dtype": "f32",
+        "graphs": { "model": "model.onnx" },
+    });
+    std::fs::write(
+        dir.join("m2r2_export.json"),
+        serde_json::to_string_pretty(&manifest).unwrap(),
+    )
+    .unwrap();
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("onnx-runner/tests/fixtures/affine.onnx");
+    std::fs::copy(fixture, dir.join("model.onnx")).unwrap();
+}
+
+#[test]
+fn a_folder_without_a_manifest_is_not_an_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    fails_with(
+        &["run", "--onnx", d, "--tokens", "1,2"],
+        &onnxruntime(),
+        &["m2r2_export.json: missing", "m2r2 export --out"],
+    );
+}
+
+#[test]
+fn a_missing_or_foreign_library_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    fake_export(dir.path());
+    let d = dir.path().to_str().unwrap();
+    let args = [
+        "run",
+        "--onnx",
+        d,
+        "--tokens",
+        "1,2",
+        "--max-new-tokens",
+        "2",
+    ];
+
+    let missing = dir.path().join("libonnxruntime.so.1.31.1");
+    fails_with(
+        &args,
+        &missing,
+        &["cannot read the library", "ORT_DYLIB_PATH"],
+    );
+
+    let text = dir.path().join("not-a-library.so");
+    std::fs::write(&text, "hello").unwrap();
+    fails_with(&args, &text, &["is not a shared library"]);
+
+    // A real shared library that is not ONNX Runtime: the providers' helper beside the runtime.
+    let helper = onnxruntime().with_file_name("libonnxruntime_providers_shared.so");
+    fails_with(
+        &args,
+        &helper,
+        &["does not export `OrtGetApiBase`", "not ONNX Runtime"],
+    );
+}
+
+#[test]
+fn gpu_providers_fail_fast_with_their_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    fake_export(dir.path());
+    let d = dir.path().to_str().unwrap();
+    for (ep, reason) in [
+        (
+            "cuda",
+            "CUDA execution provider is not enabled in this build",
+        ),
+        (
+            "tensorrt",
+            "TensorRT execution provider is not enabled in this build",
+        ),
+    ] {
+        fails_with(
+            &["run", "--onnx", d, "--tokens", "1,2", "--ep", ep],
+            &onnxruntime(),
+            &[
+                &format!("the {ep} execution provider is not available"),
+                reason,
+                "--ep-fallback",
+            ],
+        );
+    }
+    fails_with(
+        &["run", "--onnx", d, "--tokens", "1", "--ep", "gpu"],
+        &onnxruntime(),
+        &["unknown execution provider `gpu`"],
+    );
+}
