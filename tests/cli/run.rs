@@ -7,13 +7,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The CPU ONNX Runtime of the real m2r2 cache (scripts/test.sh fetches it first).
-fn onnxruntime() -> PathBuf {
+pub(super) fn onnxruntime() -> PathBuf {
     onnx_runner::provision::fetch(false).expect("m2r2 fetch onnxruntime")
 }
 
 /// `m2r2 args` with `ORT_DYLIB_PATH` set (the CLI tests' cache is empty, so without it the binary
 /// would provision the library there).
-fn m2r2_with_ort(args: &[&str], ort: &Path) -> Run {
+pub(super) fn m2r2_with_ort(args: &[&str], ort: &Path) -> Run {
     let cache = std::env::temp_dir().join("m2r2-cli-tests-empty-cache");
     let out = Command::new(env!("CARGO_BIN_EXE_m2r2"))
         .args(args)
