@@ -11,13 +11,10 @@ use export::builder::WeightsDtype;
 use export::check::{Comparison, check_folder};
 use export::folder::{ExportRequest, export};
 use export::graphs::{ExportOptions, GraphKind};
-use half::f16;
-use ndarray::{Array, Dimension};
 use proptest::prelude::*;
 use reference::m2r2_config::M2r2Config;
 use reference::m2r2_weights::M2r2Weights;
 use reference::model::Model;
-use reference::weights::FeedForward;
 use std::path::Path;
 
 fn export_all(
@@ -112,68 +109,6 @@ fn zero_adapters_without_arla_match_reference() {
     assert_all_ok(&rows);
 }
 
-fn round_f16<D: Dimension>(a: &mut Array<f32, D>) {
-    a.mapv_inplace(|v| f16::from_f32(v).to_f32());
-}
-
-/// The model and M2R2 weights with every weight rounded to f16: what the f16 graphs compute.
-fn rounded(model: &Model, m2r2: &M2r2Weights) -> (Model, M2r2Weights) {
-    let mut w = model.weights.clone();
-    round_f16(&mut w.embed);
-    round_f16(&mut w.final_norm);
-    if let Some(h) = &mut w.lm_head {
-        round_f16(h);
-    }
-    let lin = |l: &mut reference::weights::Linear| {
-        round_f16(&mut l.w);
-        if let Some(b) = &mut l.b {
-            round_f16(b);
-        }
-    };
-    for layer in &mut w.layers {
-        round_f16(&mut layer.attn_norm);
-        round_f16(&mut layer.mlp_norm);
-        let a = &mut layer.attn;
-        for l in [&mut a.q, &mut a.k, &mut a.v, &mut a.o] {
-            lin(l);
-        }
-        let mlps = match &mut layer.ffn {
-            FeedForward::Dense(m) => vec![m],
-            FeedForward::Moe(moe) => {
-                round_f16(&mut moe.router);
-                moe.experts.iter_mut().collect()
-            }
-        };
-        for m in mlps {
-            for l in [&mut m.gate, &mut m.up, &mut m.down] {
-                lin(l);
-            }
-        }
-    }
-    let mut m = m2r2.clone();
-    for la in m.accelerator.layers.iter_mut().flatten() {
-        for lora in la.loras.values_mut() {
-            round_f16(&mut lora.a);
-            round_f16(&mut lora.b);
-        }
-    }
-    if let Some(arla) = &mut m.arla {
-        for x in [
-            &mut arla.proj,
-            &mut arla.gate_embed,
-            &mut arla.wq,
-            &mut arla.wk,
-            &mut arla.wv,
-        ] {
-            round_f16(x);
-        }
-        round_f16(&mut arla.norm);
-        round_f16(&mut arla.wo);
-        arla.bo = f16::from_f32(arla.bo).to_f32();
-    }
-    (Model::new(model.config.clone(), w), m)
-}
-
 /// f16 weights with casts: equal to the reference run on the f16-rounded weights.
 #[test]
 fn f16_flavour_matches_reference_with_rounded_weights() {
@@ -183,7 +118,7 @@ fn f16_flavour_matches_reference_with_rounded_weights() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("export");
         export_all(&model, &m2r2, 1, WeightsDtype::F16, None, &out);
-        let (model16, m2r2_16) = rounded(&model, &m2r2);
+        let (model16, m2r2_16) = export::check::rounded_to_f16(&model, &m2r2);
         let rows = check_folder(
             &out,
             &model16,
@@ -233,4 +168,53 @@ fn smollm2_matches_reference() {
     )
     .unwrap();
     assert_all_ok(&rows);
+}
+
+/// Dynamic batch and `attention_mask`: a batch of two sequences, the second left-padded (mask 0,
+/// any position), gives each real row the logits of its sequence run alone in the reference.
+#[test]
+fn batch_with_left_padding_matches_each_sequence_alone() {
+    use ndarray::{ArrayD, s};
+    use onnx_runner::session::{Input, OnnxSession};
+    let model = reference::builtin::builtin("tiny").unwrap();
+    let m2r2 = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("export");
+    export_all(&model, &m2r2, 1, WeightsDtype::F32, None, &out);
+    onnx_runner::runtime::init().unwrap();
+    let mut session =
+        OnnxSession::load(&out.join("model.onnx"), &onnx_runner::ep::EpConfig::cpu()).unwrap();
+    let (a, b) = ([5u32, 6, 7, 8, 9], [10u32, 11, 12]);
+    let ids = ArrayD::from_shape_vec(vec![2, 5], vec![5, 6, 7, 8, 9, 0, 0, 10, 11, 12]).unwrap();
+    let mask = ArrayD::from_shape_vec(vec![2, 5], vec![1, 1, 1, 1, 1, 0, 0, 1, 1, 1]).unwrap();
+    let pos = ArrayD::from_shape_vec(vec![2, 5], vec![0, 1, 2, 3, 4, 0, 0, 0, 1, 2]).unwrap();
+    let c = &model.config;
+    let empty = ArrayD::<f32>::zeros(vec![2, c.num_key_value_heads, 0, c.head_dim]);
+    let names: Vec<(String, String)> = (0..c.num_hidden_layers)
+        .map(export::graphs::past_names)
+        .collect();
+    let mut inputs = vec![
+        ("input_ids", Input::I64(ids.view())),
+        ("attention_mask", Input::I64(mask.view())),
+        ("position_ids", Input::I64(pos.view())),
+    ];
+    for (k, v) in &names {
+        inputs.push((k, Input::F32(empty.view())));
+        inputs.push((v, Input::F32(empty.view())));
+    }
+    let outputs = session.run(&inputs).unwrap();
+    let logits = outputs.get("logits").unwrap();
+    assert!(
+        logits.iter().all(|v| v.is_finite()),
+        "padded rows stay finite"
+    );
+    let want_a = model.teacher_forced_logits(&a).unwrap().into_dyn();
+    let want_b = model.teacher_forced_logits(&b).unwrap().into_dyn();
+    let got_a = logits.slice(s![0, .., ..]).to_owned().into_dyn();
+    let got_b = logits.slice(s![1, 2.., ..]).to_owned().into_dyn();
+    let tol = |want: &ArrayD<f32>| {
+        export::check::TOLERANCE * want.iter().fold(1.0f32, |m, v| m.max(v.abs()))
+    };
+    assert!(common::max_diff("sequence a", &got_a, &want_a) <= tol(&want_a));
+    assert!(common::max_diff("sequence b (left-padded)", &got_b, &want_b) <= tol(&want_b));
 }

@@ -7,7 +7,7 @@ use super::m2r2_args::{M2r2Args, Mode};
 use super::progress;
 use anyhow::{Context, Result};
 use export::builder::{DEFAULT_OPSET, WeightsDtype};
-use export::check::{TOLERANCE, check_folder, probe_tokens};
+use export::check::{TOLERANCE, check_folder, probe_tokens, rounded_to_f16};
 use export::folder::{Event, ExportRequest, export};
 use export::graphs::{ExportOptions, GraphKind};
 use export::summary::GraphSummary;
@@ -144,9 +144,16 @@ fn check(
         tokens.len(),
         tokens.len() - split
     );
+    // f16 graphs compute with the f16-rounded weights: compare with the reference on those.
+    let rounded = (request.options.weights_dtype == WeightsDtype::F16)
+        .then(|| rounded_to_f16(&loaded.model, m2r2));
+    let (model, m2r2) = match &rounded {
+        Some((model, m2r2)) => (model, m2r2),
+        None => (&loaded.model, m2r2),
+    };
     let rows = check_folder(
         out,
-        &loaded.model,
+        model,
         m2r2,
         request.options.draft_gate,
         &request.graphs,
