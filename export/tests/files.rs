@@ -8,7 +8,7 @@ use export::builder::WeightsDtype;
 use export::check::check_folder;
 use export::folder::{ExportRequest, MANIFEST_FILE, export};
 use export::graphs::{ExportOptions, GraphKind, build};
-use export::write::{read_graph, write_graph};
+use export::write::{read_graph, write_graph, write_graph_limited};
 use reference::m2r2_weights::M2r2Weights;
 use reference::model::Model;
 use std::path::{Path, PathBuf};
@@ -271,4 +271,25 @@ fn clear_errors_for_what_cannot_be_exported() {
     .to_string();
     assert!(err.contains("does not exist"), "{err}");
     assert!(!dir.path().join("x").exists());
+}
+
+#[test]
+fn external_data_switches_on_above_the_limit() {
+    let (model, m2r2) = builtin("tiny");
+    let built = build(
+        GraphKind::Model,
+        &model,
+        &m2r2,
+        &options(17, WeightsDtype::F32),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let small = dir.path().join("under.onnx");
+    let w = write_graph_limited(built.clone(), &small, false, usize::MAX).unwrap();
+    assert!(w.external.is_none() && !dir.path().join("under.onnx.data").exists());
+    // a limit below the model's size stands in for protobuf's 2 GB
+    let big = dir.path().join("over.onnx");
+    let w = write_graph_limited(built, &big, false, 100_000).unwrap();
+    assert_eq!(w.external.as_deref(), Some("over.onnx.data"));
+    assert!(std::fs::metadata(&big).unwrap().len() < 100_000);
 }
