@@ -47,6 +47,9 @@ enum Command {
     /// Residual dynamics per layer and gate: direction change, alignment with the final residual,
     /// early-exit agreement (and a PCA view with --features linalg).
     Analyze(cli::analyze::Args),
+    /// Write ONNX graphs (model, draft, verifier) with the onnxruntime-genai config and tokenizer
+    /// files into a folder; --check compares them with the reference under ONNX Runtime.
+    Export(cli::export::Args),
 }
 
 fn main() -> ExitCode {
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => cli::demo::run(&args),
         Command::InitM2r2(args) => cli::init_m2r2::run(&args),
         Command::Analyze(args) => cli::analyze::run(&args),
+        Command::Export(args) => cli::export::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod bench_onnx;
 pub mod common;
 pub mod demo;
+pub mod export;
 pub mod fetch;
 pub mod generate;
 pub mod golden;
