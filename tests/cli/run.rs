@@ -156,3 +156,78 @@ fn gpu_providers_fail_fast_with_their_reason() {
         &["unknown execution provider `gpu`"],
     );
 }
+
+/// `m2r2 run` on an export of the built-in model prints `m2r2 generate`'s report (every key of it,
+/// the same tokens and statistics) plus the provider that ran; speculative equals greedy.
+#[test]
+fn run_reports_like_generate_on_an_export_of_tiny() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tiny");
+    let o = out.to_str().unwrap();
+    super::ok(&["export", "--model", "tiny", "--out", o]);
+    let ort = onnxruntime();
+    let prompt = ["--prompt", "The quick brown fox", "--max-new-tokens", "12"];
+    for mode in ["greedy", "speculative"] {
+        let mut generate = vec!["generate", "--json", "--model", "tiny", "--mode", mode];
+        generate.extend_from_slice(&prompt);
+        let want = super::ok(&generate).json();
+        let mut run = vec!["run", "--json", "--onnx", o, "--mode", mode];
+        run.extend_from_slice(&prompt);
+        let got = m2r2_with_ort(&run, &ort);
+        assert_eq!(got.code, Some(0), "{}", got.stderr);
+        let got = got.json();
+        for key in want.as_object().unwrap().keys() {
+            assert!(got.get(key).is_some(), "{mode}: `m2r2 run` lacks `{key}`");
+        }
+        for key in [
+            "tokens",
+            "prompt_tokens",
+            "text",
+            "stop_reason",
+            "mode",
+            "sampling",
+        ] {
+            assert_eq!(got[key], want[key], "{mode}: {key}");
+        }
+        if mode == "speculative" {
+            for key in [
+                "rounds",
+                "mean_accepted_tokens",
+                "acceptance_by_position",
+                "acceptance_rate",
+            ] {
+                assert_eq!(got[key], want[key], "{mode}: {key}");
+            }
+        }
+        assert_eq!(got["ep"], "cpu");
+        assert_eq!(got["ep_used"], "cpu");
+        assert_eq!(got["flops_per_token"], serde_json::Value::Null);
+    }
+    // --trace prints the rounds on stderr, as generate does
+    let traced = m2r2_with_ort(
+        &[
+            "run",
+            "--onnx",
+            o,
+            "--tokens",
+            "1,2,3",
+            "--max-new-tokens",
+            "6",
+            "--mode",
+            "speculative",
+            "--trace",
+        ],
+        &ort,
+    );
+    assert_eq!(traced.code, Some(0), "{}", traced.stderr);
+    assert!(
+        traced.stderr.contains("trace: speculative, draft at gate"),
+        "{}",
+        traced.stderr
+    );
+    assert!(
+        traced.stderr.contains("round   0: drafted ["),
+        "{}",
+        traced.stderr
+    );
+}
