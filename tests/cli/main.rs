@@ -31,6 +31,8 @@ fn m2r2(args: &[&str]) -> Run {
     let out = Command::new(env!("CARGO_BIN_EXE_m2r2"))
         .args(args)
         .env("M2R2_CACHE", &cache)
+        // ONNX Runtime from the real cache (the empty one would make the binary download it).
+        .env("ORT_DYLIB_PATH", run::onnxruntime())
         .env("RAYON_NUM_THREADS", "2")
         .output()
         .expect("the binary runs");

@@ -6,9 +6,12 @@ use super::Run;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The CPU ONNX Runtime of the real m2r2 cache (scripts/test.sh fetches it first).
-fn onnxruntime() -> PathBuf {
-    onnx_runner::provision::fetch(false).expect("m2r2 fetch onnxruntime")
+/// The CPU ONNX Runtime of the real m2r2 cache (scripts/test.sh fetches it first; fetched here
+/// otherwise).
+pub fn onnxruntime() -> PathBuf {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| onnx_runner::provision::fetch(false).expect("m2r2 fetch onnxruntime"))
+        .clone()
 }
 
 /// `m2r2 args` with `ORT_DYLIB_PATH` set (the CLI tests' cache is empty, so without it the binary
@@ -230,4 +233,17 @@ fn run_reports_like_generate_on_an_export_of_tiny() {
         "{}",
         traced.stderr
     );
+}
+
+/// The demo's ONNX section (run by `golden_m2r2::demo_runs_the_m2r2_modes_without_not_ok`, so the
+/// demo runs once): the export of the built-in model is equal to the reference on ONNX Runtime.
+pub fn check_demo_onnx_section(stdout: &str) {
+    let section = stdout
+        .split("ONNX export + ONNX Runtime ==")
+        .nth(1)
+        .expect("an ONNX section");
+    let section = section.split("\n== ").next().unwrap();
+    assert!(!section.contains("NOT OK"), "{section}");
+    assert_eq!(section.matches("  OK ").count(), 4, "{section}");
+    assert!(section.contains("ONNX Runtime speculative"), "{section}");
 }
