@@ -4,7 +4,6 @@
 
 use super::Run;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The CPU ONNX Runtime of the real m2r2 cache (scripts/test.sh fetches it first; fetched here
 /// otherwise).
@@ -14,27 +13,9 @@ pub fn onnxruntime() -> PathBuf {
         .clone()
 }
 
-/// `m2r2 args` with `ORT_DYLIB_PATH` set (the CLI tests' cache is empty, so without it the binary
-/// would provision the library there).
+/// `m2r2 args` with `ORT_DYLIB_PATH` set to `ort`.
 fn m2r2_with_ort(args: &[&str], ort: &Path) -> Run {
-    let cache = std::env::temp_dir().join("m2r2-cli-tests-empty-cache");
-    let out = Command::new(env!("CARGO_BIN_EXE_m2r2"))
-        .args(args)
-        .env("M2R2_CACHE", &cache)
-        .env("ORT_DYLIB_PATH", ort)
-        .output()
-        .expect("the binary runs");
-    let run = Run {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    };
-    assert!(
-        !run.stderr.contains("panicked"),
-        "m2r2 {args:?} panicked:\n{}",
-        run.stderr
-    );
-    run
+    super::m2r2_env(args, &[("ORT_DYLIB_PATH", ort.as_os_str())])
 }
 
 fn fails_with(args: &[&str], ort: &Path, needles: &[&str]) {
