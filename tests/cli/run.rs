@@ -228,3 +228,66 @@ pub fn check_demo_onnx_section(stdout: &str) {
     assert_eq!(section.matches("  OK ").count(), 4, "{section}");
     assert!(section.contains("ONNX Runtime speculative"), "{section}");
 }
+
+/// `m2r2 bench --onnx` on an export of tiny: both engines measured, lossless, equal tokens (speeds
+/// are printed, never asserted).
+#[test]
+fn bench_onnx_compares_both_engines() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tiny");
+    let o = out.to_str().unwrap();
+    super::ok(&["export", "--model", "tiny", "--out", o]);
+    let args = [
+        "bench",
+        "--model",
+        "tiny",
+        "--onnx",
+        o,
+        "--json",
+        "--prompt-len",
+        "8",
+        "--decode-tokens",
+        "8",
+        "--repeats",
+        "1",
+    ];
+    let report = super::ok(&args).json();
+    assert_eq!(report["ep_used"], "cpu");
+    assert_eq!(report["tokens_equal_reference"], true);
+    let engines = report["engines"].as_array().unwrap();
+    let names: Vec<&str> = engines
+        .iter()
+        .map(|e| e["engine"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["reference", "onnxruntime-cpu"]);
+    for e in engines {
+        assert_eq!(e["speculative_equals_greedy"], true, "{e}");
+        for key in [
+            "greedy_tokens_per_second",
+            "speculative_tokens_per_second",
+            "ms_per_draft_step",
+            "ms_per_verify_step",
+        ] {
+            assert!(e[key].as_f64().unwrap() > 0.0, "{key}: {e}");
+        }
+    }
+    assert_eq!(
+        engines[0]["mean_accepted_length"],
+        engines[1]["mean_accepted_length"]
+    );
+    // the export must be of the benched model
+    super::fails(
+        &[
+            "bench",
+            "--model",
+            "tiny-moe",
+            "--onnx",
+            o,
+            "--repeats",
+            "1",
+            "--decode-tokens",
+            "2",
+        ],
+        &["different model", "--model"],
+    );
+}
