@@ -191,8 +191,10 @@ impl EpConfig {
         inputs: &[TensorInfo],
     ) -> Result<Vec<ExecutionProviderDispatch>> {
         let cuda = || {
+            // f32 stays f32 (TF32 matmuls would move logits by ~1e-3, past the equivalence tolerance).
             ep::CUDA::default()
                 .with_device_id(self.device_id)
+                .with_tf32(false)
                 .build()
                 .error_on_failure()
         };

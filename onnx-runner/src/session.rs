@@ -353,12 +353,7 @@ impl OnnxSession {
                 return Err(Error::UnknownInput {
                     file: file.clone(),
                     name: name.to_string(),
-                    known: self
-                        .inputs
-                        .iter()
-                        .map(|i| i.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
+                    known: names(&self.inputs),
                 });
             }
         }
@@ -424,12 +419,7 @@ impl OnnxSession {
             let value = outputs.remove(*name).ok_or_else(|| Error::MissingOutput {
                 file: file.clone(),
                 name: name.to_string(),
-                known: self
-                    .outputs
-                    .iter()
-                    .map(|o| o.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                known: names(&self.outputs),
             })?;
             let tensor: DynTensor = value.downcast().map_err(err)?;
             kept.push((name.to_string(), tensor));
@@ -479,12 +469,7 @@ impl OnnxSession {
                 .ok_or_else(|| Error::UnknownInput {
                     file: self.file.clone(),
                     name: name.to_string(),
-                    known: self
-                        .inputs
-                        .iter()
-                        .map(|i| i.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", "),
+                    known: names(&self.inputs),
                 })?;
             if inputs[..i].iter().any(|(n, _)| n == name) {
                 return Err(Error::ort(
@@ -517,6 +502,14 @@ impl OnnxSession {
         }
         Ok(())
     }
+}
+
+/// `a, b, c`: the names of a graph's inputs or outputs, for messages.
+fn names(list: &[TensorInfo]) -> String {
+    list.iter()
+        .map(|t| t.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Build a session with `dispatches` registered (none: the CPU).

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod bench_onnx;
 pub mod common;
 pub mod demo;
+pub mod demo_onnx;
 pub mod export;
 pub mod fetch;
 pub mod generate;
