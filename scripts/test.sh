@@ -28,7 +28,7 @@ fi
 
 cargo run --quiet -- fetch smollm2
 cargo run --quiet -- fetch onnxruntime
-# onnx.checker for the exporter's tests (export/tests/checker.rs reads M2R2_PYTHON and fails without it).
+# onnx.checker for the exporter's tests (export/tests/files.rs reads M2R2_PYTHON and fails without it).
 pyenv="${M2R2_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/m2r2}/pyenv"
 [ -x "$pyenv/bin/python" ] || python3 -m venv "$pyenv"
 # a no-op (no network) when the pinned version is already there

@@ -1,4 +1,4 @@
-"""Check ONNX graphs the way the exporter's tests require (export/tests/checker.rs):
+"""Check ONNX graphs the way the exporter's tests require (export/tests/files.rs):
 onnx.checker.check_model(full_check=True) and strict shape inference with type checks.
 
 Usage: python check_graphs.py GRAPH.onnx [...]  (external data is found next to each graph)
