@@ -36,7 +36,9 @@ enum Command {
     /// Measure prefill and decode speed against the machine's memory bandwidth (threads: all cores,
     /// or RAYON_NUM_THREADS).
     Bench(cli::bench::Args),
-    /// Download a model into the cache (only `smollm2` for now).
+    /// Decode with an ONNX export on ONNX Runtime (cpu | cuda | tensorrt), greedy or speculative.
+    Run(cli::run::Args),
+    /// Download into the cache: the `smollm2` model, or the `onnxruntime` library.
     Fetch(cli::fetch::Args),
     /// A tour of what the reference does, on a built-in model (no files needed).
     Demo(cli::demo::Args),
@@ -56,6 +58,9 @@ enum Command {
     /// Ahead-of-time MoE expert loading: trace the experts of a greedy decode, then simulate a
     /// device cache fed over a host link for each predictor (lazy, next-gate, m2r2, oracle).
     MoeSim(cli::moe_sim::Args),
+    /// Write ONNX graphs (model, draft, verifier) with the onnxruntime-genai config and tokenizer
+    /// files into a folder; --check compares them with the reference under ONNX Runtime.
+    Export(cli::export::Args),
 }
 
 fn main() -> ExitCode {
@@ -66,6 +71,7 @@ fn main() -> ExitCode {
         Command::Golden(command) => cli::golden::run(&command),
         Command::Info(args) => cli::info::run(&args),
         Command::Bench(args) => cli::bench::run(&args),
+        Command::Run(args) => cli::run::run(&args),
         Command::Fetch(args) => cli::fetch::run(&args),
         Command::Demo(args) => cli::demo::run(&args),
         Command::InitM2r2(args) => cli::init_m2r2::run(&args),
@@ -75,6 +81,7 @@ fn main() -> ExitCode {
         Command::TrainArla(args) => cli::train_arla::run(&args),
         Command::DraftHead(args) => cli::draft_head::run(&args),
         Command::MoeSim(args) => cli::moe_sim::run(&args),
+        Command::Export(args) => cli::export::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,8 +1,20 @@
 //! The one table of weight names: every base-model tensor, its HF safetensors name, its GGUF name and
-//! its shape from the config. Loaders, savers and (later) the ONNX exporter all go through it, so a
-//! name is spelled in exactly one place.
+//! its shape from the config. Loaders, savers and the ONNX exporter all go through it, so a name is
+//! spelled in exactly one place.
+//!
+//! ONNX initializers ([`OnnxInitializer`]) carry the safetensors names unchanged, in the safetensors
+//! layout (`[out, in]`; the graphs transpose with a `Transpose` node that runtimes fold at load):
+//!
+//! | what                  | safetensors / reference                         | ONNX initializer |
+//! |-----------------------|-------------------------------------------------|------------------|
+//! | base weight           | [`WeightId::hf_name`] (`model.layers.3.self_attn.q_proj.weight`) | [`WeightId::onnx_name`], the same |
+//! | accelerator LoRA half | [`crate::accelerator::peft_tensor_name`] (`base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight`) | the same |
+//! | ARLA tensor           | [`crate::arla::ARLA_TENSORS`] (`arla.proj.weight`)  | the same |
 
+use crate::accelerator::{LoraPart, peft_tensor_name};
+use crate::arla::ARLA_TENSORS;
 use crate::config::ModelConfig;
+use crate::m2r2_config::Target;
 
 /// One base-model tensor, addressed by its place in the module tree.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -122,6 +134,12 @@ impl WeightId {
         }
     }
 
+    /// Name of the initializer holding this tensor in exported ONNX graphs (the safetensors name,
+    /// same layout).
+    pub fn onnx_name(self) -> String {
+        self.hf_name()
+    }
+
     /// Name in llama.cpp GGUF files (dense llama architecture), `None` where GGUF has no such tensor.
     pub fn gguf_name(self) -> Option<String> {
         Some(match self {
@@ -201,5 +219,34 @@ impl WeightId {
             ids.push(WeightId::LmHead);
         }
         ids
+    }
+}
+
+/// One initializer of the exported ONNX graphs: a base weight, half of an accelerator LoRA pair, or
+/// an ARLA tensor (see the table in the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OnnxInitializer {
+    Base(WeightId),
+    Lora {
+        layer: usize,
+        target: Target,
+        part: LoraPart,
+    },
+    /// Index into [`ARLA_TENSORS`].
+    Arla(usize),
+}
+
+impl OnnxInitializer {
+    /// The initializer name: always the name the tensor has in its safetensors file.
+    pub fn name(self) -> String {
+        match self {
+            OnnxInitializer::Base(id) => id.onnx_name(),
+            OnnxInitializer::Lora {
+                layer,
+                target,
+                part,
+            } => peft_tensor_name(layer, target, part),
+            OnnxInitializer::Arla(i) => ARLA_TENSORS[i].to_string(),
+        }
     }
 }

@@ -22,6 +22,16 @@ pub struct Args {
     /// Print one JSON object instead of the table
     #[arg(long)]
     pub json: bool,
+    /// Also run this ONNX export (of --model) on ONNX Runtime: greedy and speculative against the
+    /// reference (see `--ep`)
+    #[arg(long, value_name = "DIR")]
+    pub onnx: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub ep: super::run::EpArgs,
+    /// With --onnx: the reference's M2R2 weights, as in `generate --m2r2` (those the export was
+    /// made with)
+    #[arg(long = "m2r2", value_name = "DIR|none", requires = "onnx")]
+    pub m2r2: Option<String>,
 }
 
 /// What one bench runs. Threads: rayon's global pool (all cores, or `RAYON_NUM_THREADS`).
@@ -131,6 +141,16 @@ pub struct BenchResult {
 pub fn run(args: &Args) -> Result<()> {
     check_sizes(&args.sizes)?;
     let loaded = common::load(&args.model.model)?;
+    if let Some(dir) = &args.onnx {
+        return super::bench_onnx::run(
+            &loaded,
+            args.m2r2.clone(),
+            dir,
+            &args.ep,
+            &args.sizes,
+            args.json,
+        );
+    }
     let result = measure(&loaded, &args.sizes)?;
     if args.json {
         common::print_json(&serde_json::to_value(&result)?);

@@ -4,7 +4,7 @@
 use super::progress;
 use anyhow::{Context, Result, bail};
 use reference::load::{LoadedModel, load_model};
-use reference::tokenizer::ChatMessage;
+use reference::tokenizer::{ChatMessage, Tokenizer};
 use std::time::Instant;
 
 /// `--model`, with the built-in `tiny` as default.
@@ -82,10 +82,19 @@ pub fn load(spec: &str) -> Result<LoadedModel> {
 /// without adding special tokens again (HF `apply_chat_template(..., tokenize=True)`, whose template
 /// already writes them).
 pub fn prompt_tokens(loaded: &LoadedModel, args: &PromptArgs) -> Result<Vec<u32>> {
+    prompt_tokens_with(loaded.tokenizer(), args)
+}
+
+/// [`prompt_tokens`] with the tokenizer given directly (its error is reported only when text needs
+/// encoding).
+pub fn prompt_tokens_with(
+    tokenizer: reference::Result<&Tokenizer>,
+    args: &PromptArgs,
+) -> Result<Vec<u32>> {
     let tokens = match (&args.tokens, &args.prompt) {
         (Some(TokenIds(ids)), _) => ids.clone(),
         (None, Some(text)) => {
-            let tokenizer = loaded.tokenizer()?;
+            let tokenizer = tokenizer?;
             if args.chat {
                 let messages = [ChatMessage::new("user", text.as_str())];
                 let rendered = tokenizer

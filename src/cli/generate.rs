@@ -3,7 +3,7 @@
 //! object.
 
 use super::common::{self, ModelArgs, PromptArgs};
-use super::m2r2_args::{DecodeRequest, M2r2Args, ModeRun, run_mode, trace_lines};
+use super::m2r2_args::{DecodeRequest, M2r2Args, M2r2Settings, ModeRun, run_mode, trace_lines};
 use super::progress;
 use anyhow::{Result, bail};
 use reference::load::LoadedModel;
@@ -145,32 +145,57 @@ pub fn run(args: &Args) -> Result<()> {
             Some(t) => Some(t.decode(&run.tokens, true)?),
             None => None,
         };
-        let sampling = request.sampling.as_ref();
-        let mut report = json!({
-            "model": loaded.name,
-            "source": loaded.source,
-            "sampling": if sampling.is_some() { "sample" } else { "greedy" },
-            "temperature": sampling.map(|s| decimal(s.temperature)),
-            "top_p": sampling.and_then(|s| s.top_p).map(decimal),
-            "top_k": sampling.and_then(|s| s.top_k),
-            "seed": sampling.map(|s| s.seed),
-            "max_new_tokens": request.max_new_tokens,
-            "prompt_tokens": prompt,
-            "tokens": run.tokens,
-            "text": text,
-            "stop_reason": if stopped { "stop_token" } else { "max_new_tokens" },
-            "prefill_tokens_per_second": run.prefill_seconds.map(|s| rate(prompt.len(), s)),
-            "m2r2": settings.to_json(),
-        });
-        let object = report.as_object_mut().expect("a JSON object");
-        // `mode` names the decoding loop (greedy | early-exit | speculative); `sampling` says whether
-        // tokens were sampled.
-        object.extend(run.report_fields());
+        let report = json_report(
+            &loaded.name,
+            &loaded.source,
+            &request,
+            &run,
+            text,
+            &settings,
+        );
         common::print_json(&report);
     } else {
         print_summary(&run, prompt.len(), stopped);
     }
     Ok(())
+}
+
+/// The `--json` report of one decode (`m2r2 generate`, and `m2r2 run` on ONNX Runtime, which adds
+/// its own fields).
+pub fn json_report(
+    model: &str,
+    source: &str,
+    request: &DecodeRequest<'_>,
+    run: &ModeRun,
+    text: Option<String>,
+    settings: &M2r2Settings,
+) -> serde_json::Value {
+    let stopped = run
+        .tokens
+        .last()
+        .is_some_and(|t| request.stop_tokens.contains(t));
+    let sampling = request.sampling.as_ref();
+    let mut report = json!({
+        "model": model,
+        "source": source,
+        "sampling": if sampling.is_some() { "sample" } else { "greedy" },
+        "temperature": sampling.map(|s| decimal(s.temperature)),
+        "top_p": sampling.and_then(|s| s.top_p).map(decimal),
+        "top_k": sampling.and_then(|s| s.top_k),
+        "seed": sampling.map(|s| s.seed),
+        "max_new_tokens": request.max_new_tokens,
+        "prompt_tokens": request.prompt,
+        "tokens": run.tokens,
+        "text": text,
+        "stop_reason": if stopped { "stop_token" } else { "max_new_tokens" },
+        "prefill_tokens_per_second": run.prefill_seconds.map(|s| rate(request.prompt.len(), s)),
+        "m2r2": settings.to_json(),
+    });
+    let object = report.as_object_mut().expect("a JSON object");
+    // `mode` names the decoding loop (greedy | early-exit | speculative); `sampling` says whether
+    // tokens were sampled.
+    object.extend(run.report_fields());
+    report
 }
 
 /// An f32 flag value as the f64 with the same shortest decimal text, so 0.8 reports as 0.8 and not
@@ -188,7 +213,7 @@ fn rate(n: usize, seconds: f64) -> f64 {
     }
 }
 
-fn print_summary(run: &ModeRun, prompt_tokens: usize, stopped: bool) {
+pub fn print_summary(run: &ModeRun, prompt_tokens: usize, stopped: bool) {
     let prefill = match run.prefill_seconds {
         Some(s) => format!(
             "prefill {s:.3} s = {:.1} tokens/s; ",

@@ -18,12 +18,13 @@ use reference::draft_verify::ReferenceSpeculation;
 use reference::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
 use reference::exit_gate::GateKind;
 use reference::fast_stream::M2r2;
-use reference::generate::{GenerateOptions, generate};
+use reference::generate::{GenerateOptions, Generation, generate};
 use reference::load::LoadedModel;
 use reference::m2r2_weights::M2r2Weights;
 use reference::sampling::SamplingParams;
 use reference::speculative::{
-    Draft, DraftLength, Round, SpeculativeBackend, SpeculativeOptions, speculative_generate,
+    Draft, DraftLength, Round, SpeculativeBackend, SpeculativeOptions, SpeculativeOutput,
+    speculative_generate,
 };
 use serde_json::{Value, json};
 use std::path::Path;
@@ -376,24 +377,10 @@ pub fn run_mode(
             };
             let mut steps = Vec::new();
             let generation = generate(model, request.prompt, &options, &mut |token, logits| {
-                let mut step = TokenStep::plain(token, n);
-                let (logit, probability) = logit_and_probability(logits, token);
-                step.logit = Some(logit);
-                step.probability = Some(probability);
-                steps.push(step);
+                steps.push(greedy_step(token, logits, n));
                 on_token(token);
             })?;
-            ModeRun {
-                mode: Mode::Greedy,
-                layers_per_token: n as f64,
-                tokens: generation.tokens,
-                steps,
-                prefill_seconds: Some(generation.prefill_seconds),
-                decode_seconds: generation.decode_seconds,
-                work: generation.work,
-                num_layers: n,
-                details: ModeDetails::Greedy,
-            }
+            greedy_run(generation, steps, n)
         }
         Mode::EarlyExit => {
             let options = EarlyExitOptions {
@@ -463,31 +450,67 @@ pub fn run_mode(
             let start = Instant::now();
             let out = speculative_generate(&mut backend, request.prompt, &options)?;
             let seconds = start.elapsed().as_secs_f64();
-            let steps = speculative_steps(&out.tokens, &out.rounds, n);
-            let fed: usize = out.rounds.iter().map(|r| r.drafted.len() + 1).sum();
             for &token in &out.tokens {
                 on_token(token);
             }
-            ModeRun {
-                mode: Mode::Speculative,
-                layers_per_token: (fed * n) as f64
-                    / out.tokens.len().saturating_sub(1).max(1) as f64,
-                details: ModeDetails::Speculative {
-                    mean_accepted_tokens: out.mean_accepted_length(),
-                    acceptance_by_position: out.acceptance_by_position(),
-                    acceptance_rate: out.acceptance_rate(),
-                    rounds: out.rounds,
-                },
-                tokens: out.tokens,
-                steps,
-                prefill_seconds: Some(backend.prefill_seconds),
-                decode_seconds: (seconds - backend.prefill_seconds).max(0.0),
-                work: backend.inner.work(),
-                num_layers: n,
-            }
+            let work = backend.inner.work();
+            speculative_run(out, n, backend.prefill_seconds, seconds, work)
         }
     };
     Ok(run)
+}
+
+/// A greedy step: the token with its logit and probability under `logits`.
+pub fn greedy_step(token: u32, logits: &[f32], n: usize) -> TokenStep {
+    let mut step = TokenStep::plain(token, n);
+    let (logit, probability) = logit_and_probability(logits, token);
+    step.logit = Some(logit);
+    step.probability = Some(probability);
+    step
+}
+
+/// The [`ModeRun`] of a greedy generation over an `n`-layer model, its steps from [`greedy_step`].
+pub fn greedy_run(generation: Generation, steps: Vec<TokenStep>, n: usize) -> ModeRun {
+    ModeRun {
+        mode: Mode::Greedy,
+        layers_per_token: n as f64,
+        tokens: generation.tokens,
+        steps,
+        prefill_seconds: Some(generation.prefill_seconds),
+        decode_seconds: generation.decode_seconds,
+        work: generation.work,
+        num_layers: n,
+        details: ModeDetails::Greedy,
+    }
+}
+
+/// The [`ModeRun`] of a speculative decode over an `n`-layer model that took `seconds` in all,
+/// `prefill_seconds` of them in the prompt's prefill.
+pub fn speculative_run(
+    out: SpeculativeOutput,
+    n: usize,
+    prefill_seconds: f64,
+    seconds: f64,
+    work: Work,
+) -> ModeRun {
+    let steps = speculative_steps(&out.tokens, &out.rounds, n);
+    let fed: usize = out.rounds.iter().map(|r| r.drafted.len() + 1).sum();
+    ModeRun {
+        mode: Mode::Speculative,
+        layers_per_token: (fed * n) as f64 / out.tokens.len().saturating_sub(1).max(1) as f64,
+        details: ModeDetails::Speculative {
+            mean_accepted_tokens: out.mean_accepted_length(),
+            acceptance_by_position: out.acceptance_by_position(),
+            acceptance_rate: out.acceptance_rate(),
+            rounds: out.rounds,
+        },
+        tokens: out.tokens,
+        steps,
+        prefill_seconds: Some(prefill_seconds),
+        decode_seconds: (seconds - prefill_seconds).max(0.0),
+        work,
+        num_layers: n,
+    }
 }
 
 /// The emitted tokens of speculative decoding, attributed to their rounds. The output may stop

@@ -2,10 +2,13 @@
 
 pub mod analyze;
 pub mod bench;
+pub mod bench_onnx;
 pub mod common;
 pub mod demo;
 pub mod distill_data;
 pub mod draft_head;
+pub mod demo_onnx;
+pub mod export;
 pub mod fetch;
 pub mod generate;
 pub mod golden;
@@ -17,3 +20,4 @@ pub mod moe_sim;
 pub mod progress;
 pub mod train;
 pub mod train_arla;
+pub mod run;

@@ -56,3 +56,13 @@ pub fn tokens(total: u64, message: impl Into<String>) -> ProgressBar {
     bar.set_message(message.into());
     bar
 }
+
+/// A bar over `total` steps (graphs exported, ...).
+pub fn steps(total: u64, message: impl Into<String>) -> ProgressBar {
+    let bar = bar(
+        Some(total),
+        "{prefix} [{bar:32}] {pos}/{len} {msg} {elapsed}",
+    );
+    bar.set_prefix(message.into());
+    bar
+}

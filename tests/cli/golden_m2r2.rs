@@ -146,4 +146,5 @@ fn demo_runs_the_m2r2_modes_without_not_ok() {
     assert!(!section.contains("NOT OK"), "{section}");
     assert_eq!(section.matches("  OK ").count(), 6, "{section}");
     assert!(run.stdout.contains(" checks, 0 NOT OK"), "{}", run.stdout);
+    super::run::check_demo_onnx_section(&run.stdout);
 }

@@ -26,12 +26,20 @@ impl Run {
 }
 
 fn m2r2(args: &[&str]) -> Run {
+    m2r2_env(args, &[])
+}
+
+/// [`m2r2`] with extra environment variables (later ones override earlier ones).
+fn m2r2_env(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Run {
     // An empty cache, so nothing on this machine changes what the tests see.
     let cache = std::env::temp_dir().join("m2r2-cli-tests-empty-cache");
     let out = Command::new(env!("CARGO_BIN_EXE_m2r2"))
         .args(args)
         .env("M2R2_CACHE", &cache)
+        // ONNX Runtime from the real cache (the empty one would make the binary download it).
+        .env("ORT_DYLIB_PATH", run::onnxruntime())
         .env("RAYON_NUM_THREADS", "2")
+        .envs(env.iter().copied())
         .output()
         .expect("the binary runs");
     let run = Run {
@@ -580,7 +588,9 @@ fn bad_gguf_files_and_model_types_are_refused_clearly() {
     );
 }
 mod analyze;
+mod export;
 mod golden_m2r2;
 mod m2r2_modes;
 mod train;
 mod moe_sim;
+mod run;

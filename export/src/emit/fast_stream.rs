@@ -1,0 +1,69 @@
+//! The fast stream (reference `fast_stream::M2r2::run_interval`) as it runs in `draft.onnx`: for
+//! each interval `j < g_d` the fast rows restart from the slow residual `s_{e_j}` and run the
+//! interval's layers with the adapters, next to the slow rows; `u_{j+1}` is their value at the
+//! interval end. Every row of the chunk gets a fast row.
+
+use crate::builder::GraphBuilder;
+use crate::emit::arla::exit_prob;
+use crate::emit::layer::{LayerContext, LayerInput, decoder_layer};
+use crate::emit::model::logits;
+use reference::m2r2_weights::M2r2Weights;
+
+/// What the draft graph computes.
+pub struct Draft {
+    /// `[B, T, V]` `LMHead(FinalNorm(u_{g_d}))`
+    pub draft_logits: String,
+    /// `[B, T]` ARLA `p_exit` at gate `g_d` (when ARLA weights exist)
+    pub exit_prob: Option<String>,
+    /// `[B, T, D]` slow residual `s_{e_{g_d}}`
+    pub hidden_states: String,
+    /// present key / value of layers `0..e_{g_d}`
+    pub presents: Vec<(String, String)>,
+}
+
+/// Intervals `0..draft_gate` on the embedded rows `s` with caches `past` (layer `i` at index `i`).
+pub fn draft(
+    b: &mut GraphBuilder,
+    cx: &LayerContext<'_>,
+    m2r2: &M2r2Weights,
+    draft_gate: usize,
+    mut s: String,
+    past: &[(String, String)],
+) -> Draft {
+    let eps = cx.model.config.rms_norm_eps as f32;
+    let mut presents = Vec::new();
+    let mut exit_states = Vec::with_capacity(draft_gate);
+    for j in 0..draft_gate {
+        // f <- s_{e_j}
+        let mut f = s.clone();
+        for l in m2r2.config.interval_layers(j) {
+            let out = decoder_layer(
+                b,
+                cx,
+                l,
+                LayerInput {
+                    s: &s,
+                    fast: Some((&f, &m2r2.accelerator)),
+                    past_key: &past[l].0,
+                    past_value: &past[l].1,
+                },
+            );
+            s = out.s;
+            f = out.f.expect("fast rows were given");
+            presents.push((out.present_key, out.present_value));
+        }
+        exit_states.push(f); // u_{j+1}
+    }
+    let u = exit_states.last().expect("draft_gate >= 1").clone();
+    let draft_logits = b.scoped("draft", |b| logits(b, cx, &u));
+    let exit_prob = m2r2
+        .arla
+        .as_ref()
+        .map(|arla| exit_prob(b, arla, eps, &exit_states));
+    Draft {
+        draft_logits,
+        exit_prob,
+        hidden_states: s,
+        presents,
+    }
+}

@@ -1,0 +1,282 @@
+//! The export folder (docs/ONNX.md, "Folder layout"): the graphs, `genai_config.json` and the
+//! tokenizer files for onnxruntime-genai, and the manifest `m2r2_export.json`, written LAST.
+//!
+//! Everything is written into a temporary sibling folder (`.<name>.partial-<pid>`), which replaces
+//! the target only when complete; on any error it is removed. A folder with a manifest is therefore
+//! always a finished export. An existing target is replaced only when it is empty or an earlier
+//! export (it has a manifest); anything else is refused.
+
+use crate::error::{Error, Result};
+use crate::graphs::{self, ExportOptions, GraphKind};
+use crate::summary::{GraphSummary, summarize};
+use crate::write::write_graph;
+use reference::m2r2_weights::M2r2Weights;
+use reference::model::Model;
+use reference::tokenizer::Tokenizer;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+
+/// The manifest's file name.
+pub const MANIFEST_FILE: &str = "m2r2_export.json";
+/// The manifest's format version.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One export.
+pub struct ExportRequest<'a> {
+    pub model: &'a Model,
+    pub tokenizer: Option<&'a Tokenizer>,
+    pub m2r2: &'a M2r2Weights,
+    pub options: ExportOptions,
+    /// Graphs to write, in order.
+    pub graphs: Vec<GraphKind>,
+    /// Put the weights in `<graph>.onnx.data` files (automatic above the protobuf limit).
+    pub external_data: bool,
+}
+
+/// Progress of an export, for a progress bar.
+pub enum Event<'a> {
+    Building(GraphKind),
+    Writing(GraphKind),
+    Done(&'a GraphSummary),
+}
+
+/// Write the folder `out`; returns a summary per graph.
+pub fn export(
+    request: &ExportRequest<'_>,
+    out: &Path,
+    progress: &mut dyn FnMut(Event<'_>),
+) -> Result<Vec<GraphSummary>> {
+    graphs::check(request.model, request.m2r2, &request.options)?;
+    if request.graphs.is_empty() {
+        return Err(Error::Invalid(
+            "no graphs to export: --graphs needs at least one of model, draft, verifier".into(),
+        ));
+    }
+    check_replaceable(out)?;
+    let temp = temp_sibling(out)?;
+    std::fs::create_dir(&temp).map_err(|e| {
+        Error::Invalid(format!(
+            "output folder {} is not writable: cannot create {}: {e}",
+            out.display(),
+            temp.display()
+        ))
+    })?;
+    match write_all(request, &temp, progress) {
+        Ok(summaries) => {
+            if let Err(e) = replace(&temp, out) {
+                let _ = std::fs::remove_dir_all(&temp);
+                return Err(e);
+            }
+            Ok(summaries)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&temp);
+            Err(e)
+        }
+    }
+}
+
+fn temp_sibling(out: &Path) -> Result<PathBuf> {
+    let name = out
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| Error::Invalid(format!("--out {}: not a folder name", out.display())))?;
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !parent.is_dir() {
+        return Err(Error::Invalid(format!(
+            "output folder {}: its parent {} does not exist",
+            out.display(),
+            parent.display()
+        )));
+    }
+    Ok(parent.join(format!(".{name}.partial-{}", std::process::id())))
+}
+
+/// An existing `out` may be replaced only when it is an empty folder or an earlier export.
+fn check_replaceable(out: &Path) -> Result<()> {
+    if !out.exists() {
+        return Ok(());
+    }
+    if !out.is_dir() {
+        return Err(Error::Invalid(format!(
+            "--out {} exists and is not a folder",
+            out.display()
+        )));
+    }
+    let empty = std::fs::read_dir(out)
+        .map_err(|e| Error::io(out, e))?
+        .next()
+        .is_none();
+    if empty || out.join(MANIFEST_FILE).is_file() {
+        return Ok(());
+    }
+    Err(Error::Invalid(format!(
+        "--out {} exists and is not an earlier export (no {MANIFEST_FILE}); \
+         remove it or choose another folder",
+        out.display()
+    )))
+}
+
+fn replace(temp: &Path, out: &Path) -> Result<()> {
+    check_replaceable(out)?;
+    if out.exists() {
+        std::fs::remove_dir_all(out).map_err(|e| Error::io(out, e))?;
+    }
+    std::fs::rename(temp, out).map_err(|e| Error::io(out, e))
+}
+
+fn write_all(
+    request: &ExportRequest<'_>,
+    dir: &Path,
+    progress: &mut dyn FnMut(Event<'_>),
+) -> Result<Vec<GraphSummary>> {
+    let mut summaries = Vec::new();
+    for &kind in &request.graphs {
+        progress(Event::Building(kind));
+        let proto = graphs::build(kind, request.model, request.m2r2, &request.options)?;
+        let mut summary = summarize(kind, &proto);
+        progress(Event::Writing(kind));
+        let written = write_graph(proto, &dir.join(kind.file_name()), request.external_data)?;
+        summary.bytes = written.bytes;
+        summary.external_data = written.external;
+        progress(Event::Done(&summary));
+        summaries.push(summary);
+    }
+    write_json(&dir.join("genai_config.json"), &genai_config(request))?;
+    if let Some(tok) = request.tokenizer {
+        write_tokenizer(tok, request.model, dir)?;
+    }
+    write_json(&dir.join(MANIFEST_FILE), &manifest(request))?;
+    Ok(summaries)
+}
+
+fn write_json(path: &Path, value: &Value) -> Result<()> {
+    let text = serde_json::to_string_pretty(value).expect("JSON serialises");
+    std::fs::write(path, text + "\n").map_err(|e| Error::io(path, e))
+}
+
+/// `m2r2_export.json`: what the runner needs to drive the graphs.
+pub fn manifest(request: &ExportRequest<'_>) -> Value {
+    let m2r2 = request.m2r2;
+    let o = &request.options;
+    let graphs: serde_json::Map<String, Value> = request
+        .graphs
+        .iter()
+        .map(|k| (k.name().to_string(), json!(k.file_name())))
+        .collect();
+    json!({
+        "format_version": FORMAT_VERSION,
+        "exporter_version": graphs::EXPORTER_VERSION,
+        "model_name": o.model_name,
+        "config": request.model.config,
+        "m2r2": m2r2.config,
+        "draft_gate": o.draft_gate,
+        "draft_layers": m2r2.config.gate_layer(o.draft_gate),
+        "has_arla": m2r2.arla.is_some(),
+        "opset": o.opset,
+        "weights_dtype": o.weights_dtype.name(),
+        "graphs": graphs,
+    })
+}
+
+/// `genai_config.json` for onnxruntime-genai, pointing at `model.onnx`.
+pub fn genai_config(request: &ExportRequest<'_>) -> Value {
+    let c = &request.model.config;
+    let tok = request.tokenizer;
+    let bos = c
+        .bos_token_id
+        .or_else(|| tok.and_then(|t| t.bos_token_id()));
+    let eos: Vec<u32> = if c.eos_token_ids.is_empty() {
+        tok.map(|t| t.eos_token_ids()).unwrap_or_default()
+    } else {
+        c.eos_token_ids.clone()
+    };
+    let eos_value = match eos.as_slice() {
+        [one] => json!(one),
+        many => json!(many),
+    };
+    json!({
+        "model": {
+            "bos_token_id": bos,
+            "context_length": c.max_position_embeddings,
+            "decoder": {
+                "session_options": { "log_id": "onnxruntime-genai", "provider_options": [] },
+                "filename": GraphKind::Model.file_name(),
+                "head_size": c.head_dim,
+                "hidden_size": c.hidden_size,
+                "inputs": {
+                    "input_ids": graphs::INPUT_IDS,
+                    "attention_mask": graphs::ATTENTION_MASK,
+                    "position_ids": graphs::POSITION_IDS,
+                    "past_key_names": "past_key_values.%d.key",
+                    "past_value_names": "past_key_values.%d.value"
+                },
+                "outputs": {
+                    "logits": graphs::LOGITS,
+                    "present_key_names": "present.%d.key",
+                    "present_value_names": "present.%d.value"
+                },
+                "num_attention_heads": c.num_attention_heads,
+                "num_hidden_layers": c.num_hidden_layers,
+                "num_key_value_heads": c.num_key_value_heads
+            },
+            "eos_token_id": eos_value,
+            "pad_token_id": eos.first().copied().or(bos),
+            "type": c.architecture.model_type(),
+            "vocab_size": c.vocab_size
+        },
+        "search": {
+            "diversity_penalty": 0.0,
+            "do_sample": false,
+            "early_stopping": true,
+            "length_penalty": 1.0,
+            "max_length": c.max_position_embeddings,
+            "min_length": 0,
+            "no_repeat_ngram_size": 0,
+            "num_beams": 1,
+            "num_return_sequences": 1,
+            "past_present_share_buffer": false,
+            "repetition_penalty": 1.0,
+            "temperature": 1.0,
+            "top_k": 1,
+            "top_p": 1.0
+        }
+    })
+}
+
+/// `tokenizer.json`, `tokenizer_config.json` (with the chat template) and `special_tokens_map.json`.
+fn write_tokenizer(tok: &Tokenizer, model: &Model, dir: &Path) -> Result<()> {
+    let path = dir.join("tokenizer.json");
+    tok.backend().save(&path, false).map_err(|e| {
+        Error::Invalid(format!(
+            "{}: cannot save the tokenizer: {e}",
+            path.display()
+        ))
+    })?;
+    let text = |id: Option<u32>| id.and_then(|id| tok.id_to_token(id));
+    let bos = text(tok.bos_token_id());
+    let eos = text(tok.eos_token_id());
+    let config = json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": model.config.max_position_embeddings,
+        "bos_token": bos,
+        "eos_token": eos,
+        "clean_up_tokenization_spaces": false,
+        "chat_template": tok.chat_template(),
+    });
+    write_json(&dir.join("tokenizer_config.json"), &config)?;
+    let mut specials = serde_json::Map::new();
+    if let Some(b) = bos {
+        specials.insert("bos_token".into(), json!(b));
+    }
+    if let Some(e) = eos {
+        specials.insert("eos_token".into(), json!(e));
+    }
+    write_json(
+        &dir.join("special_tokens_map.json"),
+        &Value::Object(specials),
+    )
+}

@@ -1,0 +1,280 @@
+//! The three exported graphs and their interfaces (docs/ONNX.md has a table per graph):
+//!
+//! | graph           | layers        | inputs                                               | outputs |
+//! |-----------------|---------------|------------------------------------------------------|---------|
+//! | `model.onnx`    | `0..N`        | `input_ids`, `attention_mask`, `position_ids`, past KV | `logits`, present KV |
+//! | `draft.onnx`    | `0..e`        | same, past KV of `0..e`                              | `draft_logits`, `exit_prob`, `hidden_states`, present KV |
+//! | `verifier.onnx` | `e..N`        | `hidden_states`, `attention_mask`, `position_ids`, past KV of `e..N` | `logits`, present KV |
+//!
+//! `e = e_{g_d}`, the layer the draft gate sits after. Layer numbers in KV names are global.
+
+use crate::builder::{Dim, Elem, GraphBuilder, WeightsDtype, check_opset};
+use crate::emit::attention::visibility;
+use crate::emit::fast_stream::draft;
+use crate::emit::layer::LayerContext;
+use crate::emit::model::{embed, logits, slow_layers};
+use crate::emit::rope::tables;
+use crate::error::{Error, Result};
+use crate::proto::ModelProto;
+use reference::m2r2_weights::M2r2Weights;
+use reference::model::Model;
+use std::ops::Range;
+
+/// The exporter's version, recorded in every graph and the manifest.
+pub const EXPORTER_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+pub const INPUT_IDS: &str = "input_ids";
+pub const ATTENTION_MASK: &str = "attention_mask";
+pub const POSITION_IDS: &str = "position_ids";
+pub const LOGITS: &str = "logits";
+pub const DRAFT_LOGITS: &str = "draft_logits";
+pub const EXIT_PROB: &str = "exit_prob";
+pub const HIDDEN_STATES: &str = "hidden_states";
+
+/// `past_key_values.{i}.key` / `.value` (global layer index).
+pub fn past_names(i: usize) -> (String, String) {
+    (
+        format!("past_key_values.{i}.key"),
+        format!("past_key_values.{i}.value"),
+    )
+}
+
+/// `present.{i}.key` / `.value` (global layer index).
+pub fn present_names(i: usize) -> (String, String) {
+    (format!("present.{i}.key"), format!("present.{i}.value"))
+}
+
+const BATCH: Dim = Dim::Named("batch");
+const SEQ: Dim = Dim::Named("sequence_length");
+const PAST: Dim = Dim::Named("past_sequence_length");
+const TOTAL: Dim = Dim::Named("total_sequence_length");
+
+/// Which graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GraphKind {
+    Model,
+    Draft,
+    Verifier,
+}
+
+impl GraphKind {
+    pub const ALL: [GraphKind; 3] = [GraphKind::Model, GraphKind::Draft, GraphKind::Verifier];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            GraphKind::Model => "model",
+            GraphKind::Draft => "draft",
+            GraphKind::Verifier => "verifier",
+        }
+    }
+
+    pub fn file_name(self) -> String {
+        format!("{}.onnx", self.name())
+    }
+
+    /// Global layer indices the graph holds, for a draft split after `e` layers.
+    pub fn layers(self, n: usize, e: usize) -> Range<usize> {
+        match self {
+            GraphKind::Model => 0..n,
+            GraphKind::Draft => 0..e,
+            GraphKind::Verifier => e..n,
+        }
+    }
+}
+
+impl std::str::FromStr for GraphKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        GraphKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "unknown graph `{s}`: expected model, draft or verifier"
+                ))
+            })
+    }
+}
+
+/// Settings of one export.
+#[derive(Clone, Debug)]
+pub struct ExportOptions {
+    /// Written into `metadata_props` and the manifest.
+    pub model_name: String,
+    pub opset: i64,
+    pub weights_dtype: WeightsDtype,
+    /// `g_d` (1-based) the draft / verifier split is made at.
+    pub draft_gate: usize,
+}
+
+/// Refuse what the graphs cannot express, before building anything.
+pub fn check(model: &Model, m2r2: &M2r2Weights, options: &ExportOptions) -> Result<()> {
+    check_opset(options.opset)?;
+    let config = &model.config;
+    m2r2.config.validate(config, "M2R2 settings")?;
+    let j = m2r2.config.num_gates();
+    if options.draft_gate == 0 || options.draft_gate > j {
+        return Err(Error::Invalid(format!(
+            "--draft-gate {} does not exist: the gates are 1..={j} (after layers {:?})",
+            options.draft_gate, m2r2.config.gates
+        )));
+    }
+    if !config.head_dim.is_multiple_of(2) {
+        return Err(Error::Unsupported(format!(
+            "head_dim {} is odd: rotate-half RoPE needs an even head dimension",
+            config.head_dim
+        )));
+    }
+    if !config
+        .num_attention_heads
+        .is_multiple_of(config.num_key_value_heads)
+    {
+        return Err(Error::Unsupported(format!(
+            "{} attention heads are not a multiple of {} key/value heads",
+            config.num_attention_heads, config.num_key_value_heads
+        )));
+    }
+    if let Some(arla) = &m2r2.arla
+        && arla.d_model() != config.hidden_size
+    {
+        return Err(Error::Unsupported(format!(
+            "ARLA weights are for hidden size {}, the model has {}",
+            arla.d_model(),
+            config.hidden_size
+        )));
+    }
+    Ok(())
+}
+
+/// `metadata_props` of a graph (the contract's keys).
+pub fn metadata(
+    kind: GraphKind,
+    model: &Model,
+    m2r2: &M2r2Weights,
+    options: &ExportOptions,
+) -> Vec<(String, String)> {
+    let n = model.config.num_hidden_layers;
+    let e = m2r2.config.gate_layer(options.draft_gate);
+    let layers = kind.layers(n, e);
+    [
+        ("m2r2.graph", kind.name().to_string()),
+        ("m2r2.exporter_version", EXPORTER_VERSION.to_string()),
+        ("m2r2.model_name", options.model_name.clone()),
+        (
+            "m2r2.config",
+            serde_json::to_string(&model.config).expect("config serialises"),
+        ),
+        (
+            "m2r2.m2r2",
+            serde_json::to_string(&m2r2.config).expect("M2R2 config serialises"),
+        ),
+        ("m2r2.draft_gate", options.draft_gate.to_string()),
+        ("m2r2.layers", format!("{}..{}", layers.start, layers.end)),
+        (
+            "m2r2.weights_dtype",
+            options.weights_dtype.name().to_string(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// Build graph `kind` (after [`check`]).
+pub fn build(
+    kind: GraphKind,
+    model: &Model,
+    m2r2: &M2r2Weights,
+    options: &ExportOptions,
+) -> Result<ModelProto> {
+    check(model, m2r2, options)?;
+    let config = &model.config;
+    let (n, d, v) = (
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.vocab_size,
+    );
+    let e = m2r2.config.gate_layer(options.draft_gate);
+    let layers = kind.layers(n, e);
+    let mut b = GraphBuilder::new(kind.name(), options.opset, options.weights_dtype);
+
+    // inputs
+    let rows_input = match kind {
+        GraphKind::Verifier => b.input(HIDDEN_STATES, Elem::F32, &[BATCH, SEQ, Dim::Fixed(d)]),
+        _ => b.input(INPUT_IDS, Elem::I64, &[BATCH, SEQ]),
+    };
+    let mask = b.input(ATTENTION_MASK, Elem::I64, &[BATCH, TOTAL]);
+    let positions = b.input(POSITION_IDS, Elem::I64, &[BATCH, SEQ]);
+    let kv_dims = |len: Dim| {
+        [
+            BATCH,
+            Dim::Fixed(config.num_key_value_heads),
+            len,
+            Dim::Fixed(config.head_dim),
+        ]
+    };
+    let past: Vec<(String, String)> = layers
+        .clone()
+        .map(|i| {
+            let (k, v) = past_names(i);
+            (
+                b.input(&k, Elem::F32, &kv_dims(PAST)),
+                b.input(&v, Elem::F32, &kv_dims(PAST)),
+            )
+        })
+        .collect();
+
+    let rope = tables(&mut b, config, &positions);
+    let vis = visibility(
+        &mut b,
+        config,
+        &rows_input,
+        &past[0].0,
+        &mask,
+        kind == GraphKind::Draft,
+    );
+    let cx = LayerContext {
+        model,
+        rope: &rope,
+        visibility: &vis,
+    };
+
+    let presents = match kind {
+        GraphKind::Model | GraphKind::Verifier => {
+            let s = match kind {
+                GraphKind::Model => embed(&mut b, &cx, &rows_input),
+                _ => rows_input.clone(),
+            };
+            let (s, presents) = slow_layers(&mut b, &cx, layers.clone(), s, &past);
+            let logits = logits(&mut b, &cx, &s);
+            b.output(LOGITS, &logits, Elem::F32, &[BATCH, SEQ, Dim::Fixed(v)]);
+            presents
+        }
+        GraphKind::Draft => {
+            let s = embed(&mut b, &cx, &rows_input);
+            let out = draft(&mut b, &cx, m2r2, options.draft_gate, s, &past);
+            b.output(
+                DRAFT_LOGITS,
+                &out.draft_logits,
+                Elem::F32,
+                &[BATCH, SEQ, Dim::Fixed(v)],
+            );
+            if let Some(p) = &out.exit_prob {
+                b.output(EXIT_PROB, p, Elem::F32, &[BATCH, SEQ]);
+            }
+            b.output(
+                HIDDEN_STATES,
+                &out.hidden_states,
+                Elem::F32,
+                &[BATCH, SEQ, Dim::Fixed(d)],
+            );
+            out.presents
+        }
+    };
+    for (i, (k, v)) in layers.zip(&presents) {
+        let (kn, vn) = present_names(i);
+        b.output(&kn, k, Elem::F32, &kv_dims(TOTAL));
+        b.output(&vn, v, Elem::F32, &kv_dims(TOTAL));
+    }
+    Ok(b.finish(&metadata(kind, model, m2r2, options)))
+}

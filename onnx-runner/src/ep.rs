@@ -1,0 +1,311 @@
+//! Execution providers: which one runs a graph, and how it is registered.
+//!
+//! Registration is fail-fast: the provider is registered with `error_on_failure`, so a provider
+//! that ONNX Runtime cannot set up (not compiled into the library, CUDA libraries missing, no
+//! device) is an [`Error::ExecutionProvider`](crate::Error::ExecutionProvider) carrying the
+//! provider's own reason. Only with [`EpConfig::fallback`] (`--ep-fallback`) does the session fall
+//! back to the CPU, and then [`OnnxSession::ep_used`](crate::session::OnnxSession::ep_used) says so.
+//!
+//! TensorRT builds one engine per optimisation profile; the profile comes from the model config
+//! (rows fed per step `1..=draft_len + 1`, cached positions `0..=max context`), see
+//! [`DimRanges`] and [`ShapeProfile`].
+
+use crate::error::{Error, Result};
+use crate::session::{Dim, TensorInfo};
+use ort::ep::{self, ExecutionProvider, ExecutionProviderDispatch};
+use std::path::PathBuf;
+
+/// An execution provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ep {
+    Cpu,
+    Cuda,
+    TensorRt,
+}
+
+impl Ep {
+    pub const ALL: [Ep; 3] = [Ep::Cpu, Ep::Cuda, Ep::TensorRt];
+
+    /// The name used on the command line and in reports: `cpu`, `cuda`, `tensorrt`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Ep::Cpu => "cpu",
+            Ep::Cuda => "cuda",
+            Ep::TensorRt => "tensorrt",
+        }
+    }
+
+    /// Whether tensors can stay on a device between runs (IoBinding).
+    pub fn is_gpu(self) -> bool {
+        self != Ep::Cpu
+    }
+}
+
+impl std::fmt::Display for Ep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Ep {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        Ep::ALL
+            .into_iter()
+            .find(|ep| ep.name() == s)
+            .ok_or_else(|| format!("unknown execution provider `{s}`: use cpu, cuda or tensorrt"))
+    }
+}
+
+/// Inclusive ranges `(min, opt, max)` of the dynamic dimensions, for TensorRT's profiles.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DimRanges {
+    /// `sequence_length`: rows fed in one run.
+    pub sequence: (usize, usize, usize),
+    /// `past_sequence_length`: positions already in the cache.
+    pub past: (usize, usize, usize),
+}
+
+impl DimRanges {
+    /// Rows `1..=draft_len + 1` (a prefill longer than that is split into chunks by the runner),
+    /// cached positions `0..=max_context`.
+    pub fn from_model(draft_len: usize, max_context: usize) -> Self {
+        let rows = draft_len + 1;
+        DimRanges {
+            sequence: (1, 1, rows),
+            past: (0, max_context / 2, max_context.saturating_sub(rows)),
+        }
+    }
+
+    /// `(min, opt, max)` of a symbolic dimension, or `None` for a name we do not know.
+    fn of(&self, symbol: &str) -> Option<(usize, usize, usize)> {
+        let (s, p) = (self.sequence, self.past);
+        match symbol {
+            "batch" | "batch_size" => Some((1, 1, 1)),
+            "sequence_length" => Some(s),
+            "past_sequence_length" => Some(p),
+            "total_sequence_length" => Some((s.0 + p.0, s.1 + p.1, s.2 + p.2)),
+            _ => None,
+        }
+    }
+}
+
+/// A TensorRT optimisation profile: min / opt / max shape of every dynamic input.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShapeProfile {
+    pub min: Vec<(String, Vec<usize>)>,
+    pub opt: Vec<(String, Vec<usize>)>,
+    pub max: Vec<(String, Vec<usize>)>,
+}
+
+impl ShapeProfile {
+    /// The profile of a graph's inputs: fixed dimensions as they are, symbolic ones from `ranges`.
+    pub fn for_inputs(file: &str, inputs: &[TensorInfo], ranges: &DimRanges) -> Result<Self> {
+        let mut profile = ShapeProfile::default();
+        for input in inputs {
+            if input.dims.iter().all(|d| matches!(d, Dim::Fixed(_))) {
+                continue;
+            }
+            let mut shapes = [Vec::new(), Vec::new(), Vec::new()];
+            for dim in &input.dims {
+                let (lo, opt, hi) = match dim {
+                    Dim::Fixed(n) => (*n, *n, *n),
+                    Dim::Symbolic(name) => ranges.of(name).ok_or_else(|| Error::Export {
+                        file: file.into(),
+                        msg: format!(
+                            "input `{}` has dynamic dimension `{name}`, which no TensorRT \
+                             profile range covers",
+                            input.name
+                        ),
+                    })?,
+                };
+                shapes[0].push(lo);
+                shapes[1].push(opt);
+                shapes[2].push(hi);
+            }
+            let [lo, opt, hi] = shapes;
+            profile.min.push((input.name.clone(), lo));
+            profile.opt.push((input.name.clone(), opt));
+            profile.max.push((input.name.clone(), hi));
+        }
+        Ok(profile)
+    }
+
+    /// TensorRT's option syntax: `name:1x4x0x64,other:1x1`.
+    pub fn format(shapes: &[(String, Vec<usize>)]) -> String {
+        shapes
+            .iter()
+            .map(|(name, dims)| {
+                let dims: Vec<String> = dims.iter().map(usize::to_string).collect();
+                format!("{name}:{}", dims.join("x"))
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// TensorRT settings.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TensorRtOptions {
+    pub fp16: bool,
+    /// Engine and timing cache folder (built engines are reused across runs).
+    pub cache_dir: Option<PathBuf>,
+    /// Shape ranges the profiles are derived from (per graph, from its inputs).
+    pub ranges: Option<DimRanges>,
+}
+
+/// Which provider runs the graphs, and how.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EpConfig {
+    pub ep: Ep,
+    /// CUDA / TensorRT device ordinal.
+    pub device_id: i32,
+    /// Fall back to the CPU when the provider cannot be registered (`--ep-fallback`).
+    pub fallback: bool,
+    pub tensorrt: TensorRtOptions,
+    /// ONNX Runtime's intra-op threads (`None`: its default, one per core).
+    pub intra_threads: Option<usize>,
+}
+
+impl EpConfig {
+    pub fn new(ep: Ep) -> Self {
+        EpConfig {
+            ep,
+            device_id: 0,
+            fallback: false,
+            tensorrt: TensorRtOptions::default(),
+            intra_threads: None,
+        }
+    }
+
+    pub fn cpu() -> Self {
+        EpConfig::new(Ep::Cpu)
+    }
+
+    /// The providers to register for a graph with these inputs, most preferred first, each failing
+    /// loudly (empty for the CPU, which ONNX Runtime always has).
+    pub(crate) fn dispatches(
+        &self,
+        file: &str,
+        inputs: &[TensorInfo],
+    ) -> Result<Vec<ExecutionProviderDispatch>> {
+        let cuda = || {
+            // f32 stays f32 (TF32 matmuls would move logits by ~1e-3, past the equivalence tolerance).
+            ep::CUDA::default()
+                .with_device_id(self.device_id)
+                .with_tf32(false)
+                .build()
+                .error_on_failure()
+        };
+        Ok(match self.ep {
+            Ep::Cpu => Vec::new(),
+            Ep::Cuda => vec![cuda()],
+            Ep::TensorRt => {
+                let options = &self.tensorrt;
+                let mut trt = ep::TensorRT::default()
+                    .with_device_id(self.device_id)
+                    .with_fp16(options.fp16);
+                if let Some(dir) = &options.cache_dir {
+                    let dir = dir.display().to_string();
+                    trt = trt
+                        .with_engine_cache(true)
+                        .with_engine_cache_path(&dir)
+                        .with_timing_cache(true)
+                        .with_timing_cache_path(&dir);
+                }
+                if let Some(ranges) = &options.ranges {
+                    let profile = ShapeProfile::for_inputs(file, inputs, ranges)?;
+                    if !profile.min.is_empty() {
+                        trt = trt
+                            .with_profile_min_shapes(ShapeProfile::format(&profile.min))
+                            .with_profile_opt_shapes(ShapeProfile::format(&profile.opt))
+                            .with_profile_max_shapes(ShapeProfile::format(&profile.max));
+                    }
+                }
+                // Nodes TensorRT does not take run on CUDA (never silently on the CPU).
+                vec![trt.build().error_on_failure(), cuda()]
+            }
+        })
+    }
+}
+
+impl Default for EpConfig {
+    fn default() -> Self {
+        EpConfig::cpu()
+    }
+}
+
+/// Whether the loaded ONNX Runtime was built with this provider (it may still fail to register,
+/// e.g. when the CUDA libraries are missing).
+pub fn compiled_in(ep: Ep) -> Result<bool> {
+    crate::runtime::init()?;
+    let available = match ep {
+        Ep::Cpu => return Ok(true),
+        Ep::Cuda => ep::CUDA::is_available(),
+        Ep::TensorRt => ep::TensorRT::is_available(),
+    };
+    available.map_err(|e| Error::Runtime(format!("cannot ask about the {ep} provider: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(name: &str, dims: &[Dim]) -> TensorInfo {
+        TensorInfo {
+            name: name.into(),
+            dtype: crate::session::DType::F32,
+            dims: dims.to_vec(),
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for ep in Ep::ALL {
+            assert_eq!(ep.name().parse::<Ep>().unwrap(), ep);
+        }
+        assert!(
+            "gpu"
+                .parse::<Ep>()
+                .unwrap_err()
+                .contains("cpu, cuda or tensorrt")
+        );
+    }
+
+    #[test]
+    fn profile_follows_the_model_config() {
+        // draft_len 3 -> rows 1..=4; context 64 -> past 0..=60
+        let ranges = DimRanges::from_model(3, 64);
+        let sym = |s: &str| Dim::Symbolic(s.into());
+        let inputs = [
+            info("input_ids", &[sym("batch"), sym("sequence_length")]),
+            info(
+                "past_key_values.0.key",
+                &[
+                    sym("batch"),
+                    Dim::Fixed(2),
+                    sym("past_sequence_length"),
+                    Dim::Fixed(8),
+                ],
+            ),
+            info(
+                "attention_mask",
+                &[sym("batch"), sym("total_sequence_length")],
+            ),
+            info("fixed", &[Dim::Fixed(3)]),
+        ];
+        let p = ShapeProfile::for_inputs("m.onnx", &inputs, &ranges).unwrap();
+        assert_eq!(
+            ShapeProfile::format(&p.min),
+            "input_ids:1x1,past_key_values.0.key:1x2x0x8,attention_mask:1x1"
+        );
+        assert_eq!(
+            ShapeProfile::format(&p.max),
+            "input_ids:1x4,past_key_values.0.key:1x2x60x8,attention_mask:1x64"
+        );
+        let bad = [info("x", &[sym("width")])];
+        let err = ShapeProfile::for_inputs("m.onnx", &bad, &ranges).unwrap_err();
+        assert!(err.to_string().contains("`width`"), "{err}");
+    }
+}

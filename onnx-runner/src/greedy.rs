@@ -1,0 +1,165 @@
+//! Decoding over model.onnx (all layers), one token per run after the prompt's prefill: the
+//! reference's [`reference::generate::generate`] with ONNX Runtime doing the forward passes.
+
+use crate::ep::EpConfig;
+use crate::error::{Error, Result};
+use crate::kv_store::{Kv, KvStore};
+use crate::manifest::{ExportDir, GraphKind};
+use crate::session::{Input, OnnxSession};
+use crate::step::{StepInputs, check_tokens};
+use ndarray::{Array2, Axis, Ix3};
+use reference::ModelConfig;
+use reference::cost::Work;
+use reference::generate::{GenerateOptions, Generation};
+use reference::sampling::Sampler;
+use std::time::Instant;
+
+/// model.onnx with its KV cache.
+pub struct OnnxModel {
+    session: OnnxSession,
+    config: ModelConfig,
+    /// On the device for GPU providers (IoBinding), else on the host.
+    kv: Kv,
+    /// Rows per run at most (TensorRT's profile); longer prompts are fed in chunks.
+    max_rows: Option<usize>,
+}
+
+impl OnnxModel {
+    /// Load model.onnx of an export on `ep`.
+    pub fn load(export: &ExportDir, ep: &EpConfig) -> Result<OnnxModel> {
+        let path = export.graph(GraphKind::Model)?;
+        let session = OnnxSession::load(&path, ep)?;
+        let config = export.manifest.config.clone();
+        let kv = Kv::new(
+            0..config.num_hidden_layers,
+            config.num_key_value_heads,
+            config.head_dim,
+            session.ep_used().is_gpu(),
+        )?;
+        Ok(OnnxModel {
+            session,
+            config,
+            kv,
+            max_rows: ep.tensorrt.ranges.as_ref().map(|r| r.sequence.2),
+        })
+    }
+
+    pub fn session(&self) -> &OnnxSession {
+        &self.session
+    }
+
+    /// The KV cache of every layer, on the host (a copy when it lives on the device).
+    pub fn kv(&mut self) -> Result<KvStore> {
+        self.kv.to_host()
+    }
+
+    /// Forget the cache.
+    pub fn reset(&mut self) {
+        self.kv.truncate(0);
+    }
+
+    /// Feed `tokens` after the cached positions; logits of every row.
+    ///
+    /// # Shapes
+    /// - returns `[T, V]`
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<Array2<f32>> {
+        check_tokens(&self.config, tokens, self.kv.len())?;
+        let chunk = self.max_rows.unwrap_or(tokens.len()).max(1);
+        let mut rows = Vec::new();
+        for part in tokens.chunks(chunk) {
+            rows.push(self.forward_chunk(part)?);
+        }
+        let views: Vec<_> = rows.iter().map(|r| r.view()).collect();
+        Ok(ndarray::concatenate(Axis(0), &views).expect("same vocab in every chunk"))
+    }
+
+    fn forward_chunk(&mut self, tokens: &[u32]) -> Result<Array2<f32>> {
+        let step = StepInputs::new(tokens, self.kv.len());
+        let inputs = [
+            ("input_ids", Input::I64(step.input_ids.view().into_dyn())),
+            (
+                "attention_mask",
+                Input::I64(step.attention_mask.view().into_dyn()),
+            ),
+            (
+                "position_ids",
+                Input::I64(step.position_ids.view().into_dyn()),
+            ),
+        ];
+        let mut out = self.kv.run(&mut self.session, &inputs, tokens.len())?;
+        let file = self.session.file().to_string();
+        let logits = logits_rows(
+            out.take("logits")?,
+            tokens.len(),
+            self.config.vocab_size,
+            &file,
+            "logits",
+        )?;
+        Ok(logits)
+    }
+
+    /// Decode after `prompt` as [`reference::generate::generate`] does (same stop rules and
+    /// sampler); the cache starts empty. `work` is not counted (zero).
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        on_token: &mut dyn FnMut(u32, &[f32]),
+    ) -> Result<Generation> {
+        if prompt.is_empty() {
+            return Err(reference::Error::Invalid(
+                "the prompt is empty: give at least one token".into(),
+            )
+            .into());
+        }
+        let mut sampler = Sampler::new(options.sampling.clone())?;
+        check_tokens(&self.config, prompt, 0)?;
+        check_tokens(&self.config, &[], prompt.len() + options.max_new_tokens)?;
+        self.reset();
+
+        let start = Instant::now();
+        let logits = self.forward(prompt)?;
+        let prefill_seconds = start.elapsed().as_secs_f64();
+
+        let mut tokens = Vec::with_capacity(options.max_new_tokens);
+        let mut last = logits.row(logits.nrows() - 1).to_vec();
+        let start = Instant::now();
+        while tokens.len() < options.max_new_tokens {
+            let token = sampler.next(&last);
+            tokens.push(token);
+            on_token(token, &last);
+            if options.stop_tokens.contains(&token) || tokens.len() == options.max_new_tokens {
+                break;
+            }
+            let logits = self.forward(&[token])?;
+            last = logits.row(0).to_vec();
+        }
+        Ok(Generation {
+            prompt_tokens: prompt.to_vec(),
+            tokens,
+            prefill_seconds,
+            decode_seconds: start.elapsed().as_secs_f64(),
+            work: Work::default(),
+        })
+    }
+}
+
+/// `[1, T, W]` -> `[T, W]`, checked.
+pub(crate) fn logits_rows(
+    t: ndarray::ArrayD<f32>,
+    rows: usize,
+    width: usize,
+    file: &str,
+    name: &str,
+) -> Result<Array2<f32>> {
+    if t.shape() != [1, rows, width] {
+        return Err(Error::WrongShape {
+            file: file.into(),
+            tensor: name.into(),
+            expected: format!("[1, {rows}, {width}]"),
+            actual: t.shape().to_vec(),
+        });
+    }
+    let t = t.into_dimensionality::<Ix3>().expect("rank checked");
+    Ok(t.index_axis_move(Axis(0), 0))
+}

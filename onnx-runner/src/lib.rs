@@ -1,0 +1,30 @@
+//! # m2r2 ONNX runner
+//!
+//! Runs the graphs written by `m2r2 export` (model.onnx, draft.onnx, verifier.onnx; the folder
+//! contract is docs/ONNX.md) with ONNX Runtime through the `ort` crate, on the CPU, CUDA or TensorRT
+//! execution provider, and decodes exactly like the reference: greedy over model.onnx
+//! ([`greedy::OnnxModel`]), and self-speculative decoding through the reference's own loop
+//! ([`reference::speculative::speculative_generate`]) over draft.onnx / verifier.onnx
+//! ([`speculation::OnnxSpeculation`]).
+//!
+//! - [`runtime`]: find, provision ([`provision`]) and load libonnxruntime (once per process).
+//! - [`ep`]: which execution provider, registered fail-fast.
+//! - [`session`]: one graph, inputs checked by name, dtype and rank.
+//! - [`manifest`]: the export folder; [`kv_store`]: the KV cache on the runner side.
+//!
+//! Dimension legend as in the reference: `V` vocab, `D` hidden, `Hkv` key/value heads, `Dh` head
+//! dim, `T` rows fed in one run, `S` cached positions.
+
+pub mod device_kv;
+pub mod ep;
+pub mod error;
+pub mod greedy;
+pub mod kv_store;
+pub mod manifest;
+pub mod provision;
+pub mod runtime;
+pub mod session;
+pub mod speculation;
+pub mod step;
+
+pub use error::{Error, Result};

@@ -1,0 +1,153 @@
+//! `m2r2_export.json`: what `m2r2 export` wrote into a folder, read once at load and checked against
+//! the graphs' inputs (contract: docs/ONNX.md).
+
+use crate::error::{Error, Result};
+use reference::ModelConfig;
+use reference::m2r2_config::M2r2Config;
+use reference::tokenizer::Tokenizer;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub const MANIFEST_FILE: &str = "m2r2_export.json";
+/// The manifest format this runner reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One of the three exported graphs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GraphKind {
+    /// All layers (Optimum / onnxruntime-genai convention).
+    Model,
+    /// Layers `0..e` with the fast stream at the draft gate.
+    Draft,
+    /// Layers `e..N` from the draft's slow residual.
+    Verifier,
+}
+
+impl GraphKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            GraphKind::Model => "model",
+            GraphKind::Draft => "draft",
+            GraphKind::Verifier => "verifier",
+        }
+    }
+}
+
+/// The manifest as written.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Manifest {
+    pub format_version: u32,
+    pub exporter_version: String,
+    pub model_name: String,
+    pub config: ModelConfig,
+    pub m2r2: M2r2Config,
+    /// g_d, 1-based: the gate the draft / verifier split was made at.
+    pub draft_gate: usize,
+    /// e = e_{g_d}: draft.onnx holds layers `0..e`.
+    pub draft_layers: usize,
+    /// draft.onnx has the `exit_prob` output.
+    pub has_arla: bool,
+    pub opset: i64,
+    pub weights_dtype: String,
+    /// graph kind name -> file name in the folder
+    pub graphs: BTreeMap<String, String>,
+}
+
+/// An export folder: its manifest and where it lies.
+#[derive(Clone, Debug)]
+pub struct ExportDir {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+}
+
+impl ExportDir {
+    /// Read and check `dir/m2r2_export.json`.
+    pub fn open(dir: &Path) -> Result<ExportDir> {
+        let path = dir.join(MANIFEST_FILE);
+        let file = path.display().to_string();
+        let bad = |msg: String| Error::Export {
+            file: file.clone(),
+            msg,
+        };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(bad(format!(
+                    "missing: {} is not a finished export (run `m2r2 export --out {}`)",
+                    dir.display(),
+                    dir.display()
+                )));
+            }
+            Err(e) => return Err(Error::io(&path, e)),
+        };
+        let manifest: Manifest =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not a valid manifest: {e}")))?;
+        if manifest.format_version != FORMAT_VERSION {
+            return Err(bad(format!(
+                "format_version {} is not the {FORMAT_VERSION} this runner reads",
+                manifest.format_version
+            )));
+        }
+        manifest.config.validate(&file)?;
+        manifest.m2r2.validate(&manifest.config, &file)?;
+        let expected = manifest
+            .m2r2
+            .gates
+            .get(manifest.draft_gate.wrapping_sub(1))
+            .copied();
+        if expected != Some(manifest.draft_layers) {
+            return Err(bad(format!(
+                "draft_layers {} is not the layer of draft gate {} (gates {:?})",
+                manifest.draft_layers, manifest.draft_gate, manifest.m2r2.gates
+            )));
+        }
+        Ok(ExportDir {
+            dir: dir.to_path_buf(),
+            manifest,
+        })
+    }
+
+    /// The file of a graph, or an error saying it was not exported.
+    pub fn graph(&self, kind: GraphKind) -> Result<PathBuf> {
+        let name = self
+            .manifest
+            .graphs
+            .get(kind.name())
+            .ok_or_else(|| Error::Export {
+                file: self.dir.join(MANIFEST_FILE).display().to_string(),
+                msg: format!(
+                    "this export has no {} graph (it has: {}); export it with `--graphs`",
+                    kind.name(),
+                    self.manifest
+                        .graphs
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            })?;
+        Ok(self.dir.join(name))
+    }
+
+    /// The tokenizer written beside the graphs, when there is one.
+    pub fn tokenizer(&self) -> Result<Option<Tokenizer>> {
+        let path = self.dir.join("tokenizer.json");
+        if !path.is_file() {
+            return Ok(None);
+        }
+        Ok(Some(Tokenizer::from_file(&path)?))
+    }
+
+    /// Tokens that end a generation: the config's EOS ids and the tokenizer's end-of-turn tokens
+    /// (as [`reference::load::LoadedModel::stop_tokens`]).
+    pub fn stop_tokens(&self, tokenizer: Option<&Tokenizer>) -> Vec<u32> {
+        let mut stop = self.manifest.config.eos_token_ids.clone();
+        for id in tokenizer.map(|t| t.eos_token_ids()).unwrap_or_default() {
+            if !stop.contains(&id) {
+                stop.push(id);
+            }
+        }
+        stop
+    }
+}

@@ -1,0 +1,548 @@
+//! One ONNX graph in ONNX Runtime: load it on an execution provider, describe its inputs and
+//! outputs, and run it with inputs checked by name, dtype and rank (errors name the graph file and
+//! the tensor, before ONNX Runtime sees anything).
+
+use crate::ep::{Ep, EpConfig};
+use crate::error::{Error, Result};
+use crate::runtime;
+use ndarray::{ArrayD, ArrayViewD, CowArray, IxDyn};
+use ort::memory::{AllocationDevice, AllocatorType, MemoryInfo, MemoryType};
+use ort::session::{Session, SessionInputValue};
+use ort::value::{DynTensor, Tensor, TensorElementType, TensorRef, ValueType};
+use std::borrow::Cow;
+use std::path::Path;
+
+/// Element type of a graph input or output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DType {
+    F32,
+    I64,
+    /// Anything else, as ONNX Runtime names it.
+    Other(String),
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DType::F32 => f.write_str("f32"),
+            DType::I64 => f.write_str("i64"),
+            DType::Other(name) => f.write_str(name),
+        }
+    }
+}
+
+/// One dimension of a graph input or output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Dim {
+    Fixed(usize),
+    /// A dynamic dimension (`batch`, `sequence_length`, ...; empty when the graph names none).
+    Symbolic(String),
+}
+
+/// Name, element type and dimensions of a graph input or output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub dtype: DType,
+    pub dims: Vec<Dim>,
+}
+
+impl TensorInfo {
+    /// `f32 [batch, 2, past_sequence_length, 8]`
+    pub fn describe(&self) -> String {
+        let dims: Vec<String> = self
+            .dims
+            .iter()
+            .map(|d| match d {
+                Dim::Fixed(n) => n.to_string(),
+                Dim::Symbolic(s) if s.is_empty() => "?".into(),
+                Dim::Symbolic(s) => s.clone(),
+            })
+            .collect();
+        format!("{} [{}]", self.dtype, dims.join(", "))
+    }
+
+    fn from_outlet(outlet: &ort::value::Outlet) -> Self {
+        let (dtype, dims) = match outlet.dtype() {
+            ValueType::Tensor {
+                ty,
+                shape,
+                dimension_symbols,
+            } => {
+                let dtype = match ty {
+                    TensorElementType::Float32 => DType::F32,
+                    TensorElementType::Int64 => DType::I64,
+                    other => DType::Other(format!("{other:?}")),
+                };
+                let dims = shape
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &n)| match usize::try_from(n) {
+                        Ok(n) => Dim::Fixed(n),
+                        Err(_) => {
+                            Dim::Symbolic(dimension_symbols.get(i).cloned().unwrap_or_default())
+                        }
+                    })
+                    .collect();
+                (dtype, dims)
+            }
+            other => (DType::Other(format!("{other}")), Vec::new()),
+        };
+        TensorInfo {
+            name: outlet.name().to_string(),
+            dtype,
+            dims,
+        }
+    }
+}
+
+/// A graph input: f32 activations / KV, or int64 ids, positions and masks.
+#[derive(Clone, Debug)]
+pub enum Input<'a> {
+    F32(ArrayViewD<'a, f32>),
+    I64(ArrayViewD<'a, i64>),
+}
+
+impl Input<'_> {
+    /// The same input, borrowed for a shorter time.
+    pub fn reborrow(&self) -> Input<'_> {
+        match self {
+            Input::F32(a) => Input::F32(a.view()),
+            Input::I64(a) => Input::I64(a.view()),
+        }
+    }
+
+    fn dtype(&self) -> DType {
+        match self {
+            Input::F32(_) => DType::F32,
+            Input::I64(_) => DType::I64,
+        }
+    }
+
+    fn shape(&self) -> &[usize] {
+        match self {
+            Input::F32(a) => a.shape(),
+            Input::I64(a) => a.shape(),
+        }
+    }
+}
+
+/// The f32 outputs of one run, by name.
+#[derive(Clone, Debug)]
+pub struct Outputs {
+    file: String,
+    tensors: Vec<(String, ArrayD<f32>)>,
+}
+
+impl Outputs {
+    /// The output `name`; an error naming it and the graph file when the graph has none.
+    pub fn get(&self, name: &str) -> Result<&ArrayD<f32>> {
+        self.tensors
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+            .ok_or_else(|| Error::MissingOutput {
+                file: self.file.clone(),
+                name: name.into(),
+                known: self.names().join(", "),
+            })
+    }
+
+    /// Take the output `name` out (no copy).
+    pub fn take(&mut self, name: &str) -> Result<ArrayD<f32>> {
+        match self.tensors.iter().position(|(n, _)| n == name) {
+            Some(i) => Ok(self.tensors.swap_remove(i).1),
+            None => Err(Error::MissingOutput {
+                file: self.file.clone(),
+                name: name.into(),
+                known: self.names().join(", "),
+            }),
+        }
+    }
+
+    pub fn names(&self) -> Vec<&str> {
+        self.tensors.iter().map(|(n, _)| n.as_str()).collect()
+    }
+}
+
+/// One graph loaded in ONNX Runtime.
+pub struct OnnxSession {
+    session: Session,
+    /// The graph file, for messages.
+    file: String,
+    inputs: Vec<TensorInfo>,
+    outputs: Vec<TensorInfo>,
+    ep_used: Ep,
+    /// CUDA / TensorRT device (IoBinding's device memory).
+    device_id: i32,
+}
+
+impl std::fmt::Debug for OnnxSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnnxSession")
+            .field("file", &self.file)
+            .field("ep_used", &self.ep_used)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why building a session failed: the provider, or anything else.
+enum BuildError {
+    Provider(String),
+    Other(String),
+}
+
+impl OnnxSession {
+    /// Load `path` on `ep.ep`. A provider that cannot be registered is an
+    /// [`Error::ExecutionProvider`] with its own reason, unless `ep.fallback`: then the graph runs
+    /// on the CPU and [`ep_used`](Self::ep_used) says so (with a warning on stderr).
+    pub fn load(path: &Path, ep: &EpConfig) -> Result<OnnxSession> {
+        let file = path.display().to_string();
+        if !path.is_file() {
+            return Err(Error::Ort {
+                file,
+                msg: "no such graph file".into(),
+            });
+        }
+        runtime::init()?;
+        // TensorRT's profiles are derived from the graph's inputs, which only a session can tell.
+        let inputs_for_profile = if ep.ep == Ep::TensorRt && ep.tensorrt.ranges.is_some() {
+            let cpu = build(
+                path,
+                &EpConfig {
+                    ep: Ep::Cpu,
+                    ..ep.clone()
+                },
+                &[],
+            )
+            .map_err(|e| build_error(&file, Ep::Cpu, e))?;
+            cpu.inputs().iter().map(TensorInfo::from_outlet).collect()
+        } else {
+            Vec::new()
+        };
+        let dispatches = ep.dispatches(&file, &inputs_for_profile)?;
+        let (session, ep_used) = match build(path, ep, &dispatches) {
+            Ok(session) => (session, ep.ep),
+            Err(BuildError::Provider(reason)) if ep.fallback => {
+                eprintln!(
+                    "warning: {file}: the {} execution provider is not available ({reason}); \
+                     running on the CPU (--ep-fallback)",
+                    ep.ep
+                );
+                let session = build(path, ep, &[]).map_err(|e| build_error(&file, Ep::Cpu, e))?;
+                (session, Ep::Cpu)
+            }
+            Err(e) => return Err(build_error(&file, ep.ep, e)),
+        };
+        Ok(OnnxSession {
+            inputs: session
+                .inputs()
+                .iter()
+                .map(TensorInfo::from_outlet)
+                .collect(),
+            outputs: session
+                .outputs()
+                .iter()
+                .map(TensorInfo::from_outlet)
+                .collect(),
+            session,
+            file,
+            ep_used,
+            device_id: ep.device_id,
+        })
+    }
+
+    pub fn inputs(&self) -> &[TensorInfo] {
+        &self.inputs
+    }
+
+    pub fn outputs(&self) -> &[TensorInfo] {
+        &self.outputs
+    }
+
+    /// The provider that really runs this graph.
+    pub fn ep_used(&self) -> Ep {
+        self.ep_used
+    }
+
+    /// The graph file.
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    /// A metadata property of the graph (`m2r2.graph`, `m2r2.layers`, ...).
+    pub fn metadata(&self, key: &str) -> Result<Option<String>> {
+        let metadata = self
+            .session
+            .metadata()
+            .map_err(|e| Error::ort(&self.file, e))?;
+        Ok(metadata.custom(key))
+    }
+
+    /// Run the graph once. Every graph input must be given exactly once with its dtype, rank and
+    /// fixed dimensions; returns every f32 output.
+    pub fn run(&mut self, inputs: &[(&str, Input<'_>)]) -> Result<Outputs> {
+        self.check_inputs(inputs)?;
+        // Contiguous copies only where a view is not already in standard layout.
+        let f32s: Vec<CowArray<f32, IxDyn>> = inputs
+            .iter()
+            .filter_map(|(_, i)| match i {
+                Input::F32(a) => Some(a.as_standard_layout()),
+                Input::I64(_) => None,
+            })
+            .collect();
+        let i64s: Vec<CowArray<i64, IxDyn>> = inputs
+            .iter()
+            .filter_map(|(_, i)| match i {
+                Input::I64(a) => Some(a.as_standard_layout()),
+                Input::F32(_) => None,
+            })
+            .collect();
+        let (mut next_f32, mut next_i64) = (f32s.iter(), i64s.iter());
+        let mut values: Vec<(Cow<str>, SessionInputValue)> = Vec::with_capacity(inputs.len());
+        for (name, input) in inputs {
+            let value: SessionInputValue = match input {
+                Input::F32(_) => {
+                    let array = next_f32.next().expect("one per f32 input");
+                    TensorRef::from_array_view(array)
+                        .map_err(|e| self.tensor_error(name, e))?
+                        .into()
+                }
+                Input::I64(_) => {
+                    let array = next_i64.next().expect("one per i64 input");
+                    TensorRef::from_array_view(array)
+                        .map_err(|e| self.tensor_error(name, e))?
+                        .into()
+                }
+            };
+            values.push((Cow::Borrowed(*name), value));
+        }
+        let file = self.file.clone();
+        let outputs = self.session.run(values).map_err(|e| Error::ort(&file, e))?;
+        let mut tensors = Vec::with_capacity(self.outputs.len());
+        for info in self.outputs.iter().filter(|o| o.dtype == DType::F32) {
+            let value = outputs
+                .get(&info.name)
+                .ok_or_else(|| Error::MissingOutput {
+                    file: file.clone(),
+                    name: info.name.clone(),
+                    known: "(ONNX Runtime returned fewer outputs than the graph declares)".into(),
+                })?;
+            let array = value
+                .try_extract_array::<f32>()
+                .map_err(|e| Error::ort(&file, format!("output `{}`: {e}", info.name)))?;
+            tensors.push((info.name.clone(), array.to_owned()));
+        }
+        Ok(Outputs { file, tensors })
+    }
+
+    /// Run with IoBinding (GPU providers): `host` inputs are checked and copied in by ONNX Runtime,
+    /// `device` tensors (earlier outputs kept on the device) are bound as they are, the outputs named
+    /// in `keep` are bound to the provider's device memory and returned without a host copy, and
+    /// every other f32 output comes back to the host.
+    pub fn run_bound(
+        &mut self,
+        host: &[(&str, Input<'_>)],
+        device: &[(&str, &DynTensor)],
+        keep: &[&str],
+    ) -> Result<(Outputs, Vec<(String, DynTensor)>)> {
+        let file = self.file.clone();
+        let err = |e: ort::Error| Error::ort(&file, e);
+        for (name, _) in device {
+            if !self.inputs.iter().any(|i| i.name == *name) {
+                return Err(Error::UnknownInput {
+                    file: file.clone(),
+                    name: name.to_string(),
+                    known: names(&self.inputs),
+                });
+            }
+        }
+        let given: Vec<&str> = host
+            .iter()
+            .map(|(n, _)| *n)
+            .chain(device.iter().map(|(n, _)| *n))
+            .collect();
+        if let Some(missing) = self
+            .inputs
+            .iter()
+            .find(|i| !given.contains(&i.name.as_str()))
+        {
+            return Err(Error::MissingInput {
+                file,
+                name: missing.name.clone(),
+            });
+        }
+        self.check_host_inputs(host)?;
+
+        let device_memory = MemoryInfo::new(
+            AllocationDevice::CUDA,
+            self.device_id,
+            AllocatorType::Device,
+            MemoryType::Default,
+        )
+        .map_err(err)?;
+        let host_memory = MemoryInfo::new(
+            AllocationDevice::CPU,
+            0,
+            AllocatorType::Device,
+            MemoryType::CPUOutput,
+        )
+        .map_err(err)?;
+        let mut binding = self.session.create_binding().map_err(err)?;
+        for (name, input) in host {
+            let tensor: DynTensor = match input {
+                Input::F32(a) => Tensor::from_array(a.as_standard_layout().into_owned())
+                    .map_err(err)?
+                    .upcast(),
+                Input::I64(a) => Tensor::from_array(a.as_standard_layout().into_owned())
+                    .map_err(err)?
+                    .upcast(),
+            };
+            binding.bind_input(*name, &tensor).map_err(err)?;
+        }
+        for (name, tensor) in device {
+            binding.bind_input(*name, *tensor).map_err(err)?;
+        }
+        for info in &self.outputs {
+            let memory = if keep.contains(&info.name.as_str()) {
+                &device_memory
+            } else {
+                &host_memory
+            };
+            binding
+                .bind_output_to_device(info.name.as_str(), memory)
+                .map_err(err)?;
+        }
+        let mut outputs = self.session.run_binding(&binding).map_err(err)?;
+        let mut kept = Vec::with_capacity(keep.len());
+        for name in keep {
+            let value = outputs.remove(*name).ok_or_else(|| Error::MissingOutput {
+                file: file.clone(),
+                name: name.to_string(),
+                known: names(&self.outputs),
+            })?;
+            let tensor: DynTensor = value.downcast().map_err(err)?;
+            kept.push((name.to_string(), tensor));
+        }
+        let mut tensors = Vec::new();
+        for info in self
+            .outputs
+            .iter()
+            .filter(|o| o.dtype == DType::F32 && !keep.contains(&o.name.as_str()))
+        {
+            if let Some(value) = outputs.get(&info.name) {
+                let array = value
+                    .try_extract_array::<f32>()
+                    .map_err(|e| Error::ort(&file, format!("output `{}`: {e}", info.name)))?;
+                tensors.push((info.name.clone(), array.to_owned()));
+            }
+        }
+        Ok((Outputs { file, tensors }, kept))
+    }
+
+    fn tensor_error(&self, name: &str, e: impl std::fmt::Display) -> Error {
+        Error::ort(&self.file, format!("input `{name}`: {e}"))
+    }
+
+    fn check_inputs(&self, inputs: &[(&str, Input<'_>)]) -> Result<()> {
+        self.check_host_inputs(inputs)?;
+        if let Some(missing) = self
+            .inputs
+            .iter()
+            .find(|info| !inputs.iter().any(|(n, _)| *n == info.name))
+        {
+            return Err(Error::MissingInput {
+                file: self.file.clone(),
+                name: missing.name.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Name, dtype and shape of each given input (not that every input is given).
+    fn check_host_inputs(&self, inputs: &[(&str, Input<'_>)]) -> Result<()> {
+        for (i, (name, input)) in inputs.iter().enumerate() {
+            let info = self
+                .inputs
+                .iter()
+                .find(|info| info.name == *name)
+                .ok_or_else(|| Error::UnknownInput {
+                    file: self.file.clone(),
+                    name: name.to_string(),
+                    known: names(&self.inputs),
+                })?;
+            if inputs[..i].iter().any(|(n, _)| n == name) {
+                return Err(Error::ort(
+                    &self.file,
+                    format!("input `{name}` is given twice"),
+                ));
+            }
+            if input.dtype() != info.dtype {
+                return Err(Error::WrongDtype {
+                    file: self.file.clone(),
+                    tensor: name.to_string(),
+                    expected: info.describe(),
+                    actual: input.dtype().to_string(),
+                });
+            }
+            let shape = input.shape();
+            let fits = shape.len() == info.dims.len()
+                && shape.iter().zip(&info.dims).all(|(&n, d)| match d {
+                    Dim::Fixed(m) => n == *m,
+                    Dim::Symbolic(_) => true,
+                });
+            if !fits {
+                return Err(Error::WrongShape {
+                    file: self.file.clone(),
+                    tensor: name.to_string(),
+                    expected: info.describe(),
+                    actual: shape.to_vec(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `a, b, c`: the names of a graph's inputs or outputs, for messages.
+fn names(list: &[TensorInfo]) -> String {
+    list.iter()
+        .map(|t| t.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Build a session with `dispatches` registered (none: the CPU).
+fn build(
+    path: &Path,
+    ep: &EpConfig,
+    dispatches: &[ort::ep::ExecutionProviderDispatch],
+) -> std::result::Result<Session, BuildError> {
+    // ort's builder errors are !Send: turn each into a string right here.
+    fn other<R>(e: ort::Error<R>) -> BuildError {
+        BuildError::Other(e.to_string())
+    }
+    let environment = runtime::environment().map_err(|e| BuildError::Other(e.to_string()))?;
+    let mut builder =
+        Session::builder(environment).map_err(|e| BuildError::Other(e.to_string()))?;
+    if let Some(threads) = ep.intra_threads {
+        builder = builder.with_intra_threads(threads).map_err(other)?;
+    }
+    if !dispatches.is_empty() {
+        builder = builder
+            .with_execution_providers(dispatches)
+            .map_err(|e| BuildError::Provider(e.message().to_string()))?;
+    }
+    builder.commit_from_file(path).map_err(other)
+}
+
+fn build_error(file: &str, ep: Ep, error: BuildError) -> Error {
+    match error {
+        BuildError::Provider(reason) => Error::ExecutionProvider {
+            file: file.into(),
+            ep: ep.name(),
+            reason,
+        },
+        BuildError::Other(msg) => Error::ort(file, msg),
+    }
+}

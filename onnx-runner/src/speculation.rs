@@ -1,0 +1,300 @@
+//! Self-speculative decoding over draft.onnx / verifier.onnx: the [`SpeculativeBackend`] that the
+//! reference's own loop ([`reference::speculative::speculative_generate`]) runs, mirroring
+//! [`reference::draft_verify::ReferenceSpeculation`] step for step.
+//!
+//! - prefill: the prompt through draft.onnx (layers `0..e`) and its `hidden_states` through
+//!   verifier.onnx (layers `e..N`): the chained graphs equal model.onnx.
+//! - draft: one token through draft.onnx; its presents extend the lower store, its slow residual
+//!   `s_e` is kept, its `draft_logits` (fast exit state at gate g_d through the LM head) propose
+//!   the next token, `exit_prob` is the ARLA score.
+//! - verify: the kept residuals of all drafted positions through verifier.onnx as one chunk.
+//! - rollback: truncate both stores along the sequence axis and forget kept residuals.
+
+use crate::ep::EpConfig;
+use crate::error::{Error, Result};
+use crate::greedy::logits_rows;
+use crate::kv_store::{Kv, KvStore};
+use crate::manifest::{ExportDir, GraphKind};
+use crate::session::{Input, OnnxSession};
+use crate::step::{StepInputs, check_tokens};
+use ndarray::{Array1, Array2, Array3, Axis};
+use reference::ModelConfig;
+use reference::exit_gate::{GateKind, gate_score};
+use reference::speculative::{Draft, SpeculativeBackend};
+use std::time::Instant;
+
+/// Time spent in each kind of step (for `m2r2 bench --onnx`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepTimes {
+    pub prefill_seconds: f64,
+    pub draft_steps: usize,
+    pub draft_seconds: f64,
+    pub verify_steps: usize,
+    pub verify_seconds: f64,
+}
+
+impl StepTimes {
+    pub fn ms_per_draft(&self) -> f64 {
+        1e3 * self.draft_seconds / self.draft_steps.max(1) as f64
+    }
+
+    pub fn ms_per_verify(&self) -> f64 {
+        1e3 * self.verify_seconds / self.verify_steps.max(1) as f64
+    }
+}
+
+pub struct OnnxSpeculation {
+    draft: OnnxSession,
+    verifier: OnnxSession,
+    config: ModelConfig,
+    /// e: draft.onnx holds layers `0..e`
+    draft_layers: usize,
+    has_arla: bool,
+    /// The gate scored at each proposal (dynamic drafting, `--trace`).
+    gate: Option<GateKind>,
+    /// KV of layers `0..e` (positions `0..len`) and `e..N` (positions `0..verified`); on the
+    /// device for GPU providers (IoBinding).
+    lower: Kv,
+    upper: Kv,
+    /// `[D]` slow residuals `s_e` of positions `verified..len`
+    kept: Vec<Array1<f32>>,
+    verified: usize,
+    len: usize,
+    /// Rows per run at most (TensorRT's profile); a longer prompt is prefilled in chunks.
+    max_rows: Option<usize>,
+    pub times: StepTimes,
+}
+
+impl OnnxSpeculation {
+    /// Load draft.onnx and verifier.onnx of an export on `ep`. `gate` as in
+    /// [`ReferenceSpeculation::new`](reference::draft_verify::ReferenceSpeculation::new); the draft
+    /// gate is the one the export was split at.
+    pub fn load(export: &ExportDir, ep: &EpConfig, gate: Option<GateKind>) -> Result<Self> {
+        let m = &export.manifest;
+        if gate == Some(GateKind::Arla) && !m.has_arla {
+            return Err(reference::Error::Invalid(
+                "the ARLA gate needs ARLA weights, and this export has none (draft.onnx has no \
+                 exit_prob output): use --gate confidence or --gate entropy"
+                    .into(),
+            )
+            .into());
+        }
+        let draft = OnnxSession::load(&export.graph(GraphKind::Draft)?, ep)?;
+        let verifier = OnnxSession::load(&export.graph(GraphKind::Verifier)?, ep)?;
+        let c = &m.config;
+        let e = m.draft_layers;
+        let (hkv, dh) = (c.num_key_value_heads, c.head_dim);
+        Ok(OnnxSpeculation {
+            lower: Kv::new(0..e, hkv, dh, draft.ep_used().is_gpu())?,
+            upper: Kv::new(e..c.num_hidden_layers, hkv, dh, verifier.ep_used().is_gpu())?,
+            draft,
+            verifier,
+            config: c.clone(),
+            draft_layers: e,
+            has_arla: m.has_arla,
+            gate,
+            kept: Vec::new(),
+            verified: 0,
+            len: 0,
+            max_rows: ep.tensorrt.ranges.as_ref().map(|r| r.sequence.2),
+            times: StepTimes::default(),
+        })
+    }
+
+    /// The graphs' sessions (draft, verifier), e.g. for `ep_used`.
+    pub fn sessions(&self) -> (&OnnxSession, &OnnxSession) {
+        (&self.draft, &self.verifier)
+    }
+
+    /// KV of the draft layers and of the verifier layers, on the host (copies when they live on
+    /// the device).
+    pub fn kv(&mut self) -> Result<(KvStore, KvStore)> {
+        Ok((self.lower.to_host()?, self.upper.to_host()?))
+    }
+
+    pub fn draft_layers(&self) -> usize {
+        self.draft_layers
+    }
+
+    /// Forget everything (cache, kept residuals, timings) for a new prompt.
+    pub fn reset(&mut self) {
+        self.rollback(0);
+        self.times = StepTimes::default();
+    }
+
+    /// Run draft.onnx on `tokens` at the next positions: `(draft_logits [T, V], exit_prob [T]
+    /// when exported, hidden_states [T, D])`; the lower store grows by `T`.
+    #[allow(clippy::type_complexity)]
+    fn run_draft(
+        &mut self,
+        tokens: &[u32],
+    ) -> Result<(Array2<f32>, Option<Array1<f32>>, Array2<f32>)> {
+        let past = self.lower.len();
+        check_tokens(&self.config, tokens, past)?;
+        let step = StepInputs::new(tokens, past);
+        let inputs = [
+            ("input_ids", Input::I64(step.input_ids.view().into_dyn())),
+            (
+                "attention_mask",
+                Input::I64(step.attention_mask.view().into_dyn()),
+            ),
+            (
+                "position_ids",
+                Input::I64(step.position_ids.view().into_dyn()),
+            ),
+        ];
+        let mut out = self.lower.run(&mut self.draft, &inputs, tokens.len())?;
+        let file = self.draft.file().to_string();
+        let t = tokens.len();
+        let c = &self.config;
+        let logits = logits_rows(
+            out.take("draft_logits")?,
+            t,
+            c.vocab_size,
+            &file,
+            "draft_logits",
+        )?;
+        let hidden = logits_rows(
+            out.take("hidden_states")?,
+            t,
+            c.hidden_size,
+            &file,
+            "hidden_states",
+        )?;
+        let exit_prob = if self.has_arla {
+            let p = out.take("exit_prob")?;
+            if p.shape() != [1, t] {
+                return Err(Error::WrongShape {
+                    file,
+                    tensor: "exit_prob".into(),
+                    expected: format!("[1, {t}]"),
+                    actual: p.shape().to_vec(),
+                });
+            }
+            Some(
+                p.index_axis_move(Axis(0), 0)
+                    .into_dimensionality()
+                    .expect("rank 1"),
+            )
+        } else {
+            None
+        };
+        Ok((logits, exit_prob, hidden))
+    }
+
+    /// Run verifier.onnx on slow residuals `[m, D]` after the verified positions: logits `[m, V]`;
+    /// the upper store grows by `m`.
+    fn run_verifier(&mut self, hidden: Array2<f32>) -> Result<Array2<f32>> {
+        let m = hidden.nrows();
+        let step = StepInputs::rows(m, self.upper.len());
+        let hidden: Array3<f32> = hidden.insert_axis(Axis(0)); // [1, m, D]
+        let inputs = [
+            ("hidden_states", Input::F32(hidden.view().into_dyn())),
+            (
+                "attention_mask",
+                Input::I64(step.attention_mask.view().into_dyn()),
+            ),
+            (
+                "position_ids",
+                Input::I64(step.position_ids.view().into_dyn()),
+            ),
+        ];
+        let mut out = self.upper.run(&mut self.verifier, &inputs, m)?;
+        let file = self.verifier.file().to_string();
+        let logits = logits_rows(
+            out.take("logits")?,
+            m,
+            self.config.vocab_size,
+            &file,
+            "logits",
+        )?;
+        Ok(logits)
+    }
+}
+
+impl SpeculativeBackend for OnnxSpeculation {
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn prefill(&mut self, tokens: &[u32]) -> reference::Result<Vec<f32>> {
+        debug_assert!(self.kept.is_empty(), "prefill after an unverified draft");
+        let start = Instant::now();
+        let chunk = self.max_rows.unwrap_or(tokens.len()).max(1);
+        let mut last = Vec::new();
+        for part in tokens.chunks(chunk) {
+            let (_, _, hidden) = self.run_draft(part).map_err(into_reference)?;
+            let logits = self.run_verifier(hidden).map_err(into_reference)?;
+            last = logits.row(logits.nrows() - 1).to_vec();
+        }
+        self.len = self.lower.len();
+        self.verified = self.len;
+        self.times.prefill_seconds += start.elapsed().as_secs_f64();
+        Ok(last)
+    }
+
+    fn draft(&mut self, token: u32, propose: bool) -> reference::Result<Option<Draft>> {
+        let start = Instant::now();
+        let (logits, exit_prob, hidden) = self.run_draft(&[token]).map_err(into_reference)?;
+        self.kept.push(hidden.row(0).to_owned());
+        self.len += 1;
+        self.times.draft_steps += 1;
+        let draft = if propose {
+            let logits = logits.row(0).to_vec();
+            let score = match self.gate {
+                None => None,
+                Some(GateKind::Arla) => {
+                    Some(exit_prob.expect("checked at load: the export has ARLA")[0])
+                }
+                Some(kind) => Some(gate_score(
+                    kind,
+                    None,
+                    &[],
+                    &logits,
+                    self.config.rms_norm_eps as f32,
+                )?),
+            };
+            Some(Draft { logits, score })
+        } else {
+            None
+        };
+        self.times.draft_seconds += start.elapsed().as_secs_f64();
+        Ok(draft)
+    }
+
+    fn verify(&mut self) -> reference::Result<Array2<f32>> {
+        let start = Instant::now();
+        let d = self.config.hidden_size;
+        let mut chunk = Array2::zeros((self.kept.len(), d)); // [m, D] slow residuals at e
+        for (row, state) in self.kept.iter().enumerate() {
+            chunk.row_mut(row).assign(state);
+        }
+        let logits = self.run_verifier(chunk).map_err(into_reference)?;
+        self.verified += self.kept.len();
+        self.kept.clear();
+        self.times.verify_steps += 1;
+        self.times.verify_seconds += start.elapsed().as_secs_f64();
+        Ok(logits)
+    }
+
+    fn rollback(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        self.verified = self.verified.min(self.len);
+        self.kept.truncate(self.len - self.verified);
+        self.lower.truncate(self.len);
+        self.upper.truncate(self.verified);
+    }
+}
+
+/// The trait speaks `reference::Error`: runner errors travel as its `Invalid` text (a reference
+/// error inside stays itself).
+fn into_reference(error: Error) -> reference::Error {
+    match error {
+        Error::Reference(e) => e,
+        other => reference::Error::Invalid(other.to_string()),
+    }
+}

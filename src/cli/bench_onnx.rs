@@ -1,0 +1,328 @@
+//! `m2r2 bench --onnx DIR --ep E`: greedy and self-speculative decoding on ONNX Runtime against the
+//! reference on the same machine, the same prompt and the same M2R2 weights: decode tokens/s, mean
+//! accepted length, and milliseconds per draft step and per verify step (medians over `--repeats`
+//! timed runs after one warm-up run of each, which also builds TensorRT engines).
+
+use super::bench::{Sizes, cpu_model};
+use super::common;
+use super::m2r2_args::M2r2Args;
+use super::run::EpArgs;
+use anyhow::{Result, bail};
+use onnx_runner::greedy::OnnxModel;
+use onnx_runner::manifest::ExportDir;
+use onnx_runner::speculation::OnnxSpeculation;
+use reference::draft_verify::ReferenceSpeculation;
+use reference::fast_stream::M2r2;
+use reference::generate::{GenerateOptions, generate};
+use reference::load::LoadedModel;
+use reference::m2r2_weights::M2r2Weights;
+use reference::speculative::{
+    Draft, DraftLength, SpeculativeBackend, SpeculativeOptions, speculative_generate,
+};
+use serde::Serialize;
+use std::path::Path;
+use std::time::Instant;
+
+/// One engine's medians.
+#[derive(Clone, Debug, Serialize)]
+pub struct EngineResult {
+    /// `reference` or `onnxruntime-<ep>`
+    pub engine: String,
+    pub greedy_tokens_per_second: f64,
+    pub speculative_tokens_per_second: f64,
+    pub mean_accepted_length: f64,
+    pub ms_per_draft_step: f64,
+    pub ms_per_verify_step: f64,
+    /// Greedy tokens equal speculative tokens (lossless), in every timed run.
+    pub speculative_equals_greedy: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct OnnxBenchResult {
+    pub model: String,
+    pub onnx: String,
+    pub ep: String,
+    pub ep_used: String,
+    pub onnxruntime: String,
+    pub cpu: String,
+    pub m2r2: String,
+    pub draft_gate: usize,
+    pub draft_len: usize,
+    pub prompt_len: usize,
+    pub decode_tokens: usize,
+    pub repeats: usize,
+    pub engines: Vec<EngineResult>,
+    /// ONNX Runtime's greedy tokens equal the reference's.
+    pub tokens_equal_reference: bool,
+}
+
+/// Time both engines. `m2r2` names the reference's M2R2 weights (as `--m2r2`; they must be those
+/// the export was made with).
+pub fn measure(
+    loaded: &LoadedModel,
+    m2r2: Option<String>,
+    dir: &Path,
+    ep_args: &EpArgs,
+    sizes: &Sizes,
+) -> Result<OnnxBenchResult> {
+    let export = ExportDir::open(dir)?;
+    let manifest = &export.manifest;
+    if manifest.config != loaded.model.config {
+        bail!(
+            "the export in {} was made from a different model than `{}` (their configs differ); \
+             pass the model it was exported from with --model",
+            dir.display(),
+            loaded.name
+        );
+    }
+    let args = M2r2Args {
+        mode: super::m2r2_args::Mode::Speculative,
+        m2r2: m2r2.clone(),
+        gate: None,
+        threshold: None,
+        kv_policy: reference::early_exit::KvPolicy::Exact,
+        draft_gate: Some(manifest.draft_gate),
+        draft_len: None,
+        dynamic_draft: false,
+    };
+    let weights: M2r2Weights = args.weights(loaded)?;
+    let draft_len = manifest.m2r2.draft_len.max(1);
+    let config = &loaded.model.config;
+    let needed = sizes.prompt_len + sizes.decode_tokens + draft_len + 1;
+    if needed > config.max_position_embeddings {
+        bail!(
+            "--prompt-len + --decode-tokens (+ a draft) = {needed} positions exceed the context of {}",
+            config.max_position_embeddings
+        );
+    }
+    // A fixed pseudo-random prompt; no stop tokens, so every run decodes exactly `decode_tokens`.
+    let prompt: Vec<u32> = (0..sizes.prompt_len as u64)
+        .map(|i| ((i * 2_654_435_761 + 12_345) % config.vocab_size as u64) as u32)
+        .collect();
+    let greedy_options = GenerateOptions {
+        max_new_tokens: sizes.decode_tokens,
+        stop_tokens: vec![],
+        sampling: None,
+    };
+    let spec_options = SpeculativeOptions {
+        max_new_tokens: sizes.decode_tokens,
+        stop_tokens: vec![],
+        draft_length: DraftLength::Fixed(draft_len),
+        sampling: None,
+    };
+    let runtime = onnx_runner::runtime::init()?;
+    let ep = ep_args.config(&export, draft_len);
+
+    // reference
+    let model = &loaded.model;
+    let mut reference_runs = Vec::new();
+    for i in 0..=sizes.repeats {
+        let g = generate(model, &prompt, &greedy_options, &mut |_, _| {})?;
+        let capacity = prompt.len() + sizes.decode_tokens + draft_len + 1;
+        let mut backend = ReferenceSpeculation::new(
+            M2r2::new(model, &weights),
+            manifest.draft_gate,
+            None,
+            capacity,
+        )?;
+        let run = timed_speculative(&mut backend, &prompt, &spec_options, &g.tokens)?;
+        if i > 0 {
+            reference_runs.push((g.decode_tokens_per_second(), run));
+        }
+    }
+    let reference_tokens = generate(model, &prompt, &greedy_options, &mut |_, _| {})?.tokens;
+
+    // ONNX Runtime
+    let mut onnx_model = OnnxModel::load(&export, &ep)?;
+    let mut onnx_spec = OnnxSpeculation::load(&export, &ep, None)?;
+    let ep_used = onnx_model.session().ep_used();
+    let mut onnx_runs = Vec::new();
+    let mut onnx_tokens = Vec::new();
+    for i in 0..=sizes.repeats {
+        let g = onnx_model.generate(&prompt, &greedy_options, &mut |_, _| {})?;
+        onnx_spec.reset();
+        let run = timed_speculative(&mut onnx_spec, &prompt, &spec_options, &g.tokens)?;
+        if i > 0 {
+            onnx_runs.push((g.decode_tokens_per_second(), run));
+        }
+        onnx_tokens = g.tokens;
+    }
+
+    Ok(OnnxBenchResult {
+        model: loaded.name.clone(),
+        onnx: dir.display().to_string(),
+        ep: ep_args.ep.name().into(),
+        ep_used: ep_used.name().into(),
+        onnxruntime: runtime.version.clone(),
+        cpu: cpu_model(),
+        m2r2: args.source(loaded),
+        draft_gate: manifest.draft_gate,
+        draft_len,
+        prompt_len: sizes.prompt_len,
+        decode_tokens: sizes.decode_tokens,
+        repeats: sizes.repeats,
+        engines: vec![
+            summarise("reference".into(), &reference_runs),
+            summarise(format!("onnxruntime-{}", ep_used.name()), &onnx_runs),
+        ],
+        tokens_equal_reference: onnx_tokens == reference_tokens,
+    })
+}
+
+/// One speculative run's figures.
+struct SpecRun {
+    tokens_per_second: f64,
+    mean_accepted_length: f64,
+    ms_per_draft: f64,
+    ms_per_verify: f64,
+    equals_greedy: bool,
+}
+
+fn timed_speculative(
+    backend: &mut dyn SpeculativeBackend,
+    prompt: &[u32],
+    options: &SpeculativeOptions,
+    greedy_tokens: &[u32],
+) -> Result<SpecRun> {
+    let mut timed = Timed {
+        inner: backend,
+        times: [0.0; 3],
+        counts: [0; 3],
+    };
+    let start = Instant::now();
+    let out = speculative_generate(&mut timed, prompt, options)?;
+    let decode = start.elapsed().as_secs_f64() - timed.times[0];
+    Ok(SpecRun {
+        tokens_per_second: out.tokens.len().saturating_sub(1) as f64 / decode.max(1e-12),
+        mean_accepted_length: out.mean_accepted_length(),
+        ms_per_draft: 1e3 * timed.times[1] / timed.counts[1].max(1) as f64,
+        ms_per_verify: 1e3 * timed.times[2] / timed.counts[2].max(1) as f64,
+        equals_greedy: out.tokens == greedy_tokens,
+    })
+}
+
+fn summarise(engine: String, runs: &[(f64, SpecRun)]) -> EngineResult {
+    let m = |f: &dyn Fn(&(f64, SpecRun)) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
+    EngineResult {
+        engine,
+        greedy_tokens_per_second: m(&|r| r.0),
+        speculative_tokens_per_second: m(&|r| r.1.tokens_per_second),
+        mean_accepted_length: m(&|r| r.1.mean_accepted_length),
+        ms_per_draft_step: m(&|r| r.1.ms_per_draft),
+        ms_per_verify_step: m(&|r| r.1.ms_per_verify),
+        speculative_equals_greedy: runs.iter().all(|r| r.1.equals_greedy),
+    }
+}
+
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+pub fn print_table(r: &OnnxBenchResult) {
+    println!(
+        "bench {} on ONNX Runtime {} ({} requested, {} ran) vs the reference",
+        r.model, r.onnxruntime, r.ep, r.ep_used
+    );
+    println!(
+        "cpu: {}; export {}; M2R2 weights: {}",
+        r.cpu, r.onnx, r.m2r2
+    );
+    println!(
+        "prompt {} tokens, decode {} tokens, draft gate {}, {} drafts per round; median of {} runs after 1 warm-up",
+        r.prompt_len, r.decode_tokens, r.draft_gate, r.draft_len, r.repeats
+    );
+    println!(
+        "  {:<22} {:>14} {:>14} {:>10} {:>12} {:>13} {:>9}",
+        "engine", "greedy tok/s", "spec tok/s", "accepted", "ms/draft", "ms/verify", "lossless"
+    );
+    for e in &r.engines {
+        println!(
+            "  {:<22} {:>14.1} {:>14.1} {:>10.2} {:>12.2} {:>13.2} {:>9}",
+            e.engine,
+            e.greedy_tokens_per_second,
+            e.speculative_tokens_per_second,
+            e.mean_accepted_length,
+            e.ms_per_draft_step,
+            e.ms_per_verify_step,
+            if e.speculative_equals_greedy {
+                "yes"
+            } else {
+                "NO"
+            }
+        );
+    }
+    println!(
+        "  greedy tokens equal to the reference's: {}",
+        if r.tokens_equal_reference {
+            "yes"
+        } else {
+            "NO"
+        }
+    );
+    println!(
+        "  (accepted: tokens emitted per verification; ms/draft: one token through draft.onnx or the \
+         reference's lower layers with the fast stream; ms/verify: one verify chunk)"
+    );
+}
+
+/// Times prefill (0), draft steps (1) and verify steps (2) of any backend.
+struct Timed<'a> {
+    inner: &'a mut dyn SpeculativeBackend,
+    times: [f64; 3],
+    counts: [usize; 3],
+}
+
+impl Timed<'_> {
+    fn time<T>(&mut self, kind: usize, f: impl FnOnce(&mut dyn SpeculativeBackend) -> T) -> T {
+        let start = Instant::now();
+        let out = f(&mut *self.inner);
+        self.times[kind] += start.elapsed().as_secs_f64();
+        self.counts[kind] += 1;
+        out
+    }
+}
+
+impl SpeculativeBackend for Timed<'_> {
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn prefill(&mut self, tokens: &[u32]) -> reference::Result<Vec<f32>> {
+        self.time(0, |b| b.prefill(tokens))
+    }
+    fn draft(&mut self, token: u32, propose: bool) -> reference::Result<Option<Draft>> {
+        self.time(1, |b| b.draft(token, propose))
+    }
+    fn verify(&mut self) -> reference::Result<ndarray::Array2<f32>> {
+        self.time(2, |b| b.verify())
+    }
+    fn rollback(&mut self, len: usize) {
+        self.inner.rollback(len)
+    }
+}
+
+/// Run from `m2r2 bench` when `--onnx` is given.
+pub fn run(
+    loaded: &LoadedModel,
+    m2r2: Option<String>,
+    dir: &Path,
+    ep: &EpArgs,
+    sizes: &Sizes,
+    json: bool,
+) -> Result<()> {
+    let result = measure(loaded, m2r2, dir, ep, sizes)?;
+    if json {
+        common::print_json(&serde_json::to_value(&result)?);
+    } else {
+        print_table(&result);
+    }
+    Ok(())
+}

@@ -1,0 +1,191 @@
+//! `m2r2 export`: write the ONNX graphs of a model with its M2R2 weights (`model.onnx`,
+//! `draft.onnx`, `verifier.onnx`), the onnxruntime-genai config, the tokenizer files and the
+//! manifest into a folder (docs/ONNX.md), then print a summary table per graph.
+
+use super::common::{self, ModelArgs};
+use super::m2r2_args::{M2r2Args, Mode};
+use super::progress;
+use anyhow::{Context, Result};
+use export::builder::{DEFAULT_OPSET, WeightsDtype};
+use export::check::{TOLERANCE, check_folder, probe_tokens, rounded_to_f16};
+use export::folder::{Event, ExportRequest, export};
+use export::graphs::{ExportOptions, GraphKind};
+use export::summary::GraphSummary;
+use reference::early_exit::KvPolicy;
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// M2R2 weights folder (as written by `m2r2 init-m2r2`), or `none` for zero adapters without
+    /// ARLA; default: the model's built-in M2R2 weights
+    #[arg(long = "m2r2", value_name = "DIR|none")]
+    pub m2r2: Option<String>,
+    /// Folder to write (replaced only if empty or an earlier export)
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Graphs to write, comma-separated
+    #[arg(
+        long,
+        value_name = "LIST",
+        value_delimiter = ',',
+        default_value = "model,draft,verifier"
+    )]
+    pub graphs: Vec<String>,
+    /// Draft gate g_d, 1-based, where draft.onnx ends and verifier.onnx starts (default: the M2R2
+    /// config's draft_gate)
+    #[arg(long, value_name = "G")]
+    pub draft_gate: Option<usize>,
+    /// ONNX opset (17..=21)
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_OPSET)]
+    pub opset: i64,
+    /// Weight storage: f32, or f16 with a Cast to f32 after each weight (inputs and outputs stay f32)
+    #[arg(long, value_name = "f32|f16", default_value = "f32")]
+    pub weights_dtype: WeightsDtype,
+    /// Store weights in `<graph>.onnx.data` next to each graph (automatic above 2 GB)
+    #[arg(long)]
+    pub external_data: bool,
+    /// Run the written graphs with ONNX Runtime on a probe sequence and compare with the reference
+    #[arg(long)]
+    pub check: bool,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let graphs = args
+        .graphs
+        .iter()
+        .map(|g| g.trim().parse::<GraphKind>())
+        .collect::<Result<Vec<_>, _>>()
+        .context("--graphs")?;
+    let loaded = common::load(&args.model.model)?;
+    let m2r2_args = M2r2Args {
+        mode: Mode::Greedy,
+        m2r2: args.m2r2.clone(),
+        gate: None,
+        threshold: None,
+        kv_policy: KvPolicy::Exact,
+        draft_gate: None,
+        draft_len: None,
+        dynamic_draft: false,
+    };
+    let m2r2 = m2r2_args.weights(&loaded)?;
+    let options = ExportOptions {
+        model_name: loaded.name.clone(),
+        opset: args.opset,
+        weights_dtype: args.weights_dtype,
+        draft_gate: args.draft_gate.unwrap_or(m2r2.config.draft_gate),
+    };
+    let request = ExportRequest {
+        model: &loaded.model,
+        tokenizer: loaded.tokenizer.as_ref(),
+        m2r2: &m2r2,
+        options,
+        graphs,
+        external_data: args.external_data,
+    };
+    let bar = progress::steps(request.graphs.len() as u64, "export");
+    let summaries = export(&request, &args.out, &mut |event| match event {
+        Event::Building(k) => bar.set_message(format!("building {}", k.file_name())),
+        Event::Writing(k) => bar.set_message(format!("writing {}", k.file_name())),
+        Event::Done(_) => bar.inc(1),
+    })
+    .with_context(|| format!("cannot export {} to {}", loaded.name, args.out.display()))?;
+    bar.finish_and_clear();
+    eprintln!(
+        "exported {} (M2R2 weights: {}, draft gate {}) to {}",
+        loaded.name,
+        m2r2_args.source(&loaded),
+        request.options.draft_gate,
+        args.out.display()
+    );
+    print_table(&summaries);
+    if args.check {
+        check(&loaded, &m2r2, &request, &args.out)?;
+    }
+    Ok(())
+}
+
+/// The summary table: one row per graph, then its op histogram.
+fn print_table(summaries: &[GraphSummary]) {
+    println!(
+        "{:<14} {:>7} {:>11} {:>11} {:>7} {:>7}",
+        "graph", "nodes", "parameters", "bytes", "inputs", "outputs"
+    );
+    for s in summaries {
+        println!(
+            "{:<14} {:>7} {:>11} {:>11} {:>7} {:>7}",
+            s.file,
+            s.nodes,
+            common::count(s.parameters as f64),
+            common::bytes(s.bytes as f64),
+            s.inputs.len(),
+            s.outputs.len()
+        );
+    }
+    for s in summaries {
+        println!("{} ops: {}", s.file, s.op_histogram());
+        println!("{} inputs: {}", s.file, s.inputs.join(" "));
+        println!("{} outputs: {}", s.file, s.outputs.join(" "));
+    }
+}
+
+/// `--check`: the written graphs under ONNX Runtime (CPU) against the reference on a probe.
+fn check(
+    loaded: &reference::load::LoadedModel,
+    m2r2: &reference::m2r2_weights::M2r2Weights,
+    request: &ExportRequest<'_>,
+    out: &std::path::Path,
+) -> Result<()> {
+    let tokens = probe_tokens(&loaded.model, loaded.tokenizer.as_ref())?;
+    let split = tokens.len() / 2;
+    eprintln!(
+        "checking with ONNX Runtime (CPU) on a probe of {} tokens fed as {split} + {}: {tokens:?}",
+        tokens.len(),
+        tokens.len() - split
+    );
+    // f16 graphs compute with the f16-rounded weights: compare with the reference on those.
+    let rounded = (request.options.weights_dtype == WeightsDtype::F16)
+        .then(|| rounded_to_f16(&loaded.model, m2r2));
+    let (model, m2r2) = match &rounded {
+        Some((model, m2r2)) => (model, m2r2),
+        None => (&loaded.model, m2r2),
+    };
+    let rows = check_folder(
+        out,
+        model,
+        m2r2,
+        request.options.draft_gate,
+        &request.graphs,
+        &tokens,
+        split,
+    )
+    .context("--check")?;
+    println!(
+        "{:<28} {:<36} {:>12} {:>10} {:>6}",
+        "graph", "tensor", "max |diff|", "max |ref|", "ok"
+    );
+    let mut failed = 0;
+    for r in &rows {
+        println!(
+            "{:<28} {:<36} {:>12.3e} {:>10.3} {:>6}",
+            r.graph,
+            r.tensor,
+            r.max_abs_diff,
+            r.max_abs_ref,
+            if r.ok() { "OK" } else { "NOT OK" }
+        );
+        failed += usize::from(!r.ok());
+    }
+    if failed > 0 {
+        anyhow::bail!(
+            "--check: {failed} of {} tensors differ from the reference by more than {TOLERANCE} x max(1, max |ref|)",
+            rows.len()
+        );
+    }
+    eprintln!(
+        "check passed: {} tensors within {TOLERANCE} x max(1, max |ref|) of the reference",
+        rows.len()
+    );
+    Ok(())
+}

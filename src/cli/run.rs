@@ -1,0 +1,331 @@
+//! `m2r2 run`: decode with the graphs of an export folder on ONNX Runtime (`--ep cpu|cuda|tensorrt`),
+//! greedy over model.onnx or self-speculative over draft.onnx / verifier.onnx through the
+//! reference's own loop. The `--json` report and `--trace` are those of `m2r2 generate`, plus the
+//! execution provider that really ran.
+
+use super::common::{self, PromptArgs};
+use super::generate::{json_report, print_summary};
+use super::m2r2_args::{
+    DecodeRequest, M2r2Settings, Mode, ModeRun, greedy_run, greedy_step, speculative_run,
+    trace_lines,
+};
+use anyhow::{Context, Result, bail};
+use onnx_runner::ep::{DimRanges, Ep, EpConfig, TensorRtOptions};
+use onnx_runner::greedy::OnnxModel;
+use onnx_runner::manifest::ExportDir;
+use onnx_runner::speculation::OnnxSpeculation;
+use reference::cost::Work;
+use reference::early_exit::KvPolicy;
+use reference::exit_gate::GateKind;
+use reference::generate::GenerateOptions;
+use reference::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
+use reference::tokenizer::Tokenizer;
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// The decoding loops `m2r2 run` has (early exit is not exported).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunMode {
+    /// model.onnx, one token per run
+    Greedy,
+    /// draft.onnx proposes, verifier.onnx verifies (lossless)
+    Speculative,
+}
+
+/// The execution provider flags, shared by `run` and `bench --onnx`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct EpArgs {
+    /// Execution provider: cpu | cuda | tensorrt (a GPU provider needs ORT_DYLIB_PATH pointing at
+    /// an onnxruntime-gpu build)
+    #[arg(long, value_name = "EP", default_value = "cpu")]
+    pub ep: Ep,
+    /// CUDA / TensorRT device
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub device_id: i32,
+    /// Run on the CPU when the provider cannot be registered (the report says which ran)
+    #[arg(long)]
+    pub ep_fallback: bool,
+    /// TensorRT: build fp16 engines
+    #[arg(long)]
+    pub trt_fp16: bool,
+    /// TensorRT: engine and timing cache folder (default: <DIR>/trt_cache)
+    #[arg(long, value_name = "DIR")]
+    pub trt_cache: Option<PathBuf>,
+}
+
+impl EpArgs {
+    /// The provider config for an export; TensorRT profiles cover `1..=draft_len + 1` rows.
+    pub fn config(&self, export: &ExportDir, draft_len: usize) -> EpConfig {
+        let config = &export.manifest.config;
+        EpConfig {
+            device_id: self.device_id,
+            fallback: self.ep_fallback,
+            tensorrt: TensorRtOptions {
+                fp16: self.trt_fp16,
+                cache_dir: Some(
+                    self.trt_cache
+                        .clone()
+                        .unwrap_or_else(|| export.dir.join("trt_cache")),
+                ),
+                ranges: Some(DimRanges::from_model(
+                    draft_len,
+                    config.max_position_embeddings,
+                )),
+            },
+            ..EpConfig::new(self.ep)
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Export folder written by `m2r2 export` (with m2r2_export.json)
+    #[arg(long, value_name = "DIR")]
+    pub onnx: PathBuf,
+    #[command(flatten)]
+    pub ep: EpArgs,
+    #[command(flatten)]
+    pub prompt: PromptArgs,
+    /// Tokens to generate at most (0 generates nothing); generation also stops at an end token
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_new_tokens: usize,
+    /// Decoding mode
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = RunMode::Greedy)]
+    pub mode: RunMode,
+    /// Tokens drafted per verification, >= 1 (default: the export's draft_len)
+    #[arg(long, value_name = "N", conflicts_with = "dynamic_draft")]
+    pub draft_len: Option<usize>,
+    /// Draft until the gate score falls below --threshold (at most the export's draft_len)
+    #[arg(long)]
+    pub dynamic_draft: bool,
+    /// Draft gate score: arla | confidence | entropy (default: arla when exported, else confidence)
+    #[arg(long, value_name = "GATE", value_parser = parse_gate)]
+    pub gate: Option<GateKind>,
+    /// Keep drafting (--dynamic-draft) while the gate score is >= X (default: the export's
+    /// arla.threshold)
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    pub threshold: Option<f32>,
+    /// Print one JSON object (tokens, text, timings, statistics, execution provider)
+    #[arg(long)]
+    pub json: bool,
+    /// Print the per-token (greedy) or per-round (speculative) trace on stderr, as `m2r2 generate`
+    #[arg(long)]
+    pub trace: bool,
+}
+
+fn parse_gate(text: &str) -> Result<GateKind, String> {
+    text.parse().map_err(|e: reference::Error| e.to_string())
+}
+
+/// The settings of a run on an export, as `m2r2 generate` reports them.
+pub fn settings(
+    export: &ExportDir,
+    mode: RunMode,
+    gate: Option<GateKind>,
+    threshold: Option<f32>,
+    draft_len: Option<usize>,
+    dynamic_draft: bool,
+) -> Result<M2r2Settings> {
+    let m = &export.manifest;
+    let gate = match gate {
+        Some(GateKind::Arla) if !m.has_arla => bail!(
+            "--gate arla needs ARLA weights, and this export has none (draft.onnx has no exit_prob): \
+             use --gate confidence or --gate entropy"
+        ),
+        Some(g) => g,
+        None if m.has_arla => GateKind::Arla,
+        None => GateKind::Confidence,
+    };
+    let threshold = threshold.unwrap_or(m.m2r2.arla.threshold);
+    if !threshold.is_finite() {
+        bail!("--threshold must be a finite number, got {threshold}");
+    }
+    if draft_len == Some(0) {
+        bail!("--draft-len must be at least 1");
+    }
+    let draft_length = if dynamic_draft {
+        DraftLength::Dynamic {
+            max: m.m2r2.draft_len.max(1),
+            gate,
+            threshold,
+        }
+    } else {
+        DraftLength::Fixed(draft_len.unwrap_or(m.m2r2.draft_len).max(1))
+    };
+    Ok(M2r2Settings {
+        mode: match mode {
+            RunMode::Greedy => Mode::Greedy,
+            RunMode::Speculative => Mode::Speculative,
+        },
+        source: format!("export {}", export.dir.display()),
+        gates: m.m2r2.gates.clone(),
+        gate,
+        threshold,
+        kv_policy: KvPolicy::Exact,
+        draft_gate: m.draft_gate,
+        draft_length,
+    })
+}
+
+/// One decode on ONNX Runtime, and the provider that really ran it.
+pub struct OnnxRun {
+    pub run: ModeRun,
+    pub ep_used: Ep,
+}
+
+/// Decode `request` on the export in `settings.mode`; `record_scores` scores every proposal
+/// (for `--trace`).
+pub fn decode(
+    export: &ExportDir,
+    ep: &EpConfig,
+    settings: &M2r2Settings,
+    request: &DecodeRequest<'_>,
+    record_scores: bool,
+) -> Result<OnnxRun> {
+    let n = export.manifest.config.num_hidden_layers;
+    match settings.mode {
+        Mode::Greedy => {
+            let mut model = OnnxModel::load(export, ep)?;
+            let options = GenerateOptions {
+                max_new_tokens: request.max_new_tokens,
+                stop_tokens: request.stop_tokens.clone(),
+                sampling: None,
+            };
+            let mut steps = Vec::new();
+            let generation = model.generate(request.prompt, &options, &mut |token, logits| {
+                steps.push(greedy_step(token, logits, n));
+            })?;
+            Ok(OnnxRun {
+                run: greedy_run(generation, steps, n),
+                ep_used: model.session().ep_used(),
+            })
+        }
+        Mode::Speculative => {
+            let gate = (record_scores
+                || matches!(settings.draft_length, DraftLength::Dynamic { .. }))
+            .then_some(settings.gate);
+            let mut backend = OnnxSpeculation::load(export, ep, gate)?;
+            let options = SpeculativeOptions {
+                max_new_tokens: request.max_new_tokens,
+                stop_tokens: request.stop_tokens.clone(),
+                draft_length: settings.draft_length.clone(),
+                sampling: None,
+            };
+            let start = Instant::now();
+            let out = speculative_generate(&mut backend, request.prompt, &options)?;
+            let seconds = start.elapsed().as_secs_f64();
+            let (draft, verifier) = backend.sessions();
+            // Both graphs load with the same provider config; report the weaker if they differ.
+            let ep_used = if draft.ep_used() == verifier.ep_used() {
+                draft.ep_used()
+            } else {
+                Ep::Cpu
+            };
+            let prefill = backend.times.prefill_seconds;
+            Ok(OnnxRun {
+                run: speculative_run(out, n, prefill, seconds, Work::default()),
+                ep_used,
+            })
+        }
+        Mode::EarlyExit => bail!("early exit is not exported; use greedy or speculative"),
+    }
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let export = ExportDir::open(&args.onnx)?;
+    let tokenizer = export.tokenizer()?;
+    let prompt = common::prompt_tokens_with(
+        tokenizer_or_error(&export, tokenizer.as_ref()),
+        &args.prompt,
+    )?;
+    let settings = settings(
+        &export,
+        args.mode,
+        args.gate,
+        args.threshold,
+        args.draft_len,
+        args.dynamic_draft,
+    )?;
+    let ep = args.ep.config(&export, settings.draft_length.max());
+    let runtime = onnx_runner::runtime::init()?;
+    eprintln!(
+        "ONNX Runtime {} ({}), {} on {}",
+        runtime.version,
+        runtime.path.display(),
+        export.manifest.model_name,
+        args.ep.ep
+    );
+    let request = DecodeRequest {
+        prompt: &prompt,
+        max_new_tokens: args.max_new_tokens,
+        stop_tokens: export.stop_tokens(tokenizer.as_ref()),
+        sampling: None,
+    };
+    let OnnxRun { run, ep_used } = decode(&export, &ep, &settings, &request, args.trace)
+        .with_context(|| format!("cannot decode with {}", export.dir.display()))?;
+
+    if args.trace {
+        let text = |token: u32| match &tokenizer {
+            Some(t) => t.decode(&[token], false).unwrap_or_default(),
+            None => String::new(),
+        };
+        for line in trace_lines(&run, &settings, &text) {
+            eprintln!("{line}");
+        }
+    }
+    let text = match &tokenizer {
+        Some(t) => Some(t.decode(&run.tokens, true)?),
+        None => None,
+    };
+    if args.json {
+        let source = export.dir.display().to_string();
+        let mut report = json_report(
+            &export.manifest.model_name,
+            &source,
+            &request,
+            &run,
+            text,
+            &settings,
+        );
+        let object = report.as_object_mut().expect("a JSON object");
+        // Work is counted by the reference only: ONNX Runtime's is not known here.
+        object.insert("flops_per_token".into(), json!(null));
+        object.insert("bytes_per_token".into(), json!(null));
+        object.insert("ep".into(), json!(args.ep.ep.name()));
+        object.insert("ep_used".into(), json!(ep_used.name()));
+        object.insert("onnxruntime".into(), json!(runtime.version));
+        common::print_json(&report);
+    } else {
+        match text {
+            Some(text) => println!("{text}"),
+            None => {
+                let ids: Vec<String> = run.tokens.iter().map(u32::to_string).collect();
+                println!("{}", ids.join(" "));
+            }
+        }
+        let stopped = run
+            .tokens
+            .last()
+            .is_some_and(|t| request.stop_tokens.contains(t));
+        print_summary(&run, prompt.len(), stopped);
+        eprintln!(
+            "[execution provider: {} requested, {} ran]",
+            args.ep.ep, ep_used
+        );
+    }
+    Ok(())
+}
+
+/// The tokenizer, or the error `--prompt` gets for an export without one.
+fn tokenizer_or_error<'a>(
+    export: &ExportDir,
+    tokenizer: Option<&'a Tokenizer>,
+) -> reference::Result<&'a Tokenizer> {
+    tokenizer.ok_or_else(|| {
+        reference::Error::Invalid(format!(
+            "{} has no tokenizer (no tokenizer.json in the export); pass --tokens instead of --prompt",
+            export.dir.display()
+        ))
+    })
+}

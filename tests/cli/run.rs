@@ -1,0 +1,293 @@
+//! `m2r2 run` failures that need no real export: a folder that is not an export, an ONNX Runtime
+//! library that is missing or not ONNX Runtime, and a GPU provider asked of the CPU-only library.
+//! Every case exits non-zero with a message naming what to fix, never a panic.
+
+use super::Run;
+use std::path::{Path, PathBuf};
+
+/// The CPU ONNX Runtime of the real m2r2 cache (scripts/test.sh fetches it first; fetched here
+/// otherwise).
+pub fn onnxruntime() -> PathBuf {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| onnx_runner::provision::fetch(false).expect("m2r2 fetch onnxruntime"))
+        .clone()
+}
+
+/// `m2r2 args` with `ORT_DYLIB_PATH` set to `ort`.
+fn m2r2_with_ort(args: &[&str], ort: &Path) -> Run {
+    super::m2r2_env(args, &[("ORT_DYLIB_PATH", ort.as_os_str())])
+}
+
+fn fails_with(args: &[&str], ort: &Path, needles: &[&str]) {
+    let run = m2r2_with_ort(args, ort);
+    assert!(
+        matches!(run.code, Some(c) if c != 0),
+        "m2r2 {args:?} should fail:\n{}{}",
+        run.stdout,
+        run.stderr
+    );
+    for needle in needles {
+        assert!(
+            run.stderr.contains(needle),
+            "m2r2 {args:?}: stderr should contain {needle:?}:\n{}",
+            run.stderr
+        );
+    }
+}
+
+/// A folder with a valid manifest for the built-in tiny model and a graph file that is the
+/// session tests' fixture: enough to reach library loading and provider registration.
+fn fake_export(dir: &Path) {
+    let config = reference::builtin::tiny_config();
+    let m2r2 = reference::m2r2_config::M2r2Config::default_for(&config);
+    let manifest = serde_json::json!({
+        "format_version": 1,
+        "exporter_version": "test",
+        "model_name": "tiny",
+        "config": config,
+        "draft_gate": m2r2.draft_gate,
+        "draft_layers": m2r2.gates[m2r2.draft_gate - 1],
+        "m2r2": m2r2,
+        "has_arla": false,
+        "opset": 17,
+        "weights_dtype": "f32",
+        "graphs": { "model": "model.onnx" },
+    });
+    std::fs::write(
+        dir.join("m2r2_export.json"),
+        serde_json::to_string_pretty(&manifest).unwrap(),
+    )
+    .unwrap();
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("onnx-runner/tests/fixtures/affine.onnx");
+    std::fs::copy(fixture, dir.join("model.onnx")).unwrap();
+}
+
+#[test]
+fn a_folder_without_a_manifest_is_not_an_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    fails_with(
+        &["run", "--onnx", d, "--tokens", "1,2"],
+        &onnxruntime(),
+        &["m2r2_export.json: missing", "m2r2 export --out"],
+    );
+}
+
+#[test]
+fn a_missing_or_foreign_library_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    fake_export(dir.path());
+    let d = dir.path().to_str().unwrap();
+    let args = [
+        "run",
+        "--onnx",
+        d,
+        "--tokens",
+        "1,2",
+        "--max-new-tokens",
+        "2",
+    ];
+
+    let missing = dir.path().join("libonnxruntime.so.1.31.1");
+    fails_with(
+        &args,
+        &missing,
+        &["cannot read the library", "ORT_DYLIB_PATH"],
+    );
+
+    let text = dir.path().join("not-a-library.so");
+    std::fs::write(&text, "hello").unwrap();
+    fails_with(&args, &text, &["is not a shared library"]);
+
+    // A real shared library that is not ONNX Runtime: the providers' helper beside the runtime.
+    let helper = onnxruntime().with_file_name("libonnxruntime_providers_shared.so");
+    fails_with(
+        &args,
+        &helper,
+        &["does not export `OrtGetApiBase`", "not ONNX Runtime"],
+    );
+}
+
+#[test]
+fn gpu_providers_fail_fast_with_their_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    fake_export(dir.path());
+    let d = dir.path().to_str().unwrap();
+    for (ep, reason) in [
+        (
+            "cuda",
+            "CUDA execution provider is not enabled in this build",
+        ),
+        (
+            "tensorrt",
+            "TensorRT execution provider is not enabled in this build",
+        ),
+    ] {
+        fails_with(
+            &["run", "--onnx", d, "--tokens", "1,2", "--ep", ep],
+            &onnxruntime(),
+            &[
+                &format!("the {ep} execution provider is not available"),
+                reason,
+                "--ep-fallback",
+            ],
+        );
+    }
+    fails_with(
+        &["run", "--onnx", d, "--tokens", "1", "--ep", "gpu"],
+        &onnxruntime(),
+        &["unknown execution provider `gpu`"],
+    );
+}
+
+/// `m2r2 run` on an export of the built-in model prints `m2r2 generate`'s report (every key of it,
+/// the same tokens and statistics) plus the provider that ran; speculative equals greedy.
+#[test]
+fn run_reports_like_generate_on_an_export_of_tiny() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tiny");
+    let o = out.to_str().unwrap();
+    super::ok(&["export", "--model", "tiny", "--out", o]);
+    let ort = onnxruntime();
+    let prompt = ["--prompt", "The quick brown fox", "--max-new-tokens", "12"];
+    for mode in ["greedy", "speculative"] {
+        let mut generate = vec!["generate", "--json", "--model", "tiny", "--mode", mode];
+        generate.extend_from_slice(&prompt);
+        let want = super::ok(&generate).json();
+        let mut run = vec!["run", "--json", "--onnx", o, "--mode", mode];
+        run.extend_from_slice(&prompt);
+        let got = m2r2_with_ort(&run, &ort);
+        assert_eq!(got.code, Some(0), "{}", got.stderr);
+        let got = got.json();
+        for key in want.as_object().unwrap().keys() {
+            assert!(got.get(key).is_some(), "{mode}: `m2r2 run` lacks `{key}`");
+        }
+        for key in [
+            "tokens",
+            "prompt_tokens",
+            "text",
+            "stop_reason",
+            "mode",
+            "sampling",
+        ] {
+            assert_eq!(got[key], want[key], "{mode}: {key}");
+        }
+        if mode == "speculative" {
+            for key in [
+                "rounds",
+                "mean_accepted_tokens",
+                "acceptance_by_position",
+                "acceptance_rate",
+            ] {
+                assert_eq!(got[key], want[key], "{mode}: {key}");
+            }
+        }
+        assert_eq!(got["ep"], "cpu");
+        assert_eq!(got["ep_used"], "cpu");
+        assert_eq!(got["flops_per_token"], serde_json::Value::Null);
+    }
+    // --trace prints the rounds on stderr, as generate does
+    let traced = m2r2_with_ort(
+        &[
+            "run",
+            "--onnx",
+            o,
+            "--tokens",
+            "1,2,3",
+            "--max-new-tokens",
+            "6",
+            "--mode",
+            "speculative",
+            "--trace",
+        ],
+        &ort,
+    );
+    assert_eq!(traced.code, Some(0), "{}", traced.stderr);
+    assert!(
+        traced.stderr.contains("trace: speculative, draft at gate"),
+        "{}",
+        traced.stderr
+    );
+    assert!(
+        traced.stderr.contains("round   0: drafted ["),
+        "{}",
+        traced.stderr
+    );
+}
+
+/// The demo's ONNX section (run by `golden_m2r2::demo_runs_the_m2r2_modes_without_not_ok`, so the
+/// demo runs once): the export of the built-in model is equal to the reference on ONNX Runtime.
+pub fn check_demo_onnx_section(stdout: &str) {
+    let section = stdout
+        .split("ONNX export + ONNX Runtime ==")
+        .nth(1)
+        .expect("an ONNX section");
+    let section = section.split("\n== ").next().unwrap();
+    assert!(!section.contains("NOT OK"), "{section}");
+    assert_eq!(section.matches("  OK ").count(), 4, "{section}");
+    assert!(section.contains("ONNX Runtime speculative"), "{section}");
+}
+
+/// `m2r2 bench --onnx` on an export of tiny: both engines measured, lossless, equal tokens (speeds
+/// are printed, never asserted).
+#[test]
+fn bench_onnx_compares_both_engines() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tiny");
+    let o = out.to_str().unwrap();
+    super::ok(&["export", "--model", "tiny", "--out", o]);
+    let args = [
+        "bench",
+        "--model",
+        "tiny",
+        "--onnx",
+        o,
+        "--json",
+        "--prompt-len",
+        "8",
+        "--decode-tokens",
+        "8",
+        "--repeats",
+        "1",
+    ];
+    let report = super::ok(&args).json();
+    assert_eq!(report["ep_used"], "cpu");
+    assert_eq!(report["tokens_equal_reference"], true);
+    let engines = report["engines"].as_array().unwrap();
+    let names: Vec<&str> = engines
+        .iter()
+        .map(|e| e["engine"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["reference", "onnxruntime-cpu"]);
+    for e in engines {
+        assert_eq!(e["speculative_equals_greedy"], true, "{e}");
+        for key in [
+            "greedy_tokens_per_second",
+            "speculative_tokens_per_second",
+            "ms_per_draft_step",
+            "ms_per_verify_step",
+        ] {
+            assert!(e[key].as_f64().unwrap() > 0.0, "{key}: {e}");
+        }
+    }
+    assert_eq!(
+        engines[0]["mean_accepted_length"],
+        engines[1]["mean_accepted_length"]
+    );
+    // the export must be of the benched model
+    super::fails(
+        &[
+            "bench",
+            "--model",
+            "tiny-moe",
+            "--onnx",
+            o,
+            "--repeats",
+            "1",
+            "--decode-tokens",
+            "2",
+        ],
+        &["different model", "--model"],
+    );
+}
