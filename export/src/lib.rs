@@ -9,9 +9,11 @@
 //! Layout: [`proto`] (generated protobuf types, apart), [`builder`] (a small graph builder),
 //! [`emit`] (one emitter per reference module, same file names), [`graphs`] (the three graphs and
 //! their interfaces), [`write`] (protobuf files, external data), [`folder`] (the export folder:
-//! manifest, onnxruntime-genai config, tokenizer files), [`summary`] (per-graph statistics).
+//! manifest, onnxruntime-genai config, tokenizer files), [`summary`] (per-graph statistics), [`check`] (the graphs under ONNX Runtime against the
+//! reference).
 
 pub mod builder;
+pub mod check;
 pub mod emit;
 pub mod error;
 pub mod folder;

@@ -29,15 +29,20 @@ pub struct Written {
     pub external: Option<String>,
 }
 
-/// Whether `model` needs external data even if not asked for.
-pub fn needs_external(model: &ModelProto) -> bool {
-    model.encoded_len() >= PROTOBUF_LIMIT
-}
-
 /// Write `model` to `path` (and `<path>.data` when `external`, or when the model is too large for
 /// one protobuf message).
-pub fn write_graph(mut model: ModelProto, path: &Path, external: bool) -> Result<Written> {
-    let external = external || needs_external(&model);
+pub fn write_graph(model: ModelProto, path: &Path, external: bool) -> Result<Written> {
+    write_graph_limited(model, path, external, PROTOBUF_LIMIT)
+}
+
+/// [`write_graph`] with external data switched on automatically from `limit` encoded bytes.
+pub fn write_graph_limited(
+    mut model: ModelProto,
+    path: &Path,
+    external: bool,
+    limit: usize,
+) -> Result<Written> {
+    let external = external || model.encoded_len() >= limit;
     let mut bytes = 0u64;
     let mut data_name = None;
     if external {

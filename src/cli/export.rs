@@ -7,6 +7,7 @@ use super::m2r2_args::{M2r2Args, Mode};
 use super::progress;
 use anyhow::{Context, Result};
 use export::builder::{DEFAULT_OPSET, WeightsDtype};
+use export::check::{TOLERANCE, check_folder, probe_tokens, rounded_to_f16};
 use export::folder::{Event, ExportRequest, export};
 use export::graphs::{ExportOptions, GraphKind};
 use export::summary::GraphSummary;
@@ -100,7 +101,7 @@ pub fn run(args: &Args) -> Result<()> {
     );
     print_table(&summaries);
     if args.check {
-        anyhow::bail!("--check is not available yet");
+        check(&loaded, &m2r2, &request, &args.out)?;
     }
     Ok(())
 }
@@ -127,4 +128,64 @@ fn print_table(summaries: &[GraphSummary]) {
         println!("{} inputs: {}", s.file, s.inputs.join(" "));
         println!("{} outputs: {}", s.file, s.outputs.join(" "));
     }
+}
+
+/// `--check`: the written graphs under ONNX Runtime (CPU) against the reference on a probe.
+fn check(
+    loaded: &reference::load::LoadedModel,
+    m2r2: &reference::m2r2_weights::M2r2Weights,
+    request: &ExportRequest<'_>,
+    out: &std::path::Path,
+) -> Result<()> {
+    let tokens = probe_tokens(&loaded.model, loaded.tokenizer.as_ref())?;
+    let split = tokens.len() / 2;
+    eprintln!(
+        "checking with ONNX Runtime (CPU) on a probe of {} tokens fed as {split} + {}: {tokens:?}",
+        tokens.len(),
+        tokens.len() - split
+    );
+    // f16 graphs compute with the f16-rounded weights: compare with the reference on those.
+    let rounded = (request.options.weights_dtype == WeightsDtype::F16)
+        .then(|| rounded_to_f16(&loaded.model, m2r2));
+    let (model, m2r2) = match &rounded {
+        Some((model, m2r2)) => (model, m2r2),
+        None => (&loaded.model, m2r2),
+    };
+    let rows = check_folder(
+        out,
+        model,
+        m2r2,
+        request.options.draft_gate,
+        &request.graphs,
+        &tokens,
+        split,
+    )
+    .context("--check")?;
+    println!(
+        "{:<28} {:<36} {:>12} {:>10} {:>6}",
+        "graph", "tensor", "max |diff|", "max |ref|", "ok"
+    );
+    let mut failed = 0;
+    for r in &rows {
+        println!(
+            "{:<28} {:<36} {:>12.3e} {:>10.3} {:>6}",
+            r.graph,
+            r.tensor,
+            r.max_abs_diff,
+            r.max_abs_ref,
+            if r.ok() { "OK" } else { "NOT OK" }
+        );
+        failed += usize::from(!r.ok());
+    }
+    if failed > 0 {
+        anyhow::bail!(
+            "--check: {failed} of {} tensors differ from the reference by more than {TOLERANCE} x max(1, max |ref|)",
+            rows.len()
+        );
+    }
+    eprintln!(
+        "check passed: {} tensors within {TOLERANCE} x max(1, max |ref|) of the reference",
+        rows.len()
+    );
+    Ok(())
 }

@@ -85,6 +85,29 @@ pub fn split_heads(b: &mut GraphBuilder, x: &str, heads: usize, dh: usize) -> St
     )
 }
 
+/// Projected rows to heads, RoPE on queries and keys: `[B, H, T, Dh]`, `[B, Hkv, T, Dh]` twice.
+fn heads(
+    b: &mut GraphBuilder,
+    config: &ModelConfig,
+    rope: &RopeTables,
+    q: &str,
+    k: &str,
+    v: &str,
+) -> [String; 3] {
+    let (h, hkv, dh) = (
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+    );
+    let q = split_heads(b, q, h, dh);
+    let k = split_heads(b, k, hkv, dh);
+    [
+        apply(b, rope, &q),
+        apply(b, rope, &k),
+        split_heads(b, v, hkv, dh),
+    ]
+}
+
 /// Queries `[B, H, T, Dh]` -> `[B, Hkv, G, T, Dh]`.
 fn group_queries(b: &mut GraphBuilder, config: &ModelConfig, q: &str) -> String {
     let g = config.num_attention_heads / config.num_key_value_heads;
@@ -161,16 +184,8 @@ pub fn slow_attention(
     past_value: &str,
     mask: &str,
 ) -> SlowAttention {
-    let (h, hkv, dh) = (
-        config.num_attention_heads,
-        config.num_key_value_heads,
-        config.head_dim,
-    );
-    let q = split_heads(b, q, h, dh);
-    let q = apply(b, rope, &q);
-    let k = split_heads(b, k, hkv, dh);
-    let k = apply(b, rope, &k);
-    let v = split_heads(b, v, hkv, dh);
+    let [q, k, v] = heads(b, config, rope, q, k, v);
+    let dh = config.head_dim;
     let concat = |b: &mut GraphBuilder, past: &str, new: &str| {
         b.node("Concat", &[past, new], vec![("axis", Attr::Int(2))])
     };
@@ -208,16 +223,8 @@ pub fn fast_attention(
     present_value: &str,
     fast_mask: &str,
 ) -> String {
-    let (h, hkv, dh) = (
-        config.num_attention_heads,
-        config.num_key_value_heads,
-        config.head_dim,
-    );
-    let q = split_heads(b, q, h, dh);
-    let q = apply(b, rope, &q);
-    let k = split_heads(b, k, hkv, dh);
-    let k = apply(b, rope, &k);
-    let v = split_heads(b, v, hkv, dh);
+    let [q, k, v] = heads(b, config, rope, q, k, v);
+    let dh = config.head_dim;
     let q5 = group_queries(b, config, &q); // [B, Hkv, G, T, Dh]
     let own_k = kv_group_axis(b, &k); // [B, Hkv, 1, T, Dh]
     let own_v = kv_group_axis(b, &v);

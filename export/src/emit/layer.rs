@@ -50,8 +50,8 @@ pub struct LayerOutput {
     pub present_value: String,
 }
 
-/// `x W^T + b` for one base projection, plus the adapter term when `adapter` is given.
-fn project(
+/// `x W^T + b` for one base projection of layer `l`, plus the adapter term when `adapter` is given.
+pub fn project(
     b: &mut GraphBuilder,
     l: usize,
     target: Target,

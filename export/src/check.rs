@@ -1,0 +1,453 @@
+//! The oracle check of an export folder: run its graphs with ONNX Runtime (CPU) on a probe sequence
+//! and compare every output with the reference (`m2r2 export --check` and the tests).
+//!
+//! The probe is fed in two chunks, so the second chunk reads the first one's cache through
+//! `past_key_values` (empty past, then a non-empty past):
+//!
+//! | graph           | compared with the reference                                          |
+//! |-----------------|----------------------------------------------------------------------|
+//! | `model.onnx`    | `logits` of each chunk (`Model::forward`), final `present.*` (`KvCache`) |
+//! | `draft.onnx`    | `draft_logits`, `exit_prob`, `hidden_states` of each chunk (`M2r2::run_interval` with a fast row per position, `Arla::exit_prob`), final `present.*` |
+//! | `verifier.onnx` | `logits` of each chunk from the reference `hidden_states`, final `present.*` |
+//! | draft -> verifier | `logits` of `verifier.onnx` fed with `draft.onnx`'s `hidden_states` vs `model.onnx`'s |
+//!
+//! Tolerance ([`TOLERANCE`]): f32 on the CPU, the same operations in a different summation order
+//! (ORT's blocked GEMMs and vectorised exp / sigmoid against the reference's sequential sums), so
+//! differences are rounding: about 1e-6 relative per operation, accumulated over the layers. A
+//! tensor passes when `max |onnx - ref| <= TOLERANCE * max(1, max |ref|)`: 1e-4 absolute for
+//! values of order one (KV, hidden states, probabilities), scaled for logits of order ten.
+
+use crate::error::{Error, Result};
+use crate::graphs::{
+    self, ATTENTION_MASK, DRAFT_LOGITS, EXIT_PROB, GraphKind, HIDDEN_STATES, INPUT_IDS, LOGITS,
+    POSITION_IDS,
+};
+use half::f16;
+use ndarray::{Array, Dimension};
+use ndarray::{Array2, Array4, ArrayD, ArrayView2, Axis};
+use onnx_runner::ep::EpConfig;
+use onnx_runner::session::{Input, OnnxSession};
+use reference::KvCache;
+use reference::fast_stream::M2r2;
+use reference::m2r2_weights::M2r2Weights;
+use reference::model::Model;
+use reference::weights::FeedForward;
+use std::path::Path;
+
+/// Relative tolerance, see the module docs.
+pub const TOLERANCE: f32 = 1e-4;
+
+/// One compared tensor.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Comparison {
+    pub graph: String,
+    pub tensor: String,
+    pub max_abs_diff: f32,
+    pub max_abs_ref: f32,
+}
+
+impl Comparison {
+    pub fn ok(&self) -> bool {
+        self.max_abs_diff <= TOLERANCE * self.max_abs_ref.max(1.0)
+    }
+}
+
+fn compare(graph: &str, tensor: &str, onnx: &ArrayD<f32>, reference: &ArrayD<f32>) -> Comparison {
+    let max_abs_diff = if onnx.shape() == reference.shape() {
+        onnx.iter()
+            .zip(reference.iter())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, |m, d| if d.is_nan() { f32::NAN } else { m.max(d) })
+    } else {
+        f32::INFINITY
+    };
+    Comparison {
+        graph: graph.into(),
+        tensor: format!("{tensor} {:?}", reference.shape()),
+        max_abs_diff,
+        max_abs_ref: reference.iter().fold(0.0f32, |m, v| m.max(v.abs())),
+    }
+}
+
+/// `[T, X]` reference rows as a batch of one: `[1, T, X]`.
+fn batch1(x: ArrayView2<f32>) -> ArrayD<f32> {
+    x.to_owned().insert_axis(Axis(0)).into_dyn()
+}
+
+/// Cache rows `[S, Hkv*Dh]` as the graphs' `[1, Hkv, S, Dh]`.
+fn kv_layout(x: ArrayView2<f32>, heads: usize, dh: usize) -> ArrayD<f32> {
+    let s = x.nrows();
+    let x = x
+        .to_owned()
+        .into_shape_with_order((s, heads, dh))
+        .expect("kv_dim = Hkv*Dh");
+    let x: Array4<f32> = x
+        .permuted_axes([1, 0, 2])
+        .insert_axis(Axis(0))
+        .as_standard_layout()
+        .to_owned();
+    x.into_dyn()
+}
+
+/// What the reference computes for the probe, chunk by chunk.
+struct ReferenceRun {
+    /// per chunk `[T_c, V]`
+    logits: Vec<Array2<f32>>,
+    /// per chunk `[T_c, V]`
+    draft_logits: Vec<Array2<f32>>,
+    /// per chunk `[T_c]` (when ARLA weights exist)
+    exit_prob: Vec<Option<Vec<f32>>>,
+    /// per chunk `[T_c, D]` slow residual at `e`
+    hidden: Vec<Array2<f32>>,
+    /// the base model's cache after the probe (all layers)
+    cache: KvCache,
+    /// the cache written by the draft's slow rows (layers `0..e`)
+    draft_cache: KvCache,
+}
+
+fn reference_run(
+    model: &Model,
+    m2r2: &M2r2Weights,
+    draft_gate: usize,
+    chunks: &[&[u32]],
+) -> Result<ReferenceRun> {
+    let total: usize = chunks.iter().map(|c| c.len()).sum();
+    let mut cache = model.new_cache(total)?;
+    let mut draft_cache = model.new_cache(total)?;
+    let m = M2r2::new(model, m2r2);
+    let eps = model.config.rms_norm_eps as f32;
+    let mut run = ReferenceRun {
+        logits: vec![],
+        draft_logits: vec![],
+        exit_prob: vec![],
+        hidden: vec![],
+        cache: model.new_cache(0)?,
+        draft_cache: model.new_cache(0)?,
+    };
+    for chunk in chunks {
+        run.logits.push(model.forward(chunk, &mut cache)?);
+        let pos0 = draft_cache.len();
+        model.check_input(chunk, pos0, &draft_cache)?;
+        let mut s = model.embed(chunk);
+        let slots: Vec<usize> = (0..chunk.len()).collect();
+        let mut exits = Vec::new();
+        for j in 0..draft_gate {
+            exits.push(
+                m.run_interval(j, &mut s, pos0, &mut draft_cache, &slots)
+                    .exit_states,
+            );
+        }
+        draft_cache.set_len(pos0 + chunk.len());
+        let u = exits.last().expect("draft_gate >= 1");
+        run.draft_logits.push(m.exit_logits(u.view()));
+        run.exit_prob.push(m2r2.arla.as_ref().map(|arla| {
+            (0..chunk.len())
+                .map(|t| {
+                    let states: Vec<_> = exits.iter().map(|u| u.row(t)).collect();
+                    arla.exit_prob(&states, eps)
+                })
+                .collect()
+        }));
+        run.hidden.push(s);
+    }
+    run.cache = cache;
+    run.draft_cache = draft_cache;
+    Ok(run)
+}
+
+/// Feeds one chunk and carries the presents over as the next chunk's past.
+struct Feeder {
+    layers: std::ops::Range<usize>,
+    past: Vec<(ArrayD<f32>, ArrayD<f32>)>,
+    past_len: usize,
+}
+
+impl Feeder {
+    fn new(model: &Model, layers: std::ops::Range<usize>) -> Self {
+        let c = &model.config;
+        let empty = || ArrayD::zeros(vec![1, c.num_key_value_heads, 0, c.head_dim]);
+        Feeder {
+            past: layers.clone().map(|_| (empty(), empty())).collect(),
+            layers,
+            past_len: 0,
+        }
+    }
+
+    /// Run one chunk: `rows` is `input_ids` (ints) or `hidden_states` (floats).
+    fn run(
+        &mut self,
+        session: &mut OnnxSession,
+        rows: Rows<'_>,
+        t: usize,
+    ) -> Result<onnx_runner::session::Outputs> {
+        let total = self.past_len + t;
+        let mask = ArrayD::<i64>::ones(vec![1, total]);
+        let positions = ArrayD::from_shape_fn(vec![1, t], |i| (self.past_len + i[1]) as i64);
+        let names: Vec<(String, String)> = self.layers.clone().map(graphs::past_names).collect();
+        let mut inputs: Vec<(&str, Input<'_>)> = vec![
+            (ATTENTION_MASK, Input::I64(mask.view())),
+            (POSITION_IDS, Input::I64(positions.view())),
+        ];
+        match &rows {
+            Rows::Ids(ids) => inputs.push((INPUT_IDS, Input::I64(ids.view()))),
+            Rows::Hidden(h) => inputs.push((HIDDEN_STATES, Input::F32(h.view()))),
+        }
+        for ((k, v), (pk, pv)) in names.iter().zip(&self.past) {
+            inputs.push((k, Input::F32(pk.view())));
+            inputs.push((v, Input::F32(pv.view())));
+        }
+        let mut out = session.run(&inputs).map_err(runner_error)?;
+        for (i, l) in self.layers.clone().enumerate() {
+            let (k, v) = graphs::present_names(l);
+            self.past[i] = (
+                out.take(&k).map_err(runner_error)?,
+                out.take(&v).map_err(runner_error)?,
+            );
+        }
+        self.past_len = total;
+        Ok(out)
+    }
+}
+
+enum Rows<'a> {
+    Ids(ArrayD<i64>),
+    Hidden(&'a ArrayD<f32>),
+}
+
+fn runner_error(e: onnx_runner::Error) -> Error {
+    Error::Invalid(format!("ONNX Runtime: {e}"))
+}
+
+fn ids(chunk: &[u32]) -> ArrayD<i64> {
+    ArrayD::from_shape_vec(
+        vec![1, chunk.len()],
+        chunk.iter().map(|&t| t as i64).collect(),
+    )
+    .expect("[1, T]")
+}
+
+fn output(out: &onnx_runner::session::Outputs, name: &str) -> Result<ArrayD<f32>> {
+    Ok(out.get(name).map_err(runner_error)?.clone())
+}
+
+/// Compare the final presents of `layers` with the reference cache.
+fn compare_presents(
+    graph: &str,
+    model: &Model,
+    feeder: &Feeder,
+    cache: &KvCache,
+    rows: &mut Vec<Comparison>,
+) {
+    let c = &model.config;
+    for (i, l) in feeder.layers.clone().enumerate() {
+        let (k, v) = cache.layer(l, feeder.past_len);
+        let (kn, vn) = graphs::present_names(l);
+        let (ok, ov) = &feeder.past[i];
+        rows.push(compare(
+            graph,
+            &kn,
+            ok,
+            &kv_layout(k, c.num_key_value_heads, c.head_dim),
+        ));
+        rows.push(compare(
+            graph,
+            &vn,
+            ov,
+            &kv_layout(v, c.num_key_value_heads, c.head_dim),
+        ));
+    }
+}
+
+/// Run the graphs `kinds` of the folder `dir` on `tokens` (split into two chunks at `split`) and
+/// compare with the reference. `draft_gate` must be the one the folder was exported with.
+pub fn check_folder(
+    dir: &Path,
+    model: &Model,
+    m2r2: &M2r2Weights,
+    draft_gate: usize,
+    kinds: &[GraphKind],
+    tokens: &[u32],
+    split: usize,
+) -> Result<Vec<Comparison>> {
+    if split == 0 || split >= tokens.len() {
+        return Err(Error::Invalid(format!(
+            "probe of {} tokens cannot be split at {split}",
+            tokens.len()
+        )));
+    }
+    onnx_runner::runtime::init().map_err(runner_error)?;
+    let chunks = [&tokens[..split], &tokens[split..]];
+    let reference = reference_run(model, m2r2, draft_gate, &chunks)?;
+    let n = model.config.num_hidden_layers;
+    let e = m2r2.config.gate_layer(draft_gate);
+    let ep = EpConfig::cpu();
+    let load =
+        |k: GraphKind| OnnxSession::load(&dir.join(k.file_name()), &ep).map_err(runner_error);
+    let mut rows = Vec::new();
+    let mut model_logits = Vec::new();
+    let mut draft_hidden = Vec::new();
+    for &kind in kinds {
+        let mut session = load(kind)?;
+        let name = kind.file_name();
+        let mut feeder = Feeder::new(model, kind.layers(n, e));
+        for (c, chunk) in chunks.iter().enumerate() {
+            let tag = |t: &str| format!("{t} (chunk {})", c + 1);
+            match kind {
+                GraphKind::Model => {
+                    let out = feeder.run(&mut session, Rows::Ids(ids(chunk)), chunk.len())?;
+                    let logits = output(&out, LOGITS)?;
+                    rows.push(compare(
+                        &name,
+                        &tag(LOGITS),
+                        &logits,
+                        &batch1(reference.logits[c].view()),
+                    ));
+                    model_logits.push(logits);
+                }
+                GraphKind::Draft => {
+                    let out = feeder.run(&mut session, Rows::Ids(ids(chunk)), chunk.len())?;
+                    rows.push(compare(
+                        &name,
+                        &tag(DRAFT_LOGITS),
+                        &output(&out, DRAFT_LOGITS)?,
+                        &batch1(reference.draft_logits[c].view()),
+                    ));
+                    if let Some(p) = &reference.exit_prob[c] {
+                        let want =
+                            ArrayD::from_shape_vec(vec![1, p.len()], p.clone()).expect("[1, T]");
+                        rows.push(compare(
+                            &name,
+                            &tag(EXIT_PROB),
+                            &output(&out, EXIT_PROB)?,
+                            &want,
+                        ));
+                    }
+                    let hidden = output(&out, HIDDEN_STATES)?;
+                    rows.push(compare(
+                        &name,
+                        &tag(HIDDEN_STATES),
+                        &hidden,
+                        &batch1(reference.hidden[c].view()),
+                    ));
+                    draft_hidden.push(hidden);
+                }
+                GraphKind::Verifier => {
+                    let h = batch1(reference.hidden[c].view());
+                    let out = feeder.run(&mut session, Rows::Hidden(&h), chunk.len())?;
+                    rows.push(compare(
+                        &name,
+                        &tag(LOGITS),
+                        &output(&out, LOGITS)?,
+                        &batch1(reference.logits[c].view()),
+                    ));
+                }
+            }
+        }
+        let cache = match kind {
+            GraphKind::Draft => &reference.draft_cache,
+            _ => &reference.cache,
+        };
+        compare_presents(&name, model, &feeder, cache, &mut rows);
+    }
+    // draft -> verifier on ONNX Runtime alone reproduces model.onnx
+    if kinds.contains(&GraphKind::Verifier) && !model_logits.is_empty() && !draft_hidden.is_empty()
+    {
+        let mut session = load(GraphKind::Verifier)?;
+        let mut feeder = Feeder::new(model, GraphKind::Verifier.layers(n, e));
+        for (c, chunk) in chunks.iter().enumerate() {
+            let out = feeder.run(&mut session, Rows::Hidden(&draft_hidden[c]), chunk.len())?;
+            rows.push(compare(
+                "draft.onnx -> verifier.onnx",
+                &format!("logits vs model.onnx (chunk {})", c + 1),
+                &output(&out, LOGITS)?,
+                &model_logits[c],
+            ));
+        }
+    }
+    Ok(rows)
+}
+
+/// The probe `--check` feeds: a short English sentence when the model has a tokenizer, else fixed
+/// ids; split in the middle.
+pub fn probe_tokens(
+    model: &Model,
+    tokenizer: Option<&reference::tokenizer::Tokenizer>,
+) -> Result<Vec<u32>> {
+    let tokens = match tokenizer {
+        Some(t) => t.encode("The quick brown fox jumps over the lazy dog.", false)?,
+        None => vec![3, 1, 4, 1, 5, 9, 2, 6],
+    };
+    let tokens: Vec<u32> = tokens
+        .into_iter()
+        .map(|t| t % model.config.vocab_size as u32)
+        .collect();
+    if tokens.len() < 2 {
+        return Err(Error::Invalid(
+            "the probe sequence needs at least 2 tokens".into(),
+        ));
+    }
+    Ok(tokens)
+}
+
+fn round_f16<D: Dimension>(a: &mut Array<f32, D>) {
+    a.mapv_inplace(|v| f16::from_f32(v).to_f32());
+}
+
+/// The model and M2R2 weights with every weight rounded to f16 (round to nearest even): what the
+/// f16 graphs compute after their casts, so the f16 flavour is checked against this reference.
+pub fn rounded_to_f16(model: &Model, m2r2: &M2r2Weights) -> (Model, M2r2Weights) {
+    let mut w = model.weights.clone();
+    round_f16(&mut w.embed);
+    round_f16(&mut w.final_norm);
+    if let Some(h) = &mut w.lm_head {
+        round_f16(h);
+    }
+    let lin = |l: &mut reference::weights::Linear| {
+        round_f16(&mut l.w);
+        if let Some(b) = &mut l.b {
+            round_f16(b);
+        }
+    };
+    for layer in &mut w.layers {
+        round_f16(&mut layer.attn_norm);
+        round_f16(&mut layer.mlp_norm);
+        let a = &mut layer.attn;
+        for l in [&mut a.q, &mut a.k, &mut a.v, &mut a.o] {
+            lin(l);
+        }
+        let mlps = match &mut layer.ffn {
+            FeedForward::Dense(m) => vec![m],
+            FeedForward::Moe(moe) => {
+                round_f16(&mut moe.router);
+                moe.experts.iter_mut().collect()
+            }
+        };
+        for m in mlps {
+            for l in [&mut m.gate, &mut m.up, &mut m.down] {
+                lin(l);
+            }
+        }
+    }
+    let mut m = m2r2.clone();
+    for la in m.accelerator.layers.iter_mut().flatten() {
+        for lora in la.loras.values_mut() {
+            round_f16(&mut lora.a);
+            round_f16(&mut lora.b);
+        }
+    }
+    if let Some(arla) = &mut m.arla {
+        for x in [
+            &mut arla.proj,
+            &mut arla.gate_embed,
+            &mut arla.wq,
+            &mut arla.wk,
+            &mut arla.wv,
+        ] {
+            round_f16(x);
+        }
+        round_f16(&mut arla.norm);
+        round_f16(&mut arla.wo);
+        arla.bo = f16::from_f32(arla.bo).to_f32();
+    }
+    (Model::new(model.config.clone(), w), m)
+}

@@ -1,0 +1,146 @@
+//! `m2r2 export` end to end: a full export of the built-in models checked under ONNX Runtime
+//! (`--check`), the flavours (f16, external data, chosen graphs), and the failure cases: each exits
+//! non-zero with a message naming what to fix, and leaves no folder that looks like an export.
+
+use super::{fails, ok};
+
+#[test]
+fn export_with_check_passes_on_the_builtin_models() {
+    let dir = tempfile::tempdir().unwrap();
+    for model in ["tiny", "tiny-moe"] {
+        let out = dir.path().join(model);
+        let out_s = out.to_str().unwrap();
+        // ONNX Runtime: the m2r2() helper sets ORT_DYLIB_PATH for every run
+        let run = ok(&["export", "--model", model, "--out", out_s, "--check"]);
+        // the summary table and the check table
+        assert!(run.stdout.contains("model.onnx") && run.stdout.contains("verifier.onnx"));
+        assert!(
+            run.stdout.contains("MatMul"),
+            "op histogram:\n{}",
+            run.stdout
+        );
+        assert!(!run.stdout.contains("NOT OK"), "{}", run.stdout);
+        assert!(run.stderr.contains("check passed"), "{}", run.stderr);
+        for file in [
+            "model.onnx",
+            "draft.onnx",
+            "verifier.onnx",
+            "genai_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+            "m2r2_export.json",
+        ] {
+            assert!(out.join(file).is_file(), "{model}: {file}");
+        }
+    }
+}
+
+#[test]
+fn flavours_and_graph_selection() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x");
+    let out_s = out.to_str().unwrap();
+    ok(&[
+        "export",
+        "--model",
+        "tiny",
+        "--m2r2",
+        "none",
+        "--out",
+        out_s,
+        "--graphs",
+        "model,draft",
+        "--weights-dtype",
+        "f16",
+        "--external-data",
+        "--draft-gate",
+        "2",
+        "--opset",
+        "18",
+    ]);
+    assert!(out.join("model.onnx.data").is_file());
+    assert!(out.join("draft.onnx.data").is_file());
+    assert!(!out.join("verifier.onnx").exists());
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("m2r2_export.json")).unwrap()).unwrap();
+    assert_eq!(manifest["weights_dtype"], "f16");
+    assert_eq!(manifest["draft_gate"], 2);
+    assert_eq!(manifest["opset"], 18);
+    assert_eq!(manifest["has_arla"], false);
+    assert_eq!(
+        manifest["graphs"],
+        serde_json::json!({"model": "model.onnx", "draft": "draft.onnx"})
+    );
+}
+
+#[test]
+fn failures_are_clear_and_leave_no_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x");
+    let out_s = out.to_str().unwrap();
+    fails(
+        &["export", "--model", "tiny", "--out", out_s, "--opset", "13"],
+        &["opset 13 is not supported", "--opset 17"],
+    );
+    fails(
+        &[
+            "export",
+            "--model",
+            "tiny",
+            "--out",
+            out_s,
+            "--draft-gate",
+            "7",
+        ],
+        &["--draft-gate 7 does not exist"],
+    );
+    fails(
+        &[
+            "export",
+            "--model",
+            "tiny",
+            "--out",
+            out_s,
+            "--graphs",
+            "model,encoder",
+        ],
+        &["unknown graph `encoder`"],
+    );
+    fails(
+        &[
+            "export",
+            "--model",
+            "tiny",
+            "--out",
+            out_s,
+            "--weights-dtype",
+            "bf16",
+        ],
+        &["unknown weights dtype `bf16`"],
+    );
+    fails(
+        &[
+            "export",
+            "--model",
+            "tiny",
+            "--out",
+            "/nonexistent-m2r2-parent/x",
+        ],
+        &["does not exist"],
+    );
+    assert!(!out.exists());
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("keep.txt"), "x").unwrap();
+    fails(
+        &["export", "--model", "tiny", "--out", out_s],
+        &["not an earlier export"],
+    );
+    assert!(out.join("keep.txt").is_file());
+    assert!(!out.join("m2r2_export.json").exists());
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "no partial folder left"
+    );
+}
