@@ -9,12 +9,14 @@
 //!
 //! # Shapes
 //! - keys, values of layer `i`: `[1, Hkv, S, Dh]`
+//!
+//! [`OnnxSession::run_bound`] (the IoBinding run itself) lives here too.
 
 use crate::error::{Error, Result};
 use crate::kv_store::{KvStore, past_names, present_names};
-use crate::session::{Input, OnnxSession, Outputs};
+use crate::session::{DType, Input, OnnxSession, Outputs, names};
 use ndarray::{Array4, Ix4, s};
-use ort::memory::AllocationDevice;
+use ort::memory::{AllocationDevice, AllocatorType, MemoryInfo, MemoryType};
 use ort::value::{DynTensor, Tensor};
 use std::ops::Range;
 
@@ -144,4 +146,110 @@ fn truncated(t: &DynTensor, len: usize) -> Result<DynTensor> {
     Ok(Tensor::from_array(kept)
         .map_err(|e| Error::Runtime(format!("cannot rebuild the KV cache: {e}")))?
         .upcast())
+}
+
+impl OnnxSession {
+    /// Run with IoBinding (GPU providers): `host` inputs are checked and copied in by ONNX Runtime,
+    /// `device` tensors (earlier outputs kept on the device) are bound as they are, the outputs named
+    /// in `keep` are bound to the provider's device memory and returned without a host copy, and
+    /// every other f32 output comes back to the host.
+    pub fn run_bound(
+        &mut self,
+        host: &[(&str, Input<'_>)],
+        device: &[(&str, &DynTensor)],
+        keep: &[&str],
+    ) -> Result<(Outputs, Vec<(String, DynTensor)>)> {
+        let file = self.file.clone();
+        let err = |e: ort::Error| Error::ort(&file, e);
+        for (name, _) in device {
+            if !self.inputs.iter().any(|i| i.name == *name) {
+                return Err(Error::UnknownInput {
+                    file: file.clone(),
+                    name: name.to_string(),
+                    known: names(&self.inputs),
+                });
+            }
+        }
+        let given: Vec<&str> = host
+            .iter()
+            .map(|(n, _)| *n)
+            .chain(device.iter().map(|(n, _)| *n))
+            .collect();
+        if let Some(missing) = self
+            .inputs
+            .iter()
+            .find(|i| !given.contains(&i.name.as_str()))
+        {
+            return Err(Error::MissingInput {
+                file,
+                name: missing.name.clone(),
+            });
+        }
+        self.check_host_inputs(host)?;
+
+        let device_memory = MemoryInfo::new(
+            AllocationDevice::CUDA,
+            self.device_id,
+            AllocatorType::Device,
+            MemoryType::Default,
+        )
+        .map_err(err)?;
+        let host_memory = MemoryInfo::new(
+            AllocationDevice::CPU,
+            0,
+            AllocatorType::Device,
+            MemoryType::CPUOutput,
+        )
+        .map_err(err)?;
+        let mut binding = self.session.create_binding().map_err(err)?;
+        for (name, input) in host {
+            let tensor: DynTensor = match input {
+                Input::F32(a) => Tensor::from_array(a.as_standard_layout().into_owned())
+                    .map_err(err)?
+                    .upcast(),
+                Input::I64(a) => Tensor::from_array(a.as_standard_layout().into_owned())
+                    .map_err(err)?
+                    .upcast(),
+            };
+            binding.bind_input(*name, &tensor).map_err(err)?;
+        }
+        for (name, tensor) in device {
+            binding.bind_input(*name, *tensor).map_err(err)?;
+        }
+        for info in &self.outputs {
+            let memory = if keep.contains(&info.name.as_str()) {
+                &device_memory
+            } else {
+                &host_memory
+            };
+            binding
+                .bind_output_to_device(info.name.as_str(), memory)
+                .map_err(err)?;
+        }
+        let mut outputs = self.session.run_binding(&binding).map_err(err)?;
+        let mut kept = Vec::with_capacity(keep.len());
+        for name in keep {
+            let value = outputs.remove(*name).ok_or_else(|| Error::MissingOutput {
+                file: file.clone(),
+                name: name.to_string(),
+                known: names(&self.outputs),
+            })?;
+            let tensor: DynTensor = value.downcast().map_err(err)?;
+            kept.push((name.to_string(), tensor));
+        }
+        let mut tensors = Vec::new();
+        for info in self
+            .outputs
+            .iter()
+            .filter(|o| o.dtype == DType::F32 && !keep.contains(&o.name.as_str()))
+        {
+            if let Some(value) = outputs.get(&info.name) {
+                let array = value
+                    .try_extract_array::<f32>()
+                    .map_err(|e| Error::ort(&file, format!("output `{}`: {e}", info.name)))?;
+                tensors.push((info.name.clone(), array.to_owned()));
+            }
+        }
+        Ok((Outputs { file, tensors }, kept))
+    }
 }

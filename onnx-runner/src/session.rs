@@ -6,9 +6,8 @@ use crate::ep::{Ep, EpConfig};
 use crate::error::{Error, Result};
 use crate::runtime;
 use ndarray::{ArrayD, ArrayViewD, CowArray, IxDyn};
-use ort::memory::{AllocationDevice, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::{Session, SessionInputValue};
-use ort::value::{DynTensor, Tensor, TensorElementType, TensorRef, ValueType};
+use ort::value::{TensorElementType, TensorRef, ValueType};
 use std::borrow::Cow;
 use std::path::Path;
 
@@ -130,8 +129,8 @@ impl Input<'_> {
 /// The f32 outputs of one run, by name.
 #[derive(Clone, Debug)]
 pub struct Outputs {
-    file: String,
-    tensors: Vec<(String, ArrayD<f32>)>,
+    pub(crate) file: String,
+    pub(crate) tensors: Vec<(String, ArrayD<f32>)>,
 }
 
 impl Outputs {
@@ -167,14 +166,14 @@ impl Outputs {
 
 /// One graph loaded in ONNX Runtime.
 pub struct OnnxSession {
-    session: Session,
+    pub(crate) session: Session,
     /// The graph file, for messages.
-    file: String,
-    inputs: Vec<TensorInfo>,
-    outputs: Vec<TensorInfo>,
+    pub(crate) file: String,
+    pub(crate) inputs: Vec<TensorInfo>,
+    pub(crate) outputs: Vec<TensorInfo>,
     ep_used: Ep,
-    /// CUDA / TensorRT device (IoBinding's device memory).
-    device_id: i32,
+    /// CUDA / TensorRT device (IoBinding's device memory, see `device_kv.rs`).
+    pub(crate) device_id: i32,
 }
 
 impl std::fmt::Debug for OnnxSession {
@@ -336,110 +335,6 @@ impl OnnxSession {
         Ok(Outputs { file, tensors })
     }
 
-    /// Run with IoBinding (GPU providers): `host` inputs are checked and copied in by ONNX Runtime,
-    /// `device` tensors (earlier outputs kept on the device) are bound as they are, the outputs named
-    /// in `keep` are bound to the provider's device memory and returned without a host copy, and
-    /// every other f32 output comes back to the host.
-    pub fn run_bound(
-        &mut self,
-        host: &[(&str, Input<'_>)],
-        device: &[(&str, &DynTensor)],
-        keep: &[&str],
-    ) -> Result<(Outputs, Vec<(String, DynTensor)>)> {
-        let file = self.file.clone();
-        let err = |e: ort::Error| Error::ort(&file, e);
-        for (name, _) in device {
-            if !self.inputs.iter().any(|i| i.name == *name) {
-                return Err(Error::UnknownInput {
-                    file: file.clone(),
-                    name: name.to_string(),
-                    known: names(&self.inputs),
-                });
-            }
-        }
-        let given: Vec<&str> = host
-            .iter()
-            .map(|(n, _)| *n)
-            .chain(device.iter().map(|(n, _)| *n))
-            .collect();
-        if let Some(missing) = self
-            .inputs
-            .iter()
-            .find(|i| !given.contains(&i.name.as_str()))
-        {
-            return Err(Error::MissingInput {
-                file,
-                name: missing.name.clone(),
-            });
-        }
-        self.check_host_inputs(host)?;
-
-        let device_memory = MemoryInfo::new(
-            AllocationDevice::CUDA,
-            self.device_id,
-            AllocatorType::Device,
-            MemoryType::Default,
-        )
-        .map_err(err)?;
-        let host_memory = MemoryInfo::new(
-            AllocationDevice::CPU,
-            0,
-            AllocatorType::Device,
-            MemoryType::CPUOutput,
-        )
-        .map_err(err)?;
-        let mut binding = self.session.create_binding().map_err(err)?;
-        for (name, input) in host {
-            let tensor: DynTensor = match input {
-                Input::F32(a) => Tensor::from_array(a.as_standard_layout().into_owned())
-                    .map_err(err)?
-                    .upcast(),
-                Input::I64(a) => Tensor::from_array(a.as_standard_layout().into_owned())
-                    .map_err(err)?
-                    .upcast(),
-            };
-            binding.bind_input(*name, &tensor).map_err(err)?;
-        }
-        for (name, tensor) in device {
-            binding.bind_input(*name, *tensor).map_err(err)?;
-        }
-        for info in &self.outputs {
-            let memory = if keep.contains(&info.name.as_str()) {
-                &device_memory
-            } else {
-                &host_memory
-            };
-            binding
-                .bind_output_to_device(info.name.as_str(), memory)
-                .map_err(err)?;
-        }
-        let mut outputs = self.session.run_binding(&binding).map_err(err)?;
-        let mut kept = Vec::with_capacity(keep.len());
-        for name in keep {
-            let value = outputs.remove(*name).ok_or_else(|| Error::MissingOutput {
-                file: file.clone(),
-                name: name.to_string(),
-                known: names(&self.outputs),
-            })?;
-            let tensor: DynTensor = value.downcast().map_err(err)?;
-            kept.push((name.to_string(), tensor));
-        }
-        let mut tensors = Vec::new();
-        for info in self
-            .outputs
-            .iter()
-            .filter(|o| o.dtype == DType::F32 && !keep.contains(&o.name.as_str()))
-        {
-            if let Some(value) = outputs.get(&info.name) {
-                let array = value
-                    .try_extract_array::<f32>()
-                    .map_err(|e| Error::ort(&file, format!("output `{}`: {e}", info.name)))?;
-                tensors.push((info.name.clone(), array.to_owned()));
-            }
-        }
-        Ok((Outputs { file, tensors }, kept))
-    }
-
     fn tensor_error(&self, name: &str, e: impl std::fmt::Display) -> Error {
         Error::ort(&self.file, format!("input `{name}`: {e}"))
     }
@@ -460,7 +355,7 @@ impl OnnxSession {
     }
 
     /// Name, dtype and shape of each given input (not that every input is given).
-    fn check_host_inputs(&self, inputs: &[(&str, Input<'_>)]) -> Result<()> {
+    pub(crate) fn check_host_inputs(&self, inputs: &[(&str, Input<'_>)]) -> Result<()> {
         for (i, (name, input)) in inputs.iter().enumerate() {
             let info = self
                 .inputs
@@ -505,7 +400,7 @@ impl OnnxSession {
 }
 
 /// `a, b, c`: the names of a graph's inputs or outputs, for messages.
-fn names(list: &[TensorInfo]) -> String {
+pub(crate) fn names(list: &[TensorInfo]) -> String {
     list.iter()
         .map(|t| t.name.as_str())
         .collect::<Vec<_>>()
