@@ -591,6 +591,6 @@ mod analyze;
 mod export;
 mod golden_m2r2;
 mod m2r2_modes;
-mod train;
 mod moe_sim;
 mod run;
+mod train;
