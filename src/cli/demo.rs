@@ -9,6 +9,7 @@ use super::m2r2_args::{DecodeRequest, M2r2Settings, Mode, ModeDetails, ModeRun, 
 use anyhow::{Context, Result, bail};
 use reference::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
 use reference::exit_gate::GateKind;
+use reference::expert_prefetch::collect_trace;
 use reference::fast_stream::M2r2;
 use reference::generate::{GenerateOptions, Generation, generate};
 use reference::golden::{DEFAULT_ATOL, Golden};
@@ -39,6 +40,7 @@ const SECTIONS: &[(&str, Section)] = &[
     ("golden write + check", golden_round_trip),
     ("M2R2 modes", m2r2_modes),
     ("ONNX export + ONNX Runtime", onnx_runtime),
+    ("MoE expert prefetch", moe_prefetch),
     ("bench", short_bench),
 ];
 
@@ -446,6 +448,48 @@ fn onnx_runtime(demo: &mut Demo) -> Result<()> {
         &dir.0,
         &mut |what, ok| demo.check(what, ok),
     )
+}
+
+/// Ahead-of-time expert loading (`m2r2 moe-sim`, docs/MOE_AOT.md) on the demo's prompt, for MoE
+/// models; dense models say where to see it.
+fn moe_prefetch(demo: &mut Demo) -> Result<()> {
+    let loaded = &demo.loaded;
+    if loaded.model.config.moe.is_none() {
+        println!(
+            "  {} has no MoE layers: `m2r2 demo --model tiny-moe` shows this section \
+             (or `m2r2 moe-sim --model tiny-moe --prompt ..`)",
+            loaded.name
+        );
+        return Ok(());
+    }
+    let steps = NEW_TOKENS - 1;
+    let weights = M2r2Weights::builtin_for(&loaded.name, &loaded.model.config)?;
+    let decoded = collect_trace(M2r2::new(&loaded.model, &weights), &demo.prompt, steps)?;
+    let n = decoded.tokens.len().min(demo.greedy.len());
+    demo.check(
+        format!(
+            "tracing the experts with the fast stream leaves the greedy tokens unchanged ({n})"
+        ),
+        decoded.tokens[..n] == demo.greedy[..n],
+    );
+    /// `moe-sim`'s flags with their defaults.
+    #[derive(clap::Parser)]
+    struct MoeSimFlags {
+        #[command(flatten)]
+        args: super::moe_sim::Args,
+    }
+    let ids: Vec<String> = demo.prompt.iter().map(|t| t.to_string()).collect();
+    let steps = steps.to_string();
+    let flags = <MoeSimFlags as clap::Parser>::try_parse_from([
+        "moe-sim",
+        "--model",
+        &loaded.name,
+        "--tokens",
+        &ids.join(","),
+        "--steps",
+        &steps,
+    ])?;
+    super::moe_sim::run_loaded(&flags.args, loaded)
 }
 
 /// A fresh folder under the system temp dir, removed when dropped.

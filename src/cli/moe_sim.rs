@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 use reference::early_exit::KvPolicy;
 use reference::expert_prefetch::{ExpertTrace, Predictor, collect_trace};
 use reference::fast_stream::M2r2;
+use reference::load::LoadedModel;
 use reference::memory_sim::{CapacityScope, Eviction, SimParams, SimResult, compare};
 use reference::moe_sweep::{
     Deployment, SweepPoint, Timing, default_capacities, expert_bytes, layer_times,
@@ -112,6 +113,12 @@ fn m2r2_flags(m2r2: Option<String>) -> M2r2Args {
 pub fn run(args: &Args) -> Result<()> {
     check_numbers(args)?;
     let loaded = common::load(&args.model)?;
+    run_loaded(args, &loaded)
+}
+
+/// [`run`] on a model already loaded (`args.model` is not read); `m2r2 demo` uses it.
+pub fn run_loaded(args: &Args, loaded: &LoadedModel) -> Result<()> {
+    check_numbers(args)?;
     let config = &loaded.model.config;
     let Some(moe) = &config.moe else {
         bail!(
@@ -122,9 +129,9 @@ pub fn run(args: &Args) -> Result<()> {
     if args.steps == 0 {
         bail!("--steps must be at least 1");
     }
-    let prompt = common::prompt_tokens(&loaded, &args.prompt)?;
+    let prompt = common::prompt_tokens(loaded, &args.prompt)?;
     let flags = m2r2_flags(args.m2r2.clone());
-    let weights = flags.weights(&loaded)?;
+    let weights = flags.weights(loaded)?;
 
     let start = Instant::now();
     let decoded = collect_trace(M2r2::new(&loaded.model, &weights), &prompt, args.steps)
@@ -217,7 +224,7 @@ pub fn run(args: &Args) -> Result<()> {
         "tokens": decoded.tokens,
         "steps": args.steps,
         "m2r2": {
-            "weights": flags.source(&loaded),
+            "weights": flags.source(loaded),
             "gates": weights.config.gates,
             "zero_adapters": weights.accelerator.is_zero(),
         },
