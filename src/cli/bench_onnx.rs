@@ -75,16 +75,7 @@ pub fn measure(
             loaded.name
         );
     }
-    let args = M2r2Args {
-        mode: super::m2r2_args::Mode::Speculative,
-        m2r2: m2r2.clone(),
-        gate: None,
-        threshold: None,
-        kv_policy: reference::early_exit::KvPolicy::Exact,
-        draft_gate: Some(manifest.draft_gate),
-        draft_len: None,
-        dynamic_draft: false,
-    };
+    let args = M2r2Args::weights_only(m2r2.clone());
     let weights: M2r2Weights = args.weights(loaded)?;
     let draft_len = manifest.m2r2.draft_len.max(1);
     let config = &loaded.model.config;

@@ -3,7 +3,7 @@
 //! manifest into a folder (docs/ONNX.md), then print a summary table per graph.
 
 use super::common::{self, ModelArgs};
-use super::m2r2_args::{M2r2Args, Mode};
+use super::m2r2_args::M2r2Args;
 use super::progress;
 use anyhow::{Context, Result};
 use export::builder::{DEFAULT_OPSET, WeightsDtype};
@@ -11,7 +11,6 @@ use export::check::{TOLERANCE, check_folder, probe_tokens, rounded_to_f16};
 use export::folder::{Event, ExportRequest, export};
 use export::graphs::{ExportOptions, GraphKind};
 use export::summary::GraphSummary;
-use reference::early_exit::KvPolicy;
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
@@ -59,16 +58,7 @@ pub fn run(args: &Args) -> Result<()> {
         .collect::<Result<Vec<_>, _>>()
         .context("--graphs")?;
     let loaded = common::load(&args.model.model)?;
-    let m2r2_args = M2r2Args {
-        mode: Mode::Greedy,
-        m2r2: args.m2r2.clone(),
-        gate: None,
-        threshold: None,
-        kv_policy: KvPolicy::Exact,
-        draft_gate: None,
-        draft_len: None,
-        dynamic_draft: false,
-    };
+    let m2r2_args = M2r2Args::weights_only(args.m2r2.clone());
     let m2r2 = m2r2_args.weights(&loaded)?;
     let options = ExportOptions {
         model_name: loaded.name.clone(),

@@ -211,16 +211,7 @@ fn check(args: &CheckArgs) -> Result<()> {
     let loaded = common::load(spec)?;
     let start = Instant::now();
     let report = if golden.m2r2.is_some() {
-        let choice = M2r2Args {
-            mode: Mode::Greedy,
-            m2r2: args.m2r2.clone(),
-            gate: None,
-            threshold: None,
-            kv_policy: KvPolicy::Exact,
-            draft_gate: None,
-            draft_len: None,
-            dynamic_draft: false,
-        };
+        let choice = M2r2Args::weights_only(args.m2r2.clone());
         let weights = choice.weights(&loaded)?;
         golden
             .check_m2r2(M2r2::new(&loaded.model, &weights), args.atol)

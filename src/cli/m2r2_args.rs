@@ -128,6 +128,21 @@ impl M2r2Settings {
 }
 
 impl M2r2Args {
+    /// Greedy decoding with the M2R2 weights chosen by `m2r2` (the `--m2r2` value): for commands
+    /// that take only `--m2r2` and need [`weights`](Self::weights) / [`source`](Self::source).
+    pub fn weights_only(m2r2: Option<String>) -> Self {
+        M2r2Args {
+            mode: Mode::Greedy,
+            m2r2,
+            gate: None,
+            threshold: None,
+            kv_policy: KvPolicy::Exact,
+            draft_gate: None,
+            draft_len: None,
+            dynamic_draft: false,
+        }
+    }
+
     /// The M2R2 weights chosen by `--m2r2` for `loaded`.
     pub fn weights(&self, loaded: &LoadedModel) -> Result<M2r2Weights> {
         let config = &loaded.model.config;

@@ -5,9 +5,8 @@
 //! capacity and bandwidth and over a sweep. docs/MOE_AOT.md explains the model and the report.
 
 use super::common::{self, PromptArgs};
-use super::m2r2_args::{M2r2Args, Mode};
+use super::m2r2_args::M2r2Args;
 use anyhow::{Context, Result, bail};
-use reference::early_exit::KvPolicy;
 use reference::expert_prefetch::{ExpertTrace, Predictor, collect_trace};
 use reference::fast_stream::M2r2;
 use reference::load::LoadedModel;
@@ -96,20 +95,6 @@ fn parse_eviction(text: &str) -> Result<Eviction, String> {
     text.parse().map_err(|e: reference::Error| e.to_string())
 }
 
-/// `--m2r2` resolved by the same rules as `generate`.
-fn m2r2_flags(m2r2: Option<String>) -> M2r2Args {
-    M2r2Args {
-        mode: Mode::Greedy,
-        m2r2,
-        gate: None,
-        threshold: None,
-        kv_policy: KvPolicy::Exact,
-        draft_gate: None,
-        draft_len: None,
-        dynamic_draft: false,
-    }
-}
-
 pub fn run(args: &Args) -> Result<()> {
     check_numbers(args)?;
     let loaded = common::load(&args.model)?;
@@ -130,7 +115,7 @@ pub fn run_loaded(args: &Args, loaded: &LoadedModel) -> Result<()> {
         bail!("--steps must be at least 1");
     }
     let prompt = common::prompt_tokens(loaded, &args.prompt)?;
-    let flags = m2r2_flags(args.m2r2.clone());
+    let flags = M2r2Args::weights_only(args.m2r2.clone());
     let weights = flags.weights(loaded)?;
 
     let start = Instant::now();
