@@ -117,23 +117,7 @@ struct Problem {
 }
 
 fn problem_strategy() -> impl Strategy<Value = Problem> {
-    let draft = prop_oneof![
-        (1usize..5).prop_map(DraftLength::Fixed),
-        (
-            1usize..5,
-            prop_oneof![
-                Just(GateKind::Arla),
-                Just(GateKind::Confidence),
-                Just(GateKind::Entropy)
-            ],
-            0.0f32..1.0
-        )
-            .prop_map(|(max, gate, threshold)| DraftLength::Dynamic {
-                max,
-                gate,
-                threshold
-            }),
-    ];
+    let draft = m2r2_tests::draft_length_strategy(5);
     (
         2usize..5,
         any::<bool>(),

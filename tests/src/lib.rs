@@ -169,3 +169,30 @@ pub fn small_config(layers: usize, moe: bool, vocab: usize) -> reference::ModelC
         ..reference::builtin::tiny_config()
     }
 }
+
+/// Draft lengths for speculative property tests: fixed `1..max` drafts, or dynamic drafting of up
+/// to `1..max` proposals with any gate at a threshold in `[0, 1)`.
+pub fn draft_length_strategy(
+    max: usize,
+) -> impl proptest::strategy::Strategy<Value = reference::speculative::DraftLength> {
+    use proptest::prelude::*;
+    use reference::exit_gate::GateKind;
+    use reference::speculative::DraftLength;
+    prop_oneof![
+        (1usize..max).prop_map(DraftLength::Fixed),
+        (
+            1usize..max,
+            prop_oneof![
+                Just(GateKind::Arla),
+                Just(GateKind::Confidence),
+                Just(GateKind::Entropy)
+            ],
+            0.0f32..1.0
+        )
+            .prop_map(|(max, gate, threshold)| DraftLength::Dynamic {
+                max,
+                gate,
+                threshold
+            }),
+    ]
+}

@@ -10,7 +10,6 @@ use reference::Model;
 use reference::ModelConfig;
 use reference::builtin::random_model;
 use reference::draft_verify::ReferenceSpeculation;
-use reference::exit_gate::GateKind;
 use reference::fast_stream::M2r2;
 use reference::generate::greedy;
 use reference::m2r2_config::M2r2Config;
@@ -35,26 +34,6 @@ struct Problem {
     stop: Option<u32>,
 }
 
-fn draft_strategy() -> impl Strategy<Value = DraftLength> {
-    prop_oneof![
-        (1usize..6).prop_map(DraftLength::Fixed),
-        (
-            1usize..6,
-            prop_oneof![
-                Just(GateKind::Arla),
-                Just(GateKind::Confidence),
-                Just(GateKind::Entropy)
-            ],
-            0.0f32..1.0
-        )
-            .prop_map(|(max, gate, threshold)| DraftLength::Dynamic {
-                max,
-                gate,
-                threshold
-            }),
-    ]
-}
-
 fn problem_strategy() -> impl Strategy<Value = Problem> {
     (
         2usize..6,
@@ -63,7 +42,7 @@ fn problem_strategy() -> impl Strategy<Value = Problem> {
         prop::collection::vec(0u32..40, 1..6),
         1usize..20,
         0usize..3,
-        draft_strategy(),
+        m2r2_tests::draft_length_strategy(6),
         prop::option::weighted(0.3, 0u32..40),
     )
         .prop_map(
