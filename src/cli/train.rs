@@ -18,9 +18,10 @@ use train::trainer::{GateStats, StepLog, TrainOptions, Trainer, initial_weights}
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Distillation data folder (written by `m2r2 distill-data`)
-    #[arg(long, value_name = "DIR")]
-    pub data: PathBuf,
+    /// Distillation data folders (written by `m2r2 distill-data`), comma-separated or repeated:
+    /// trained on as one set
+    #[arg(long, value_name = "DIR", required = true, num_args = 1.., value_delimiter = ',')]
+    pub data: Vec<PathBuf>,
     /// Exit gates as comma-separated layer counts (default: 3 near-equal intervals)
     #[arg(long, value_name = "E1,E2,...")]
     pub gates: Option<String>,
@@ -111,14 +112,16 @@ fn step_bar(total: u64) -> ProgressBar {
 pub fn run(args: &Args) -> Result<()> {
     let loaded = common::load(&args.model.model)?;
     let model = &loaded.model;
-    let (data, meta) = train::data::read(&args.data, model.config.vocab_size)?;
-    if meta.model != loaded.name {
-        eprintln!(
-            "note: {} was generated with model `{}`, training `{}`",
-            args.data.display(),
-            meta.model,
-            loaded.name
-        );
+    let (data, metas) = train::data::read_all(&args.data, model.config.vocab_size)?;
+    for (dir, meta) in args.data.iter().zip(&metas) {
+        if meta.model != loaded.name {
+            eprintln!(
+                "note: {} was generated with model `{}`, training `{}`",
+                dir.display(),
+                meta.model,
+                loaded.name
+            );
+        }
     }
     let start = Instant::now();
     let precompute = step_bar(data.len() as u64);

@@ -25,9 +25,10 @@ pub struct TrainedArgs {
     /// M2R2 weights folder with the trained adapters (e.g. written by `m2r2 train`)
     #[arg(long = "m2r2", value_name = "DIR")]
     pub m2r2: PathBuf,
-    /// Distillation data to train on (draft-head: where the token frequencies come from)
-    #[arg(long, value_name = "DIR")]
-    pub data: PathBuf,
+    /// Distillation data to train on (draft-head: where the token frequencies come from),
+    /// comma-separated or repeated folders
+    #[arg(long, value_name = "DIR", required = true, num_args = 1.., value_delimiter = ',')]
+    pub data: Vec<PathBuf>,
     /// Held-out distillation data (development prompts) for calibration and measurements
     #[arg(long, value_name = "DIR")]
     pub dev_data: PathBuf,
@@ -47,7 +48,7 @@ impl TrainedArgs {
         let config = &loaded.model.config;
         let weights = M2r2Weights::load_dir(&self.m2r2, config)
             .with_context(|| format!("cannot load M2R2 weights from {}", self.m2r2.display()))?;
-        let (data, _) = train::data::read(&self.data, config.vocab_size)?;
+        let (data, _) = train::data::read_all(&self.data, config.vocab_size)?;
         let (dev, _) = train::data::read(&self.dev_data, config.vocab_size)?;
         Ok(Trained {
             loaded,

@@ -14,7 +14,7 @@
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// File of the samples.
 pub const SAMPLES_FILE: &str = "samples.jsonl";
@@ -115,6 +115,22 @@ pub fn read(dir: &Path, vocab_size: usize) -> Result<(Vec<DistillSample>, Distil
     Ok((samples, meta))
 }
 
+/// Read several data folders (e.g. greedy and sampled responses) as one training set, in the
+/// order given; each folder's meta is returned for provenance.
+pub fn read_all(
+    dirs: &[PathBuf],
+    vocab_size: usize,
+) -> Result<(Vec<DistillSample>, Vec<DistillMeta>)> {
+    let mut samples = Vec::new();
+    let mut metas = Vec::new();
+    for dir in dirs {
+        let (more, meta) = read(dir, vocab_size)?;
+        samples.extend(more);
+        metas.push(meta);
+    }
+    Ok((samples, metas))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,5 +171,31 @@ mod tests {
         .unwrap();
         let err = read(dir.path(), 10).unwrap_err().to_string();
         assert!(err.contains("prompt_len 0"), "{err}");
+    }
+
+    #[test]
+    fn read_all_concatenates_in_order_and_names_a_bad_folder() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let sample = |id: &str, tokens: Vec<u32>| DistillSample {
+            prompt_id: id.into(),
+            sample: 0,
+            prompt_len: 1,
+            tokens,
+        };
+        write(a.path(), &[sample("a", vec![1, 2])], &meta()).unwrap();
+        write(
+            b.path(),
+            &[sample("b", vec![3]), sample("c", vec![4, 5])],
+            &meta(),
+        )
+        .unwrap();
+        let dirs = [a.path().to_path_buf(), b.path().to_path_buf()];
+        let (all, metas) = read_all(&dirs, 10).unwrap();
+        let ids: Vec<&str> = all.iter().map(|s| s.prompt_id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "c"]);
+        assert_eq!(metas.len(), 2);
+        let missing = [a.path().to_path_buf(), a.path().join("nope")];
+        let err = read_all(&missing, 10).unwrap_err().to_string();
+        assert!(err.contains("nope"), "{err}");
     }
 }
