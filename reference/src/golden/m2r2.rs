@@ -108,8 +108,9 @@ impl RoundTensors {
     }
 }
 
-/// SHA-256 (first 8 bytes, hex) of the M2R2 settings and every adapter and ARLA tensor's bytes, in
-/// a fixed order: a check with other adapters or gates is refused.
+/// SHA-256 (first 8 bytes, hex) of the M2R2 settings, every adapter and ARLA tensor's bytes and
+/// the pruned draft head's token ids (when there is one), in a fixed order: a check with other
+/// adapters, gates or draft head is refused.
 pub fn weights_hash(weights: &M2r2Weights) -> String {
     let mut h = Sha256::new();
     let mut tensor = |name: &str, values: &mut dyn Iterator<Item = &f32>| {
@@ -141,6 +142,10 @@ pub fn weights_hash(weights: &M2r2Weights) -> String {
         tensor("arla.wv", &mut arla.wv.iter());
         tensor("arla.wo", &mut arla.wo.iter());
         tensor("arla.bo", &mut std::iter::once(&arla.bo));
+    }
+    if let Some(head) = &weights.draft_head {
+        // The pruned draft head changes the drafts (and so the rounds) of speculative decoding.
+        h.update(format!("draft_head {:?}", head.tokens).as_bytes());
     }
     h.finalize()
         .iter()
