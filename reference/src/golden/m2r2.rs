@@ -999,6 +999,35 @@ mod tests {
             err.to_string().contains("not the ones this golden"),
             "{err}"
         );
+        // The same weights with a pruned draft head draft differently: a golden of its own, which
+        // checks with that head and is refused without it.
+        let head = crate::draft_head::DraftHead::new(vec![1, 2, 3, 5, 8], 320, "t").unwrap();
+        let pruned = M2r2Weights {
+            draft_head: Some(head),
+            ..weights.clone()
+        };
+        let gp = Golden::record_speculative(
+            M2r2::new(&model, &pruned),
+            "tiny",
+            &[1],
+            4,
+            1,
+            None,
+            &spec_options(DraftLength::Fixed(2)),
+        )
+        .unwrap();
+        assert_eq!(gp.tokens, g.tokens, "lossless");
+        let report = gp
+            .check_m2r2(M2r2::new(&model, &pruned), DEFAULT_ATOL)
+            .unwrap();
+        assert!(report.ok());
+        let err = gp
+            .check_m2r2(M2r2::new(&model, &weights), DEFAULT_ATOL)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("not the ones this golden"),
+            "{err}"
+        );
     }
 
     /// A version-1 greedy file (as older m2r2 wrote it) still reads and checks.
