@@ -11,6 +11,9 @@
 //! - [`linear`]: the same dots, parallel over blocks of output rows. Each weight row is read from
 //!   memory once per call and dotted with every input row while it is in cache; decode (`T = 1`) is
 //!   memory bound, so this is what reaches the machine's bandwidth.
+//!
+//! [`linear_out_rows`] is [`linear`] restricted to some rows of `W` (the pruned draft head): the
+//! same dots, so its values are bitwise the matching columns.
 
 use ndarray::{Array1, Array2, ArrayView2, Axis};
 use rayon::prelude::*;
@@ -91,14 +94,7 @@ pub fn linear_naive(
 /// # Panics
 /// If the inner dimensions differ.
 pub fn linear(x: ArrayView2<f32>, w: ArrayView2<f32>, b: Option<&Array1<f32>>) -> Array2<f32> {
-    assert_eq!(
-        x.ncols(),
-        w.ncols(),
-        "linear: input width {} vs weight width {}",
-        x.ncols(),
-        w.ncols()
-    );
-    linear_selected(x, w, b, w.nrows(), &|o| o)
+    linear_selected(x, w, b, w.nrows(), |o| o)
 }
 
 /// Columns `out_rows` of `X W^T`: the same dots as [`linear`] for a subset of the weight's rows
@@ -110,19 +106,12 @@ pub fn linear(x: ArrayView2<f32>, w: ArrayView2<f32>, b: Option<&Array1<f32>>) -
 /// # Panics
 /// If the inner dimensions differ or an index is `>= out` (validated at load, so this is a bug).
 pub fn linear_out_rows(x: ArrayView2<f32>, w: ArrayView2<f32>, out_rows: &[u32]) -> Array2<f32> {
-    assert_eq!(
-        x.ncols(),
-        w.ncols(),
-        "linear: input width {} vs weight width {}",
-        x.ncols(),
-        w.ncols()
-    );
     assert!(
         out_rows.iter().all(|&o| (o as usize) < w.nrows()),
         "linear_out_rows: a row index is >= {}",
         w.nrows()
     );
-    linear_selected(x, w, None, out_rows.len(), &|k| out_rows[k] as usize)
+    linear_selected(x, w, None, out_rows.len(), |k| out_rows[k] as usize)
 }
 
 /// `Y[t, k] = x_t . w_{row(k)} (+ b[row(k)])` for `k < count`, parallel over blocks of `k`.
@@ -131,8 +120,15 @@ fn linear_selected(
     w: ArrayView2<f32>,
     b: Option<&Array1<f32>>,
     count: usize,
-    row: &(dyn Fn(usize) -> usize + Sync),
+    row: impl Fn(usize) -> usize + Sync,
 ) -> Array2<f32> {
+    assert_eq!(
+        x.ncols(),
+        w.ncols(),
+        "linear: input width {} vs weight width {}",
+        x.ncols(),
+        w.ncols()
+    );
     let t_rows = x.nrows();
     let x = x.as_standard_layout();
     let w = w.as_standard_layout();
