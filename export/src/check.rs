@@ -7,7 +7,7 @@
 //! | graph           | compared with the reference                                          |
 //! |-----------------|----------------------------------------------------------------------|
 //! | `model.onnx`    | `logits` of each chunk (`Model::forward`), final `present.*` (`KvCache`) |
-//! | `draft.onnx`    | `draft_logits`, `exit_prob`, `hidden_states` of each chunk (`M2r2::run_interval` with a fast row per position, `Arla::exit_prob`), final `present.*` |
+//! | `draft.onnx`    | `draft_logits` (a pruned draft head: its `[T, K]` `subset_logits`), `exit_prob`, `hidden_states` of each chunk (`M2r2::run_interval` with a fast row per position, `Arla::exit_prob`), final `present.*` |
 //! | `verifier.onnx` | `logits` of each chunk from the reference `hidden_states`, final `present.*` |
 //! | draft -> verifier | `logits` of `verifier.onnx` fed with `draft.onnx`'s `hidden_states` vs `model.onnx`'s |
 //!
@@ -93,7 +93,7 @@ fn kv_layout(x: ArrayView2<f32>, heads: usize, dh: usize) -> ArrayD<f32> {
 struct ReferenceRun {
     /// per chunk `[T_c, V]`
     logits: Vec<Array2<f32>>,
-    /// per chunk `[T_c, V]`
+    /// per chunk `[T_c, V]`, or `[T_c, K]` with a pruned draft head
     draft_logits: Vec<Array2<f32>>,
     /// per chunk `[T_c]` (when ARLA weights exist)
     exit_prob: Vec<Option<Vec<f32>>>,
@@ -139,7 +139,11 @@ fn reference_run(
         }
         draft_cache.set_len(pos0 + chunk.len());
         let u = exits.last().expect("draft_gate >= 1");
-        run.draft_logits.push(m.exit_logits(u.view()));
+        run.draft_logits.push(match &m2r2.draft_head {
+            // draft.onnx outputs the subset's K scores only
+            Some(head) => head.subset_logits(model, u.view()).0,
+            None => m.exit_logits(u.view()),
+        });
         run.exit_prob.push(m2r2.arla.as_ref().map(|arla| {
             (0..chunk.len())
                 .map(|t| {

@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::graphs::{self, ExportOptions, GraphKind};
 use crate::summary::{GraphSummary, summarize};
 use crate::write::write_graph;
+use reference::draft_head::DRAFT_HEAD_FILE;
 use reference::m2r2_weights::M2r2Weights;
 use reference::model::Model;
 use reference::tokenizer::Tokenizer;
@@ -146,6 +147,9 @@ fn write_all(
         summaries.push(summary);
     }
     write_json(&dir.join("genai_config.json"), &genai_config(request))?;
+    if let Some(head) = &request.m2r2.draft_head {
+        head.save(dir)?;
+    }
     if let Some(tok) = request.tokenizer {
         write_tokenizer(tok, request.model, dir)?;
     }
@@ -176,6 +180,8 @@ pub fn manifest(request: &ExportRequest<'_>) -> Value {
         "draft_gate": o.draft_gate,
         "draft_layers": m2r2.config.gate_layer(o.draft_gate),
         "has_arla": m2r2.arla.is_some(),
+        "draft_head_tokens": m2r2.draft_head.as_ref().map(|h| h.len()),
+        "draft_head_file": m2r2.draft_head.as_ref().map(|_| DRAFT_HEAD_FILE),
         "opset": o.opset,
         "weights_dtype": o.weights_dtype.name(),
         "graphs": graphs,

@@ -6,7 +6,9 @@
 //! | `draft.onnx`    | `0..e`        | same, past KV of `0..e`                              | `draft_logits`, `exit_prob`, `hidden_states`, present KV |
 //! | `verifier.onnx` | `e..N`        | `hidden_states`, `attention_mask`, `position_ids`, past KV of `e..N` | `logits`, present KV |
 //!
-//! `e = e_{g_d}`, the layer the draft gate sits after. Layer numbers in KV names are global.
+//! `e = e_{g_d}`, the layer the draft gate sits after. Layer numbers in KV names are global. With a
+//! pruned draft head (`draft_head.json` in the M2R2 weights) `draft_logits` is `[B, T, K]`: the
+//! scores of the head's `K` token ids (written beside the graphs), not of the whole vocabulary.
 
 use crate::builder::{Dim, Elem, GraphBuilder, WeightsDtype, check_opset};
 use crate::emit::attention::visibility;
@@ -134,6 +136,14 @@ pub fn check(model: &Model, m2r2: &M2r2Weights, options: &ExportOptions) -> Resu
             config.num_attention_heads, config.num_key_value_heads
         )));
     }
+    if let Some(head) = &m2r2.draft_head
+        && head.tokens.iter().any(|&t| t as usize >= config.vocab_size)
+    {
+        return Err(Error::Invalid(format!(
+            "the draft head names token ids beyond the vocabulary of {}",
+            config.vocab_size
+        )));
+    }
     if let Some(arla) = &m2r2.arla
         && arla.d_model() != config.hidden_size
     {
@@ -169,6 +179,12 @@ pub fn metadata(
             serde_json::to_string(&m2r2.config).expect("M2R2 config serialises"),
         ),
         ("m2r2.draft_gate", options.draft_gate.to_string()),
+        (
+            "m2r2.draft_head_tokens",
+            m2r2.draft_head
+                .as_ref()
+                .map_or("none".into(), |h| h.len().to_string()),
+        ),
         ("m2r2.layers", format!("{}..{}", layers.start, layers.end)),
         (
             "m2r2.weights_dtype",
@@ -253,11 +269,13 @@ pub fn build(
         GraphKind::Draft => {
             let s = embed(&mut b, &cx, &rows_input);
             let out = draft(&mut b, &cx, m2r2, options.draft_gate, s, &past);
+            // [B, T, K] with a pruned draft head (its token ids: draft_head.json in the folder)
+            let scored = m2r2.draft_head.as_ref().map_or(v, |h| h.len());
             b.output(
                 DRAFT_LOGITS,
                 &out.draft_logits,
                 Elem::F32,
-                &[BATCH, SEQ, Dim::Fixed(v)],
+                &[BATCH, SEQ, Dim::Fixed(scored)],
             );
             if let Some(p) = &out.exit_prob {
                 b.output(EXIT_PROB, p, Elem::F32, &[BATCH, SEQ]);

@@ -6,9 +6,11 @@ mod common;
 
 use export::builder::WeightsDtype;
 use export::check::check_folder;
+use export::emit::model::DRAFT_HEAD_WEIGHT;
 use export::folder::{ExportRequest, MANIFEST_FILE, export};
 use export::graphs::{ExportOptions, GraphKind, build};
 use export::write::{read_graph, write_graph, write_graph_limited};
+use reference::draft_head::{DRAFT_HEAD_FILE, DraftHead};
 use reference::m2r2_weights::M2r2Weights;
 use reference::model::Model;
 use std::path::{Path, PathBuf};
@@ -44,6 +46,10 @@ fn builtin(name: &str) -> (Model, M2r2Weights) {
     (model, m2r2)
 }
 
+fn pruned_head(model: &Model) -> DraftHead {
+    DraftHead::new(vec![0, 7, 8, 100, 255], model.config.vocab_size, "test").unwrap()
+}
+
 fn graph_paths(dir: &Path) -> Vec<PathBuf> {
     GraphKind::ALL
         .iter()
@@ -64,7 +70,11 @@ fn every_graph_and_flavour_passes_onnx_checker() {
         ("tiny", 21, WeightsDtype::F32, false),
     ];
     for (i, (name, opset, dtype, external)) in flavours.into_iter().enumerate() {
-        let (model, m2r2) = builtin(name);
+        let (model, mut m2r2) = builtin(name);
+        if i % 2 == 0 {
+            // a pruned draft head: draft_logits [batch, seq, K] from `draft_head.weight`
+            m2r2.draft_head = Some(pruned_head(&model));
+        }
         let out = dir.path().join(format!("{i}-{name}"));
         export(
             &request(&model, &m2r2, options(opset, dtype), external),
@@ -185,7 +195,53 @@ fn manifest_follows_the_contract() {
         Some(format!("0..{}", m2r2.config.gates[0]))
     );
     assert_eq!(meta("m2r2.draft_gate").as_deref(), Some("1"));
+    assert_eq!(meta("m2r2.draft_head_tokens").as_deref(), Some("none"));
     assert!(meta("m2r2.config").unwrap().contains("\"hidden_size\":64"));
+    assert_eq!(m["draft_head_tokens"], serde_json::Value::Null);
+    assert!(!out.join(DRAFT_HEAD_FILE).exists());
+}
+
+/// With a pruned draft head: its token ids are copied beside the graphs and named in the manifest;
+/// draft.onnx holds `draft_head.weight` `[K, D]` and outputs `draft_logits` `[batch, seq, K]`;
+/// the verifier keeps the full head.
+#[test]
+fn pruned_draft_head_is_recorded() {
+    let (model, mut m2r2) = builtin("tiny");
+    let head = pruned_head(&model);
+    m2r2.draft_head = Some(head.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x");
+    export(
+        &request(&model, &m2r2, options(17, WeightsDtype::F32), false),
+        &out,
+        &mut |_| {},
+    )
+    .unwrap();
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join(MANIFEST_FILE)).unwrap()).unwrap();
+    assert_eq!(m["draft_head_tokens"], 5);
+    assert_eq!(m["draft_head_file"], DRAFT_HEAD_FILE);
+    let path = out.join(DRAFT_HEAD_FILE);
+    assert_eq!(
+        DraftHead::load(&path, model.config.vocab_size).unwrap(),
+        head
+    );
+    let dims = |kind: GraphKind, name: &str| {
+        let proto = read_graph(&out.join(kind.file_name())).unwrap();
+        let graph = proto.graph.unwrap();
+        let init = graph
+            .initializer
+            .iter()
+            .find(|t| t.name.as_deref() == Some(name));
+        init.map(|t| t.dims.clone())
+    };
+    let d = model.config.hidden_size as i64;
+    assert_eq!(dims(GraphKind::Draft, DRAFT_HEAD_WEIGHT), Some(vec![5, d]));
+    assert_eq!(dims(GraphKind::Verifier, DRAFT_HEAD_WEIGHT), None);
+    assert_eq!(dims(GraphKind::Model, DRAFT_HEAD_WEIGHT), None);
+    // ORT runs draft.onnx: draft_logits [1, T, K] within tolerance of the reference's subset logits
+    let rows = check_folder(&out, &model, &m2r2, 1, &GraphKind::ALL, &[1, 2, 3, 4, 5], 2).unwrap();
+    assert!(rows.iter().all(|r| r.ok()), "{rows:#?}");
 }
 
 #[test]

@@ -12,6 +12,7 @@ use export::check::{Comparison, check_folder};
 use export::folder::{ExportRequest, export};
 use export::graphs::{ExportOptions, GraphKind};
 use proptest::prelude::*;
+use reference::draft_head::DraftHead;
 use reference::m2r2_config::M2r2Config;
 use reference::m2r2_weights::M2r2Weights;
 use reference::model::Model;
@@ -68,7 +69,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
 
     /// Random small dense / MoE models (biases, sliding window, GQA from the small config), random
-    /// M2R2 weights, every draft gate, random tokens split into two chunks.
+    /// M2R2 weights with or without a pruned draft head, every draft gate, random tokens split into
+    /// two chunks.
     #[test]
     fn random_models_match_reference(
         moe in any::<bool>(),
@@ -79,13 +81,16 @@ proptest! {
         gate_pick in 0usize..3,
         tokens in prop::collection::vec(0u32..40, 3..9),
         split_pick in 0usize..100,
+        head in prop::option::of(prop::collection::btree_set(0u32..40, 1..20)),
     ) {
         let mut config = m2r2_tests::small_config(layers, moe, 40);
         config.qkv_bias = qkv_bias;
         config.sliding_window = window;
         let model = reference::builtin::random_model(config, seed).unwrap();
         let c = &model.config;
-        let m2r2 = M2r2Weights::random(c, M2r2Config::default_for(c), seed + 1).unwrap();
+        let mut m2r2 = M2r2Weights::random(c, M2r2Config::default_for(c), seed + 1).unwrap();
+        // A pruned draft head: draft_logits [1, T, K] against the reference's subset logits.
+        m2r2.draft_head = head.map(|h| DraftHead::new(h.into_iter().collect(), 40, "test").unwrap());
         let draft_gate = 1 + gate_pick % m2r2.config.num_gates();
         let split = 1 + split_pick % (tokens.len() - 1);
         let dir = tempfile::tempdir().unwrap();
@@ -109,12 +114,17 @@ fn zero_adapters_without_arla_match_reference() {
     assert_all_ok(&rows);
 }
 
-/// f16 weights with casts: equal to the reference run on the f16-rounded weights.
+/// f16 weights with casts: equal to the reference run on the f16-rounded weights (tiny-moe with a
+/// pruned draft head, whose `draft_head.weight` is f16 too).
 #[test]
 fn f16_flavour_matches_reference_with_rounded_weights() {
     for name in ["tiny", "tiny-moe"] {
         let model = reference::builtin::builtin(name).unwrap();
-        let m2r2 = M2r2Weights::builtin_for(name, &model.config).unwrap();
+        let mut m2r2 = M2r2Weights::builtin_for(name, &model.config).unwrap();
+        if name == "tiny-moe" {
+            m2r2.draft_head =
+                Some(DraftHead::new(vec![1, 2, 3, 50, 99], model.config.vocab_size, "t").unwrap());
+        }
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("export");
         export_all(&model, &m2r2, 1, WeightsDtype::F16, None, &out);

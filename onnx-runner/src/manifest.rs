@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use reference::ModelConfig;
+use reference::draft_head::DraftHead;
 use reference::m2r2_config::M2r2Config;
 use reference::tokenizer::Tokenizer;
 use serde::Deserialize;
@@ -48,6 +49,14 @@ pub struct Manifest {
     pub draft_layers: usize,
     /// draft.onnx has the `exit_prob` output.
     pub has_arla: bool,
+    /// `K` of the pruned draft head: draft.onnx's `draft_logits` is `[batch, seq, K]`, scores of
+    /// the token ids in [`draft_head_file`](Self::draft_head_file). Absent or null: `[batch, seq,
+    /// V]`.
+    #[serde(default)]
+    pub draft_head_tokens: Option<usize>,
+    /// The pruned draft head's token ids (`draft_head.json`), beside the graphs.
+    #[serde(default)]
+    pub draft_head_file: Option<String>,
     pub opset: i64,
     pub weights_dtype: String,
     /// graph kind name -> file name in the folder
@@ -59,6 +68,8 @@ pub struct Manifest {
 pub struct ExportDir {
     pub dir: PathBuf,
     pub manifest: Manifest,
+    /// The pruned draft head draft.onnx was exported with (its `draft_logits` columns).
+    pub draft_head: Option<DraftHead>,
 }
 
 impl ExportDir {
@@ -102,9 +113,28 @@ impl ExportDir {
                 manifest.draft_layers, manifest.draft_gate, manifest.m2r2.gates
             )));
         }
+        let draft_head = match (&manifest.draft_head_file, manifest.draft_head_tokens) {
+            (None, None) => None,
+            (Some(name), Some(k)) => {
+                let head = DraftHead::load(&dir.join(name), manifest.config.vocab_size)?;
+                if head.len() != k {
+                    return Err(bad(format!(
+                        "draft_head_tokens is {k}, but {name} lists {} token ids",
+                        head.len()
+                    )));
+                }
+                Some(head)
+            }
+            _ => {
+                return Err(bad(
+                    "draft_head_tokens and draft_head_file must be given together".into(),
+                ));
+            }
+        };
         Ok(ExportDir {
             dir: dir.to_path_buf(),
             manifest,
+            draft_head,
         })
     }
 

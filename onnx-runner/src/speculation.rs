@@ -6,7 +6,9 @@
 //!   verifier.onnx (layers `e..N`): the chained graphs equal model.onnx.
 //! - draft: one token through draft.onnx; its presents extend the lower store, its slow residual
 //!   `s_e` is kept, its `draft_logits` (fast exit state at gate g_d through the LM head) propose
-//!   the next token, `exit_prob` is the ARLA score.
+//!   the next token, `exit_prob` is the ARLA score. With a pruned draft head (the export's
+//!   `draft_head.json`) `draft_logits` has `K` columns, scattered into `[V]` with `-inf` elsewhere
+//!   exactly as the reference's pruned draft step.
 //! - verify: the kept residuals of all drafted positions through verifier.onnx as one chunk.
 //! - rollback: truncate both stores along the sequence axis and forget kept residuals.
 
@@ -19,6 +21,7 @@ use crate::session::{Input, OnnxSession};
 use crate::step::{StepInputs, check_tokens};
 use ndarray::{Array1, Array2, Array3, Axis};
 use reference::ModelConfig;
+use reference::draft_head::DraftHead;
 use reference::exit_gate::{GateKind, gate_score};
 use reference::speculative::{Draft, SpeculativeBackend};
 use std::time::Instant;
@@ -50,6 +53,8 @@ pub struct OnnxSpeculation {
     /// e: draft.onnx holds layers `0..e`
     draft_layers: usize,
     has_arla: bool,
+    /// The pruned draft head draft.onnx was exported with (its `draft_logits` are `[T, K]`).
+    draft_head: Option<DraftHead>,
     /// The gate scored at each proposal (dynamic drafting, `--trace`).
     gate: Option<GateKind>,
     /// KV of layers `0..e` (positions `0..len`) and `e..N` (positions `0..verified`); on the
@@ -92,6 +97,7 @@ impl OnnxSpeculation {
             config: c.clone(),
             draft_layers: e,
             has_arla: m.has_arla,
+            draft_head: export.draft_head.clone(),
             gate,
             kept: Vec::new(),
             verified: 0,
@@ -116,14 +122,20 @@ impl OnnxSpeculation {
         self.draft_layers
     }
 
+    /// The pruned draft head in use, if the export has one.
+    pub fn draft_head(&self) -> Option<&DraftHead> {
+        self.draft_head.as_ref()
+    }
+
     /// Forget everything (cache, kept residuals, timings) for a new prompt.
     pub fn reset(&mut self) {
         self.rollback(0);
         self.times = StepTimes::default();
     }
 
-    /// Run draft.onnx on `tokens` at the next positions: `(draft_logits [T, V], exit_prob [T]
-    /// when exported, hidden_states [T, D])`; the lower store grows by `T`.
+    /// Run draft.onnx on `tokens` at the next positions: `(draft_logits [T, V] (or [T, K] with a
+    /// pruned draft head), exit_prob [T] when exported, hidden_states [T, D])`; the lower store
+    /// grows by `T`.
     #[allow(clippy::type_complexity)]
     fn run_draft(
         &mut self,
@@ -147,13 +159,11 @@ impl OnnxSpeculation {
         let file = self.draft.file().to_string();
         let t = tokens.len();
         let c = &self.config;
-        let logits = logits_rows(
-            out.take("draft_logits")?,
-            t,
-            c.vocab_size,
-            &file,
-            "draft_logits",
-        )?;
+        let scored = self
+            .draft_head
+            .as_ref()
+            .map_or(c.vocab_size, DraftHead::len);
+        let logits = logits_rows(out.take("draft_logits")?, t, scored, &file, "draft_logits")?;
         let hidden = logits_rows(
             out.take("hidden_states")?,
             t,
@@ -244,7 +254,11 @@ impl SpeculativeBackend for OnnxSpeculation {
         self.len += 1;
         self.times.draft_steps += 1;
         let draft = if propose {
-            let logits = logits.row(0).to_vec();
+            let row = logits.row(0).to_vec();
+            let logits = match &self.draft_head {
+                Some(head) => head.scatter(&row, self.config.vocab_size),
+                None => row,
+            };
             let score = match self.gate {
                 None => None,
                 Some(GateKind::Arla) => {

@@ -1,6 +1,7 @@
 //! ONNX Runtime decodes exactly like the reference (tier 3: the reference is the oracle).
 //!
-//! For random tiny dense and MoE models with random adapters and ARLA, exported with `m2r2-export`:
+//! For random tiny dense and MoE models with random adapters and ARLA, with or without a random
+//! pruned draft head (draft.onnx then outputs its `K` columns), exported with `m2r2-export`:
 //! - greedy over model.onnx: every step's logits within [`LOGITS_TOL`] of the reference's
 //!   teacher-forced logits, the same tokens, and the final KV cache within [`KV_TOL`];
 //! - speculative over draft.onnx / verifier.onnx through the reference's own loop: the reference's
@@ -23,6 +24,7 @@ use onnx_runner::manifest::ExportDir;
 use onnx_runner::speculation::OnnxSpeculation;
 use proptest::prelude::*;
 use reference::builtin::random_model;
+use reference::draft_head::DraftHead;
 use reference::draft_verify::ReferenceSpeculation;
 use reference::exit_gate::GateKind;
 use reference::fast_stream::M2r2;
@@ -114,6 +116,8 @@ struct Problem {
     /// Index into the gates for the draft gate.
     draft_gate: usize,
     draft: DraftLength,
+    /// Token ids of a pruned draft head (vocabulary 40), or the full head.
+    head: Option<Vec<u32>>,
 }
 
 fn problem_strategy() -> impl Strategy<Value = Problem> {
@@ -126,9 +130,10 @@ fn problem_strategy() -> impl Strategy<Value = Problem> {
         1usize..12,
         0usize..3,
         draft,
+        prop::option::of(prop::collection::btree_set(0u32..40, 1..20)),
     )
         .prop_map(
-            |(layers, moe, seed, prompt, new_tokens, draft_gate, draft)| Problem {
+            |(layers, moe, seed, prompt, new_tokens, draft_gate, draft, head)| Problem {
                 layers,
                 moe,
                 seed,
@@ -136,6 +141,7 @@ fn problem_strategy() -> impl Strategy<Value = Problem> {
                 new_tokens,
                 draft_gate,
                 draft,
+                head: head.map(|h| h.into_iter().collect()),
             },
         )
 }
@@ -144,9 +150,13 @@ impl Problem {
     fn check(&self, ep: &EpConfig) -> Result<(), TestCaseError> {
         let config = small_config(self.layers, self.moe, 40);
         let base = random_model(config.clone(), self.seed).unwrap();
-        let weights =
+        let mut weights =
             M2r2Weights::random(&config, M2r2Config::default_for(&config), self.seed ^ 0x55)
                 .unwrap();
+        weights.draft_head = self
+            .head
+            .clone()
+            .map(|t| DraftHead::new(t, config.vocab_size, "test").unwrap());
         let draft_gate = 1 + self.draft_gate % weights.config.num_gates();
         let dir = tempfile::tempdir().unwrap();
         let exported = export_all(&base, &weights, draft_gate, dir.path());
@@ -226,6 +236,7 @@ fn check_decoding(
         ReferenceSpeculation::new(M2r2::new(base, weights), draft_gate, gate, capacity).unwrap();
     let want_run = speculative_generate(&mut reference, prompt, &options).unwrap();
     let mut onnx = OnnxSpeculation::load(exported, ep, gate).unwrap();
+    prop_assert_eq!(onnx.draft_head(), weights.draft_head.as_ref());
     let got_run = speculative_generate(&mut onnx, prompt, &options).unwrap();
     prop_assert_eq!(&got_run.tokens, &want, "greedy speculative tokens on ORT");
     prop_assert_eq!(got_run.rounds.len(), want_run.rounds.len());

@@ -199,9 +199,21 @@ impl<'a> CostModel<'a> {
             }
         }
         if propose {
-            w += self.head(1);
+            w += self.draft_head(1);
         }
         w
+    }
+
+    /// Final norm and the draft's exit head on `rows` rows: the pruned head's `K` rows when the
+    /// M2R2 weights carry one ([`crate::draft_head`]), else the full head.
+    pub fn draft_head(&self, rows: usize) -> Work {
+        match self.m2r2.and_then(|w| w.draft_head.as_ref()) {
+            Some(head) => {
+                Work::read(self.model.hidden_size)
+                    + Work::matmul(rows, head.len(), self.model.hidden_size, false)
+            }
+            None => self.head(rows),
+        }
     }
 
     /// Verification of the drafted positions `positions` from the draft gate up.
@@ -433,7 +445,21 @@ mod tests {
     /// model's prediction from the rounds alone (dense; fixed and dynamic drafts, every draft gate).
     #[test]
     fn speculative_counts_equal_the_model() {
-        let (model, weights) = small(false, None);
+        let (model, plain) = small(false, None);
+        // Also with a pruned draft head: its K rows are counted instead of V.
+        let pruned = M2r2Weights {
+            draft_head: Some(
+                crate::draft_head::DraftHead::new(vec![1, 4, 9, 30], 50, "t").unwrap(),
+            ),
+            ..plain.clone()
+        };
+        for weights in [&plain, &pruned] {
+            speculative_counts_for(&model, weights);
+        }
+    }
+
+    fn speculative_counts_for(model: &Model, weights: &M2r2Weights) {
+        let (model, weights) = (model, weights.clone());
         let cost = CostModel::new(&model.config, Some(&weights));
         let dense = |d: DraftLength, gate: usize| {
             let kind = match &d {
@@ -441,7 +467,7 @@ mod tests {
                 DraftLength::Fixed(_) => None,
             };
             let mut backend =
-                ReferenceSpeculation::new(M2r2::new(&model, &weights), gate, kind, 64).unwrap();
+                ReferenceSpeculation::new(M2r2::new(model, &weights), gate, kind, 64).unwrap();
             let options = SpeculativeOptions {
                 max_new_tokens: 20,
                 stop_tokens: vec![],

@@ -4,7 +4,8 @@
 //!
 //! - draft: one token through intervals `0..g_d` (layers `1..=e_gd`); slow rows write the cache, the
 //!   slow residual `s_{e_gd}` is kept, and (when proposing) the fast rows give the exit logits at
-//!   gate `g_d`. The fast stream runs only in the interval ending at `g_d`, or in all of them when
+//!   gate `g_d`: the full head, or the pruned draft head's `K` rows (`-inf` elsewhere) when the
+//!   M2R2 weights carry one ([`crate::draft_head`]; drop it from the weights for the full head). The fast stream runs only in the interval ending at `g_d`, or in all of them when
 //!   ARLA needs `u_1..u_gd`.
 //! - verify: the kept residuals of all drafted positions through layers `e_gd+1..=N` as one chunk.
 //! - rollback: truncate the cache; kept residuals of dropped positions are forgotten.
@@ -120,7 +121,11 @@ impl SpeculativeBackend for ReferenceSpeculation<'_> {
         let u = exit_states
             .last()
             .expect("the draft gate's interval ran with a fast row");
-        let (logits, head) = model.logits_counted(u.view().insert_axis(ndarray::Axis(0)));
+        let u_row = u.view().insert_axis(ndarray::Axis(0)); // [1, D]
+        let (logits, head) = match &self.m2r2.weights.draft_head {
+            Some(pruned) => pruned.exit_logits(model, u_row),
+            None => model.logits_counted(u_row),
+        };
         self.work += head;
         let logits = logits.row(0).to_vec();
         let score = match self.gate {

@@ -17,6 +17,7 @@ pub mod builtin;
 pub mod checkpoint;
 pub mod config;
 pub mod cost;
+pub mod draft_head;
 pub mod draft_verify;
 pub mod early_exit;
 pub mod error;

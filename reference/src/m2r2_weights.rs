@@ -6,6 +6,7 @@
 //! | `adapter_config.json`       | PEFT LoRA config of the accelerator         | yes      |
 //! | `adapter_model.safetensors` | PEFT LoRA tensors of the accelerator        | yes      |
 //! | `arla.safetensors`          | ARLA weights (see [`crate::arla`])          | no       |
+//! | `draft_head.json`           | pruned draft head (see [`crate::draft_head`]) | no     |
 //!
 //! `rank`, `alpha` and `targets` appear in both `m2r2_config.json` and `adapter_config.json`; they
 //! must agree. `use_rslora` is taken from `adapter_config.json` alone.
@@ -14,6 +15,7 @@ use crate::accelerator::{ADAPTER_CONFIG_FILE, Accelerator};
 use crate::arla::{ARLA_FILE, Arla};
 use crate::builtin::BUILTIN_NAMES;
 use crate::config::ModelConfig;
+use crate::draft_head::{DRAFT_HEAD_FILE, DraftHead};
 use crate::error::{Error, Result};
 use crate::m2r2_config::{M2R2_CONFIG_FILE, M2r2Config};
 use std::path::Path;
@@ -31,6 +33,8 @@ pub struct M2r2Weights {
     /// `None` when the folder has no `arla.safetensors` (then only the confidence and entropy
     /// gates are available).
     pub arla: Option<Arla>,
+    /// `None` when the folder has no `draft_head.json`: drafts score the whole vocabulary.
+    pub draft_head: Option<DraftHead>,
 }
 
 impl M2r2Weights {
@@ -83,26 +87,35 @@ impl M2r2Weights {
         } else {
             None
         };
+        let head_path = dir.join(DRAFT_HEAD_FILE);
+        let draft_head = if head_path.is_file() {
+            Some(DraftHead::load(&head_path, model.vocab_size)?)
+        } else {
+            None
+        };
         Ok(M2r2Weights {
             config,
             accelerator,
             arla,
+            draft_head,
         })
     }
 
-    /// Write the folder (created if needed). Without ARLA weights, a stale `arla.safetensors` in
-    /// `dir` is removed, so the folder always loads back as these weights.
+    /// Write the folder (created if needed). Without ARLA weights or a draft head, a stale
+    /// `arla.safetensors` / `draft_head.json` in `dir` is removed, so the folder always loads back
+    /// as these weights.
     pub fn save_dir(&self, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         self.config.save(dir)?;
         self.accelerator.save_peft(dir)?;
         let arla_path = dir.join(ARLA_FILE);
         match &self.arla {
-            Some(arla) => arla.save(&arla_path),
-            None if arla_path.exists() => {
-                std::fs::remove_file(&arla_path).map_err(|e| Error::io(&arla_path, e))
-            }
-            None => Ok(()),
+            Some(arla) => arla.save(&arla_path)?,
+            None => remove_stale(&arla_path)?,
+        }
+        match &self.draft_head {
+            Some(head) => head.save(dir),
+            None => remove_stale(&dir.join(DRAFT_HEAD_FILE)),
         }
     }
 
@@ -115,6 +128,7 @@ impl M2r2Weights {
             config,
             accelerator,
             arla: None,
+            draft_head: None,
         }
     }
 
@@ -135,6 +149,7 @@ impl M2r2Weights {
             config,
             accelerator,
             arla: Some(arla),
+            draft_head: None,
         })
     }
 
@@ -148,6 +163,14 @@ impl M2r2Weights {
             Ok(Self::zeros(model))
         }
     }
+}
+
+/// Remove `path` if it exists.
+fn remove_stale(path: &Path) -> Result<()> {
+    if path.exists() {
+        std::fs::remove_file(path).map_err(|e| Error::io(path, e))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -302,6 +325,31 @@ mod tests {
         without.save_dir(dir.path()).unwrap();
         assert!(!dir.path().join(ARLA_FILE).exists());
         assert_eq!(M2r2Weights::load_dir(dir.path(), &model).unwrap(), without);
+    }
+
+    #[test]
+    fn draft_head_round_trip_stale_removal_and_errors() {
+        let model = tiny_config();
+        let (dir, w) = saved(&model);
+        assert_eq!(w.draft_head, None);
+        let head = DraftHead::new(vec![0, 5, 17], model.vocab_size, "t").unwrap();
+        let with = M2r2Weights {
+            draft_head: Some(head),
+            ..w.clone()
+        };
+        with.save_dir(dir.path()).unwrap();
+        assert_eq!(M2r2Weights::load_dir(dir.path(), &model).unwrap(), with);
+        // Saving without a head removes the stale file.
+        w.save_dir(dir.path()).unwrap();
+        assert!(!dir.path().join(DRAFT_HEAD_FILE).exists());
+        assert_eq!(M2r2Weights::load_dir(dir.path(), &model).unwrap(), w);
+        // A corrupt file is an error naming it.
+        std::fs::write(dir.path().join(DRAFT_HEAD_FILE), "{\"tokens\": [9, 2]}").unwrap();
+        let err = load_err(dir.path(), &model);
+        assert!(
+            err.contains(DRAFT_HEAD_FILE) && err.contains("not sorted"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -11,6 +11,9 @@
 //! - [`linear`]: the same dots, parallel over blocks of output rows. Each weight row is read from
 //!   memory once per call and dotted with every input row while it is in cache; decode (`T = 1`) is
 //!   memory bound, so this is what reaches the machine's bandwidth.
+//!
+//! [`linear_out_rows`] is [`linear`] restricted to some rows of `W` (the pruned draft head): the
+//! same dots, so its values are bitwise the matching columns.
 
 use ndarray::{Array1, Array2, ArrayView2, Axis};
 use rayon::prelude::*;
@@ -91,6 +94,34 @@ pub fn linear_naive(
 /// # Panics
 /// If the inner dimensions differ.
 pub fn linear(x: ArrayView2<f32>, w: ArrayView2<f32>, b: Option<&Array1<f32>>) -> Array2<f32> {
+    linear_selected(x, w, b, w.nrows(), |o| o)
+}
+
+/// Columns `out_rows` of `X W^T`: the same dots as [`linear`] for a subset of the weight's rows
+/// (the pruned draft head), so each value is bitwise the matching column of `linear(x, w)`.
+///
+/// # Shapes
+/// - `x`: `[T, in]`, `w`: `[out, in]`, `out_rows`: `[K]` -> `[T, K]`
+///
+/// # Panics
+/// If the inner dimensions differ or an index is `>= out` (validated at load, so this is a bug).
+pub fn linear_out_rows(x: ArrayView2<f32>, w: ArrayView2<f32>, out_rows: &[u32]) -> Array2<f32> {
+    assert!(
+        out_rows.iter().all(|&o| (o as usize) < w.nrows()),
+        "linear_out_rows: a row index is >= {}",
+        w.nrows()
+    );
+    linear_selected(x, w, None, out_rows.len(), |k| out_rows[k] as usize)
+}
+
+/// `Y[t, k] = x_t . w_{row(k)} (+ b[row(k)])` for `k < count`, parallel over blocks of `k`.
+fn linear_selected(
+    x: ArrayView2<f32>,
+    w: ArrayView2<f32>,
+    b: Option<&Array1<f32>>,
+    count: usize,
+    row: impl Fn(usize) -> usize + Sync,
+) -> Array2<f32> {
     assert_eq!(
         x.ncols(),
         w.ncols(),
@@ -98,21 +129,21 @@ pub fn linear(x: ArrayView2<f32>, w: ArrayView2<f32>, b: Option<&Array1<f32>>) -
         x.ncols(),
         w.ncols()
     );
-    let (t_rows, out) = (x.nrows(), w.nrows());
+    let t_rows = x.nrows();
     let x = x.as_standard_layout();
     let w = w.as_standard_layout();
     let xs = x.as_slice().expect("standard layout");
     let ws = w.as_slice().expect("standard layout");
     let width = w.ncols();
-    // yt[o * T + t] = Y[t, o]: each task owns a contiguous run of output rows.
-    let mut yt = vec![0.0f32; out * t_rows];
+    // yt[k * T + t] = Y[t, k]: each task owns a contiguous run of output columns.
+    let mut yt = vec![0.0f32; count * t_rows];
     if t_rows > 0 && width > 0 {
         yt.par_chunks_mut(ROWS_PER_TASK * t_rows)
             .enumerate()
             .for_each(|(block, chunk)| {
-                let o0 = block * ROWS_PER_TASK;
+                let k0 = block * ROWS_PER_TASK;
                 for (i, y_o) in chunk.chunks_exact_mut(t_rows).enumerate() {
-                    let o = o0 + i;
+                    let o = row(k0 + i);
                     let w_o = &ws[o * width..(o + 1) * width];
                     let bias = b.map_or(0.0, |b| b[o]);
                     for (t, y) in y_o.iter_mut().enumerate() {
@@ -121,7 +152,7 @@ pub fn linear(x: ArrayView2<f32>, w: ArrayView2<f32>, b: Option<&Array1<f32>>) -
                 }
             });
     }
-    let yt = Array2::from_shape_vec((out, t_rows), yt).expect("sizes match");
+    let yt = Array2::from_shape_vec((count, t_rows), yt).expect("sizes match");
     yt.reversed_axes().as_standard_layout().into_owned()
 }
 
@@ -205,6 +236,22 @@ mod tests {
             for r in 0..t {
                 let alone = linear(x.slice(ndarray::s![r..r + 1, ..]), w.view(), Some(&b));
                 prop_assert!(alone.row(0).iter().zip(fast.row(r).iter()).all(|(a, b)| a.to_bits() == b.to_bits()));
+            }
+        }
+
+        /// A subset of the weight's rows gives exactly those columns of the naive product.
+        #[test]
+        fn out_rows_are_columns_of_naive(t in 1usize..5, inner in 1usize..40, out in 1usize..60, pick in proptest::collection::vec(any::<u32>(), 0..30), seed in any::<u64>()) {
+            let x = matrix(t, inner, seed);
+            let w = matrix(out, inner, seed ^ 1);
+            let rows: Vec<u32> = pick.iter().map(|p| p % out as u32).collect();
+            let naive = linear_naive(x.view(), w.view(), None);
+            let sub = linear_out_rows(x.view(), w.view(), &rows);
+            prop_assert_eq!(sub.dim(), (t, rows.len()));
+            for r in 0..t {
+                for (k, &o) in rows.iter().enumerate() {
+                    prop_assert_eq!(sub[[r, k]].to_bits(), naive[[r, o as usize]].to_bits());
+                }
             }
         }
     }

@@ -133,6 +133,29 @@ mod tests {
         }
     }
 
+    /// Pruned draft logits are -inf outside the subset: those tokens get probability 0 under
+    /// every filter, the rest is the distribution over the subset (hand-computed).
+    #[test]
+    fn minus_infinity_rows_get_zero_probability() {
+        let ninf = f32::NEG_INFINITY;
+        // ln of [0.5, 0.3, 0.2] at tokens 1, 3, 4
+        let logits = [ninf, 0.5f32.ln(), ninf, 0.3f32.ln(), 0.2f32.ln(), ninf];
+        for (k, p, want) in [
+            (None, None, [0.0f32, 0.5, 0.0, 0.3, 0.2, 0.0]),
+            (Some(5), None, [0.0, 0.5, 0.0, 0.3, 0.2, 0.0]),
+            (Some(2), None, [0.0, 0.625, 0.0, 0.375, 0.0, 0.0]),
+            (None, Some(0.7), [0.0, 0.625, 0.0, 0.375, 0.0, 0.0]),
+        ] {
+            let q = sampling_distribution(&logits, &params(1.0, k, p));
+            assert_abs_diff_eq!(q.as_slice(), want.as_slice(), epsilon = 1e-6);
+        }
+        let q = sampling_distribution(&logits, &params(1.0, None, None));
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        for _ in 0..200 {
+            assert!([1, 3, 4].contains(&draw(&q, &mut rng)));
+        }
+    }
+
     #[test]
     fn filters_hand_computed() {
         // ln of [0.5, 0.3, 0.15, 0.05]

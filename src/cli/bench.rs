@@ -3,7 +3,9 @@
 //! `bytes read per token x tokens/s` over the streaming-read bandwidth says how close to the machine's
 //! limit the reference runs.
 
+use super::bench_onnx::{EngineResult, SpecBench, head_words, print_engines};
 use super::common::{self, ModelArgs};
+use super::m2r2_args::{M2r2Args, OnOff};
 use anyhow::{Result, bail};
 use rayon::prelude::*;
 use reference::ModelConfig;
@@ -28,10 +30,18 @@ pub struct Args {
     pub onnx: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub ep: super::run::EpArgs,
-    /// With --onnx: the reference's M2R2 weights, as in `generate --m2r2` (those the export was
-    /// made with)
-    #[arg(long = "m2r2", value_name = "DIR|none", requires = "onnx")]
+    /// With --onnx or --speculative: the reference's M2R2 weights, as in `generate --m2r2` (with
+    /// --onnx: those the export was made with)
+    #[arg(long = "m2r2", value_name = "DIR|none")]
     pub m2r2: Option<String>,
+    /// Bench the reference's greedy and self-speculative decoding (draft gate and length from the
+    /// M2R2 config): tokens/s, accepted length, ms per draft and per verify step
+    #[arg(long, conflicts_with = "onnx")]
+    pub speculative: bool,
+    /// With --onnx or --speculative: the pruned draft head (draft_head.json in the --m2r2 folder;
+    /// default: on when there is one). With --onnx it must match the export.
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub draft_head: Option<OnOff>,
 }
 
 /// What one bench runs. Threads: rayon's global pool (all cores, or `RAYON_NUM_THREADS`).
@@ -145,17 +155,88 @@ pub fn run(args: &Args) -> Result<()> {
         return super::bench_onnx::run(
             &loaded,
             args.m2r2.clone(),
+            args.draft_head,
             dir,
             &args.ep,
             &args.sizes,
             args.json,
         );
     }
+    if args.m2r2.is_some() && !args.speculative {
+        bail!("--m2r2 needs --onnx or --speculative (greedy decoding uses no M2R2 weights)");
+    }
+    if args.draft_head.is_some() && !args.speculative {
+        bail!("--draft-head needs --onnx or --speculative");
+    }
+    if args.speculative {
+        return speculative(&loaded, args);
+    }
     let result = measure(&loaded, &args.sizes)?;
     if args.json {
         common::print_json(&serde_json::to_value(&result)?);
     } else {
         print_table(&result);
+    }
+    Ok(())
+}
+
+/// The reference's speculative bench (`--speculative`).
+#[derive(Clone, Debug, Serialize)]
+pub struct SpeculativeBenchResult {
+    pub model: String,
+    pub cpu: String,
+    pub threads: usize,
+    pub m2r2: String,
+    pub draft_gate: usize,
+    pub draft_len: usize,
+    /// `K` of the pruned draft head; `None`: the full head.
+    pub draft_head_tokens: Option<usize>,
+    pub prompt_len: usize,
+    pub decode_tokens: usize,
+    pub repeats: usize,
+    pub engine: EngineResult,
+}
+
+fn speculative(loaded: &LoadedModel, args: &Args) -> Result<()> {
+    let m2r2 = M2r2Args {
+        draft_head: args.draft_head,
+        ..M2r2Args::weights_only(args.m2r2.clone())
+    };
+    let weights = m2r2.weights(loaded)?;
+    let (draft_gate, draft_len) = (weights.config.draft_gate, weights.config.draft_len.max(1));
+    let bench = SpecBench::new(loaded, draft_gate, draft_len, &args.sizes)?;
+    let s = &args.sizes;
+    let result = SpeculativeBenchResult {
+        model: loaded.name.clone(),
+        cpu: cpu_model(),
+        threads: rayon::current_num_threads(),
+        m2r2: m2r2.source(loaded),
+        draft_gate,
+        draft_len,
+        draft_head_tokens: weights.draft_head.as_ref().map(|h| h.len()),
+        prompt_len: s.prompt_len,
+        decode_tokens: s.decode_tokens,
+        repeats: s.repeats,
+        engine: bench.reference(&weights)?,
+    };
+    if args.json {
+        common::print_json(&serde_json::to_value(&result)?);
+    } else {
+        println!(
+            "bench {}: greedy vs self-speculative on the reference; M2R2 weights: {}",
+            result.model, result.m2r2
+        );
+        println!("cpu: {}, {} rayon threads", result.cpu, result.threads);
+        println!(
+            "prompt {} tokens, decode {} tokens, draft gate {}, {} drafts per round, {}; median of {} runs after 1 warm-up",
+            result.prompt_len,
+            result.decode_tokens,
+            draft_gate,
+            draft_len,
+            head_words(result.draft_head_tokens),
+            result.repeats
+        );
+        print_engines(std::slice::from_ref(&result.engine));
     }
     Ok(())
 }

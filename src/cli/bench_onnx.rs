@@ -5,8 +5,8 @@
 
 use super::bench::{Sizes, cpu_model};
 use super::common;
-use super::m2r2_args::M2r2Args;
-use super::run::EpArgs;
+use super::m2r2_args::{M2r2Args, OnOff};
+use super::run::{EpArgs, check_draft_head};
 use anyhow::{Result, bail};
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::manifest::ExportDir;
@@ -48,6 +48,8 @@ pub struct OnnxBenchResult {
     pub m2r2: String,
     pub draft_gate: usize,
     pub draft_len: usize,
+    /// `K` of the pruned draft head both engines draft with; `None`: the full head.
+    pub draft_head_tokens: Option<usize>,
     pub prompt_len: usize,
     pub decode_tokens: usize,
     pub repeats: usize,
@@ -57,10 +59,11 @@ pub struct OnnxBenchResult {
 }
 
 /// Time both engines. `m2r2` names the reference's M2R2 weights (as `--m2r2`; they must be those
-/// the export was made with).
+/// the export was made with), `draft_head` is `--draft-head` (it must match the export's).
 pub fn measure(
     loaded: &LoadedModel,
     m2r2: Option<String>,
+    draft_head: Option<OnOff>,
     dir: &Path,
     ep_args: &EpArgs,
     sizes: &Sizes,
@@ -75,53 +78,29 @@ pub fn measure(
             loaded.name
         );
     }
-    let args = M2r2Args::weights_only(m2r2.clone());
+    check_draft_head(&export, draft_head)?;
+    let args = M2r2Args {
+        draft_head,
+        ..M2r2Args::weights_only(m2r2.clone())
+    };
     let weights: M2r2Weights = args.weights(loaded)?;
-    let draft_len = manifest.m2r2.draft_len.max(1);
-    let config = &loaded.model.config;
-    let needed = sizes.prompt_len + sizes.decode_tokens + draft_len + 1;
-    if needed > config.max_position_embeddings {
+    if weights.draft_head != export.draft_head {
         bail!(
-            "--prompt-len + --decode-tokens (+ a draft) = {needed} positions exceed the context of {}",
-            config.max_position_embeddings
+            "the reference's M2R2 weights ({}) and the export {} have different draft heads; \
+             pass the --m2r2 folder the export was made from",
+            args.source(loaded),
+            dir.display()
         );
     }
-    // A fixed pseudo-random prompt; no stop tokens, so every run decodes exactly `decode_tokens`.
-    let prompt: Vec<u32> = (0..sizes.prompt_len as u64)
-        .map(|i| ((i * 2_654_435_761 + 12_345) % config.vocab_size as u64) as u32)
-        .collect();
-    let greedy_options = GenerateOptions {
-        max_new_tokens: sizes.decode_tokens,
-        stop_tokens: vec![],
-        sampling: None,
-    };
-    let spec_options = SpeculativeOptions {
-        max_new_tokens: sizes.decode_tokens,
-        stop_tokens: vec![],
-        draft_length: DraftLength::Fixed(draft_len),
-        sampling: None,
-    };
+    let draft_len = manifest.m2r2.draft_len.max(1);
+    let bench = SpecBench::new(loaded, manifest.draft_gate, draft_len, sizes)?;
     let runtime = onnx_runner::runtime::init()?;
     let ep = ep_args.config(&export, draft_len);
 
-    // reference
-    let model = &loaded.model;
-    let mut reference_runs = Vec::new();
-    for i in 0..=sizes.repeats {
-        let g = generate(model, &prompt, &greedy_options, &mut |_, _| {})?;
-        let capacity = prompt.len() + sizes.decode_tokens + draft_len + 1;
-        let mut backend = ReferenceSpeculation::new(
-            M2r2::new(model, &weights),
-            manifest.draft_gate,
-            None,
-            capacity,
-        )?;
-        let run = timed_speculative(&mut backend, &prompt, &spec_options, &g.tokens)?;
-        if i > 0 {
-            reference_runs.push((g.decode_tokens_per_second(), run));
-        }
-    }
-    let reference_tokens = generate(model, &prompt, &greedy_options, &mut |_, _| {})?.tokens;
+    let reference_runs = bench.reference_runs(&weights)?;
+    let (prompt, greedy_options, spec_options) =
+        (&bench.prompt, &bench.greedy_options, &bench.spec_options);
+    let reference_tokens = generate(&loaded.model, prompt, greedy_options, &mut |_, _| {})?.tokens;
 
     // ONNX Runtime
     let mut onnx_model = OnnxModel::load(&export, &ep)?;
@@ -130,9 +109,9 @@ pub fn measure(
     let mut onnx_runs = Vec::new();
     let mut onnx_tokens = Vec::new();
     for i in 0..=sizes.repeats {
-        let g = onnx_model.generate(&prompt, &greedy_options, &mut |_, _| {})?;
+        let g = onnx_model.generate(prompt, greedy_options, &mut |_, _| {})?;
         onnx_spec.reset();
-        let run = timed_speculative(&mut onnx_spec, &prompt, &spec_options, &g.tokens)?;
+        let run = timed_speculative(&mut onnx_spec, prompt, spec_options, &g.tokens)?;
         if i > 0 {
             onnx_runs.push((g.decode_tokens_per_second(), run));
         }
@@ -149,6 +128,7 @@ pub fn measure(
         m2r2: args.source(loaded),
         draft_gate: manifest.draft_gate,
         draft_len,
+        draft_head_tokens: manifest.draft_head_tokens,
         prompt_len: sizes.prompt_len,
         decode_tokens: sizes.decode_tokens,
         repeats: sizes.repeats,
@@ -158,6 +138,89 @@ pub fn measure(
         ],
         tokens_equal_reference: onnx_tokens == reference_tokens,
     })
+}
+
+/// The prompt and options of a speculative bench (reference alone, or against ONNX Runtime).
+pub struct SpecBench<'a> {
+    loaded: &'a LoadedModel,
+    draft_gate: usize,
+    repeats: usize,
+    decode_tokens: usize,
+    prompt: Vec<u32>,
+    greedy_options: GenerateOptions,
+    spec_options: SpeculativeOptions,
+}
+
+impl<'a> SpecBench<'a> {
+    pub fn new(
+        loaded: &'a LoadedModel,
+        draft_gate: usize,
+        draft_len: usize,
+        sizes: &Sizes,
+    ) -> Result<Self> {
+        let config = &loaded.model.config;
+        let needed = sizes.prompt_len + sizes.decode_tokens + draft_len + 1;
+        if needed > config.max_position_embeddings {
+            bail!(
+                "--prompt-len + --decode-tokens (+ a draft) = {needed} positions exceed the context of {}",
+                config.max_position_embeddings
+            );
+        }
+        // A fixed pseudo-random prompt; no stop tokens, so every run decodes exactly
+        // `decode_tokens`.
+        let prompt: Vec<u32> = (0..sizes.prompt_len as u64)
+            .map(|i| ((i * 2_654_435_761 + 12_345) % config.vocab_size as u64) as u32)
+            .collect();
+        Ok(SpecBench {
+            loaded,
+            draft_gate,
+            repeats: sizes.repeats,
+            decode_tokens: sizes.decode_tokens,
+            prompt,
+            greedy_options: GenerateOptions {
+                max_new_tokens: sizes.decode_tokens,
+                stop_tokens: vec![],
+                sampling: None,
+            },
+            spec_options: SpeculativeOptions {
+                max_new_tokens: sizes.decode_tokens,
+                stop_tokens: vec![],
+                draft_length: DraftLength::Fixed(draft_len),
+                sampling: None,
+            },
+        })
+    }
+
+    /// The reference's greedy and speculative runs with `weights` (its pruned draft head when it
+    /// has one): one warm-up, then `repeats` timed runs.
+    fn reference_runs(&self, weights: &M2r2Weights) -> Result<Vec<(f64, SpecRun)>> {
+        let model = &self.loaded.model;
+        let mut runs = Vec::new();
+        for i in 0..=self.repeats {
+            let g = generate(model, &self.prompt, &self.greedy_options, &mut |_, _| {})?;
+            let capacity =
+                self.prompt.len() + self.decode_tokens + self.spec_options.draft_length.max() + 1;
+            let mut backend = ReferenceSpeculation::new(
+                M2r2::new(model, weights),
+                self.draft_gate,
+                None,
+                capacity,
+            )?;
+            let run = timed_speculative(&mut backend, &self.prompt, &self.spec_options, &g.tokens)?;
+            if i > 0 {
+                runs.push((g.decode_tokens_per_second(), run));
+            }
+        }
+        Ok(runs)
+    }
+
+    /// The reference's medians with `weights`.
+    pub fn reference(&self, weights: &M2r2Weights) -> Result<EngineResult> {
+        Ok(summarise(
+            "reference".into(),
+            &self.reference_runs(weights)?,
+        ))
+    }
 }
 
 /// One speculative run's figures.
@@ -225,14 +288,40 @@ pub fn print_table(r: &OnnxBenchResult) {
         r.cpu, r.onnx, r.m2r2
     );
     println!(
-        "prompt {} tokens, decode {} tokens, draft gate {}, {} drafts per round; median of {} runs after 1 warm-up",
-        r.prompt_len, r.decode_tokens, r.draft_gate, r.draft_len, r.repeats
+        "prompt {} tokens, decode {} tokens, draft gate {}, {} drafts per round, {}; median of {} runs after 1 warm-up",
+        r.prompt_len,
+        r.decode_tokens,
+        r.draft_gate,
+        r.draft_len,
+        head_words(r.draft_head_tokens),
+        r.repeats
     );
+    print_engines(&r.engines);
+    println!(
+        "  greedy tokens equal to the reference's: {}",
+        if r.tokens_equal_reference {
+            "yes"
+        } else {
+            "NO"
+        }
+    );
+}
+
+/// The draft head in words.
+pub fn head_words(tokens: Option<usize>) -> String {
+    match tokens {
+        Some(k) => format!("pruned draft head of {k} tokens"),
+        None => "full draft head".into(),
+    }
+}
+
+/// The engines' table rows and the legend.
+pub fn print_engines(engines: &[EngineResult]) {
     println!(
         "  {:<22} {:>14} {:>14} {:>10} {:>12} {:>13} {:>9}",
         "engine", "greedy tok/s", "spec tok/s", "accepted", "ms/draft", "ms/verify", "lossless"
     );
-    for e in &r.engines {
+    for e in engines {
         println!(
             "  {:<22} {:>14.1} {:>14.1} {:>10.2} {:>12.2} {:>13.2} {:>9}",
             e.engine,
@@ -248,14 +337,6 @@ pub fn print_table(r: &OnnxBenchResult) {
             }
         );
     }
-    println!(
-        "  greedy tokens equal to the reference's: {}",
-        if r.tokens_equal_reference {
-            "yes"
-        } else {
-            "NO"
-        }
-    );
     println!(
         "  (accepted: tokens emitted per verification; ms/draft: one token through draft.onnx or the \
          reference's lower layers with the fast stream; ms/verify: one verify chunk)"
@@ -304,12 +385,13 @@ impl SpeculativeBackend for Timed<'_> {
 pub fn run(
     loaded: &LoadedModel,
     m2r2: Option<String>,
+    draft_head: Option<OnOff>,
     dir: &Path,
     ep: &EpArgs,
     sizes: &Sizes,
     json: bool,
 ) -> Result<()> {
-    let result = measure(loaded, m2r2, dir, ep, sizes)?;
+    let result = measure(loaded, m2r2, draft_head, dir, ep, sizes)?;
     if json {
         common::print_json(&serde_json::to_value(&result)?);
     } else {

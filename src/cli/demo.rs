@@ -338,6 +338,7 @@ fn m2r2_modes(demo: &mut Demo) -> Result<()> {
             kv_policy: KvPolicy::Exact,
             draft_gate: 1,
             draft_length,
+            draft_head_tokens: None,
         };
         let request = DecodeRequest {
             prompt: &prompt,

@@ -6,7 +6,7 @@
 use super::train_arla::{Trained, TrainedArgs};
 use anyhow::{Context, Result, bail};
 use reference::m2r2_config::Target;
-use train::draft_head::{DraftHead, pruned_agreement};
+use train::draft_head::{DraftHead, most_frequent, pruned_agreement};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -46,7 +46,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let heads: Vec<DraftHead> = sizes
         .iter()
-        .map(|&k| DraftHead::most_frequent(&data, config.vocab_size, k))
+        .map(|&k| most_frequent(&data, config.vocab_size, k))
         .collect();
     let gate = weights.config.draft_gate;
     let result = pruned_agreement(model, &weights, gate, &dev, &heads)?;
@@ -90,7 +90,7 @@ pub fn run(args: &Args) -> Result<()> {
         if k == 0 || k > config.vocab_size {
             bail!("--write must lie in 1..={}", config.vocab_size);
         }
-        DraftHead::most_frequent(&data, config.vocab_size, k).save(&args.trained.m2r2)?;
+        most_frequent(&data, config.vocab_size, k).save(&args.trained.m2r2)?;
         println!(
             "wrote the {k}-token draft head into {}",
             args.trained.m2r2.display()

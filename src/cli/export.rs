@@ -3,7 +3,7 @@
 //! manifest into a folder (docs/ONNX.md), then print a summary table per graph.
 
 use super::common::{self, ModelArgs};
-use super::m2r2_args::M2r2Args;
+use super::m2r2_args::{M2r2Args, OnOff};
 use super::progress;
 use anyhow::{Context, Result};
 use export::builder::{DEFAULT_OPSET, WeightsDtype};
@@ -48,6 +48,10 @@ pub struct Args {
     /// Run the written graphs with ONNX Runtime on a probe sequence and compare with the reference
     #[arg(long)]
     pub check: bool,
+    /// Pruned draft head (draft_head.json in the --m2r2 folder): draft.onnx scores only its K
+    /// tokens (default: on when the folder has one)
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub draft_head: Option<OnOff>,
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -58,7 +62,10 @@ pub fn run(args: &Args) -> Result<()> {
         .collect::<Result<Vec<_>, _>>()
         .context("--graphs")?;
     let loaded = common::load(&args.model.model)?;
-    let m2r2_args = M2r2Args::weights_only(args.m2r2.clone());
+    let m2r2_args = M2r2Args {
+        draft_head: args.draft_head,
+        ..M2r2Args::weights_only(args.m2r2.clone())
+    };
     let m2r2 = m2r2_args.weights(&loaded)?;
     let options = ExportOptions {
         model_name: loaded.name.clone(),
@@ -82,8 +89,12 @@ pub fn run(args: &Args) -> Result<()> {
     })
     .with_context(|| format!("cannot export {} to {}", loaded.name, args.out.display()))?;
     bar.finish_and_clear();
+    let head = match &m2r2.draft_head {
+        Some(h) => format!("pruned draft head of {} tokens", h.len()),
+        None => "full draft head".into(),
+    };
     eprintln!(
-        "exported {} (M2R2 weights: {}, draft gate {}) to {}",
+        "exported {} (M2R2 weights: {}, draft gate {}, {head}) to {}",
         loaded.name,
         m2r2_args.source(&loaded),
         request.options.draft_gate,

@@ -1,6 +1,12 @@
 //! The M2R2 decoding flags shared by `generate` and `golden` (`--mode`, `--m2r2`, `--gate`,
-//! `--threshold`, `--kv-policy`, `--draft-gate`, `--draft-len` / `--dynamic-draft`), and one function
-//! that runs the chosen mode and returns a mode-independent [`ModeRun`].
+//! `--threshold`, `--kv-policy`, `--draft-gate`, `--draft-len` / `--dynamic-draft`,
+//! `--draft-head`), and one function that runs the chosen mode and returns a mode-independent
+//! [`ModeRun`].
+//!
+//! `--draft-head on|off` chooses the pruned draft head (`draft_head.json` in the M2R2 folder,
+//! `reference::draft_head`) for speculative drafts; the default is `on` when the folder has one.
+//! `off` drops it from the loaded weights, so every consumer (decoding, goldens, export) sees the
+//! full head.
 //!
 //! | mode          | what runs                                                        | spec |
 //! |---------------|------------------------------------------------------------------|------|
@@ -51,6 +57,13 @@ impl Mode {
     }
 }
 
+/// `on` | `off`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
 /// The M2R2 flags, flattened into `generate` and `golden`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct M2r2Args {
@@ -83,6 +96,10 @@ pub struct M2r2Args {
     /// Draft until the gate score falls below --threshold (at most the config's draft_len)
     #[arg(long)]
     pub dynamic_draft: bool,
+    /// Pruned draft head (draft_head.json in the --m2r2 folder): drafts score only its K tokens
+    /// (default: on when the folder has one)
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub draft_head: Option<OnOff>,
 }
 
 fn parse_gate(text: &str) -> Result<GateKind, String> {
@@ -105,6 +122,9 @@ pub struct M2r2Settings {
     pub kv_policy: KvPolicy,
     pub draft_gate: usize,
     pub draft_length: DraftLength,
+    /// `K` of the pruned draft head the speculative drafts use; `None`: the full head (or not
+    /// speculative).
+    pub draft_head_tokens: Option<usize>,
 }
 
 impl M2r2Settings {
@@ -123,6 +143,7 @@ impl M2r2Settings {
             "draft_gate": self.draft_gate,
             "draft_len": draft_len,
             "dynamic_draft": dynamic,
+            "draft_head_tokens": self.draft_head_tokens,
         })
     }
 }
@@ -140,11 +161,19 @@ impl M2r2Args {
             draft_gate: None,
             draft_len: None,
             dynamic_draft: false,
+            draft_head: None,
         }
     }
 
-    /// The M2R2 weights chosen by `--m2r2` for `loaded`.
+    /// The M2R2 weights chosen by `--m2r2` for `loaded`, with the draft head `--draft-head` asks
+    /// for.
     pub fn weights(&self, loaded: &LoadedModel) -> Result<M2r2Weights> {
+        let mut weights = self.weights_as_stored(loaded)?;
+        apply_draft_head(&mut weights, self.draft_head, &self.source(loaded))?;
+        Ok(weights)
+    }
+
+    fn weights_as_stored(&self, loaded: &LoadedModel) -> Result<M2r2Weights> {
         let config = &loaded.model.config;
         match self.m2r2.as_deref() {
             None => M2r2Weights::builtin_for(&loaded.name, config).with_context(|| {
@@ -214,8 +243,32 @@ impl M2r2Args {
             kv_policy: self.kv_policy,
             draft_gate,
             draft_length,
+            draft_head_tokens: weights
+                .draft_head
+                .as_ref()
+                .filter(|_| self.mode == Mode::Speculative)
+                .map(|h| h.len()),
         })
     }
+}
+
+/// Apply `--draft-head` to loaded weights: `off` drops the pruned head, `on` requires one, no flag
+/// keeps what `source` has.
+pub fn apply_draft_head(
+    weights: &mut M2r2Weights,
+    choice: Option<OnOff>,
+    source: &str,
+) -> Result<()> {
+    match choice {
+        Some(OnOff::Off) => weights.draft_head = None,
+        Some(OnOff::On) if weights.draft_head.is_none() => bail!(
+            "--draft-head on needs a pruned draft head, and these M2R2 weights ({source}) have none \
+             (no {}): write one with `m2r2 draft-head --write K`",
+            reference::draft_head::DRAFT_HEAD_FILE
+        ),
+        _ => {}
+    }
+    Ok(())
 }
 
 /// One emitted token, whatever the mode.

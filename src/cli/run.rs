@@ -6,7 +6,7 @@
 use super::common::{self, PromptArgs};
 use super::generate::{json_report, print_summary};
 use super::m2r2_args::{
-    DecodeRequest, M2r2Settings, Mode, ModeRun, greedy_run, greedy_step, speculative_run,
+    DecodeRequest, M2r2Settings, Mode, ModeRun, OnOff, greedy_run, greedy_step, speculative_run,
     trace_lines,
 };
 use anyhow::{Context, Result, bail};
@@ -112,6 +112,10 @@ pub struct Args {
     /// Print the per-token (greedy) or per-round (speculative) trace on stderr, as `m2r2 generate`
     #[arg(long)]
     pub trace: bool,
+    /// Pruned draft head: must match the export (draft.onnx scores only the head's K tokens when
+    /// it was exported with one; default: whatever the export has)
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub draft_head: Option<OnOff>,
 }
 
 fn parse_gate(text: &str) -> Result<GateKind, String> {
@@ -126,8 +130,10 @@ pub fn settings(
     threshold: Option<f32>,
     draft_len: Option<usize>,
     dynamic_draft: bool,
+    draft_head: Option<OnOff>,
 ) -> Result<M2r2Settings> {
     let m = &export.manifest;
+    check_draft_head(export, draft_head)?;
     let gate = match gate {
         Some(GateKind::Arla) if !m.has_arla => bail!(
             "--gate arla needs ARLA weights, and this export has none (draft.onnx has no exit_prob): \
@@ -165,7 +171,27 @@ pub fn settings(
         kv_policy: KvPolicy::Exact,
         draft_gate: m.draft_gate,
         draft_length,
+        draft_head_tokens: m.draft_head_tokens.filter(|_| mode == RunMode::Speculative),
     })
+}
+
+/// `--draft-head` against an export: draft.onnx has the head it was exported with, so `on` needs
+/// a pruned one and `off` a full one.
+pub fn check_draft_head(export: &ExportDir, choice: Option<OnOff>) -> Result<()> {
+    let dir = export.dir.display();
+    match (choice, &export.draft_head) {
+        (Some(OnOff::On), None) => bail!(
+            "--draft-head on: the export {dir} has no pruned draft head (its draft.onnx scores the \
+             whole vocabulary); export again from an M2R2 folder with a draft_head.json"
+        ),
+        (Some(OnOff::Off), Some(head)) => bail!(
+            "--draft-head off: the export {dir} was made with a pruned draft head of {} tokens \
+             (its draft.onnx scores only those); export again with `m2r2 export --draft-head off` \
+             for the full head",
+            head.len()
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// One decode on ONNX Runtime, and the provider that really ran it.
@@ -246,6 +272,7 @@ pub fn run(args: &Args) -> Result<()> {
         args.threshold,
         args.draft_len,
         args.dynamic_draft,
+        args.draft_head,
     )?;
     let ep = args.ep.config(&export, settings.draft_length.max());
     let runtime = onnx_runner::runtime::init()?;

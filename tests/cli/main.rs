@@ -588,6 +588,7 @@ fn bad_gguf_files_and_model_types_are_refused_clearly() {
     );
 }
 mod analyze;
+mod draft_head;
 mod export;
 mod golden_m2r2;
 mod m2r2_modes;

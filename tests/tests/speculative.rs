@@ -2,14 +2,19 @@
 //! - greedy speculative output equals plain greedy decoding token for token, for every draft gate,
 //!   fixed and dynamic draft lengths, random adapters and ARLA, dense and MoE (proptest);
 //! - afterwards the KV cache equals the one plain decoding builds for the same tokens, bit for bit;
-//! - speculative sampling preserves the base model's distribution (chi-square test).
+//! - speculative sampling preserves the base model's distribution (chi-square test);
+//! - all of it also with a pruned draft head (spec section 7): drafts come from its subset only, the
+//!   output is unchanged, and the counted draft work shrinks by `V - K` head rows per proposal.
 
 use m2r2_tests::small_config;
 use proptest::prelude::*;
 use reference::Model;
 use reference::ModelConfig;
 use reference::builtin::random_model;
+use reference::cost::CostModel;
+use reference::draft_head::DraftHead;
 use reference::draft_verify::ReferenceSpeculation;
+use reference::exit_gate::GateKind;
 use reference::fast_stream::M2r2;
 use reference::generate::greedy;
 use reference::m2r2_config::M2r2Config;
@@ -32,6 +37,8 @@ struct Problem {
     draft_gate: usize,
     draft: DraftLength,
     stop: Option<u32>,
+    /// Token ids of a pruned draft head (vocabulary 40), or the full head.
+    head: Option<Vec<u32>>,
 }
 
 fn problem_strategy() -> impl Strategy<Value = Problem> {
@@ -44,9 +51,10 @@ fn problem_strategy() -> impl Strategy<Value = Problem> {
         0usize..3,
         m2r2_tests::draft_length_strategy(6),
         prop::option::weighted(0.3, 0u32..40),
+        prop::option::of(prop::collection::btree_set(0u32..40, 1..20)),
     )
         .prop_map(
-            |(layers, moe, seed, prompt, new_tokens, draft_gate, draft, stop)| Problem {
+            |(layers, moe, seed, prompt, new_tokens, draft_gate, draft, stop, head)| Problem {
                 layers,
                 moe,
                 seed,
@@ -55,6 +63,7 @@ fn problem_strategy() -> impl Strategy<Value = Problem> {
                 draft_gate,
                 draft,
                 stop,
+                head: head.map(|h| h.into_iter().collect()),
             },
         )
 }
@@ -64,7 +73,14 @@ impl Problem {
         let config = small_config(self.layers, self.moe, 40);
         let base = model(&config, self.seed);
         let m2r2_config = M2r2Config::default_for(&config);
-        let weights = M2r2Weights::random(&config, m2r2_config, self.seed ^ 0x55).unwrap();
+        let full = M2r2Weights::random(&config, m2r2_config, self.seed ^ 0x55).unwrap();
+        let weights = M2r2Weights {
+            draft_head: self
+                .head
+                .clone()
+                .map(|t| DraftHead::new(t, config.vocab_size, "test").unwrap()),
+            ..full.clone()
+        };
         let draft_gate = 1 + self.draft_gate % weights.config.num_gates();
         let stop: Vec<u32> = self.stop.into_iter().collect();
 
@@ -116,6 +132,39 @@ impl Problem {
                 .iter()
                 .all(|r| r.accepted <= r.drafted.len() && r.drafted.len() <= self.draft.max())
         );
+
+        // Drafts come from the pruned head's subset, and each proposal counts K head rows, not V:
+        // the work of the full-head cost model for these rounds, less (V - K) rows per proposal.
+        // (The full-head run's own rounds differ, so the cost model stands in for it.)
+        let full_cost = CostModel::new(&config, Some(&full)).speculative(
+            &got.rounds,
+            draft_gate,
+            gate == Some(GateKind::Arla),
+        );
+        let work = backend.work();
+        let saved = match &weights.draft_head {
+            Some(head) => {
+                prop_assert!(
+                    got.rounds
+                        .iter()
+                        .flat_map(|r| &r.drafted)
+                        .all(|d| head.tokens.contains(d))
+                );
+                let proposals: usize = got.rounds.iter().map(|r| r.proposals).sum();
+                let rows =
+                    (proposals * (config.vocab_size - head.len()) * config.hidden_size) as u64;
+                // MACs, and f32 bytes: each proposal reads its head rows once
+                (rows, 4 * rows)
+            }
+            None => (0, 0),
+        };
+        prop_assert_eq!(work.weight_macs + saved.0, full_cost.weight_macs);
+        if !self.moe {
+            // MoE bytes depend on which experts a chunk's rows share, which the cost model does
+            // not predict from the rounds alone.
+            prop_assert_eq!(work.weight_bytes + saved.1, full_cost.weight_bytes);
+        }
+        prop_assert_eq!(work.attention_macs, full_cost.attention_macs);
         Ok(())
     }
 }
@@ -155,12 +204,26 @@ fn zero_adapters_are_lossless_too() {
 /// corrections and bonus tokens). Over 4000 seeds, the empirical distributions of token 2 and of
 /// token 3 are compared with the exact marginals computed from the base model by enumeration, with
 /// a chi-square test at significance 0.001 each (df = 5, critical value 20.515).
+///
+/// With a pruned draft head of tokens {0, 2, 5} the draft distribution q is 0 on 1, 3 and 4: those
+/// are reached only through the residual `norm(max(0, p - q))`, and the output distribution must
+/// still be the base model's.
 #[test]
 fn speculative_sampling_preserves_the_distribution() {
     let vocab = 6;
     let config = small_config(4, false, vocab);
-    let base = model(&config, 11);
-    let weights = M2r2Weights::random(&config, M2r2Config::default_for(&config), 12).unwrap();
+    let full = M2r2Weights::random(&config, M2r2Config::default_for(&config), 12).unwrap();
+    let pruned = M2r2Weights {
+        draft_head: Some(DraftHead::new(vec![0, 2, 5], vocab, "test").unwrap()),
+        ..full.clone()
+    };
+    sampling_preserves_the_distribution(&config, &full);
+    sampling_preserves_the_distribution(&config, &pruned);
+}
+
+fn sampling_preserves_the_distribution(config: &ModelConfig, weights: &M2r2Weights) {
+    let vocab = config.vocab_size;
+    let base = model(config, 11);
     let params = |seed| SamplingParams {
         temperature: 6.0,
         top_k: None,
@@ -193,7 +256,7 @@ fn speculative_sampling_preserves_the_distribution() {
     let mut rejections = 0;
     for seed in 0..samples {
         let mut backend =
-            ReferenceSpeculation::new(M2r2::new(&base, &weights), 1, None, 16).unwrap();
+            ReferenceSpeculation::new(M2r2::new(&base, weights), 1, None, 16).unwrap();
         let options = SpeculativeOptions {
             max_new_tokens: 3,
             stop_tokens: vec![],
@@ -201,6 +264,14 @@ fn speculative_sampling_preserves_the_distribution() {
             sampling: Some(params(seed as u64)),
         };
         let out = speculative_generate(&mut backend, &prompt, &options).unwrap();
+        if let Some(head) = &weights.draft_head {
+            assert!(
+                out.rounds
+                    .iter()
+                    .flat_map(|r| &r.drafted)
+                    .all(|d| head.tokens.contains(d))
+            );
+        }
         c2[out.tokens[1] as usize] += 1;
         c3[out.tokens[2] as usize] += 1;
         rejections += out
@@ -220,6 +291,7 @@ fn speculative_sampling_preserves_the_distribution() {
             .sum()
     };
     let (x2, x3) = (chi2(&c2, &m2), chi2(&c3, &m3));
+    println!("draft head {:?}", weights.draft_head);
     println!("token 2: chi2 {x2:.2} counts {c2:?} expected {m2:?}");
     println!("token 3: chi2 {x3:.2} counts {c3:?} expected {m3:?}");
     assert!(

@@ -1,65 +1,37 @@
-//! The pruned draft head of FLOPs-aware drafting (spec section 7, issue 7).
-//!
-//! For a small model the LM head dominates a draft step (SmolLM2: 28 M of its 135 M parameters,
-//! against 7 x 3.5 M for the draft gate's layers). The draft only has to guess the verifier's token,
-//! so it can score a subset of the vocabulary: the `K` most frequent response tokens of the
-//! distillation data. The pruned logits are rows of the full exit logits (same weights, same dot
-//! products), so the pruned draft token is the argmax of the full exit logits restricted to the
-//! subset. The verifier keeps the full head: output stays lossless, only acceptance can drop (when
-//! the base model's token is outside the subset or a subset token overtakes it).
+//! Choosing and measuring the pruned draft head of FLOPs-aware drafting (spec section 7): the head
+//! itself (`DraftHead`, `draft_head.json`, the pruned draft logits) lives in
+//! [`reference::draft_head`]; here are the choice of the subset (the `K` most frequent response
+//! tokens of the distillation data) and the held-out agreement of full and pruned drafts.
 //!
 //! ```text
 //! draft = subset[ argmax_k  (FinalNorm(u_gd) . W_head[subset[k]]) ]       K rows instead of V
 //! ```
 
 use crate::data::DistillSample;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use reference::Model;
 use reference::fast_stream::M2r2;
 use reference::m2r2_weights::M2r2Weights;
 use reference::ops::argmax;
-use serde::{Deserialize, Serialize};
-use std::path::Path;
 
-/// File of the pruned head inside an M2R2 weights folder.
-pub const DRAFT_HEAD_FILE: &str = "draft_head.json";
+pub use reference::draft_head::{DRAFT_HEAD_FILE, DraftHead};
 
-/// The token ids the pruned draft head scores (ascending).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct DraftHead {
-    pub tokens: Vec<u32>,
-}
-
-impl DraftHead {
-    /// The `k` most frequent response tokens of `data` (ties: the smaller id first).
-    pub fn most_frequent(data: &[DistillSample], vocab_size: usize, k: usize) -> Self {
-        let mut counts = vec![0usize; vocab_size];
-        for s in data {
-            for &t in &s.tokens[s.prompt_len..] {
-                counts[t as usize] += 1;
-            }
+/// The `k` most frequent response tokens of `data` (ties: the smaller id first), as a head.
+///
+/// # Panics
+/// If `k` is not in `1..=vocab_size` or a token is `>= vocab_size` (the caller checks both).
+pub fn most_frequent(data: &[DistillSample], vocab_size: usize, k: usize) -> DraftHead {
+    let mut counts = vec![0usize; vocab_size];
+    for s in data {
+        for &t in &s.tokens[s.prompt_len..] {
+            counts[t as usize] += 1;
         }
-        let mut order: Vec<u32> = (0..vocab_size as u32).collect();
-        order.sort_by(|&a, &b| counts[b as usize].cmp(&counts[a as usize]).then(a.cmp(&b)));
-        let mut tokens: Vec<u32> = order.into_iter().take(k).collect();
-        tokens.sort_unstable();
-        DraftHead { tokens }
     }
-
-    /// The draft token: argmax of `logits` over the subset.
-    ///
-    /// # Shapes
-    /// - `logits`: `[V]`
-    pub fn draft(&self, logits: &[f32]) -> u32 {
-        let sub: Vec<f32> = self.tokens.iter().map(|&t| logits[t as usize]).collect();
-        self.tokens[argmax(&sub)]
-    }
-
-    pub fn save(&self, dir: &Path) -> Result<()> {
-        let path = dir.join(DRAFT_HEAD_FILE);
-        let text = serde_json::to_string(self).expect("serialisable");
-        std::fs::write(&path, text + "\n").map_err(|e| Error::io(&path, e))
-    }
+    let mut order: Vec<u32> = (0..vocab_size as u32).collect();
+    order.sort_by(|&a, &b| counts[b as usize].cmp(&counts[a as usize]).then(a.cmp(&b)));
+    let mut tokens: Vec<u32> = order.into_iter().take(k).collect();
+    tokens.sort_unstable();
+    DraftHead::new(tokens, vocab_size, "most frequent tokens").expect("1 <= k <= vocab_size")
 }
 
 /// Draft agreement of the full and of each pruned head at gate `gate` on the response rows of
@@ -124,8 +96,8 @@ mod tests {
             tokens: vec![7, 7, 3, 5, 3, 1],
         }];
         // response tokens 3, 5, 3, 1: 3 twice, then 1 and 5 once (smaller id first)
-        assert_eq!(DraftHead::most_frequent(&data, 8, 2).tokens, vec![1, 3]);
-        let head = DraftHead::most_frequent(&data, 8, 3);
+        assert_eq!(most_frequent(&data, 8, 2).tokens, vec![1, 3]);
+        let head = most_frequent(&data, 8, 3);
         assert_eq!(head.tokens, vec![1, 3, 5]);
         // the full argmax (7) is outside the subset: the best subset token wins
         assert_eq!(head.draft(&[0.0, 0.5, 0.0, 0.7, 0.0, 0.1, 0.0, 9.0]), 3);

@@ -1,17 +1,19 @@
 //! The fast stream (reference `fast_stream::M2r2::run_interval`) as it runs in `draft.onnx`: for
 //! each interval `j < g_d` the fast rows restart from the slow residual `s_{e_j}` and run the
 //! interval's layers with the adapters, next to the slow rows; `u_{j+1}` is their value at the
-//! interval end. Every row of the chunk gets a fast row.
+//! interval end. Every row of the chunk gets a fast row. With a pruned draft head (reference
+//! `draft_head`) the draft logits are its `K` rows only; the verifier keeps the full head.
 
 use crate::builder::GraphBuilder;
 use crate::emit::arla::exit_prob;
 use crate::emit::layer::{LayerContext, LayerInput, decoder_layer};
-use crate::emit::model::logits;
+use crate::emit::model::{logits, pruned_logits};
 use reference::m2r2_weights::M2r2Weights;
 
 /// What the draft graph computes.
 pub struct Draft {
-    /// `[B, T, V]` `LMHead(FinalNorm(u_{g_d}))`
+    /// `[B, T, V]` `LMHead(FinalNorm(u_{g_d}))`, or `[B, T, K]` with a pruned draft head (its
+    /// subset's rows only)
     pub draft_logits: String,
     /// `[B, T]` ARLA `p_exit` at gate `g_d` (when ARLA weights exist)
     pub exit_prob: Option<String>,
@@ -55,7 +57,10 @@ pub fn draft(
         exit_states.push(f); // u_{j+1}
     }
     let u = exit_states.last().expect("draft_gate >= 1").clone();
-    let draft_logits = b.scoped("draft", |b| logits(b, cx, &u));
+    let draft_logits = b.scoped("draft", |b| match &m2r2.draft_head {
+        Some(head) => pruned_logits(b, cx, &u, head),
+        None => logits(b, cx, &u),
+    });
     let exit_prob = m2r2
         .arla
         .as_ref()

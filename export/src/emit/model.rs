@@ -4,7 +4,13 @@
 use crate::builder::{Attr, GraphBuilder};
 use crate::emit::layer::{LayerContext, LayerInput, decoder_layer};
 use crate::emit::ops::{linear, rms_norm};
+use ndarray::Axis;
+use reference::draft_head::DraftHead;
 use reference::weight_names::WeightId;
+
+/// Initializer of the pruned draft head's rows in draft.onnx (`[K, D]`, the LM head's rows of the
+/// subset, in the subset's ascending order).
+pub const DRAFT_HEAD_WEIGHT: &str = "draft_head.weight";
 use std::ops::Range;
 
 /// `s_0 = Embed[input_ids]`.
@@ -27,22 +33,51 @@ pub fn embed(b: &mut GraphBuilder, cx: &LayerContext<'_>, input_ids: &str) -> St
 /// - `s`: `[B, T, D]` -> `[B, T, V]`
 pub fn logits(b: &mut GraphBuilder, cx: &LayerContext<'_>, s: &str) -> String {
     let model = cx.model;
-    let config = &model.config;
-    let norm = b.weight(
-        &WeightId::FinalNorm.onnx_name(),
-        model.weights.final_norm.view().into_dyn(),
-    );
-    let h = b.scoped("norm", |b| {
-        rms_norm(b, s, &norm, config.hidden_size, config.rms_norm_eps as f32)
-    });
+    let h = final_norm(b, cx, s);
     b.scoped("lm_head", |b| {
-        let id = if config.tie_word_embeddings {
+        let id = if model.config.tie_word_embeddings {
             WeightId::Embed
         } else {
             WeightId::LmHead
         };
         let head = b.weight(&id.onnx_name(), model.weights.lm_head().view().into_dyn());
         linear(b, &h, &head, None)
+    })
+}
+
+/// The pruned draft head (reference `draft_head::DraftHead::subset_logits`):
+/// `RMSNorm_final(s) . W_head[subset]^T`, the head rows of the subset stored as the initializer
+/// [`DRAFT_HEAD_WEIGHT`] `[K, D]`.
+///
+/// # Shapes
+/// - `s`: `[B, T, D]` -> `[B, T, K]`
+pub fn pruned_logits(
+    b: &mut GraphBuilder,
+    cx: &LayerContext<'_>,
+    s: &str,
+    head: &DraftHead,
+) -> String {
+    let h = final_norm(b, cx, s);
+    b.scoped("draft_head", |b| {
+        let rows: Vec<usize> = head.tokens.iter().map(|&t| t as usize).collect();
+        let w = cx.model.weights.lm_head().select(Axis(0), &rows); // [K, D]
+        let w = b.weight(DRAFT_HEAD_WEIGHT, w.view().into_dyn());
+        linear(b, &h, &w, None)
+    })
+}
+
+/// `RMSNorm_final(s)`.
+///
+/// # Shapes
+/// - `s`: `[B, T, D]` -> `[B, T, D]`
+fn final_norm(b: &mut GraphBuilder, cx: &LayerContext<'_>, s: &str) -> String {
+    let config = &cx.model.config;
+    let norm = b.weight(
+        &WeightId::FinalNorm.onnx_name(),
+        cx.model.weights.final_norm.view().into_dyn(),
+    );
+    b.scoped("norm", |b| {
+        rms_norm(b, s, &norm, config.hidden_size, config.rms_norm_eps as f32)
     })
 }
 

@@ -108,8 +108,9 @@ impl RoundTensors {
     }
 }
 
-/// SHA-256 (first 8 bytes, hex) of the M2R2 settings and every adapter and ARLA tensor's bytes, in
-/// a fixed order: a check with other adapters or gates is refused.
+/// SHA-256 (first 8 bytes, hex) of the M2R2 settings, every adapter and ARLA tensor's bytes and
+/// the pruned draft head's token ids (when there is one), in a fixed order: a check with other
+/// adapters, gates or draft head is refused.
 pub fn weights_hash(weights: &M2r2Weights) -> String {
     let mut h = Sha256::new();
     let mut tensor = |name: &str, values: &mut dyn Iterator<Item = &f32>| {
@@ -141,6 +142,10 @@ pub fn weights_hash(weights: &M2r2Weights) -> String {
         tensor("arla.wv", &mut arla.wv.iter());
         tensor("arla.wo", &mut arla.wo.iter());
         tensor("arla.bo", &mut std::iter::once(&arla.bo));
+    }
+    if let Some(head) = &weights.draft_head {
+        // The pruned draft head changes the drafts (and so the rounds) of speculative decoding.
+        h.update(format!("draft_head {:?}", head.tokens).as_bytes());
     }
     h.finalize()
         .iter()
@@ -989,6 +994,35 @@ mod tests {
         let zeros = M2r2Weights::zeros(&model.config);
         let err = g
             .check_m2r2(M2r2::new(&model, &zeros), DEFAULT_ATOL)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("not the ones this golden"),
+            "{err}"
+        );
+        // The same weights with a pruned draft head draft differently: a golden of its own, which
+        // checks with that head and is refused without it.
+        let head = crate::draft_head::DraftHead::new(vec![1, 2, 3, 5, 8], 320, "t").unwrap();
+        let pruned = M2r2Weights {
+            draft_head: Some(head),
+            ..weights.clone()
+        };
+        let gp = Golden::record_speculative(
+            M2r2::new(&model, &pruned),
+            "tiny",
+            &[1],
+            4,
+            1,
+            None,
+            &spec_options(DraftLength::Fixed(2)),
+        )
+        .unwrap();
+        assert_eq!(gp.tokens, g.tokens, "lossless");
+        let report = gp
+            .check_m2r2(M2r2::new(&model, &pruned), DEFAULT_ATOL)
+            .unwrap();
+        assert!(report.ok());
+        let err = gp
+            .check_m2r2(M2r2::new(&model, &weights), DEFAULT_ATOL)
             .unwrap_err();
         assert!(
             err.to_string().contains("not the ones this golden"),
