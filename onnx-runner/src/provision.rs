@@ -9,19 +9,28 @@
 
 use crate::error::{Error, Result};
 use reference::hub::cache_dir;
-use sha2::{Digest, Sha256};
-use std::fs::File;
-use std::io::{BufReader, Read, Write};
+use reference::wheel::{PinnedWheel, Silent, extract_member};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 pub const ONNXRUNTIME_PACKAGE: &str = "onnxruntime";
 pub const ONNXRUNTIME_VERSION: &str = "1.31.1";
 /// The wheel pip is asked for: CPython 3.11, manylinux_2_28 x86_64 (the library inside does not
 /// depend on the Python version; pinning one wheel pins one SHA-256).
-pub const ONNXRUNTIME_WHEEL: &str = "onnxruntime-1.31.1-cp311-cp311-manylinux_2_28_x86_64.whl";
-pub const ONNXRUNTIME_WHEEL_SHA256: &str =
-    "5752bd508126ae7c49894d3b9d2e83f0c3d487319246d04c444b393308d7ad7f";
+pub const ONNXRUNTIME_WHEEL: PinnedWheel = PinnedWheel {
+    package: ONNXRUNTIME_PACKAGE,
+    version: ONNXRUNTIME_VERSION,
+    file_name: "onnxruntime-1.31.1-cp311-cp311-manylinux_2_28_x86_64.whl",
+    sha256: "5752bd508126ae7c49894d3b9d2e83f0c3d487319246d04c444b393308d7ad7f",
+    pip_selectors: &[
+        "--python-version",
+        "3.11",
+        "--implementation",
+        "cp",
+        "--platform",
+        "manylinux_2_28_x86_64",
+    ],
+    alternative: "set ORT_DYLIB_PATH to an ONNX Runtime library",
+};
 /// The library the runner loads, and its SHA-256.
 pub const ONNXRUNTIME_LIB: &str = "libonnxruntime.so.1.31.1";
 pub const ONNXRUNTIME_LIB_SHA256: &str =
@@ -48,188 +57,57 @@ pub fn library_path() -> PathBuf {
 pub fn fetch(force: bool) -> Result<PathBuf> {
     if !cfg!(all(target_os = "linux", target_arch = "x86_64")) {
         return Err(Error::Provision(format!(
-            "the pinned wheel ({ONNXRUNTIME_WHEEL}) is for Linux x86_64; on this platform install \
-             ONNX Runtime {ONNXRUNTIME_VERSION} yourself and set ORT_DYLIB_PATH to its library"
+            "the pinned wheel ({}) is for Linux x86_64; on this platform install ONNX Runtime \
+             {ONNXRUNTIME_VERSION} yourself and set ORT_DYLIB_PATH to its library",
+            ONNXRUNTIME_WHEEL.file_name
         )));
     }
     let target = library_path();
     if target.is_file() && !force {
         return Ok(target);
     }
-    let downloads = cache_dir().join("downloads");
-    std::fs::create_dir_all(&downloads).map_err(|e| Error::io(&downloads, e))?;
-    let wheel = downloads.join(ONNXRUNTIME_WHEEL);
-    let reusable = !force && wheel.is_file() && sha256_file(&wheel)? == ONNXRUNTIME_WHEEL_SHA256;
-    if !reusable {
-        if wheel.exists() {
-            // pip would keep a stale file of the same name instead of downloading again.
-            std::fs::remove_file(&wheel).map_err(|e| Error::io(&wheel, e))?;
-        }
-        pip_download(&downloads)?;
-        if !wheel.is_file() {
-            return Err(Error::Provision(format!(
-                "pip finished but {} is not there; {}",
-                wheel.display(),
-                by_hand(&downloads)
-            )));
-        }
-        let sha = sha256_file(&wheel)?;
-        if sha != ONNXRUNTIME_WHEEL_SHA256 {
-            std::fs::remove_file(&wheel).ok();
-            return Err(Error::Provision(format!(
-                "the downloaded wheel has SHA-256 {sha}, expected {ONNXRUNTIME_WHEEL_SHA256} \
-                 (removed {}); retry, or {}",
-                wheel.display(),
-                by_hand(&downloads)
-            )));
-        }
-    }
+    let wheel = ONNXRUNTIME_WHEEL
+        .download(&cache_dir().join("downloads"), force, &mut Silent)
+        .map_err(|e| Error::Provision(e.to_string()))?;
     eprintln!("wheel {} verified", wheel.display());
     extract(&wheel, &library_dir())?;
     Ok(target)
 }
 
-fn by_hand(downloads: &Path) -> String {
-    format!(
-        "download {ONNXRUNTIME_WHEEL} from https://pypi.org/project/{ONNXRUNTIME_PACKAGE}/{ONNXRUNTIME_VERSION}/#files \
-         into {} and run `m2r2 fetch onnxruntime` again, or set ORT_DYLIB_PATH to an ONNX Runtime library",
-        downloads.display()
-    )
-}
-
-/// `python3 -m pip download --no-deps --only-binary=:all: --python-version 3.11 --platform
-/// manylinux_2_28_x86_64 onnxruntime==<version> -d <dir>`, pip's stdout sent to our stderr.
-fn pip_download(dir: &Path) -> Result<()> {
-    let requirement = format!("{ONNXRUNTIME_PACKAGE}=={ONNXRUNTIME_VERSION}");
-    let dir_arg = dir.display().to_string();
-    let pip_args = [
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--python-version",
-        "3.11",
-        "--implementation",
-        "cp",
-        "--platform",
-        "manylinux_2_28_x86_64",
-        &requirement,
-        "-d",
-        &dir_arg,
-    ];
-    eprintln!("running: python3 {}", pip_args.join(" "));
-    let status = Command::new("python3")
-        .args(pip_args)
-        .stdin(Stdio::null())
-        .stdout(std::io::stderr())
-        .status();
-    match status {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::Provision(format!(
-            "python3 is not installed (or not on PATH) and the library is fetched with pip; \
-             install Python 3 with pip, or {}",
-            by_hand(dir)
-        ))),
-        Err(e) => Err(Error::Provision(format!("cannot run python3: {e}"))),
-        Ok(status) if !status.success() => Err(Error::Provision(format!(
-            "`python3 -m pip download` failed ({status}); see pip's messages above. If there is \
-             no network, {}",
-            by_hand(dir)
-        ))),
-        Ok(_) => Ok(()),
-    }
-}
-
 /// Extract [`WHEEL_MEMBERS`] of `wheel` into a temporary folder beside `dir`, verify the main
 /// library, and rename the folder to `dir`.
 fn extract(wheel: &Path, dir: &Path) -> Result<()> {
-    let label = wheel.display().to_string();
-    let file = File::open(wheel).map_err(|e| Error::io(wheel, e))?;
-    let mut zip = zip::ZipArchive::new(BufReader::new(file))
-        .map_err(|e| Error::Provision(format!("{label} is not a zip archive: {e}")))?;
     let parent = dir.parent().expect("the library folder sits in the cache");
     std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
-    let temp = RemoveOnDrop(Some(parent.join(format!(
-        ".{ONNXRUNTIME_VERSION}.part-{}",
-        std::process::id()
-    ))));
-    let temp_dir = temp.0.clone().expect("not kept yet");
-    std::fs::create_dir_all(&temp_dir).map_err(|e| Error::io(&temp_dir, e))?;
+    let temp = tempfile::Builder::new()
+        .prefix(&format!(".{ONNXRUNTIME_VERSION}.part-"))
+        .tempdir_in(parent)
+        .map_err(|e| Error::io(parent, e))?;
     for member in WHEEL_MEMBERS {
-        let mut entry = zip
-            .by_name(member)
-            .map_err(|e| Error::Provision(format!("{label} has no member {member}: {e}")))?;
         let name = member.rsplit('/').next().expect("a member name");
-        let out_path = temp_dir.join(name);
-        let mut out = File::create(&out_path).map_err(|e| Error::io(&out_path, e))?;
-        let mut hasher = Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = entry
-                .read(&mut buf)
-                .map_err(|e| Error::Provision(format!("cannot read {member} from {label}: {e}")))?;
-            if n == 0 {
-                break;
-            }
-            hasher.update(&buf[..n]);
-            out.write_all(&buf[..n])
-                .map_err(|e| Error::io(&out_path, e))?;
-        }
-        out.sync_all().map_err(|e| Error::io(&out_path, e))?;
-        let sha = hex(&hasher.finalize());
+        let sha = extract_member(wheel, member, &temp.path().join(name), &mut Silent)
+            .map_err(|e| Error::Provision(e.to_string()))?;
         if name == ONNXRUNTIME_LIB && sha != ONNXRUNTIME_LIB_SHA256 {
             return Err(Error::Provision(format!(
-                "{member} extracted from {label} has SHA-256 {sha}, expected {ONNXRUNTIME_LIB_SHA256}"
+                "{member} extracted from {} has SHA-256 {sha}, expected {ONNXRUNTIME_LIB_SHA256}",
+                wheel.display()
             )));
         }
     }
     if dir.exists() {
         std::fs::remove_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
-    std::fs::rename(&temp_dir, dir).map_err(|e| Error::io(dir, e))?;
-    temp.keep();
+    std::fs::rename(temp.path(), dir).map_err(|e| Error::io(dir, e))?;
+    // The folder now lives at `dir`; nothing is left for the guard to remove.
+    let _ = temp.keep();
     Ok(())
-}
-
-/// SHA-256 of a file as lowercase hex.
-fn sha256_file(path: &Path) -> Result<String> {
-    let mut file = BufReader::new(File::open(path).map_err(|e| Error::io(path, e))?);
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(|e| Error::io(path, e))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex(&hasher.finalize()))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// A temporary folder removed when dropped, unless kept.
-struct RemoveOnDrop(Option<PathBuf>);
-
-impl RemoveOnDrop {
-    fn keep(mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        if let Some(path) = self.0.take() {
-            std::fs::remove_dir_all(path).ok();
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::File;
+    use std::io::Write;
 
     #[test]
     fn a_corrupt_library_leaves_nothing() {
@@ -247,16 +125,5 @@ mod tests {
             .unwrap()
             .collect();
         assert!(left.is_empty() && !target.exists(), "{left:?}");
-    }
-
-    #[test]
-    fn sha256_of_a_known_string() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("abc");
-        std::fs::write(&path, b"abc").unwrap();
-        assert_eq!(
-            sha256_file(&path).unwrap(),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
     }
 }

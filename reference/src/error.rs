@@ -62,6 +62,10 @@ pub enum Error {
     /// Bad arguments from the caller (an unknown built-in name, an empty prompt, ...).
     #[error("{0}")]
     Invalid(String),
+
+    /// Downloading or verifying a pinned wheel (`wheel`).
+    #[error("{0}")]
+    Fetch(String),
 }
 
 impl Error {

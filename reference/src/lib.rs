@@ -46,6 +46,7 @@ pub mod speculative;
 pub mod tokenizer;
 pub mod weight_names;
 pub mod weights;
+pub mod wheel;
 
 pub use config::ModelConfig;
 pub use error::{Error, Result};
