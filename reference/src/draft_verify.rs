@@ -5,8 +5,9 @@
 //! - draft: one token through intervals `0..g_d` (layers `1..=e_gd`); slow rows write the cache, the
 //!   slow residual `s_{e_gd}` is kept, and (when proposing) the fast rows give the exit logits at
 //!   gate `g_d`: the full head, or the pruned draft head's `K` rows (`-inf` elsewhere) when the
-//!   M2R2 weights carry one ([`crate::draft_head`]; drop it from the weights for the full head). The fast stream runs only in the interval ending at `g_d`, or in all of them when
-//!   ARLA needs `u_1..u_gd`.
+//!   M2R2 weights carry one ([`crate::draft_head`]; drop it from the weights for the full head).
+//!   The fast stream runs only in the interval ending at `g_d`, or in all of them when ARLA needs
+//!   `u_1..u_gd`.
 //! - verify: the kept residuals of all drafted positions through layers `e_gd+1..=N` as one chunk.
 //! - rollback: truncate the cache; kept residuals of dropped positions are forgotten.
 
