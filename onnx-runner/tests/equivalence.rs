@@ -308,14 +308,18 @@ fn ort_tensorrt_decodes_like_the_reference() {
     gpu_cases(Ep::TensorRt);
 }
 
-/// SmolLM2-135M-Instruct (`m2r2 fetch smollm2`) with seeded random adapters and ARLA, exported
-/// once: greedy and speculative (fixed and ARLA-dynamic drafts) on two prompts.
+/// SmolLM2-135M-Instruct (`m2r2 fetch smollm2`) with its shipped trained weights (adapters, ARLA,
+/// pruned draft head; `reference::shipped`), exported once: greedy and speculative (fixed and
+/// ARLA-dynamic drafts) on two prompts.
 #[test]
 fn smollm2_on_ort_cpu_decodes_like_the_reference() {
     let loaded = reference::load::load_model("smollm2").expect("run `m2r2 fetch smollm2` first");
     let base = &loaded.model;
-    let weights =
-        M2r2Weights::random(&base.config, M2r2Config::default_for(&base.config), 7).unwrap();
+    let weights = M2r2Weights::builtin_for("smollm2", &base.config).unwrap();
+    assert!(
+        weights.draft_head.is_some(),
+        "the shipped weights carry a pruned draft head"
+    );
     let draft_gate = weights.config.draft_gate;
     let dir = tempfile::tempdir().unwrap();
     let exported = export_all(base, &weights, draft_gate, dir.path());

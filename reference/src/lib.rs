@@ -42,6 +42,7 @@ pub mod moe_sweep;
 pub mod ops;
 pub mod rope;
 pub mod sampling;
+pub mod shipped;
 pub mod speculative;
 pub mod tokenizer;
 pub mod weight_names;

@@ -18,6 +18,7 @@ use crate::config::ModelConfig;
 use crate::draft_head::{DRAFT_HEAD_FILE, DraftHead};
 use crate::error::{Error, Result};
 use crate::m2r2_config::{M2R2_CONFIG_FILE, M2r2Config};
+use crate::shipped::shipped_for;
 use std::path::Path;
 
 /// The seed of the M2R2 weights that ship with the built-in models (`tiny`, `tiny-moe`): adapters
@@ -154,11 +155,14 @@ impl M2r2Weights {
     }
 
     /// The M2R2 weights that ship with a model: for the built-in models (`tiny`, `tiny-moe`)
-    /// random weights with the default settings and [`BUILTIN_M2R2_SEED`]; for any other model
+    /// random weights with the default settings and [`BUILTIN_M2R2_SEED`]; for a model with trained
+    /// weights in the crate (`smollm2`, see [`crate::shipped`]) those; for any other model
     /// [`M2r2Weights::zeros`] (load trained weights with [`M2r2Weights::load_dir`]).
     pub fn builtin_for(model_name: &str, model: &ModelConfig) -> Result<Self> {
         if BUILTIN_NAMES.contains(&model_name) {
             Self::random(model, M2r2Config::default_for(model), BUILTIN_M2R2_SEED)
+        } else if let Some(shipped) = shipped_for(model_name) {
+            shipped.load(model)
         } else {
             Ok(Self::zeros(model))
         }

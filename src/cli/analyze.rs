@@ -5,9 +5,9 @@
 //! residual trajectory. The numbers come from `reference::analyze`; docs/ANALYZE.md explains them.
 
 use super::common::{self, ModelArgs, PromptArgs};
+use super::m2r2_args::M2r2Args;
 use anyhow::{Context, Result};
 use reference::analyze::{Dynamics, Stats, residual_dynamics};
-use reference::m2r2_weights::{BUILTIN_M2R2_SEED, M2r2Weights};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -24,7 +24,7 @@ pub struct Args {
     #[command(flatten)]
     pub prompt: PromptArgs,
     /// M2R2 weights folder, or `none` for zero adapters (default: the model's built-in weights:
-    /// seeded random for tiny / tiny-moe, zeros otherwise)
+    /// seeded random for tiny / tiny-moe, trained for smollm2, zeros otherwise)
     #[arg(long, value_name = "DIR|none")]
     pub m2r2: Option<String>,
     /// Print one JSON object instead of tables
@@ -51,23 +51,9 @@ pub fn run(args: &Args) -> Result<()> {
     let loaded = common::load(&args.model.model)?;
     let tokens = common::prompt_tokens(&loaded, &args.prompt)?;
     let config = &loaded.model.config;
-    let (weights, weights_source) = match args.m2r2.as_deref() {
-        None => {
-            let w = M2r2Weights::builtin_for(&loaded.name, config)?;
-            let what = if w.accelerator.is_zero() {
-                "built-in: zeros (no trained adapters for this model)".to_string()
-            } else {
-                format!("built-in: random (seed {BUILTIN_M2R2_SEED:#x})")
-            };
-            (w, what)
-        }
-        Some("none") => (M2r2Weights::zeros(config), "zeros (--m2r2 none)".into()),
-        Some(dir) => (
-            M2r2Weights::load_dir(Path::new(dir), config)
-                .with_context(|| format!("cannot load M2R2 weights from `{dir}`"))?,
-            dir.to_string(),
-        ),
-    };
+    let m2r2 = M2r2Args::weights_only(args.m2r2.clone());
+    let weights = m2r2.weights(&loaded)?;
+    let weights_source = m2r2.source(&loaded);
 
     let start = Instant::now();
     let dynamics = residual_dynamics(&loaded.model, &weights, &tokens)?;

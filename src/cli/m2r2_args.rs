@@ -71,8 +71,8 @@ pub struct M2r2Args {
     #[arg(long, value_enum, value_name = "MODE", default_value_t = Mode::Greedy)]
     pub mode: Mode,
     /// M2R2 weights folder (as written by `m2r2 init-m2r2`), or `none` for zero adapters without
-    /// ARLA; default: the model's built-in M2R2 weights (seeded random for tiny/tiny-moe, zeros
-    /// otherwise)
+    /// ARLA; default: the model's built-in M2R2 weights (seeded random for tiny/tiny-moe, the
+    /// shipped trained weights for smollm2, zeros otherwise)
     #[arg(long = "m2r2", value_name = "DIR|none")]
     pub m2r2: Option<String>,
     /// Exit gate score: arla | confidence | entropy (default: arla when ARLA weights exist, else
@@ -191,7 +191,10 @@ impl M2r2Args {
             None if reference::builtin::BUILTIN_NAMES.contains(&loaded.name.as_str()) => {
                 "builtin (seeded random)".into()
             }
-            None => "builtin (zeros: no trained M2R2 weights for this model)".into(),
+            None => match reference::shipped::shipped_for(&loaded.name) {
+                Some(shipped) => format!("shipped (trained, {})", shipped.path),
+                None => "builtin (zeros: no trained M2R2 weights for this model)".into(),
+            },
             Some("none") => "none (zeros)".into(),
             Some(dir) => dir.into(),
         }
