@@ -1,0 +1,94 @@
+# Self-speculative decoding on SmolLM2 over development prompts, on the reference and on ONNX
+# Runtime CPU: the tables of docs/PERFORMANCE.md ("Trained adapters on development prompts").
+#
+# Usage (release build; exports made by `m2r2 export --model smollm2 --out DIR [--draft-head off]`):
+#   python3 scripts/bench_speculative.py [--prompts N] [--new-tokens N] [--onnx-pruned DIR] [--onnx-full DIR] [--bin PATH]
+#
+# Prompts are the first N samples of data/distill/smollm2-dev (chat template applied, token ids), so
+# nothing here was trained on. Every speculative run is checked token for token against greedy.
+import argparse, json, subprocess, sys
+
+B = "./target/release/m2r2"
+
+
+def prompts(n):
+    with open("data/distill/smollm2-dev/samples.jsonl") as f:
+        rows = [json.loads(line) for line in f][:n]
+    return [",".join(map(str, r["tokens"][: r["prompt_len"]])) for r in rows]
+
+
+def run(cmd, ids, new_tokens, extra):
+    model = ["--model", "smollm2"] if cmd == "generate" else []  # `run` takes the model from --onnx
+    args = [B, cmd] + model + ["--tokens", ids, "--max-new-tokens", str(new_tokens), "--json"] + extra
+    out = subprocess.run(args, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"FAILED: {' '.join(args)}\n{out.stderr[-600:]}")
+    return json.loads(out.stdout)
+
+
+def main():
+    global B
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--prompts", type=int, default=10)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--onnx-pruned")
+    ap.add_argument("--onnx-full")
+    ap.add_argument("--bin", default=B, help="the m2r2 binary")
+    ap.add_argument("--no-reference", action="store_true", help="skip the standard reference rows (greedy stays when --extra rows need it)")
+    ap.add_argument("--extra", action="append", default=[], metavar="'NAME: FLAGS'",
+                    help="another reference speculative row, e.g. 'dynamic conf 0.5: --dynamic-draft --gate confidence --threshold 0.5'")
+    a = ap.parse_args()
+    B = a.bin
+    configs = [
+        ("reference", "greedy", "generate", ["--mode", "greedy"]),
+        ("reference", "speculative, zero adapters", "generate", ["--mode", "speculative", "--m2r2", "none"]),
+        ("reference", "speculative, full draft head", "generate", ["--mode", "speculative", "--draft-head", "off"]),
+        ("reference", "speculative, pruned draft head", "generate", ["--mode", "speculative"]),
+    ]
+    for spec in a.extra:
+        name, flags = spec.split(":", 1)
+        configs.append(("reference", f"speculative, {name.strip()}", "generate", ["--mode", "speculative"] + flags.split()))
+    if a.no_reference:  # keep greedy only when extra reference rows need its tokens and speed
+        configs = configs[:1] + configs[4:] if a.extra else configs[4:]
+    for engine, d in (("ORT CPU", a.onnx_full), ("ORT CPU", a.onnx_pruned)):
+        if d is None:
+            continue
+        head = "pruned" if d == a.onnx_pruned else "full"
+        if head == "full" or a.onnx_full is None:
+            configs.append((engine, "greedy", "run", ["--onnx", d, "--mode", "greedy"]))
+        configs.append((engine, f"speculative, {head} draft head", "run", ["--onnx", d, "--mode", "speculative"]))
+    ids = prompts(a.prompts)
+    print(f"{len(ids)} development prompts, up to {a.new_tokens} new tokens each")
+    print("| engine | decoding | tokens/s | vs greedy | mean accepted | acceptance by draft position | identical to greedy |")
+    print("|---|---|---|---|---|---|---|")
+    greedy = {}
+    for engine, name, cmd, extra in configs:
+        tokens = seconds = rounds = 0
+        by_pos, same = [], True
+        for i, p in enumerate(ids):
+            r = run(cmd, p, a.new_tokens, extra)
+            tokens += len(r["tokens"])
+            seconds += r["timings"]["decode_seconds"]
+            if name == "greedy":
+                greedy.setdefault(engine, {})[i] = r["tokens"]
+            else:
+                want = greedy.get(engine, greedy.get("reference", {})).get(i)
+                same &= want is None or r["tokens"] == want
+                rounds += r["rounds"]
+                by_pos.append((r["rounds"], r["acceptance_by_position"]))
+        tps = tokens / seconds
+        if name == "greedy":
+            greedy.setdefault("tps", {})[engine] = tps
+        base = greedy.get("tps", {}).get(engine)
+        ratio = f"{tps / base:.2f}x" if base else ""
+        mean = f"{tokens / rounds:.2f}" if rounds else ""
+        pos = ""
+        if by_pos:
+            k = max(len(p) for _, p in by_pos)
+            w = [sum(n * p[j] for n, p in by_pos if len(p) > j) / sum(n for n, p in by_pos if len(p) > j) for j in range(k)]
+            pos = " / ".join(f"{x:.2f}" for x in w)
+        print(f"| {engine} | {name} | {tps:.1f} | {ratio} | {mean} | {pos} | {'yes' if same else 'NO'} |")
+        sys.stdout.flush()
+
+
+main()
