@@ -168,7 +168,7 @@ fn analyze_failures_are_clear() {
             "--m2r2",
             missing.to_str().unwrap(),
         ],
-        &["cannot load M2R2 weights from", "no-such-dir"],
+        &["cannot load the M2R2 weights folder", "no-such-dir"],
     );
     // A folder without the M2R2 files.
     let empty = root.path().join("empty");
@@ -181,7 +181,7 @@ fn analyze_failures_are_clear() {
             "--m2r2",
             empty.to_str().unwrap(),
         ],
-        &["cannot load M2R2 weights from", "m2r2_config.json"],
+        &["cannot load the M2R2 weights folder", "m2r2_config.json"],
     );
     // The tiny model's adapters (on MLP maps) do not fit tiny-moe.
     let weights = root.path().join("tiny-weights");
@@ -199,7 +199,7 @@ fn analyze_failures_are_clear() {
             "--m2r2",
             weights.to_str().unwrap(),
         ],
-        &["cannot load M2R2 weights from"],
+        &["cannot load the M2R2 weights folder"],
     );
     fails(&["analyze", "--tokens", "1,99999"], &["token id 99999"]);
     let bad_plot = root.path().join("no-such-dir").join("out.svg");
