@@ -222,7 +222,8 @@ proptest! {
     }
 
     /// With LRU every predictor sees the same cache (predictors only choose transfers), and
-    /// `oracle` is never slower and never stalls longer than any other predictor.
+    /// `oracle` is never slower than any other predictor, and never stalls longer than one with the
+    /// same compute (all but `m2r2`).
     #[test]
     fn oracle_is_never_slower((trace, seed, capacity, per_layer) in trace_strategy()) {
         let params = random_params(seed, &trace, capacity, scope(per_layer));
@@ -240,10 +241,16 @@ proptest! {
                 oracle.time_per_token_seconds <= other.time_per_token_seconds + slack,
                 "oracle {} > {} {}", oracle.time_per_token_seconds, p, other.time_per_token_seconds
             );
-            prop_assert!(
-                oracle.stall_seconds <= other.stall_seconds + slack * other.tokens as f64,
-                "oracle stall {} > {} {}", oracle.stall_seconds, p, other.stall_seconds
-            );
+            // Stalls compare only between predictors with the same compute: `m2r2` also runs the
+            // fast stream (`fast_compute`), which delays the slow layers and so gives copies more
+            // time, so it can stall less than the oracle while taking longer in total (found by
+            // proptest; its regression file keeps the case).
+            if !p.uses_fast_stream() {
+                prop_assert!(
+                    oracle.stall_seconds <= other.stall_seconds + slack * other.tokens as f64,
+                    "oracle stall {} > {} {}", oracle.stall_seconds, p, other.stall_seconds
+                );
+            }
         }
     }
 
