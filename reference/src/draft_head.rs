@@ -162,12 +162,12 @@ impl DraftHead {
     pub fn exit_logits(&self, model: &Model, u: ArrayView2<f32>) -> (Array2<f32>, Work) {
         let (sub, work) = self.subset_logits(model, u);
         let v = model.config.vocab_size;
-        let mut out = Array2::from_elem((u.nrows(), v), f32::NEG_INFINITY);
-        for (mut row, sub) in out.rows_mut().into_iter().zip(sub.rows()) {
-            for (&t, &x) in self.tokens.iter().zip(sub.iter()) {
-                row[t as usize] = x;
-            }
-        }
+        let rows: Vec<f32> = sub
+            .rows()
+            .into_iter()
+            .flat_map(|row| self.scatter(&row.to_vec(), v))
+            .collect();
+        let out = Array2::from_shape_vec((u.nrows(), v), rows).expect("R rows of V logits");
         (out, work)
     }
 }
