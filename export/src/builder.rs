@@ -1,6 +1,6 @@
 //! A small ONNX graph builder: nodes named after the module path they belong to
 //! (`layers.3/attn/Softmax`), weights as initializers under their one name from
-//! [`reference::weight_names`], small constants, graph inputs / outputs with dynamic dims, and the
+//! [`reference::base::weight_names`], small constants, graph inputs / outputs with dynamic dims, and the
 //! final [`ModelProto`] with its opset import and `metadata_props`.
 //!
 //! Values are named after the node that produces them, so a value name tells where it comes from.

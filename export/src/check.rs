@@ -28,10 +28,10 @@ use ndarray::{Array2, Array4, ArrayD, ArrayView2, Axis};
 use onnx_runner::ep::EpConfig;
 use onnx_runner::session::{Input, OnnxSession};
 use reference::KvCache;
-use reference::fast_stream::M2r2;
-use reference::m2r2_weights::M2r2Weights;
-use reference::model::Model;
-use reference::weights::FeedForward;
+use reference::base::model::Model;
+use reference::base::weights::FeedForward;
+use reference::m2r2::fast_stream::M2r2;
+use reference::m2r2::weights::M2r2Weights;
 use std::path::Path;
 
 /// Relative tolerance, see the module docs.
@@ -125,7 +125,7 @@ fn reference_run(
         draft_cache: model.new_cache(0)?,
     };
     for chunk in chunks {
-        run.logits.push(model.forward(chunk, &mut cache)?);
+        run.logits.push(model.forward(chunk, &mut cache)?.logits);
         let pos0 = draft_cache.len();
         model.check_input(chunk, pos0, &draft_cache)?;
         let mut s = model.embed(chunk);
@@ -141,7 +141,7 @@ fn reference_run(
         let u = exits.last().expect("draft_gate >= 1");
         run.draft_logits.push(match &m2r2.draft_head {
             // draft.onnx outputs the subset's K scores only
-            Some(head) => head.subset_logits(model, u.view()).0,
+            Some(head) => head.subset_logits(model, u.view()).logits,
             None => m.exit_logits(u.view()),
         });
         run.exit_prob.push(m2r2.arla.as_ref().map(|arla| {
@@ -375,7 +375,7 @@ pub fn check_folder(
 /// ids; split in the middle.
 pub fn probe_tokens(
     model: &Model,
-    tokenizer: Option<&reference::tokenizer::Tokenizer>,
+    tokenizer: Option<&reference::io::tokenizer::Tokenizer>,
 ) -> Result<Vec<u32>> {
     let tokens = match tokenizer {
         Some(t) => t.encode("The quick brown fox jumps over the lazy dog.", false)?,
@@ -406,7 +406,7 @@ pub fn rounded_to_f16(model: &Model, m2r2: &M2r2Weights) -> (Model, M2r2Weights)
     if let Some(h) = &mut w.lm_head {
         round_f16(h);
     }
-    let lin = |l: &mut reference::weights::Linear| {
+    let lin = |l: &mut reference::base::weights::Linear| {
         round_f16(&mut l.w);
         if let Some(b) = &mut l.b {
             round_f16(b);

@@ -10,10 +10,10 @@ use crate::error::{Error, Result};
 use crate::graphs::{self, ExportOptions, GraphKind};
 use crate::summary::{GraphSummary, summarize};
 use crate::write::write_graph;
-use reference::draft_head::DRAFT_HEAD_FILE;
-use reference::m2r2_weights::M2r2Weights;
-use reference::model::Model;
-use reference::tokenizer::Tokenizer;
+use reference::base::model::Model;
+use reference::io::tokenizer::Tokenizer;
+use reference::m2r2::draft_head::DRAFT_HEAD_FILE;
+use reference::m2r2::weights::M2r2Weights;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 

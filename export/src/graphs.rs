@@ -18,8 +18,8 @@ use crate::emit::model::{embed, logits, slow_layers};
 use crate::emit::rope::tables;
 use crate::error::{Error, Result};
 use crate::proto::ModelProto;
-use reference::m2r2_weights::M2r2Weights;
-use reference::model::Model;
+use reference::base::model::Model;
+use reference::m2r2::weights::M2r2Weights;
 use std::ops::Range;
 
 /// The exporter's version, recorded in every graph and the manifest.

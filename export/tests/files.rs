@@ -10,9 +10,9 @@ use export::emit::model::DRAFT_HEAD_WEIGHT;
 use export::folder::{ExportRequest, MANIFEST_FILE, export};
 use export::graphs::{ExportOptions, GraphKind, build};
 use export::write::{read_graph, write_graph, write_graph_limited};
-use reference::draft_head::{DRAFT_HEAD_FILE, DraftHead};
-use reference::m2r2_weights::M2r2Weights;
-use reference::model::Model;
+use reference::base::model::Model;
+use reference::m2r2::draft_head::{DRAFT_HEAD_FILE, DraftHead};
+use reference::m2r2::weights::M2r2Weights;
 use std::path::{Path, PathBuf};
 
 fn options(opset: i64, dtype: WeightsDtype) -> ExportOptions {
@@ -41,7 +41,7 @@ fn request<'a>(
 }
 
 fn builtin(name: &str) -> (Model, M2r2Weights) {
-    let model = reference::builtin::builtin(name).unwrap();
+    let model = reference::io::builtin::builtin(name).unwrap();
     let m2r2 = M2r2Weights::builtin_for(name, &model.config).unwrap();
     (model, m2r2)
 }

@@ -12,10 +12,10 @@ use export::check::{Comparison, check_folder};
 use export::folder::{ExportRequest, export};
 use export::graphs::{ExportOptions, GraphKind};
 use proptest::prelude::*;
-use reference::draft_head::DraftHead;
-use reference::m2r2_config::M2r2Config;
-use reference::m2r2_weights::M2r2Weights;
-use reference::model::Model;
+use reference::base::model::Model;
+use reference::m2r2::config::M2r2Config;
+use reference::m2r2::draft_head::DraftHead;
+use reference::m2r2::weights::M2r2Weights;
 use std::path::Path;
 
 fn export_all(
@@ -23,7 +23,7 @@ fn export_all(
     m2r2: &M2r2Weights,
     draft_gate: usize,
     dtype: WeightsDtype,
-    tokenizer: Option<&reference::tokenizer::Tokenizer>,
+    tokenizer: Option<&reference::io::tokenizer::Tokenizer>,
     out: &Path,
 ) {
     let request = ExportRequest {
@@ -86,7 +86,7 @@ proptest! {
         let mut config = m2r2_tests::small_config(layers, moe, 40);
         config.qkv_bias = qkv_bias;
         config.sliding_window = window;
-        let model = reference::builtin::random_model(config, seed).unwrap();
+        let model = reference::io::builtin::random_model(config, seed).unwrap();
         let c = &model.config;
         let mut m2r2 = M2r2Weights::random(c, M2r2Config::default_for(c), seed + 1).unwrap();
         // A pruned draft head: draft_logits [1, T, K] against the reference's subset logits.
@@ -104,7 +104,7 @@ proptest! {
 /// Without ARLA weights (`--m2r2 none`): no exit_prob output, the rest still matches.
 #[test]
 fn zero_adapters_without_arla_match_reference() {
-    let model = reference::builtin::builtin("tiny").unwrap();
+    let model = reference::io::builtin::builtin("tiny").unwrap();
     let m2r2 = M2r2Weights::zeros(&model.config);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("export");
@@ -119,7 +119,7 @@ fn zero_adapters_without_arla_match_reference() {
 #[test]
 fn f16_flavour_matches_reference_with_rounded_weights() {
     for name in ["tiny", "tiny-moe"] {
-        let model = reference::builtin::builtin(name).unwrap();
+        let model = reference::io::builtin::builtin(name).unwrap();
         let mut m2r2 = M2r2Weights::builtin_for(name, &model.config).unwrap();
         if name == "tiny-moe" {
             m2r2.draft_head =
@@ -146,7 +146,8 @@ fn f16_flavour_matches_reference_with_rounded_weights() {
 /// SmolLM2-135M-Instruct (cached by `m2r2 fetch smollm2`), exported once, on a short probe.
 #[test]
 fn smollm2_matches_reference() {
-    let loaded = reference::load::load_model("smollm2").expect("run `m2r2 fetch smollm2` first");
+    let loaded =
+        reference::io::load::load_model("smollm2").expect("run `m2r2 fetch smollm2` first");
     let m2r2 = M2r2Weights::builtin_for("smollm2", &loaded.model.config).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("export");
@@ -186,7 +187,7 @@ fn smollm2_matches_reference() {
 fn batch_with_left_padding_matches_each_sequence_alone() {
     use ndarray::{ArrayD, s};
     use onnx_runner::session::{Input, OnnxSession};
-    let model = reference::builtin::builtin("tiny").unwrap();
+    let model = reference::io::builtin::builtin("tiny").unwrap();
     let m2r2 = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("export");

@@ -12,17 +12,18 @@ use export::emit::attention::visibility;
 use export::emit::layer::{LayerContext, LayerInput, decoder_layer, project};
 use ndarray::{Array2, ArrayD, Axis, Ix2, s};
 use onnx_runner::session::Input;
-use reference::layer::FastRows;
-use reference::m2r2_config::{M2r2Config, Target};
-use reference::m2r2_weights::M2r2Weights;
-use reference::matmul::linear;
-use reference::model::Model;
-use reference::moe::{mix_experts, route, top_k_of};
-use reference::ops::softmax_inplace;
-use reference::weights::FeedForward;
+use reference::base::layer::FastRows;
+use reference::base::matmul::linear;
+use reference::base::model::Model;
+use reference::base::moe::{mix_experts, route, top_k_of};
+use reference::base::ops::softmax_inplace;
+use reference::base::weight_names::Target;
+use reference::base::weights::FeedForward;
+use reference::m2r2::config::M2r2Config;
+use reference::m2r2::weights::M2r2Weights;
 
 fn small_model(moe: bool) -> Model {
-    reference::builtin::random_model(m2r2_tests::small_config(4, moe, 50), 7).unwrap()
+    reference::io::builtin::random_model(m2r2_tests::small_config(4, moe, 50), 7).unwrap()
 }
 
 fn rows(x: &ArrayD<f32>) -> Array2<f32> {
@@ -43,9 +44,9 @@ fn mlp_matches_reference() {
     b.input("h", Elem::F32, &rows_dims(d));
     let y = emit::mlp::mlp(&mut b, "h", &mut |b, p, x| {
         let lin = match p {
-            reference::weight_names::MlpProj::Gate => &m.gate,
-            reference::weight_names::MlpProj::Up => &m.up,
-            reference::weight_names::MlpProj::Down => &m.down,
+            reference::base::weight_names::MlpProj::Gate => &m.gate,
+            reference::base::weight_names::MlpProj::Up => &m.up,
+            reference::base::weight_names::MlpProj::Down => &m.down,
         };
         project(b, 1, Target::Mlp(p), lin, x, None)
     });
@@ -53,7 +54,7 @@ fn mlp_matches_reference() {
     let h = random(&[1, 5, d], 1.0, 1);
     let dir = tempfile::tempdir().unwrap();
     let out = run_graph(dir.path(), b.finish(&[]), &[("h", Input::F32(h.view()))]);
-    let want = reference::mlp::mlp(m, rows(&h).view());
+    let want = reference::base::mlp::mlp(m, rows(&h).view());
     let got = rows(out.get("y").unwrap());
     assert!(max_diff("mlp", &got.into_dyn(), &want.into_dyn()) < 1e-5);
 }
@@ -108,7 +109,7 @@ fn adapter_term_matches_reference() {
     let c = &model.config;
     let m2r2 = M2r2Weights::random(c, M2r2Config::default_for(c), 11).unwrap();
     let acc = &m2r2.accelerator;
-    let target = Target::Attn(reference::weight_names::AttnProj::K);
+    let target = Target::Attn(reference::base::weight_names::AttnProj::K);
     let (out_dim, in_dim) = target.shape(c);
     let mut b = builder("adapter");
     b.input("x", Elem::F32, &rows_dims(in_dim));
@@ -170,7 +171,7 @@ fn layer_case(moe: bool, sliding_window: Option<usize>) {
     let mut config = m2r2_tests::small_config(4, moe, 50);
     config.sliding_window = sliding_window;
     config.qkv_bias = !moe;
-    let model = reference::builtin::random_model(config, 9).unwrap();
+    let model = reference::io::builtin::random_model(config, 9).unwrap();
     let c = &model.config;
     let m2r2 = M2r2Weights::random(c, M2r2Config::default_for(c), 13).unwrap();
     let (d, hkv, dh) = (c.hidden_size, c.num_key_value_heads, c.head_dim);
@@ -191,16 +192,14 @@ fn layer_case(moe: bool, sliding_window: Option<usize>) {
     let mut s = rows(&s_in);
     let mut f = rows(&f_in);
     let slots: Vec<usize> = (0..t).collect();
-    reference::layer::decoder_layer(
-        &model,
-        l,
+    model.layer(l).forward(
         &mut s,
         p,
         &mut cache,
         Some(FastRows {
             f: &mut f,
             slot: &slots,
-            accelerator: Some(&m2r2.accelerator),
+            adapter: Some(&m2r2.accelerator),
         }),
     );
 

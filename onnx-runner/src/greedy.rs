@@ -1,5 +1,5 @@
 //! Decoding over model.onnx (all layers), one token per run after the prompt's prefill: the
-//! reference's [`reference::generate::generate`] with ONNX Runtime doing the forward passes.
+//! reference's [`reference::base::generate::generate`] with ONNX Runtime doing the forward passes.
 
 use crate::ep::EpConfig;
 use crate::error::{Error, Result};
@@ -9,9 +9,9 @@ use crate::session::{Input, OnnxSession};
 use crate::step::{StepInputs, check_tokens};
 use ndarray::{Array2, Axis, Ix3};
 use reference::ModelConfig;
-use reference::cost::Work;
-use reference::generate::{GenerateOptions, Generation};
-use reference::sampling::Sampler;
+use reference::base::generate::{GenerateOptions, Generation};
+use reference::base::sampling::Sampler;
+use reference::base::work::Work;
 use std::time::Instant;
 
 /// model.onnx with its KV cache.
@@ -98,7 +98,7 @@ impl OnnxModel {
         Ok(logits)
     }
 
-    /// Decode after `prompt` as [`reference::generate::generate`] does (same stop rules and
+    /// Decode after `prompt` as [`reference::base::generate::generate`] does (same stop rules and
     /// sampler); the cache starts empty. `work` is not counted (zero).
     pub fn generate(
         &mut self,

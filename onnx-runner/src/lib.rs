@@ -4,7 +4,7 @@
 //! contract is docs/ONNX.md) with ONNX Runtime through the `ort` crate, on the CPU, CUDA or TensorRT
 //! execution provider, and decodes exactly like the reference: greedy over model.onnx
 //! ([`greedy::OnnxModel`]), and self-speculative decoding through the reference's own loop
-//! ([`reference::speculative::speculative_generate`]) over draft.onnx / verifier.onnx
+//! ([`reference::decode::speculative::speculative_generate`]) over draft.onnx / verifier.onnx
 //! ([`speculation::OnnxSpeculation`]).
 //!
 //! - [`runtime`]: find, provision ([`provision`]) and load libonnxruntime (once per process).

@@ -3,9 +3,9 @@
 
 use crate::error::{Error, Result};
 use reference::ModelConfig;
-use reference::draft_head::DraftHead;
-use reference::m2r2_config::M2r2Config;
-use reference::tokenizer::Tokenizer;
+use reference::io::tokenizer::Tokenizer;
+use reference::m2r2::config::M2r2Config;
+use reference::m2r2::draft_head::DraftHead;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -170,7 +170,7 @@ impl ExportDir {
     }
 
     /// Tokens that end a generation: the config's EOS ids and the tokenizer's end-of-turn tokens
-    /// (as [`reference::load::LoadedModel::stop_tokens`]).
+    /// (as [`reference::io::load::LoadedModel::stop_tokens`]).
     pub fn stop_tokens(&self, tokenizer: Option<&Tokenizer>) -> Vec<u32> {
         let mut stop = self.manifest.config.eos_token_ids.clone();
         for id in tokenizer.map(|t| t.eos_token_ids()).unwrap_or_default() {

@@ -8,8 +8,8 @@
 //! unverified library. GPU users point `ORT_DYLIB_PATH` at an onnxruntime-gpu build instead.
 
 use crate::error::{Error, Result};
-use reference::hub::cache_dir;
-use reference::wheel::{PinnedWheel, Silent, extract_member};
+use reference::io::hub::cache_dir;
+use reference::io::wheel::{PinnedWheel, Silent, extract_member};
 use std::path::{Path, PathBuf};
 
 pub const ONNXRUNTIME_PACKAGE: &str = "onnxruntime";

@@ -1,6 +1,6 @@
 //! Self-speculative decoding over draft.onnx / verifier.onnx: the [`SpeculativeBackend`] that the
-//! reference's own loop ([`reference::speculative::speculative_generate`]) runs, mirroring
-//! [`reference::draft_verify::ReferenceSpeculation`] step for step.
+//! reference's own loop ([`reference::decode::speculative::speculative_generate`]) runs, mirroring
+//! [`reference::decode::draft_verify::ReferenceSpeculation`] step for step.
 //!
 //! - prefill: the prompt through draft.onnx (layers `0..e`) and its `hidden_states` through
 //!   verifier.onnx (layers `e..N`): the chained graphs equal model.onnx.
@@ -21,9 +21,9 @@ use crate::session::{Input, OnnxSession};
 use crate::step::{StepInputs, check_tokens};
 use ndarray::{Array1, Array2, Array3, Axis};
 use reference::ModelConfig;
-use reference::draft_head::DraftHead;
-use reference::exit_gate::{GateKind, gate_score};
-use reference::speculative::{Draft, SpeculativeBackend};
+use reference::decode::speculative::{Draft, SpeculativeBackend};
+use reference::m2r2::draft_head::DraftHead;
+use reference::m2r2::exit_gate::{GateKind, gate_score};
 use std::time::Instant;
 
 /// Time spent in each kind of step (for `m2r2 bench --onnx`).
@@ -72,7 +72,7 @@ pub struct OnnxSpeculation {
 
 impl OnnxSpeculation {
     /// Load draft.onnx and verifier.onnx of an export on `ep`. `gate` as in
-    /// [`ReferenceSpeculation::new`](reference::draft_verify::ReferenceSpeculation::new); the draft
+    /// [`ReferenceSpeculation::new`](reference::decode::draft_verify::ReferenceSpeculation::new); the draft
     /// gate is the one the export was split at.
     pub fn load(export: &ExportDir, ep: &EpConfig, gate: Option<GateKind>) -> Result<Self> {
         let m = &export.manifest;

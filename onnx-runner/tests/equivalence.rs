@@ -23,15 +23,15 @@ use onnx_runner::kv_store::KvStore;
 use onnx_runner::manifest::ExportDir;
 use onnx_runner::speculation::OnnxSpeculation;
 use proptest::prelude::*;
-use reference::builtin::random_model;
-use reference::draft_head::DraftHead;
-use reference::draft_verify::ReferenceSpeculation;
-use reference::exit_gate::GateKind;
-use reference::fast_stream::M2r2;
-use reference::generate::{GenerateOptions, greedy};
-use reference::m2r2_config::M2r2Config;
-use reference::m2r2_weights::M2r2Weights;
-use reference::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
+use reference::base::generate::{GenerateOptions, greedy};
+use reference::decode::draft_verify::ReferenceSpeculation;
+use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
+use reference::io::builtin::random_model;
+use reference::m2r2::config::M2r2Config;
+use reference::m2r2::draft_head::DraftHead;
+use reference::m2r2::exit_gate::GateKind;
+use reference::m2r2::fast_stream::M2r2;
+use reference::m2r2::weights::M2r2Weights;
 use reference::{KvCache, Model};
 use std::path::Path;
 
@@ -309,11 +309,12 @@ fn ort_tensorrt_decodes_like_the_reference() {
 }
 
 /// SmolLM2-135M-Instruct (`m2r2 fetch smollm2`) with its shipped trained weights (adapters, ARLA,
-/// pruned draft head; `reference::shipped`), exported once: greedy and speculative (fixed and
+/// pruned draft head; `reference::m2r2::shipped`), exported once: greedy and speculative (fixed and
 /// ARLA-dynamic drafts) on two prompts.
 #[test]
 fn smollm2_on_ort_cpu_decodes_like_the_reference() {
-    let loaded = reference::load::load_model("smollm2").expect("run `m2r2 fetch smollm2` first");
+    let loaded =
+        reference::io::load::load_model("smollm2").expect("run `m2r2 fetch smollm2` first");
     let base = &loaded.model;
     let weights = M2r2Weights::builtin_for("smollm2", &base.config).unwrap();
     assert!(

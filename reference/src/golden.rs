@@ -13,10 +13,10 @@
 //! tensors and metadata are listed in [`m2r2`]. A version-1 reader refuses them instead of checking
 //! them as greedy decodes.
 
-use crate::config::ModelConfig;
+use crate::base::config::ModelConfig;
+use crate::base::model::Model;
+use crate::base::ops::argmax;
 use crate::error::{Error, Result};
-use crate::model::Model;
-use crate::ops::argmax;
 use ndarray::{Array2, ArrayView2};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
@@ -359,7 +359,7 @@ fn replay(
         return Err(Error::Invalid("the prompt is empty".into()));
     }
     let mut cache = model.new_cache(prompt.len() + steps)?;
-    let first = model.forward(prompt, &mut cache)?;
+    let first = model.forward(prompt, &mut cache)?.logits;
     let mut row = first.row(first.nrows() - 1).to_owned();
     let mut logits = Array2::zeros((steps, model.config.vocab_size));
     let mut greedy = Vec::with_capacity(steps);
@@ -369,7 +369,7 @@ fn replay(
         greedy.push(chosen);
         if step + 1 < steps {
             let next = forced.map_or(chosen, |f| f[step]);
-            row = model.forward(&[next], &mut cache)?.row(0).to_owned();
+            row = model.forward(&[next], &mut cache)?.logits.row(0).to_owned();
         }
     }
     Ok((greedy, logits))
@@ -488,7 +488,7 @@ pub fn compare_padded(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::builtin;
+    use crate::io::builtin;
 
     #[test]
     fn round_trip_and_self_check() {

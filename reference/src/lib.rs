@@ -9,47 +9,23 @@
 //! `N` layers, `H` query heads, `Hkv` key/value heads, `Dh` head dim, `E` experts, `k` experts per
 //! token, `T` rows (positions) in a chunk, `S` positions in the KV cache.
 
-pub mod accelerator;
-pub mod analyze;
-pub mod arla;
-pub mod attention;
-pub mod builtin;
-pub mod checkpoint;
-pub mod config;
-pub mod cost;
-pub mod draft_head;
-pub mod draft_verify;
-pub mod early_exit;
-pub mod error;
-pub mod exit_gate;
-pub mod expert_prefetch;
-pub mod fast_stream;
-pub mod generate;
-pub mod gguf;
-pub mod golden;
-pub mod hub;
-pub mod kv_cache;
-pub mod layer;
-pub mod load;
-pub mod m2r2_config;
-pub mod m2r2_weights;
-pub mod matmul;
-pub mod memory_sim;
-pub mod mlp;
-pub mod model;
-pub mod moe;
-pub mod moe_sweep;
-pub mod ops;
-pub mod rope;
-pub mod sampling;
-pub mod shipped;
-pub mod speculative;
-pub mod tokenizer;
-pub mod weight_names;
-pub mod weights;
-pub mod wheel;
+//! Reading order: `base` is the exact HF base model (M2R2's slow stream) and needs nothing else;
+//! `io` reads checkpoints, GGUF and tokenizers into it; `m2r2` adds the method (fast stream,
+//! accelerator adapters, ARLA, exit gates, draft head, cost model); `decode` runs the decoding modes
+//! (greedy, early exit, self-speculation) on both; `golden`, `analyze` and `moe_aot` use all of it.
+//! A folder imports only from folders before it (`reference/tests/layering.rs` checks this).
 
-pub use config::ModelConfig;
+pub mod error;
+
+pub mod analyze;
+pub mod base;
+pub mod decode;
+pub mod golden;
+pub mod io;
+pub mod m2r2;
+pub mod moe_aot;
+
+pub use base::config::ModelConfig;
+pub use base::kv_cache::KvCache;
+pub use base::model::Model;
 pub use error::{Error, Result};
-pub use kv_cache::KvCache;
-pub use model::Model;

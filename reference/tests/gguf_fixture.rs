@@ -3,7 +3,7 @@
 //! Values must match bit for bit. Fixture and generator: tests/fixtures/gguf/,
 //! scripts/fixtures/make_gguf_fixture.py.
 
-use reference::gguf::{GgmlType, GgufFile, GgufValue};
+use reference::io::gguf::{GgmlType, GgufFile, GgufValue};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -81,7 +81,7 @@ fn every_type_dequantises_bitwise_like_gguf_py() {
     let report = report.join("\n");
     println!("{report}");
     assert!(!report.contains("NOT OK"), "\n{report}");
-    for ty in reference::gguf::dequant::SUPPORTED {
+    for ty in reference::io::gguf::dequant::SUPPORTED {
         assert!(types_seen.contains(ty), "the fixture has no {ty} tensor");
     }
     assert!(types_seen.contains(&GgmlType::Q6_K));

@@ -5,17 +5,17 @@
 //! (scripts/fixtures/make_smollm2_gguf_fixture.py).
 //!
 //! Needs the GGUF in the m2r2 cache (`m2r2 fetch smollm2`); without it the tests fail with the
-//! message of [`reference::hub::require_smollm2`].
+//! message of [`reference::io::hub::require_smollm2`].
 
-use reference::gguf::{GgmlType, GgufFile, GgufSource, config_from_gguf};
-use reference::weights::{RawTensor, TensorSource, Weights};
+use reference::base::weights::{RawTensor, TensorSource, Weights};
+use reference::io::gguf::{GgmlType, GgufFile, GgufSource, config_from_gguf};
 use safetensors::SafeTensors;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 fn smollm2() -> GgufFile {
-    let path = reference::hub::require_smollm2().unwrap_or_else(|e| panic!("{e}"));
+    let path = reference::io::hub::require_smollm2().unwrap_or_else(|e| panic!("{e}"));
     GgufFile::open(&path).unwrap()
 }
 

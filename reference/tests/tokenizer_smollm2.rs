@@ -4,10 +4,10 @@
 //! scripts/fixtures/make_tokenizer_fixture.py.
 //!
 //! Needs the GGUF in the m2r2 cache (`m2r2 fetch smollm2`); without it the tests fail with the
-//! message of [`reference::hub::require_smollm2`].
+//! message of [`reference::io::hub::require_smollm2`].
 
-use reference::gguf::GgufFile;
-use reference::tokenizer::{ChatMessage, Tokenizer};
+use reference::io::gguf::GgufFile;
+use reference::io::tokenizer::{ChatMessage, Tokenizer};
 use serde_json::Value;
 use std::path::Path;
 use std::sync::OnceLock;
@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 fn tokenizer() -> &'static Tokenizer {
     static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
     TOKENIZER.get_or_init(|| {
-        let path = reference::hub::require_smollm2().unwrap_or_else(|e| panic!("{e}"));
+        let path = reference::io::hub::require_smollm2().unwrap_or_else(|e| panic!("{e}"));
         Tokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap()
     })
 }

@@ -9,8 +9,8 @@ use super::m2r2_args::{M2r2Args, OnOff};
 use anyhow::{Result, bail};
 use rayon::prelude::*;
 use reference::ModelConfig;
-use reference::generate::{GenerateOptions, generate};
-use reference::load::LoadedModel;
+use reference::base::generate::{GenerateOptions, generate};
+use reference::io::load::LoadedModel;
 use serde::Serialize;
 use std::hint::black_box;
 use std::time::Instant;
@@ -445,14 +445,14 @@ mod tests {
     fn decode_weights_of_a_dense_model_are_all_parameters_plus_one_row() {
         // Tied embeddings: the parameter count holds the embedding once; a decode step reads the
         // whole matrix as head plus one row as embedding.
-        let c = reference::builtin::tiny_config();
+        let c = reference::io::builtin::tiny_config();
         let w = DecodeWeights::of(&c);
         assert_eq!(w.floats(), c.parameter_count() + c.hidden_size);
     }
 
     #[test]
     fn decode_weights_of_moe_count_only_routed_experts() {
-        let c = reference::builtin::tiny_moe_config();
+        let c = reference::io::builtin::tiny_moe_config();
         let moe = c.moe.clone().unwrap();
         let w = DecodeWeights::of(&c);
         let expert = 3 * c.hidden_size * c.intermediate_size;

@@ -11,14 +11,14 @@ use anyhow::{Result, bail};
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::manifest::ExportDir;
 use onnx_runner::speculation::OnnxSpeculation;
-use reference::draft_verify::ReferenceSpeculation;
-use reference::fast_stream::M2r2;
-use reference::generate::{GenerateOptions, generate};
-use reference::load::LoadedModel;
-use reference::m2r2_weights::M2r2Weights;
-use reference::speculative::{
+use reference::base::generate::{GenerateOptions, generate};
+use reference::decode::draft_verify::ReferenceSpeculation;
+use reference::decode::speculative::{
     Draft, DraftLength, SpeculativeBackend, SpeculativeOptions, speculative_generate,
 };
+use reference::io::load::LoadedModel;
+use reference::m2r2::fast_stream::M2r2;
+use reference::m2r2::weights::M2r2Weights;
 use serde::Serialize;
 use std::path::Path;
 use std::time::Instant;

@@ -3,8 +3,8 @@
 
 use super::progress;
 use anyhow::{Context, Result, bail};
-use reference::load::{LoadedModel, load_model};
-use reference::tokenizer::{ChatMessage, Tokenizer};
+use reference::io::load::{LoadedModel, load_model};
+use reference::io::tokenizer::{ChatMessage, Tokenizer};
 use std::time::Instant;
 
 /// `--model`, with the built-in `tiny` as default.

@@ -7,16 +7,16 @@ use super::bench::{self, Sizes};
 use super::common::{self, ModelArgs};
 use super::m2r2_args::{DecodeRequest, M2r2Settings, Mode, ModeDetails, ModeRun, run_mode};
 use anyhow::{Context, Result, bail};
-use reference::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
-use reference::exit_gate::GateKind;
-use reference::expert_prefetch::collect_trace;
-use reference::fast_stream::M2r2;
-use reference::generate::{GenerateOptions, Generation, generate};
+use reference::base::generate::{GenerateOptions, Generation, generate};
+use reference::base::sampling::SamplingParams;
+use reference::decode::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
+use reference::decode::speculative::DraftLength;
 use reference::golden::{DEFAULT_ATOL, Golden};
-use reference::load::LoadedModel;
-use reference::m2r2_weights::M2r2Weights;
-use reference::sampling::SamplingParams;
-use reference::speculative::DraftLength;
+use reference::io::load::LoadedModel;
+use reference::m2r2::exit_gate::GateKind;
+use reference::m2r2::fast_stream::M2r2;
+use reference::m2r2::weights::M2r2Weights;
+use reference::moe_aot::expert_prefetch::collect_trace;
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -206,7 +206,7 @@ fn teacher_forced_logits(demo: &mut Demo) -> Result<()> {
     let p = demo.prompt.len();
     let argmax_agrees = demo.greedy.iter().enumerate().all(|(i, &t)| {
         let row = logits.row(p - 1 + i);
-        reference::ops::argmax(row.as_slice().expect("contiguous")) as u32 == t
+        reference::base::ops::argmax(row.as_slice().expect("contiguous")) as u32 == t
     });
     demo.check(
         "every greedy token is the argmax of its teacher-forced row",
@@ -324,7 +324,7 @@ fn m2r2_modes(demo: &mut Demo) -> Result<()> {
         "  (layers/tok: slow layers computed per decoded token, deferred exact layers and \
          rejected drafts included; emit at: mean layer a decoded token was emitted after)"
     );
-    for name in reference::builtin::BUILTIN_NAMES {
+    for name in reference::io::builtin::BUILTIN_NAMES {
         let loaded = common::load(name)?;
         let weights = M2r2Weights::builtin_for(name, &loaded.model.config)?;
         let prompt = loaded.tokenizer()?.encode(PROMPT, true)?;

@@ -10,12 +10,12 @@ use onnx_runner::ep::EpConfig;
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::manifest::ExportDir;
 use onnx_runner::speculation::OnnxSpeculation;
-use reference::draft_verify::ReferenceSpeculation;
-use reference::fast_stream::M2r2;
-use reference::generate::GenerateOptions;
-use reference::load::LoadedModel;
-use reference::m2r2_weights::M2r2Weights;
-use reference::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
+use reference::base::generate::GenerateOptions;
+use reference::decode::draft_verify::ReferenceSpeculation;
+use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
+use reference::io::load::LoadedModel;
+use reference::m2r2::fast_stream::M2r2;
+use reference::m2r2::weights::M2r2Weights;
 use std::path::Path;
 use std::time::Instant;
 
@@ -73,7 +73,7 @@ pub fn tour(
         stop_tokens: stop.clone(),
         sampling: None,
     };
-    let want = reference::generate::generate(model, prompt, &options, &mut |_, _| {})?;
+    let want = reference::base::generate::generate(model, prompt, &options, &mut |_, _| {})?;
     let mut ort = OnnxModel::load(&exported, &EpConfig::cpu())?;
     let mut rows: Vec<Vec<f32>> = Vec::new();
     let got = ort.generate(prompt, &options, &mut |_, logits| {

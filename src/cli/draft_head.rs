@@ -5,7 +5,7 @@
 
 use super::train_arla::{Trained, TrainedArgs};
 use anyhow::{Context, Result, bail};
-use reference::m2r2_config::Target;
+use reference::base::weight_names::Target;
 use train::draft_head::{DraftHead, most_frequent, pruned_agreement};
 
 #[derive(clap::Args, Debug)]

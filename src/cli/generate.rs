@@ -6,8 +6,8 @@ use super::common::{self, ModelArgs, PromptArgs};
 use super::m2r2_args::{DecodeRequest, M2r2Args, M2r2Settings, ModeRun, run_mode, trace_lines};
 use super::progress;
 use anyhow::{Result, bail};
-use reference::load::LoadedModel;
-use reference::sampling::SamplingParams;
+use reference::base::sampling::SamplingParams;
+use reference::io::load::LoadedModel;
 use serde_json::json;
 use std::io::{IsTerminal, Write};
 
@@ -240,7 +240,7 @@ pub fn print_summary(run: &ModeRun, prompt_tokens: usize, stopped: bool) {
 /// or space-separated ids for a model without a tokenizer. Write errors (a closed pipe) stop the
 /// printing and are reported once generation is over.
 struct TextStream<'a> {
-    decoder: Option<reference::tokenizer::StreamDecoder<'a>>,
+    decoder: Option<reference::io::tokenizer::StreamDecoder<'a>>,
     out: std::io::Stdout,
     printed_any: bool,
     ends_with_newline: bool,

@@ -6,10 +6,10 @@
 use super::common::{self, ModelArgs, PromptArgs};
 use super::m2r2_args::{M2r2Args, Mode};
 use anyhow::{Context, Result, bail};
-use reference::early_exit::{EarlyExitOptions, KvPolicy};
-use reference::fast_stream::M2r2;
+use reference::decode::early_exit::{EarlyExitOptions, KvPolicy};
+use reference::decode::speculative::{DraftLength, SpeculativeOptions};
 use reference::golden::{CheckReport, DEFAULT_ATOL, Golden, M2r2Record};
-use reference::speculative::{DraftLength, SpeculativeOptions};
+use reference::m2r2::fast_stream::M2r2;
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -106,7 +106,7 @@ fn write(args: &WriteArgs) -> Result<()> {
 /// Record `args.steps` tokens in `args.m2r2.mode` (greedy; no stop tokens).
 fn record(
     args: &WriteArgs,
-    loaded: &reference::load::LoadedModel,
+    loaded: &reference::io::load::LoadedModel,
     prompt: &[u32],
 ) -> Result<Golden> {
     let model = &loaded.model;

@@ -4,8 +4,8 @@
 use super::bench::DecodeWeights;
 use super::common::{self, ModelArgs};
 use anyhow::Result;
-use reference::load::LoadedModel;
-use reference::weight_names::WeightId;
+use reference::base::weight_names::WeightId;
+use reference::io::load::LoadedModel;
 use serde_json::{Value, json};
 
 #[derive(clap::Args, Debug)]

@@ -4,8 +4,9 @@
 
 use super::common::{self, ModelArgs};
 use anyhow::{Context, Result, bail};
-use reference::m2r2_config::{M2r2Config, Target, parse_gates};
-use reference::m2r2_weights::M2r2Weights;
+use reference::base::weight_names::Target;
+use reference::m2r2::config::{M2r2Config, parse_gates};
+use reference::m2r2::weights::M2r2Weights;
 use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]

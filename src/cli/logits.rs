@@ -2,7 +2,7 @@
 
 use super::common::{self, ModelArgs, PromptArgs};
 use anyhow::{Context, Result};
-use reference::checkpoint::write_f32_safetensors;
+use reference::io::checkpoint::write_f32_safetensors;
 use std::collections::HashMap;
 use std::path::PathBuf;
 

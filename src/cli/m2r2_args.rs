@@ -4,7 +4,7 @@
 //! [`ModeRun`].
 //!
 //! `--draft-head on|off` chooses the pruned draft head (`draft_head.json` in the M2R2 folder,
-//! `reference::draft_head`) for speculative drafts; the default is `on` when the folder has one.
+//! `reference::m2r2::draft_head`) for speculative drafts; the default is `on` when the folder has one.
 //! `off` drops it from the loaded weights, so every consumer (decoding, goldens, export) sees the
 //! full head.
 //!
@@ -19,19 +19,19 @@
 //! comes from the prompt's prefill in every mode.
 
 use anyhow::{Context, Result, bail};
-use reference::cost::Work;
-use reference::draft_verify::ReferenceSpeculation;
-use reference::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
-use reference::exit_gate::GateKind;
-use reference::fast_stream::M2r2;
-use reference::generate::{GenerateOptions, Generation, generate};
-use reference::load::LoadedModel;
-use reference::m2r2_weights::M2r2Weights;
-use reference::sampling::SamplingParams;
-use reference::speculative::{
+use reference::base::generate::{GenerateOptions, Generation, generate};
+use reference::base::sampling::SamplingParams;
+use reference::base::work::Work;
+use reference::decode::draft_verify::ReferenceSpeculation;
+use reference::decode::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
+use reference::decode::speculative::{
     Draft, DraftLength, Round, SpeculativeBackend, SpeculativeOptions, SpeculativeOutput,
     speculative_generate,
 };
+use reference::io::load::LoadedModel;
+use reference::m2r2::exit_gate::GateKind;
+use reference::m2r2::fast_stream::M2r2;
+use reference::m2r2::weights::M2r2Weights;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::time::Instant;
@@ -188,10 +188,10 @@ impl M2r2Args {
     /// Where [`weights`](Self::weights) takes them from, in words.
     pub fn source(&self, loaded: &LoadedModel) -> String {
         match self.m2r2.as_deref() {
-            None if reference::builtin::BUILTIN_NAMES.contains(&loaded.name.as_str()) => {
+            None if reference::io::builtin::BUILTIN_NAMES.contains(&loaded.name.as_str()) => {
                 "builtin (seeded random)".into()
             }
-            None => match reference::shipped::shipped_for(&loaded.name) {
+            None => match reference::m2r2::shipped::shipped_for(&loaded.name) {
                 Some(shipped) => format!("shipped (trained, {})", shipped.path),
                 None => "builtin (zeros: no trained M2R2 weights for this model)".into(),
             },
@@ -267,7 +267,7 @@ pub fn apply_draft_head(
         Some(OnOff::On) if weights.draft_head.is_none() => bail!(
             "--draft-head on needs a pruned draft head, and these M2R2 weights ({source}) have none \
              (no {}): write one with `m2r2 draft-head --write K`",
-            reference::draft_head::DRAFT_HEAD_FILE
+            reference::m2r2::draft_head::DRAFT_HEAD_FILE
         ),
         _ => {}
     }

@@ -1,17 +1,17 @@
 //! `m2r2 moe-sim`: ahead-of-time MoE expert loading (spec section 6). Greedily decodes `--steps`
 //! tokens with the base model while the fast stream runs alongside, records which experts every MoE
-//! layer used and what each predictor guessed (`reference::expert_prefetch`), then simulates a
-//! device cache fed from host memory (`reference::memory_sim`) for each policy, at the chosen
+//! layer used and what each predictor guessed (`reference::moe_aot::expert_prefetch`), then simulates a
+//! device cache fed from host memory (`reference::moe_aot::memory_sim`) for each policy, at the chosen
 //! capacity and bandwidth and over a sweep. docs/MOE_AOT.md explains the model and the report.
 
 use super::common::{self, PromptArgs};
 use super::m2r2_args::M2r2Args;
 use anyhow::{Context, Result, bail};
-use reference::expert_prefetch::{ExpertTrace, Predictor, collect_trace};
-use reference::fast_stream::M2r2;
-use reference::load::LoadedModel;
-use reference::memory_sim::{CapacityScope, Eviction, SimParams, SimResult, compare};
-use reference::moe_sweep::{
+use reference::io::load::LoadedModel;
+use reference::m2r2::fast_stream::M2r2;
+use reference::moe_aot::expert_prefetch::{ExpertTrace, Predictor, collect_trace};
+use reference::moe_aot::memory_sim::{CapacityScope, Eviction, SimParams, SimResult, compare};
+use reference::moe_aot::sweep::{
     Deployment, SweepPoint, Timing, default_capacities, expert_bytes, layer_times,
     mixtral_8x7b_config, split_measured, sweep,
 };

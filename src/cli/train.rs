@@ -7,7 +7,7 @@ use super::init_m2r2::parse_targets;
 use super::progress;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use reference::m2r2_config::{M2r2Config, parse_gates};
+use reference::m2r2::config::{M2r2Config, parse_gates};
 use std::path::PathBuf;
 use std::time::Instant;
 use train::align::AlignKind;

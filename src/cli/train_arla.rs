@@ -6,9 +6,9 @@
 use super::common::{self, ModelArgs};
 use super::progress;
 use anyhow::{Context, Result, bail};
-use reference::arla::Arla;
-use reference::load::LoadedModel;
-use reference::m2r2_weights::M2r2Weights;
+use reference::io::load::LoadedModel;
+use reference::m2r2::arla::Arla;
+use reference::m2r2::weights::M2r2Weights;
 use std::path::PathBuf;
 use std::time::Instant;
 use train::arla_trainer::{

@@ -2,8 +2,8 @@
 //! choices and the failure cases.
 
 use super::{fails, ok};
-use reference::builtin::tiny_config;
-use reference::m2r2_weights::M2r2Weights;
+use reference::io::builtin::tiny_config;
+use reference::m2r2::weights::M2r2Weights;
 use serde_json::Value;
 
 const TOKENS: &str = "3,1,4,1,5,9,2,6";

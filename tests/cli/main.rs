@@ -3,8 +3,8 @@
 //! helpful message on stderr and never panic.
 
 use reference::ModelConfig;
-use reference::builtin::{random_source, tiny_config};
-use reference::checkpoint::write_f32_safetensors;
+use reference::io::builtin::{random_source, tiny_config};
+use reference::io::checkpoint::write_f32_safetensors;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -215,7 +215,7 @@ fn logits_are_written_and_reproducible() {
     assert_eq!(meta["config_hash"], tiny_config().hash());
     assert_eq!(read_logits(&b).1, data);
     // The same numbers as the library.
-    let model = reference::builtin::builtin("tiny").unwrap();
+    let model = reference::io::builtin::builtin("tiny").unwrap();
     let want = model.teacher_forced_logits(&[1, 2, 3, 4]).unwrap();
     assert_eq!(want.iter().copied().collect::<Vec<f32>>(), data);
 }

@@ -38,8 +38,8 @@ fn fails_with(args: &[&str], ort: &Path, needles: &[&str]) {
 /// A folder with a valid manifest for the built-in tiny model and a graph file that is the
 /// session tests' fixture: enough to reach library loading and provider registration.
 fn fake_export(dir: &Path) {
-    let config = reference::builtin::tiny_config();
-    let m2r2 = reference::m2r2_config::M2r2Config::default_for(&config);
+    let config = reference::io::builtin::tiny_config();
+    let m2r2 = reference::m2r2::config::M2r2Config::default_for(&config);
     let manifest = serde_json::json!({
         "format_version": 1,
         "exporter_version": "test",

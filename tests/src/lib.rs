@@ -146,7 +146,7 @@ pub fn assert_all_ok(checks: &[TensorCheck]) {
 /// of 4, context 64; Mixtral-like (4 experts, top-2, untied head) when `moe`, else Llama-like with a
 /// tied head. Everything else as the built-in `tiny`.
 pub fn small_config(layers: usize, moe: bool, vocab: usize) -> reference::ModelConfig {
-    use reference::config::{Architecture, MoeConfig};
+    use reference::base::config::{Architecture, MoeConfig};
     reference::ModelConfig {
         architecture: if moe {
             Architecture::Mixtral
@@ -166,7 +166,7 @@ pub fn small_config(layers: usize, moe: bool, vocab: usize) -> reference::ModelC
             num_local_experts: 4,
             num_experts_per_tok: 2,
         }),
-        ..reference::builtin::tiny_config()
+        ..reference::io::builtin::tiny_config()
     }
 }
 
@@ -174,10 +174,10 @@ pub fn small_config(layers: usize, moe: bool, vocab: usize) -> reference::ModelC
 /// to `1..max` proposals with any gate at a threshold in `[0, 1)`.
 pub fn draft_length_strategy(
     max: usize,
-) -> impl proptest::strategy::Strategy<Value = reference::speculative::DraftLength> {
+) -> impl proptest::strategy::Strategy<Value = reference::decode::speculative::DraftLength> {
     use proptest::prelude::*;
-    use reference::exit_gate::GateKind;
-    use reference::speculative::DraftLength;
+    use reference::decode::speculative::DraftLength;
+    use reference::m2r2::exit_gate::GateKind;
     prop_oneof![
         (1usize..max).prop_map(DraftLength::Fixed),
         (

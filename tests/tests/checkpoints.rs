@@ -2,14 +2,14 @@
 //! same weights as the single-file checkpoint; a broken index is a clear error.
 
 use m2r2_tests::fixture_dir;
-use reference::checkpoint::{load_hf_dir, write_f32_safetensors};
-use reference::weights::TensorSource;
+use reference::base::weights::TensorSource;
+use reference::io::checkpoint::{load_hf_dir, write_f32_safetensors};
 use std::path::Path;
 
 fn shard(src_dir: &Path, out: &Path) {
     std::fs::create_dir_all(out).unwrap();
     std::fs::copy(src_dir.join("config.json"), out.join("config.json")).unwrap();
-    let src = reference::checkpoint::SafetensorsSource::open_dir(src_dir).unwrap();
+    let src = reference::io::checkpoint::SafetensorsSource::open_dir(src_dir).unwrap();
     let names = src.names();
     let (first, second) = names.split_at(names.len() / 2);
     let mut weight_map = serde_json::Map::new();

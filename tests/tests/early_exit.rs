@@ -7,14 +7,14 @@
 use m2r2_tests::small_config;
 use proptest::prelude::*;
 use reference::Model;
-use reference::builtin::random_model;
-use reference::cost::CostModel;
-use reference::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
-use reference::exit_gate::GateKind;
-use reference::fast_stream::M2r2;
-use reference::generate::greedy;
-use reference::m2r2_config::M2r2Config;
-use reference::m2r2_weights::M2r2Weights;
+use reference::base::generate::greedy;
+use reference::decode::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
+use reference::io::builtin::random_model;
+use reference::m2r2::config::M2r2Config;
+use reference::m2r2::cost::CostModel;
+use reference::m2r2::exit_gate::GateKind;
+use reference::m2r2::fast_stream::M2r2;
+use reference::m2r2::weights::M2r2Weights;
 
 #[derive(Debug, Clone)]
 struct Problem {
@@ -59,7 +59,7 @@ impl Problem {
             .copied()
             .collect();
         let mut plain = model.new_cache(fed.len()).unwrap();
-        let base_logits = model.forward(&fed, &mut plain).unwrap();
+        let base_logits = model.forward(&fed, &mut plain).unwrap().logits;
         prop_assert_eq!(out.cache.len(), fed.len());
         prop_assert!(
             out.cache.prefix_equals(&plain, fed.len()),
@@ -71,7 +71,7 @@ impl Problem {
                 let row = base_logits.row(self.prompt.len() - 1 + i);
                 prop_assert_eq!(
                     t.token,
-                    reference::ops::argmax(row.as_slice().unwrap()) as u32
+                    reference::base::ops::argmax(row.as_slice().unwrap()) as u32
                 );
             }
         }
@@ -152,8 +152,8 @@ proptest! {
 /// Scores never exceed 1, so a threshold above it never fires: exactly the base model.
 #[test]
 fn a_gate_that_never_fires_equals_the_base_model() {
-    for name in reference::builtin::BUILTIN_NAMES {
-        let model = reference::builtin::builtin(name).unwrap();
+    for name in reference::io::builtin::BUILTIN_NAMES {
+        let model = reference::io::builtin::builtin(name).unwrap();
         let weights = M2r2Weights::builtin_for(name, &model.config).unwrap();
         let prompt = [72u32, 105, 33];
         for gate in [GateKind::Arla, GateKind::Confidence, GateKind::Entropy] {
@@ -184,7 +184,7 @@ fn a_gate_that_never_fires_equals_the_base_model() {
 /// base head": the argmax of LMHead(FinalNorm(s_{e_1})).
 #[test]
 fn zero_adapters_exit_at_the_first_gate_with_the_base_head() {
-    let model = reference::builtin::builtin("tiny").unwrap();
+    let model = reference::io::builtin::builtin("tiny").unwrap();
     let zeros = M2r2Weights::zeros(&model.config);
     let options = EarlyExitOptions {
         max_new_tokens: 8,
@@ -203,12 +203,12 @@ fn zero_adapters_exit_at_the_first_gate_with_the_base_head() {
     for l in 0..e1 {
         model.layer_forward(l, &mut s, 0, &mut cache);
     }
-    let exit_logits = model.logits(s.view());
+    let exit_logits = model.head(s.view()).logits;
     for i in 1..8 {
         let row = exit_logits.row(prompt.len() - 1 + i);
         assert_eq!(
             out.tokens[i],
-            reference::ops::argmax(row.as_slice().unwrap()) as u32,
+            reference::base::ops::argmax(row.as_slice().unwrap()) as u32,
             "token {i}"
         );
         assert_eq!(out.trace[i].exit_gate, Some(1));

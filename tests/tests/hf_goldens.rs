@@ -49,7 +49,8 @@ fn golden(name: &str) -> Golden {
 
 fn load(name: &str) -> Model {
     let dir = model_dir(name);
-    reference::checkpoint::load_hf_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+    reference::io::checkpoint::load_hf_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
 }
 
 /// Feed `tokens` in chunks of the given lengths into one cache; the logits of every position.
@@ -70,7 +71,8 @@ fn chunked_logits(model: &Model, tokens: &[u32], chunks: &[usize]) -> Array2<f32
         rows.push(
             model
                 .forward(&tokens[start..start + len], &mut cache)
-                .expect("forward"),
+                .expect("forward")
+                .logits,
         );
         start += len;
     }
@@ -131,7 +133,8 @@ fn check_model(name: &str) {
     cache.truncate(7);
     let redo = model
         .forward(&g.input_ids[7..], &mut cache)
-        .expect("forward after truncate");
+        .expect("forward after truncate")
+        .logits;
     checks.push(check_close(
         &format!("{name}: logits 7.. after truncate(7)"),
         g.logits.slice(ndarray::s![7.., ..]),
@@ -161,7 +164,7 @@ fn llama_untied_bias_head_dim_llama3_rope() {
     assert!(
         matches!(
             config.rope_scaling,
-            reference::config::RopeScaling::Llama3 { .. }
+            reference::base::config::RopeScaling::Llama3 { .. }
         ),
         "{:?}",
         config.rope_scaling
@@ -215,6 +218,7 @@ fn mixtral_routing_matches_hf() {
     for l in 0..n {
         let routing = model
             .layer_forward(l, &mut s, 0, &mut cache)
+            .routing
             .expect("a MoE layer returns routing");
         for (row, r) in routing.iter().enumerate() {
             // Both list the experts in top-k order (most probable first).

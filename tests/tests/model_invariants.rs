@@ -8,8 +8,8 @@
 
 use ndarray::{Array2, s};
 use proptest::prelude::*;
-use reference::builtin::random_model;
-use reference::config::{Architecture, ModelConfig, MoeConfig, RopeScaling};
+use reference::base::config::{Architecture, ModelConfig, MoeConfig, RopeScaling};
+use reference::io::builtin::random_model;
 use reference::{KvCache, Model};
 
 /// A random small model: the `Problem` of these property tests.
@@ -99,7 +99,10 @@ impl Problem {
         let mut rows = Vec::new();
         let mut start = 0;
         for &end in bounds.iter().chain(std::iter::once(&self.tokens.len())) {
-            let logits = model.forward(&self.tokens[start..end], &mut cache).unwrap();
+            let logits = model
+                .forward(&self.tokens[start..end], &mut cache)
+                .unwrap()
+                .logits;
             rows.extend(logits.rows().into_iter().map(|r| r.to_owned()));
             start = end;
         }
@@ -141,7 +144,10 @@ impl Problem {
         let keep = n / 2;
         let mut cache = whole_cache.clone();
         cache.truncate(keep);
-        let redone = model.forward(&self.tokens[keep..], &mut cache).unwrap();
+        let redone = model
+            .forward(&self.tokens[keep..], &mut cache)
+            .unwrap()
+            .logits;
         prop_assert!(
             bitwise_eq(&whole.slice(s![keep.., ..]).to_owned(), &redone),
             "rollback"
@@ -169,7 +175,7 @@ proptest! {
 #[test]
 fn builtin_models_are_batch_invariant() {
     for name in ["tiny", "tiny-moe"] {
-        let model = reference::builtin::builtin(name).unwrap();
+        let model = reference::io::builtin::builtin(name).unwrap();
         let tokens: Vec<u32> = (0..40).map(|i| (i * 37 % 300) as u32).collect();
         let problem = Problem {
             config: model.config.clone(),
@@ -185,7 +191,7 @@ fn builtin_models_are_batch_invariant() {
 /// chunk starts right where the window begins to slide.
 #[test]
 fn window_boundary_split() {
-    let mut config = reference::builtin::tiny_moe_config();
+    let mut config = reference::io::builtin::tiny_moe_config();
     config.sliding_window = Some(2);
     config.num_hidden_layers = 2;
     let problem = Problem {

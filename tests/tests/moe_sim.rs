@@ -5,15 +5,15 @@
 
 use m2r2_tests::small_config;
 use proptest::prelude::*;
-use reference::builtin::random_model;
-use reference::expert_prefetch::{
+use reference::base::generate::{GenerateOptions, generate};
+use reference::io::builtin::random_model;
+use reference::m2r2::config::M2r2Config;
+use reference::m2r2::fast_stream::M2r2;
+use reference::m2r2::weights::M2r2Weights;
+use reference::moe_aot::expert_prefetch::{
     ExpertTrace, IssuePoint, MoeLayerTrace, Prediction, Predictor, StepTrace, collect_trace,
 };
-use reference::fast_stream::M2r2;
-use reference::generate::{GenerateOptions, generate};
-use reference::m2r2_config::M2r2Config;
-use reference::m2r2_weights::M2r2Weights;
-use reference::memory_sim::{CapacityScope, Eviction, LayerTime, SimParams, simulate};
+use reference::moe_aot::memory_sim::{CapacityScope, Eviction, LayerTime, SimParams, simulate};
 use std::collections::VecDeque;
 
 /// splitmix64: the random stream the synthetic traces are drawn from.
@@ -230,7 +230,7 @@ proptest! {
         let oracle = simulate(&trace, Predictor::Oracle, &params).unwrap();
         prop_assert_eq!(oracle.demand_loads, 0);
         prop_assert_eq!(oracle.wasted_bytes, 0.0);
-        let cached = |r: &reference::memory_sim::SimResult| {
+        let cached = |r: &reference::moe_aot::memory_sim::SimResult| {
             r.access_log.iter().map(|a| a.cache_hit).collect::<Vec<_>>()
         };
         for p in [Predictor::Lazy, Predictor::NextGate, Predictor::M2r2] {
@@ -346,7 +346,7 @@ proptest! {
 /// On the built-in tiny-moe (random and zero adapters), the real trace obeys the same invariants.
 #[test]
 fn tiny_moe_trace_invariants() {
-    let model = reference::builtin::builtin("tiny-moe").unwrap();
+    let model = reference::io::builtin::builtin("tiny-moe").unwrap();
     for weights in [
         M2r2Weights::builtin_for("tiny-moe", &model.config).unwrap(),
         M2r2Weights::zeros(&model.config),

@@ -4,12 +4,12 @@
 //! `scripts/fixtures/make_smollm2_greedy.py`.
 //!
 //! The model must be in the cache (`m2r2 fetch smollm2`); without it every test here FAILS with the
-//! message of `reference::hub::require_smollm2()`, never skips.
+//! message of `reference::io::hub::require_smollm2()`, never skips.
 
 use m2r2_tests::{assert_all_ok, check_close, fixture_dir, read_json};
 use ndarray::Array2;
-use reference::load::LoadedModel;
-use reference::tokenizer::{ChatMessage, Tokenizer};
+use reference::io::load::LoadedModel;
+use reference::io::tokenizer::{ChatMessage, Tokenizer};
 use serde_json::Value;
 use std::sync::OnceLock;
 
@@ -28,10 +28,11 @@ const ATOL: f32 = 5e-4;
 fn smollm2() -> &'static LoadedModel {
     static LOADED: OnceLock<LoadedModel> = OnceLock::new();
     LOADED.get_or_init(|| {
-        if let Err(e) = reference::hub::require_smollm2() {
+        if let Err(e) = reference::io::hub::require_smollm2() {
             panic!("{e}");
         }
-        reference::load::load_model("smollm2").unwrap_or_else(|e| panic!("loading smollm2: {e}"))
+        reference::io::load::load_model("smollm2")
+            .unwrap_or_else(|e| panic!("loading smollm2: {e}"))
     })
 }
 
@@ -69,7 +70,7 @@ fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
 /// Greedy decoding with the fixture's prompt, budget and stop ids.
 fn our_greedy(f: &Value) -> Vec<u32> {
     let max_new = f["max_new_tokens"].as_u64().expect("max_new_tokens") as usize;
-    reference::generate::greedy(
+    reference::base::generate::greedy(
         &smollm2().model,
         &ids(f, "prompt_ids"),
         max_new,

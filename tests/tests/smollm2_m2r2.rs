@@ -3,18 +3,18 @@
 //! gate, and exact early exit must leave the base model's KV cache. Fails (never skips) when the GGUF
 //! has not been fetched.
 
-use reference::draft_verify::ReferenceSpeculation;
-use reference::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
-use reference::exit_gate::GateKind;
-use reference::fast_stream::M2r2;
-use reference::generate::greedy;
-use reference::m2r2_config::M2r2Config;
-use reference::m2r2_weights::M2r2Weights;
-use reference::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
+use reference::base::generate::greedy;
+use reference::decode::draft_verify::ReferenceSpeculation;
+use reference::decode::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
+use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
+use reference::m2r2::config::M2r2Config;
+use reference::m2r2::exit_gate::GateKind;
+use reference::m2r2::fast_stream::M2r2;
+use reference::m2r2::weights::M2r2Weights;
 
 #[test]
 fn smollm2_random_adapters_are_lossless() {
-    let loaded = reference::load::load_model("smollm2").unwrap_or_else(|e| panic!("{e}"));
+    let loaded = reference::io::load::load_model("smollm2").unwrap_or_else(|e| panic!("{e}"));
     let model = &loaded.model;
     let weights =
         M2r2Weights::random(&model.config, M2r2Config::default_for(&model.config), 7).unwrap();

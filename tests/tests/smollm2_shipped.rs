@@ -7,10 +7,10 @@
 //! reference's greedy responses to the first 20 Vicuna prompts, chat template applied). Fails
 //! (never skips) when the GGUF has not been fetched.
 
-use reference::draft_verify::ReferenceSpeculation;
-use reference::fast_stream::M2r2;
-use reference::m2r2_weights::M2r2Weights;
-use reference::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
+use reference::decode::draft_verify::ReferenceSpeculation;
+use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
+use reference::m2r2::fast_stream::M2r2;
+use reference::m2r2::weights::M2r2Weights;
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -48,10 +48,10 @@ fn dev_samples(n: usize) -> Vec<(Vec<u32>, Vec<u32>)> {
 
 #[test]
 fn shipped_smollm2_weights_are_lossless_and_accept_drafts() {
-    if let Err(e) = reference::hub::require_smollm2() {
+    if let Err(e) = reference::io::hub::require_smollm2() {
         panic!("{e}");
     }
-    let loaded = reference::load::load_model("smollm2").unwrap_or_else(|e| panic!("{e}"));
+    let loaded = reference::io::load::load_model("smollm2").unwrap_or_else(|e| panic!("{e}"));
     let model = &loaded.model;
     let weights = M2r2Weights::builtin_for("smollm2", &model.config).unwrap();
     assert!(

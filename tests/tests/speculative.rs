@@ -10,17 +10,17 @@ use m2r2_tests::small_config;
 use proptest::prelude::*;
 use reference::Model;
 use reference::ModelConfig;
-use reference::builtin::random_model;
-use reference::cost::CostModel;
-use reference::draft_head::DraftHead;
-use reference::draft_verify::ReferenceSpeculation;
-use reference::exit_gate::GateKind;
-use reference::fast_stream::M2r2;
-use reference::generate::greedy;
-use reference::m2r2_config::M2r2Config;
-use reference::m2r2_weights::M2r2Weights;
-use reference::sampling::{SamplingParams, sampling_distribution};
-use reference::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
+use reference::base::generate::greedy;
+use reference::base::sampling::{SamplingParams, sampling_distribution};
+use reference::decode::draft_verify::ReferenceSpeculation;
+use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
+use reference::io::builtin::random_model;
+use reference::m2r2::config::M2r2Config;
+use reference::m2r2::cost::CostModel;
+use reference::m2r2::draft_head::DraftHead;
+use reference::m2r2::exit_gate::GateKind;
+use reference::m2r2::fast_stream::M2r2;
+use reference::m2r2::weights::M2r2Weights;
 
 fn model(config: &ModelConfig, seed: u64) -> Model {
     random_model(config.clone(), seed).unwrap()
@@ -180,7 +180,7 @@ proptest! {
 /// Zero adapters: the draft is exactly "exit at the draft gate with the base head", still lossless.
 #[test]
 fn zero_adapters_are_lossless_too() {
-    let tiny = reference::builtin::builtin("tiny-moe").unwrap();
+    let tiny = reference::io::builtin::builtin("tiny-moe").unwrap();
     let zeros = M2r2Weights::zeros(&tiny.config);
     let prompt = [10u32, 20, 30, 40];
     let want = greedy(&tiny, &prompt, 24, &[]).unwrap();

@@ -5,8 +5,8 @@
 use crate::linear::LoraPair;
 use crate::real::{Real, lift};
 use ndarray::Array2;
-use reference::accelerator::{Accelerator, Lora};
-use reference::m2r2_config::Target;
+use reference::base::weight_names::Target;
+use reference::m2r2::accelerator::{Accelerator, Lora};
 use std::collections::BTreeMap;
 
 /// LoRA pairs keyed by (code layer, target); also used for their gradients (same shapes).

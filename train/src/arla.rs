@@ -1,8 +1,8 @@
-//! ARLA training (spec section 3, issue 7): the exit head of `reference::arla` with its hand-written
+//! ARLA training (spec section 3, issue 7): the exit head of `reference::m2r2::arla` with its hand-written
 //! backward, binary cross-entropy on "the exit token equals the base model's token", and threshold
 //! calibration for a target agreement.
 //!
-//! Forward (as `reference::arla::Arla::exit_prob`, one token at gate `g`):
+//! Forward (as `reference::m2r2::arla::Arla::exit_prob`, one token at gate `g`):
 //! ```text
 //! n_i = RMSNorm_arla(u_i)   z_i = P n_i + E[i]          q = W_q z_g   k_i = W_k z_i   v_i = W_v z_i
 //! s_i = q . k_i / sqrt(L)   a = softmax(s)   o = sum_i a_i v_i   h = o + z_g   logit = w_o . h + b_o
@@ -21,7 +21,7 @@
 use crate::real::{Real, lift};
 use crate::rmsnorm;
 use ndarray::{Array1, Array2, ArrayView2, Axis, s};
-use reference::arla::Arla;
+use reference::m2r2::arla::Arla;
 
 /// ARLA's parameters as matrices (vectors as one-row matrices, so the optimizer sees a list).
 #[derive(Clone, Debug, PartialEq)]

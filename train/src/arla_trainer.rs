@@ -20,11 +20,11 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 use reference::Model;
-use reference::arla::Arla;
-use reference::exit_gate::{GateKind, gate_score};
-use reference::fast_stream::M2r2;
-use reference::m2r2_weights::M2r2Weights;
-use reference::ops::argmax;
+use reference::base::ops::argmax;
+use reference::m2r2::arla::Arla;
+use reference::m2r2::exit_gate::{GateKind, gate_score};
+use reference::m2r2::fast_stream::M2r2;
+use reference::m2r2::weights::M2r2Weights;
 
 /// One token's exit evidence at every gate.
 #[derive(Clone, Debug)]

@@ -165,10 +165,10 @@ mod tests {
     use crate::test_util::{matrix, vector};
     use proptest::prelude::*;
 
-    /// f32 forward agrees with `reference::attention::attend` (own row supplied separately).
+    /// f32 forward agrees with `reference::base::attention::attend` (own row supplied separately).
     #[test]
     fn forward_equals_reference() {
-        let config = reference::builtin::tiny_config();
+        let config = reference::io::builtin::tiny_config();
         let kv = config.num_key_value_heads * config.head_dim;
         let keys = matrix::<f32>(5, kv, 1);
         let values = matrix::<f32>(5, kv, 2);
@@ -181,7 +181,7 @@ mod tests {
             own_v: own_v.view(),
         };
         let (out, _) = forward(Heads::of(&config), q.view(), &vis);
-        let want = reference::attention::attend(
+        let want = reference::base::attention::attend(
             &config,
             q.view(),
             keys.view(),

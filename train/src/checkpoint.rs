@@ -13,9 +13,9 @@ use crate::error::{Error, Result};
 use crate::trainer::{GateState, StepLog, TrainOptions, Trainer};
 use ndarray::Array2;
 use reference::Model;
-use reference::checkpoint::{SafetensorsSource, write_f32_safetensors};
-use reference::m2r2_weights::M2r2Weights;
-use reference::weights::TensorSource;
+use reference::base::weights::TensorSource;
+use reference::io::checkpoint::{SafetensorsSource, write_f32_safetensors};
+use reference::m2r2::weights::M2r2Weights;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 

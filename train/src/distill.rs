@@ -4,8 +4,8 @@
 use crate::data::DistillSample;
 use crate::error::Result;
 use reference::Model;
-use reference::generate::{GenerateOptions, generate};
-use reference::sampling::SamplingParams;
+use reference::base::generate::{GenerateOptions, generate};
+use reference::base::sampling::SamplingParams;
 
 /// Settings of a generation run.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,6 +1,6 @@
 //! Choosing and measuring the pruned draft head of FLOPs-aware drafting (spec section 7): the head
 //! itself (`DraftHead`, `draft_head.json`, the pruned draft logits) lives in
-//! [`reference::draft_head`]; here are the choice of the subset (the `K` most frequent response
+//! [`reference::m2r2::draft_head`]; here are the choice of the subset (the `K` most frequent response
 //! tokens of the distillation data) and the held-out agreement of full and pruned drafts.
 //!
 //! ```text
@@ -10,11 +10,11 @@
 use crate::data::DistillSample;
 use crate::error::Result;
 use reference::Model;
-use reference::fast_stream::M2r2;
-use reference::m2r2_weights::M2r2Weights;
-use reference::ops::argmax;
+use reference::base::ops::argmax;
+use reference::m2r2::fast_stream::M2r2;
+use reference::m2r2::weights::M2r2Weights;
 
-pub use reference::draft_head::{DRAFT_HEAD_FILE, DraftHead};
+pub use reference::m2r2::draft_head::{DRAFT_HEAD_FILE, DraftHead};
 
 /// The `k` most frequent response tokens of `data` (ties: the smaller id first), as a head.
 ///

@@ -3,7 +3,7 @@
 //!
 //! Row `r` is (sample, position `p`). In interval `j` its state starts at the detached slow residual
 //! `s_{e_j}[p]` and runs the interval's layers with base weights plus adapters; it attends to the
-//! detached slow K/V of positions `< p` plus its own K/V (exactly `reference::layer::decoder_layer`
+//! detached slow K/V of positions `< p` plus its own K/V (exactly `reference::base::layer::decoder_layer`
 //! for a fast row). Per layer:
 //! ```text
 //! h1 = RMSNorm(x)                 q,k,v = LoRALinear(h1)      q,k = RoPE(q,k at p)
@@ -26,11 +26,11 @@ use crate::swiglu;
 use ndarray::{Array1, Array2, ArrayView2, Axis, s};
 use rayon::prelude::*;
 use reference::Model;
-use reference::attention::window_start;
-use reference::config::ModelConfig;
-use reference::m2r2_config::Target;
-use reference::weight_names::{AttnProj, MlpProj};
-use reference::weights::FeedForward;
+use reference::base::attention::window_start;
+use reference::base::config::ModelConfig;
+use reference::base::weight_names::Target;
+use reference::base::weight_names::{AttnProj, MlpProj};
+use reference::base::weights::FeedForward;
 use std::collections::BTreeMap;
 use std::ops::Range;
 

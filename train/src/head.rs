@@ -111,8 +111,8 @@ pub fn kl_loss<F: Real>(
                 }
                 d[v] = tau / r * (ls[v].exp() - pt);
             }
-            let agree = reference::ops::argmax(&student.row(t).mapv(F::lower).to_vec())
-                == reference::ops::argmax(&teacher.row(t).mapv(F::lower).to_vec());
+            let agree = reference::base::ops::argmax(&student.row(t).mapv(F::lower).to_vec())
+                == reference::base::ops::argmax(&teacher.row(t).mapv(F::lower).to_vec());
             ((tau * tau * kl).to_f64().unwrap_or(f64::NAN), agree, d)
         })
         .collect();

@@ -23,7 +23,7 @@ pub struct Frozen<F> {
 
 impl<F: Real> Frozen<F> {
     /// The reference's `Linear` as `F`.
-    pub fn from_reference(lin: &reference::weights::Linear) -> Self {
+    pub fn from_reference(lin: &reference::base::weights::Linear) -> Self {
         Frozen {
             w: lift(lin.w.view()),
             b: lin.b.as_ref().map(|b| lift(b.view())),
@@ -119,8 +119,8 @@ mod tests {
             b: matrix(12, 4, 5),
         };
         let (y, _) = forward(x.view(), &base, Some(&lora), 0.5);
-        let mut want = reference::matmul::linear(x.view(), base.w.view(), base.b.as_ref());
-        want += &reference::accelerator::Lora {
+        let mut want = reference::base::matmul::linear(x.view(), base.w.view(), base.b.as_ref());
+        want += &reference::m2r2::accelerator::Lora {
             a: lora.a.clone(),
             b: lora.b.clone(),
         }

@@ -1,4 +1,4 @@
-//! RMSNorm forward (same order of operations as `reference::ops::rms_norm`) and its backward.
+//! RMSNorm forward (same order of operations as `reference::base::ops::rms_norm`) and its backward.
 //!
 //! ```text
 //! inv_t = 1 / sqrt(mean_d(x_td^2) + eps)       n = x * inv       y = w * n
@@ -72,7 +72,7 @@ mod tests {
         let x = matrix::<f32>(3, 7, 1);
         let w = vector::<f32>(7, 2);
         let (y, _) = forward(x.view(), w.view(), 1e-5);
-        assert_eq!(y, reference::ops::rms_norm(x.view(), &w, 1e-5));
+        assert_eq!(y, reference::base::ops::rms_norm(x.view(), &w, 1e-5));
     }
 
     proptest! {

@@ -1,4 +1,4 @@
-//! RoPE (HF rotate-half, as `reference::rope`) at per-row positions, and its backward.
+//! RoPE (HF rotate-half, as `reference::base::rope`) at per-row positions, and its backward.
 //!
 //! A rotation is orthogonal, so the backward is the rotation by the opposite angle:
 //! ```text
@@ -8,8 +8,8 @@
 
 use crate::real::Real;
 use ndarray::{Array2, ArrayViewMut2};
-use reference::config::ModelConfig;
-use reference::rope::inverse_frequencies;
+use reference::base::config::ModelConfig;
+use reference::base::rope::inverse_frequencies;
 
 /// `cos(p f_i)`, `sin(p f_i)` computed exactly as the reference does (angle and trig in f32).
 #[derive(Clone, Debug)]
@@ -75,16 +75,16 @@ mod tests {
     use crate::test_util::matrix;
     use proptest::prelude::*;
 
-    /// Same bits as `reference::rope::Rope::apply` in f32.
+    /// Same bits as `reference::base::rope::Rope::apply` in f32.
     #[test]
     fn forward_equals_reference() {
-        let config = reference::builtin::tiny_config();
+        let config = reference::io::builtin::tiny_config();
         let table = RopeTable::<f32>::new(&config);
         let x = matrix::<f32>(3, config.q_dim(), 7);
         let mut ours = x.clone();
         table.forward(ours.view_mut(), &[5, 6, 7]);
         let mut want = x.clone();
-        reference::rope::Rope::new(&config).apply(want.view_mut(), 5, config.head_dim);
+        reference::base::rope::Rope::new(&config).apply(want.view_mut(), 5, config.head_dim);
         assert_eq!(ours, want);
     }
 
@@ -92,7 +92,7 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(16))]
         #[test]
         fn backward_matches_finite_differences(rows in 1usize..4, seed in 0u64..1000) {
-            let config = reference::builtin::tiny_config();
+            let config = reference::io::builtin::tiny_config();
             let table = RopeTable::<f64>::new(&config);
             let positions: Vec<usize> = (0..rows).map(|t| (seed as usize * 7 + t * 13) % 500).collect();
             let x = matrix::<f64>(rows, config.head_dim * 2, seed);

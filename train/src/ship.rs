@@ -2,8 +2,8 @@
 //! f16, which the reference loads unchanged (it reads f32, f16 and bf16) at half the size.
 
 use crate::error::{Error, Result};
-use reference::accelerator::ADAPTER_WEIGHTS_FILE;
-use reference::arla::ARLA_FILE;
+use reference::m2r2::accelerator::ADAPTER_WEIGHTS_FILE;
+use reference::m2r2::arla::ARLA_FILE;
 use safetensors::{Dtype, SafeTensors};
 use std::path::Path;
 
@@ -60,9 +60,9 @@ pub fn to_f16_in_place(dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reference::builtin::tiny_config;
-    use reference::m2r2_config::M2r2Config;
-    use reference::m2r2_weights::M2r2Weights;
+    use reference::io::builtin::tiny_config;
+    use reference::m2r2::config::M2r2Config;
+    use reference::m2r2::weights::M2r2Weights;
 
     /// The f16 folder loads, is smaller, and holds the f32 weights rounded to f16.
     #[test]

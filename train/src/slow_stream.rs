@@ -11,7 +11,7 @@ use crate::error::Result;
 use crate::real::{Real, lift};
 use ndarray::Array2;
 use reference::Model;
-use reference::m2r2_config::M2r2Config;
+use reference::m2r2::config::M2r2Config;
 
 /// The slow-stream quantities of one token sequence.
 #[derive(Clone, Debug)]

@@ -54,7 +54,7 @@ mod tests {
     fn forward_equals_reference() {
         let (g, u) = (matrix::<f32>(2, 9, 1), matrix::<f32>(2, 9, 2));
         let mut want = g.clone();
-        reference::ops::swiglu_inplace(&mut want, &u);
+        reference::base::ops::swiglu_inplace(&mut want, &u);
         approx::assert_abs_diff_eq!(forward(g.view(), u.view()), want, epsilon = 1e-6);
     }
 

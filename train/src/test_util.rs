@@ -9,7 +9,7 @@ use rand_chacha::ChaCha8Rng;
 pub fn matrix<F: Real>(rows: usize, cols: usize, seed: u64) -> Array2<F> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     Array2::from_shape_simple_fn((rows, cols), || {
-        F::lift(reference::builtin::standard_normal(&mut rng))
+        F::lift(reference::io::builtin::standard_normal(&mut rng))
     })
 }
 

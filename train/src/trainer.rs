@@ -22,9 +22,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 use reference::Model;
-use reference::accelerator::Accelerator;
-use reference::m2r2_config::M2r2Config;
-use reference::m2r2_weights::M2r2Weights;
+use reference::m2r2::accelerator::Accelerator;
+use reference::m2r2::config::M2r2Config;
+use reference::m2r2::weights::M2r2Weights;
 use serde::{Deserialize, Serialize};
 
 /// Rows per parallel sub-batch (the matrix products of a sub-batch run on one thread).

@@ -2,8 +2,8 @@
 //! disagree often enough for both labels to occur): it learns the labels of its training tokens
 //! (beating the constant predictor) and its held-out BCE falls from the random initialisation.
 
-use reference::builtin::builtin;
-use reference::m2r2_weights::M2r2Weights;
+use reference::io::builtin::builtin;
+use reference::m2r2::weights::M2r2Weights;
 use train::arla_trainer::{
     ArlaOptions, arla_accuracy, arla_scores, calibrate, collect, default_thresholds, sweep, train,
 };

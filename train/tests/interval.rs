@@ -2,10 +2,10 @@
 //! interval's adapter gradients (through the head and the KL loss) match finite differences.
 
 use ndarray::{Array2, ArrayD, Axis};
-use reference::builtin::{random_model, tiny_config};
-use reference::fast_stream::M2r2;
-use reference::m2r2_config::M2r2Config;
-use reference::m2r2_weights::M2r2Weights;
+use reference::io::builtin::{random_model, tiny_config};
+use reference::m2r2::config::M2r2Config;
+use reference::m2r2::fast_stream::M2r2;
+use reference::m2r2::weights::M2r2Weights;
 use reference::{Model, ModelConfig};
 use train::adapters::Adapters;
 use train::fast_stream::{self, Batch, FrozenBase, Row};
@@ -36,7 +36,7 @@ fn rows() -> Vec<Row> {
 
 #[test]
 fn forward_equals_reference_run_interval() {
-    let model = reference::builtin::builtin("tiny").unwrap();
+    let model = reference::io::builtin::builtin("tiny").unwrap();
     let weights =
         M2r2Weights::random(&model.config, M2r2Config::default_for(&model.config), 5).unwrap();
     let want = reference_exit_logits(&model, &weights);
@@ -83,7 +83,7 @@ fn forward_equals_reference_run_interval() {
 /// skips, without it).
 #[test]
 fn smollm2_forward_equals_reference_run_interval() {
-    let loaded = reference::load::load_model("smollm2").unwrap();
+    let loaded = reference::io::load::load_model("smollm2").unwrap();
     let model = &loaded.model;
     let mut config = M2r2Config::default_for(&model.config);
     config.rank = 4;

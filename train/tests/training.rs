@@ -3,9 +3,9 @@
 //! continues exactly as an uninterrupted run; checkpoints load through `M2r2Weights::load_dir`.
 
 use reference::Model;
-use reference::builtin::builtin;
-use reference::m2r2_config::M2r2Config;
-use reference::m2r2_weights::M2r2Weights;
+use reference::io::builtin::builtin;
+use reference::m2r2::config::M2r2Config;
+use reference::m2r2::weights::M2r2Weights;
 use train::checkpoint;
 use train::data::DistillSample;
 use train::distill::{DistillOptions, generate_samples};

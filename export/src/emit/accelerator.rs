@@ -3,9 +3,9 @@
 
 use crate::builder::GraphBuilder;
 use crate::emit::ops::linear;
-use reference::accelerator::{Accelerator, LoraPart};
-use reference::m2r2_config::Target;
-use reference::weight_names::OnnxInitializer;
+use reference::base::weight_names::Target;
+use reference::m2r2::accelerator::{Accelerator, LoraPart};
+use reference::m2r2::weight_names::OnnxInitializer;
 
 /// The adapter term of `target` in layer `layer`, or `None` where the layer has no adapter there
 /// or it is exactly zero (`A = 0` or `B = 0`: adding it would add exact zeros).

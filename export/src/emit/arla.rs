@@ -9,8 +9,8 @@
 
 use crate::builder::{Attr, GraphBuilder};
 use crate::emit::ops::{linear, rms_norm, softmax};
-use reference::arla::Arla;
-use reference::weight_names::OnnxInitializer;
+use reference::m2r2::arla::Arla;
+use reference::m2r2::weight_names::OnnxInitializer;
 
 /// # Shapes
 /// - `states`: `g` values of `[B, T, D]` (`u_1..u_g`) -> `[B, T]`

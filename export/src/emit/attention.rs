@@ -11,7 +11,7 @@
 use crate::builder::{Attr, GraphBuilder};
 use crate::emit::ops::softmax;
 use crate::emit::rope::{RopeTables, apply};
-use reference::config::ModelConfig;
+use reference::base::config::ModelConfig;
 
 /// Which cached keys each row may attend to, shared by every layer of a graph.
 pub struct Visibility {

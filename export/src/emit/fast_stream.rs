@@ -8,7 +8,7 @@ use crate::builder::GraphBuilder;
 use crate::emit::arla::exit_prob;
 use crate::emit::layer::{LayerContext, LayerInput, decoder_layer};
 use crate::emit::model::{logits, pruned_logits};
-use reference::m2r2_weights::M2r2Weights;
+use reference::m2r2::weights::M2r2Weights;
 
 /// What the draft graph computes.
 pub struct Draft {

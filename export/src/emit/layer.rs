@@ -17,11 +17,11 @@ use crate::emit::mlp::mlp;
 use crate::emit::moe::moe_block;
 use crate::emit::ops::{linear, rms_norm};
 use crate::emit::rope::RopeTables;
-use reference::accelerator::Accelerator;
-use reference::m2r2_config::Target;
-use reference::model::Model;
-use reference::weight_names::{AttnProj, MlpProj, WeightId};
-use reference::weights::{FeedForward, Linear};
+use reference::base::model::Model;
+use reference::base::weight_names::Target;
+use reference::base::weight_names::{AttnProj, MlpProj, WeightId};
+use reference::base::weights::{FeedForward, Linear};
+use reference::m2r2::accelerator::Accelerator;
 
 /// What is shared by every layer of a graph.
 pub struct LayerContext<'a> {

@@ -2,7 +2,7 @@
 
 use crate::builder::GraphBuilder;
 use crate::emit::ops::swiglu;
-use reference::weight_names::MlpProj;
+use reference::base::weight_names::MlpProj;
 
 /// `project(b, p, x)` emits the projection `p` (base weight, plus the adapter term on fast rows).
 ///

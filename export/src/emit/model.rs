@@ -5,8 +5,8 @@ use crate::builder::{Attr, GraphBuilder};
 use crate::emit::layer::{LayerContext, LayerInput, decoder_layer};
 use crate::emit::ops::{linear, rms_norm};
 use ndarray::Axis;
-use reference::draft_head::DraftHead;
-use reference::weight_names::WeightId;
+use reference::base::weight_names::WeightId;
+use reference::m2r2::draft_head::DraftHead;
 
 /// Initializer of the pruned draft head's rows in draft.onnx (`[K, D]`, the LM head's rows of the
 /// subset, in the subset's ascending order).

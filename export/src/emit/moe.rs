@@ -19,8 +19,8 @@
 
 use crate::builder::{Attr, GraphBuilder};
 use crate::emit::ops::{linear, softmax, swiglu};
-use reference::weight_names::{MlpProj, WeightId};
-use reference::weights::Moe;
+use reference::base::weight_names::{MlpProj, WeightId};
+use reference::base::weights::Moe;
 
 /// Router probabilities over all experts.
 ///

@@ -3,8 +3,8 @@
 //! (no table limited to the context).
 
 use crate::builder::{Attr, GraphBuilder};
-use reference::config::ModelConfig;
-use reference::rope::inverse_frequencies;
+use reference::base::config::ModelConfig;
+use reference::base::rope::inverse_frequencies;
 
 /// `cos` and `sin` of every row's angles, shared by all layers.
 pub struct RopeTables {

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 pub fn random(shape: &[usize], std: f32, seed: u64) -> ArrayD<f32> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     ArrayD::from_shape_simple_fn(IxDyn(shape), || {
-        std * reference::builtin::standard_normal(&mut rng)
+        std * reference::io::builtin::standard_normal(&mut rng)
     })
 }
 

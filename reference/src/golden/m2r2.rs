@@ -15,7 +15,7 @@
 //! | `speculative` | `round_base_token` | I64   | `[R]`      | the base token after them (correction or bonus) |
 //! | `speculative` | `round_scores`     | F32   | `[R, M+1]` | draft gate scores (dynamic drafting), NaN pad   |
 //!
-//! Metadata of both modes: `m2r2_config` (the [`M2r2Config`](crate::m2r2_config::M2r2Config) as
+//! Metadata of both modes: `m2r2_config` (the [`M2r2Config`](crate::m2r2::config::M2r2Config) as
 //! JSON), `m2r2_hash` ([`weights_hash`]). Early exit: `gate`, `threshold`, `kv_policy`.
 //! Speculative: `draft_gate` (1-based), `gate` (scored at each proposal, or `none`),
 //! `draft_length` (`fixed` or `dynamic`), `draft_max`, and `draft_threshold` when dynamic.
@@ -27,17 +27,17 @@
 use super::{
     CheckReport, Golden, GoldenFile, compare, compare_ints, compare_padded, f32_bytes, replay,
 };
-use crate::draft_verify::ReferenceSpeculation;
-use crate::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
-use crate::error::{Error, Result};
-use crate::exit_gate::GateKind;
-use crate::fast_stream::M2r2;
-use crate::m2r2_weights::M2r2Weights;
-use crate::ops::argmax;
-use crate::speculative::{
+use crate::base::ops::argmax;
+use crate::decode::draft_verify::ReferenceSpeculation;
+use crate::decode::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
+use crate::decode::speculative::{
     Draft, DraftLength, SpeculativeBackend, SpeculativeOptions, SpeculativeOutput,
     speculative_generate,
 };
+use crate::error::{Error, Result};
+use crate::m2r2::exit_gate::GateKind;
+use crate::m2r2::fast_stream::M2r2;
+use crate::m2r2::weights::M2r2Weights;
 use ndarray::{Array2, Axis};
 use safetensors::Dtype;
 use sha2::{Digest, Sha256};
@@ -663,7 +663,7 @@ impl M2r2Golden {
             v.parse().map_err(|_| bad(key, &v))
         };
         let config_json = parsed("m2r2_config")?;
-        let config: crate::m2r2_config::M2r2Config = serde_json::from_str(&config_json)
+        let config: crate::m2r2::config::M2r2Config = serde_json::from_str(&config_json)
             .map_err(|e| Error::format(&file.label, format!("metadata `m2r2_config`: {e}")))?;
         let j = config.num_gates();
         let record = match mode {
@@ -743,9 +743,9 @@ impl M2r2Golden {
 mod tests {
     use super::super::DEFAULT_ATOL;
     use super::*;
-    use crate::builtin;
-    use crate::exit_gate::gate_score;
-    use crate::model::Model;
+    use crate::base::model::Model;
+    use crate::io::builtin;
+    use crate::m2r2::exit_gate::gate_score;
     use ndarray::ArrayView1;
 
     fn setup(name: &str) -> (Model, M2r2Weights) {
@@ -897,7 +897,7 @@ mod tests {
         let err = Golden::record_early_exit(m2r2, "tiny", &[1], 4, &options).unwrap_err();
         assert!(err.to_string().contains("exact"), "{err}");
         let mut options = spec_options(DraftLength::Fixed(4));
-        options.sampling = Some(crate::sampling::SamplingParams {
+        options.sampling = Some(crate::base::sampling::SamplingParams {
             temperature: 1.0,
             top_k: None,
             top_p: None,
@@ -1001,7 +1001,7 @@ mod tests {
         );
         // The same weights with a pruned draft head draft differently: a golden of its own, which
         // checks with that head and is refused without it.
-        let head = crate::draft_head::DraftHead::new(vec![1, 2, 3, 5, 8], 320, "t").unwrap();
+        let head = crate::m2r2::draft_head::DraftHead::new(vec![1, 2, 3, 5, 8], 320, "t").unwrap();
         let pruned = M2r2Weights {
             draft_head: Some(head),
             ..weights.clone()

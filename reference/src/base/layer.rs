@@ -1,0 +1,278 @@
+//! One decoder layer over a chunk of rows of both residual streams (spec sections 1, 2 and 7).
+//!
+//! Slow rows are the base model: `T` consecutive positions `pos0..pos0+T`, and they write their K/V
+//! into the cache. Fast rows (M2R2's accelerated stream) ride along: fast row `i` belongs to the token
+//! of slow row `slot[i]`, uses the same base weights plus its layer's accelerator adapter, and
+//! attends to the cached SLOW keys/values of earlier positions plus its own key/value; it never writes
+//! the cache. In MoE layers a fast row uses the experts its slow row chose.
+//!
+//! FLOPs-aware (spec section 7): slow and fast rows are stacked into one matrix, so each weight
+//! matrix is read once for both streams; adapter terms are computed for the fast rows only.
+//! With no fast rows this is exactly the base model's layer.
+//!
+//! ```text
+//! h      = RMSNorm([s; f])                              [T+Tf, D]
+//! q,k,v  = h W^T (+ scale * h_f A^T B^T on fast rows)   RoPE at each row's position
+//! s     += o_proj(attn(q_s | cache[..=p]))              (slow K/V written at p first)
+//! f     += o_proj(attn(q_f | cache[..p] + own k_f,v_f)) (+ adapter)
+//! h      = RMSNorm([s; f]);  s, f += FFN(h)             (adapters on fast rows; MoE: slow's experts)
+//! ```
+
+use crate::base::attention::{attend, window_start};
+use crate::base::config::ModelConfig;
+use crate::base::kv_cache::KvCache;
+use crate::base::matmul::linear;
+use crate::base::mlp::swiglu_mlp;
+use crate::base::moe::{Routing, mix_experts, route, top_k_of};
+use crate::base::ops::{rms_norm, softmax_inplace};
+use crate::base::rope::Rope;
+use crate::base::weight_names::{AttnProj, Target};
+use crate::base::weights::{FeedForward, Layer, Linear, Moe};
+use crate::base::work::Work;
+use ndarray::{Array1, Array2, ArrayView2, Axis, concatenate, s};
+use rayon::prelude::*;
+use std::cell::Cell;
+
+/// Low-rank terms added to the fast rows' projections. M2R2's accelerator adapters
+/// (`m2r2::accelerator::Accelerator`) implement it; the base model never needs one.
+pub trait FastAdapter: Sync {
+    /// The term added to projection `target` of layer `layer` for the fast input rows `x`, and the
+    /// work it took; `None` where that projection has no adapter.
+    ///
+    /// # Shapes
+    /// - `x`: `[Tf, in]` -> `[Tf, out]`
+    fn delta(
+        &self,
+        layer: usize,
+        target: Target,
+        x: ArrayView2<f32>,
+    ) -> Option<(Array2<f32>, Work)>;
+}
+
+/// The fast rows entering a layer together with the slow chunk.
+pub struct FastRows<'a> {
+    /// `[Tf, D]` fast residual rows, updated in place
+    pub f: &'a mut Array2<f32>,
+    /// For each fast row, the index (within the chunk) of the slow row of the same token.
+    pub slot: &'a [usize],
+    /// Adapters of the fast stream (`None`: base weights only, the fast stream then equals the slow).
+    pub adapter: Option<&'a dyn FastAdapter>,
+}
+
+/// What a layer call produced besides the updated rows.
+#[derive(Clone, Debug)]
+pub struct LayerOutput {
+    /// The slow rows' expert routing (MoE layers).
+    pub routing: Option<Vec<Routing>>,
+    /// The work done, counted from the shapes actually multiplied (checked against `m2r2::cost`).
+    pub work: Work,
+}
+
+/// Decoder layer `index` with what it reads: the config, its weights and the RoPE tables.
+#[derive(Clone, Copy)]
+pub struct DecoderLayer<'a> {
+    pub config: &'a ModelConfig,
+    pub index: usize,
+    pub weights: &'a Layer,
+    pub rope: &'a Rope,
+}
+
+/// Multiplies `[slow; fast]` rows by a projection's weights and counts the work: the base weight on
+/// every row (one weight read for both streams), the adapter term on the fast rows only.
+struct Projector<'a> {
+    layer: usize,
+    /// Rows `..slow` are slow, the rest fast.
+    slow: usize,
+    adapter: Option<&'a dyn FastAdapter>,
+    work: Cell<Work>,
+}
+
+impl Projector<'_> {
+    fn count(&self, w: Work) {
+        self.work.set(self.work.get() + w);
+    }
+
+    fn project(&self, lin: &Linear, target: Target, h: ArrayView2<f32>) -> Array2<f32> {
+        let mut y = linear(h, lin.w.view(), lin.b.as_ref());
+        self.count(Work::matmul(
+            h.nrows(),
+            lin.w.nrows(),
+            lin.w.ncols(),
+            lin.b.is_some(),
+        ));
+        if let Some(adapter) = self.adapter
+            && let Some((delta, work)) =
+                adapter.delta(self.layer, target, h.slice(s![self.slow.., ..]))
+        {
+            self.count(work);
+            let mut fast_part = y.slice_mut(s![self.slow.., ..]);
+            fast_part += &delta;
+        }
+        y
+    }
+}
+
+impl DecoderLayer<'_> {
+    /// Run the layer on slow rows `s` (positions `pos0..pos0+T`) and optional fast rows, in place.
+    ///
+    /// # Shapes
+    /// - `s`: `[T, D]`, `fast.f`: `[Tf, D]`
+    pub fn forward(
+        &self,
+        s: &mut Array2<f32>,
+        pos0: usize,
+        cache: &mut KvCache,
+        fast: Option<FastRows<'_>>,
+    ) -> LayerOutput {
+        let (config, layer) = (self.config, self.weights);
+        let eps = config.rms_norm_eps as f32;
+        let ts = s.nrows();
+        let (mut f_empty, no_slot) = (Array2::zeros((0, config.hidden_size)), [0usize; 0]);
+        let (f, slot, adapter) = match fast {
+            Some(fr) => (fr.f, fr.slot, fr.adapter),
+            None => (&mut f_empty, &no_slot[..], None),
+        };
+        let p = Projector {
+            layer: self.index,
+            slow: ts,
+            adapter,
+            work: Cell::new(Work::read(2 * config.hidden_size)), // the two norm weights
+        };
+        // Position of row `row` of [s; f]: a fast row sits at its slow row's position.
+        let position = |row: usize| pos0 + if row < ts { row } else { slot[row - ts] };
+
+        // attention: h = RMSNorm([s; f]); q, k, v with RoPE at each row's position
+        let h = stack(
+            rms_norm(s.view(), &layer.attn_norm, eps),
+            rms_norm(f.view(), &layer.attn_norm, eps),
+        );
+        let attn = &layer.attn;
+        let mut q = p.project(&attn.q, Target::Attn(AttnProj::Q), h.view()); // [T+Tf, H*Dh]
+        let mut k = p.project(&attn.k, Target::Attn(AttnProj::K), h.view()); // [T+Tf, Hkv*Dh]
+        let v = p.project(&attn.v, Target::Attn(AttnProj::V), h.view()); // [T+Tf, Hkv*Dh]
+        for row in 0..ts + slot.len() {
+            let rows = s![row..row + 1, ..];
+            self.rope
+                .apply(q.slice_mut(rows), position(row), config.head_dim);
+            self.rope
+                .apply(k.slice_mut(rows), position(row), config.head_dim);
+        }
+        // Only the slow stream writes the cache (spec section 2).
+        cache.write(
+            self.index,
+            pos0,
+            k.slice(s![..ts, ..]),
+            v.slice(s![..ts, ..]),
+        );
+        let (keys, values) = cache.layer(self.index, pos0 + ts);
+        let ctx_rows: Vec<Array1<f32>> = (0..ts + slot.len())
+            .into_par_iter()
+            .map(|row| {
+                let pos = position(row);
+                let lo = window_start(config, pos);
+                if row < ts {
+                    // slow row: cached keys lo..=pos, its own included
+                    let visible = s![lo..=pos, ..];
+                    attend(
+                        config,
+                        q.row(row),
+                        keys.slice(visible),
+                        values.slice(visible),
+                        None,
+                    )
+                } else {
+                    // fast row: slow keys lo..pos, then its own key/value at pos
+                    let visible = s![lo..pos, ..];
+                    let own = Some((k.row(row), v.row(row)));
+                    attend(
+                        config,
+                        q.row(row),
+                        keys.slice(visible),
+                        values.slice(visible),
+                        own,
+                    )
+                }
+            })
+            .collect();
+        for row in 0..ts + slot.len() {
+            let pos = position(row);
+            p.count(Work::attention(config, pos + 1 - window_start(config, pos)));
+        }
+        let ctx = from_rows(&ctx_rows, config.q_dim()); // [T+Tf, H*Dh]
+        let o = p.project(&attn.o, Target::Attn(AttnProj::O), ctx.view());
+        *s += &o.slice(s![..ts, ..]);
+        *f += &o.slice(s![ts.., ..]);
+
+        // feed-forward: h = RMSNorm([s; f]); s, f += FFN(h)
+        let h = stack(
+            rms_norm(s.view(), &layer.mlp_norm, eps),
+            rms_norm(f.view(), &layer.mlp_norm, eps),
+        );
+        let (y, routing) = match &layer.ffn {
+            FeedForward::Dense(mlp) => {
+                let y = swiglu_mlp(mlp, h.view(), |lin, proj, x| {
+                    p.project(lin, Target::Mlp(proj), x)
+                });
+                (y, None)
+            }
+            FeedForward::Moe(moe) => {
+                let (y, slow_routing, work) = moe_block(moe, h.view(), slot);
+                p.count(work);
+                (y, Some(slow_routing))
+            }
+        };
+        *s += &y.slice(s![..ts, ..]);
+        *f += &y.slice(s![ts.., ..]);
+        LayerOutput {
+            routing,
+            work: p.work.get(),
+        }
+    }
+}
+
+/// The sparse MoE block on `[slow; fast]` rows: slow rows route themselves; fast row `i` uses the
+/// experts of slow row `slot[i]`, mixed by its own router probabilities renormalised over those
+/// experts (spec section 1). Returns the output, the slow rows' routing and the work.
+fn moe_block(moe: &Moe, h: ArrayView2<f32>, slot: &[usize]) -> (Array2<f32>, Vec<Routing>, Work) {
+    let ts = h.nrows() - slot.len();
+    let slow_routing = route(moe, h.slice(s![..ts, ..]));
+    let mut all = slow_routing.clone();
+    if !slot.is_empty() {
+        let mut probs = linear(h.slice(s![ts.., ..]), moe.router.view(), None); // [Tf, E]
+        for (i, mut p) in probs.rows_mut().into_iter().enumerate() {
+            softmax_inplace(p.view_mut());
+            let chosen = &slow_routing[slot[i]].experts;
+            all.push(top_k_of(p.as_slice().expect("contiguous"), chosen));
+        }
+    }
+    // Router on every row; each expert's weights read once if any row uses it.
+    let expert = &moe.experts[0];
+    let per_expert = expert.gate.w.len() + expert.up.w.len() + expert.down.w.len();
+    let used = (0..moe.experts.len())
+        .filter(|e| all.iter().any(|r| r.experts.contains(e)))
+        .count();
+    let assignments: usize = all.iter().map(|r| r.experts.len()).sum();
+    let work = Work::matmul(h.nrows(), moe.router.nrows(), moe.router.ncols(), false)
+        + Work {
+            weight_macs: (assignments * per_expert) as u64,
+            ..Work::read(used * per_expert)
+        };
+    (mix_experts(moe, h, &all), slow_routing, work)
+}
+
+/// `[a; b]` along rows.
+fn stack(a: Array2<f32>, b: Array2<f32>) -> Array2<f32> {
+    if b.nrows() == 0 {
+        a
+    } else {
+        concatenate![Axis(0), a, b]
+    }
+}
+
+fn from_rows(rows: &[Array1<f32>], width: usize) -> Array2<f32> {
+    let mut out = Array2::zeros((rows.len(), width));
+    for (t, row) in rows.iter().enumerate() {
+        out.row_mut(t).assign(row);
+    }
+    out
+}

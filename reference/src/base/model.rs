@@ -1,0 +1,177 @@
+//! The base model: the slow residual stream of M2R2 (spec section 0), exactly HF's
+//! `LlamaForCausalLM` / `MistralForCausalLM` / `Qwen2ForCausalLM` / `MixtralForCausalLM` in f32.
+//!
+//! ```text
+//! s_0 = Embed[tokens]                                  [T, D]
+//! for l in 0..N:
+//!     s += Attention_l(RMSNorm(s), cache_l)            (writes K/V of the T positions)
+//!     s += FeedForward_l(RMSNorm(s))                   (SwiGLU MLP or sparse MoE)
+//! logits = LMHead(RMSNorm_final(s))                    [T, V]
+//! ```
+
+use crate::base::config::ModelConfig;
+use crate::base::kv_cache::KvCache;
+use crate::base::layer::{DecoderLayer, LayerOutput};
+use crate::base::matmul::linear;
+use crate::base::ops::rms_norm;
+use crate::base::rope::Rope;
+use crate::base::weights::Weights;
+use crate::base::work::Work;
+use crate::error::{Error, Result};
+use ndarray::{Array2, ArrayView2, Axis};
+
+/// Logits and the work it took to compute them.
+#[derive(Clone, Debug)]
+pub struct Output {
+    /// `[T, V]`
+    pub logits: Array2<f32>,
+    pub work: Work,
+}
+
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub config: ModelConfig,
+    pub weights: Weights,
+    rope: Rope,
+}
+
+impl Model {
+    /// Wrap validated config and weights (as produced by the loaders).
+    pub fn new(config: ModelConfig, weights: Weights) -> Self {
+        let rope = Rope::new(&config);
+        Model {
+            config,
+            weights,
+            rope,
+        }
+    }
+
+    /// The longest sequence a cache may hold: the model's context.
+    pub fn context_length(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+
+    /// A cache sized for `positions` positions, refused beyond the context.
+    pub fn new_cache(&self, positions: usize) -> Result<KvCache> {
+        if positions > self.context_length() {
+            return Err(Error::ContextOverflow {
+                needed: positions,
+                capacity: self.context_length(),
+            });
+        }
+        Ok(KvCache::new(&self.config, positions))
+    }
+
+    /// Refuse token ids outside the vocabulary and positions beyond the cache.
+    pub fn check_input(&self, tokens: &[u32], pos0: usize, cache: &KvCache) -> Result<()> {
+        if let Some(position) = tokens
+            .iter()
+            .position(|&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(Error::TokenOutOfRange {
+                id: tokens[position],
+                position: pos0 + position,
+                vocab_size: self.config.vocab_size,
+            });
+        }
+        let needed = pos0 + tokens.len();
+        let capacity = cache.capacity().min(self.context_length());
+        if needed > capacity {
+            return Err(Error::ContextOverflow { needed, capacity });
+        }
+        Ok(())
+    }
+
+    /// `s_0`: embedding rows of the tokens (ids already checked).
+    ///
+    /// # Shapes
+    /// -> `[T, D]`
+    pub fn embed(&self, tokens: &[u32]) -> Array2<f32> {
+        let ids: Vec<usize> = tokens.iter().map(|&t| t as usize).collect();
+        self.weights.embed.select(Axis(0), &ids)
+    }
+
+    /// Decoder layer `l` with the config, weights and RoPE tables it reads.
+    pub fn layer(&self, l: usize) -> DecoderLayer<'_> {
+        DecoderLayer {
+            config: &self.config,
+            index: l,
+            weights: &self.weights.layers[l],
+            rope: &self.rope,
+        }
+    }
+
+    /// One decoder layer of the slow stream on a chunk of rows at positions `pos0..pos0+T`, in place:
+    /// `s += Attn(RMSNorm(s)); s += FFN(RMSNorm(s))`. Writes the chunk's K/V into `cache`. Returns the
+    /// expert routing of each row in MoE layers and the work done.
+    ///
+    /// # Shapes
+    /// - `s`: `[T, D]`
+    pub fn layer_forward(
+        &self,
+        l: usize,
+        s: &mut Array2<f32>,
+        pos0: usize,
+        cache: &mut KvCache,
+    ) -> LayerOutput {
+        self.layer(l).forward(s, pos0, cache, None)
+    }
+
+    /// The RoPE tables of this model.
+    pub fn rope(&self) -> &Rope {
+        &self.rope
+    }
+
+    /// `LMHead(RMSNorm_final(s))`, with the work done.
+    ///
+    /// # Shapes
+    /// - `s`: `[T, D]` -> `[T, V]`
+    pub fn head(&self, s: ArrayView2<f32>) -> Output {
+        let h = self.final_norm(s);
+        let head = self.weights.lm_head();
+        let work = Work::read(self.weights.final_norm.len())
+            + Work::matmul(s.nrows(), head.nrows(), head.ncols(), false);
+        Output {
+            logits: linear(h.view(), head.view(), None),
+            work,
+        }
+    }
+
+    /// `RMSNorm_final(s)`: the input of the LM head (and of the pruned draft head).
+    ///
+    /// # Shapes
+    /// - `s`: `[T, D]` -> `[T, D]`
+    pub fn final_norm(&self, s: ArrayView2<f32>) -> Array2<f32> {
+        rms_norm(s, &self.weights.final_norm, self.config.rms_norm_eps as f32)
+    }
+
+    /// Run `tokens` through the whole model as one chunk appended at `cache.len()`, advance the cache
+    /// and return the logits of every new position, with the work done (embedding rows, layers, head).
+    ///
+    /// # Shapes
+    /// - `tokens`: `[T]` -> logits `[T, V]`
+    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Output> {
+        let pos0 = cache.len();
+        self.check_input(tokens, pos0, cache)?;
+        let mut s = self.embed(tokens);
+        let mut work = Work::read(tokens.len() * self.config.hidden_size);
+        for l in 0..self.config.num_hidden_layers {
+            work += self.layer_forward(l, &mut s, pos0, cache).work;
+        }
+        cache.set_len(pos0 + tokens.len());
+        let head = self.head(s.view());
+        Ok(Output {
+            logits: head.logits,
+            work: work + head.work,
+        })
+    }
+
+    /// Logits of every position of `tokens` computed in one chunk from an empty cache.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[T]` -> `[T, V]`
+    pub fn teacher_forced_logits(&self, tokens: &[u32]) -> Result<Array2<f32>> {
+        let mut cache = self.new_cache(tokens.len())?;
+        Ok(self.forward(tokens, &mut cache)?.logits)
+    }
+}

@@ -1,0 +1,310 @@
+//! The one table of weight names: every base-model tensor, its HF safetensors name, its GGUF name and
+//! its shape from the config. Loaders, savers and the ONNX exporter all go through it, so a name is
+//! spelled in exactly one place.
+//!
+//! ONNX initializers (`m2r2::weight_names::OnnxInitializer`, which adds the M2R2 tensors) carry the safetensors names unchanged, in the safetensors
+//! layout (`[out, in]`; the graphs transpose with a `Transpose` node that runtimes fold at load):
+//!
+//! | what                  | safetensors / reference                         | ONNX initializer |
+//! |-----------------------|-------------------------------------------------|------------------|
+//! | base weight           | [`WeightId::hf_name`] (`model.layers.3.self_attn.q_proj.weight`) | [`WeightId::onnx_name`], the same |
+
+use crate::base::config::ModelConfig;
+use std::cmp::Ordering;
+
+/// One base-model tensor, addressed by its place in the module tree.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightId {
+    /// `[V, D]`
+    Embed,
+    /// `[D]`
+    FinalNorm,
+    /// `[V, D]`; absent when embeddings are tied.
+    LmHead,
+    /// `[D]` input_layernorm of layer l
+    AttnNorm(usize),
+    /// `[D]` post_attention_layernorm of layer l
+    MlpNorm(usize),
+    /// Attention projection weight of layer l.
+    Attn(usize, AttnProj),
+    /// Attention projection bias of layer l.
+    AttnBias(usize, AttnProj),
+    /// Dense MLP projection weight of layer l.
+    Mlp(usize, MlpProj),
+    /// Dense MLP projection bias of layer l.
+    MlpBias(usize, MlpProj),
+    /// `[E, D]` router of MoE layer l.
+    Router(usize),
+    /// Expert `e` of MoE layer l (Mixtral names: w1 = gate, w3 = up, w2 = down).
+    Expert(usize, usize, MlpProj),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttnProj {
+    Q,
+    K,
+    V,
+    O,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MlpProj {
+    Gate,
+    Up,
+    Down,
+}
+
+impl AttnProj {
+    pub const ALL: [AttnProj; 4] = [AttnProj::Q, AttnProj::K, AttnProj::V, AttnProj::O];
+
+    /// The HF / PEFT module name (`q_proj`, ...).
+    pub fn module(self) -> &'static str {
+        match self {
+            AttnProj::Q => "q_proj",
+            AttnProj::K => "k_proj",
+            AttnProj::V => "v_proj",
+            AttnProj::O => "o_proj",
+        }
+    }
+
+    fn gguf(self) -> &'static str {
+        match self {
+            AttnProj::Q => "attn_q",
+            AttnProj::K => "attn_k",
+            AttnProj::V => "attn_v",
+            AttnProj::O => "attn_output",
+        }
+    }
+}
+
+impl MlpProj {
+    pub const ALL: [MlpProj; 3] = [MlpProj::Gate, MlpProj::Up, MlpProj::Down];
+
+    /// The HF / PEFT module name (`gate_proj`, ...).
+    pub fn module(self) -> &'static str {
+        match self {
+            MlpProj::Gate => "gate_proj",
+            MlpProj::Up => "up_proj",
+            MlpProj::Down => "down_proj",
+        }
+    }
+
+    /// Mixtral's expert names.
+    fn mixtral(self) -> &'static str {
+        match self {
+            MlpProj::Gate => "w1",
+            MlpProj::Up => "w3",
+            MlpProj::Down => "w2",
+        }
+    }
+
+    fn gguf(self) -> &'static str {
+        match self {
+            MlpProj::Gate => "ffn_gate",
+            MlpProj::Up => "ffn_up",
+            MlpProj::Down => "ffn_down",
+        }
+    }
+}
+
+impl WeightId {
+    /// Name in HF safetensors checkpoints.
+    pub fn hf_name(self) -> String {
+        match self {
+            WeightId::Embed => "model.embed_tokens.weight".into(),
+            WeightId::FinalNorm => "model.norm.weight".into(),
+            WeightId::LmHead => "lm_head.weight".into(),
+            WeightId::AttnNorm(l) => format!("model.layers.{l}.input_layernorm.weight"),
+            WeightId::MlpNorm(l) => format!("model.layers.{l}.post_attention_layernorm.weight"),
+            WeightId::Attn(l, p) => format!("model.layers.{l}.self_attn.{}.weight", p.module()),
+            WeightId::AttnBias(l, p) => format!("model.layers.{l}.self_attn.{}.bias", p.module()),
+            WeightId::Mlp(l, p) => format!("model.layers.{l}.mlp.{}.weight", p.module()),
+            WeightId::MlpBias(l, p) => format!("model.layers.{l}.mlp.{}.bias", p.module()),
+            WeightId::Router(l) => format!("model.layers.{l}.block_sparse_moe.gate.weight"),
+            WeightId::Expert(l, e, p) => {
+                format!(
+                    "model.layers.{l}.block_sparse_moe.experts.{e}.{}.weight",
+                    p.mixtral()
+                )
+            }
+        }
+    }
+
+    /// Name of the initializer holding this tensor in exported ONNX graphs (the safetensors name,
+    /// same layout).
+    pub fn onnx_name(self) -> String {
+        self.hf_name()
+    }
+
+    /// Name in llama.cpp GGUF files (dense llama architecture), `None` where GGUF has no such tensor.
+    pub fn gguf_name(self) -> Option<String> {
+        Some(match self {
+            WeightId::Embed => "token_embd.weight".into(),
+            WeightId::FinalNorm => "output_norm.weight".into(),
+            WeightId::LmHead => "output.weight".into(),
+            WeightId::AttnNorm(l) => format!("blk.{l}.attn_norm.weight"),
+            WeightId::MlpNorm(l) => format!("blk.{l}.ffn_norm.weight"),
+            WeightId::Attn(l, p) => format!("blk.{l}.{}.weight", p.gguf()),
+            WeightId::AttnBias(l, p) => format!("blk.{l}.{}.bias", p.gguf()),
+            WeightId::Mlp(l, p) => format!("blk.{l}.{}.weight", p.gguf()),
+            WeightId::MlpBias(l, p) => format!("blk.{l}.{}.bias", p.gguf()),
+            WeightId::Router(_) | WeightId::Expert(..) => return None,
+        })
+    }
+
+    /// Shape from the config (PyTorch `nn.Linear` layout: `[out, in]`).
+    pub fn shape(self, c: &ModelConfig) -> Vec<usize> {
+        let (d, i) = (c.hidden_size, c.intermediate_size);
+        let proj_out = |p: AttnProj| match p {
+            AttnProj::Q => c.q_dim(),
+            AttnProj::K | AttnProj::V => c.kv_dim(),
+            AttnProj::O => d,
+        };
+        match self {
+            WeightId::Embed | WeightId::LmHead => vec![c.vocab_size, d],
+            WeightId::FinalNorm | WeightId::AttnNorm(_) | WeightId::MlpNorm(_) => vec![d],
+            WeightId::Attn(_, AttnProj::O) => vec![d, c.q_dim()],
+            WeightId::Attn(_, p) => vec![proj_out(p), d],
+            WeightId::AttnBias(_, p) => vec![proj_out(p)],
+            WeightId::Mlp(_, MlpProj::Down) | WeightId::Expert(_, _, MlpProj::Down) => vec![d, i],
+            WeightId::Mlp(_, _) | WeightId::Expert(_, _, _) => vec![i, d],
+            WeightId::MlpBias(_, MlpProj::Down) => vec![d],
+            WeightId::MlpBias(_, _) => vec![i],
+            WeightId::Router(_) => vec![c.moe.as_ref().map_or(0, |m| m.num_local_experts), d],
+        }
+    }
+
+    /// Every tensor the config calls for, in checkpoint order.
+    pub fn all(c: &ModelConfig) -> Vec<WeightId> {
+        let mut ids = vec![WeightId::Embed];
+        for l in 0..c.num_hidden_layers {
+            ids.push(WeightId::AttnNorm(l));
+            for p in AttnProj::ALL {
+                ids.push(WeightId::Attn(l, p));
+                let has_bias = if p == AttnProj::O {
+                    c.o_bias
+                } else {
+                    c.qkv_bias
+                };
+                if has_bias {
+                    ids.push(WeightId::AttnBias(l, p));
+                }
+            }
+            ids.push(WeightId::MlpNorm(l));
+            match &c.moe {
+                None => {
+                    for p in MlpProj::ALL {
+                        ids.push(WeightId::Mlp(l, p));
+                        if c.mlp_bias {
+                            ids.push(WeightId::MlpBias(l, p));
+                        }
+                    }
+                }
+                Some(moe) => {
+                    ids.push(WeightId::Router(l));
+                    for e in 0..moe.num_local_experts {
+                        for p in MlpProj::ALL {
+                            ids.push(WeightId::Expert(l, e, p));
+                        }
+                    }
+                }
+            }
+        }
+        ids.push(WeightId::FinalNorm);
+        if !c.tie_word_embeddings {
+            ids.push(WeightId::LmHead);
+        }
+        ids
+    }
+}
+
+/// A linear map of a decoder layer (the seven projections an adapter may attach to, spec section 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    Attn(AttnProj),
+    Mlp(MlpProj),
+}
+
+impl Target {
+    /// The seven targets in canonical order (q, k, v, o, gate, up, down): the order adapters are
+    /// drawn, saved and listed in.
+    pub const ALL: [Target; 7] = [
+        Target::Attn(AttnProj::Q),
+        Target::Attn(AttnProj::K),
+        Target::Attn(AttnProj::V),
+        Target::Attn(AttnProj::O),
+        Target::Mlp(MlpProj::Gate),
+        Target::Mlp(MlpProj::Up),
+        Target::Mlp(MlpProj::Down),
+    ];
+
+    /// The HF / PEFT module name (`q_proj`, ..., `down_proj`).
+    pub fn module(self) -> &'static str {
+        match self {
+            Target::Attn(p) => p.module(),
+            Target::Mlp(p) => p.module(),
+        }
+    }
+
+    /// The target called `name` (a PEFT `target_modules` entry), if it is one of the seven.
+    pub fn from_module(name: &str) -> Option<Target> {
+        Target::ALL.into_iter().find(|t| t.module() == name)
+    }
+
+    /// Position in [`Target::ALL`].
+    pub fn index(self) -> usize {
+        Target::ALL
+            .iter()
+            .position(|&t| t == self)
+            .expect("ALL lists every target")
+    }
+
+    /// True for gate/up/down (absent from MoE layers, whose feed-forward is a sparse MoE block).
+    pub fn is_mlp(self) -> bool {
+        matches!(self, Target::Mlp(_))
+    }
+
+    /// The parent module in the HF module tree: `self_attn` or `mlp`.
+    pub fn parent(self) -> &'static str {
+        match self {
+            Target::Attn(_) => "self_attn",
+            Target::Mlp(_) => "mlp",
+        }
+    }
+
+    /// `(out, in)` of the base weight this target adapts (PyTorch `nn.Linear` layout `[out, in]`).
+    pub fn shape(self, model: &ModelConfig) -> (usize, usize) {
+        // Layer 0 stands for every layer: projection shapes do not depend on the layer.
+        let id = match self {
+            Target::Attn(p) => WeightId::Attn(0, p),
+            Target::Mlp(p) => WeightId::Mlp(0, p),
+        };
+        let s = id.shape(model);
+        (s[0], s[1])
+    }
+
+    /// The module names of all seven targets, comma separated (for error messages).
+    pub fn all_modules() -> String {
+        Target::ALL.map(Target::module).join(", ")
+    }
+}
+
+impl PartialOrd for Target {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// Canonical order (that of [`Target::ALL`]), so maps keyed by target iterate q, k, v, o, gate,
+/// up, down.
+impl Ord for Target {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.index().cmp(&other.index())
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.module())
+    }
+}

@@ -1,0 +1,376 @@
+//! Dynamic compute: early exit (spec section 4).
+//!
+//! Per token, run interval by interval. At gate `g` the fast exit state `u_g` gives exit logits
+//! `LMHead(FinalNorm(u_g))` and a gate score (ARLA, confidence or entropy); when the score reaches the
+//! threshold the token is emitted from the exit logits and its remaining layers are skipped.
+//!
+//! The skipped layers' K/V are needed by later tokens. Two policies:
+//! - `exact` (default): the skipped slow layers of exited tokens are computed later, batched with the
+//!   next token's rows when it reaches the layer where they stopped. Pending rows form groups of
+//!   consecutive positions, each stopped at one frontier layer; older groups have strictly higher
+//!   frontiers (a token that passes a group's frontier takes the group along). The KV cache then
+//!   equals the base model's, bit for bit (spec section 2's invariant); only when layers run moves.
+//! - `fast-kv`: fill the skipped layers' K/V from the exit state `u_g` (each layer's `attn_norm`, k and
+//!   v projections, RoPE). Cheaper, approximate: later tokens see different keys above the exit.
+
+use crate::base::kv_cache::KvCache;
+use crate::base::matmul::linear;
+use crate::base::model::Output;
+use crate::base::ops::{argmax, rms_norm};
+use crate::base::sampling::{SamplingParams, draw, sampling_distribution};
+use crate::base::work::Work;
+use crate::error::{Error, Result};
+use crate::m2r2::cost::CostModel;
+use crate::m2r2::exit_gate::{GateKind, gate_score};
+use crate::m2r2::fast_stream::M2r2;
+use ndarray::{Array2, ArrayView1, ArrayView2, Axis, concatenate, s};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+/// What happens to the K/V of the layers an exited token skipped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvPolicy {
+    Exact,
+    FastKv,
+}
+
+impl std::str::FromStr for KvPolicy {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "exact" => Ok(KvPolicy::Exact),
+            "fast-kv" => Ok(KvPolicy::FastKv),
+            other => Err(Error::Invalid(format!(
+                "unknown KV policy `{other}` (exact, fast-kv)"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for KvPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvPolicy::Exact => "exact",
+            KvPolicy::FastKv => "fast-kv",
+        })
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct EarlyExitOptions {
+    pub max_new_tokens: usize,
+    pub stop_tokens: Vec<u32>,
+    pub gate: GateKind,
+    /// Exit when the gate's score is at least this.
+    pub threshold: f32,
+    pub kv_policy: KvPolicy,
+    /// `None`: greedy.
+    pub sampling: Option<SamplingParams>,
+}
+
+/// One emitted token, for reports and `--trace`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExitTrace {
+    pub token: u32,
+    /// The gate it exited at (1-based), or `None` when it ran all N layers (or came from the prompt's
+    /// last position).
+    pub exit_gate: Option<usize>,
+    /// Gate scores, one per gate evaluated.
+    pub scores: Vec<f32>,
+    /// Slow-stream layers this token had computed when it was emitted.
+    pub layers_at_emit: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct EarlyExitOutput {
+    pub tokens: Vec<u32>,
+    pub trace: Vec<ExitTrace>,
+    /// Slow layer-rows computed after the prompt (deferred `exact` layers included), and fast ones.
+    pub slow_layer_rows: usize,
+    pub fast_layer_rows: usize,
+    /// Work after the prompt (deferred `exact` layers and `fast-kv` fills included), counted from the
+    /// shapes multiplied.
+    pub work: Work,
+    /// The KV cache left behind (complete: pending `exact` layers are flushed at the end).
+    pub cache: KvCache,
+}
+
+impl EarlyExitOutput {
+    /// Mean slow layers computed per generated token (the first token comes from the prompt's
+    /// full forward and is not counted).
+    pub fn layers_per_token(&self) -> f64 {
+        let decoded = self.tokens.len().saturating_sub(1).max(1);
+        self.slow_layer_rows as f64 / decoded as f64
+    }
+
+    /// How many tokens exited at each gate (index g-1), plus the last entry for "no exit".
+    pub fn exit_histogram(&self, num_gates: usize) -> Vec<usize> {
+        let mut hist = vec![0; num_gates + 1];
+        for t in &self.trace {
+            hist[t.exit_gate.map_or(num_gates, |g| g - 1)] += 1;
+        }
+        hist
+    }
+}
+
+/// A group of exited tokens' slow rows waiting for their remaining layers (`exact` policy).
+struct Pending {
+    /// `[P, D]` slow residuals at `frontier`, consecutive positions
+    states: Array2<f32>,
+    frontier: usize,
+}
+
+/// Decode with early exit.
+pub fn early_exit_generate(
+    m2r2: M2r2<'_>,
+    prompt: &[u32],
+    options: &EarlyExitOptions,
+) -> Result<EarlyExitOutput> {
+    let model = m2r2.model;
+    let config = &m2r2.weights.config;
+    if prompt.is_empty() {
+        return Err(Error::Invalid(
+            "the prompt is empty: give at least one token".into(),
+        ));
+    }
+    if options.gate == GateKind::Arla && m2r2.weights.arla.is_none() {
+        return Err(Error::Invalid(
+            "the ARLA gate needs ARLA weights (arla.safetensors)".into(),
+        ));
+    }
+    if let Some(p) = &options.sampling {
+        p.validate()?;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(options.sampling.as_ref().map_or(0, |p| p.seed));
+    let mut choose = |logits: &[f32]| match &options.sampling {
+        None => argmax(logits) as u32,
+        Some(p) => draw(&sampling_distribution(logits, p), &mut rng) as u32,
+    };
+    let eps = model.config.rms_norm_eps as f32;
+    let n_layers = model.config.num_hidden_layers;
+    let num_gates = config.num_gates();
+
+    let mut cache = model.new_cache(prompt.len() + options.max_new_tokens)?;
+    let prompt_logits = model.forward(prompt, &mut cache)?.logits;
+    let mut out = EarlyExitOutput {
+        tokens: Vec::new(),
+        trace: Vec::new(),
+        slow_layer_rows: 0,
+        fast_layer_rows: 0,
+        work: Work::default(),
+        cache: KvCache::new(&model.config, 0),
+    };
+    if options.max_new_tokens == 0 {
+        out.cache = cache;
+        return Ok(out);
+    }
+    let mut token = choose(
+        prompt_logits
+            .row(prompt.len() - 1)
+            .as_slice()
+            .expect("contiguous"),
+    );
+    out.tokens.push(token);
+    out.trace.push(ExitTrace {
+        token,
+        exit_gate: None,
+        scores: vec![],
+        layers_at_emit: n_layers,
+    });
+    // Oldest group first; frontiers strictly decrease along the stack.
+    let mut pending: Vec<Pending> = Vec::new();
+
+    while out.tokens.len() < options.max_new_tokens && !options.stop_tokens.contains(&token) {
+        let p = cache.len();
+        model.check_input(&[token], p, &cache)?;
+        let mut s = model.embed(&[token]); // [rows, D]; the current token is the last row
+        out.work += Work::read(model.config.hidden_size);
+        let mut pos0 = p;
+        let mut exit_states = Vec::new();
+        let mut scores = Vec::new();
+        let mut emitted = None;
+        for j in 0..=num_gates {
+            // A pending group joins when the current token reaches its frontier.
+            if let Some(waiting) = pending.pop_if(|w| w.frontier == config.boundary(j)) {
+                pos0 -= waiting.states.nrows();
+                s = concatenate![Axis(0), waiting.states, s];
+            }
+            let current = s.nrows() - 1;
+            let gated = j < num_gates;
+            let slots: &[usize] = if gated { &[current] } else { &[] };
+            let interval = m2r2.run_interval(j, &mut s, pos0, &mut cache, slots);
+            out.work += interval.work;
+            out.slow_layer_rows += s.nrows() * config.interval_len(j);
+            out.fast_layer_rows += slots.len() * config.interval_len(j);
+            if !gated {
+                let Output { logits, work: head } = model.head(s.slice(s![current.., ..]));
+                out.work += head;
+                emitted = Some((choose(logits.row(0).as_slice().expect("contiguous")), None));
+                break;
+            }
+            let u = interval.exit_states.row(0).to_owned();
+            let Output { logits, work: head } = model.head(u.view().insert_axis(Axis(0)));
+            out.work += head;
+            let logits = logits.row(0).to_vec();
+            exit_states.push(u);
+            let views: Vec<ArrayView1<f32>> = exit_states.iter().map(|u| u.view()).collect();
+            let score = gate_score(
+                options.gate,
+                m2r2.weights.arla.as_ref(),
+                &views,
+                &logits,
+                eps,
+            )?;
+            scores.push(score);
+            if score >= options.threshold {
+                let gate = j + 1;
+                let exit_layer = config.gate_layer(gate);
+                match options.kv_policy {
+                    KvPolicy::Exact => {
+                        // The whole chunk stops here; an older group stopped at the same layer merges.
+                        let mut states = s.clone();
+                        if let Some(same) = pending.pop_if(|w| w.frontier == exit_layer) {
+                            states = concatenate![Axis(0), same.states, states];
+                        }
+                        pending.push(Pending {
+                            states,
+                            frontier: exit_layer,
+                        });
+                    }
+                    KvPolicy::FastKv => {
+                        out.work += fill_kv_from_exit_state(
+                            m2r2,
+                            exit_layer,
+                            views[gate - 1],
+                            p,
+                            &mut cache,
+                        );
+                    }
+                }
+                emitted = Some((choose(&logits), Some(gate)));
+                break;
+            }
+        }
+        cache.set_len(p + 1);
+        let (next, exit_gate) = emitted.expect("the last interval always emits");
+        let layers_at_emit = exit_gate.map_or(n_layers, |g| config.gate_layer(g));
+        out.trace.push(ExitTrace {
+            token: next,
+            exit_gate,
+            scores,
+            layers_at_emit,
+        });
+        out.tokens.push(next);
+        token = next;
+    }
+    // Complete the pending groups so the cache is the base model's: run the newest group up, taking
+    // older groups along at their frontiers.
+    if let Some(newest) = pending.pop() {
+        let mut states = newest.states;
+        let mut pos0 = cache.len() - states.nrows();
+        for l in newest.frontier..n_layers {
+            if let Some(older) = pending.pop_if(|w| w.frontier == l) {
+                pos0 -= older.states.nrows();
+                states = concatenate![Axis(0), older.states, states];
+            }
+            out.work += model.layer_forward(l, &mut states, pos0, &mut cache).work;
+            out.slow_layer_rows += states.nrows();
+        }
+    }
+    out.cache = cache;
+    Ok(out)
+}
+
+/// `fast-kv`: K/V of layers `from..N` at position `p` computed from the exit state `u` with each
+/// layer's own norm and projections (no adapters), written to the cache.
+///
+/// # Shapes
+/// - `u`: `[D]`
+fn fill_kv_from_exit_state(
+    m2r2: M2r2<'_>,
+    from: usize,
+    u: ArrayView1<f32>,
+    p: usize,
+    cache: &mut KvCache,
+) -> Work {
+    let model = m2r2.model;
+    let eps = model.config.rms_norm_eps as f32;
+    let u: ArrayView2<f32> = u.insert_axis(Axis(0));
+    let mut work = Work::default();
+    for l in from..model.config.num_hidden_layers {
+        let layer = &model.weights.layers[l];
+        let h = rms_norm(u, &layer.attn_norm, eps);
+        let mut k = linear(h.view(), layer.attn.k.w.view(), layer.attn.k.b.as_ref()); // [1, Hkv*Dh]
+        let v = linear(h.view(), layer.attn.v.w.view(), layer.attn.v.b.as_ref());
+        model.rope().apply(k.view_mut(), p, model.config.head_dim);
+        cache.write(l, p, k.view(), v.view());
+        let (kw, vw) = (&layer.attn.k, &layer.attn.v);
+        work += Work::read(model.config.hidden_size)
+            + Work::matmul(1, kw.w.nrows(), kw.w.ncols(), kw.b.is_some())
+            + Work::matmul(1, vw.w.nrows(), vw.w.ncols(), vw.b.is_some());
+    }
+    work
+}
+
+impl CostModel<'_> {
+    /// The work of early-exit decoding after the prompt (spec section 4), from the exit trace alone:
+    /// token `i >= 1` of `trace` was produced by feeding the previous token at position
+    /// `prompt_len + i - 1`; it ran interval by interval with a fast row, evaluating the exit head at
+    /// each gate it reached, until its exit gate (or all layers and the base head). With `exact`, the
+    /// rows it skipped wait in groups and run later with the next token that reaches them (and at the
+    /// end); with `fast-kv`, the skipped layers' k/v projections run on the exit state at once.
+    pub fn early_exit(&self, prompt_len: usize, trace: &[ExitTrace], kv_policy: KvPolicy) -> Work {
+        let weights = self.m2r2.expect("early-exit cost needs the M2R2 weights");
+        let m2r2 = &weights.config;
+        let c = self.model;
+        let n_layers = c.num_hidden_layers;
+        // Pending groups (positions, frontier), oldest first, as in `early_exit.rs`.
+        let mut pending: Vec<(Vec<usize>, usize)> = Vec::new();
+        let mut w = Work::default();
+        for (i, t) in trace.iter().enumerate().skip(1) {
+            let p = prompt_len + i - 1;
+            let mut positions = vec![p];
+            w += self.embed(1);
+            for j in 0..=m2r2.num_gates() {
+                if let Some((older, _)) = pending.pop_if(|g| g.1 == m2r2.boundary(j)) {
+                    positions = older.into_iter().chain(positions).collect();
+                }
+                let gated = j < m2r2.num_gates();
+                let fast: &[usize] = if gated { &[p] } else { &[] };
+                for l in m2r2.interval_layers(j) {
+                    w += self.layer(l, &positions, fast);
+                }
+                w += self.head(1);
+                if !gated || t.exit_gate != Some(j + 1) {
+                    continue;
+                }
+                let exit_layer = m2r2.gate_layer(j + 1);
+                match kv_policy {
+                    KvPolicy::Exact => {
+                        if let Some((same, _)) = pending.pop_if(|g| g.1 == exit_layer) {
+                            positions = same.into_iter().chain(positions).collect();
+                        }
+                        pending.push((positions.clone(), exit_layer));
+                    }
+                    KvPolicy::FastKv => {
+                        for _ in exit_layer..n_layers {
+                            w += Work::read(c.hidden_size)
+                                + Work::matmul(1, c.kv_dim(), c.hidden_size, c.qkv_bias)
+                                + Work::matmul(1, c.kv_dim(), c.hidden_size, c.qkv_bias);
+                        }
+                    }
+                }
+                break;
+            }
+        }
+        if let Some((mut positions, frontier)) = pending.pop() {
+            for l in frontier..n_layers {
+                if let Some((older, _)) = pending.pop_if(|g| g.1 == l) {
+                    positions = older.into_iter().chain(positions).collect();
+                }
+                w += self.layer(l, &positions, &[]);
+            }
+        }
+        w
+    }
+}

@@ -1,0 +1,191 @@
+//! Hugging Face checkpoint folders: `config.json` plus `model.safetensors`, or shards listed in
+//! `model.safetensors.index.json`. f32, f16 and bf16 tensors are converted to f32.
+
+use crate::base::config::ModelConfig;
+use crate::base::model::Model;
+use crate::base::weights::{RawTensor, TensorSource, Weights};
+use crate::error::{Error, Result};
+use safetensors::{Dtype, SafeTensors};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Load a HF checkpoint folder as a [`Model`].
+pub fn load_hf_dir(dir: &Path) -> Result<Model> {
+    let config_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
+    let config = ModelConfig::from_hf_json(&text, &config_path.display().to_string())?;
+    let source = SafetensorsSource::open_dir(dir)?;
+    let weights = Weights::load(&config, &source)?;
+    Ok(Model::new(config, weights))
+}
+
+/// Where one tensor's bytes are.
+struct Entry {
+    file: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Byte range inside the file.
+    start: usize,
+    end: usize,
+}
+
+/// The tensors of one or more safetensors files, read whole into memory.
+pub struct SafetensorsSource {
+    files: Vec<(PathBuf, Vec<u8>)>,
+    entries: HashMap<String, Entry>,
+}
+
+impl SafetensorsSource {
+    /// `model.safetensors`, or the shards named by `model.safetensors.index.json`.
+    pub fn open_dir(dir: &Path) -> Result<Self> {
+        let index = dir.join("model.safetensors.index.json");
+        let single = dir.join("model.safetensors");
+        let files = if index.is_file() {
+            shard_files(&index)?
+        } else if single.is_file() {
+            vec![single]
+        } else {
+            return Err(Error::Invalid(format!(
+                "{}: no model.safetensors or model.safetensors.index.json",
+                dir.display()
+            )));
+        };
+        Self::open_files(&files)
+    }
+
+    /// The given safetensors files; a tensor name may appear in only one of them.
+    pub fn open_files(paths: &[PathBuf]) -> Result<Self> {
+        let mut src = SafetensorsSource {
+            files: Vec::new(),
+            entries: HashMap::new(),
+        };
+        for path in paths {
+            let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+            let label = path.display().to_string();
+            // Validates the header and that every tensor lies inside the file.
+            SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&label, e.to_string()))?;
+            let (header_len, metadata) = SafeTensors::read_metadata(&bytes)
+                .map_err(|e| Error::format(&label, e.to_string()))?;
+            let data_start = 8 + header_len;
+            for (name, info) in metadata.tensors() {
+                if src.entries.contains_key(&name) {
+                    return Err(Error::format(
+                        &label,
+                        format!("tensor `{name}` appears in two shards"),
+                    ));
+                }
+                let entry = Entry {
+                    file: src.files.len(),
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    start: data_start + info.data_offsets.0,
+                    end: data_start + info.data_offsets.1,
+                };
+                src.entries.insert(name, entry);
+            }
+            src.files.push((path.clone(), bytes));
+        }
+        Ok(src)
+    }
+
+    /// Names of all tensors, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.entries.keys().cloned().collect();
+        names.sort();
+        names
+    }
+}
+
+/// Shard files listed in an index's `weight_map`, in first-mention order.
+fn shard_files(index: &Path) -> Result<Vec<PathBuf>> {
+    let label = index.display().to_string();
+    let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::format(&label, format!("not valid JSON: {e}")))?;
+    let map = value
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| Error::format(&label, "missing object `weight_map`"))?;
+    let dir = index.parent().unwrap_or(Path::new("."));
+    let mut files: Vec<PathBuf> = Vec::new();
+    for (tensor, file) in map {
+        let file = file.as_str().ok_or_else(|| {
+            Error::format(
+                &label,
+                format!("weight_map entry of `{tensor}` is not a file name"),
+            )
+        })?;
+        let path = dir.join(file);
+        if !files.contains(&path) {
+            files.push(path);
+        }
+    }
+    Ok(files)
+}
+
+impl TensorSource for SafetensorsSource {
+    fn file_of(&self, name: &str) -> String {
+        match self.entries.get(name) {
+            Some(e) => self.files[e.file].0.display().to_string(),
+            None => match self.files.as_slice() {
+                [(only, _)] => only.display().to_string(),
+                _ => "checkpoint shards".into(),
+            },
+        }
+    }
+
+    fn read(&self, name: &str) -> Result<Option<RawTensor>> {
+        let Some(e) = self.entries.get(name) else {
+            return Ok(None);
+        };
+        let bytes = &self.files[e.file].1[e.start..e.end];
+        let data: Vec<f32> = match e.dtype {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(Error::UnsupportedDtype {
+                    file: self.file_of(name),
+                    tensor: name.into(),
+                    dtype: format!("{other:?} (supported: F32, F16, BF16)"),
+                });
+            }
+        };
+        Ok(Some(RawTensor {
+            shape: e.shape.clone(),
+            data,
+        }))
+    }
+}
+
+/// Write tensors as an f32 safetensors file (used for fixtures, goldens and tests).
+pub fn write_f32_safetensors(
+    path: &Path,
+    tensors: &[(String, Vec<usize>, Vec<f32>)],
+    metadata: Option<HashMap<String, String>>,
+) -> Result<()> {
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, _, data)| data.iter().flat_map(|v| v.to_le_bytes()).collect())
+        .collect();
+    let views = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|((name, shape, _), b)| {
+            safetensors::tensor::TensorView::new(Dtype::F32, shape.clone(), b)
+                .map(|v| (name.clone(), v))
+                .map_err(|e| Error::format(path.display().to_string(), e.to_string()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    safetensors::serialize_to_file(views, metadata, path)
+        .map_err(|e| Error::format(path.display().to_string(), e.to_string()))
+}

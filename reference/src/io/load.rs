@@ -1,0 +1,108 @@
+//! One entry point for every way a user names a model: `tiny`, `tiny-moe`, `smollm2`, a HF checkpoint
+//! folder, or a `.gguf` file.
+
+use crate::base::model::Model;
+use crate::base::weights::Weights;
+use crate::error::{Error, Result};
+use crate::io::builtin::{self, BUILTIN_NAMES, BUILTIN_VOCAB};
+use crate::io::checkpoint;
+use crate::io::gguf::{self, GgufFile};
+use crate::io::hub;
+use crate::io::tokenizer::Tokenizer;
+use std::path::Path;
+
+/// A model with its tokenizer and a name for reports.
+pub struct LoadedModel {
+    pub model: Model,
+    /// `None` for a HF folder without `tokenizer.json`.
+    pub tokenizer: Option<Tokenizer>,
+    /// What the user asked for: a built-in name, `smollm2`, or the path.
+    pub name: String,
+    /// Where the weights came from (file or folder), for `info` and goldens.
+    pub source: String,
+}
+
+impl LoadedModel {
+    /// The tokenizer, or an error saying this model has none (pass token ids instead).
+    pub fn tokenizer(&self) -> Result<&Tokenizer> {
+        self.tokenizer.as_ref().ok_or_else(|| {
+            Error::Invalid(format!(
+                "{} has no tokenizer (no tokenizer.json in the folder); pass --tokens instead of --prompt",
+                self.name
+            ))
+        })
+    }
+
+    /// Tokens that end a generation: the config's EOS ids and the tokenizer's end-of-turn tokens.
+    pub fn stop_tokens(&self) -> Vec<u32> {
+        let mut stop = self.model.config.eos_token_ids.clone();
+        if let Some(t) = &self.tokenizer {
+            for id in t.eos_token_ids() {
+                if !stop.contains(&id) {
+                    stop.push(id);
+                }
+            }
+        }
+        stop
+    }
+}
+
+/// Load the model named by `spec`.
+pub fn load_model(spec: &str) -> Result<LoadedModel> {
+    if BUILTIN_NAMES.contains(&spec) {
+        return Ok(LoadedModel {
+            model: builtin::builtin(spec)?,
+            tokenizer: Some(Tokenizer::byte_level_builtin(BUILTIN_VOCAB)?),
+            name: spec.into(),
+            source: format!("built-in (seed {:#x})", builtin::BUILTIN_SEED),
+        });
+    }
+    if spec == "smollm2" {
+        let path = hub::require_smollm2()?;
+        let mut loaded = load_gguf(&path)?;
+        loaded.name = "smollm2".into();
+        return Ok(loaded);
+    }
+    let path = Path::new(spec);
+    if path.is_dir() {
+        let model = checkpoint::load_hf_dir(path)?;
+        let tokenizer_json = path.join("tokenizer.json");
+        let tokenizer = if tokenizer_json.is_file() {
+            Some(Tokenizer::from_file(&tokenizer_json)?)
+        } else {
+            None
+        };
+        return Ok(LoadedModel {
+            model,
+            tokenizer,
+            name: spec.into(),
+            source: path.display().to_string(),
+        });
+    }
+    if path.is_file() && spec.ends_with(".gguf") {
+        return load_gguf(path);
+    }
+    if path.exists() {
+        return Err(Error::Invalid(format!(
+            "{spec}: not a model (expected a HF checkpoint folder or a .gguf file)"
+        )));
+    }
+    Err(Error::Invalid(format!(
+        "unknown model `{spec}`: not a built-in ({}), not `smollm2`, and no such file or folder",
+        BUILTIN_NAMES.join(", ")
+    )))
+}
+
+/// A llama-architecture GGUF file with its tokenizer.
+pub fn load_gguf(path: &Path) -> Result<LoadedModel> {
+    let file = GgufFile::open(path)?;
+    let config = gguf::config_from_gguf(&file)?;
+    let weights = Weights::load(&config, &gguf::GgufSource::new(&file, &config))?;
+    let tokenizer = Tokenizer::from_gguf(&file)?;
+    Ok(LoadedModel {
+        model: Model::new(config, weights),
+        tokenizer: Some(tokenizer),
+        name: path.display().to_string(),
+        source: path.display().to_string(),
+    })
+}

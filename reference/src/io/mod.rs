@@ -1,0 +1,10 @@
+//! Reading models in: Hugging Face folders, GGUF files, tokenizers and chat templates, the built-in
+//! models, and pinned downloads.
+
+pub mod builtin;
+pub mod checkpoint;
+pub mod gguf;
+pub mod hub;
+pub mod load;
+pub mod tokenizer;
+pub mod wheel;

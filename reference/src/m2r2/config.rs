@@ -1,0 +1,526 @@
+//! The M2R2 settings of one adapted model (spec sections 0 and 1), stored as `m2r2_config.json`
+//! beside the adapter: where the exit gates sit, which linear maps carry accelerator adapters, the
+//! ARLA latent size and threshold, and the speculative draft settings.
+//!
+//! Layer conventions (fixed across the crate):
+//! - Gates sit after layers `e_1 < ... < e_J` with `0 < e_j < N`, counted 1-based: "gate after
+//!   layer e" means code layers `0..e` have run. `e_0 = 0`, `e_{J+1} = N`.
+//! - Interval `j` (0-based, `j = 0..=J`) is code layers `e_j .. e_{j+1}` (end exclusive).
+//! - Gates are numbered 1-based (`g = 1..=J`); gate `g` sits at the end of interval `g - 1`.
+//!
+//! ```json
+//! {"num_layers": 30, "gates": [7, 15, 22], "draft_gate": 1, "draft_len": 4, "rank": 16,
+//!  "alpha": 32.0, "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+//!  "down_proj"], "arla": {"latent": 64, "threshold": 0.5}, "seed": 7}
+//! ```
+
+use crate::base::config::ModelConfig;
+use crate::base::weight_names::Target;
+use crate::error::{Error, Result};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::ops::Range;
+use std::path::Path;
+
+/// File name of the M2R2 settings inside an M2R2 weights folder.
+pub const M2R2_CONFIG_FILE: &str = "m2r2_config.json";
+
+/// Default number of exit gates J [ours].
+pub const DEFAULT_NUM_GATES: usize = 3;
+/// Default adapter rank r [ours].
+pub const DEFAULT_RANK: usize = 16;
+/// Default adapter alpha (scale `alpha / r` = 2 at the default rank) [ours].
+pub const DEFAULT_ALPHA: f32 = 32.0;
+/// Default ARLA latent size `d_lat` [ours].
+pub const DEFAULT_ARLA_LATENT: usize = 64;
+/// Default exit threshold tau: exit when the gate score is `>= tau` [ours].
+pub const DEFAULT_THRESHOLD: f32 = 0.5;
+/// Default draft gate `g_d` (1-based) [ours].
+pub const DEFAULT_DRAFT_GATE: usize = 1;
+/// Default draft length gamma [ours].
+pub const DEFAULT_DRAFT_LEN: usize = 4;
+
+/// In `m2r2_config.json` a target is its module name (`q_proj`, ...).
+impl Serialize for Target {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.module())
+    }
+}
+
+impl<'de> Deserialize<'de> for Target {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Target::from_module(&name).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "unknown target module `{name}` (expected one of {})",
+                Target::all_modules()
+            ))
+        })
+    }
+}
+
+/// ARLA settings (spec section 3).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArlaConfig {
+    /// `d_lat`: size of ARLA's latent space.
+    pub latent: usize,
+    /// tau: exit when the gate score is `>= threshold`. Any finite value: `> 1` never exits,
+    /// `<= 0` always exits.
+    pub threshold: f32,
+}
+
+/// The M2R2 settings of one adapted model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct M2r2Config {
+    /// N of the base model these settings were made for (checked against the model at load).
+    pub num_layers: usize,
+    /// `e_1 < ... < e_J`, each in `1..N` (1-based layer counts).
+    pub gates: Vec<usize>,
+    /// `g_d`, 1-based, in `1..=J`.
+    pub draft_gate: usize,
+    /// gamma: tokens drafted per verification.
+    pub draft_len: usize,
+    /// r: adapter rank.
+    pub rank: usize,
+    /// Adapter alpha; the adapter term is scaled by `alpha / r`.
+    pub alpha: f32,
+    /// Linear maps carrying adapters (attention projections only on MoE models).
+    pub targets: Vec<Target>,
+    pub arla: ArlaConfig,
+    /// The seed `init-m2r2` drew the weights from (informational; `None` for trained weights).
+    #[serde(default)]
+    pub seed: Option<u64>,
+}
+
+/// The default gates `e_j = floor(j * N / (J + 1))` for `j = 1..=J` (spec section 0), with
+/// values outside `1..N` and repeats dropped, so a model too shallow for `J` gates gets fewer
+/// (N = 2 gives `[1]`; N = 1 gives none, which [`M2r2Config::validate`] refuses).
+pub fn default_gates(n_layers: usize, num_gates: usize) -> Vec<usize> {
+    let mut gates: Vec<usize> = Vec::with_capacity(num_gates);
+    for j in 1..=num_gates {
+        let e = j * n_layers / (num_gates + 1);
+        if e > 0 && e < n_layers && gates.last().is_none_or(|&last| e > last) {
+            gates.push(e);
+        }
+    }
+    gates
+}
+
+/// Parse a `--gates` argument such as `"7,15,22"` into `[7, 15, 22]`. Only the syntax is checked
+/// here; [`M2r2Config::validate`] checks the values against the model.
+pub fn parse_gates(text: &str) -> Result<Vec<usize>> {
+    let bad = |msg: String| Err(Error::Invalid(format!("--gates `{text}`: {msg}")));
+    if text.trim().is_empty() {
+        return bad("expected a comma-separated list of layer counts, e.g. 7,15,22".into());
+    }
+    let mut gates = Vec::new();
+    for part in text.split(',') {
+        let part = part.trim();
+        match part.parse::<usize>() {
+            Ok(e) => gates.push(e),
+            Err(_) if part.is_empty() => return bad("empty entry".into()),
+            Err(_) => return bad(format!("`{part}` is not a layer count")),
+        }
+    }
+    Ok(gates)
+}
+
+impl M2r2Config {
+    /// The defaults of spec section 0 for `model`: J = 3 near-equal intervals, rank 16, alpha 32,
+    /// all seven targets (the four attention projections on MoE models), ARLA latent 64 and
+    /// threshold 0.5, draft gate 1, draft length 4, no seed.
+    pub fn default_for(model: &ModelConfig) -> Self {
+        let targets = Target::ALL
+            .into_iter()
+            .filter(|t| model.moe.is_none() || !t.is_mlp())
+            .collect();
+        M2r2Config {
+            num_layers: model.num_hidden_layers,
+            gates: default_gates(model.num_hidden_layers, DEFAULT_NUM_GATES),
+            draft_gate: DEFAULT_DRAFT_GATE,
+            draft_len: DEFAULT_DRAFT_LEN,
+            rank: DEFAULT_RANK,
+            alpha: DEFAULT_ALPHA,
+            targets,
+            arla: ArlaConfig {
+                latent: DEFAULT_ARLA_LATENT,
+                threshold: DEFAULT_THRESHOLD,
+            },
+            seed: None,
+        }
+    }
+
+    /// Refuse settings that cannot describe M2R2 on `model`. `file` names the source in messages.
+    pub fn validate(&self, model: &ModelConfig, file: &str) -> Result<()> {
+        let bad = |msg: String| Err(Error::config(file, msg));
+        let n = model.num_hidden_layers;
+        if self.num_layers != n {
+            return bad(format!(
+                "made for a model with {} layers (`num_layers`), but the model has {n}",
+                self.num_layers
+            ));
+        }
+        if self.gates.is_empty() {
+            return bad(format!(
+                "`gates` is empty: M2R2 needs at least one exit gate after a layer in 1..={}",
+                n.saturating_sub(1)
+            ));
+        }
+        for (i, &e) in self.gates.iter().enumerate() {
+            if e == 0 || e >= n {
+                return bad(format!(
+                    "gate after layer {e} is out of range: gates must lie in 1..={} \
+                     (the model has {n} layers)",
+                    n.saturating_sub(1)
+                ));
+            }
+            if i > 0 && e <= self.gates[i - 1] {
+                return bad(format!(
+                    "`gates` must be strictly increasing, got {:?}",
+                    self.gates
+                ));
+            }
+        }
+        let j = self.gates.len();
+        if self.draft_gate == 0 || self.draft_gate > j {
+            return bad(format!(
+                "`draft_gate` = {} is out of range: gates are numbered 1..={j}",
+                self.draft_gate
+            ));
+        }
+        if self.draft_len == 0 {
+            return bad("`draft_len` must be at least 1".into());
+        }
+        if self.rank == 0 {
+            return bad("`rank` must be positive".into());
+        }
+        if !self.alpha.is_finite() {
+            return bad(format!(
+                "`alpha` must be a finite number, got {}",
+                self.alpha
+            ));
+        }
+        if self.targets.is_empty() {
+            return bad(format!(
+                "`targets` is empty: list at least one of {}",
+                Target::all_modules()
+            ));
+        }
+        for (i, t) in self.targets.iter().enumerate() {
+            if self.targets[..i].contains(t) {
+                return bad(format!("target `{t}` is listed twice"));
+            }
+            if t.is_mlp() && model.moe.is_some() {
+                return bad(format!(
+                    "target `{t}` is an MLP projection, but the model's feed-forward is a sparse \
+                     MoE block: on MoE models only q_proj, k_proj, v_proj, o_proj carry adapters"
+                ));
+            }
+        }
+        if self.arla.latent == 0 {
+            return bad("`arla.latent` must be positive".into());
+        }
+        if !self.arla.threshold.is_finite() {
+            return bad(format!(
+                "`arla.threshold` must be a finite number, got {}",
+                self.arla.threshold
+            ));
+        }
+        Ok(())
+    }
+
+    /// Read `dir/m2r2_config.json` and validate it against `model`.
+    pub fn load(dir: &Path, model: &ModelConfig) -> Result<Self> {
+        let path = dir.join(M2R2_CONFIG_FILE);
+        let label = path.display().to_string();
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let config: M2r2Config =
+            serde_json::from_str(&text).map_err(|e| Error::config(&label, e.to_string()))?;
+        config.validate(model, &label)?;
+        Ok(config)
+    }
+
+    /// Write `dir/m2r2_config.json` (pretty JSON). `dir` must exist.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let path = dir.join(M2R2_CONFIG_FILE);
+        let text = serde_json::to_string_pretty(self).expect("M2r2Config serialises");
+        std::fs::write(&path, text + "\n").map_err(|e| Error::io(&path, e))
+    }
+
+    /// J: the number of exit gates.
+    pub fn num_gates(&self) -> usize {
+        self.gates.len()
+    }
+
+    /// J + 1: the number of intervals.
+    pub fn num_intervals(&self) -> usize {
+        self.gates.len() + 1
+    }
+
+    /// `e_j` for `j = 0..=J+1` (`e_0 = 0`, `e_{J+1} = N`).
+    ///
+    /// # Panics
+    /// If `j > J + 1`.
+    pub fn boundary(&self, j: usize) -> usize {
+        let last = self.gates.len() + 1;
+        match j {
+            0 => 0,
+            _ if j == last => self.num_layers,
+            _ if j < last => self.gates[j - 1],
+            _ => panic!("boundary {j} out of range 0..={last}"),
+        }
+    }
+
+    /// `e_g`: gate `g` (1-based) sits after this many layers.
+    ///
+    /// # Panics
+    /// If `g` is not in `1..=J`.
+    pub fn gate_layer(&self, g: usize) -> usize {
+        assert!(
+            g >= 1 && g <= self.gates.len(),
+            "gate {g} out of range 1..={}",
+            self.gates.len()
+        );
+        self.gates[g - 1]
+    }
+
+    /// Code layer indices of interval `j` (`j = 0..=J`): `e_j .. e_{j+1}`.
+    ///
+    /// # Panics
+    /// If `j > J`.
+    pub fn interval_layers(&self, j: usize) -> Range<usize> {
+        assert!(
+            j <= self.gates.len(),
+            "interval {j} out of range 0..={}",
+            self.gates.len()
+        );
+        self.boundary(j)..self.boundary(j + 1)
+    }
+
+    /// The interval (`0..=J`) holding code layer `l`.
+    ///
+    /// # Panics
+    /// If `l >= N`.
+    pub fn interval_of_layer(&self, l: usize) -> usize {
+        assert!(
+            l < self.num_layers,
+            "layer {l} out of range 0..{}",
+            self.num_layers
+        );
+        // Gates at or below l: the intervals that end at or before layer l.
+        self.gates.iter().filter(|&&e| e <= l).count()
+    }
+
+    /// `k_j = e_{j+1} - e_j`: layers in interval `j`.
+    ///
+    /// # Panics
+    /// If `j > J`.
+    pub fn interval_len(&self, j: usize) -> usize {
+        self.interval_layers(j).len()
+    }
+
+    /// `d_j(i) = e_j + round(i * (N - e_j) / k_j)` (spec section 1): the slow depth the fast
+    /// state estimates after its `i`-th layer in interval `j` (`i = 0..=k_j`; `d_j(0) = e_j`,
+    /// `d_j(k_j) = N`). Rounds half away from zero, in exact integer arithmetic (N = 30, gates
+    /// `[7, 15, 22]`: `d_1(4) = 7 + round(11.5) = 19`).
+    ///
+    /// # Panics
+    /// If `j > J` or `i > k_j`.
+    pub fn aligned_depth(&self, j: usize, i: usize) -> usize {
+        let e = self.boundary(j);
+        let k = self.interval_len(j);
+        assert!(i <= k, "step {i} out of range 0..={k} in interval {j}");
+        let num = i * (self.num_layers - e);
+        // round(num / k) for num, k >= 0, halves away from zero: floor((2 num + k) / 2k).
+        e + (2 * num + k) / (2 * k)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::base::weight_names::{AttnProj, MlpProj};
+    use crate::io::builtin::{tiny_config, tiny_moe_config};
+
+    fn with_layers(n: usize) -> ModelConfig {
+        ModelConfig {
+            num_hidden_layers: n,
+            ..tiny_config()
+        }
+    }
+
+    #[test]
+    fn default_gates_hand_values() {
+        assert_eq!(default_gates(30, 3), vec![7, 15, 22]); // SmolLM2-135M
+        assert_eq!(default_gates(8, 3), vec![2, 4, 6]); // tiny
+        assert_eq!(default_gates(3, 3), vec![1, 2]); // floor(3/4) = 0 dropped
+        assert_eq!(default_gates(2, 3), vec![1]);
+        assert_eq!(default_gates(1, 3), Vec::<usize>::new());
+        let tiny = M2r2Config::default_for(&tiny_config());
+        assert_eq!(tiny.gates, vec![2, 4, 6]);
+        tiny.validate(&tiny_config(), "t").unwrap();
+        assert_eq!(tiny.targets.len(), 7);
+        let moe = M2r2Config::default_for(&tiny_moe_config());
+        assert_eq!(moe.targets.len(), 4);
+        moe.validate(&tiny_moe_config(), "t").unwrap();
+    }
+
+    #[test]
+    fn intervals_and_gates() {
+        let c = M2r2Config::default_for(&with_layers(30));
+        assert_eq!(c.num_gates(), 3);
+        assert_eq!(c.interval_layers(0), 0..7);
+        assert_eq!(c.interval_layers(1), 7..15);
+        assert_eq!(c.interval_layers(3), 22..30);
+        assert_eq!(c.gate_layer(1), 7);
+        assert_eq!(c.gate_layer(3), 22);
+        assert_eq!(c.interval_of_layer(0), 0);
+        assert_eq!(c.interval_of_layer(6), 0);
+        assert_eq!(c.interval_of_layer(7), 1);
+        assert_eq!(c.interval_of_layer(29), 3);
+        for j in 0..c.num_intervals() {
+            for l in c.interval_layers(j) {
+                assert_eq!(c.interval_of_layer(l), j);
+            }
+        }
+    }
+
+    #[test]
+    fn aligned_depth_hand_values() {
+        let c = M2r2Config::default_for(&with_layers(30));
+        // Interval 0: e = 0, k = 7, N - e = 30: 30/7 = 4.29 -> 4, 60/7 = 8.57 -> 9.
+        assert_eq!(c.aligned_depth(0, 0), 0);
+        assert_eq!(c.aligned_depth(0, 1), 4);
+        assert_eq!(c.aligned_depth(0, 2), 9);
+        assert_eq!(c.aligned_depth(0, 7), 30);
+        // Interval 1: e = 7, k = 8, N - e = 23: 23/8 = 2.875 -> 3; 92/8 = 11.5 -> 12 (half up).
+        assert_eq!(c.aligned_depth(1, 1), 10);
+        assert_eq!(c.aligned_depth(1, 4), 19);
+        assert_eq!(c.aligned_depth(1, 8), 30);
+        // Interval 3 (after the last gate): rate 1, d = e + i.
+        assert_eq!(c.aligned_depth(3, 5), 27);
+        // tiny: gates [2, 4, 6]; interval 0 runs at rate 4, interval 1 at rate 3.
+        let t = M2r2Config::default_for(&tiny_config());
+        assert_eq!(t.aligned_depth(0, 1), 4);
+        assert_eq!(t.aligned_depth(1, 1), 5);
+        assert_eq!(t.aligned_depth(2, 1), 6);
+    }
+
+    #[test]
+    fn parse_gates_cases() {
+        assert_eq!(parse_gates("7,15,22").unwrap(), vec![7, 15, 22]);
+        assert_eq!(parse_gates(" 3 , 5 ").unwrap(), vec![3, 5]);
+        for (text, want) in [
+            ("", "expected a comma-separated list"),
+            ("7,,9", "empty entry"),
+            ("7,x", "`x` is not a layer count"),
+            ("-1", "`-1` is not a layer count"),
+        ] {
+            let err = parse_gates(text).unwrap_err().to_string();
+            assert!(err.contains(want), "{err:?} should contain {want:?}");
+        }
+    }
+
+    #[test]
+    fn validation_rejects_with_clear_messages() {
+        let model = tiny_config();
+        let ok = M2r2Config::default_for(&model);
+        type Edit = Box<dyn Fn(&mut M2r2Config)>;
+        let cases: Vec<(Edit, &str)> = vec![
+            (Box::new(|c| c.gates = vec![]), "`gates` is empty"),
+            (Box::new(|c| c.gates = vec![0, 4]), "out of range"),
+            (
+                Box::new(|c| c.gates = vec![2, 8]),
+                "gate after layer 8 is out of range",
+            ),
+            (Box::new(|c| c.gates = vec![4, 2]), "strictly increasing"),
+            (Box::new(|c| c.gates = vec![2, 2]), "strictly increasing"),
+            (Box::new(|c| c.draft_gate = 0), "`draft_gate` = 0"),
+            (Box::new(|c| c.draft_gate = 4), "numbered 1..=3"),
+            (Box::new(|c| c.draft_len = 0), "`draft_len`"),
+            (Box::new(|c| c.rank = 0), "`rank` must be positive"),
+            (Box::new(|c| c.alpha = f32::NAN), "`alpha`"),
+            (Box::new(|c| c.targets.clear()), "`targets` is empty"),
+            (
+                Box::new(|c| c.targets.push(Target::Attn(AttnProj::Q))),
+                "`q_proj` is listed twice",
+            ),
+            (
+                Box::new(|c| c.num_layers = 30),
+                "made for a model with 30 layers",
+            ),
+            (Box::new(|c| c.arla.latent = 0), "`arla.latent`"),
+        ];
+        for (edit, want) in cases {
+            let mut c = ok.clone();
+            edit(&mut c);
+            let err = c
+                .validate(&model, "dir/m2r2_config.json")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{err:?} should contain {want:?}");
+            assert!(err.starts_with("dir/m2r2_config.json: "), "{err}");
+        }
+        // MLP targets on a MoE model.
+        let moe = tiny_moe_config();
+        let mut c = M2r2Config::default_for(&moe);
+        c.targets.push(Target::Mlp(MlpProj::Up));
+        let err = c.validate(&moe, "m").unwrap_err().to_string();
+        assert!(
+            err.contains("`up_proj` is an MLP projection") && err.contains("MoE"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn json_round_trip_and_strictness() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = tiny_config();
+        let mut c = M2r2Config::default_for(&model);
+        c.seed = Some(7);
+        c.save(dir.path()).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(M2R2_CONFIG_FILE)).unwrap();
+        assert!(
+            text.contains("\"q_proj\"") && text.contains("\"down_proj\""),
+            "{text}"
+        );
+        assert_eq!(M2r2Config::load(dir.path(), &model).unwrap(), c);
+
+        let cases = [
+            (
+                text.replace("\"draft_len\"", "\"draft_length\""),
+                "unknown field `draft_length`",
+            ),
+            (
+                text.replace("\"q_proj\"", "\"qkv_proj\""),
+                "unknown target module `qkv_proj`",
+            ),
+            (
+                text.replace("\"latent\"", "\"latnet\""),
+                "unknown field `latnet`",
+            ),
+        ];
+        for (bad, want) in cases {
+            std::fs::write(dir.path().join(M2R2_CONFIG_FILE), bad).unwrap();
+            let err = M2r2Config::load(dir.path(), &model)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{err:?} should contain {want:?}");
+            assert!(err.contains(M2R2_CONFIG_FILE), "{err}");
+        }
+    }
+
+    #[test]
+    fn targets_order_and_names() {
+        for (i, t) in Target::ALL.into_iter().enumerate() {
+            assert_eq!(Target::from_module(t.module()), Some(t));
+            assert_eq!(t.index(), i);
+        }
+        assert_eq!(Target::from_module("w1"), None);
+        assert!(Target::Attn(AttnProj::O) < Target::Mlp(MlpProj::Gate));
+        let model = tiny_config();
+        assert_eq!(Target::Attn(AttnProj::K).shape(&model), (32, 64));
+        assert_eq!(Target::Mlp(MlpProj::Down).shape(&model), (64, 128));
+    }
+}

@@ -1,0 +1,172 @@
+//! The fast residual stream (spec section 1), run interval by interval next to the slow stream.
+//!
+//! In interval `j` (code layers `e_j .. e_{j+1}`) the fast state starts from the slow residual,
+//! `f <- s_{e_j}`, and runs the interval's layers with the base weights plus each layer's accelerator
+//! adapter. At gate `j+1` its value `u_{j+1} = f` estimates the FINAL slow residual `s_N`, so the
+//! exit logits are `LMHead(FinalNorm(u_{j+1}))`. Interval `j` covers `N - e_j` layers of slow depth in
+//! `e_{j+1} - e_j` layers: the fast stream's rate is `(J+1)x` in the first interval, `2x` in the last
+//! gated one.
+//!
+//! The fast rows ride in the same `decoder_layer` calls as the slow rows (one weight read), read the
+//! slow KV cache and never write it (spec section 2). They run only when their output is consumed
+//! (spec section 7): callers pass the slots that need a fast row.
+
+use crate::base::kv_cache::KvCache;
+use crate::base::layer::FastRows;
+use crate::base::model::Model;
+use crate::base::moe::Routing;
+use crate::base::work::Work;
+use crate::m2r2::weights::M2r2Weights;
+use ndarray::{Array2, ArrayView2, Axis};
+
+/// A base model with its M2R2 weights.
+#[derive(Clone, Copy)]
+pub struct M2r2<'a> {
+    pub model: &'a Model,
+    pub weights: &'a M2r2Weights,
+}
+
+/// What one interval produced.
+pub struct IntervalOutput {
+    /// `[slots, D]` the fast exit states `u_{j+1}` of the requested slots (empty without slots)
+    pub exit_states: Array2<f32>,
+    /// Per layer of the interval: the slow rows' expert routing (MoE layers), for expert prefetch.
+    pub routing: Vec<Option<Vec<Routing>>>,
+    /// Work done by the interval's layers (counted from the shapes multiplied).
+    pub work: Work,
+}
+
+impl<'a> M2r2<'a> {
+    pub fn new(model: &'a Model, weights: &'a M2r2Weights) -> Self {
+        M2r2 { model, weights }
+    }
+
+    /// Number of gates J.
+    pub fn num_gates(&self) -> usize {
+        self.weights.config.num_gates()
+    }
+
+    /// Run interval `j` on the slow chunk `s` (positions `pos0..pos0+T`), in place, with fast rows
+    /// for the chunk rows listed in `slots`, initialised from `s` at the interval start.
+    ///
+    /// # Shapes
+    /// - `s`: `[T, D]` slow residuals at `e_j` -> at `e_{j+1}`; returns `[slots.len(), D]` = `u_{j+1}`
+    pub fn run_interval(
+        &self,
+        j: usize,
+        s: &mut Array2<f32>,
+        pos0: usize,
+        cache: &mut KvCache,
+        slots: &[usize],
+    ) -> IntervalOutput {
+        // f <- s_{e_j}: the fast stream restarts from the slow residual at every gate.
+        let mut f = s.select(Axis(0), slots);
+        let mut routing = Vec::new();
+        let mut work = Work::default();
+        for l in self.weights.config.interval_layers(j) {
+            let fast = (!slots.is_empty()).then_some(FastRows {
+                f: &mut f,
+                slot: slots,
+                adapter: Some(&self.weights.accelerator),
+            });
+            let out = self.model.layer(l).forward(s, pos0, cache, fast);
+            routing.push(out.routing);
+            work += out.work;
+        }
+        IntervalOutput {
+            exit_states: f,
+            routing,
+            work,
+        }
+    }
+
+    /// Exit logits `LMHead(FinalNorm(u))` of fast exit states.
+    ///
+    /// # Shapes
+    /// - `u`: `[R, D]` -> `[R, V]`
+    pub fn exit_logits(&self, u: ArrayView2<f32>) -> Array2<f32> {
+        self.model.head(u).logits
+    }
+
+    /// The fast exit states `u_1..u_J` of every position of `tokens` (one chunk, fresh cache), with
+    /// the slow residual at each gate: what `analyze` and the tests look at.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[T]` -> J entries of (`u_g` `[T, D]`, `s_{e_g}` `[T, D]`)
+    pub fn all_exit_states(
+        &self,
+        tokens: &[u32],
+    ) -> crate::Result<Vec<(Array2<f32>, Array2<f32>)>> {
+        let mut cache = self.model.new_cache(tokens.len())?;
+        self.model.check_input(tokens, 0, &cache)?;
+        let mut s = self.model.embed(tokens);
+        let slots: Vec<usize> = (0..tokens.len()).collect();
+        let mut out = Vec::with_capacity(self.num_gates());
+        for j in 0..self.num_gates() {
+            let interval = self.run_interval(j, &mut s, 0, &mut cache, &slots);
+            out.push((interval.exit_states, s.clone()));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::builtin;
+    use crate::m2r2::weights::M2r2Weights;
+
+    /// With B = 0 the fast stream computes exactly the slow stream's layers, so each exit state
+    /// equals the slow residual at its gate, bit for bit (spec section 1).
+    #[test]
+    fn zero_adapters_make_fast_equal_slow() {
+        for name in builtin::BUILTIN_NAMES {
+            let model = builtin::builtin(name).unwrap();
+            let weights = M2r2Weights::zeros(&model.config);
+            let m2r2 = M2r2::new(&model, &weights);
+            for (g, (u, s)) in m2r2
+                .all_exit_states(&[3, 1, 4, 1, 5, 9, 2, 6])
+                .unwrap()
+                .into_iter()
+                .enumerate()
+            {
+                assert!(
+                    u.iter()
+                        .zip(s.iter())
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{name} gate {}",
+                    g + 1
+                );
+            }
+        }
+    }
+
+    /// Random adapters move the fast stream away from the slow one, and the fast rows never touch
+    /// the cache: the slow states and cache equal the base model's.
+    #[test]
+    fn fast_rows_do_not_disturb_the_slow_stream() {
+        let model = builtin::builtin("tiny-moe").unwrap();
+        let weights = M2r2Weights::builtin_for("tiny-moe", &model.config).unwrap();
+        let m2r2 = M2r2::new(&model, &weights);
+        let tokens = [7u32, 8, 9, 10, 11];
+        let states = m2r2.all_exit_states(&tokens).unwrap();
+        let (u, s) = &states[0];
+        assert!(
+            u.iter().zip(s.iter()).any(|(a, b)| a != b),
+            "random adapters should change the fast state"
+        );
+
+        // The slow residual after the gated intervals equals the base model's, layer by layer.
+        let mut cache = model.new_cache(tokens.len()).unwrap();
+        let mut base = model.embed(&tokens);
+        for l in 0..weights.config.gate_layer(m2r2.num_gates()) {
+            model.layer_forward(l, &mut base, 0, &mut cache);
+        }
+        let last_slow = &states.last().unwrap().1;
+        assert!(
+            base.iter()
+                .zip(last_slow.iter())
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
+    }
+}

@@ -1,0 +1,6 @@
+//! Ahead-of-time MoE expert loading (spec section 6): expert prediction on a traced decode, a
+//! memory simulator of a device expert cache fed over a host link, and sweeps.
+
+pub mod expert_prefetch;
+pub mod memory_sim;
+pub mod sweep;
