@@ -1,0 +1,253 @@
+//! The reference's folders are layers: a folder imports only from folders before it in reading
+//! order, and no two files import each other, directly or round a cycle. This test reads the sources
+//! (comments and `#[cfg(test)]` modules left out: tests may use anything) and fails naming the file
+//! and the import that breaks the order, so the layering stays as docs/ARCHITECTURE.md draws it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Reading order. `error` is shared by all; each folder may import from the folders before it.
+const LAYERS: [&str; 8] = [
+    "error", "base", "io", "m2r2", "decode", "golden", "analyze", "moe_aot",
+];
+
+/// Folders of the same rank (none imports another).
+fn rank(folder: &str) -> Option<usize> {
+    match folder {
+        "golden" | "analyze" | "moe_aot" => Some(5),
+        _ => LAYERS.iter().position(|&l| l == folder),
+    }
+}
+
+fn src_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The module path of a source file: `base/model.rs` -> `base::model`, `io/gguf/mod.rs` -> `io::gguf`.
+fn module_of(rel: &Path) -> String {
+    let text = rel.with_extension("").to_string_lossy().replace('/', "::");
+    text.strip_suffix("::mod").unwrap_or(&text).to_string()
+}
+
+/// The code of a file without comments, string contents and `#[cfg(test)]` items.
+fn code(text: &str) -> String {
+    let text = match text.find("#[cfg(test)]") {
+        Some(i) => &text[..i],
+        None => text,
+    };
+    text.lines()
+        .map(|line| match line.find("//") {
+            Some(i) => &line[..i],
+            None => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every `crate::a::b::...` path in `code`, with `use crate::{a, b::c}` groups expanded to their
+/// first segments.
+fn crate_paths(code: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let end = group.find('}').unwrap_or(group.len());
+            for item in group[..end].split(',') {
+                let segs: Vec<String> = item
+                    .trim()
+                    .split("::")
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                if !segs.is_empty() {
+                    out.push(segs);
+                }
+            }
+            continue;
+        }
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(rest.len());
+        let segs: Vec<String> = rest[..end]
+            .split("::")
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect();
+        if !segs.is_empty() {
+            out.push(segs);
+        }
+    }
+    out
+}
+
+struct Source {
+    module: String,
+    imports: BTreeSet<String>,
+}
+
+fn sources() -> Vec<Source> {
+    let root = src_dir();
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    files.sort();
+    let paths: Vec<(PathBuf, String)> = files
+        .iter()
+        .map(|f| {
+            let rel = f.strip_prefix(&root).unwrap().to_path_buf();
+            (f.clone(), module_of(&rel))
+        })
+        .collect();
+    let modules: BTreeSet<String> = paths.iter().map(|(_, m)| m.clone()).collect();
+    paths
+        .iter()
+        .map(|(file, module)| {
+            let text = std::fs::read_to_string(file).unwrap();
+            let mut imports = BTreeSet::new();
+            for segs in crate_paths(&code(&text)) {
+                // the longest prefix that names a module
+                for n in (1..=segs.len()).rev() {
+                    let candidate = segs[..n].join("::");
+                    if modules.contains(&candidate) {
+                        let own = candidate == *module || module.starts_with(&(candidate.clone() + "::"));
+                        if !own {
+                            imports.insert(candidate);
+                        }
+                        break;
+                    }
+                }
+            }
+            Source {
+                module: module.clone(),
+                imports,
+            }
+        })
+        .collect()
+}
+
+fn folder(module: &str) -> &str {
+    module.split("::").next().unwrap()
+}
+
+#[test]
+fn folders_import_only_earlier_folders() {
+    let mut broken = Vec::new();
+    for source in sources() {
+        let from = folder(&source.module);
+        if from == "lib" {
+            continue;
+        }
+        let from_rank = rank(from).unwrap_or_else(|| {
+            panic!("reference/src/{from} is not in the layer list of reference/tests/layering.rs")
+        });
+        for import in &source.imports {
+            let to = folder(import);
+            let to_rank = rank(to).expect("imports name modules of the crate");
+            if to != from && to_rank >= from_rank {
+                broken.push(format!("{} imports {import}", source.module));
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "imports against the reading order {LAYERS:?}:\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn no_import_cycles_between_files() {
+    let sources = sources();
+    let graph: BTreeMap<&str, Vec<&str>> = sources
+        .iter()
+        .map(|s| {
+            (
+                s.module.as_str(),
+                s.imports.iter().map(String::as_str).collect(),
+            )
+        })
+        .collect();
+    // Depth-first search; a back edge is a cycle.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        New,
+        Open,
+        Done,
+    }
+    fn visit<'a>(
+        v: &'a str,
+        graph: &BTreeMap<&'a str, Vec<&'a str>>,
+        marks: &mut BTreeMap<&'a str, Mark>,
+        stack: &mut Vec<&'a str>,
+    ) -> Option<Vec<&'a str>> {
+        marks.insert(v, Mark::Open);
+        stack.push(v);
+        for &w in graph.get(v).into_iter().flatten() {
+            match marks.get(w).copied().unwrap_or(Mark::New) {
+                Mark::Open => {
+                    let start = stack.iter().position(|&x| x == w).unwrap();
+                    let mut cycle = stack[start..].to_vec();
+                    cycle.push(w);
+                    return Some(cycle);
+                }
+                Mark::New => {
+                    if let Some(c) = visit(w, graph, marks, stack) {
+                        return Some(c);
+                    }
+                }
+                Mark::Done => {}
+            }
+        }
+        stack.pop();
+        marks.insert(v, Mark::Done);
+        None
+    }
+    let mut marks = BTreeMap::new();
+    for &v in graph.keys() {
+        if marks.get(v).copied().unwrap_or(Mark::New) == Mark::New
+            && let Some(cycle) = visit(v, &graph, &mut marks, &mut Vec::new())
+        {
+            panic!("import cycle: {}", cycle.join(" -> "));
+        }
+    }
+}
+
+/// The check is not vacuous: it sees the imports it is meant to police.
+#[test]
+fn the_parser_sees_imports() {
+    let paths = crate_paths("use crate::base::model::Model;\nuse crate::{m2r2::cost, io};\n");
+    assert_eq!(
+        paths,
+        vec![
+            vec!["base".to_string(), "model".into(), "Model".into()],
+            vec!["m2r2".to_string(), "cost".into()],
+            vec!["io".to_string()],
+        ]
+    );
+    assert_eq!(code("use crate::a; // crate::b\n#[cfg(test)]\nuse crate::c;"), "use crate::a; ");
+    let model = sources()
+        .into_iter()
+        .find(|s| s.module == "base::model")
+        .expect("base/model.rs is read");
+    assert!(model.imports.contains("base::layer"), "{:?}", model.imports);
+    let early_exit = sources()
+        .into_iter()
+        .find(|s| s.module == "decode::early_exit")
+        .expect("decode/early_exit.rs is read");
+    assert!(
+        early_exit.imports.iter().any(|i| i.starts_with("m2r2::")),
+        "{:?}",
+        early_exit.imports
+    );
+}
