@@ -120,7 +120,8 @@ fn sources() -> Vec<Source> {
                 for n in (1..=segs.len()).rev() {
                     let candidate = segs[..n].join("::");
                     if modules.contains(&candidate) {
-                        let own = candidate == *module || module.starts_with(&(candidate.clone() + "::"));
+                        let own =
+                            candidate == *module || module.starts_with(&(candidate.clone() + "::"));
                         if !own {
                             imports.insert(candidate);
                         }
@@ -235,7 +236,10 @@ fn the_parser_sees_imports() {
             vec!["io".to_string()],
         ]
     );
-    assert_eq!(code("use crate::a; // crate::b\n#[cfg(test)]\nuse crate::c;"), "use crate::a; ");
+    assert_eq!(
+        code("use crate::a; // crate::b\n#[cfg(test)]\nuse crate::c;"),
+        "use crate::a; "
+    );
     let model = sources()
         .into_iter()
         .find(|s| s.module == "base::model")

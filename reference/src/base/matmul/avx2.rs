@@ -1,0 +1,110 @@
+//! The AVX2 tile of [`Kernel::tile`](super::kernel::Kernel::tile): [`dot`](super::dot)'s 16 lanes
+//! as two 8-lane `__m256` accumulators per (weight row, input row) pair, `acc += w * x` as a
+//! separate multiply and add (never FMA), so each lane sees the same roundings as the definition.
+
+use super::LANES;
+use super::kernel::finish;
+use std::arch::x86_64::{
+    __m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
+};
+
+/// `out[r * T + t] = dot(w[r], x_t)`, in tiles of 4 weight rows x 1 input row when `T = 1`
+/// (decode: four weight streams in flight) and 2 x 2 otherwise, with 1-wide tiles for the ends.
+/// Slice lengths are checked by the caller.
+#[target_feature(enable = "avx2")]
+pub(super) fn tile(x: &[f32], width: usize, w: &[&[f32]], out: &mut [f32]) {
+    let t_rows = out.len() / w.len().max(1);
+    let tile = Tile {
+        x,
+        width,
+        t_rows,
+        w,
+    };
+    let mut r = 0;
+    if t_rows == 1 {
+        while r + 4 <= w.len() {
+            tile.block::<4, 1>(r, 0, out);
+            r += 4;
+        }
+    }
+    while r + 2 <= w.len() {
+        let mut t = 0;
+        while t + 2 <= t_rows {
+            tile.block::<2, 2>(r, t, out);
+            t += 2;
+        }
+        if t < t_rows {
+            tile.block::<2, 1>(r, t, out);
+        }
+        r += 2;
+    }
+    if r < w.len() {
+        let mut t = 0;
+        while t + 2 <= t_rows {
+            tile.block::<1, 2>(r, t, out);
+            t += 2;
+        }
+        if t < t_rows {
+            tile.block::<1, 1>(r, t, out);
+        }
+    }
+}
+
+struct Tile<'a> {
+    x: &'a [f32],
+    width: usize,
+    t_rows: usize,
+    w: &'a [&'a [f32]],
+}
+
+impl Tile<'_> {
+    /// Weight rows `r0..r0+R` against input rows `t0..t0+T`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn block<const R: usize, const T: usize>(&self, r0: usize, t0: usize, out: &mut [f32]) {
+        let width = self.width;
+        let whole = width / LANES * LANES;
+        let x_rows: [&[f32]; T] =
+            std::array::from_fn(|t| &self.x[(t0 + t) * width..(t0 + t + 1) * width]);
+        let w_rows: [&[f32]; R] = std::array::from_fn(|r| self.w[r0 + r]);
+        let mut acc = [[[_mm256_setzero_ps(); 2]; T]; R];
+        let mut k = 0;
+        while k < whole {
+            let mut xs = [[_mm256_setzero_ps(); 2]; T];
+            for t in 0..T {
+                xs[t] = [load(x_rows[t], k), load(x_rows[t], k + 8)];
+            }
+            for r in 0..R {
+                let ws = [load(w_rows[r], k), load(w_rows[r], k + 8)];
+                for t in 0..T {
+                    for half in 0..2 {
+                        let product = _mm256_mul_ps(xs[t][half], ws[half]);
+                        acc[r][t][half] = _mm256_add_ps(acc[r][t][half], product);
+                    }
+                }
+            }
+            k += LANES;
+        }
+        for r in 0..R {
+            for t in 0..T {
+                let mut lanes = [0.0f32; LANES];
+                let (lo, hi) = lanes.split_at_mut(8);
+                // SAFETY: each half of `lanes` holds 8 f32.
+                unsafe {
+                    _mm256_storeu_ps(lo.as_mut_ptr(), acc[r][t][0]);
+                    _mm256_storeu_ps(hi.as_mut_ptr(), acc[r][t][1]);
+                }
+                out[(r0 + r) * self.t_rows + t0 + t] = finish(&lanes, x_rows[t], w_rows[r], whole);
+            }
+        }
+    }
+}
+
+/// Eight floats of `row` from `k`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn load(row: &[f32], k: usize) -> __m256 {
+    let eight = &row[k..k + 8];
+    // SAFETY: `eight` holds 8 f32; the load is unaligned.
+    unsafe { _mm256_loadu_ps(eight.as_ptr()) }
+}

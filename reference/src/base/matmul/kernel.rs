@@ -1,0 +1,159 @@
+//! The micro-kernel under [`linear`](super::linear): a tile of dot products `out[r][t] = dot(w_r,
+//! x_t)` for several weight rows against every input row of a chunk, with each weight row read from
+//! memory once.
+//!
+//! Every implementation computes exactly [`dot`](super::dot)'s sum in [`dot`](super::dot)'s order
+//! (16 lanes of separately rounded products and sums, lanes added left to right, then the tail left
+//! to right, no fused multiply-add), so they give the same bits on every input; the tests compare
+//! each one, forced, with [`linear_naive`](super::linear_naive). What differs is how many lanes an
+//! instruction carries and how many accumulators stay in registers:
+//!
+//! | kernel     | where                        | per instruction | tile (weight rows x input rows) |
+//! |------------|------------------------------|-----------------|---------------------------------|
+//! | `Portable` | everywhere (the definition)  | what the compiler makes of [`dot`](super::dot) | 1 x 1 |
+//! | `Avx2`     | x86-64 with AVX2 (runtime check) | 8 lanes (`__m256`) | 4 x 1 for one input row, else 2 x 2 |
+//! | `Neon`     | aarch64 (NEON is baseline there) | 4 lanes (`float32x4_t`) | 2 x 2 |
+//!
+//! A tile keeps `tile rows x tile inputs` 16-lane accumulators in registers, so one load of a weight
+//! chunk serves several input rows and one load of an input chunk several weight rows: a chunk of
+//! 16 rows does 16 times the arithmetic of one row on the same weight bytes, which only stays
+//! memory-bound if the arithmetic is wide.
+//!
+//! Dispatch is `std::arch` feature detection, once per process ([`Kernel::best`]): the two SIMD
+//! paths are a few dozen lines each, and a dispatch crate (`pulp`, `multiversion`) would add a
+//! dependency to save one `is_x86_feature_detected!`.
+
+use super::{LANES, dot};
+
+/// One implementation of the tile of dot products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// [`dot`](super::dot) itself, pair by pair: the definition, on every CPU.
+    Portable,
+    /// x86-64 AVX2 (8-lane) tiles.
+    Avx2,
+    /// aarch64 NEON (4-lane) tiles.
+    Neon,
+}
+
+impl Kernel {
+    /// The fastest kernel this CPU runs (detected once).
+    pub fn best() -> Kernel {
+        static BEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            Kernel::available()
+                .into_iter()
+                .last()
+                .unwrap_or(Kernel::Portable)
+        })
+    }
+
+    /// Every kernel this CPU runs, the portable one first.
+    pub fn available() -> Vec<Kernel> {
+        let mut kernels = vec![Kernel::Portable];
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            kernels.push(Kernel::Avx2);
+        }
+        #[cfg(target_arch = "aarch64")]
+        if std::arch::is_aarch64_feature_detected!("neon") {
+            kernels.push(Kernel::Neon);
+        }
+        kernels
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Portable => "portable",
+            Kernel::Avx2 => "avx2",
+            Kernel::Neon => "neon",
+        }
+    }
+
+    /// `out[r * T + t] = dot(w[r], x_t)` for each weight row `r` and each of the `T` input rows of
+    /// `x` (row-major, `width` wide).
+    ///
+    /// # Shapes
+    /// - `x`: `[T, width]` flat, `w`: R rows of `[width]` -> `out`: `[R, T]` flat
+    ///
+    /// # Panics
+    /// If a slice has the wrong length, or the kernel is not [available](Kernel::available) on
+    /// this CPU.
+    pub fn tile(self, x: &[f32], width: usize, w: &[&[f32]], out: &mut [f32]) {
+        let t_rows = x.len().checked_div(width).unwrap_or(0);
+        assert_eq!(x.len(), t_rows * width, "x is not whole rows of {width}");
+        assert!(w.iter().all(|r| r.len() == width), "weight rows of {width}");
+        assert_eq!(out.len(), w.len() * t_rows, "out is [R, T]");
+        match self {
+            Kernel::Portable => portable(x, width, w, out),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                assert!(std::arch::is_x86_feature_detected!("avx2"), "no AVX2 here");
+                // SAFETY: AVX2 is present (checked above); the slice lengths are checked above.
+                unsafe { super::avx2::tile(x, width, w, out) }
+            }
+            #[cfg(target_arch = "aarch64")]
+            Kernel::Neon => super::neon::tile(x, width, w, out),
+            #[allow(unreachable_patterns)]
+            other => panic!("the {} kernel does not exist on this CPU", other.name()),
+        }
+    }
+}
+
+/// The definition, pair by pair.
+fn portable(x: &[f32], width: usize, w: &[&[f32]], out: &mut [f32]) {
+    let t_rows = out.len() / w.len().max(1);
+    for (r, w_r) in w.iter().enumerate() {
+        for t in 0..t_rows {
+            out[r * t_rows + t] = dot(&x[t * width..(t + 1) * width], w_r);
+        }
+    }
+}
+
+/// [`dot`](super::dot)'s end, shared by the SIMD kernels: the 16 lanes added left to right from
+/// zero, then the tail products `a[k] * b[k]` for `k >= whole` left to right.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(dead_code)
+)]
+#[inline(always)]
+pub(super) fn finish(lanes: &[f32; LANES], a: &[f32], b: &[f32], whole: usize) -> f32 {
+    let mut sum = 0.0f32;
+    for &lane in lanes {
+        sum += lane;
+    }
+    for k in whole..a.len() {
+        sum += a[k] * b[k];
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The SIMD kernel of this CPU is among those the matmul proptests force, so they are not
+    /// checking the portable path twice.
+    #[test]
+    fn the_cpus_simd_kernel_is_available_and_best() {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            assert!(Kernel::available().contains(&Kernel::Avx2));
+            assert_eq!(Kernel::best(), Kernel::Avx2);
+        }
+        #[cfg(target_arch = "aarch64")]
+        assert_eq!(Kernel::best(), Kernel::Neon);
+        assert_eq!(Kernel::available()[0], Kernel::Portable);
+    }
+
+    #[test]
+    fn tile_is_r_by_t() {
+        let x = [1.0f32, 2.0, 3.0, 4.0]; // T = 2, width 2
+        let (w0, w1, w2) = ([1.0f32, 0.0], [0.0f32, 1.0], [1.0f32, 1.0]);
+        for kernel in Kernel::available() {
+            let mut out = [0.0f32; 6];
+            kernel.tile(&x, 2, &[&w0, &w1, &w2], &mut out);
+            assert_eq!(out, [1.0, 3.0, 2.0, 4.0, 3.0, 7.0], "{kernel:?}");
+        }
+    }
+}
