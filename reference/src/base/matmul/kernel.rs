@@ -93,7 +93,11 @@ impl Kernel {
                 unsafe { super::avx2::tile(x, width, w, out) }
             }
             #[cfg(target_arch = "aarch64")]
-            Kernel::Neon => super::neon::tile(x, width, w, out),
+            Kernel::Neon => {
+                assert!(std::arch::is_aarch64_feature_detected!("neon"), "no NEON here");
+                // SAFETY: NEON is present (checked above); the slice lengths are checked above.
+                unsafe { super::neon::tile(x, width, w, out) }
+            }
             #[allow(unreachable_patterns)]
             other => panic!("the {} kernel does not exist on this CPU", other.name()),
         }

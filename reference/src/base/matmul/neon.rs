@@ -9,6 +9,7 @@ use std::arch::aarch64::{float32x4_t, vaddq_f32, vdupq_n_f32, vld1q_f32, vmulq_f
 
 /// `out[r * T + t] = dot(w[r], x_t)` in tiles of 2 weight rows x 2 input rows, with 1-wide tiles for
 /// the ends. Slice lengths are checked by the caller.
+#[target_feature(enable = "neon")]
 pub(super) fn tile(x: &[f32], width: usize, w: &[&[f32]], out: &mut [f32]) {
     let t_rows = out.len() / w.len().max(1);
     let tile = Tile {
@@ -44,6 +45,7 @@ struct Tile<'a> {
 
 impl Tile<'_> {
     /// Weight rows `r0..r0+R` against input rows `t0..t0+T`.
+    #[target_feature(enable = "neon")]
     #[inline]
     fn block<const R: usize, const T: usize>(&self, r0: usize, t0: usize, out: &mut [f32]) {
         let width = self.width;
@@ -85,6 +87,7 @@ impl Tile<'_> {
 }
 
 /// Four floats of `row` from `k`.
+#[target_feature(enable = "neon")]
 #[inline]
 fn load(row: &[f32], k: usize) -> float32x4_t {
     let four = &row[k..k + 4];
