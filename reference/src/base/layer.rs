@@ -112,6 +112,15 @@ impl Projector<'_> {
     }
 }
 
+/// One sequence's slow rows in a batch of independent sequences (batched decoding): `rows`
+/// consecutive rows of the stacked slow chunk at positions `pos0..pos0+rows`, whose K/V go into
+/// its own `cache`.
+pub struct Sequence<'a> {
+    pub rows: usize,
+    pub pos0: usize,
+    pub cache: &'a mut KvCache,
+}
+
 impl DecoderLayer<'_> {
     /// Run the layer on slow rows `s` (positions `pos0..pos0+T`) and optional fast rows, in place.
     ///
@@ -124,9 +133,28 @@ impl DecoderLayer<'_> {
         cache: &mut KvCache,
         fast: Option<FastRows<'_>>,
     ) -> LayerOutput {
+        let rows = s.nrows();
+        self.forward_batch(s, &mut [Sequence { rows, pos0, cache }], fast)
+    }
+
+    /// Run the layer on the slow rows of several independent sequences stacked in `s` (sequence
+    /// after sequence, as `seqs` lists them) and optional fast rows (`slot` indexes the stacked
+    /// rows), in place. Every row sees only its own sequence's cache; the projections multiply all
+    /// rows at once, so each weight is read once for the batch, and batch invariance
+    /// (`matmul::linear`) makes every row's result bitwise what it is alone.
+    ///
+    /// # Shapes
+    /// - `s`: `[sum(rows), D]`, `fast.f`: `[Tf, D]`
+    pub fn forward_batch(
+        &self,
+        s: &mut Array2<f32>,
+        seqs: &mut [Sequence<'_>],
+        fast: Option<FastRows<'_>>,
+    ) -> LayerOutput {
         let (config, layer) = (self.config, self.weights);
         let eps = config.rms_norm_eps as f32;
         let ts = s.nrows();
+        debug_assert_eq!(seqs.iter().map(|q| q.rows).sum::<usize>(), ts);
         let (mut f_empty, no_slot) = (Array2::zeros((0, config.hidden_size)), [0usize; 0]);
         let (f, slot, adapter) = match fast {
             Some(fr) => (fr.f, fr.slot, fr.adapter),
@@ -138,8 +166,13 @@ impl DecoderLayer<'_> {
             adapter,
             work: Cell::new(Work::read(2 * config.hidden_size)), // the two norm weights
         };
-        // Position of row `row` of [s; f]: a fast row sits at its slow row's position.
-        let position = |row: usize| pos0 + if row < ts { row } else { slot[row - ts] };
+        // (sequence, position) of each slow row; a fast row sits at its slow row's.
+        let slow_at: Vec<(usize, usize)> = seqs
+            .iter()
+            .enumerate()
+            .flat_map(|(i, q)| (q.pos0..q.pos0 + q.rows).map(move |pos| (i, pos)))
+            .collect();
+        let at = |row: usize| slow_at[if row < ts { row } else { slot[row - ts] }];
 
         // attention: h = RMSNorm([s; f]); q, k, v with RoPE at each row's position
         let h = stack(
@@ -152,23 +185,27 @@ impl DecoderLayer<'_> {
         let v = p.project(&attn.v, Target::Attn(AttnProj::V), h.view()); // [T+Tf, Hkv*Dh]
         for row in 0..ts + slot.len() {
             let rows = s![row..row + 1, ..];
-            self.rope
-                .apply(q.slice_mut(rows), position(row), config.head_dim);
-            self.rope
-                .apply(k.slice_mut(rows), position(row), config.head_dim);
+            let pos = at(row).1;
+            self.rope.apply(q.slice_mut(rows), pos, config.head_dim);
+            self.rope.apply(k.slice_mut(rows), pos, config.head_dim);
         }
         // Only the slow stream writes the cache (spec section 2).
-        cache.write(
-            self.index,
-            pos0,
-            k.slice(s![..ts, ..]),
-            v.slice(s![..ts, ..]),
-        );
-        let (keys, values) = cache.layer(self.index, pos0 + ts);
+        let mut first = 0;
+        for q in seqs.iter_mut() {
+            let rows = s![first..first + q.rows, ..];
+            q.cache
+                .write(self.index, q.pos0, k.slice(rows), v.slice(rows));
+            first += q.rows;
+        }
+        let caches: Vec<_> = seqs
+            .iter()
+            .map(|q| q.cache.layer(self.index, q.pos0 + q.rows))
+            .collect();
         let ctx_rows: Vec<Array1<f32>> = (0..ts + slot.len())
             .into_par_iter()
             .map(|row| {
-                let pos = position(row);
+                let (seq, pos) = at(row);
+                let (keys, values) = caches[seq];
                 let lo = window_start(config, pos);
                 if row < ts {
                     // slow row: cached keys lo..=pos, its own included
@@ -195,7 +232,7 @@ impl DecoderLayer<'_> {
             })
             .collect();
         for row in 0..ts + slot.len() {
-            let pos = position(row);
+            let pos = at(row).1;
             p.count(Work::attention(config, pos + 1 - window_start(config, pos)));
         }
         let ctx = from_rows(&ctx_rows, config.q_dim()); // [T+Tf, H*Dh]

@@ -11,20 +11,28 @@
 
 use crate::base::config::ModelConfig;
 use crate::base::kv_cache::KvCache;
-use crate::base::layer::{DecoderLayer, LayerOutput};
+use crate::base::layer::{DecoderLayer, LayerOutput, Sequence};
 use crate::base::matmul::linear;
 use crate::base::ops::rms_norm;
 use crate::base::rope::Rope;
 use crate::base::weights::Weights;
 use crate::base::work::Work;
 use crate::error::{Error, Result};
-use ndarray::{Array2, ArrayView2, Axis};
+use ndarray::{Array2, ArrayView2, Axis, s};
 
 /// Logits and the work it took to compute them.
 #[derive(Clone, Debug)]
 pub struct Output {
     /// `[T, V]`
     pub logits: Array2<f32>,
+    pub work: Work,
+}
+
+/// Logits of each sequence of a batch, and the work of the whole batch.
+#[derive(Clone, Debug)]
+pub struct BatchOutput {
+    /// `[T_i, V]` per sequence
+    pub logits: Vec<Array2<f32>>,
     pub work: Work,
 }
 
@@ -151,17 +159,59 @@ impl Model {
     /// # Shapes
     /// - `tokens`: `[T]` -> logits `[T, V]`
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache) -> Result<Output> {
-        let pos0 = cache.len();
-        self.check_input(tokens, pos0, cache)?;
-        let mut s = self.embed(tokens);
-        let mut work = Work::read(tokens.len() * self.config.hidden_size);
-        for l in 0..self.config.num_hidden_layers {
-            work += self.layer_forward(l, &mut s, pos0, cache).work;
-        }
-        cache.set_len(pos0 + tokens.len());
-        let head = self.head(s.view());
+        let BatchOutput { mut logits, work } = self.forward_batch(&[tokens], &mut [cache])?;
         Ok(Output {
-            logits: head.logits,
+            logits: logits.pop().expect("one sequence"),
+            work,
+        })
+    }
+
+    /// [`Model::forward`] of several independent sequences at once: chunk `i` is appended to
+    /// `caches[i]`. All rows go through each weight together (one weight read per batch), and
+    /// every sequence's logits are bitwise those of its own `forward` (batch invariance).
+    ///
+    /// # Shapes
+    /// - `chunks[i]`: `[T_i]` -> logits `[T_i, V]` each
+    pub fn forward_batch(
+        &self,
+        chunks: &[&[u32]],
+        caches: &mut [&mut KvCache],
+    ) -> Result<BatchOutput> {
+        assert_eq!(chunks.len(), caches.len(), "one cache per chunk");
+        for (tokens, cache) in chunks.iter().zip(caches.iter()) {
+            self.check_input(tokens, cache.len(), cache)?;
+        }
+        let all: Vec<u32> = chunks.concat();
+        let mut s = self.embed(&all);
+        let mut work = Work::read(all.len() * self.config.hidden_size);
+        let pos0: Vec<usize> = caches.iter().map(|c| c.len()).collect();
+        for l in 0..self.config.num_hidden_layers {
+            let mut seqs: Vec<Sequence> = caches
+                .iter_mut()
+                .zip(chunks)
+                .zip(&pos0)
+                .map(|((cache, tokens), &pos0)| Sequence {
+                    rows: tokens.len(),
+                    pos0,
+                    cache,
+                })
+                .collect();
+            work += self.layer(l).forward_batch(&mut s, &mut seqs, None).work;
+        }
+        let head = self.head(s.view());
+        let mut first = 0;
+        let mut logits = Vec::with_capacity(chunks.len());
+        for (cache, tokens) in caches.iter_mut().zip(chunks) {
+            cache.set_len(cache.len() + tokens.len());
+            logits.push(
+                head.logits
+                    .slice(s![first..first + tokens.len(), ..])
+                    .to_owned(),
+            );
+            first += tokens.len();
+        }
+        Ok(BatchOutput {
+            logits,
             work: work + head.work,
         })
     }

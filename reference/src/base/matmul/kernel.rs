@@ -94,7 +94,10 @@ impl Kernel {
             }
             #[cfg(target_arch = "aarch64")]
             Kernel::Neon => {
-                assert!(std::arch::is_aarch64_feature_detected!("neon"), "no NEON here");
+                assert!(
+                    std::arch::is_aarch64_feature_detected!("neon"),
+                    "no NEON here"
+                );
                 // SAFETY: NEON is present (checked above); the slice lengths are checked above.
                 unsafe { super::neon::tile(x, width, w, out) }
             }
