@@ -7,8 +7,8 @@ use super::progress;
 use anyhow::{Context, Result, bail};
 use std::io::BufRead;
 use std::path::PathBuf;
-use train::data::{DistillMeta, write};
-use train::distill::{DistillOptions, generate_samples};
+use train::data::{DistillMeta, Run};
+use train::distill::{DistillOptions, generate_samples_batched};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -35,6 +35,12 @@ pub struct Args {
     /// Use only the first N prompts (smoke runs)
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
+    /// Sequences decoded together (each response is bitwise the same at any batch size)
+    #[arg(long, value_name = "N", default_value_t = train::distill::DEFAULT_BATCH)]
+    pub batch: usize,
+    /// Continue a stopped run into the same --out (same settings): keep its samples, make the rest
+    #[arg(long)]
+    pub resume: bool,
 }
 
 /// `(id, prompt text)` of every line of a prompts file.
@@ -95,32 +101,66 @@ pub fn run(args: &Args) -> Result<()> {
         seed: args.seed,
         stop_tokens: loaded.stop_tokens(),
     };
+    if args.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
     let total = encoded.len() * args.samples_per_prompt;
-    let bar = progress::tokens(total as u64, "samples");
-    let start = std::time::Instant::now();
-    let mut generated = 0usize;
-    let samples = generate_samples(&loaded.model, &encoded, &options, &mut |s| {
-        generated += s.tokens.len() - s.prompt_len;
-        bar.inc(1);
-    })?;
-    bar.finish_and_clear();
-    let seconds = start.elapsed().as_secs_f64();
-    let meta = DistillMeta {
+    let planned = DistillMeta {
         model: loaded.name.clone(),
         prompts: args.prompts.display().to_string(),
         samples_per_prompt: args.samples_per_prompt,
         max_new_tokens: args.max_new_tokens,
         temperature: args.temperature,
         seed: args.seed,
-        samples: samples.len(),
-        tokens: samples.iter().map(|s| s.tokens.len()).sum(),
+        samples: total,
+        tokens: 0,
     };
-    write(&args.out, &samples, &meta)?;
+    let vocab = loaded.model.config.vocab_size;
+    let mut run = Run::start(&args.out, &planned, args.resume, vocab)?;
+    let done = run.done();
+    if !done.is_empty() {
+        eprintln!(
+            "resuming {}: {} of {total} samples already written",
+            args.out.display(),
+            done.len()
+        );
+    }
+    let bar = progress::steps(total as u64, "samples");
+    bar.set_position(done.len() as u64);
+    let start = std::time::Instant::now();
+    let mut generated = 0usize;
+    let mut failed = None;
+    generate_samples_batched(
+        &loaded.model,
+        &encoded,
+        &options,
+        args.batch,
+        &done,
+        &mut |s| {
+            generated += s.tokens.len() - s.prompt_len;
+            if failed.is_none() {
+                failed = run.append(s).err();
+            }
+            bar.inc(1);
+            bar.set_message(format!(
+                "{:.1} tokens/s",
+                generated as f64 / start.elapsed().as_secs_f64().max(1e-9)
+            ));
+        },
+    )?;
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    bar.finish_and_clear();
+    let seconds = start.elapsed().as_secs_f64();
+    let order: Vec<String> = encoded.iter().map(|(id, _)| id.clone()).collect();
+    let samples = run.finish(&order, planned)?;
+    let meta_tokens: usize = samples.iter().map(|s| s.tokens.len()).sum();
     println!(
         "wrote {} samples ({} response tokens, {} tokens in all) to {} in {:.1} s ({:.1} response tokens/s)",
         samples.len(),
         generated,
-        meta.tokens,
+        meta_tokens,
         args.out.display(),
         seconds,
         generated as f64 / seconds.max(1e-9)

@@ -290,3 +290,76 @@ fn bad_training_input_is_refused() {
         &["sparse MoE", "dense"],
     );
 }
+
+/// `distill-data --batch` writes the same bytes at any batch size; `--resume` of a finished folder
+/// keeps it as it is; `--resume` with other settings is refused naming the setting.
+#[test]
+fn distill_batch_sizes_agree_and_resume_checks_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    write_prompts(&dir.path().join("train.jsonl"), "t", 5);
+    let run = |out: &str, batch: &str, extra: &[&str]| {
+        let mut args = vec!["distill-data", "--model", "tiny", "--prompts"];
+        let prompts = p("train.jsonl");
+        let out = p(out);
+        args.extend([
+            prompts.as_str(),
+            "--out",
+            out.as_str(),
+            "--max-new-tokens",
+            "12",
+        ]);
+        args.extend([
+            "--temperature",
+            "0.9",
+            "--samples-per-prompt",
+            "2",
+            "--batch",
+            batch,
+        ]);
+        args.extend(extra);
+        ok(&args)
+    };
+    run("one", "1", &[]);
+    run("many", "4", &[]);
+    let samples = |d: &str| std::fs::read(dir.path().join(d).join("samples.jsonl")).unwrap();
+    assert_eq!(samples("one"), samples("many"));
+    let before = samples("many");
+    let resumed = run("many", "3", &["--resume"]);
+    assert!(
+        resumed.stderr.contains("10 of 10 samples already written"),
+        "{}",
+        resumed.stderr
+    );
+    assert_eq!(samples("many"), before);
+    assert!(!dir.path().join("many").join("progress.json").exists());
+    fails(
+        &[
+            "distill-data",
+            "--model",
+            "tiny",
+            "--prompts",
+            &p("train.jsonl"),
+            "--out",
+            &p("many"),
+            "--max-new-tokens",
+            "12",
+            "--resume",
+        ],
+        &["meta.json", "`samples_per_prompt`", "--resume"],
+    );
+    fails(
+        &[
+            "distill-data",
+            "--model",
+            "tiny",
+            "--prompts",
+            &p("train.jsonl"),
+            "--out",
+            &p("x"),
+            "--batch",
+            "0",
+        ],
+        &["--batch must be at least 1"],
+    );
+}

@@ -6,6 +6,12 @@
 //! |-----------------|-------------------------------------------------------------------------|
 //! | `samples.jsonl` | one sample per line: `{"prompt_id", "sample", "prompt_len", "tokens"}`  |
 //! | `meta.json`     | how it was made: model, prompts file, samples per prompt, max new tokens, temperature, seed |
+//! | `progress.json` | only while a run is unfinished: the planned `meta.json` (`tokens` 0)      |
+//!
+//! A run appends each sample to `samples.jsonl` as it finishes, so a stopped run keeps its work and
+//! `--resume` continues it ([`Run`]); when it completes, `samples.jsonl` is rewritten in prompt, then
+//! sample order, `meta.json` written and `progress.json` removed: a folder with `meta.json` and no
+//! `progress.json` is complete.
 //!
 //! `tokens` is the chat-templated prompt followed by the response; `prompt_len` counts the prompt
 //! tokens. The fast rows trained are positions `prompt_len - 1 .. len`: the rows whose next token
@@ -13,13 +19,15 @@
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// File of the samples.
 pub const SAMPLES_FILE: &str = "samples.jsonl";
 /// File of the settings the data was generated with.
 pub const META_FILE: &str = "meta.json";
+/// File of an unfinished run's settings.
+pub const PROGRESS_FILE: &str = "progress.json";
 
 /// One token sequence.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -54,6 +62,29 @@ pub struct DistillMeta {
     pub tokens: usize,
 }
 
+impl DistillMeta {
+    /// The first setting in which two runs differ (the counts aside), if any.
+    pub fn differing_setting(&self, other: &DistillMeta) -> Option<&'static str> {
+        [
+            ("model", self.model == other.model),
+            ("prompts", self.prompts == other.prompts),
+            (
+                "samples_per_prompt",
+                self.samples_per_prompt == other.samples_per_prompt,
+            ),
+            (
+                "max_new_tokens",
+                self.max_new_tokens == other.max_new_tokens,
+            ),
+            ("temperature", self.temperature == other.temperature),
+            ("seed", self.seed == other.seed),
+        ]
+        .into_iter()
+        .find(|(_, same)| !same)
+        .map(|(name, _)| name)
+    }
+}
+
 /// Write `samples` and `meta` into `dir` (created if needed).
 pub fn write(dir: &Path, samples: &[DistillSample], meta: &DistillMeta) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
@@ -79,11 +110,25 @@ pub fn read(dir: &Path, vocab_size: usize) -> Result<(Vec<DistillSample>, Distil
         msg: format!("not a distillation meta file: {e}"),
     })?;
     let path = dir.join(SAMPLES_FILE);
-    let file = std::fs::File::open(&path).map_err(|e| Error::io(&path, e))?;
+    let samples = read_samples(&path, vocab_size, false)?;
+    if samples.is_empty() {
+        return Err(Error::Data {
+            file: path.display().to_string(),
+            msg: "no samples".into(),
+        });
+    }
+    Ok((samples, meta))
+}
+
+/// Every sample of a `samples.jsonl`, checked against the vocabulary and its own lengths. With
+/// `torn_tail`, a last line without its newline that does not parse (a run stopped mid-write) is
+/// dropped instead of refused.
+fn read_samples(path: &Path, vocab_size: usize, torn_tail: bool) -> Result<Vec<DistillSample>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let label = path.display().to_string();
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
     let mut samples = Vec::new();
-    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| Error::io(&path, e))?;
+    for (i, line) in lines.iter().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
@@ -91,7 +136,11 @@ pub fn read(dir: &Path, vocab_size: usize) -> Result<(Vec<DistillSample>, Distil
             file: label.clone(),
             msg: format!("line {}: {msg}", i + 1),
         };
-        let s: DistillSample = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
+        let s: DistillSample = match serde_json::from_str(line) {
+            Ok(s) => s,
+            Err(_) if torn_tail && i + 1 == lines.len() && !line.ends_with('\n') => break,
+            Err(e) => return Err(bad(e.to_string())),
+        };
         if s.prompt_len == 0 || s.prompt_len > s.tokens.len() {
             return Err(bad(format!(
                 "prompt_len {} must be in 1..={} (the number of tokens)",
@@ -106,13 +155,115 @@ pub fn read(dir: &Path, vocab_size: usize) -> Result<(Vec<DistillSample>, Distil
         }
         samples.push(s);
     }
-    if samples.is_empty() {
-        return Err(Error::Data {
-            file: label,
-            msg: "no samples".into(),
-        });
+    Ok(samples)
+}
+
+/// A data folder being written: samples appended as they finish, resumable.
+pub struct Run {
+    dir: PathBuf,
+    out: std::fs::File,
+    /// Samples already in the folder (a resumed run) and appended since, in writing order.
+    pub samples: Vec<DistillSample>,
+}
+
+impl Run {
+    /// Start writing `dir` for a run planned as `planned` (`samples`: the planned count). Fresh
+    /// (`resume` false): whatever the folder held is replaced. Resumed: the samples already written
+    /// by a run with the same settings are kept (a torn last line dropped); other settings are
+    /// refused, naming the first that differs.
+    pub fn start(
+        dir: &Path,
+        planned: &DistillMeta,
+        resume: bool,
+        vocab_size: usize,
+    ) -> Result<Run> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let samples_path = dir.join(SAMPLES_FILE);
+        let mut samples = Vec::new();
+        if resume {
+            let earlier = [PROGRESS_FILE, META_FILE]
+                .iter()
+                .map(|f| dir.join(f))
+                .find(|p| p.exists());
+            if let Some(path) = earlier {
+                let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+                let earlier: DistillMeta =
+                    serde_json::from_str(&text).map_err(|e| Error::Data {
+                        file: path.display().to_string(),
+                        msg: format!("not a distillation meta file: {e}"),
+                    })?;
+                if let Some(field) = earlier.differing_setting(planned) {
+                    return Err(Error::Data {
+                        file: path.display().to_string(),
+                        msg: format!(
+                            "--resume: this folder was started with another `{field}`; \
+                             rerun with the same settings or write a new folder"
+                        ),
+                    });
+                }
+                if samples_path.exists() {
+                    samples = read_samples(&samples_path, vocab_size, true)?;
+                }
+            }
+        }
+        let _ = std::fs::remove_file(dir.join(META_FILE));
+        let progress = dir.join(PROGRESS_FILE);
+        let text = serde_json::to_string_pretty(planned).expect("serialisable");
+        std::fs::write(&progress, text + "\n").map_err(|e| Error::io(&progress, e))?;
+        // Rewrite what is kept (drops a torn line), then append.
+        let mut text = String::new();
+        for s in &samples {
+            text += &serde_json::to_string(s).expect("serialisable");
+            text.push('\n');
+        }
+        std::fs::write(&samples_path, text).map_err(|e| Error::io(&samples_path, e))?;
+        let out = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&samples_path)
+            .map_err(|e| Error::io(&samples_path, e))?;
+        Ok(Run {
+            dir: dir.to_path_buf(),
+            out,
+            samples,
+        })
     }
-    Ok((samples, meta))
+
+    /// The `(prompt id, sample)` pairs already written.
+    pub fn done(&self) -> std::collections::HashSet<(String, usize)> {
+        self.samples
+            .iter()
+            .map(|s| (s.prompt_id.clone(), s.sample))
+            .collect()
+    }
+
+    /// Append one finished sample (one line, written through at once).
+    pub fn append(&mut self, sample: &DistillSample) -> Result<()> {
+        let path = self.dir.join(SAMPLES_FILE);
+        let line = serde_json::to_string(sample).expect("serialisable") + "\n";
+        self.out
+            .write_all(line.as_bytes())
+            .map_err(|e| Error::io(&path, e))?;
+        self.samples.push(sample.clone());
+        Ok(())
+    }
+
+    /// Complete the folder: samples in `order` (prompt ids), then sample index; `meta.json`
+    /// written with the final counts; `progress.json` removed.
+    pub fn finish(mut self, order: &[String], mut meta: DistillMeta) -> Result<Vec<DistillSample>> {
+        let rank: std::collections::HashMap<&str, usize> = order
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (id.as_str(), i))
+            .collect();
+        self.samples
+            .sort_by_key(|s| (rank.get(s.prompt_id.as_str()).copied(), s.sample));
+        meta.samples = self.samples.len();
+        meta.tokens = self.samples.iter().map(|s| s.tokens.len()).sum();
+        write(&self.dir, &self.samples, &meta)?;
+        let progress = self.dir.join(PROGRESS_FILE);
+        std::fs::remove_file(&progress).map_err(|e| Error::io(&progress, e))?;
+        Ok(self.samples)
+    }
 }
 
 /// Read several data folders (e.g. greedy and sampled responses) as one training set, in the
@@ -171,6 +322,66 @@ mod tests {
         .unwrap();
         let err = read(dir.path(), 10).unwrap_err().to_string();
         assert!(err.contains("prompt_len 0"), "{err}");
+    }
+
+    fn sample(id: &str, k: usize) -> DistillSample {
+        DistillSample {
+            prompt_id: id.into(),
+            sample: k,
+            prompt_len: 1,
+            tokens: vec![1, 2, k as u32],
+        }
+    }
+
+    /// A stopped run keeps what it appended (a torn last line dropped), `--resume` continues it,
+    /// other settings are refused, and the finished folder is in prompt order with its counts.
+    #[test]
+    fn run_appends_resumes_and_finishes_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut run = Run::start(dir.path(), &meta(), false, 10).unwrap();
+        run.append(&sample("b", 0)).unwrap();
+        run.append(&sample("a", 1)).unwrap();
+        drop(run); // stopped
+        let samples = dir.path().join(SAMPLES_FILE);
+        let mut text = std::fs::read_to_string(&samples).unwrap();
+        text += "{\"prompt_id\":\"a\",\"sam";
+        std::fs::write(&samples, text).unwrap();
+        assert!(
+            read(dir.path(), 10).is_err(),
+            "an unfinished folder has no meta.json"
+        );
+
+        let other = DistillMeta { seed: 9, ..meta() };
+        let err = Run::start(dir.path(), &other, true, 10)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("progress.json") && err.contains("`seed`"),
+            "{err}"
+        );
+
+        let mut run = Run::start(dir.path(), &meta(), true, 10).unwrap();
+        let done = run.done();
+        assert_eq!(done.len(), 2);
+        assert!(done.contains(&("b".into(), 0)) && done.contains(&("a".into(), 1)));
+        run.append(&sample("a", 0)).unwrap();
+        let order = ["a".to_string(), "b".to_string()];
+        let all = run.finish(&order, meta()).unwrap();
+        let keys: Vec<(&str, usize)> = all
+            .iter()
+            .map(|s| (s.prompt_id.as_str(), s.sample))
+            .collect();
+        assert_eq!(keys, [("a", 0), ("a", 1), ("b", 0)]);
+        let (back, m) = read(dir.path(), 10).unwrap();
+        assert_eq!(back, all);
+        assert_eq!((m.samples, m.tokens), (3, 9));
+        assert!(!dir.path().join(PROGRESS_FILE).exists());
+
+        // A fresh start replaces the folder.
+        let run = Run::start(dir.path(), &meta(), false, 10).unwrap();
+        assert!(run.samples.is_empty());
+        assert!(!dir.path().join(META_FILE).exists());
     }
 
     #[test]
