@@ -51,8 +51,9 @@ pub fn collect(
     let mut out = Vec::new();
     for (i, sample) in data.iter().enumerate() {
         let rows: Vec<usize> = (sample.first_row()..sample.tokens.len()).collect();
-        let gates = m2r2.all_exit_states(&sample.tokens)?;
-        let final_logits = model.teacher_forced_logits(&sample.tokens)?;
+        // One pass: the exit states and the final slow residual; logits of the response rows only.
+        let (gates, last) = m2r2.all_exit_states_and_final(&sample.tokens)?;
+        let final_logits = model.head(last.select(Axis(0), &rows).view()).logits;
         let per_gate: Vec<(Array2<f32>, Array2<f32>)> = gates
             .iter()
             .map(|(u, _)| {
@@ -61,8 +62,8 @@ pub fn collect(
                 (u, logits)
             })
             .collect();
-        for (r, &pos) in rows.iter().enumerate() {
-            let want = argmax(final_logits.row(pos).as_slice().expect("row"));
+        for r in 0..rows.len() {
+            let want = argmax(final_logits.row(r).as_slice().expect("row"));
             let mut states = Array2::zeros((j, model.config.hidden_size));
             let (mut agree, mut confidence, mut entropy) = (vec![], vec![], vec![]);
             for (g, (u, logits)) in per_gate.iter().enumerate() {

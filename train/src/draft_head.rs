@@ -63,13 +63,13 @@ pub fn pruned_agreement(
         covered: vec![0; heads.len()],
     };
     for sample in data {
-        let states = m2r2.all_exit_states(&sample.tokens)?;
+        let (states, last) = m2r2.all_exit_states_and_final(&sample.tokens)?;
         let rows: Vec<usize> = (sample.first_row()..sample.tokens.len()).collect();
         let u = states[gate - 1].0.select(ndarray::Axis(0), &rows);
         let exit = m2r2.exit_logits(u.view());
-        let base = model.teacher_forced_logits(&sample.tokens)?;
-        for (r, &pos) in rows.iter().enumerate() {
-            let want = argmax(base.row(pos).as_slice().expect("row")) as u32;
+        let base = model.head(last.select(ndarray::Axis(0), &rows).view()).logits;
+        for r in 0..rows.len() {
+            let want = argmax(base.row(r).as_slice().expect("row")) as u32;
             let logits = exit.row(r);
             let logits = logits.as_slice().expect("row");
             out.rows += 1;

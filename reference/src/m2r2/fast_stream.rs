@@ -97,16 +97,46 @@ impl<'a> M2r2<'a> {
         &self,
         tokens: &[u32],
     ) -> crate::Result<Vec<(Array2<f32>, Array2<f32>)>> {
+        Ok(self.exit_trace(tokens, false)?.0)
+    }
+
+    /// [`M2r2::all_exit_states`] and the final slow residual `s_N` of every position, from the same
+    /// slow stream: `model.head(s_N)` is bitwise the base model's logits (batch invariance), so a
+    /// teacher needs no second forward.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[T]` -> (J entries of (`[T, D]`, `[T, D]`), `s_N` `[T, D]`)
+    pub fn all_exit_states_and_final(
+        &self,
+        tokens: &[u32],
+    ) -> crate::Result<(Vec<(Array2<f32>, Array2<f32>)>, Array2<f32>)> {
+        self.exit_trace(tokens, true)
+    }
+
+    /// The gates' (exit state, slow residual), then the slow residual after the last interval,
+    /// or after the last layer with `to_end`.
+    fn exit_trace(
+        &self,
+        tokens: &[u32],
+        to_end: bool,
+    ) -> crate::Result<(Vec<(Array2<f32>, Array2<f32>)>, Array2<f32>)> {
         let mut cache = self.model.new_cache(tokens.len())?;
         self.model.check_input(tokens, 0, &cache)?;
         let mut s = self.model.embed(tokens);
         let slots: Vec<usize> = (0..tokens.len()).collect();
         let mut out = Vec::with_capacity(self.num_gates());
+        let mut next_layer = 0;
         for j in 0..self.num_gates() {
             let interval = self.run_interval(j, &mut s, 0, &mut cache, &slots);
             out.push((interval.exit_states, s.clone()));
+            next_layer = self.weights.config.interval_layers(j).end;
         }
-        Ok(out)
+        if to_end {
+            for l in next_layer..self.model.config.num_hidden_layers {
+                self.model.layer_forward(l, &mut s, 0, &mut cache);
+            }
+        }
+        Ok((out, s))
     }
 }
 
@@ -114,7 +144,26 @@ impl<'a> M2r2<'a> {
 mod tests {
     use super::*;
     use crate::io::builtin;
+    use crate::m2r2::config::M2r2Config;
     use crate::m2r2::weights::M2r2Weights;
+
+    /// The final slow residual of `all_exit_states_and_final` gives the base model's logits bit for
+    /// bit, and its exit states are `all_exit_states`'.
+    #[test]
+    fn final_residual_gives_the_base_logits() {
+        for name in builtin::BUILTIN_NAMES {
+            let model = builtin::builtin(name).unwrap();
+            let weights =
+                M2r2Weights::random(&model.config, M2r2Config::default_for(&model.config), 3)
+                    .unwrap();
+            let m2r2 = M2r2::new(&model, &weights);
+            let tokens = [3, 1, 4, 1, 5, 9, 2, 6];
+            let (gates, last) = m2r2.all_exit_states_and_final(&tokens).unwrap();
+            assert_eq!(gates, m2r2.all_exit_states(&tokens).unwrap());
+            let want = model.teacher_forced_logits(&tokens).unwrap();
+            assert_eq!(model.head(last.view()).logits, want, "{name}");
+        }
+    }
 
     /// With B = 0 the fast stream computes exactly the slow stream's layers, so each exit state
     /// equals the slow residual at its gate, bit for bit (spec section 1).
