@@ -8,9 +8,11 @@ use std::arch::x86_64::{
     __m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
 };
 
-/// `out[r * T + t] = dot(w[r], x_t)`, in tiles of 4 weight rows x 1 input row when `T = 1`
-/// (decode: four weight streams in flight) and 2 x 2 otherwise, with 1-wide tiles for the ends.
-/// Slice lengths are checked by the caller.
+/// `out[r * T + t] = dot(w[r], x_t)`, one weight row at a time against tiles of 4 input rows (then
+/// 2, then 1 for the end). One weight row in flight, not several: on the development machine (AMD
+/// EPYC, Zen 4) interleaving two weight rows halved the streaming read rate of a decode step
+/// (docs/PERFORMANCE.md), while the input rows of a chunk stay in L1. Slice lengths are checked by
+/// the caller.
 #[target_feature(enable = "avx2")]
 pub(super) fn tile(x: &[f32], width: usize, w: &[&[f32]], out: &mut [f32]) {
     let t_rows = out.len() / w.len().max(1);
@@ -20,27 +22,13 @@ pub(super) fn tile(x: &[f32], width: usize, w: &[&[f32]], out: &mut [f32]) {
         t_rows,
         w,
     };
-    let mut r = 0;
-    if t_rows == 1 {
-        while r + 4 <= w.len() {
-            tile.block::<4, 1>(r, 0, out);
-            r += 4;
-        }
-    }
-    while r + 2 <= w.len() {
+    for r in 0..w.len() {
         let mut t = 0;
-        while t + 2 <= t_rows {
-            tile.block::<2, 2>(r, t, out);
-            t += 2;
+        while t + 4 <= t_rows {
+            tile.block::<1, 4>(r, t, out);
+            t += 4;
         }
-        if t < t_rows {
-            tile.block::<2, 1>(r, t, out);
-        }
-        r += 2;
-    }
-    if r < w.len() {
-        let mut t = 0;
-        while t + 2 <= t_rows {
+        if t + 2 <= t_rows {
             tile.block::<1, 2>(r, t, out);
             t += 2;
         }

@@ -11,7 +11,7 @@
 //! | kernel     | where                        | per instruction | tile (weight rows x input rows) |
 //! |------------|------------------------------|-----------------|---------------------------------|
 //! | `Portable` | everywhere (the definition)  | what the compiler makes of [`dot`](super::dot) | 1 x 1 |
-//! | `Avx2`     | x86-64 with AVX2 (runtime check) | 8 lanes (`__m256`) | 4 x 1 for one input row, else 2 x 2 |
+//! | `Avx2`     | x86-64 with AVX2 (runtime check) | 8 lanes (`__m256`) | 1 x 4 (then 1 x 2, 1 x 1) |
 //! | `Neon`     | aarch64 (NEON is baseline there) | 4 lanes (`float32x4_t`) | 2 x 2 |
 //!
 //! A tile keeps `tile rows x tile inputs` 16-lane accumulators in registers, so one load of a weight
