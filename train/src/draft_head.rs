@@ -67,7 +67,9 @@ pub fn pruned_agreement(
         let rows: Vec<usize> = (sample.first_row()..sample.tokens.len()).collect();
         let u = states[gate - 1].0.select(ndarray::Axis(0), &rows);
         let exit = m2r2.exit_logits(u.view());
-        let base = model.head(last.select(ndarray::Axis(0), &rows).view()).logits;
+        let base = model
+            .head(last.select(ndarray::Axis(0), &rows).view())
+            .logits;
         for r in 0..rows.len() {
             let want = argmax(base.row(r).as_slice().expect("row")) as u32;
             let logits = exit.row(r);

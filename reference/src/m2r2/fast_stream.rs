@@ -19,6 +19,9 @@ use crate::base::work::Work;
 use crate::m2r2::weights::M2r2Weights;
 use ndarray::{Array2, ArrayView2, Axis};
 
+/// Per gate `g`: the fast exit state `u_g` and the slow residual `s_{e_g}`, `[T, D]` each.
+pub type GateStates = Vec<(Array2<f32>, Array2<f32>)>;
+
 /// A base model with its M2R2 weights.
 #[derive(Clone, Copy)]
 pub struct M2r2<'a> {
@@ -93,10 +96,7 @@ impl<'a> M2r2<'a> {
     ///
     /// # Shapes
     /// - `tokens`: `[T]` -> J entries of (`u_g` `[T, D]`, `s_{e_g}` `[T, D]`)
-    pub fn all_exit_states(
-        &self,
-        tokens: &[u32],
-    ) -> crate::Result<Vec<(Array2<f32>, Array2<f32>)>> {
+    pub fn all_exit_states(&self, tokens: &[u32]) -> crate::Result<GateStates> {
         Ok(self.exit_trace(tokens, false)?.0)
     }
 
@@ -109,17 +109,13 @@ impl<'a> M2r2<'a> {
     pub fn all_exit_states_and_final(
         &self,
         tokens: &[u32],
-    ) -> crate::Result<(Vec<(Array2<f32>, Array2<f32>)>, Array2<f32>)> {
+    ) -> crate::Result<(GateStates, Array2<f32>)> {
         self.exit_trace(tokens, true)
     }
 
     /// The gates' (exit state, slow residual), then the slow residual after the last interval,
     /// or after the last layer with `to_end`.
-    fn exit_trace(
-        &self,
-        tokens: &[u32],
-        to_end: bool,
-    ) -> crate::Result<(Vec<(Array2<f32>, Array2<f32>)>, Array2<f32>)> {
+    fn exit_trace(&self, tokens: &[u32], to_end: bool) -> crate::Result<(GateStates, Array2<f32>)> {
         let mut cache = self.model.new_cache(tokens.len())?;
         self.model.check_input(tokens, 0, &cache)?;
         let mut s = self.model.embed(tokens);

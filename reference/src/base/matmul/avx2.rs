@@ -3,7 +3,7 @@
 //! separate multiply and add (never FMA), so each lane sees the same roundings as the definition.
 
 use super::LANES;
-use super::kernel::finish;
+use super::kernel::{add_lanes, tail};
 use std::arch::x86_64::{
     __m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps, _mm256_storeu_ps,
 };
@@ -22,17 +22,23 @@ pub(super) fn tile(x: &[f32], width: usize, w: &[&[f32]], out: &mut [f32]) {
         t_rows,
         w,
     };
-    for r in 0..w.len() {
-        let mut t = 0;
-        while t + 4 <= t_rows {
+    // Input rows outer: a tile's 4 input rows (9 KB at width 576) and the task's weight rows
+    // stay in L1 together; the other order re-streams a 16-row chunk from L2 for every weight row.
+    let mut t = 0;
+    while t + 4 <= t_rows {
+        for r in 0..w.len() {
             tile.block::<1, 4>(r, t, out);
-            t += 4;
         }
-        if t + 2 <= t_rows {
+        t += 4;
+    }
+    if t + 2 <= t_rows {
+        for r in 0..w.len() {
             tile.block::<1, 2>(r, t, out);
-            t += 2;
         }
-        if t < t_rows {
+        t += 2;
+    }
+    if t < t_rows {
+        for r in 0..w.len() {
             tile.block::<1, 1>(r, t, out);
         }
     }
@@ -74,15 +80,18 @@ impl Tile<'_> {
             k += LANES;
         }
         for r in 0..R {
+            let mut lanes = [[0.0f32; LANES]; T];
             for t in 0..T {
-                let mut lanes = [0.0f32; LANES];
-                let (lo, hi) = lanes.split_at_mut(8);
-                // SAFETY: each half of `lanes` holds 8 f32.
+                let (lo, hi) = lanes[t].split_at_mut(8);
+                // SAFETY: each half of `lanes[t]` holds 8 f32.
                 unsafe {
                     _mm256_storeu_ps(lo.as_mut_ptr(), acc[r][t][0]);
                     _mm256_storeu_ps(hi.as_mut_ptr(), acc[r][t][1]);
                 }
-                out[(r0 + r) * self.t_rows + t0 + t] = finish(&lanes, x_rows[t], w_rows[r], whole);
+            }
+            let sums = add_lanes(&lanes);
+            for t in 0..T {
+                out[(r0 + r) * self.t_rows + t0 + t] = tail(sums[t], x_rows[t], w_rows[r], whole);
             }
         }
     }

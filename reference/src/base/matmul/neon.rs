@@ -4,7 +4,7 @@
 //! `vaddq`, never `vfmaq`), so each lane sees the same roundings as the definition.
 
 use super::LANES;
-use super::kernel::finish;
+use super::kernel::{add_lanes, tail};
 use std::arch::aarch64::{float32x4_t, vaddq_f32, vdupq_n_f32, vld1q_f32, vmulq_f32, vst1q_f32};
 
 /// `out[r * T + t] = dot(w[r], x_t)` in tiles of 2 weight rows x 2 input rows, with 1-wide tiles for
@@ -74,13 +74,16 @@ impl Tile<'_> {
             k += LANES;
         }
         for r in 0..R {
+            let mut lanes = [[0.0f32; LANES]; T];
             for t in 0..T {
-                let mut lanes = [0.0f32; LANES];
-                for (q, four) in lanes.chunks_exact_mut(4).enumerate() {
+                for (q, four) in lanes[t].chunks_exact_mut(4).enumerate() {
                     // SAFETY: `four` holds 4 f32.
                     unsafe { vst1q_f32(four.as_mut_ptr(), acc[r][t][q]) };
                 }
-                out[(r0 + r) * self.t_rows + t0 + t] = finish(&lanes, x_rows[t], w_rows[r], whole);
+            }
+            let sums = add_lanes(&lanes);
+            for t in 0..T {
+                out[(r0 + r) * self.t_rows + t0 + t] = tail(sums[t], x_rows[t], w_rows[r], whole);
             }
         }
     }
