@@ -16,16 +16,14 @@
 use crate::base::kv_cache::KvCache;
 use crate::base::matmul::linear;
 use crate::base::model::Output;
-use crate::base::ops::{argmax, rms_norm};
-use crate::base::sampling::{SamplingParams, draw, sampling_distribution};
+use crate::base::ops::rms_norm;
+use crate::base::sampling::{Sampler, SamplingParams};
 use crate::base::work::Work;
 use crate::error::{Error, Result};
 use crate::m2r2::cost::CostModel;
 use crate::m2r2::exit_gate::{GateKind, gate_score};
 use crate::m2r2::fast_stream::M2r2;
-use ndarray::{Array2, ArrayView1, ArrayView2, Axis, concatenate, s};
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
+use ndarray::{Array1, Array2, ArrayView1, ArrayView2, Axis, concatenate, s};
 
 /// What happens to the K/V of the layers an exited token skipped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,14 +118,13 @@ struct Pending {
     frontier: usize,
 }
 
-/// Decode with early exit.
+/// Decode with early exit: prefill, then one token at a time until a gate fires, then complete the
+/// KV cache.
 pub fn early_exit_generate(
     m2r2: M2r2<'_>,
     prompt: &[u32],
     options: &EarlyExitOptions,
 ) -> Result<EarlyExitOutput> {
-    let model = m2r2.model;
-    let config = &m2r2.weights.config;
     if prompt.is_empty() {
         return Err(Error::Invalid(
             "the prompt is empty: give at least one token".into(),
@@ -138,147 +135,187 @@ pub fn early_exit_generate(
             "the ARLA gate needs ARLA weights (arla.safetensors)".into(),
         ));
     }
-    if let Some(p) = &options.sampling {
-        p.validate()?;
+    let mut run = EarlyExit::prefill(m2r2, prompt, options)?;
+    if options.max_new_tokens > 0 {
+        let mut token = run.first_token();
+        while run.out.tokens.len() < options.max_new_tokens && !options.stop_tokens.contains(&token)
+        {
+            token = run.step(token)?;
+        }
+        run.complete_pending();
     }
-    let mut rng = ChaCha8Rng::seed_from_u64(options.sampling.as_ref().map_or(0, |p| p.seed));
-    let mut choose = |logits: &[f32]| match &options.sampling {
-        None => argmax(logits) as u32,
-        Some(p) => draw(&sampling_distribution(logits, p), &mut rng) as u32,
-    };
-    let eps = model.config.rms_norm_eps as f32;
-    let n_layers = model.config.num_hidden_layers;
-    let num_gates = config.num_gates();
+    run.out.cache = run.cache;
+    Ok(run.out)
+}
 
-    let mut cache = model.new_cache(prompt.len() + options.max_new_tokens)?;
-    let prompt_logits = model.forward(prompt, &mut cache)?.logits;
-    let mut out = EarlyExitOutput {
-        tokens: Vec::new(),
-        trace: Vec::new(),
-        slow_layer_rows: 0,
-        fast_layer_rows: 0,
-        work: Work::default(),
-        cache: KvCache::new(&model.config, 0),
-    };
-    if options.max_new_tokens == 0 {
-        out.cache = cache;
-        return Ok(out);
+/// The state of an early-exit decode.
+struct EarlyExit<'a> {
+    m2r2: M2r2<'a>,
+    options: &'a EarlyExitOptions,
+    sampler: Sampler,
+    cache: KvCache,
+    /// The prompt's logits at its last position.
+    prompt_last: Vec<f32>,
+    /// Oldest group first; frontiers strictly decrease along the stack.
+    pending: Vec<Pending>,
+    out: EarlyExitOutput,
+}
+
+impl<'a> EarlyExit<'a> {
+    /// The prompt through the whole model in one chunk.
+    fn prefill(m2r2: M2r2<'a>, prompt: &[u32], options: &'a EarlyExitOptions) -> Result<Self> {
+        let model = m2r2.model;
+        let sampler = Sampler::new(options.sampling.clone())?;
+        let mut cache = model.new_cache(prompt.len() + options.max_new_tokens)?;
+        let logits = model.forward(prompt, &mut cache)?.logits;
+        Ok(EarlyExit {
+            m2r2,
+            options,
+            sampler,
+            cache,
+            prompt_last: logits.row(prompt.len() - 1).to_vec(),
+            pending: Vec::new(),
+            out: EarlyExitOutput {
+                tokens: Vec::new(),
+                trace: Vec::new(),
+                slow_layer_rows: 0,
+                fast_layer_rows: 0,
+                work: Work::default(),
+                cache: KvCache::new(&model.config, 0),
+            },
+        })
     }
-    let mut token = choose(
-        prompt_logits
-            .row(prompt.len() - 1)
-            .as_slice()
-            .expect("contiguous"),
-    );
-    out.tokens.push(token);
-    out.trace.push(ExitTrace {
-        token,
-        exit_gate: None,
-        scores: vec![],
-        layers_at_emit: n_layers,
-    });
-    // Oldest group first; frontiers strictly decrease along the stack.
-    let mut pending: Vec<Pending> = Vec::new();
 
-    while out.tokens.len() < options.max_new_tokens && !options.stop_tokens.contains(&token) {
-        let p = cache.len();
-        model.check_input(&[token], p, &cache)?;
+    /// The first token, from the prompt's full forward.
+    fn first_token(&mut self) -> u32 {
+        let token = self.sampler.next(&self.prompt_last);
+        self.emit(token, None, vec![]);
+        token
+    }
+
+    /// Feed `token` and run it interval by interval (taking pending groups along at their
+    /// frontiers) until a gate's score reaches the threshold or the last layer; emit the next token.
+    fn step(&mut self, token: u32) -> Result<u32> {
+        let (m2r2, config) = (self.m2r2, &self.m2r2.weights.config);
+        let model = m2r2.model;
+        let p = self.cache.len();
+        model.check_input(&[token], p, &self.cache)?;
         let mut s = model.embed(&[token]); // [rows, D]; the current token is the last row
-        out.work += Work::read(model.config.hidden_size);
+        self.out.work += Work::read(model.config.hidden_size);
         let mut pos0 = p;
         let mut exit_states = Vec::new();
         let mut scores = Vec::new();
-        let mut emitted = None;
-        for j in 0..=num_gates {
+        for j in 0..=config.num_gates() {
             // A pending group joins when the current token reaches its frontier.
-            if let Some(waiting) = pending.pop_if(|w| w.frontier == config.boundary(j)) {
+            if let Some(waiting) = self.pending.pop_if(|w| w.frontier == config.boundary(j)) {
                 pos0 -= waiting.states.nrows();
                 s = concatenate![Axis(0), waiting.states, s];
             }
             let current = s.nrows() - 1;
-            let gated = j < num_gates;
+            let gated = j < config.num_gates();
             let slots: &[usize] = if gated { &[current] } else { &[] };
-            let interval = m2r2.run_interval(j, &mut s, pos0, &mut cache, slots);
-            out.work += interval.work;
-            out.slow_layer_rows += s.nrows() * config.interval_len(j);
-            out.fast_layer_rows += slots.len() * config.interval_len(j);
+            let interval = m2r2.run_interval(j, &mut s, pos0, &mut self.cache, slots);
+            self.out.work += interval.work;
+            self.out.slow_layer_rows += s.nrows() * config.interval_len(j);
+            self.out.fast_layer_rows += slots.len() * config.interval_len(j);
             if !gated {
-                let Output { logits, work: head } = model.head(s.slice(s![current.., ..]));
-                out.work += head;
-                emitted = Some((choose(logits.row(0).as_slice().expect("contiguous")), None));
-                break;
+                let Output { logits, work } = model.head(s.slice(s![current.., ..]));
+                self.out.work += work;
+                return Ok(self.emit_next(p, logits.row(0).as_slice().expect("row"), None, scores));
             }
-            let u = interval.exit_states.row(0).to_owned();
-            let Output { logits, work: head } = model.head(u.view().insert_axis(Axis(0)));
-            out.work += head;
-            let logits = logits.row(0).to_vec();
-            exit_states.push(u);
-            let views: Vec<ArrayView1<f32>> = exit_states.iter().map(|u| u.view()).collect();
-            let score = gate_score(
-                options.gate,
-                m2r2.weights.arla.as_ref(),
-                &views,
-                &logits,
-                eps,
-            )?;
+            exit_states.push(interval.exit_states.row(0).to_owned());
+            let (logits, score) = self.exit_head(&exit_states)?;
             scores.push(score);
-            if score >= options.threshold {
+            if score >= self.options.threshold {
                 let gate = j + 1;
-                let exit_layer = config.gate_layer(gate);
-                match options.kv_policy {
-                    KvPolicy::Exact => {
-                        // The whole chunk stops here; an older group stopped at the same layer merges.
-                        let mut states = s.clone();
-                        if let Some(same) = pending.pop_if(|w| w.frontier == exit_layer) {
-                            states = concatenate![Axis(0), same.states, states];
-                        }
-                        pending.push(Pending {
-                            states,
-                            frontier: exit_layer,
-                        });
-                    }
-                    KvPolicy::FastKv => {
-                        out.work += fill_kv_from_exit_state(
-                            m2r2,
-                            exit_layer,
-                            views[gate - 1],
-                            p,
-                            &mut cache,
-                        );
-                    }
-                }
-                emitted = Some((choose(&logits), Some(gate)));
-                break;
+                self.skip_layers(s, config.gate_layer(gate), exit_states[j].view(), p);
+                return Ok(self.emit_next(p, &logits, Some(gate), scores));
             }
         }
-        cache.set_len(p + 1);
-        let (next, exit_gate) = emitted.expect("the last interval always emits");
-        let layers_at_emit = exit_gate.map_or(n_layers, |g| config.gate_layer(g));
-        out.trace.push(ExitTrace {
-            token: next,
+        unreachable!("the last interval always emits")
+    }
+
+    /// Exit logits of the newest exit state and the gate's score over all of them.
+    fn exit_head(&mut self, exit_states: &[Array1<f32>]) -> Result<(Vec<f32>, f32)> {
+        let u = exit_states.last().expect("one exit state per gate reached");
+        let Output { logits, work } = self.m2r2.model.head(u.view().insert_axis(Axis(0)));
+        self.out.work += work;
+        let logits = logits.row(0).to_vec();
+        let views: Vec<ArrayView1<f32>> = exit_states.iter().map(|u| u.view()).collect();
+        let eps = self.m2r2.model.config.rms_norm_eps as f32;
+        let arla = self.m2r2.weights.arla.as_ref();
+        let score = gate_score(self.options.gate, arla, &views, &logits, eps)?;
+        Ok((logits, score))
+    }
+
+    /// The rows `s` stop at `exit_layer`: with `exact` they wait for the next token that reaches it
+    /// (merging with an older group stopped there); with `fast-kv` the skipped layers' K/V of
+    /// position `p` are filled from the exit state `u` now.
+    fn skip_layers(&mut self, s: Array2<f32>, exit_layer: usize, u: ArrayView1<f32>, p: usize) {
+        match self.options.kv_policy {
+            KvPolicy::Exact => {
+                let mut states = s;
+                if let Some(same) = self.pending.pop_if(|w| w.frontier == exit_layer) {
+                    states = concatenate![Axis(0), same.states, states];
+                }
+                self.pending.push(Pending {
+                    states,
+                    frontier: exit_layer,
+                });
+            }
+            KvPolicy::FastKv => {
+                self.out.work +=
+                    fill_kv_from_exit_state(self.m2r2, exit_layer, u, p, &mut self.cache);
+            }
+        }
+    }
+
+    /// Choose the token after position `p` from `logits` and record it.
+    fn emit_next(
+        &mut self,
+        p: usize,
+        logits: &[f32],
+        exit_gate: Option<usize>,
+        scores: Vec<f32>,
+    ) -> u32 {
+        self.cache.set_len(p + 1);
+        let token = self.sampler.next(logits);
+        self.emit(token, exit_gate, scores);
+        token
+    }
+
+    fn emit(&mut self, token: u32, exit_gate: Option<usize>, scores: Vec<f32>) {
+        let config = &self.m2r2.weights.config;
+        let n_layers = self.m2r2.model.config.num_hidden_layers;
+        self.out.trace.push(ExitTrace {
+            token,
             exit_gate,
             scores,
-            layers_at_emit,
+            layers_at_emit: exit_gate.map_or(n_layers, |g| config.gate_layer(g)),
         });
-        out.tokens.push(next);
-        token = next;
+        self.out.tokens.push(token);
     }
-    // Complete the pending groups so the cache is the base model's: run the newest group up, taking
-    // older groups along at their frontiers.
-    if let Some(newest) = pending.pop() {
+
+    /// Complete the pending groups so the cache is the base model's: run the newest group up,
+    /// taking older groups along at their frontiers.
+    fn complete_pending(&mut self) {
+        let model = self.m2r2.model;
+        let Some(newest) = self.pending.pop() else {
+            return;
+        };
         let mut states = newest.states;
-        let mut pos0 = cache.len() - states.nrows();
-        for l in newest.frontier..n_layers {
-            if let Some(older) = pending.pop_if(|w| w.frontier == l) {
+        let mut pos0 = self.cache.len() - states.nrows();
+        for l in newest.frontier..model.config.num_hidden_layers {
+            if let Some(older) = self.pending.pop_if(|w| w.frontier == l) {
                 pos0 -= older.states.nrows();
                 states = concatenate![Axis(0), older.states, states];
             }
-            out.work += model.layer_forward(l, &mut states, pos0, &mut cache).work;
-            out.slow_layer_rows += states.nrows();
+            self.out.work += model
+                .layer_forward(l, &mut states, pos0, &mut self.cache)
+                .work;
+            self.out.slow_layer_rows += states.nrows();
         }
     }
-    out.cache = cache;
-    Ok(out)
 }
 
 /// `fast-kv`: K/V of layers `from..N` at position `p` computed from the exit state `u` with each

@@ -18,14 +18,13 @@
 //! invariant: the verify chunk's logits are bitwise those of one-at-a-time decoding.
 
 use crate::base::ops::argmax;
-use crate::base::sampling::{SamplingParams, draw, sampling_distribution};
+use crate::base::sampling::{Sampler, SamplingParams, draw, sampling_distribution};
 use crate::base::work::Work;
 use crate::error::{Error, Result};
 use crate::m2r2::cost::CostModel;
 use crate::m2r2::exit_gate::GateKind;
 use ndarray::Array2;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::Rng;
 
 /// What a draft step proposes for the next position.
 #[derive(Clone, Debug)]
@@ -161,14 +160,7 @@ pub fn speculative_generate(
     if options.draft_length.max() == 0 {
         return Err(Error::Invalid("the draft length must be at least 1".into()));
     }
-    if let Some(p) = &options.sampling {
-        p.validate()?;
-    }
-    let mut rng = ChaCha8Rng::seed_from_u64(options.sampling.as_ref().map_or(0, |p| p.seed));
-    let mut chooser = Chooser {
-        sampling: options.sampling.as_ref(),
-        rng: &mut rng,
-    };
+    let mut chooser = Chooser(Sampler::new(options.sampling.clone())?);
 
     let prompt_logits = backend.prefill(prompt)?;
     let mut tokens = Vec::new();
@@ -232,22 +224,16 @@ pub fn speculative_generate(
     Ok(SpeculativeOutput { tokens, rounds })
 }
 
-/// Token choice for the base model and the drafts: greedy, or seeded sampling.
-struct Chooser<'a> {
-    sampling: Option<&'a SamplingParams>,
-    rng: &'a mut ChaCha8Rng,
-}
+/// Token choice for the base model and the drafts (the one [`Sampler`]), and the acceptance rule.
+struct Chooser(Sampler);
 
-impl Chooser<'_> {
+impl Chooser {
     fn base(&mut self, logits: &[f32]) -> u32 {
-        match self.sampling {
-            None => argmax(logits) as u32,
-            Some(p) => draw(&sampling_distribution(logits, p), self.rng) as u32,
-        }
+        self.0.next(logits)
     }
 
     fn draft(&mut self, logits: &[f32]) -> u32 {
-        self.base(logits)
+        self.0.next(logits)
     }
 
     /// How many drafts to accept, and the base model's token after them.
@@ -258,8 +244,8 @@ impl Chooser<'_> {
         base: &Array2<f32>,
     ) -> (usize, u32) {
         let row = |i: usize| base.row(i).to_vec();
-        match self.sampling {
-            None => {
+        match &mut self.0 {
+            Sampler::Greedy => {
                 let accepted = drafted
                     .iter()
                     .enumerate()
@@ -267,12 +253,12 @@ impl Chooser<'_> {
                     .count();
                 (accepted, argmax(&row(accepted)) as u32)
             }
-            Some(params) => {
+            Sampler::Sample { params, rng } => {
                 for (i, &d) in drafted.iter().enumerate() {
                     let p = sampling_distribution(&row(i), params);
                     let q = sampling_distribution(&draft_logits[i], params);
                     let (pd, qd) = (p[d as usize], q[d as usize]);
-                    let u: f32 = self.rng.random();
+                    let u: f32 = rng.random();
                     if qd > 0.0 && u < (pd / qd).min(1.0) {
                         continue;
                     }
@@ -285,10 +271,10 @@ impl Chooser<'_> {
                     } else {
                         residual = p;
                     }
-                    return (i, draw(&residual, self.rng) as u32);
+                    return (i, draw(&residual, rng.as_mut()) as u32);
                 }
                 let bonus = sampling_distribution(&row(drafted.len()), params);
-                (drafted.len(), draw(&bonus, self.rng) as u32)
+                (drafted.len(), draw(&bonus, rng.as_mut()) as u32)
             }
         }
     }
