@@ -4,6 +4,7 @@
 pub mod builtin;
 pub mod checkpoint;
 pub mod gguf;
+pub mod hf_config;
 pub mod hub;
 pub mod load;
 pub mod tokenizer;

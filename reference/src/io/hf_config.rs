@@ -1,0 +1,422 @@
+//! Parsing a Hugging Face `config.json` (transformers 4.x and 5.x) into a [`ModelConfig`].
+//!
+//! Every field of `config.json` is either understood, known to be irrelevant for inference (listed in
+//! [`IGNORED_HF_FIELDS`]), or an error: a field we do not know might change the model, and silently
+//! ignoring it would break the "exactly right" promise. `rope_theta` is read at the top level
+//! (transformers 4.x) or inside `rope_parameters` (5.x).
+
+use crate::base::config::{Architecture, ModelConfig, MoeConfig, RopeScaling};
+use crate::error::{Error, Result};
+use serde_json::{Map, Value};
+
+/// `config.json` fields that do not change inference (training knobs, bookkeeping). Anything not in
+/// this list and not understood below is rejected.
+pub const IGNORED_HF_FIELDS: &[&str] = &[
+    "_name_or_path",
+    "architectures",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "pad_token_id",
+    "use_cache",
+    "initializer_range",
+    "attention_dropout",
+    "output_router_logits",
+    "router_aux_loss_coef",
+    "router_jitter_noise",
+    "is_llama_config",
+    "transformers.js_config",
+    "tokenizer_class",
+    "return_dict",
+    "output_attentions",
+    "output_hidden_states",
+    "torchscript",
+    "use_bfloat16",
+    "tie_encoder_decoder",
+    "is_decoder",
+    "is_encoder_decoder",
+    "add_cross_attention",
+    "chunk_size_feed_forward",
+    "problem_type",
+    "id2label",
+    "label2id",
+    "task_specific_params",
+    "finetuning_task",
+    "prefix",
+    "sep_token_id",
+    "decoder_start_token_id",
+    "quantization_config_ignored",
+    "max_window_layers",
+];
+
+impl ModelConfig {
+    /// Parse a HF `config.json`. `file` names the file in error messages.
+    pub fn from_hf_json(text: &str, file: &str) -> Result<Self> {
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| Error::config(file, format!("not valid JSON: {e}")))?;
+        let Value::Object(map) = value else {
+            return Err(Error::config(file, "expected a JSON object"));
+        };
+        HfFields { map, file }.parse()
+    }
+}
+
+/// Reads fields out of a HF config map, remembering which were consumed so leftovers can be rejected.
+struct HfFields<'a> {
+    map: Map<String, Value>,
+    file: &'a str,
+}
+
+impl HfFields<'_> {
+    fn err(&self, msg: impl Into<String>) -> Error {
+        Error::config(self.file, msg)
+    }
+
+    fn take(&mut self, key: &str) -> Option<Value> {
+        self.map.remove(key).filter(|v| !v.is_null())
+    }
+
+    fn usize(&mut self, key: &str) -> Result<Option<usize>> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
+                self.err(format!("`{key}` must be a non-negative integer, got {v}"))
+            }),
+        }
+    }
+
+    fn required_usize(&mut self, key: &str) -> Result<usize> {
+        self.usize(key)?
+            .ok_or_else(|| self.err(format!("missing required field `{key}`")))
+    }
+
+    fn f64(&mut self, key: &str) -> Result<Option<f64>> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.err(format!("`{key}` must be a number, got {v}"))),
+        }
+    }
+
+    fn bool(&mut self, key: &str) -> Result<Option<bool>> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.err(format!("`{key}` must be true or false, got {v}"))),
+        }
+    }
+
+    fn str(&mut self, key: &str) -> Result<Option<String>> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(self.err(format!("`{key}` must be a string, got {v}"))),
+        }
+    }
+
+    /// `eos_token_id` may be one id or a list of ids.
+    fn token_ids(&mut self, key: &str) -> Result<Vec<u32>> {
+        match self.take(key) {
+            None => Ok(vec![]),
+            Some(Value::Number(n)) => n
+                .as_u64()
+                .map(|n| vec![n as u32])
+                .ok_or_else(|| self.err(format!("`{key}` must be a token id"))),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_u64()
+                        .map(|n| n as u32)
+                        .ok_or_else(|| self.err(format!("`{key}` must hold token ids")))
+                })
+                .collect(),
+            Some(v) => Err(self.err(format!("`{key}` must be a token id or a list, got {v}"))),
+        }
+    }
+
+    fn parse(mut self) -> Result<ModelConfig> {
+        let model_type = self
+            .str("model_type")?
+            .ok_or_else(|| self.err("missing `model_type`"))?;
+        let architecture = Architecture::from_model_type(&model_type).ok_or_else(|| {
+            self.err(format!(
+                "unsupported model_type `{model_type}` (supported: llama, mistral, qwen2, mixtral)"
+            ))
+        })?;
+
+        if let Some(act) = self.str("hidden_act")?
+            && act != "silu"
+        {
+            return Err(self.err(format!("hidden_act `{act}` is not supported (only `silu`)")));
+        }
+        if let Some(tp) = self.usize("pretraining_tp")?
+            && tp != 1
+        {
+            return Err(self.err(format!("pretraining_tp = {tp} is not supported (only 1)")));
+        }
+        if self.bool("rope_interleaved")? == Some(true) {
+            return Err(self.err("rope_interleaved = true is not supported (HF rotate-half only)"));
+        }
+        if self.take("quantization_config").is_some() {
+            return Err(self.err(
+                "quantized HF checkpoints (`quantization_config`) are not supported; \
+                 use f32/f16/bf16 safetensors or a GGUF file",
+            ));
+        }
+
+        let vocab_size = self.required_usize("vocab_size")?;
+        let hidden_size = self.required_usize("hidden_size")?;
+        let intermediate_size = self.required_usize("intermediate_size")?;
+        let num_hidden_layers = self.required_usize("num_hidden_layers")?;
+        let num_attention_heads = self.required_usize("num_attention_heads")?;
+        let num_key_value_heads = self
+            .usize("num_key_value_heads")?
+            .unwrap_or(num_attention_heads);
+        let head_dim = match self.usize("head_dim")? {
+            Some(h) => h,
+            None if num_attention_heads > 0 => hidden_size / num_attention_heads,
+            None => 0,
+        };
+        let max_position_embeddings = self.usize("max_position_embeddings")?.unwrap_or(2048);
+        let rms_norm_eps = self.f64("rms_norm_eps")?.unwrap_or(1e-6);
+        let (rope_theta, rope_scaling) = self.rope(architecture)?;
+
+        let attention_bias = self.bool("attention_bias")?.unwrap_or(false);
+        let (qkv_bias, o_bias) = match architecture {
+            Architecture::Qwen2 => (true, false),
+            _ => (attention_bias, attention_bias),
+        };
+        let mlp_bias = self.bool("mlp_bias")?.unwrap_or(false);
+        let tie_word_embeddings = self.bool("tie_word_embeddings")?.unwrap_or(false);
+
+        let window = self.usize("sliding_window")?;
+        let use_sliding_window = self.bool("use_sliding_window")?;
+        let layer_types = self.take("layer_types");
+        let sliding_window = match architecture {
+            Architecture::Mistral | Architecture::Mixtral => window,
+            Architecture::Qwen2 if use_sliding_window == Some(true) => {
+                return Err(self.err(
+                    "qwen2 with use_sliding_window = true is not supported \
+                     (per-layer windows from max_window_layers)",
+                ));
+            }
+            _ => None,
+        };
+        if let Some(Value::Array(types)) = &layer_types
+            && types.iter().any(|t| t != "full_attention")
+            && sliding_window.is_none()
+        {
+            return Err(self.err("layer_types with sliding attention layers are not supported"));
+        }
+
+        let moe = if architecture == Architecture::Mixtral {
+            Some(MoeConfig {
+                num_local_experts: self.required_usize("num_local_experts")?,
+                num_experts_per_tok: self.required_usize("num_experts_per_tok")?,
+            })
+        } else {
+            None
+        };
+
+        let bos_token_id = self.token_ids("bos_token_id")?.first().copied();
+        let eos_token_ids = self.token_ids("eos_token_id")?;
+
+        for key in IGNORED_HF_FIELDS {
+            self.map.remove(*key);
+        }
+        if let Some(key) = self.map.keys().next() {
+            let all: Vec<&String> = self.map.keys().collect();
+            return Err(self.err(format!(
+                "unknown field `{key}` for model_type `{model_type}` (unknown: {all:?}); m2r2 refuses \
+                 fields it does not understand because they might change the model"
+            )));
+        }
+
+        let config = ModelConfig {
+            architecture,
+            vocab_size,
+            hidden_size,
+            intermediate_size,
+            num_hidden_layers,
+            num_attention_heads,
+            num_key_value_heads,
+            head_dim,
+            max_position_embeddings,
+            rms_norm_eps,
+            rope_theta,
+            rope_scaling,
+            qkv_bias,
+            o_bias,
+            mlp_bias,
+            tie_word_embeddings,
+            sliding_window,
+            moe,
+            bos_token_id,
+            eos_token_ids,
+        };
+        config.validate(self.file)?;
+        Ok(config)
+    }
+
+    /// RoPE settings: transformers 4.x writes `rope_theta` and `rope_scaling` at the top level,
+    /// transformers 5.x writes `rope_parameters = {rope_type, rope_theta, ...}`.
+    fn rope(&mut self, architecture: Architecture) -> Result<(f64, RopeScaling)> {
+        let top_theta = self.f64("rope_theta")?;
+        let scaling = self.take("rope_scaling");
+        let parameters = self.take("rope_parameters");
+        let spec = match (scaling, parameters) {
+            (Some(_), Some(_)) => {
+                return Err(self.err("both `rope_scaling` and `rope_parameters` are set"));
+            }
+            (Some(v), None) | (None, Some(v)) => Some(v),
+            (None, None) => None,
+        };
+        let default_theta = match architecture {
+            Architecture::Mistral | Architecture::Mixtral => 1e6,
+            _ => 10000.0,
+        };
+        let Some(spec) = spec else {
+            return Ok((top_theta.unwrap_or(default_theta), RopeScaling::Default));
+        };
+        let Value::Object(mut p) = spec else {
+            return Err(self.err(format!("`rope_parameters` must be an object, got {spec}")));
+        };
+        let file = self.file;
+        let num = |p: &mut Map<String, Value>, key: &str| -> Result<f64> {
+            p.remove(key).and_then(|v| v.as_f64()).ok_or_else(|| {
+                Error::config(file, format!("rope parameters need a numeric `{key}`"))
+            })
+        };
+        let theta = match p.remove("rope_theta").and_then(|v| v.as_f64()) {
+            Some(t) => t,
+            None => top_theta.unwrap_or(default_theta),
+        };
+        let kind = p
+            .remove("rope_type")
+            .or_else(|| p.remove("type"))
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_else(|| "default".into());
+        let scaling = match kind.as_str() {
+            "default" => RopeScaling::Default,
+            "linear" => RopeScaling::Linear {
+                factor: num(&mut p, "factor")?,
+            },
+            "llama3" => RopeScaling::Llama3 {
+                factor: num(&mut p, "factor")?,
+                low_freq_factor: num(&mut p, "low_freq_factor")?,
+                high_freq_factor: num(&mut p, "high_freq_factor")?,
+                original_max_position_embeddings: num(&mut p, "original_max_position_embeddings")?
+                    as usize,
+            },
+            other => {
+                return Err(self.err(format!(
+                    "rope type `{other}` is not implemented (supported: default, linear, llama3)"
+                )));
+            }
+        };
+        if let Some(key) = p.keys().next() {
+            return Err(self.err(format!(
+                "unknown rope parameter `{key}` for rope type `{kind}`"
+            )));
+        }
+        Ok((theta, scaling))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMOLLM2_LIKE: &str = r#"{
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+        "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-05, "rope_theta": 100000, "rope_scaling": null, "tie_word_embeddings": true,
+        "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16", "is_llama_config": true,
+        "rope_interleaved": false, "pretraining_tp": 1, "attention_bias": false, "mlp_bias": false,
+        "transformers_version": "4.42.3", "use_cache": true, "initializer_range": 0.02
+    }"#;
+
+    #[test]
+    fn transformers_4_config() {
+        let c = ModelConfig::from_hf_json(SMOLLM2_LIKE, "config.json").unwrap();
+        assert_eq!(c.head_dim, 64);
+        assert_eq!(c.rope_theta, 100000.0);
+        assert_eq!(c.rope_scaling, RopeScaling::Default);
+        assert!(c.tie_word_embeddings);
+        assert_eq!(c.eos_token_ids, vec![2]);
+        // SmolLM2-135M: 134.5M parameters.
+        assert_eq!(c.parameter_count(), 134_515_008);
+    }
+
+    #[test]
+    fn transformers_5_rope_parameters() {
+        let text = SMOLLM2_LIKE
+            .replace(r#""rope_theta": 100000, "rope_scaling": null,"#, "")
+            .replace(
+                r#""model_type": "llama","#,
+                r#""model_type": "llama", "rope_parameters": {"rope_type": "default", "rope_theta": 100000.0},"#,
+            );
+        let c5 = ModelConfig::from_hf_json(&text, "config.json").unwrap();
+        let c4 = ModelConfig::from_hf_json(SMOLLM2_LIKE, "config.json").unwrap();
+        assert_eq!(c4, c5);
+    }
+
+    #[test]
+    fn llama3_scaling() {
+        let text = SMOLLM2_LIKE.replace(
+            r#""rope_scaling": null"#,
+            r#""rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}"#,
+        );
+        let c = ModelConfig::from_hf_json(&text, "config.json").unwrap();
+        assert!(matches!(
+            c.rope_scaling,
+            RopeScaling::Llama3 { factor: 8.0, .. }
+        ));
+    }
+
+    #[test]
+    fn rejections_name_the_problem() {
+        let cases = [
+            (
+                SMOLLM2_LIKE.replace("\"llama\"", "\"gpt2\""),
+                "unsupported model_type `gpt2`",
+            ),
+            (
+                SMOLLM2_LIKE.replace("\"use_cache\": true", "\"magic\": 3"),
+                "unknown field `magic`",
+            ),
+            (
+                SMOLLM2_LIKE.replace(
+                    r#""rope_scaling": null"#,
+                    r#""rope_scaling": {"type": "yarn", "factor": 4.0}"#,
+                ),
+                "rope type `yarn` is not implemented",
+            ),
+            (
+                SMOLLM2_LIKE.replace("\"num_key_value_heads\": 3", "\"num_key_value_heads\": 4"),
+                "not a multiple",
+            ),
+            (
+                SMOLLM2_LIKE.replace("\"silu\"", "\"gelu\""),
+                "hidden_act `gelu`",
+            ),
+            (SMOLLM2_LIKE[..40].to_string(), "not valid JSON"),
+            (
+                SMOLLM2_LIKE.replace("\"vocab_size\": 49152,", ""),
+                "missing required field `vocab_size`",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = ModelConfig::from_hf_json(&text, "dir/config.json")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{err:?} should contain {want:?}");
+            assert!(err.starts_with("dir/config.json"), "{err}");
+        }
+    }
+}
