@@ -95,3 +95,13 @@ impl Error {
         }
     }
 }
+
+/// An error of the runner as the reference's, for the reference's decoding loops
+/// (`GreedyBackend`, `SpeculativeBackend`): the reference's own errors pass through, the others keep
+/// their message.
+pub fn into_reference(error: Error) -> reference::Error {
+    match error {
+        Error::Reference(e) => e,
+        other => reference::Error::Invalid(other.to_string()),
+    }
+}

@@ -2,17 +2,15 @@
 //! reference's [`reference::base::generate::generate`] with ONNX Runtime doing the forward passes.
 
 use crate::ep::EpConfig;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, into_reference};
 use crate::kv_store::{Kv, KvStore};
 use crate::manifest::{ExportDir, GraphKind};
 use crate::session::{Input, OnnxSession};
 use crate::step::{StepInputs, check_tokens};
 use ndarray::{Array2, Axis, Ix3};
 use reference::ModelConfig;
-use reference::base::generate::{GenerateOptions, Generation};
-use reference::base::sampling::Sampler;
+use reference::base::generate::{GenerateOptions, Generation, GreedyBackend, generate_with};
 use reference::base::work::Work;
-use std::time::Instant;
 
 /// model.onnx with its KV cache.
 pub struct OnnxModel {
@@ -98,49 +96,28 @@ impl OnnxModel {
         Ok(logits)
     }
 
-    /// Decode after `prompt` as [`reference::base::generate::generate`] does (same stop rules and
-    /// sampler); the cache starts empty. `work` is not counted (zero).
+    /// Decode after `prompt` with the reference's loop ([`generate_with`]: same sampler, stop
+    /// rules and streaming); the cache starts empty. `work` is not counted (zero).
     pub fn generate(
         &mut self,
         prompt: &[u32],
         options: &GenerateOptions,
         on_token: &mut dyn FnMut(u32, &[f32]),
     ) -> Result<Generation> {
-        if prompt.is_empty() {
-            return Err(reference::Error::Invalid(
-                "the prompt is empty: give at least one token".into(),
-            )
-            .into());
-        }
-        let mut sampler = Sampler::new(options.sampling.clone())?;
-        check_tokens(&self.config, prompt, 0)?;
-        check_tokens(&self.config, &[], prompt.len() + options.max_new_tokens)?;
+        Ok(generate_with(self, prompt, options, on_token)?)
+    }
+}
+
+impl GreedyBackend for OnnxModel {
+    fn start(&mut self, capacity: usize) -> reference::Result<()> {
+        check_tokens(&self.config, &[], capacity).map_err(into_reference)?;
         self.reset();
+        Ok(())
+    }
 
-        let start = Instant::now();
-        let logits = self.forward(prompt)?;
-        let prefill_seconds = start.elapsed().as_secs_f64();
-
-        let mut tokens = Vec::with_capacity(options.max_new_tokens);
-        let mut last = logits.row(logits.nrows() - 1).to_vec();
-        let start = Instant::now();
-        while tokens.len() < options.max_new_tokens {
-            let token = sampler.next(&last);
-            tokens.push(token);
-            on_token(token, &last);
-            if options.stop_tokens.contains(&token) || tokens.len() == options.max_new_tokens {
-                break;
-            }
-            let logits = self.forward(&[token])?;
-            last = logits.row(0).to_vec();
-        }
-        Ok(Generation {
-            prompt_tokens: prompt.to_vec(),
-            tokens,
-            prefill_seconds,
-            decode_seconds: start.elapsed().as_secs_f64(),
-            work: Work::default(),
-        })
+    fn feed(&mut self, tokens: &[u32]) -> reference::Result<(Vec<f32>, Work)> {
+        let logits = self.forward(tokens).map_err(into_reference)?;
+        Ok((logits.row(logits.nrows() - 1).to_vec(), Work::default()))
     }
 }
 

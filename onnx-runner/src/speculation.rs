@@ -13,7 +13,7 @@
 //! - rollback: truncate both stores along the sequence axis and forget kept residuals.
 
 use crate::ep::EpConfig;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, into_reference};
 use crate::greedy::logits_rows;
 use crate::kv_store::{Kv, KvStore};
 use crate::manifest::{ExportDir, GraphKind};
@@ -301,14 +301,5 @@ impl SpeculativeBackend for OnnxSpeculation {
         self.kept.truncate(self.len - self.verified);
         self.lower.truncate(self.len);
         self.upper.truncate(self.verified);
-    }
-}
-
-/// The trait speaks `reference::Error`: runner errors travel as its `Invalid` text (a reference
-/// error inside stays itself).
-fn into_reference(error: Error) -> reference::Error {
-    match error {
-        Error::Reference(e) => e,
-        other => reference::Error::Invalid(other.to_string()),
     }
 }

@@ -1,6 +1,7 @@
 //! Autoregressive decoding with the base model: prefill the prompt in one chunk, then one token at a
 //! time from the KV cache.
 
+use crate::base::kv_cache::KvCache;
 use crate::base::model::{Model, Output};
 use crate::base::sampling::{Sampler, SamplingParams};
 use crate::base::work::Work;
@@ -38,10 +39,60 @@ impl Generation {
     }
 }
 
-/// Decode up to `max_new_tokens` after `prompt`. `on_token(token, logits_row)` sees every emitted
-/// token and the logits it was chosen from (for streaming output and goldens).
+/// The forward passes of one engine for autoregressive decoding. [`generate_with`] is the decoding
+/// loop, shared by the reference ([`ReferenceGreedy`]) and the ONNX runner (`OnnxModel`), so both
+/// choose, stream and stop exactly alike.
+pub trait GreedyBackend {
+    /// Forget any earlier sequence and make room for `capacity` positions (refused beyond what the
+    /// engine holds).
+    fn start(&mut self, capacity: usize) -> Result<()>;
+    /// Feed `tokens` after the cached positions: the logits of the last one, and the work done
+    /// (zero where the engine does not count it).
+    fn feed(&mut self, tokens: &[u32]) -> Result<(Vec<f32>, Work)>;
+}
+
+/// The reference model with its KV cache.
+pub struct ReferenceGreedy<'a> {
+    model: &'a Model,
+    cache: KvCache,
+}
+
+impl<'a> ReferenceGreedy<'a> {
+    pub fn new(model: &'a Model) -> Self {
+        ReferenceGreedy {
+            model,
+            cache: KvCache::new(&model.config, 0),
+        }
+    }
+}
+
+impl GreedyBackend for ReferenceGreedy<'_> {
+    fn start(&mut self, capacity: usize) -> Result<()> {
+        self.cache = self.model.new_cache(capacity)?;
+        Ok(())
+    }
+
+    fn feed(&mut self, tokens: &[u32]) -> Result<(Vec<f32>, Work)> {
+        let Output { logits, work } = self.model.forward(tokens, &mut self.cache)?;
+        Ok((logits.row(logits.nrows() - 1).to_vec(), work))
+    }
+}
+
+/// Decode up to `max_new_tokens` after `prompt` with the reference. `on_token(token, logits_row)`
+/// sees every emitted token and the logits it was chosen from (for streaming output and goldens).
 pub fn generate(
     model: &Model,
+    prompt: &[u32],
+    options: &GenerateOptions,
+    on_token: &mut dyn FnMut(u32, &[f32]),
+) -> Result<Generation> {
+    generate_with(&mut ReferenceGreedy::new(model), prompt, options, on_token)
+}
+
+/// The decoding loop on any engine: prefill the prompt in one chunk, then one token at a time,
+/// chosen by one [`Sampler`], until a stop token or `max_new_tokens`.
+pub fn generate_with(
+    backend: &mut dyn GreedyBackend,
     prompt: &[u32],
     options: &GenerateOptions,
     on_token: &mut dyn FnMut(u32, &[f32]),
@@ -52,14 +103,13 @@ pub fn generate(
         ));
     }
     let mut sampler = Sampler::new(options.sampling.clone())?;
-    let mut cache = model.new_cache(prompt.len() + options.max_new_tokens)?;
+    backend.start(prompt.len() + options.max_new_tokens)?;
 
     let start = Instant::now();
-    let logits = model.forward(prompt, &mut cache)?.logits;
+    let (mut last, _) = backend.feed(prompt)?;
     let prefill_seconds = start.elapsed().as_secs_f64();
 
     let mut tokens = Vec::with_capacity(options.max_new_tokens);
-    let mut last = logits.row(logits.nrows() - 1).to_vec();
     let start = Instant::now();
     let mut work = Work::default();
     while tokens.len() < options.max_new_tokens {
@@ -69,9 +119,9 @@ pub fn generate(
         if options.stop_tokens.contains(&token) || tokens.len() == options.max_new_tokens {
             break;
         }
-        let Output { logits, work: step } = model.forward(&[token], &mut cache)?;
+        let (logits, step) = backend.feed(&[token])?;
         work += step;
-        last = logits.row(0).to_vec();
+        last = logits;
     }
     Ok(Generation {
         prompt_tokens: prompt.to_vec(),
