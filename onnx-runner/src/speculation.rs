@@ -24,28 +24,9 @@ use reference::ModelConfig;
 use reference::decode::speculative::{Draft, SpeculativeBackend};
 use reference::m2r2::draft_head::DraftHead;
 use reference::m2r2::exit_gate::{GateKind, gate_score};
-use std::time::Instant;
 
-/// Time spent in each kind of step (for `m2r2 bench --onnx`).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct StepTimes {
-    pub prefill_seconds: f64,
-    pub draft_steps: usize,
-    pub draft_seconds: f64,
-    pub verify_steps: usize,
-    pub verify_seconds: f64,
-}
-
-impl StepTimes {
-    pub fn ms_per_draft(&self) -> f64 {
-        1e3 * self.draft_seconds / self.draft_steps.max(1) as f64
-    }
-
-    pub fn ms_per_verify(&self) -> f64 {
-        1e3 * self.verify_seconds / self.verify_steps.max(1) as f64
-    }
-}
-
+/// draft.onnx and verifier.onnx with their KV stores (timed from outside, as any backend, by
+/// `reference::decode::timed::Timed`).
 pub struct OnnxSpeculation {
     draft: OnnxSession,
     verifier: OnnxSession,
@@ -67,7 +48,6 @@ pub struct OnnxSpeculation {
     len: usize,
     /// Rows per run at most (TensorRT's profile); a longer prompt is prefilled in chunks.
     max_rows: Option<usize>,
-    pub times: StepTimes,
 }
 
 impl OnnxSpeculation {
@@ -103,7 +83,6 @@ impl OnnxSpeculation {
             verified: 0,
             len: 0,
             max_rows: ep.tensorrt.ranges.as_ref().map(|r| r.sequence.2),
-            times: StepTimes::default(),
         })
     }
 
@@ -130,7 +109,6 @@ impl OnnxSpeculation {
     /// Forget everything (cache, kept residuals, timings) for a new prompt.
     pub fn reset(&mut self) {
         self.rollback(0);
-        self.times = StepTimes::default();
     }
 
     /// Run draft.onnx on `tokens` at the next positions: `(draft_logits [T, V] (or [T, K] with a
@@ -233,7 +211,6 @@ impl SpeculativeBackend for OnnxSpeculation {
 
     fn prefill(&mut self, tokens: &[u32]) -> reference::Result<Vec<f32>> {
         debug_assert!(self.kept.is_empty(), "prefill after an unverified draft");
-        let start = Instant::now();
         let chunk = self.max_rows.unwrap_or(tokens.len()).max(1);
         let mut last = Vec::new();
         for part in tokens.chunks(chunk) {
@@ -243,16 +220,13 @@ impl SpeculativeBackend for OnnxSpeculation {
         }
         self.len = self.lower.len();
         self.verified = self.len;
-        self.times.prefill_seconds += start.elapsed().as_secs_f64();
         Ok(last)
     }
 
     fn draft(&mut self, token: u32, propose: bool) -> reference::Result<Option<Draft>> {
-        let start = Instant::now();
         let (logits, exit_prob, hidden) = self.run_draft(&[token]).map_err(into_reference)?;
         self.kept.push(hidden.row(0).to_owned());
         self.len += 1;
-        self.times.draft_steps += 1;
         let draft = if propose {
             let row = logits.row(0).to_vec();
             let logits = match &self.draft_head {
@@ -276,12 +250,10 @@ impl SpeculativeBackend for OnnxSpeculation {
         } else {
             None
         };
-        self.times.draft_seconds += start.elapsed().as_secs_f64();
         Ok(draft)
     }
 
     fn verify(&mut self) -> reference::Result<Array2<f32>> {
-        let start = Instant::now();
         let d = self.config.hidden_size;
         let mut chunk = Array2::zeros((self.kept.len(), d)); // [m, D] slow residuals at e
         for (row, state) in self.kept.iter().enumerate() {
@@ -290,8 +262,6 @@ impl SpeculativeBackend for OnnxSpeculation {
         let logits = self.run_verifier(chunk).map_err(into_reference)?;
         self.verified += self.kept.len();
         self.kept.clear();
-        self.times.verify_steps += 1;
-        self.times.verify_seconds += start.elapsed().as_secs_f64();
         Ok(logits)
     }
 

@@ -14,8 +14,9 @@ use onnx_runner::speculation::OnnxSpeculation;
 use reference::base::generate::{GenerateOptions, generate};
 use reference::decode::draft_verify::ReferenceSpeculation;
 use reference::decode::speculative::{
-    Draft, DraftLength, SpeculativeBackend, SpeculativeOptions, speculative_generate,
+    DraftLength, SpeculativeBackend, SpeculativeOptions, speculative_generate,
 };
+use reference::decode::timed::Timed;
 use reference::io::load::LoadedModel;
 use reference::m2r2::fast_stream::M2r2;
 use reference::m2r2::weights::M2r2Weights;
@@ -238,19 +239,15 @@ fn timed_speculative(
     options: &SpeculativeOptions,
     greedy_tokens: &[u32],
 ) -> Result<SpecRun> {
-    let mut timed = Timed {
-        inner: backend,
-        times: [0.0; 3],
-        counts: [0; 3],
-    };
+    let mut timed = Timed::new(backend);
     let start = Instant::now();
     let out = speculative_generate(&mut timed, prompt, options)?;
-    let decode = start.elapsed().as_secs_f64() - timed.times[0];
+    let decode = start.elapsed().as_secs_f64() - timed.times.prefill_seconds;
     Ok(SpecRun {
         tokens_per_second: out.tokens.len().saturating_sub(1) as f64 / decode.max(1e-12),
         mean_accepted_length: out.mean_accepted_length(),
-        ms_per_draft: 1e3 * timed.times[1] / timed.counts[1].max(1) as f64,
-        ms_per_verify: 1e3 * timed.times[2] / timed.counts[2].max(1) as f64,
+        ms_per_draft: timed.times.ms_per_draft(),
+        ms_per_verify: timed.times.ms_per_verify(),
         equals_greedy: out.tokens == greedy_tokens,
     })
 }
@@ -341,44 +338,6 @@ pub fn print_engines(engines: &[EngineResult]) {
         "  (accepted: tokens emitted per verification; ms/draft: one token through draft.onnx or the \
          reference's lower layers with the fast stream; ms/verify: one verify chunk)"
     );
-}
-
-/// Times prefill (0), draft steps (1) and verify steps (2) of any backend.
-struct Timed<'a> {
-    inner: &'a mut dyn SpeculativeBackend,
-    times: [f64; 3],
-    counts: [usize; 3],
-}
-
-impl Timed<'_> {
-    fn time<T>(&mut self, kind: usize, f: impl FnOnce(&mut dyn SpeculativeBackend) -> T) -> T {
-        let start = Instant::now();
-        let out = f(&mut *self.inner);
-        self.times[kind] += start.elapsed().as_secs_f64();
-        self.counts[kind] += 1;
-        out
-    }
-}
-
-impl SpeculativeBackend for Timed<'_> {
-    fn vocab_size(&self) -> usize {
-        self.inner.vocab_size()
-    }
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
-    fn prefill(&mut self, tokens: &[u32]) -> reference::Result<Vec<f32>> {
-        self.time(0, |b| b.prefill(tokens))
-    }
-    fn draft(&mut self, token: u32, propose: bool) -> reference::Result<Option<Draft>> {
-        self.time(1, |b| b.draft(token, propose))
-    }
-    fn verify(&mut self) -> reference::Result<ndarray::Array2<f32>> {
-        self.time(2, |b| b.verify())
-    }
-    fn rollback(&mut self, len: usize) {
-        self.inner.rollback(len)
-    }
 }
 
 /// Run from `m2r2 bench` when `--onnx` is given.

@@ -25,9 +25,9 @@ use reference::base::work::Work;
 use reference::decode::draft_verify::ReferenceSpeculation;
 use reference::decode::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
 use reference::decode::speculative::{
-    Draft, DraftLength, Round, SpeculativeBackend, SpeculativeOptions, SpeculativeOutput,
-    speculative_generate,
+    DraftLength, Round, SpeculativeOptions, SpeculativeOutput, speculative_generate,
 };
+use reference::decode::timed::Timed;
 use reference::io::load::LoadedModel;
 use reference::m2r2::exit_gate::GateKind;
 use reference::m2r2::fast_stream::M2r2;
@@ -508,10 +508,7 @@ pub fn run_mode(
                 gate,
                 capacity,
             )?;
-            let mut backend = Timed {
-                inner,
-                prefill_seconds: 0.0,
-            };
+            let mut backend = Timed::new(inner);
             let options = SpeculativeOptions {
                 max_new_tokens: request.max_new_tokens,
                 stop_tokens: request.stop_tokens.clone(),
@@ -525,7 +522,7 @@ pub fn run_mode(
                 on_token(token);
             }
             let work = backend.inner.work();
-            speculative_run(out, n, backend.prefill_seconds, seconds, work)
+            speculative_run(out, n, backend.times.prefill_seconds, seconds, work)
         }
     };
     Ok(run)
@@ -614,36 +611,6 @@ fn logit_and_probability(logits: &[f32], token: u32) -> (f32, f32) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
     (logit, (logit - max).exp() / sum)
-}
-
-/// A backend that times its prefill, so decode speed excludes it as in greedy mode.
-struct Timed<'a> {
-    inner: ReferenceSpeculation<'a>,
-    prefill_seconds: f64,
-}
-
-impl SpeculativeBackend for Timed<'_> {
-    fn vocab_size(&self) -> usize {
-        self.inner.vocab_size()
-    }
-    fn len(&self) -> usize {
-        self.inner.len()
-    }
-    fn prefill(&mut self, tokens: &[u32]) -> reference::Result<Vec<f32>> {
-        let start = Instant::now();
-        let logits = self.inner.prefill(tokens);
-        self.prefill_seconds += start.elapsed().as_secs_f64();
-        logits
-    }
-    fn draft(&mut self, token: u32, propose: bool) -> reference::Result<Option<Draft>> {
-        self.inner.draft(token, propose)
-    }
-    fn verify(&mut self) -> reference::Result<ndarray::Array2<f32>> {
-        self.inner.verify()
-    }
-    fn rollback(&mut self, len: usize) {
-        self.inner.rollback(len)
-    }
 }
 
 /// The `--trace` lines of a run, for stderr. `text(token)` renders a token (its text, or nothing

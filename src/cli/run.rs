@@ -18,6 +18,7 @@ use reference::base::generate::GenerateOptions;
 use reference::base::work::Work;
 use reference::decode::early_exit::KvPolicy;
 use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
+use reference::decode::timed::Timed;
 use reference::io::tokenizer::Tokenizer;
 use reference::m2r2::exit_gate::GateKind;
 use serde_json::json;
@@ -238,9 +239,11 @@ pub fn decode(
                 draft_length: settings.draft_length.clone(),
                 sampling: None,
             };
+            let mut timed = Timed::new(&mut backend);
             let start = Instant::now();
-            let out = speculative_generate(&mut backend, request.prompt, &options)?;
+            let out = speculative_generate(&mut timed, request.prompt, &options)?;
             let seconds = start.elapsed().as_secs_f64();
+            let prefill = timed.times.prefill_seconds;
             let (draft, verifier) = backend.sessions();
             // Both graphs load with the same provider config; report the weaker if they differ.
             let ep_used = if draft.ep_used() == verifier.ep_used() {
@@ -248,7 +251,6 @@ pub fn decode(
             } else {
                 Ep::Cpu
             };
-            let prefill = backend.times.prefill_seconds;
             Ok(OnnxRun {
                 run: speculative_run(out, n, prefill, seconds, Work::default()),
                 ep_used,

@@ -4,3 +4,4 @@
 pub mod draft_verify;
 pub mod early_exit;
 pub mod speculative;
+pub mod timed;
