@@ -365,7 +365,14 @@ fn m2r2_modes(demo: &mut Demo) -> Result<()> {
         ];
         let mut done: Vec<(&str, ModeRun)> = Vec::new();
         for (label, settings) in runs {
-            let run = run_mode(&loaded, &weights, &settings, &request, false, &mut |_| {})?;
+            let run = run_mode(
+                &loaded.model,
+                &weights,
+                &settings,
+                &request,
+                false,
+                &mut |_| {},
+            )?;
             done.push((label, run));
         }
         let greedy = done[0].1.tokens.clone();

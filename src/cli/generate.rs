@@ -3,7 +3,10 @@
 //! object.
 
 use super::common::{self, ModelArgs, PromptArgs};
-use super::m2r2_args::{DecodeRequest, M2r2Args, M2r2Settings, ModeRun, run_mode, trace_lines};
+use super::m2r2_args::{
+    DecodeRequest, M2r2Args, M2r2Settings, ModeRun, report_fields, run_mode, settings_json,
+    trace_lines,
+};
 use super::progress;
 use anyhow::{Result, bail};
 use reference::base::sampling::SamplingParams;
@@ -109,7 +112,7 @@ pub fn run(args: &Args) -> Result<()> {
     };
     let mut stream = (!args.json).then(|| TextStream::new(&loaded));
     let run = run_mode(
-        &loaded,
+        &loaded.model,
         &weights,
         &settings,
         &request,
@@ -189,12 +192,12 @@ pub fn json_report(
         "text": text,
         "stop_reason": if stopped { "stop_token" } else { "max_new_tokens" },
         "prefill_tokens_per_second": run.prefill_seconds.map(|s| rate(request.prompt.len(), s)),
-        "m2r2": settings.to_json(),
+        "m2r2": settings_json(settings),
     });
     let object = report.as_object_mut().expect("a JSON object");
     // `mode` names the decoding loop (greedy | early-exit | speculative); `sampling` says whether
     // tokens were sampled.
-    object.extend(run.report_fields());
+    object.extend(report_fields(run));
     report
 }
 

@@ -110,7 +110,7 @@ fn record(
     prompt: &[u32],
 ) -> Result<Golden> {
     let model = &loaded.model;
-    if args.m2r2.mode == Mode::Greedy {
+    if Mode::from(args.m2r2.mode) == Mode::Greedy {
         return Ok(Golden::record_greedy(
             model,
             &loaded.name,

@@ -1,44 +1,30 @@
 //! The M2R2 decoding flags shared by `generate` and `golden` (`--mode`, `--m2r2`, `--gate`,
 //! `--threshold`, `--kv-policy`, `--draft-gate`, `--draft-len` / `--dynamic-draft`,
-//! `--draft-head`), and one function that runs the chosen mode and returns a mode-independent
-//! [`ModeRun`].
+//! `--draft-head`) resolved into the library's `M2r2Settings`, and how a run is reported (JSON
+//! fields, `--trace` lines). The modes themselves run in `reference::decode::mode`.
 //!
 //! `--draft-head on|off` chooses the pruned draft head (`draft_head.json` in the M2R2 folder,
 //! `reference::m2r2::draft_head`) for speculative drafts; the default is `on` when the folder has one.
 //! `off` drops it from the loaded weights, so every consumer (decoding, goldens, export) sees the
 //! full head.
-//!
-//! | mode          | what runs                                                        | spec |
-//! |---------------|------------------------------------------------------------------|------|
-//! | `greedy`      | the base model alone (M2R2 weights unused)                       | 1    |
-//! | `early-exit`  | exit at the first gate whose score reaches the threshold         | 4    |
-//! | `speculative` | draft with the fast stream at the draft gate, verify with the rest | 5    |
-//!
-//! Per-token figures (`flops_per_token`, `bytes_per_token`, `layers_per_token`) are per decoded
-//! token: the work after the prompt divided by `tokens.len() - 1`, because the first generated token
-//! comes from the prompt's prefill in every mode.
 
 use anyhow::{Context, Result, bail};
-use reference::base::generate::{GenerateOptions, Generation, generate};
-use reference::base::sampling::SamplingParams;
-use reference::base::work::Work;
-use reference::decode::draft_verify::ReferenceSpeculation;
-use reference::decode::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
-use reference::decode::speculative::{
-    DraftLength, Round, SpeculativeOptions, SpeculativeOutput, speculative_generate,
-};
-use reference::decode::timed::Timed;
+use reference::decode::early_exit::KvPolicy;
+use reference::decode::speculative::DraftLength;
 use reference::io::load::LoadedModel;
 use reference::m2r2::exit_gate::GateKind;
-use reference::m2r2::fast_stream::M2r2;
 use reference::m2r2::weights::M2r2Weights;
 use serde_json::{Value, json};
 use std::path::Path;
-use std::time::Instant;
 
-/// Which decoding loop runs.
+pub use reference::decode::mode::{
+    DecodeRequest, M2r2Settings, Mode, ModeDetails, ModeRun, greedy_run, greedy_step, run_mode,
+    speculative_run,
+};
+
+/// Which decoding loop runs (`reference::decode::mode::Mode`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
+pub enum ModeArg {
     /// The base model, one token per forward
     Greedy,
     /// Emit a token at the first exit gate whose score reaches --threshold (spec section 4)
@@ -47,12 +33,12 @@ pub enum Mode {
     Speculative,
 }
 
-impl Mode {
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::Greedy => "greedy",
-            Mode::EarlyExit => "early-exit",
-            Mode::Speculative => "speculative",
+impl From<ModeArg> for Mode {
+    fn from(mode: ModeArg) -> Mode {
+        match mode {
+            ModeArg::Greedy => Mode::Greedy,
+            ModeArg::EarlyExit => Mode::EarlyExit,
+            ModeArg::Speculative => Mode::Speculative,
         }
     }
 }
@@ -68,8 +54,8 @@ pub enum OnOff {
 #[derive(clap::Args, Clone, Debug)]
 pub struct M2r2Args {
     /// Decoding mode
-    #[arg(long, value_enum, value_name = "MODE", default_value_t = Mode::Greedy)]
-    pub mode: Mode,
+    #[arg(long, value_enum, value_name = "MODE", default_value_t = ModeArg::Greedy)]
+    pub mode: ModeArg,
     /// M2R2 weights folder (as written by `m2r2 init-m2r2`), or `none` for zero adapters without
     /// ARLA; default: the model's built-in M2R2 weights (seeded random for tiny/tiny-moe, the
     /// shipped trained weights for smollm2, zeros otherwise)
@@ -110,42 +96,23 @@ fn parse_kv_policy(text: &str) -> Result<KvPolicy, String> {
     text.parse().map_err(|e: reference::Error| e.to_string())
 }
 
-/// The M2R2 settings of one run, every default resolved.
-#[derive(Clone, Debug, PartialEq)]
-pub struct M2r2Settings {
-    pub mode: Mode,
-    /// Where the weights came from, for reports.
-    pub source: String,
-    pub gates: Vec<usize>,
-    pub gate: GateKind,
-    pub threshold: f32,
-    pub kv_policy: KvPolicy,
-    pub draft_gate: usize,
-    pub draft_length: DraftLength,
-    /// `K` of the pruned draft head the speculative drafts use; `None`: the full head (or not
-    /// speculative).
-    pub draft_head_tokens: Option<usize>,
-}
-
-impl M2r2Settings {
-    /// The settings as a JSON object (the `m2r2` part of reports).
-    pub fn to_json(&self) -> Value {
-        let (draft_len, dynamic) = match &self.draft_length {
-            DraftLength::Fixed(n) => (*n, false),
-            DraftLength::Dynamic { max, .. } => (*max, true),
-        };
-        json!({
-            "source": self.source,
-            "gates": self.gates,
-            "gate": self.gate.name(),
-            "threshold": decimal(self.threshold),
-            "kv_policy": self.kv_policy.to_string(),
-            "draft_gate": self.draft_gate,
-            "draft_len": draft_len,
-            "dynamic_draft": dynamic,
-            "draft_head_tokens": self.draft_head_tokens,
-        })
-    }
+/// The settings as a JSON object (the `m2r2` part of reports).
+pub fn settings_json(settings: &M2r2Settings) -> Value {
+    let (draft_len, dynamic) = match &settings.draft_length {
+        DraftLength::Fixed(n) => (*n, false),
+        DraftLength::Dynamic { max, .. } => (*max, true),
+    };
+    json!({
+        "source": settings.source,
+        "gates": settings.gates,
+        "gate": settings.gate.name(),
+        "threshold": decimal(settings.threshold),
+        "kv_policy": settings.kv_policy.to_string(),
+        "draft_gate": settings.draft_gate,
+        "draft_len": draft_len,
+        "dynamic_draft": dynamic,
+        "draft_head_tokens": settings.draft_head_tokens,
+    })
 }
 
 impl M2r2Args {
@@ -153,7 +120,7 @@ impl M2r2Args {
     /// that take only `--m2r2` and need [`weights`](Self::weights) / [`source`](Self::source).
     pub fn weights_only(m2r2: Option<String>) -> Self {
         M2r2Args {
-            mode: Mode::Greedy,
+            mode: ModeArg::Greedy,
             m2r2,
             gate: None,
             threshold: None,
@@ -238,7 +205,7 @@ impl M2r2Args {
             DraftLength::Fixed(self.draft_len.unwrap_or(config.draft_len).max(1))
         };
         Ok(M2r2Settings {
-            mode: self.mode,
+            mode: self.mode.into(),
             source: self.source(loaded),
             gates: config.gates.clone(),
             gate,
@@ -249,7 +216,7 @@ impl M2r2Args {
             draft_head_tokens: weights
                 .draft_head
                 .as_ref()
-                .filter(|_| self.mode == Mode::Speculative)
+                .filter(|_| self.mode == ModeArg::Speculative)
                 .map(|h| h.len()),
         })
     }
@@ -274,343 +241,62 @@ pub fn apply_draft_head(
     Ok(())
 }
 
-/// One emitted token, whatever the mode.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TokenStep {
-    pub token: u32,
-    /// Slow-stream layers this token had computed when it was emitted (N unless it exited early).
-    pub layers: usize,
-    /// early-exit: the gate it exited at (1-based), `None` when it ran all layers.
-    pub exit_gate: Option<usize>,
-    /// early-exit: the gate scores evaluated for this token.
-    pub scores: Vec<f32>,
-    /// greedy: the chosen token's logit and softmax probability.
-    pub logit: Option<f32>,
-    pub probability: Option<f32>,
-    /// speculative: the round that emitted it (`None` for the prompt's token) and whether it was an
-    /// accepted draft (`false`: the base model's correction or bonus token).
-    pub round: Option<usize>,
-    pub accepted_draft: bool,
-}
-
-impl TokenStep {
-    fn plain(token: u32, layers: usize) -> Self {
-        TokenStep {
-            token,
-            layers,
-            exit_gate: None,
-            scores: Vec::new(),
-            logit: None,
-            probability: None,
-            round: None,
-            accepted_draft: false,
+/// The mode-specific report fields of a run (merged into `generate --json`):
+/// - every mode: `mode`, `layers_per_token`, `flops_per_token`, `bytes_per_token` (per decoded
+///   token, the first token excluded: it comes from the prompt's prefill), `tokens_per_second`,
+///   `timings`;
+/// - early-exit: `exit_histogram`, an array of J + 1 counts: tokens that exited at gate 1..=J,
+///   then tokens that ran all N layers (the first token, from the prompt, counts there);
+///   `layers_at_emit_per_token`: mean slow layers computed before a decoded token was emitted;
+/// - speculative: `rounds`, `mean_accepted_tokens` (tokens emitted per verification, the base
+///   token included), `acceptance_by_position` (accepted / drafted per draft position),
+///   `acceptance_rate` (accepted / drafted).
+pub fn report_fields(run: &ModeRun) -> serde_json::Map<String, Value> {
+    let per = run.decoded().max(1) as f64;
+    let mut map = serde_json::Map::new();
+    map.insert("mode".into(), json!(run.mode.name()));
+    map.insert("layers_per_token".into(), json!(run.layers_per_token));
+    map.insert(
+        "flops_per_token".into(),
+        json!(run.work.flops() as f64 / per),
+    );
+    map.insert(
+        "bytes_per_token".into(),
+        json!(run.work.weight_bytes as f64 / per),
+    );
+    map.insert("tokens_per_second".into(), json!(run.tokens_per_second()));
+    map.insert(
+        "timings".into(),
+        json!({
+            "prefill_seconds": run.prefill_seconds,
+            "decode_seconds": run.decode_seconds,
+        }),
+    );
+    match &run.details {
+        ModeDetails::Greedy => {}
+        ModeDetails::EarlyExit {
+            histogram,
+            layers_at_emit,
+        } => {
+            map.insert("exit_histogram".into(), json!(histogram));
+            map.insert("layers_at_emit_per_token".into(), json!(layers_at_emit));
+        }
+        ModeDetails::Speculative {
+            rounds,
+            mean_accepted_tokens,
+            acceptance_by_position,
+            acceptance_rate,
+        } => {
+            map.insert("rounds".into(), json!(rounds.len()));
+            map.insert("mean_accepted_tokens".into(), json!(mean_accepted_tokens));
+            map.insert(
+                "acceptance_by_position".into(),
+                json!(acceptance_by_position),
+            );
+            map.insert("acceptance_rate".into(), json!(acceptance_rate));
         }
     }
-}
-
-/// What a mode-specific loop reports beyond tokens.
-#[derive(Clone, Debug)]
-pub enum ModeDetails {
-    Greedy,
-    EarlyExit {
-        /// Tokens that exited at gate g (index g-1), last entry: no exit.
-        histogram: Vec<usize>,
-        /// Mean slow layers a decoded token had computed when it was emitted (under `exact` the
-        /// skipped ones run later, so `layers_per_token` stays N).
-        layers_at_emit: f64,
-    },
-    Speculative {
-        rounds: Vec<Round>,
-        mean_accepted_tokens: f64,
-        acceptance_by_position: Vec<f64>,
-        acceptance_rate: f64,
-    },
-}
-
-/// The result of one decode in any mode.
-#[derive(Clone, Debug)]
-pub struct ModeRun {
-    pub mode: Mode,
-    pub tokens: Vec<u32>,
-    pub steps: Vec<TokenStep>,
-    /// Prefill time; `None` when the loop does not separate it (early-exit).
-    pub prefill_seconds: Option<f64>,
-    /// Decode time (early-exit: prefill included).
-    pub decode_seconds: f64,
-    /// Work after the prompt's prefill.
-    pub work: Work,
-    /// Slow layer-rows computed per decoded token (speculative: rejected drafts included).
-    pub layers_per_token: f64,
-    pub num_layers: usize,
-    pub details: ModeDetails,
-}
-
-impl ModeRun {
-    /// Tokens decoded after the prompt's prefill produced the first.
-    pub fn decoded(&self) -> usize {
-        self.tokens.len().saturating_sub(1)
-    }
-
-    pub fn tokens_per_second(&self) -> f64 {
-        if self.decode_seconds > 0.0 {
-            self.decoded() as f64 / self.decode_seconds
-        } else {
-            0.0
-        }
-    }
-
-    /// The mode-specific report fields (merged into `generate --json`):
-    /// - every mode: `mode`, `layers_per_token`, `flops_per_token`, `bytes_per_token` (per decoded
-    ///   token, the first token excluded: it comes from the prompt's prefill), `tokens_per_second`,
-    ///   `timings`;
-    /// - early-exit: `exit_histogram`, an array of J + 1 counts: tokens that exited at gate 1..=J,
-    ///   then tokens that ran all N layers (the first token, from the prompt, counts there);
-    ///   `layers_at_emit_per_token`: mean slow layers computed before a decoded token was emitted;
-    /// - speculative: `rounds`, `mean_accepted_tokens` (tokens emitted per verification, the base
-    ///   token included), `acceptance_by_position` (accepted / drafted per draft position),
-    ///   `acceptance_rate` (accepted / drafted).
-    pub fn report_fields(&self) -> serde_json::Map<String, Value> {
-        let per = self.decoded().max(1) as f64;
-        let mut map = serde_json::Map::new();
-        map.insert("mode".into(), json!(self.mode.name()));
-        map.insert("layers_per_token".into(), json!(self.layers_per_token));
-        map.insert(
-            "flops_per_token".into(),
-            json!(self.work.flops() as f64 / per),
-        );
-        map.insert(
-            "bytes_per_token".into(),
-            json!(self.work.weight_bytes as f64 / per),
-        );
-        map.insert("tokens_per_second".into(), json!(self.tokens_per_second()));
-        map.insert(
-            "timings".into(),
-            json!({
-                "prefill_seconds": self.prefill_seconds,
-                "decode_seconds": self.decode_seconds,
-            }),
-        );
-        match &self.details {
-            ModeDetails::Greedy => {}
-            ModeDetails::EarlyExit {
-                histogram,
-                layers_at_emit,
-            } => {
-                map.insert("exit_histogram".into(), json!(histogram));
-                map.insert("layers_at_emit_per_token".into(), json!(layers_at_emit));
-            }
-            ModeDetails::Speculative {
-                rounds,
-                mean_accepted_tokens,
-                acceptance_by_position,
-                acceptance_rate,
-            } => {
-                map.insert("rounds".into(), json!(rounds.len()));
-                map.insert("mean_accepted_tokens".into(), json!(mean_accepted_tokens));
-                map.insert(
-                    "acceptance_by_position".into(),
-                    json!(acceptance_by_position),
-                );
-                map.insert("acceptance_rate".into(), json!(acceptance_rate));
-            }
-        }
-        map
-    }
-}
-
-/// What to decode.
-pub struct DecodeRequest<'a> {
-    pub prompt: &'a [u32],
-    pub max_new_tokens: usize,
-    pub stop_tokens: Vec<u32>,
-    pub sampling: Option<SamplingParams>,
-}
-
-/// Run `settings.mode`. `on_token` sees every emitted token: as it is chosen in greedy mode, after
-/// the loop in the other modes. `record_scores` asks speculative decoding to score every proposal
-/// (for `--trace`), which costs the gate's work.
-pub fn run_mode(
-    loaded: &LoadedModel,
-    weights: &M2r2Weights,
-    settings: &M2r2Settings,
-    request: &DecodeRequest<'_>,
-    record_scores: bool,
-    on_token: &mut dyn FnMut(u32),
-) -> Result<ModeRun> {
-    let model = &loaded.model;
-    let n = model.config.num_hidden_layers;
-    let run = match settings.mode {
-        Mode::Greedy => {
-            let options = GenerateOptions {
-                max_new_tokens: request.max_new_tokens,
-                stop_tokens: request.stop_tokens.clone(),
-                sampling: request.sampling.clone(),
-            };
-            let mut steps = Vec::new();
-            let generation = generate(model, request.prompt, &options, &mut |token, logits| {
-                steps.push(greedy_step(token, logits, n));
-                on_token(token);
-            })?;
-            greedy_run(generation, steps, n)
-        }
-        Mode::EarlyExit => {
-            let options = EarlyExitOptions {
-                max_new_tokens: request.max_new_tokens,
-                stop_tokens: request.stop_tokens.clone(),
-                gate: settings.gate,
-                threshold: settings.threshold,
-                kv_policy: settings.kv_policy,
-                sampling: request.sampling.clone(),
-            };
-            let start = Instant::now();
-            let out = early_exit_generate(M2r2::new(model, weights), request.prompt, &options)?;
-            let seconds = start.elapsed().as_secs_f64();
-            let steps = out
-                .trace
-                .iter()
-                .map(|t| TokenStep {
-                    exit_gate: t.exit_gate,
-                    scores: t.scores.clone(),
-                    ..TokenStep::plain(t.token, t.layers_at_emit)
-                })
-                .collect();
-            for &token in &out.tokens {
-                on_token(token);
-            }
-            ModeRun {
-                mode: Mode::EarlyExit,
-                layers_per_token: out.layers_per_token(),
-                details: ModeDetails::EarlyExit {
-                    histogram: out.exit_histogram(weights.config.num_gates()),
-                    layers_at_emit: {
-                        let decoded = &out.trace[out.trace.len().min(1)..];
-                        let sum: usize = decoded.iter().map(|t| t.layers_at_emit).sum();
-                        sum as f64 / decoded.len().max(1) as f64
-                    },
-                },
-                tokens: out.tokens,
-                steps,
-                prefill_seconds: None,
-                decode_seconds: seconds,
-                work: out.work,
-                num_layers: n,
-            }
-        }
-        Mode::Speculative => {
-            let gate = (record_scores
-                || matches!(settings.draft_length, DraftLength::Dynamic { .. }))
-            .then_some(settings.gate);
-            let capacity =
-                request.prompt.len() + request.max_new_tokens + settings.draft_length.max() + 1;
-            let inner = ReferenceSpeculation::new(
-                M2r2::new(model, weights),
-                settings.draft_gate,
-                gate,
-                capacity,
-            )?;
-            let mut backend = Timed::new(inner);
-            let options = SpeculativeOptions {
-                max_new_tokens: request.max_new_tokens,
-                stop_tokens: request.stop_tokens.clone(),
-                draft_length: settings.draft_length.clone(),
-                sampling: request.sampling.clone(),
-            };
-            let start = Instant::now();
-            let out = speculative_generate(&mut backend, request.prompt, &options)?;
-            let seconds = start.elapsed().as_secs_f64();
-            for &token in &out.tokens {
-                on_token(token);
-            }
-            let work = backend.inner.work();
-            speculative_run(out, n, backend.times.prefill_seconds, seconds, work)
-        }
-    };
-    Ok(run)
-}
-
-/// A greedy step: the token with its logit and probability under `logits`.
-pub fn greedy_step(token: u32, logits: &[f32], n: usize) -> TokenStep {
-    let mut step = TokenStep::plain(token, n);
-    let (logit, probability) = logit_and_probability(logits, token);
-    step.logit = Some(logit);
-    step.probability = Some(probability);
-    step
-}
-
-/// The [`ModeRun`] of a greedy generation over an `n`-layer model, its steps from [`greedy_step`].
-pub fn greedy_run(generation: Generation, steps: Vec<TokenStep>, n: usize) -> ModeRun {
-    ModeRun {
-        mode: Mode::Greedy,
-        layers_per_token: n as f64,
-        tokens: generation.tokens,
-        steps,
-        prefill_seconds: Some(generation.prefill_seconds),
-        decode_seconds: generation.decode_seconds,
-        work: generation.work,
-        num_layers: n,
-        details: ModeDetails::Greedy,
-    }
-}
-
-/// The [`ModeRun`] of a speculative decode over an `n`-layer model that took `seconds` in all,
-/// `prefill_seconds` of them in the prompt's prefill.
-pub fn speculative_run(
-    out: SpeculativeOutput,
-    n: usize,
-    prefill_seconds: f64,
-    seconds: f64,
-    work: Work,
-) -> ModeRun {
-    let steps = speculative_steps(&out.tokens, &out.rounds, n);
-    let fed: usize = out.rounds.iter().map(|r| r.drafted.len() + 1).sum();
-    ModeRun {
-        mode: Mode::Speculative,
-        layers_per_token: (fed * n) as f64 / out.tokens.len().saturating_sub(1).max(1) as f64,
-        details: ModeDetails::Speculative {
-            mean_accepted_tokens: out.mean_accepted_length(),
-            acceptance_by_position: out.acceptance_by_position(),
-            acceptance_rate: out.acceptance_rate(),
-            rounds: out.rounds,
-        },
-        tokens: out.tokens,
-        steps,
-        prefill_seconds: Some(prefill_seconds),
-        decode_seconds: (seconds - prefill_seconds).max(0.0),
-        work,
-        num_layers: n,
-    }
-}
-
-/// The emitted tokens of speculative decoding, attributed to their rounds. The output may stop
-/// inside a round (a stop token or `max_new_tokens`), so tokens lead and rounds follow.
-fn speculative_steps(tokens: &[u32], rounds: &[Round], n: usize) -> Vec<TokenStep> {
-    let mut steps: Vec<TokenStep> = tokens
-        .first()
-        .map(|&t| TokenStep::plain(t, n))
-        .into_iter()
-        .collect();
-    let mut rest = tokens.iter().skip(1);
-    'rounds: for (r, round) in rounds.iter().enumerate() {
-        for i in 0..=round.accepted {
-            let Some(&token) = rest.next() else {
-                break 'rounds;
-            };
-            steps.push(TokenStep {
-                round: Some(r),
-                accepted_draft: i < round.accepted,
-                ..TokenStep::plain(token, n)
-            });
-        }
-    }
-    steps
-}
-
-/// The chosen token's logit and its probability under `softmax(logits)`.
-fn logit_and_probability(logits: &[f32], token: u32) -> (f32, f32) {
-    let logit = logits[token as usize];
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
-    (logit, (logit - max).exp() / sum)
+    map
 }
 
 /// The `--trace` lines of a run, for stderr. `text(token)` renders a token (its text, or nothing

@@ -3,5 +3,6 @@
 
 pub mod draft_verify;
 pub mod early_exit;
+pub mod mode;
 pub mod speculative;
 pub mod timed;

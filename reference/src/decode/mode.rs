@@ -1,0 +1,349 @@
+//! The decoding modes behind one call (spec sections 4 and 5): [`run_mode`] runs greedy, early-exit
+//! or self-speculative decoding on the reference and returns a mode-independent [`ModeRun`]
+//! (tokens, per-token steps, timings, work, the mode's own figures). The command line only parses
+//! flags into [`M2r2Settings`] and prints the run; the ONNX runner builds the same [`ModeRun`]
+//! from its own loops with [`greedy_run`] and [`speculative_run`].
+//!
+//! | mode          | what runs                                                        | spec |
+//! |---------------|------------------------------------------------------------------|------|
+//! | `greedy`      | the base model alone (M2R2 weights unused)                       | 1    |
+//! | `early-exit`  | exit at the first gate whose score reaches the threshold         | 4    |
+//! | `speculative` | draft with the fast stream at the draft gate, verify with the rest | 5    |
+//!
+//! Per-token figures (`layers_per_token`, work per token) are per decoded token: the work after
+//! the prompt divided by `tokens.len() - 1`, because the first generated token comes from the
+//! prompt's prefill in every mode.
+
+use crate::base::generate::{GenerateOptions, Generation, generate};
+use crate::base::model::Model;
+use crate::base::sampling::SamplingParams;
+use crate::base::work::Work;
+use crate::decode::draft_verify::ReferenceSpeculation;
+use crate::decode::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
+use crate::decode::speculative::{
+    DraftLength, Round, SpeculativeOptions, SpeculativeOutput, speculative_generate,
+};
+use crate::decode::timed::Timed;
+use crate::error::Result;
+use crate::m2r2::exit_gate::GateKind;
+use crate::m2r2::fast_stream::M2r2;
+use crate::m2r2::weights::M2r2Weights;
+use std::time::Instant;
+
+/// Which decoding loop runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The base model, one token per forward
+    Greedy,
+    /// Emit a token at the first exit gate whose score reaches --threshold (spec section 4)
+    EarlyExit,
+    /// Lossless self-speculation: draft at --draft-gate, verify with the full model (spec section 5)
+    Speculative,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Greedy => "greedy",
+            Mode::EarlyExit => "early-exit",
+            Mode::Speculative => "speculative",
+        }
+    }
+}
+
+/// The M2R2 settings of one run, every default resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct M2r2Settings {
+    pub mode: Mode,
+    /// Where the weights came from, for reports.
+    pub source: String,
+    pub gates: Vec<usize>,
+    pub gate: GateKind,
+    pub threshold: f32,
+    pub kv_policy: KvPolicy,
+    pub draft_gate: usize,
+    pub draft_length: DraftLength,
+    /// `K` of the pruned draft head the speculative drafts use; `None`: the full head (or not
+    /// speculative).
+    pub draft_head_tokens: Option<usize>,
+}
+
+/// One emitted token, whatever the mode.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenStep {
+    pub token: u32,
+    /// Slow-stream layers this token had computed when it was emitted (N unless it exited early).
+    pub layers: usize,
+    /// early-exit: the gate it exited at (1-based), `None` when it ran all layers.
+    pub exit_gate: Option<usize>,
+    /// early-exit: the gate scores evaluated for this token.
+    pub scores: Vec<f32>,
+    /// greedy: the chosen token's logit and softmax probability.
+    pub logit: Option<f32>,
+    pub probability: Option<f32>,
+    /// speculative: the round that emitted it (`None` for the prompt's token) and whether it was an
+    /// accepted draft (`false`: the base model's correction or bonus token).
+    pub round: Option<usize>,
+    pub accepted_draft: bool,
+}
+
+impl TokenStep {
+    pub fn plain(token: u32, layers: usize) -> Self {
+        TokenStep {
+            token,
+            layers,
+            exit_gate: None,
+            scores: Vec::new(),
+            logit: None,
+            probability: None,
+            round: None,
+            accepted_draft: false,
+        }
+    }
+}
+
+/// What a mode-specific loop reports beyond tokens.
+#[derive(Clone, Debug)]
+pub enum ModeDetails {
+    Greedy,
+    EarlyExit {
+        /// Tokens that exited at gate g (index g-1), last entry: no exit.
+        histogram: Vec<usize>,
+        /// Mean slow layers a decoded token had computed when it was emitted (under `exact` the
+        /// skipped ones run later, so `layers_per_token` stays N).
+        layers_at_emit: f64,
+    },
+    Speculative {
+        rounds: Vec<Round>,
+        mean_accepted_tokens: f64,
+        acceptance_by_position: Vec<f64>,
+        acceptance_rate: f64,
+    },
+}
+
+/// The result of one decode in any mode.
+#[derive(Clone, Debug)]
+pub struct ModeRun {
+    pub mode: Mode,
+    pub tokens: Vec<u32>,
+    pub steps: Vec<TokenStep>,
+    /// Prefill time; `None` when the loop does not separate it (early-exit).
+    pub prefill_seconds: Option<f64>,
+    /// Decode time (early-exit: prefill included).
+    pub decode_seconds: f64,
+    /// Work after the prompt's prefill.
+    pub work: Work,
+    /// Slow layer-rows computed per decoded token (speculative: rejected drafts included).
+    pub layers_per_token: f64,
+    pub num_layers: usize,
+    pub details: ModeDetails,
+}
+
+impl ModeRun {
+    /// Tokens decoded after the prompt's prefill produced the first.
+    pub fn decoded(&self) -> usize {
+        self.tokens.len().saturating_sub(1)
+    }
+
+    pub fn tokens_per_second(&self) -> f64 {
+        if self.decode_seconds > 0.0 {
+            self.decoded() as f64 / self.decode_seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// What to decode.
+pub struct DecodeRequest<'a> {
+    pub prompt: &'a [u32],
+    pub max_new_tokens: usize,
+    pub stop_tokens: Vec<u32>,
+    pub sampling: Option<SamplingParams>,
+}
+
+/// Run `settings.mode`. `on_token` sees every emitted token: as it is chosen in greedy mode, after
+/// the loop in the other modes. `record_scores` asks speculative decoding to score every proposal
+/// (for `--trace`), which costs the gate's work.
+pub fn run_mode(
+    model: &Model,
+    weights: &M2r2Weights,
+    settings: &M2r2Settings,
+    request: &DecodeRequest<'_>,
+    record_scores: bool,
+    on_token: &mut dyn FnMut(u32),
+) -> Result<ModeRun> {
+    let n = model.config.num_hidden_layers;
+    let run = match settings.mode {
+        Mode::Greedy => {
+            let options = GenerateOptions {
+                max_new_tokens: request.max_new_tokens,
+                stop_tokens: request.stop_tokens.clone(),
+                sampling: request.sampling.clone(),
+            };
+            let mut steps = Vec::new();
+            let generation = generate(model, request.prompt, &options, &mut |token, logits| {
+                steps.push(greedy_step(token, logits, n));
+                on_token(token);
+            })?;
+            greedy_run(generation, steps, n)
+        }
+        Mode::EarlyExit => {
+            let options = EarlyExitOptions {
+                max_new_tokens: request.max_new_tokens,
+                stop_tokens: request.stop_tokens.clone(),
+                gate: settings.gate,
+                threshold: settings.threshold,
+                kv_policy: settings.kv_policy,
+                sampling: request.sampling.clone(),
+            };
+            let start = Instant::now();
+            let out = early_exit_generate(M2r2::new(model, weights), request.prompt, &options)?;
+            let seconds = start.elapsed().as_secs_f64();
+            let steps = out
+                .trace
+                .iter()
+                .map(|t| TokenStep {
+                    exit_gate: t.exit_gate,
+                    scores: t.scores.clone(),
+                    ..TokenStep::plain(t.token, t.layers_at_emit)
+                })
+                .collect();
+            for &token in &out.tokens {
+                on_token(token);
+            }
+            ModeRun {
+                mode: Mode::EarlyExit,
+                layers_per_token: out.layers_per_token(),
+                details: ModeDetails::EarlyExit {
+                    histogram: out.exit_histogram(weights.config.num_gates()),
+                    layers_at_emit: {
+                        let decoded = &out.trace[out.trace.len().min(1)..];
+                        let sum: usize = decoded.iter().map(|t| t.layers_at_emit).sum();
+                        sum as f64 / decoded.len().max(1) as f64
+                    },
+                },
+                tokens: out.tokens,
+                steps,
+                prefill_seconds: None,
+                decode_seconds: seconds,
+                work: out.work,
+                num_layers: n,
+            }
+        }
+        Mode::Speculative => {
+            let gate = (record_scores
+                || matches!(settings.draft_length, DraftLength::Dynamic { .. }))
+            .then_some(settings.gate);
+            let capacity =
+                request.prompt.len() + request.max_new_tokens + settings.draft_length.max() + 1;
+            let inner = ReferenceSpeculation::new(
+                M2r2::new(model, weights),
+                settings.draft_gate,
+                gate,
+                capacity,
+            )?;
+            let mut backend = Timed::new(inner);
+            let options = SpeculativeOptions {
+                max_new_tokens: request.max_new_tokens,
+                stop_tokens: request.stop_tokens.clone(),
+                draft_length: settings.draft_length.clone(),
+                sampling: request.sampling.clone(),
+            };
+            let start = Instant::now();
+            let out = speculative_generate(&mut backend, request.prompt, &options)?;
+            let seconds = start.elapsed().as_secs_f64();
+            for &token in &out.tokens {
+                on_token(token);
+            }
+            let work = backend.inner.work();
+            speculative_run(out, n, backend.times.prefill_seconds, seconds, work)
+        }
+    };
+    Ok(run)
+}
+
+/// A greedy step: the token with its logit and probability under `logits`.
+pub fn greedy_step(token: u32, logits: &[f32], n: usize) -> TokenStep {
+    let mut step = TokenStep::plain(token, n);
+    let (logit, probability) = logit_and_probability(logits, token);
+    step.logit = Some(logit);
+    step.probability = Some(probability);
+    step
+}
+
+/// The [`ModeRun`] of a greedy generation over an `n`-layer model, its steps from [`greedy_step`].
+pub fn greedy_run(generation: Generation, steps: Vec<TokenStep>, n: usize) -> ModeRun {
+    ModeRun {
+        mode: Mode::Greedy,
+        layers_per_token: n as f64,
+        tokens: generation.tokens,
+        steps,
+        prefill_seconds: Some(generation.prefill_seconds),
+        decode_seconds: generation.decode_seconds,
+        work: generation.work,
+        num_layers: n,
+        details: ModeDetails::Greedy,
+    }
+}
+
+/// The [`ModeRun`] of a speculative decode over an `n`-layer model that took `seconds` in all,
+/// `prefill_seconds` of them in the prompt's prefill.
+pub fn speculative_run(
+    out: SpeculativeOutput,
+    n: usize,
+    prefill_seconds: f64,
+    seconds: f64,
+    work: Work,
+) -> ModeRun {
+    let steps = speculative_steps(&out.tokens, &out.rounds, n);
+    let fed: usize = out.rounds.iter().map(|r| r.drafted.len() + 1).sum();
+    ModeRun {
+        mode: Mode::Speculative,
+        layers_per_token: (fed * n) as f64 / out.tokens.len().saturating_sub(1).max(1) as f64,
+        details: ModeDetails::Speculative {
+            mean_accepted_tokens: out.mean_accepted_length(),
+            acceptance_by_position: out.acceptance_by_position(),
+            acceptance_rate: out.acceptance_rate(),
+            rounds: out.rounds,
+        },
+        tokens: out.tokens,
+        steps,
+        prefill_seconds: Some(prefill_seconds),
+        decode_seconds: (seconds - prefill_seconds).max(0.0),
+        work,
+        num_layers: n,
+    }
+}
+
+/// The emitted tokens of speculative decoding, attributed to their rounds. The output may stop
+/// inside a round (a stop token or `max_new_tokens`), so tokens lead and rounds follow.
+fn speculative_steps(tokens: &[u32], rounds: &[Round], n: usize) -> Vec<TokenStep> {
+    let mut steps: Vec<TokenStep> = tokens
+        .first()
+        .map(|&t| TokenStep::plain(t, n))
+        .into_iter()
+        .collect();
+    let mut rest = tokens.iter().skip(1);
+    'rounds: for (r, round) in rounds.iter().enumerate() {
+        for i in 0..=round.accepted {
+            let Some(&token) = rest.next() else {
+                break 'rounds;
+            };
+            steps.push(TokenStep {
+                round: Some(r),
+                accepted_draft: i < round.accepted,
+                ..TokenStep::plain(token, n)
+            });
+        }
+    }
+    steps
+}
+
+/// The chosen token's logit and its probability under `softmax(logits)`.
+fn logit_and_probability(logits: &[f32], token: u32) -> (f32, f32) {
+    let logit = logits[token as usize];
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
+    (logit, (logit - max).exp() / sum)
+}
