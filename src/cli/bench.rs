@@ -1,19 +1,18 @@
-//! `m2r2 bench`: prefill and decode speed of the reference, set against the machine's measured memory
-//! read bandwidth. Decoding one token reads every weight it uses once, so decode is memory bound and
-//! `bytes read per token x tokens/s` over the streaming-read bandwidth says how close to the machine's
-//! limit the reference runs.
+//! `m2r2 bench`: prefill and decode speed of the reference against the machine's measured memory
+//! read bandwidth (`decode_speed`), the reference's self-speculative decoding (`--speculative`), an
+//! ONNX export against the reference (`--onnx`), and the cost of each kind of step
+//! (`--cost-shape`).
 
 use super::bench_onnx::{EngineResult, SpecBench, head_words, print_engines};
 use super::common::{self, ModelArgs};
+use super::cost_shape;
+use super::decode_speed::{DecodeWeights, Sizes, check_sizes, cpu_model, measure, print_table};
 use super::m2r2_args::{M2r2Args, OnOff};
 use anyhow::{Result, bail};
-use rayon::prelude::*;
-use reference::ModelConfig;
-use reference::base::generate::{GenerateOptions, generate};
+use reference::decode::draft_verify::ReferenceSpeculation;
 use reference::io::load::LoadedModel;
+use reference::m2r2::fast_stream::M2r2;
 use serde::Serialize;
-use std::hint::black_box;
-use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -42,115 +41,19 @@ pub struct Args {
     /// default: on when there is one). With --onnx it must match the export.
     #[arg(long, value_enum, value_name = "on|off")]
     pub draft_head: Option<OnOff>,
-}
-
-/// What one bench runs. Threads: rayon's global pool (all cores, or `RAYON_NUM_THREADS`).
-#[derive(clap::Args, Clone, Debug, Serialize)]
-pub struct Sizes {
-    /// Prompt tokens prefilled in one chunk
-    #[arg(long, value_name = "P", default_value_t = 64)]
-    pub prompt_len: usize,
-    /// Tokens decoded one at a time after the prompt (at least 2)
-    #[arg(long, value_name = "N", default_value_t = 32)]
-    pub decode_tokens: usize,
-    /// Timed runs after one warm-up run; the table shows their median
-    #[arg(long, value_name = "R", default_value_t = 3)]
-    pub repeats: usize,
-    /// Buffer streamed by the memory-bandwidth probe, in MiB (much larger than the last-level cache)
-    #[arg(long, value_name = "MIB", default_value_t = 1024)]
-    pub bandwidth_mib: usize,
-}
-
-/// The largest buffer the bandwidth probe may allocate (16 GiB).
-const MAX_BANDWIDTH_MIB: usize = 16 << 10;
-
-/// f32 weights one decode step reads, by kind (counts of floats).
-#[derive(Clone, Debug, Serialize)]
-pub struct DecodeWeights {
-    /// One row of the embedding: `D`.
-    pub embedding_row: usize,
-    /// q, k, v, o weights and their biases, all layers.
-    pub attention: usize,
-    /// Input and post-attention RMSNorm of every layer, and the final norm.
-    pub norms: usize,
-    /// MoE routers `[E, D]` of every layer (0 for dense models).
-    pub routers: usize,
-    /// Dense MLPs, or the k routed experts of every MoE layer (the others are not read).
-    pub feed_forward: usize,
-    /// The output projection `[V, D]` (the embedding matrix when tied).
-    pub head: usize,
-}
-
-impl DecodeWeights {
-    pub fn of(c: &ModelConfig) -> Self {
-        let (d, i, n) = (c.hidden_size, c.intermediate_size, c.num_hidden_layers);
-        let attention_bias = if c.qkv_bias {
-            c.q_dim() + 2 * c.kv_dim()
-        } else {
-            0
-        } + if c.o_bias { d } else { 0 };
-        let attention = 2 * d * c.q_dim() + 2 * d * c.kv_dim() + attention_bias;
-        let mlp = 3 * d * i + if c.mlp_bias { 2 * i + d } else { 0 };
-        let (routers, feed_forward) = match &c.moe {
-            None => (0, mlp),
-            Some(moe) => (moe.num_local_experts * d, moe.num_experts_per_tok * mlp),
-        };
-        DecodeWeights {
-            embedding_row: d,
-            attention: n * attention,
-            norms: (2 * n + 1) * d,
-            routers: n * routers,
-            feed_forward: n * feed_forward,
-            head: c.vocab_size * d,
-        }
-    }
-
-    pub fn floats(&self) -> usize {
-        self.embedding_row
-            + self.attention
-            + self.norms
-            + self.routers
-            + self.feed_forward
-            + self.head
-    }
-
-    pub fn bytes(&self) -> usize {
-        4 * self.floats()
-    }
-}
-
-/// What is counted as read per decoded token, in words (printed under the table and in the JSON).
-pub const BYTES_COUNTED: &str = "every f32 weight the token uses, once: one embedding row, q/k/v/o (+ biases) \
-     and both RMSNorms of every layer, the dense MLP or (MoE) the router plus only the k routed experts, the \
-     final norm and the whole head [V, D]; KV-cache reads and activations are not counted";
-
-/// One bench run, with its medians.
-#[derive(Clone, Debug, Serialize)]
-pub struct BenchResult {
-    pub model: String,
-    pub parameter_count: usize,
-    pub threads: usize,
-    pub cpu: String,
-    pub sizes: Sizes,
-    /// Per timed run.
-    pub prefill_seconds: Vec<f64>,
-    pub decode_seconds: Vec<f64>,
-    /// Medians over the timed runs.
-    pub prefill_tokens_per_second: f64,
-    pub decode_tokens_per_second: f64,
-    pub ms_per_token: f64,
-    pub decode_weights: DecodeWeights,
-    pub bytes_per_token: usize,
-    pub bytes_counted: &'static str,
-    pub achieved_bytes_per_second: f64,
-    /// Best of several multi-threaded streaming reads of `bandwidth_mib`.
-    pub memory_read_bytes_per_second: f64,
-    pub achieved_fraction: f64,
+    /// Time each kind of step (greedy step, draft step, verify chunks of 1, 2, 5, 9 and 16 rows) and
+    /// show it as a ratio to the greedy step, with the read bandwidth and batched decoding; with
+    /// --onnx, ONNX Runtime in the same table
+    #[arg(long, conflicts_with = "speculative")]
+    pub cost_shape: bool,
 }
 
 pub fn run(args: &Args) -> Result<()> {
     check_sizes(&args.sizes)?;
     let loaded = common::load(&args.model.model)?;
+    if args.cost_shape {
+        return cost_shape(&loaded, args);
+    }
     if let Some(dir) = &args.onnx {
         return super::bench_onnx::run(
             &loaded,
@@ -241,231 +144,55 @@ fn speculative(loaded: &LoadedModel, args: &Args) -> Result<()> {
     Ok(())
 }
 
-fn check_sizes(sizes: &Sizes) -> Result<()> {
-    if sizes.prompt_len == 0 {
-        bail!("--prompt-len must be at least 1");
+/// `--cost-shape`: the reference's step costs (and ONNX Runtime's with `--onnx`) in one table.
+fn cost_shape(loaded: &LoadedModel, args: &Args) -> Result<()> {
+    cost_shape::check(loaded, &args.sizes)?;
+    let m2r2 = M2r2Args {
+        draft_head: args.draft_head,
+        ..M2r2Args::weights_only(args.m2r2.clone())
+    };
+    let weights = m2r2.weights(loaded)?;
+    let draft_gate = weights.config.draft_gate;
+    let bandwidth = cost_shape::bandwidth(&args.sizes);
+    let rows = cost_shape::VERIFY_ROWS[cost_shape::VERIFY_ROWS.len() - 1];
+    let mut spec = ReferenceSpeculation::new(
+        M2r2::new(&loaded.model, &weights),
+        draft_gate,
+        None,
+        args.sizes.prompt_len + rows + 1,
+    )?;
+    let (reference, batched_decoding) =
+        cost_shape::reference_shape(loaded, &mut spec, &args.sizes, bandwidth)?;
+    let mut engines = vec![reference];
+    if let Some(dir) = &args.onnx {
+        engines.push(super::bench_onnx::cost_shape_engine(
+            loaded,
+            &weights,
+            dir,
+            &args.ep,
+            &args.sizes,
+            bandwidth,
+        )?);
     }
-    if sizes.decode_tokens < 2 {
-        bail!("--decode-tokens must be at least 2 (the first token comes from the prefill)");
-    }
-    if sizes.repeats == 0 {
-        bail!("--repeats must be at least 1");
-    }
-    if !(1..=MAX_BANDWIDTH_MIB).contains(&sizes.bandwidth_mib) {
-        bail!("--bandwidth-mib must be in 1..={MAX_BANDWIDTH_MIB}");
+    let result = cost_shape::CostShape {
+        model: loaded.name.clone(),
+        cpu: cpu_model(),
+        threads: rayon::current_num_threads(),
+        kernel: cost_shape::kernel_name(),
+        m2r2: m2r2.source(loaded),
+        draft_gate,
+        draft_head_tokens: weights.draft_head.as_ref().map(|h| h.len()),
+        prompt_len: args.sizes.prompt_len,
+        repeats: args.sizes.repeats,
+        bytes_per_greedy_step: DecodeWeights::of(&loaded.model.config).bytes(),
+        memory_read_bytes_per_second: bandwidth,
+        engines,
+        batched_decoding,
+    };
+    if args.json {
+        common::print_json(&serde_json::to_value(&result)?);
+    } else {
+        cost_shape::print(&result);
     }
     Ok(())
-}
-
-/// Warm up, time `repeats` greedy runs of `prompt_len + decode_tokens`, and probe the memory bandwidth.
-pub fn measure(loaded: &LoadedModel, sizes: &Sizes) -> Result<BenchResult> {
-    check_sizes(sizes)?;
-    let model = &loaded.model;
-    let config = &model.config;
-    let needed = sizes.prompt_len + sizes.decode_tokens;
-    if needed > model.context_length() {
-        bail!(
-            "--prompt-len {} + --decode-tokens {} = {needed} positions exceed the context of {} ({})",
-            sizes.prompt_len,
-            sizes.decode_tokens,
-            loaded.name,
-            model.context_length()
-        );
-    }
-    // A fixed pseudo-random prompt; no stop tokens, so every run decodes exactly `decode_tokens`.
-    let prompt: Vec<u32> = (0..sizes.prompt_len as u64)
-        .map(|i| ((i * 2_654_435_761 + 12_345) % config.vocab_size as u64) as u32)
-        .collect();
-    let options = GenerateOptions {
-        max_new_tokens: sizes.decode_tokens,
-        stop_tokens: vec![],
-        sampling: None,
-    };
-    // Warm-up: a shorter run that touches every weight and the allocator.
-    let warm = GenerateOptions {
-        max_new_tokens: sizes.decode_tokens.min(4),
-        ..options.clone()
-    };
-    generate(
-        model,
-        &prompt[..sizes.prompt_len.min(16)],
-        &warm,
-        &mut |_, _| {},
-    )?;
-
-    let (mut prefill_seconds, mut decode_seconds, mut prefill_tps, mut decode_tps) =
-        (vec![], vec![], vec![], vec![]);
-    for _ in 0..sizes.repeats {
-        let g = generate(model, &prompt, &options, &mut |_, _| {})?;
-        prefill_tps.push(sizes.prompt_len as f64 / g.prefill_seconds);
-        decode_tps.push(g.decode_tokens_per_second());
-        prefill_seconds.push(g.prefill_seconds);
-        decode_seconds.push(g.decode_seconds);
-    }
-    let prefill_tokens_per_second = median(&prefill_tps);
-    let decode_tokens_per_second = median(&decode_tps);
-
-    let decode_weights = DecodeWeights::of(config);
-    let bytes_per_token = decode_weights.bytes();
-    let achieved = bytes_per_token as f64 * decode_tokens_per_second;
-    let machine = memory_read_bandwidth(sizes.bandwidth_mib << 20, 5);
-    Ok(BenchResult {
-        model: loaded.name.clone(),
-        parameter_count: config.parameter_count(),
-        threads: rayon::current_num_threads(),
-        cpu: cpu_model(),
-        sizes: sizes.clone(),
-        prefill_seconds,
-        decode_seconds,
-        prefill_tokens_per_second,
-        decode_tokens_per_second,
-        ms_per_token: 1000.0 / decode_tokens_per_second,
-        decode_weights,
-        bytes_per_token,
-        bytes_counted: BYTES_COUNTED,
-        achieved_bytes_per_second: achieved,
-        memory_read_bytes_per_second: machine,
-        achieved_fraction: achieved / machine,
-    })
-}
-
-pub fn print_table(r: &BenchResult) {
-    let s = &r.sizes;
-    println!(
-        "bench {}: {} parameters, f32",
-        r.model,
-        common::count(r.parameter_count as f64)
-    );
-    println!("cpu: {}, {} rayon threads", r.cpu, r.threads);
-    println!(
-        "prompt {} tokens, decode {} tokens, greedy; median of {} runs after 1 warm-up",
-        s.prompt_len, s.decode_tokens, s.repeats
-    );
-    let rows = [
-        (
-            "prefill",
-            format!("{:.1} tokens/s", r.prefill_tokens_per_second),
-        ),
-        (
-            "decode",
-            format!("{:.1} tokens/s", r.decode_tokens_per_second),
-        ),
-        ("decode latency", format!("{:.2} ms/token", r.ms_per_token)),
-        (
-            "weights read / decoded token",
-            common::bytes(r.bytes_per_token as f64),
-        ),
-        (
-            "achieved read bandwidth",
-            format!("{}/s", common::bytes(r.achieved_bytes_per_second)),
-        ),
-        (
-            "machine read bandwidth",
-            format!(
-                "{}/s (streaming read of {} MiB, {} threads, best of 5)",
-                common::bytes(r.memory_read_bytes_per_second),
-                s.bandwidth_mib,
-                r.threads
-            ),
-        ),
-        (
-            "achieved fraction",
-            format!("{:.1} %", 100.0 * r.achieved_fraction),
-        ),
-    ];
-    for (name, value) in rows {
-        println!("  {name:<30} {value}");
-    }
-    println!("  (bytes counted: {BYTES_COUNTED})");
-}
-
-fn median(xs: &[f64]) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-/// Best bytes/s of `runs` parallel streaming reads (sums) over a buffer of `bytes`, on rayon's global
-/// pool (the threads the model uses). The buffer is written first so every page is really mapped.
-pub fn memory_read_bandwidth(bytes: usize, runs: usize) -> f64 {
-    const CHUNK: usize = 1 << 16; // floats per rayon task: 256 KiB
-    let n = bytes / 4;
-    let mut buffer = vec![0.0f32; n];
-    buffer
-        .par_chunks_mut(CHUNK)
-        .enumerate()
-        .for_each(|(i, c)| c.fill(1.0 + i as f32 * 1e-6));
-    let mut best = 0.0f64;
-    for _ in 0..runs {
-        let start = Instant::now();
-        let total: f32 = buffer.par_chunks(CHUNK).map(sum_lanes).sum();
-        let seconds = start.elapsed().as_secs_f64();
-        black_box(total);
-        best = best.max((n * 4) as f64 / seconds);
-    }
-    best
-}
-
-/// Sum with 16 independent accumulators, so the loop is limited by loads, not by one add chain.
-fn sum_lanes(x: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 16];
-    let chunks = x.chunks_exact(16);
-    let tail: f32 = chunks.remainder().iter().sum();
-    for c in chunks {
-        for j in 0..16 {
-            lanes[j] += c[j];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
-}
-
-/// The CPU's model name from `/proc/cpuinfo`.
-pub fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, name)| name.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU (no model name in /proc/cpuinfo)".into())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn decode_weights_of_a_dense_model_are_all_parameters_plus_one_row() {
-        // Tied embeddings: the parameter count holds the embedding once; a decode step reads the
-        // whole matrix as head plus one row as embedding.
-        let c = reference::io::builtin::tiny_config();
-        let w = DecodeWeights::of(&c);
-        assert_eq!(w.floats(), c.parameter_count() + c.hidden_size);
-    }
-
-    #[test]
-    fn decode_weights_of_moe_count_only_routed_experts() {
-        let c = reference::io::builtin::tiny_moe_config();
-        let moe = c.moe.clone().unwrap();
-        let w = DecodeWeights::of(&c);
-        let expert = 3 * c.hidden_size * c.intermediate_size;
-        let unused =
-            c.num_hidden_layers * (moe.num_local_experts - moe.num_experts_per_tok) * expert;
-        // Untied: the embedding is counted in the parameters in full, read as one row.
-        let embedding_rest = (c.vocab_size - 1) * c.hidden_size;
-        assert_eq!(w.floats(), c.parameter_count() - unused - embedding_rest);
-    }
-
-    #[test]
-    fn median_of_odd_and_even() {
-        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
-    }
 }

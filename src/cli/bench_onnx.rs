@@ -3,8 +3,9 @@
 //! accepted length, and milliseconds per draft step and per verify step (medians over `--repeats`
 //! timed runs after one warm-up run of each, which also builds TensorRT engines).
 
-use super::bench::{Sizes, cpu_model};
 use super::common;
+use super::cost_shape;
+use super::decode_speed::{DecodeWeights, Sizes, cpu_model};
 use super::m2r2_args::{M2r2Args, OnOff};
 use super::run::{EpArgs, check_draft_head};
 use anyhow::{Result, bail};
@@ -57,6 +58,58 @@ pub struct OnnxBenchResult {
     pub engines: Vec<EngineResult>,
     /// ONNX Runtime's greedy tokens equal the reference's.
     pub tokens_equal_reference: bool,
+}
+
+/// ONNX Runtime's step costs for `m2r2 bench --cost-shape --onnx DIR`: the export must be of the
+/// loaded model with the reference's draft gate and draft head (`weights`).
+pub fn cost_shape_engine(
+    loaded: &LoadedModel,
+    weights: &M2r2Weights,
+    dir: &Path,
+    ep_args: &EpArgs,
+    sizes: &Sizes,
+    bandwidth: f64,
+) -> Result<cost_shape::EngineShape> {
+    let export = ExportDir::open(dir)?;
+    let manifest = &export.manifest;
+    if manifest.config != loaded.model.config {
+        bail!(
+            "the export in {} was made from a different model than `{}` (their configs differ); \
+             pass the model it was exported from with --model",
+            dir.display(),
+            loaded.name
+        );
+    }
+    if manifest.draft_gate != weights.config.draft_gate || export.draft_head != weights.draft_head {
+        bail!(
+            "the export {} drafts at gate {} with {}, the reference's M2R2 weights at gate {} with \
+             {}; pass the --m2r2 folder (and --draft-head) the export was made with",
+            dir.display(),
+            manifest.draft_gate,
+            head_words(manifest.draft_head_tokens),
+            weights.config.draft_gate,
+            head_words(weights.draft_head.as_ref().map(|h| h.len()))
+        );
+    }
+    onnx_runner::runtime::init()?;
+    let ep = ep_args.config(
+        &export,
+        cost_shape::VERIFY_ROWS[cost_shape::VERIFY_ROWS.len() - 1],
+    );
+    let mut model = OnnxModel::load(&export, &ep)?;
+    let mut spec = OnnxSpeculation::load(&export, &ep, None)?;
+    let engine = format!("onnxruntime-{}", model.session().ep_used().name());
+    let prompt = cost_shape::bench_prompt(loaded, sizes.prompt_len);
+    let bytes = DecodeWeights::of(&loaded.model.config).bytes();
+    cost_shape::measure_engine(
+        engine,
+        &mut model,
+        &mut spec,
+        &prompt,
+        sizes.repeats,
+        bytes,
+        bandwidth,
+    )
 }
 
 /// Time both engines. `m2r2` names the reference's M2R2 weights (as `--m2r2`; they must be those

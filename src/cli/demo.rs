@@ -3,8 +3,8 @@
 //! Each section is one function in [`SECTIONS`]; later issues append theirs. Sections that check
 //! something print `OK` / `NOT OK`, and the demo exits 1 if any check failed.
 
-use super::bench::{self, Sizes};
 use super::common::{self, ModelArgs};
+use super::decode_speed::{self, Sizes};
 use super::m2r2_args::{DecodeRequest, M2r2Settings, Mode, ModeDetails, ModeRun, run_mode};
 use anyhow::{Context, Result, bail};
 use reference::base::generate::{GenerateOptions, Generation, generate};
@@ -441,8 +441,8 @@ fn short_bench(demo: &mut Demo) -> Result<()> {
         repeats: 2,
         bandwidth_mib: 1024,
     };
-    let result = bench::measure(&demo.loaded, &sizes)?;
-    bench::print_table(&result);
+    let result = decode_speed::measure(&demo.loaded, &sizes)?;
+    decode_speed::print_table(&result);
     Ok(())
 }
 

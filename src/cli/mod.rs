@@ -4,6 +4,8 @@ pub mod analyze;
 pub mod bench;
 pub mod bench_onnx;
 pub mod common;
+pub mod cost_shape;
+pub mod decode_speed;
 pub mod demo;
 pub mod demo_onnx;
 pub mod distill_data;

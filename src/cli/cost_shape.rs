@@ -1,0 +1,281 @@
+//! `m2r2 bench --cost-shape`: what each kind of step costs, on the reference and (with `--onnx`)
+//! on ONNX Runtime, side by side in one run: a greedy decode step, a draft step (the draft gate's
+//! lower layers with the fast stream, the draft head), and verify chunks of 1, 2, 5, 9 and 16 rows
+//! (the layers above the draft gate and the head on every row), each also as a ratio to the greedy
+//! step. On memory-bound hardware a chunk of a few rows costs about one step, since the rows share
+//! one read of the weights; a ratio that grows with the rows means the products are compute-bound.
+//! Also: the measured read bandwidth and the fraction a greedy step achieves, and batched decoding
+//! of independent sequences (tokens/s at B = 1, 4, 16, reference).
+
+use super::decode_speed::{DecodeWeights, Sizes, median, memory_read_bandwidth};
+use anyhow::{Result, bail};
+use reference::base::batch::{BatchRequest, generate_batch};
+use reference::base::generate::ReferenceGreedy;
+use reference::base::generate::{GenerateOptions, GreedyBackend};
+use reference::base::matmul::kernel::Kernel;
+use reference::decode::speculative::SpeculativeBackend;
+use reference::io::load::LoadedModel;
+use serde::Serialize;
+use std::time::Instant;
+
+/// Verify chunk sizes measured.
+pub const VERIFY_ROWS: [usize; 5] = [1, 2, 5, 9, 16];
+/// Batch sizes of the batched-decoding rows.
+pub const BATCHES: [usize; 3] = [1, 4, 16];
+
+/// One engine's step costs (medians, milliseconds).
+#[derive(Clone, Debug, Serialize)]
+pub struct EngineShape {
+    pub engine: String,
+    pub greedy_step_ms: f64,
+    pub draft_step_ms: f64,
+    /// `(rows, ms)` per verify chunk size.
+    pub verify_ms: Vec<(usize, f64)>,
+    /// `bytes read per greedy step / greedy step time`.
+    pub achieved_bytes_per_second: f64,
+    pub achieved_fraction: f64,
+}
+
+impl EngineShape {
+    pub fn ratio(&self, ms: f64) -> f64 {
+        ms / self.greedy_step_ms
+    }
+}
+
+/// Batched decoding throughput at one batch size.
+#[derive(Clone, Debug, Serialize)]
+pub struct BatchSpeed {
+    pub batch: usize,
+    pub tokens_per_second: f64,
+}
+
+/// Everything `--cost-shape` prints.
+#[derive(Clone, Debug, Serialize)]
+pub struct CostShape {
+    pub model: String,
+    pub cpu: String,
+    pub threads: usize,
+    pub kernel: String,
+    pub m2r2: String,
+    pub draft_gate: usize,
+    pub draft_head_tokens: Option<usize>,
+    pub prompt_len: usize,
+    pub repeats: usize,
+    pub bytes_per_greedy_step: usize,
+    pub memory_read_bytes_per_second: f64,
+    pub engines: Vec<EngineShape>,
+    pub batched_decoding: Vec<BatchSpeed>,
+}
+
+/// The prompt every measurement starts from: fixed pseudo-random ids.
+pub fn bench_prompt(loaded: &LoadedModel, len: usize) -> Vec<u32> {
+    let vocab = loaded.model.config.vocab_size as u64;
+    (0..len as u64)
+        .map(|i| ((i * 2_654_435_761 + 12_345) % vocab) as u32)
+        .collect()
+}
+
+/// Step costs of one engine: `greedy` decodes, `spec` drafts and verifies, both after `prompt`.
+/// Each figure is the median of `repeats` timings after one warm-up.
+pub fn measure_engine(
+    engine: String,
+    greedy: &mut dyn GreedyBackend,
+    spec: &mut dyn SpeculativeBackend,
+    prompt: &[u32],
+    repeats: usize,
+    bytes_per_step: usize,
+    bandwidth: f64,
+) -> Result<EngineShape> {
+    let max_rows = *VERIFY_ROWS.iter().max().expect("sizes");
+    let next = prompt[prompt.len() - 1];
+    // greedy: one token at a time after the prompt
+    greedy.start(prompt.len() + repeats + 1)?;
+    greedy.feed(prompt)?;
+    let mut greedy_ms = Vec::new();
+    for i in 0..=repeats {
+        let start = Instant::now();
+        greedy.feed(&[next])?;
+        if i > 0 {
+            greedy_ms.push(ms(start));
+        }
+    }
+    // draft: one draft step, rolled back
+    spec.prefill(prompt)?;
+    let n = spec.len();
+    let mut draft_ms = Vec::new();
+    for i in 0..=repeats {
+        let start = Instant::now();
+        spec.draft(next, true)?;
+        if i > 0 {
+            draft_ms.push(ms(start));
+        }
+        spec.verify()?;
+        spec.rollback(n);
+    }
+    // verify chunks: `rows` draft steps feed `rows` positions, then one verify of them
+    let mut verify_ms = Vec::new();
+    for rows in VERIFY_ROWS {
+        let mut times = Vec::new();
+        for i in 0..=repeats {
+            for _ in 0..rows {
+                spec.draft(next, false)?;
+            }
+            let start = Instant::now();
+            spec.verify()?;
+            if i > 0 {
+                times.push(ms(start));
+            }
+            spec.rollback(n);
+        }
+        verify_ms.push((rows, median(&times)));
+    }
+    debug_assert!(max_rows >= 1);
+    let greedy_step_ms = median(&greedy_ms);
+    let achieved = bytes_per_step as f64 / (greedy_step_ms / 1e3);
+    Ok(EngineShape {
+        engine,
+        greedy_step_ms,
+        draft_step_ms: median(&draft_ms),
+        verify_ms,
+        achieved_bytes_per_second: achieved,
+        achieved_fraction: achieved / bandwidth,
+    })
+}
+
+/// Tokens/s of batched greedy decoding on the reference: `batch` sequences of `decode_tokens`
+/// each after `prompt_len`-token prompts (distinct prompts, no stop tokens), prefill included.
+pub fn batched_speed(
+    loaded: &LoadedModel,
+    batch: usize,
+    prompt_len: usize,
+    decode_tokens: usize,
+) -> Result<BatchSpeed> {
+    let base = bench_prompt(loaded, prompt_len + batch);
+    let requests: Vec<BatchRequest> = (0..batch)
+        .map(|b| BatchRequest {
+            prompt: base[b..b + prompt_len].to_vec(),
+            options: GenerateOptions {
+                max_new_tokens: decode_tokens,
+                stop_tokens: vec![],
+                sampling: None,
+            },
+        })
+        .collect();
+    let run = generate_batch(&loaded.model, &requests, batch, &mut |_, _| {})?;
+    let tokens: usize = run.generations.iter().map(|g| g.tokens.len()).sum();
+    Ok(BatchSpeed {
+        batch,
+        tokens_per_second: tokens as f64 / run.seconds.max(1e-12),
+    })
+}
+
+/// The reference's part: its engine shape and batched decoding.
+pub fn reference_shape(
+    loaded: &LoadedModel,
+    spec: &mut dyn SpeculativeBackend,
+    sizes: &Sizes,
+    bandwidth: f64,
+) -> Result<(EngineShape, Vec<BatchSpeed>)> {
+    let prompt = bench_prompt(loaded, sizes.prompt_len);
+    let bytes = DecodeWeights::of(&loaded.model.config).bytes();
+    let mut greedy = ReferenceGreedy::new(&loaded.model);
+    let shape = measure_engine(
+        "reference".into(),
+        &mut greedy,
+        spec,
+        &prompt,
+        sizes.repeats,
+        bytes,
+        bandwidth,
+    )?;
+    let batched = BATCHES
+        .iter()
+        .map(|&b| batched_speed(loaded, b, sizes.prompt_len, sizes.decode_tokens))
+        .collect::<Result<_>>()?;
+    Ok((shape, batched))
+}
+
+/// Refuse sizes the measurement cannot run.
+pub fn check(loaded: &LoadedModel, sizes: &Sizes) -> Result<()> {
+    let max_rows = *VERIFY_ROWS.iter().max().expect("sizes");
+    let needed = sizes.prompt_len + (sizes.repeats + 1).max(max_rows) + 1;
+    let context = loaded.model.config.max_position_embeddings;
+    if needed > context {
+        bail!(
+            "--prompt-len {} leaves no room for the measured steps in the context of {context}",
+            sizes.prompt_len
+        );
+    }
+    Ok(())
+}
+
+/// The table.
+pub fn print(r: &CostShape) {
+    println!(
+        "cost shape of {} ({} kernel): ms per step and as a ratio to the greedy step; M2R2 weights: {}",
+        r.model, r.kernel, r.m2r2
+    );
+    println!(
+        "cpu: {}, {} rayon threads; prompt {} tokens; draft gate {}, {}; median of {} after 1 warm-up",
+        r.cpu,
+        r.threads,
+        r.prompt_len,
+        r.draft_gate,
+        match r.draft_head_tokens {
+            Some(k) => format!("pruned draft head of {k} tokens"),
+            None => "full draft head".into(),
+        },
+        r.repeats
+    );
+    let mut header = format!(
+        "  {:<22} {:>14} {:>14}",
+        "engine", "greedy step", "draft step"
+    );
+    for (rows, _) in &r.engines[0].verify_ms {
+        header += &format!(" {:>14}", format!("verify {rows}"));
+    }
+    header += &format!(" {:>9}", "of GB/s");
+    println!("{header}");
+    for e in &r.engines {
+        let cell = |ms: f64| format!("{ms:.2} ({:.2})", e.ratio(ms));
+        let mut line = format!(
+            "  {:<22} {:>14} {:>14}",
+            e.engine,
+            cell(e.greedy_step_ms),
+            cell(e.draft_step_ms)
+        );
+        for (_, ms) in &e.verify_ms {
+            line += &format!(" {:>14}", cell(*ms));
+        }
+        line += &format!(" {:>8.1}%", 100.0 * e.achieved_fraction);
+        println!("{line}");
+    }
+    println!(
+        "  (a greedy step reads {:.1} MB of weights; measured read bandwidth {:.2} GB/s; \"of GB/s\": the fraction a greedy step achieves)",
+        r.bytes_per_greedy_step as f64 / 1e6,
+        r.memory_read_bytes_per_second / 1e9
+    );
+    let batched: Vec<String> = r
+        .batched_decoding
+        .iter()
+        .map(|b| format!("B={}: {:.1} tok/s", b.batch, b.tokens_per_second))
+        .collect();
+    println!(
+        "  batched decoding on the reference (prefill included): {}",
+        batched.join(", ")
+    );
+}
+
+fn ms(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64() * 1e3
+}
+
+/// The kernel `linear` uses on this CPU.
+pub fn kernel_name() -> String {
+    Kernel::best().name().into()
+}
+
+/// The machine's read bandwidth, as `m2r2 bench` measures it.
+pub fn bandwidth(sizes: &Sizes) -> f64 {
+    memory_read_bandwidth(sizes.bandwidth_mib << 20, 5)
+}
