@@ -332,6 +332,53 @@ fn bench_reports_bandwidth() {
     assert!(b["bytes_per_token"].as_u64().unwrap() > 4 * 320 * 64);
 }
 
+/// `bench --cost-shape --json`: every step kind and verify size, ratios against the greedy step,
+/// the bandwidth and batched decoding at B = 1, 4, 16 (no timing is asserted, only the shape).
+#[test]
+fn bench_cost_shape_reports_every_step() {
+    let b = ok(&[
+        "bench",
+        "--cost-shape",
+        "--prompt-len",
+        "8",
+        "--decode-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--bandwidth-mib",
+        "8",
+        "--json",
+    ])
+    .json();
+    let engines = b["engines"].as_array().unwrap();
+    assert_eq!(engines.len(), 1, "{b}");
+    let e = &engines[0];
+    assert_eq!(e["engine"], "reference");
+    for key in ["greedy_step_ms", "draft_step_ms", "achieved_fraction"] {
+        assert!(e[key].as_f64().unwrap() > 0.0, "{key}: {b}");
+    }
+    let rows: Vec<u64> = e["verify_ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r[0].as_u64().unwrap())
+        .collect();
+    assert_eq!(rows, [1, 2, 5, 9, 16]);
+    let batches: Vec<u64> = b["batched_decoding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["batch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(batches, [1, 4, 16]);
+    assert!(b["memory_read_bytes_per_second"].as_f64().unwrap() > 0.0);
+    assert!(["portable", "avx2", "neon"].contains(&b["kernel"].as_str().unwrap()));
+    fails(
+        &["bench", "--cost-shape", "--speculative"],
+        &["--cost-shape", "--speculative"],
+    );
+}
+
 #[test]
 fn bad_arguments_are_refused_clearly() {
     fails(&["generate", "--tokens", "1,x"], &["`x`"]);
