@@ -60,6 +60,20 @@ pub struct OnnxBenchResult {
     pub tokens_equal_reference: bool,
 }
 
+/// The export in `dir`, refused when it was made from another model than `loaded`.
+fn open_export(loaded: &LoadedModel, dir: &Path) -> Result<ExportDir> {
+    let export = ExportDir::open(dir)?;
+    if export.manifest.config != loaded.model.config {
+        bail!(
+            "the export in {} was made from a different model than `{}` (their configs differ); \
+             pass the model it was exported from with --model",
+            dir.display(),
+            loaded.name
+        );
+    }
+    Ok(export)
+}
+
 /// ONNX Runtime's step costs for `m2r2 bench --cost-shape --onnx DIR`: the export must be of the
 /// loaded model with the reference's draft gate and draft head (`weights`).
 pub fn cost_shape_engine(
@@ -70,16 +84,8 @@ pub fn cost_shape_engine(
     sizes: &Sizes,
     bandwidth: f64,
 ) -> Result<cost_shape::EngineShape> {
-    let export = ExportDir::open(dir)?;
+    let export = open_export(loaded, dir)?;
     let manifest = &export.manifest;
-    if manifest.config != loaded.model.config {
-        bail!(
-            "the export in {} was made from a different model than `{}` (their configs differ); \
-             pass the model it was exported from with --model",
-            dir.display(),
-            loaded.name
-        );
-    }
     if manifest.draft_gate != weights.config.draft_gate || export.draft_head != weights.draft_head {
         bail!(
             "the export {} drafts at gate {} with {}, the reference's M2R2 weights at gate {} with \
@@ -122,16 +128,8 @@ pub fn measure(
     ep_args: &EpArgs,
     sizes: &Sizes,
 ) -> Result<OnnxBenchResult> {
-    let export = ExportDir::open(dir)?;
+    let export = open_export(loaded, dir)?;
     let manifest = &export.manifest;
-    if manifest.config != loaded.model.config {
-        bail!(
-            "the export in {} was made from a different model than `{}` (their configs differ); \
-             pass the model it was exported from with --model",
-            dir.display(),
-            loaded.name
-        );
-    }
     check_draft_head(&export, draft_head)?;
     let args = M2r2Args {
         draft_head,
