@@ -6,7 +6,7 @@ use std::path::Path;
 
 /// Rewrite a safetensors file with one element of the I64 `tensor` set to `value`.
 fn set_i64(path: &Path, tensor: &str, index: usize, value: i64) {
-    super::edit_tensor(path, tensor, |dtype, data| {
+    super::golden::edit_tensor(path, tensor, |dtype, data| {
         assert_eq!(dtype, Dtype::I64);
         data[8 * index..8 * index + 8].copy_from_slice(&value.to_le_bytes());
     });

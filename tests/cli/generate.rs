@@ -1,0 +1,83 @@
+//! `generate`: the JSON fields, determinism, prompt encoding, streamed text, seeded sampling.
+
+use super::{generate_json, ids, ok};
+
+#[test]
+fn generate_json_has_the_required_fields() {
+    let g = generate_json(&["--tokens", "1,2,3", "--max-new-tokens", "5"]);
+    assert_eq!(ids(&g["prompt_tokens"]), vec![1, 2, 3]);
+    let tokens = ids(&g["tokens"]);
+    assert!(!tokens.is_empty() && tokens.len() <= 5, "{tokens:?}");
+    assert!(g["text"].is_string());
+    assert!(g["timings"]["prefill_seconds"].as_f64().unwrap() >= 0.0);
+    assert!(g["timings"]["decode_seconds"].as_f64().unwrap() >= 0.0);
+    assert!(g["tokens_per_second"].is_number());
+    assert_eq!(g["model"], "tiny");
+    assert_eq!(g["mode"], "greedy");
+}
+
+#[test]
+fn greedy_is_deterministic_and_prompts_encode() {
+    let a = generate_json(&["--prompt", "Hello", "--max-new-tokens", "8"]);
+    let b = generate_json(&["--prompt", "Hello", "--max-new-tokens", "8"]);
+    assert_eq!(a["tokens"], b["tokens"]);
+    // The built-in tokenizer is byte level: "Hello" is its bytes.
+    assert_eq!(
+        ids(&a["prompt_tokens"]),
+        b"Hello".iter().map(|&b| b as u64).collect::<Vec<_>>()
+    );
+    let chat = generate_json(&["--prompt", "Hello", "--chat", "--max-new-tokens", "2"]);
+    assert!(
+        ids(&chat["prompt_tokens"]).len() > 5,
+        "the chat template adds tokens: {chat}"
+    );
+    let moe = generate_json(&[
+        "--model",
+        "tiny-moe",
+        "--tokens",
+        "5,6",
+        "--max-new-tokens",
+        "3",
+    ]);
+    assert_eq!(moe["model"], "tiny-moe");
+    let none = generate_json(&["--tokens", "1", "--max-new-tokens", "0"]);
+    assert_eq!(ids(&none["tokens"]), Vec::<u64>::new());
+}
+
+#[test]
+fn plain_generate_streams_text_to_stdout() {
+    let run = ok(&["generate", "--prompt", "Hi", "--max-new-tokens", "4"]);
+    assert!(run.stdout.ends_with('\n'));
+    assert!(run.stderr.contains("tokens/s"), "{}", run.stderr);
+}
+
+#[test]
+fn sampling_follows_the_seed() {
+    let sample = |seed: &str| {
+        generate_json(&[
+            "--tokens",
+            "84,104,101",
+            "--max-new-tokens",
+            "12",
+            "--temperature",
+            "5",
+            "--top-k",
+            "100",
+            "--top-p",
+            "0.99",
+            "--seed",
+            seed,
+        ])
+    };
+    let a = sample("1");
+    assert_eq!(a["mode"], "greedy");
+    assert_eq!(a["sampling"], "sample");
+    assert_eq!(a["seed"], 1);
+    assert_eq!(a["tokens"], sample("1")["tokens"]);
+    let others = ["2", "3", "4"].map(|s| sample(s)["tokens"].clone());
+    assert!(
+        others.iter().any(|o| *o != a["tokens"]),
+        "every seed gave {}",
+        a["tokens"]
+    );
+}

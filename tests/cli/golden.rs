@@ -1,0 +1,122 @@
+//! `logits` and `golden` files (greedy): written, reproducible, and a tampered file fails the check.
+
+use super::{fails, ok};
+use reference::io::builtin::tiny_config;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Read `logits` of a safetensors file: (shape, data, metadata).
+fn read_logits(path: &Path) -> (Vec<usize>, Vec<f32>, HashMap<String, String>) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("logits").unwrap();
+    assert_eq!(t.dtype(), Dtype::F32);
+    let data = t
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    (
+        t.shape().to_vec(),
+        data,
+        meta.metadata().clone().unwrap_or_default(),
+    )
+}
+
+#[test]
+fn logits_are_written_and_reproducible() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (
+        dir.path().join("a.safetensors"),
+        dir.path().join("b.safetensors"),
+    );
+    for out in [&a, &b] {
+        ok(&[
+            "logits",
+            "--tokens",
+            "1,2,3,4",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+    }
+    let (shape, data, meta) = read_logits(&a);
+    assert_eq!(shape, vec![4, 320]);
+    assert_eq!(meta["model"], "tiny");
+    assert_eq!(meta["config_hash"], tiny_config().hash());
+    assert_eq!(read_logits(&b).1, data);
+    // The same numbers as the library.
+    let model = reference::io::builtin::builtin("tiny").unwrap();
+    let want = model.teacher_forced_logits(&[1, 2, 3, 4]).unwrap();
+    assert_eq!(want.iter().copied().collect::<Vec<f32>>(), data);
+}
+
+/// Rewrite a safetensors file in place with `edit` applied to the bytes of `tensor` (metadata kept).
+pub(crate) fn edit_tensor(path: &Path, tensor: &str, edit: impl FnOnce(Dtype, &mut [u8])) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, t)| (name, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
+        .collect();
+    let (_, dtype, _, data) = owned.iter_mut().find(|t| t.0 == tensor).unwrap();
+    edit(*dtype, data);
+    let views: Vec<(String, safetensors::tensor::TensorView)> = owned
+        .iter()
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, meta.metadata().clone(), path).unwrap();
+}
+
+/// Rewrite a safetensors file with one element of `tensor` (f32) moved by `delta`.
+fn tamper(path: &Path, tensor: &str, index: usize, delta: f32) {
+    edit_tensor(path, tensor, |dtype, data| {
+        assert_eq!(dtype, Dtype::F32);
+        let at = 4 * index;
+        let v = f32::from_le_bytes(data[at..at + 4].try_into().unwrap()) + delta;
+        data[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    });
+}
+
+#[test]
+fn golden_write_check_and_tamper() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.safetensors");
+    let file = path.to_str().unwrap();
+    ok(&[
+        "golden", "write", "--tokens", "1,2,3", "--steps", "4", "--out", file,
+    ]);
+    let run = ok(&["golden", "check", file]);
+    assert!(
+        run.stdout.contains("OK") && !run.stdout.contains("NOT OK"),
+        "{}",
+        run.stdout
+    );
+    let report = ok(&["golden", "check", file, "--json"]).json();
+    assert_eq!(report["ok"], true);
+    assert_eq!(report["entries"][0]["name"], "logits");
+
+    tamper(&path, "logits", 2 * 320 + 7, 0.01);
+    let run = fails(&["golden", "check", file], &["NOT OK"]);
+    assert!(run.stdout.contains("NOT OK"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("[2, 7]"),
+        "the report says where: {}",
+        run.stdout
+    );
+    // A looser tolerance accepts it.
+    ok(&["golden", "check", file, "--atol", "0.1"]);
+    // Checking with another model is refused.
+    fails(
+        &["golden", "check", file, "--model", "tiny-moe"],
+        &["not the one this golden was recorded with"],
+    );
+}

@@ -1,0 +1,94 @@
+//! `info` and `bench`: the model description and the bench reports (shapes only, no timing asserted).
+
+use super::{fails, ok};
+use reference::io::builtin::tiny_config;
+
+#[test]
+fn info_json_describes_the_model() {
+    let info = ok(&["info", "--json"]).json();
+    assert_eq!(info["parameter_count"], tiny_config().parameter_count());
+    assert_eq!(info["layers"].as_array().unwrap().len(), 8);
+    assert_eq!(info["context_length"], 512);
+    assert_eq!(info["tokenizer"]["vocab_size"], 320);
+    let moe = ok(&["info", "--model", "tiny-moe", "--json"]).json();
+    assert_eq!(moe["layers"][0]["ffn"]["kind"], "moe");
+    let text = ok(&["info"]).stdout;
+    assert!(
+        text.contains("parameters") && text.contains("dense SwiGLU"),
+        "{text}"
+    );
+}
+
+#[test]
+fn bench_reports_bandwidth() {
+    let b = ok(&[
+        "bench",
+        "--prompt-len",
+        "8",
+        "--decode-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--bandwidth-mib",
+        "8",
+        "--json",
+    ])
+    .json();
+    for key in [
+        "prefill_tokens_per_second",
+        "decode_tokens_per_second",
+        "memory_read_bytes_per_second",
+        "achieved_fraction",
+    ] {
+        assert!(b[key].as_f64().unwrap() > 0.0, "{key}: {b}");
+    }
+    assert!(b["threads"].as_u64().unwrap() >= 1);
+    assert!(b["bytes_per_token"].as_u64().unwrap() > 4 * 320 * 64);
+}
+
+/// `bench --cost-shape --json`: every step kind and verify size, ratios against the greedy step,
+/// the bandwidth and batched decoding at B = 1, 4, 16 (no timing is asserted, only the shape).
+#[test]
+fn bench_cost_shape_reports_every_step() {
+    let b = ok(&[
+        "bench",
+        "--cost-shape",
+        "--prompt-len",
+        "8",
+        "--decode-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--bandwidth-mib",
+        "8",
+        "--json",
+    ])
+    .json();
+    let engines = b["engines"].as_array().unwrap();
+    assert_eq!(engines.len(), 1, "{b}");
+    let e = &engines[0];
+    assert_eq!(e["engine"], "reference");
+    for key in ["greedy_step_ms", "draft_step_ms", "achieved_fraction"] {
+        assert!(e[key].as_f64().unwrap() > 0.0, "{key}: {b}");
+    }
+    let rows: Vec<u64> = e["verify_ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r[0].as_u64().unwrap())
+        .collect();
+    assert_eq!(rows, [1, 2, 5, 9, 16]);
+    let batches: Vec<u64> = b["batched_decoding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["batch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(batches, [1, 4, 16]);
+    assert!(b["memory_read_bytes_per_second"].as_f64().unwrap() > 0.0);
+    assert!(["portable", "avx2", "neon"].contains(&b["kernel"].as_str().unwrap()));
+    fails(
+        &["bench", "--cost-shape", "--speculative"],
+        &["--cost-shape", "--speculative"],
+    );
+}
