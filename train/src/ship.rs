@@ -2,7 +2,7 @@
 //! f16, which the reference loads unchanged (it reads f32, f16 and bf16) at half the size.
 
 use crate::error::{Error, Result};
-use reference::m2r2::accelerator::ADAPTER_WEIGHTS_FILE;
+use reference::io::peft::ADAPTER_WEIGHTS_FILE;
 use reference::m2r2::arla::ARLA_FILE;
 use safetensors::{Dtype, SafeTensors};
 use std::path::Path;

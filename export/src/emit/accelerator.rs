@@ -4,7 +4,8 @@
 use crate::builder::GraphBuilder;
 use crate::emit::ops::linear;
 use reference::base::weight_names::Target;
-use reference::m2r2::accelerator::{Accelerator, LoraPart};
+use reference::io::peft::LoraPart;
+use reference::m2r2::accelerator::Accelerator;
 use reference::m2r2::weight_names::OnnxInitializer;
 
 /// The adapter term of `target` in layer `layer`, or `None` where the layer has no adapter there

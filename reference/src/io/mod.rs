@@ -7,5 +7,6 @@ pub mod gguf;
 pub mod hf_config;
 pub mod hub;
 pub mod load;
+pub mod peft;
 pub mod tokenizer;
 pub mod wheel;

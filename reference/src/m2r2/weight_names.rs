@@ -9,7 +9,7 @@
 //! | ARLA tensor           | [`ARLA_TENSORS`] (`arla.proj.weight`)  | the same |
 
 use crate::base::weight_names::{Target, WeightId};
-use crate::m2r2::accelerator::{LoraPart, peft_tensor_name};
+use crate::io::peft::{LoraPart, peft_tensor_name};
 use crate::m2r2::arla::ARLA_TENSORS;
 
 /// One initializer of the exported ONNX graphs: a base weight, half of an accelerator LoRA pair, or

@@ -14,7 +14,8 @@
 use crate::base::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::io::builtin::BUILTIN_NAMES;
-use crate::m2r2::accelerator::{ADAPTER_CONFIG_FILE, Accelerator};
+use crate::io::peft::ADAPTER_CONFIG_FILE;
+use crate::m2r2::accelerator::Accelerator;
 use crate::m2r2::arla::{ARLA_FILE, Arla};
 use crate::m2r2::config::{M2R2_CONFIG_FILE, M2r2Config};
 use crate::m2r2::draft_head::{DRAFT_HEAD_FILE, DraftHead};
@@ -202,7 +203,7 @@ mod tests {
     use crate::base::weights::TensorSource;
     use crate::io::builtin::{tiny_config, tiny_moe_config};
     use crate::io::checkpoint::{SafetensorsSource, write_f32_safetensors};
-    use crate::m2r2::accelerator::{ADAPTER_WEIGHTS_FILE, LoraPart, peft_tensor_name};
+    use crate::io::peft::{ADAPTER_WEIGHTS_FILE, LoraPart, peft_tensor_name};
     use serde_json::Value;
 
     type Tensors = Vec<(String, Vec<usize>, Vec<f32>)>;
