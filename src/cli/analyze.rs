@@ -4,8 +4,9 @@
 //! same for the fast stream next to the slow one; and (feature `linalg`) a 2-D PCA view of the
 //! residual trajectory. The numbers come from `reference::analyze`; docs/ANALYZE.md explains them.
 
-use super::common::{self, ModelArgs, PromptArgs};
-use super::m2r2_args::M2r2Args;
+use crate::cli::args::m2r2::M2r2Args;
+use crate::cli::args::model::{ModelArgs, PromptArgs};
+use crate::cli::common;
 use anyhow::{Context, Result};
 use reference::analyze::{Dynamics, Stats, residual_dynamics};
 use serde_json::{Value, json};

@@ -4,7 +4,8 @@
 //! weight it uses once, so decode is memory bound and `bytes read per token x tokens/s` over the
 //! streaming-read bandwidth says how close to the machine's limit the reference runs.
 
-use super::common;
+use crate::cli::args::bench::Sizes;
+use crate::cli::common;
 use anyhow::{Result, bail};
 use rayon::prelude::*;
 use reference::ModelConfig;
@@ -13,23 +14,6 @@ use reference::io::load::LoadedModel;
 use serde::Serialize;
 use std::hint::black_box;
 use std::time::Instant;
-
-/// What one bench runs. Threads: rayon's global pool (all cores, or `RAYON_NUM_THREADS`).
-#[derive(clap::Args, Clone, Debug, Serialize)]
-pub struct Sizes {
-    /// Prompt tokens prefilled in one chunk
-    #[arg(long, value_name = "P", default_value_t = 64)]
-    pub prompt_len: usize,
-    /// Tokens decoded one at a time after the prompt (at least 2)
-    #[arg(long, value_name = "N", default_value_t = 32)]
-    pub decode_tokens: usize,
-    /// Timed runs after one warm-up run; the table shows their median
-    #[arg(long, value_name = "R", default_value_t = 3)]
-    pub repeats: usize,
-    /// Buffer streamed by the memory-bandwidth probe, in MiB (much larger than the last-level cache)
-    #[arg(long, value_name = "MIB", default_value_t = 1024)]
-    pub bandwidth_mib: usize,
-}
 
 /// The largest buffer the bandwidth probe may allocate (16 GiB).
 const MAX_BANDWIDTH_MIB: usize = 16 << 10;

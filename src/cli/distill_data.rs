@@ -2,8 +2,9 @@
 //! base model's own responses to chat-templated prompts, written as token sequences (format:
 //! `train::data`).
 
-use super::common::{self, ModelArgs, PromptArgs};
-use super::progress;
+use crate::cli::args::model::{ModelArgs, PromptArgs};
+use crate::cli::common;
+use crate::cli::progress;
 use anyhow::{Context, Result, bail};
 use std::io::BufRead;
 use std::path::PathBuf;

@@ -3,7 +3,7 @@
 //! pruned draft still equals the base model's token, and write the chosen subset into an M2R2
 //! weights folder (`draft_head.json`). The verifier keeps the full head, so output stays lossless.
 
-use super::train_arla::{Trained, TrainedArgs};
+use crate::cli::args::trained::{Trained, TrainedArgs};
 use anyhow::{Context, Result, bail};
 use reference::base::weight_names::Target;
 use train::draft_head::{DraftHead, most_frequent, pruned_agreement};

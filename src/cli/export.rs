@@ -2,9 +2,10 @@
 //! `draft.onnx`, `verifier.onnx`), the onnxruntime-genai config, the tokenizer files and the
 //! manifest into a folder (docs/ONNX.md), then print a summary table per graph.
 
-use super::common::{self, ModelArgs};
-use super::m2r2_args::{M2r2Args, OnOff};
-use super::progress;
+use crate::cli::args::m2r2::{M2r2Args, OnOff};
+use crate::cli::args::model::ModelArgs;
+use crate::cli::common;
+use crate::cli::progress;
 use anyhow::{Context, Result};
 use export::builder::{DEFAULT_OPSET, WeightsDtype};
 use export::check::{TOLERANCE, check_folder, probe_tokens, rounded_to_f16};

@@ -8,7 +8,7 @@
 //! SHA-256 is checked, and only then is it renamed into place: the final path never holds a partial
 //! or unverified file.
 
-use super::progress;
+use crate::cli::progress;
 use anyhow::{Context, Result, bail};
 use indicatif::ProgressBar;
 use reference::io::hub::{

@@ -1,17 +1,16 @@
 //! `m2r2 generate`: greedy or seeded sampled decoding with the base model, early exit, or
-//! self-speculation (`--mode`, see [`super::m2r2_args`]), streamed to stdout or reported as one JSON
+//! self-speculation (`--mode`, see `cli::args::m2r2`), streamed to stdout or reported as one JSON
 //! object.
 
-use super::common::{self, ModelArgs, PromptArgs};
-use super::m2r2_args::{
-    DecodeRequest, M2r2Args, M2r2Settings, ModeRun, report_fields, run_mode, settings_json,
-    trace_lines,
-};
-use super::progress;
-use anyhow::{Result, bail};
-use reference::base::sampling::SamplingParams;
+use crate::cli::args::m2r2::M2r2Args;
+use crate::cli::args::model::{ModelArgs, PromptArgs};
+use crate::cli::args::sampling::SamplingArgs;
+use crate::cli::common;
+use crate::cli::progress;
+use crate::cli::report::{json_report, print_summary, trace_lines};
+use anyhow::Result;
+use reference::decode::mode::{DecodeRequest, run_mode};
 use reference::io::load::LoadedModel;
-use serde_json::json;
 use std::io::{IsTerminal, Write};
 
 #[derive(clap::Args, Debug)]
@@ -35,58 +34,6 @@ pub struct Args {
     /// and the correction or bonus token
     #[arg(long)]
     pub trace: bool,
-}
-
-/// Sampling flags: greedy unless `--temperature` > 0.
-#[derive(clap::Args, Clone, Debug)]
-pub struct SamplingArgs {
-    /// Sample at this temperature (> 0); absent or 0: greedy
-    #[arg(long, value_name = "T", allow_negative_numbers = true)]
-    pub temperature: Option<f32>,
-    /// Sample only among the K most likely tokens (K >= 1)
-    #[arg(long, value_name = "K")]
-    pub top_k: Option<usize>,
-    /// Sample only among the most likely tokens whose probability reaches P, in (0, 1]
-    #[arg(long, value_name = "P", allow_negative_numbers = true)]
-    pub top_p: Option<f32>,
-    /// Seed of the sampler (same seed, same tokens on every machine)
-    #[arg(long, value_name = "S", default_value_t = 0)]
-    pub seed: u64,
-}
-
-impl SamplingArgs {
-    /// The sampling parameters, or `None` for greedy. Checked before any model is loaded.
-    pub fn params(&self) -> Result<Option<SamplingParams>> {
-        if let Some(p) = self.top_p
-            && !(p > 0.0 && p <= 1.0)
-        {
-            bail!("--top-p must be in (0, 1], got {p}");
-        }
-        if self.top_k == Some(0) {
-            bail!("--top-k must be at least 1");
-        }
-        let temperature = match self.temperature {
-            None => 0.0,
-            Some(t) if t.is_finite() && t >= 0.0 => t,
-            Some(t) => bail!("--temperature must be a finite number >= 0 (0 is greedy), got {t}"),
-        };
-        if temperature == 0.0 {
-            if self.top_k.is_some() || self.top_p.is_some() {
-                eprintln!(
-                    "note: --top-k/--top-p only apply when sampling (--temperature > 0); decoding greedily"
-                );
-            }
-            return Ok(None);
-        }
-        let params = SamplingParams {
-            temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            seed: self.seed,
-        };
-        params.validate()?;
-        Ok(Some(params))
-    }
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -161,82 +108,6 @@ pub fn run(args: &Args) -> Result<()> {
         print_summary(&run, prompt.len(), stopped);
     }
     Ok(())
-}
-
-/// The `--json` report of one decode (`m2r2 generate`, and `m2r2 run` on ONNX Runtime, which adds
-/// its own fields).
-pub fn json_report(
-    model: &str,
-    source: &str,
-    request: &DecodeRequest<'_>,
-    run: &ModeRun,
-    text: Option<String>,
-    settings: &M2r2Settings,
-) -> serde_json::Value {
-    let stopped = run
-        .tokens
-        .last()
-        .is_some_and(|t| request.stop_tokens.contains(t));
-    let sampling = request.sampling.as_ref();
-    let mut report = json!({
-        "model": model,
-        "source": source,
-        "sampling": if sampling.is_some() { "sample" } else { "greedy" },
-        "temperature": sampling.map(|s| decimal(s.temperature)),
-        "top_p": sampling.and_then(|s| s.top_p).map(decimal),
-        "top_k": sampling.and_then(|s| s.top_k),
-        "seed": sampling.map(|s| s.seed),
-        "max_new_tokens": request.max_new_tokens,
-        "prompt_tokens": request.prompt,
-        "tokens": run.tokens,
-        "text": text,
-        "stop_reason": if stopped { "stop_token" } else { "max_new_tokens" },
-        "prefill_tokens_per_second": run.prefill_seconds.map(|s| rate(request.prompt.len(), s)),
-        "m2r2": settings_json(settings),
-    });
-    let object = report.as_object_mut().expect("a JSON object");
-    // `mode` names the decoding loop (greedy | early-exit | speculative); `sampling` says whether
-    // tokens were sampled.
-    object.extend(report_fields(run));
-    report
-}
-
-/// An f32 flag value as the f64 with the same shortest decimal text, so 0.8 reports as 0.8 and not
-/// as 0.800000011920929.
-fn decimal(x: f32) -> f64 {
-    x.to_string().parse().unwrap_or(f64::from(x))
-}
-
-/// `n` per `seconds`, 0 when nothing was timed.
-fn rate(n: usize, seconds: f64) -> f64 {
-    if seconds > 0.0 {
-        n as f64 / seconds
-    } else {
-        0.0
-    }
-}
-
-pub fn print_summary(run: &ModeRun, prompt_tokens: usize, stopped: bool) {
-    let prefill = match run.prefill_seconds {
-        Some(s) => format!(
-            "prefill {s:.3} s = {:.1} tokens/s; ",
-            rate(prompt_tokens, s)
-        ),
-        None => String::new(),
-    };
-    eprintln!(
-        "[{} mode: {prompt_tokens} prompt tokens, {} generated ({}); {prefill}decode {:.3} s = {:.1} tokens/s; {:.2} layers per token]",
-        run.mode.name(),
-        run.tokens.len(),
-        if stopped {
-            "stopped at an end token"
-        } else {
-            "reached --max-new-tokens"
-        },
-        run.decode_seconds,
-        run.tokens_per_second(),
-        run.layers_per_token,
-    );
 }
 
 /// Prints generated tokens to stdout as they arrive: text through the tokenizer's streaming decoder,

@@ -3,10 +3,12 @@
 //! the largest differences, as llm.c's `test_gpt2`). `check` takes the mode and its settings from
 //! the file.
 
-use super::common::{self, ModelArgs, PromptArgs};
-use super::m2r2_args::{M2r2Args, Mode};
+use crate::cli::args::m2r2::M2r2Args;
+use crate::cli::args::model::{ModelArgs, PromptArgs};
+use crate::cli::common;
 use anyhow::{Context, Result, bail};
 use reference::decode::early_exit::{EarlyExitOptions, KvPolicy};
+use reference::decode::mode::Mode;
 use reference::decode::speculative::{DraftLength, SpeculativeOptions};
 use reference::golden::{CheckReport, DEFAULT_ATOL, Golden, M2r2Record};
 use reference::m2r2::fast_stream::M2r2;

@@ -1,8 +1,9 @@
 //! `m2r2 info`: what a model is: config, parameter count and size, one row per layer, context,
 //! tokenizer.
 
-use super::common::{self, ModelArgs};
-use super::decode_speed::DecodeWeights;
+use crate::cli::args::model::ModelArgs;
+use crate::cli::common;
+use crate::cli::decode_speed::DecodeWeights;
 use anyhow::Result;
 use reference::base::weight_names::WeightId;
 use reference::io::load::LoadedModel;

@@ -2,9 +2,10 @@
 //! for a model, loadable by `--m2r2 DIR`. Useful to exercise every path before trained weights exist;
 //! random adapters make the fast stream differ from the slow one, so drafts are sometimes rejected.
 
-use super::common::{self, ModelArgs};
+use crate::cli::args::m2r2::parse_targets;
+use crate::cli::args::model::ModelArgs;
+use crate::cli::common;
 use anyhow::{Context, Result, bail};
-use reference::base::weight_names::Target;
 use reference::m2r2::config::{M2r2Config, parse_gates};
 use reference::m2r2::weights::M2r2Weights;
 use std::path::PathBuf;
@@ -48,21 +49,6 @@ pub struct Args {
     /// Write into a non-empty folder, replacing the M2R2 files there
     #[arg(long)]
     pub force: bool,
-}
-
-/// Parse `--targets q_proj,k_proj`.
-pub fn parse_targets(text: &str) -> Result<Vec<Target>> {
-    text.split(',')
-        .map(|name| {
-            let name = name.trim();
-            Target::from_module(name).with_context(|| {
-                format!(
-                    "--targets: unknown module `{name}` (expected one of {})",
-                    Target::all_modules()
-                )
-            })
-        })
-        .collect()
 }
 
 pub fn run(args: &Args) -> Result<()> {

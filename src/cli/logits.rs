@@ -1,6 +1,7 @@
 //! `m2r2 logits`: teacher-forced logits of every position as one f32 safetensors tensor.
 
-use super::common::{self, ModelArgs, PromptArgs};
+use crate::cli::args::model::{ModelArgs, PromptArgs};
+use crate::cli::common;
 use anyhow::{Context, Result};
 use reference::io::checkpoint::write_f32_safetensors;
 use std::collections::HashMap;

@@ -3,20 +3,23 @@
 //! reference's own loop. The `--json` report and `--trace` are those of `m2r2 generate`, plus the
 //! execution provider that really ran.
 
-use super::common::{self, PromptArgs};
-use super::generate::{json_report, print_summary};
-use super::m2r2_args::{
-    DecodeRequest, M2r2Settings, Mode, ModeRun, OnOff, greedy_run, greedy_step, speculative_run,
-    trace_lines,
-};
+use crate::cli::args::m2r2::OnOff;
+use crate::cli::args::model::PromptArgs;
+use crate::cli::args::onnx::{EpArgs, check_draft_head};
+use crate::cli::common;
+use crate::cli::report::trace_lines;
+use crate::cli::report::{json_report, print_summary};
 use anyhow::{Context, Result, bail};
-use onnx_runner::ep::{DimRanges, Ep, EpConfig, TensorRtOptions};
+use onnx_runner::ep::{Ep, EpConfig};
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::manifest::ExportDir;
 use onnx_runner::speculation::OnnxSpeculation;
 use reference::base::generate::GenerateOptions;
 use reference::base::work::Work;
 use reference::decode::early_exit::KvPolicy;
+use reference::decode::mode::{
+    DecodeRequest, M2r2Settings, Mode, ModeRun, greedy_run, greedy_step, speculative_run,
+};
 use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
 use reference::decode::timed::Timed;
 use reference::io::tokenizer::Tokenizer;
@@ -32,51 +35,6 @@ pub enum RunMode {
     Greedy,
     /// draft.onnx proposes, verifier.onnx verifies (lossless)
     Speculative,
-}
-
-/// The execution provider flags, shared by `run` and `bench --onnx`.
-#[derive(clap::Args, Clone, Debug)]
-pub struct EpArgs {
-    /// Execution provider: cpu | cuda | tensorrt (a GPU provider needs ORT_DYLIB_PATH pointing at
-    /// an onnxruntime-gpu build)
-    #[arg(long, value_name = "EP", default_value = "cpu")]
-    pub ep: Ep,
-    /// CUDA / TensorRT device
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    pub device_id: i32,
-    /// Run on the CPU when the provider cannot be registered (the report says which ran)
-    #[arg(long)]
-    pub ep_fallback: bool,
-    /// TensorRT: build fp16 engines
-    #[arg(long)]
-    pub trt_fp16: bool,
-    /// TensorRT: engine and timing cache folder (default: <DIR>/trt_cache)
-    #[arg(long, value_name = "DIR")]
-    pub trt_cache: Option<PathBuf>,
-}
-
-impl EpArgs {
-    /// The provider config for an export; TensorRT profiles cover `1..=draft_len + 1` rows.
-    pub fn config(&self, export: &ExportDir, draft_len: usize) -> EpConfig {
-        let config = &export.manifest.config;
-        EpConfig {
-            device_id: self.device_id,
-            fallback: self.ep_fallback,
-            tensorrt: TensorRtOptions {
-                fp16: self.trt_fp16,
-                cache_dir: Some(
-                    self.trt_cache
-                        .clone()
-                        .unwrap_or_else(|| export.dir.join("trt_cache")),
-                ),
-                ranges: Some(DimRanges::from_model(
-                    draft_len,
-                    config.max_position_embeddings,
-                )),
-            },
-            ..EpConfig::new(self.ep)
-        }
-    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -174,25 +132,6 @@ pub fn settings(
         draft_length,
         draft_head_tokens: m.draft_head_tokens.filter(|_| mode == RunMode::Speculative),
     })
-}
-
-/// `--draft-head` against an export: draft.onnx has the head it was exported with, so `on` needs
-/// a pruned one and `off` a full one.
-pub fn check_draft_head(export: &ExportDir, choice: Option<OnOff>) -> Result<()> {
-    let dir = export.dir.display();
-    match (choice, &export.draft_head) {
-        (Some(OnOff::On), None) => bail!(
-            "--draft-head on: the export {dir} has no pruned draft head (its draft.onnx scores the \
-             whole vocabulary); export again from an M2R2 folder with a draft_head.json"
-        ),
-        (Some(OnOff::Off), Some(head)) => bail!(
-            "--draft-head off: the export {dir} was made with a pruned draft head of {} tokens \
-             (its draft.onnx scores only those); export again with `m2r2 export --draft-head off` \
-             for the full head",
-            head.len()
-        ),
-        _ => Ok(()),
-    }
 }
 
 /// One decode on ONNX Runtime, and the provider that really ran it.

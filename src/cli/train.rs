@@ -2,9 +2,10 @@
 //! frozen, with the hand-written backward passes of the `train` crate. Checkpoints are M2R2 weights
 //! folders in the PEFT layout (usable as `--m2r2 DIR`) with the optimizer state for `--resume`.
 
-use super::common::{self, ModelArgs};
-use super::init_m2r2::parse_targets;
-use super::progress;
+use crate::cli::args::m2r2::parse_targets;
+use crate::cli::args::model::ModelArgs;
+use crate::cli::common;
+use crate::cli::progress;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use reference::m2r2::config::{M2r2Config, parse_gates};

@@ -3,61 +3,16 @@
 //! held-out (development) data for a target agreement. Prints the early-exit sweep of ARLA next to
 //! the confidence and entropy gates on the same tokens.
 
-use super::common::{self, ModelArgs};
-use super::progress;
+use crate::cli::args::trained::{Trained, TrainedArgs};
+use crate::cli::progress;
 use anyhow::{Context, Result, bail};
-use reference::io::load::LoadedModel;
 use reference::m2r2::arla::Arla;
-use reference::m2r2::weights::M2r2Weights;
 use std::path::PathBuf;
 use std::time::Instant;
 use train::arla_trainer::{
     ArlaOptions, SweepPoint, TokenGates, arla_accuracy, arla_scores, calibrate, collect,
     default_thresholds, sweep, train,
 };
-use train::data::DistillSample;
-
-/// The trained weights and the data both `train-arla` and `draft-head` work on.
-#[derive(clap::Args, Debug)]
-pub struct TrainedArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// M2R2 weights folder with the trained adapters (e.g. written by `m2r2 train`)
-    #[arg(long = "m2r2", value_name = "DIR")]
-    pub m2r2: PathBuf,
-    /// Distillation data to train on (draft-head: where the token frequencies come from),
-    /// comma-separated or repeated folders
-    #[arg(long, value_name = "DIR", required = true, num_args = 1.., value_delimiter = ',')]
-    pub data: Vec<PathBuf>,
-    /// Held-out distillation data (development prompts) for calibration and measurements
-    #[arg(long, value_name = "DIR")]
-    pub dev_data: PathBuf,
-}
-
-/// What [`TrainedArgs`] names, loaded and checked.
-pub struct Trained {
-    pub loaded: LoadedModel,
-    pub weights: M2r2Weights,
-    pub data: Vec<DistillSample>,
-    pub dev: Vec<DistillSample>,
-}
-
-impl TrainedArgs {
-    pub fn load(&self) -> Result<Trained> {
-        let loaded = common::load(&self.model.model)?;
-        let config = &loaded.model.config;
-        let weights = M2r2Weights::load_dir(&self.m2r2, config)
-            .with_context(|| format!("cannot load M2R2 weights from {}", self.m2r2.display()))?;
-        let (data, _) = train::data::read_all(&self.data, config.vocab_size)?;
-        let (dev, _) = train::data::read(&self.dev_data, config.vocab_size)?;
-        Ok(Trained {
-            loaded,
-            weights,
-            data,
-            dev,
-        })
-    }
-}
 
 #[derive(clap::Args, Debug)]
 pub struct Args {

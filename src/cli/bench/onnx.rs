@@ -3,11 +3,12 @@
 //! accepted length, and milliseconds per draft step and per verify step (medians over `--repeats`
 //! timed runs after one warm-up run of each, which also builds TensorRT engines).
 
-use super::common;
-use super::cost_shape;
-use super::decode_speed::{DecodeWeights, Sizes, cpu_model};
-use super::m2r2_args::{M2r2Args, OnOff};
-use super::run::{EpArgs, check_draft_head};
+use crate::cli::args::bench::Sizes;
+use crate::cli::args::m2r2::{M2r2Args, OnOff};
+use crate::cli::args::onnx::{EpArgs, check_draft_head};
+use crate::cli::bench::cost_shape;
+use crate::cli::common;
+use crate::cli::decode_speed::{DecodeWeights, cpu_model};
 use anyhow::{Result, bail};
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::manifest::ExportDir;

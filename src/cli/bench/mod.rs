@@ -3,11 +3,16 @@
 //! ONNX export against the reference (`--onnx`), and the cost of each kind of step
 //! (`--cost-shape`).
 
-use super::bench_onnx::{EngineResult, SpecBench, head_words, print_engines};
-use super::common::{self, ModelArgs};
-use super::cost_shape;
-use super::decode_speed::{DecodeWeights, Sizes, check_sizes, cpu_model, measure, print_table};
-use super::m2r2_args::{M2r2Args, OnOff};
+pub mod cost_shape;
+pub mod onnx;
+
+use crate::cli::args::model::ModelArgs;
+use crate::cli::common;
+use onnx::{EngineResult, SpecBench, head_words, print_engines};
+
+use crate::cli::args::bench::Sizes;
+use crate::cli::args::m2r2::{M2r2Args, OnOff};
+use crate::cli::decode_speed::{DecodeWeights, check_sizes, cpu_model, measure, print_table};
 use anyhow::{Result, bail};
 use reference::decode::draft_verify::ReferenceSpeculation;
 use reference::io::load::LoadedModel;
@@ -28,7 +33,7 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub onnx: Option<std::path::PathBuf>,
     #[command(flatten)]
-    pub ep: super::run::EpArgs,
+    pub ep: crate::cli::args::onnx::EpArgs,
     /// With --onnx or --speculative: the reference's M2R2 weights, as in `generate --m2r2` (with
     /// --onnx: those the export was made with)
     #[arg(long = "m2r2", value_name = "DIR|none")]
@@ -55,7 +60,7 @@ pub fn run(args: &Args) -> Result<()> {
         return cost_shape(&loaded, args);
     }
     if let Some(dir) = &args.onnx {
-        return super::bench_onnx::run(
+        return onnx::run(
             &loaded,
             args.m2r2.clone(),
             args.draft_head,
@@ -165,7 +170,7 @@ fn cost_shape(loaded: &LoadedModel, args: &Args) -> Result<()> {
         cost_shape::reference_shape(loaded, &mut spec, &args.sizes, bandwidth)?;
     let mut engines = vec![reference];
     if let Some(dir) = &args.onnx {
-        engines.push(super::bench_onnx::cost_shape_engine(
+        engines.push(onnx::cost_shape_engine(
             loaded,
             &weights,
             dir,

@@ -3,13 +3,19 @@
 //! Each section is one function in [`SECTIONS`]; later issues append theirs. Sections that check
 //! something print `OK` / `NOT OK`, and the demo exits 1 if any check failed.
 
-use super::common::{self, ModelArgs};
-use super::decode_speed::{self, Sizes};
-use super::m2r2_args::{DecodeRequest, M2r2Settings, Mode, ModeDetails, ModeRun, run_mode};
+pub mod onnx;
+
+use crate::cli::args::bench::Sizes;
+use crate::cli::args::model::ModelArgs;
+use crate::cli::args::moe_sim::MoeSimArgs;
+use crate::cli::common;
+use crate::cli::decode_speed;
+use crate::cli::moe_report;
 use anyhow::{Context, Result, bail};
 use reference::base::generate::{GenerateOptions, Generation, generate};
 use reference::base::sampling::SamplingParams;
 use reference::decode::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
+use reference::decode::mode::{DecodeRequest, M2r2Settings, Mode, ModeDetails, ModeRun, run_mode};
 use reference::decode::speculative::DraftLength;
 use reference::golden::{DEFAULT_ATOL, Golden};
 use reference::io::load::LoadedModel;
@@ -446,10 +452,10 @@ fn short_bench(demo: &mut Demo) -> Result<()> {
     Ok(())
 }
 
-/// Export, then greedy and speculative on ONNX Runtime against the reference (`demo_onnx.rs`).
+/// Export, then greedy and speculative on ONNX Runtime against the reference (`demo/onnx.rs`).
 fn onnx_runtime(demo: &mut Demo) -> Result<()> {
     let dir = TempDir::new()?;
-    super::demo_onnx::tour(
+    onnx::tour(
         &demo.loaded,
         &demo.prompt,
         NEW_TOKENS,
@@ -484,7 +490,7 @@ fn moe_prefetch(demo: &mut Demo) -> Result<()> {
     #[derive(clap::Parser)]
     struct MoeSimFlags {
         #[command(flatten)]
-        args: super::moe_sim::Args,
+        args: MoeSimArgs,
     }
     let ids: Vec<String> = demo.prompt.iter().map(|t| t.to_string()).collect();
     let steps = steps.to_string();
@@ -497,7 +503,7 @@ fn moe_prefetch(demo: &mut Demo) -> Result<()> {
         "--steps",
         &steps,
     ])?;
-    super::moe_sim::run_loaded(&flags.args, loaded)
+    moe_report::run_loaded(&flags.args, loaded)
 }
 
 /// A fresh folder under the system temp dir, removed when dropped.

@@ -9,18 +9,15 @@
 //! full head.
 
 use anyhow::{Context, Result, bail};
+use reference::base::weight_names::Target;
 use reference::decode::early_exit::KvPolicy;
 use reference::decode::speculative::DraftLength;
 use reference::io::load::LoadedModel;
 use reference::m2r2::exit_gate::GateKind;
 use reference::m2r2::weights::M2r2Weights;
-use serde_json::{Value, json};
 use std::path::Path;
 
-pub use reference::decode::mode::{
-    DecodeRequest, M2r2Settings, Mode, ModeDetails, ModeRun, greedy_run, greedy_step, run_mode,
-    speculative_run,
-};
+use reference::decode::mode::{M2r2Settings, Mode};
 
 /// Which decoding loop runs (`reference::decode::mode::Mode`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,25 +91,6 @@ fn parse_gate(text: &str) -> Result<GateKind, String> {
 
 fn parse_kv_policy(text: &str) -> Result<KvPolicy, String> {
     text.parse().map_err(|e: reference::Error| e.to_string())
-}
-
-/// The settings as a JSON object (the `m2r2` part of reports).
-pub fn settings_json(settings: &M2r2Settings) -> Value {
-    let (draft_len, dynamic) = match &settings.draft_length {
-        DraftLength::Fixed(n) => (*n, false),
-        DraftLength::Dynamic { max, .. } => (*max, true),
-    };
-    json!({
-        "source": settings.source,
-        "gates": settings.gates,
-        "gate": settings.gate.name(),
-        "threshold": decimal(settings.threshold),
-        "kv_policy": settings.kv_policy.to_string(),
-        "draft_gate": settings.draft_gate,
-        "draft_len": draft_len,
-        "dynamic_draft": dynamic,
-        "draft_head_tokens": settings.draft_head_tokens,
-    })
 }
 
 impl M2r2Args {
@@ -241,188 +219,17 @@ pub fn apply_draft_head(
     Ok(())
 }
 
-/// The mode-specific report fields of a run (merged into `generate --json`):
-/// - every mode: `mode`, `layers_per_token`, `flops_per_token`, `bytes_per_token` (per decoded
-///   token, the first token excluded: it comes from the prompt's prefill), `tokens_per_second`,
-///   `timings`;
-/// - early-exit: `exit_histogram`, an array of J + 1 counts: tokens that exited at gate 1..=J,
-///   then tokens that ran all N layers (the first token, from the prompt, counts there);
-///   `layers_at_emit_per_token`: mean slow layers computed before a decoded token was emitted;
-/// - speculative: `rounds`, `mean_accepted_tokens` (tokens emitted per verification, the base
-///   token included), `acceptance_by_position` (accepted / drafted per draft position),
-///   `acceptance_rate` (accepted / drafted).
-pub fn report_fields(run: &ModeRun) -> serde_json::Map<String, Value> {
-    let per = run.decoded().max(1) as f64;
-    let mut map = serde_json::Map::new();
-    map.insert("mode".into(), json!(run.mode.name()));
-    map.insert("layers_per_token".into(), json!(run.layers_per_token));
-    map.insert(
-        "flops_per_token".into(),
-        json!(run.work.flops() as f64 / per),
-    );
-    map.insert(
-        "bytes_per_token".into(),
-        json!(run.work.weight_bytes as f64 / per),
-    );
-    map.insert("tokens_per_second".into(), json!(run.tokens_per_second()));
-    map.insert(
-        "timings".into(),
-        json!({
-            "prefill_seconds": run.prefill_seconds,
-            "decode_seconds": run.decode_seconds,
-        }),
-    );
-    match &run.details {
-        ModeDetails::Greedy => {}
-        ModeDetails::EarlyExit {
-            histogram,
-            layers_at_emit,
-        } => {
-            map.insert("exit_histogram".into(), json!(histogram));
-            map.insert("layers_at_emit_per_token".into(), json!(layers_at_emit));
-        }
-        ModeDetails::Speculative {
-            rounds,
-            mean_accepted_tokens,
-            acceptance_by_position,
-            acceptance_rate,
-        } => {
-            map.insert("rounds".into(), json!(rounds.len()));
-            map.insert("mean_accepted_tokens".into(), json!(mean_accepted_tokens));
-            map.insert(
-                "acceptance_by_position".into(),
-                json!(acceptance_by_position),
-            );
-            map.insert("acceptance_rate".into(), json!(acceptance_rate));
-        }
-    }
-    map
-}
-
-/// The `--trace` lines of a run, for stderr. `text(token)` renders a token (its text, or nothing
-/// without a tokenizer).
-pub fn trace_lines(
-    run: &ModeRun,
-    settings: &M2r2Settings,
-    text: &dyn Fn(u32) -> String,
-) -> Vec<String> {
-    let n = run.num_layers;
-    let show = |t: u32| {
-        let s = text(t);
-        if s.is_empty() {
-            format!("{t}")
-        } else {
-            format!("{t} {s:?}")
-        }
-    };
-    let mut lines = Vec::new();
-    match &run.details {
-        ModeDetails::Greedy => {
-            lines.push(format!("trace: greedy, all {n} layers per token"));
-            for (i, step) in run.steps.iter().enumerate() {
-                lines.push(format!(
-                    "  token {i:>3}: {:<20} logit {:>8.3}  p {:.4}",
-                    show(step.token),
-                    step.logit.unwrap_or(f32::NAN),
-                    step.probability.unwrap_or(f32::NAN),
-                ));
-            }
-        }
-        ModeDetails::EarlyExit {
-            histogram,
-            layers_at_emit,
-        } => {
-            lines.push(format!(
-                "trace: early exit, gate {} >= {} at gates after layers {:?} (of {n}), kv {}",
-                settings.gate, settings.threshold, settings.gates, settings.kv_policy
-            ));
-            for (i, step) in run.steps.iter().enumerate() {
-                let scores: Vec<String> = step
-                    .scores
-                    .iter()
-                    .enumerate()
-                    .map(|(g, s)| format!("g{}(L{})={s:.3}", g + 1, settings.gates[g]))
-                    .collect();
-                let outcome = match step.exit_gate {
-                    Some(g) => format!("exit at gate {g} after {} layers", settings.gates[g - 1]),
-                    None if i == 0 => format!("from the prompt (all {n} layers)"),
-                    None => format!("ran all {n} layers"),
-                };
-                lines.push(format!(
-                    "  token {i:>3}: {:<20} {outcome:<28} scores [{}]",
-                    show(step.token),
-                    scores.join(" ")
-                ));
-            }
-            lines.push(format!(
-                "  exits per gate 1..={} then none: {histogram:?}; per decoded token {layers_at_emit:.2} \
-                 layers before emitting, {:.2} layers in all ({})",
-                histogram.len() - 1,
-                run.layers_per_token,
-                match settings.kv_policy {
-                    KvPolicy::Exact => "exact: skipped layers run later for the KV cache",
-                    KvPolicy::FastKv => "fast-kv: skipped layers' K/V filled from the exit state",
-                }
-            ));
-        }
-        ModeDetails::Speculative {
-            rounds,
-            mean_accepted_tokens,
-            acceptance_rate,
-            ..
-        } => {
-            let how = match &settings.draft_length {
-                DraftLength::Fixed(k) => format!("{k} drafts per round"),
-                DraftLength::Dynamic {
-                    max,
-                    gate,
-                    threshold,
-                } => {
-                    format!("up to {max} drafts while {gate} >= {threshold}")
-                }
-            };
-            lines.push(format!(
-                "trace: speculative, draft at gate {} (after layer {} of {n}), {how}",
-                settings.draft_gate,
-                settings.gates[settings.draft_gate - 1]
-            ));
-            if let Some(first) = run.tokens.first() {
-                lines.push(format!("  prompt -> {}", show(*first)));
-            }
-            for (r, round) in rounds.iter().enumerate() {
-                let drafted: Vec<String> = round.drafted.iter().map(|&t| show(t)).collect();
-                let rejected = match round.drafted.get(round.accepted) {
-                    Some(&t) => format!(
-                        "rejected {}; correction {}",
-                        show(t),
-                        show(round.base_token)
-                    ),
-                    None => format!("all accepted; bonus {}", show(round.base_token)),
-                };
-                let scores = if round.scores.is_empty() {
-                    String::new()
-                } else {
-                    let s: Vec<String> = round.scores.iter().map(|s| format!("{s:.3}")).collect();
-                    format!(" scores [{}]", s.join(" "))
-                };
-                lines.push(format!(
-                    "  round {r:>3}: drafted [{}]{scores} accepted {}/{}; {rejected}",
-                    drafted.join(", "),
-                    round.accepted,
-                    round.drafted.len()
-                ));
-            }
-            lines.push(format!(
-                "  {} rounds, {mean_accepted_tokens:.2} tokens per verification, acceptance {:.1}%",
-                rounds.len(),
-                acceptance_rate * 100.0
-            ));
-        }
-    }
-    lines
-}
-
-/// An f32 flag value as the f64 with the same shortest decimal text.
-fn decimal(x: f32) -> f64 {
-    x.to_string().parse().unwrap_or(f64::from(x))
+/// Parse `--targets q_proj,k_proj`.
+pub fn parse_targets(text: &str) -> Result<Vec<Target>> {
+    text.split(',')
+        .map(|name| {
+            let name = name.trim();
+            Target::from_module(name).with_context(|| {
+                format!(
+                    "--targets: unknown module `{name}` (expected one of {})",
+                    Target::all_modules()
+                )
+            })
+        })
+        .collect()
 }

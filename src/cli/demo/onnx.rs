@@ -2,7 +2,7 @@
 //! ONNX Runtime (CPU) greedy and self-speculative, and set them against the reference: tokens equal,
 //! max logit difference, acceptance statistics equal.
 
-use super::common;
+use crate::cli::common;
 use anyhow::{Context, Result};
 use export::folder::{ExportRequest, export};
 use export::graphs::{ExportOptions, GraphKind};

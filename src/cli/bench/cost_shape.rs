@@ -7,7 +7,8 @@
 //! Also: the measured read bandwidth and the fraction a greedy step achieves, and batched decoding
 //! of independent sequences (tokens/s at B = 1, 4, 16, reference).
 
-use super::decode_speed::{DecodeWeights, Sizes, median, memory_read_bandwidth};
+use crate::cli::args::bench::Sizes;
+use crate::cli::decode_speed::{DecodeWeights, median, memory_read_bandwidth};
 use anyhow::{Result, bail};
 use reference::base::batch::{BatchRequest, generate_batch};
 use reference::base::generate::ReferenceGreedy;
