@@ -5,7 +5,7 @@ use crate::ep::EpConfig;
 use crate::error::{Error, Result, into_reference};
 use crate::kv_store::{Kv, KvStore};
 use crate::manifest::{ExportDir, GraphKind};
-use crate::session::{Input, OnnxSession};
+use crate::session::OnnxSession;
 use crate::step::{StepInputs, check_tokens};
 use ndarray::{Array2, Axis, Ix3};
 use reference::ModelConfig;
@@ -73,17 +73,7 @@ impl OnnxModel {
 
     fn forward_chunk(&mut self, tokens: &[u32]) -> Result<Array2<f32>> {
         let step = StepInputs::new(tokens, self.kv.len());
-        let inputs = [
-            ("input_ids", Input::I64(step.input_ids.view().into_dyn())),
-            (
-                "attention_mask",
-                Input::I64(step.attention_mask.view().into_dyn()),
-            ),
-            (
-                "position_ids",
-                Input::I64(step.position_ids.view().into_dyn()),
-            ),
-        ];
+        let inputs = step.with_ids();
         let mut out = self.kv.run(&mut self.session, &inputs, tokens.len())?;
         let file = self.session.file().to_string();
         let logits = logits_rows(

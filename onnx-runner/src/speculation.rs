@@ -122,17 +122,7 @@ impl OnnxSpeculation {
         let past = self.lower.len();
         check_tokens(&self.config, tokens, past)?;
         let step = StepInputs::new(tokens, past);
-        let inputs = [
-            ("input_ids", Input::I64(step.input_ids.view().into_dyn())),
-            (
-                "attention_mask",
-                Input::I64(step.attention_mask.view().into_dyn()),
-            ),
-            (
-                "position_ids",
-                Input::I64(step.position_ids.view().into_dyn()),
-            ),
-        ];
+        let inputs = step.with_ids();
         let mut out = self.lower.run(&mut self.draft, &inputs, tokens.len())?;
         let file = self.draft.file().to_string();
         let t = tokens.len();

@@ -6,6 +6,7 @@
 //!   sequence, no padding).
 
 use crate::error::Result;
+use crate::session::Input;
 use ndarray::Array2;
 use reference::{Error as RefError, ModelConfig};
 
@@ -29,6 +30,21 @@ impl StepInputs {
     /// `T` rows without token ids (the verifier's chunk).
     pub fn rows(rows: usize, past: usize) -> Self {
         StepInputs::new(&vec![0; rows], past)
+    }
+
+    /// The named inputs of a graph that takes token ids (model.onnx, draft.onnx).
+    pub fn with_ids(&self) -> [(&'static str, Input<'_>); 3] {
+        [
+            ("input_ids", Input::I64(self.input_ids.view().into_dyn())),
+            (
+                "attention_mask",
+                Input::I64(self.attention_mask.view().into_dyn()),
+            ),
+            (
+                "position_ids",
+                Input::I64(self.position_ids.view().into_dyn()),
+            ),
+        ]
     }
 }
 
