@@ -13,7 +13,7 @@
 //! `io` reads checkpoints, GGUF and tokenizers into it; `m2r2` adds the method (fast stream,
 //! accelerator adapters, ARLA, exit gates, draft head, cost model); `decode` runs the decoding modes
 //! (greedy, early exit, self-speculation) on both; `golden`, `analyze` and `moe_aot` use all of it.
-//! A folder imports only from folders before it (`reference/tests/layering.rs` checks this).
+//! A folder imports only from folders before it (`tests/tests/layering.rs` checks this).
 
 pub mod error;
 

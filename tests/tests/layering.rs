@@ -1,7 +1,10 @@
-//! The reference's folders are layers: a folder imports only from folders before it in reading
-//! order, and no two files import each other, directly or round a cycle. This test reads the sources
-//! (comments and `#[cfg(test)]` modules left out: tests may use anything) and fails naming the file
-//! and the import that breaks the order, so the layering stays as docs/ARCHITECTURE.md draws it.
+//! The workspace's layering, as docs/ARCHITECTURE.md draws it. This test reads the sources (comments
+//! and `#[cfg(test)]` modules left out: tests may use anything) and fails naming the file and the
+//! import that breaks the rule:
+//! - `reference/src`: the folders are layers: a folder imports only from folders before it in
+//!   reading order, and no two files import each other, directly or round a cycle;
+//! - `src/cli`: a command imports only the shared modules (flags, loading, reports), never another
+//!   command.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -19,9 +22,25 @@ fn rank(folder: &str) -> Option<usize> {
     }
 }
 
+/// `reference/src`.
 fn src_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../reference/src")
 }
+
+/// `src/cli`: the command line of the `m2r2` binary.
+fn cli_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../src/cli")
+}
+
+/// The modules of `src/cli` that commands may import; every other module is a command.
+const CLI_SHARED: [&str; 6] = [
+    "args",
+    "common",
+    "decode_speed",
+    "moe_report",
+    "progress",
+    "report",
+];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {
@@ -58,10 +77,15 @@ fn code(text: &str) -> String {
 /// Every `crate::a::b::...` path in `code`, with `use crate::{a, b::c}` groups expanded to their
 /// first segments.
 fn crate_paths(code: &str) -> Vec<Vec<String>> {
+    paths_after(code, "crate::")
+}
+
+/// Every `PREFIXa::b::...` path in `code`, with `use PREFIX{a, b::c}` groups expanded.
+fn paths_after(code: &str, prefix: &str) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     let mut rest = code;
-    while let Some(i) = rest.find("crate::") {
-        rest = &rest[i + "crate::".len()..];
+    while let Some(i) = rest.find(prefix) {
+        rest = &rest[i + prefix.len()..];
         if let Some(group) = rest.strip_prefix('{') {
             let end = group.find('}').unwrap_or(group.len());
             for item in group[..end].split(',') {
@@ -90,6 +114,16 @@ fn crate_paths(code: &str) -> Vec<Vec<String>> {
         }
     }
     out
+}
+
+/// `src/cli` module names a file's code reaches through `crate::cli::`, and through `super::` in
+/// a top-level file (`super::` in a folder's file names the folder's own modules).
+fn cli_imports(code: &str, top_level: bool) -> BTreeSet<String> {
+    let mut paths = paths_after(code, "crate::cli::");
+    if top_level {
+        paths.extend(paths_after(code, "super::"));
+    }
+    paths.into_iter().map(|segs| segs[0].clone()).collect()
 }
 
 struct Source {
@@ -150,7 +184,7 @@ fn folders_import_only_earlier_folders() {
             continue;
         }
         let from_rank = rank(from).unwrap_or_else(|| {
-            panic!("reference/src/{from} is not in the layer list of reference/tests/layering.rs")
+            panic!("reference/src/{from} is not in the layer list of tests/tests/layering.rs")
         });
         for import in &source.imports {
             let to = folder(import);
@@ -224,6 +258,48 @@ fn no_import_cycles_between_files() {
     }
 }
 
+#[test]
+fn no_command_imports_another() {
+    let root = cli_dir();
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    assert!(
+        files.len() > 20,
+        "read only {} files under {}",
+        files.len(),
+        root.display()
+    );
+    let mut broken = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(&root).unwrap();
+        let module = folder(&module_of(rel)).to_string();
+        if module == "mod" {
+            continue;
+        }
+        let code = code(&std::fs::read_to_string(file).unwrap());
+        let top_level = rel.components().count() == 1;
+        if !top_level && code.contains("super::super") {
+            broken.push(format!(
+                "{}: name modules outside its folder as `crate::cli::...`",
+                rel.display()
+            ));
+        }
+        for import in cli_imports(&code, top_level) {
+            if import != module && !CLI_SHARED.contains(&import.as_str()) {
+                broken.push(format!(
+                    "{} (command `{module}`) imports the command `{import}`",
+                    rel.display()
+                ));
+            }
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "commands may import only {CLI_SHARED:?}:\n{}",
+        broken.join("\n")
+    );
+}
+
 /// The check is not vacuous: it sees the imports it is meant to police.
 #[test]
 fn the_parser_sees_imports() {
@@ -239,6 +315,18 @@ fn the_parser_sees_imports() {
     assert_eq!(
         code("use crate::a; // crate::b\n#[cfg(test)]\nuse crate::c;"),
         "use crate::a; "
+    );
+    assert_eq!(
+        cli_imports(
+            "use crate::cli::run::EpArgs;\nuse crate::cli::{common, report::x};",
+            false
+        ),
+        BTreeSet::from(["run".to_string(), "common".into(), "report".into()])
+    );
+    assert!(cli_imports("use super::model::ModelArgs;", false).is_empty());
+    assert_eq!(
+        cli_imports("use super::generate::f;", true),
+        BTreeSet::from(["generate".to_string()])
     );
     let model = sources()
         .into_iter()
