@@ -15,7 +15,7 @@
 
 use export::folder::{ExportRequest, export};
 use export::graphs::{ExportOptions, GraphKind};
-use m2r2_tests::small_config;
+use m2r2_tests::{DecodeProblem, DraftSettings};
 use ndarray::{Array2, ArrayView2};
 use onnx_runner::ep::{DimRanges, Ep, EpConfig, TensorRtOptions};
 use onnx_runner::greedy::OnnxModel;
@@ -26,9 +26,6 @@ use proptest::prelude::*;
 use reference::base::generate::{GenerateOptions, greedy};
 use reference::decode::draft_verify::ReferenceSpeculation;
 use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
-use reference::io::builtin::random_model;
-use reference::m2r2::config::M2r2Config;
-use reference::m2r2::draft_head::DraftHead;
 use reference::m2r2::exit_gate::GateKind;
 use reference::m2r2::fast_stream::M2r2;
 use reference::m2r2::weights::M2r2Weights;
@@ -106,58 +103,25 @@ fn kv_diff(store: &KvStore, cache: &KvCache, len: usize) -> f32 {
     worst
 }
 
+/// A decoding problem and how it drafts.
 #[derive(Debug, Clone)]
 struct Problem {
-    layers: usize,
-    moe: bool,
-    seed: u64,
-    prompt: Vec<u32>,
-    new_tokens: usize,
-    /// Index into the gates for the draft gate.
-    draft_gate: usize,
-    draft: DraftLength,
-    /// Token ids of a pruned draft head (vocabulary 40), or the full head.
-    head: Option<Vec<u32>>,
+    base: DecodeProblem,
+    drafting: DraftSettings,
 }
 
 fn problem_strategy() -> impl Strategy<Value = Problem> {
-    let draft = m2r2_tests::draft_length_strategy(5);
     (
-        2usize..5,
-        any::<bool>(),
-        any::<u64>(),
-        prop::collection::vec(0u32..40, 1..6),
-        1usize..12,
-        0usize..3,
-        draft,
-        prop::option::of(prop::collection::btree_set(0u32..40, 1..20)),
+        DecodeProblem::strategy(2..5, 40, 1..6, 1..12),
+        DraftSettings::strategy(5, 40),
     )
-        .prop_map(
-            |(layers, moe, seed, prompt, new_tokens, draft_gate, draft, head)| Problem {
-                layers,
-                moe,
-                seed,
-                prompt,
-                new_tokens,
-                draft_gate,
-                draft,
-                head: head.map(|h| h.into_iter().collect()),
-            },
-        )
+        .prop_map(|(base, drafting)| Problem { base, drafting })
 }
 
 impl Problem {
     fn check(&self, ep: &EpConfig) -> Result<(), TestCaseError> {
-        let config = small_config(self.layers, self.moe, 40);
-        let base = random_model(config.clone(), self.seed).unwrap();
-        let mut weights =
-            M2r2Weights::random(&config, M2r2Config::default_for(&config), self.seed ^ 0x55)
-                .unwrap();
-        weights.draft_head = self
-            .head
-            .clone()
-            .map(|t| DraftHead::new(t, config.vocab_size, "test").unwrap());
-        let draft_gate = 1 + self.draft_gate % weights.config.num_gates();
+        let (base, mut weights) = self.base.setup(0x55);
+        let draft_gate = self.drafting.apply(&base, &mut weights);
         let dir = tempfile::tempdir().unwrap();
         let exported = export_all(&base, &weights, draft_gate, dir.path());
         check_decoding(
@@ -165,9 +129,9 @@ impl Problem {
             &weights,
             &exported,
             ep,
-            &self.prompt,
-            self.new_tokens,
-            &self.draft,
+            &self.base.prompt,
+            self.base.new_tokens,
+            &self.drafting.draft,
         )
     }
 }

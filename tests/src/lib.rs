@@ -2,6 +2,9 @@
 //! that the Python generators in `scripts/fixtures/` wrote, and one llm.c-style comparison line per
 //! tensor ("OK" / "NOT OK" with the max abs difference) printed before any assertion.
 
+pub mod decode_problem;
+pub use decode_problem::{DecodeProblem, DraftSettings, draft_length_strategy, small_config};
+
 use ndarray::{Array2, ArrayView2};
 use reference::golden::{TensorCheck, compare};
 use safetensors::{Dtype, SafeTensors};
@@ -140,59 +143,4 @@ pub fn assert_all_ok(checks: &[TensorCheck]) {
         })
         .collect();
     assert!(failed.is_empty(), "NOT OK: {}", failed.join(", "));
-}
-
-/// A small model config for property tests: `D = 16`, `I = 24`, 4 query heads over 2 key/value heads
-/// of 4, context 64; Mixtral-like (4 experts, top-2, untied head) when `moe`, else Llama-like with a
-/// tied head. Everything else as the built-in `tiny`.
-pub fn small_config(layers: usize, moe: bool, vocab: usize) -> reference::ModelConfig {
-    use reference::base::config::{Architecture, MoeConfig};
-    reference::ModelConfig {
-        architecture: if moe {
-            Architecture::Mixtral
-        } else {
-            Architecture::Llama
-        },
-        vocab_size: vocab,
-        hidden_size: 16,
-        intermediate_size: 24,
-        num_hidden_layers: layers,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: 4,
-        max_position_embeddings: 64,
-        tie_word_embeddings: !moe,
-        moe: moe.then_some(MoeConfig {
-            num_local_experts: 4,
-            num_experts_per_tok: 2,
-        }),
-        ..reference::io::builtin::tiny_config()
-    }
-}
-
-/// Draft lengths for speculative property tests: fixed `1..max` drafts, or dynamic drafting of up
-/// to `1..max` proposals with any gate at a threshold in `[0, 1)`.
-pub fn draft_length_strategy(
-    max: usize,
-) -> impl proptest::strategy::Strategy<Value = reference::decode::speculative::DraftLength> {
-    use proptest::prelude::*;
-    use reference::decode::speculative::DraftLength;
-    use reference::m2r2::exit_gate::GateKind;
-    prop_oneof![
-        (1usize..max).prop_map(DraftLength::Fixed),
-        (
-            1usize..max,
-            prop_oneof![
-                Just(GateKind::Arla),
-                Just(GateKind::Confidence),
-                Just(GateKind::Entropy)
-            ],
-            0.0f32..1.0
-        )
-            .prop_map(|(max, gate, threshold)| DraftLength::Dynamic {
-                max,
-                gate,
-                threshold
-            }),
-    ]
 }

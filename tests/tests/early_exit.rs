@@ -4,41 +4,32 @@
 //! - a gate that never fires equals the base model (greedy tokens and cache);
 //! - `fast-kv`: the layers below the lowest exit are exact.
 
-use m2r2_tests::small_config;
+use m2r2_tests::DecodeProblem;
 use proptest::prelude::*;
 use reference::Model;
 use reference::base::generate::greedy;
 use reference::decode::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
-use reference::io::builtin::random_model;
-use reference::m2r2::config::M2r2Config;
 use reference::m2r2::cost::CostModel;
 use reference::m2r2::exit_gate::GateKind;
 use reference::m2r2::fast_stream::M2r2;
 use reference::m2r2::weights::M2r2Weights;
 
+/// A decoding problem and the exit gate's score and threshold.
 #[derive(Debug, Clone)]
 struct Problem {
-    layers: usize,
-    moe: bool,
-    seed: u64,
-    prompt: Vec<u32>,
-    new_tokens: usize,
+    base: DecodeProblem,
     gate: GateKind,
     threshold: f32,
 }
 
 impl Problem {
     fn setup(&self) -> (Model, M2r2Weights) {
-        let c = small_config(self.layers, self.moe, 30);
-        let model = random_model(c.clone(), self.seed).unwrap();
-        let weights =
-            M2r2Weights::random(&c, M2r2Config::default_for(&c), self.seed ^ 0x77).unwrap();
-        (model, weights)
+        self.base.setup(0x77)
     }
 
     fn options(&self, kv_policy: KvPolicy) -> EarlyExitOptions {
         EarlyExitOptions {
-            max_new_tokens: self.new_tokens,
+            max_new_tokens: self.base.new_tokens,
             stop_tokens: vec![],
             gate: self.gate,
             threshold: self.threshold,
@@ -51,8 +42,10 @@ impl Problem {
         let (model, weights) = self.setup();
         let m2r2 = M2r2::new(&model, &weights);
 
-        let out = early_exit_generate(m2r2, &self.prompt, &self.options(KvPolicy::Exact)).unwrap();
+        let out =
+            early_exit_generate(m2r2, &self.base.prompt, &self.options(KvPolicy::Exact)).unwrap();
         let fed: Vec<u32> = self
+            .base
             .prompt
             .iter()
             .chain(&out.tokens[..out.tokens.len() - 1])
@@ -68,7 +61,7 @@ impl Problem {
         // Tokens that ran all layers are the base model's greedy choice at that position.
         for (i, t) in out.trace.iter().enumerate() {
             if t.exit_gate.is_none() {
-                let row = base_logits.row(self.prompt.len() - 1 + i);
+                let row = base_logits.row(self.base.prompt.len() - 1 + i);
                 prop_assert_eq!(
                     t.token,
                     reference::base::ops::argmax(row.as_slice().unwrap()) as u32
@@ -79,10 +72,10 @@ impl Problem {
         // The cost model's replay of the exit trace predicts the counted work (MoE: the expert bytes
         // are an upper bound, min(E, rows * k) experts per call).
         let cost = CostModel::new(&model.config, Some(&weights));
-        let predicted = cost.early_exit(self.prompt.len(), &out.trace, KvPolicy::Exact);
+        let predicted = cost.early_exit(self.base.prompt.len(), &out.trace, KvPolicy::Exact);
         prop_assert_eq!(out.work.weight_macs, predicted.weight_macs);
         prop_assert_eq!(out.work.attention_macs, predicted.attention_macs);
-        if self.moe {
+        if self.base.moe {
             prop_assert!(out.work.weight_bytes <= predicted.weight_bytes);
         } else {
             prop_assert_eq!(out.work.weight_bytes, predicted.weight_bytes);
@@ -90,9 +83,10 @@ impl Problem {
 
         // fast-kv: every layer below the lowest exit layer is exact.
         let fast =
-            early_exit_generate(m2r2, &self.prompt, &self.options(KvPolicy::FastKv)).unwrap();
+            early_exit_generate(m2r2, &self.base.prompt, &self.options(KvPolicy::FastKv)).unwrap();
         let lowest = fast.trace.iter().map(|t| t.layers_at_emit).min().unwrap();
         let fed: Vec<u32> = self
+            .base
             .prompt
             .iter()
             .chain(&fast.tokens[..fast.tokens.len() - 1])
@@ -116,11 +110,7 @@ impl Problem {
 
 fn problem_strategy() -> impl Strategy<Value = Problem> {
     (
-        3usize..7,
-        any::<bool>(),
-        any::<u64>(),
-        prop::collection::vec(0u32..30, 1..5),
-        1usize..16,
+        DecodeProblem::strategy(3..7, 30, 1..5, 1..16),
         prop_oneof![
             Just(GateKind::Arla),
             Just(GateKind::Confidence),
@@ -128,17 +118,11 @@ fn problem_strategy() -> impl Strategy<Value = Problem> {
         ],
         0.0f32..1.0,
     )
-        .prop_map(
-            |(layers, moe, seed, prompt, new_tokens, gate, threshold)| Problem {
-                layers,
-                moe,
-                seed,
-                prompt,
-                new_tokens,
-                gate,
-                threshold,
-            },
-        )
+        .prop_map(|(base, gate, threshold)| Problem {
+            base,
+            gate,
+            threshold,
+        })
 }
 
 proptest! {
@@ -223,18 +207,21 @@ fn stacked_pending_groups_keep_the_base_cache() {
     let mut found = 0;
     for seed in 0..200u64 {
         let problem = Problem {
-            layers: 6,
-            moe: seed % 2 == 1,
-            seed,
-            prompt: vec![1, 2],
-            new_tokens: 12,
+            base: DecodeProblem {
+                layers: 6,
+                moe: seed % 2 == 1,
+                seed,
+                vocab: 30,
+                prompt: vec![1, 2],
+                new_tokens: 12,
+            },
             gate: GateKind::Arla,
             threshold: 0.5,
         };
         let (model, weights) = problem.setup();
         let out = early_exit_generate(
             M2r2::new(&model, &weights),
-            &problem.prompt,
+            &problem.base.prompt,
             &problem.options(KvPolicy::Exact),
         )
         .unwrap();

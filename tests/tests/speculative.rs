@@ -6,9 +6,8 @@
 //! - all of it also with a pruned draft head (spec section 7): drafts come from its subset only, the
 //!   output is unchanged, and the counted draft work shrinks by `V - K` head rows per proposal.
 
-use m2r2_tests::small_config;
+use m2r2_tests::{DecodeProblem, DraftSettings, small_config};
 use proptest::prelude::*;
-use reference::Model;
 use reference::ModelConfig;
 use reference::base::generate::greedy;
 use reference::base::sampling::{SamplingParams, sampling_distribution};
@@ -22,85 +21,57 @@ use reference::m2r2::exit_gate::GateKind;
 use reference::m2r2::fast_stream::M2r2;
 use reference::m2r2::weights::M2r2Weights;
 
-fn model(config: &ModelConfig, seed: u64) -> Model {
-    random_model(config.clone(), seed).unwrap()
-}
-
+/// A decoding problem, how it drafts, and an optional stop token.
 #[derive(Debug, Clone)]
 struct Problem {
-    layers: usize,
-    moe: bool,
-    seed: u64,
-    prompt: Vec<u32>,
-    new_tokens: usize,
-    /// Index into the gates (0-based) for the draft gate.
-    draft_gate: usize,
-    draft: DraftLength,
+    base: DecodeProblem,
+    drafting: DraftSettings,
     stop: Option<u32>,
-    /// Token ids of a pruned draft head (vocabulary 40), or the full head.
-    head: Option<Vec<u32>>,
 }
 
 fn problem_strategy() -> impl Strategy<Value = Problem> {
     (
-        2usize..6,
-        any::<bool>(),
-        any::<u64>(),
-        prop::collection::vec(0u32..40, 1..6),
-        1usize..20,
-        0usize..3,
-        m2r2_tests::draft_length_strategy(6),
+        DecodeProblem::strategy(2..6, 40, 1..6, 1..20),
+        DraftSettings::strategy(6, 40),
         prop::option::weighted(0.3, 0u32..40),
-        prop::option::of(prop::collection::btree_set(0u32..40, 1..20)),
     )
-        .prop_map(
-            |(layers, moe, seed, prompt, new_tokens, draft_gate, draft, stop, head)| Problem {
-                layers,
-                moe,
-                seed,
-                prompt,
-                new_tokens,
-                draft_gate,
-                draft,
-                stop,
-                head: head.map(|h| h.into_iter().collect()),
-            },
-        )
+        .prop_map(|(base, drafting, stop)| Problem {
+            base,
+            drafting,
+            stop,
+        })
 }
 
 impl Problem {
     fn check(&self) -> Result<(), TestCaseError> {
-        let config = small_config(self.layers, self.moe, 40);
-        let base = model(&config, self.seed);
-        let m2r2_config = M2r2Config::default_for(&config);
-        let full = M2r2Weights::random(&config, m2r2_config, self.seed ^ 0x55).unwrap();
-        let weights = M2r2Weights {
-            draft_head: self
-                .head
-                .clone()
-                .map(|t| DraftHead::new(t, config.vocab_size, "test").unwrap()),
-            ..full.clone()
-        };
-        let draft_gate = 1 + self.draft_gate % weights.config.num_gates();
+        let (base, full) = self.base.setup(0x55);
+        let config = base.config.clone();
+        let mut weights = full.clone();
+        let draft_gate = self.drafting.apply(&base, &mut weights);
+        let (prompt, new_tokens, draft) = (
+            &self.base.prompt,
+            self.base.new_tokens,
+            &self.drafting.draft,
+        );
         let stop: Vec<u32> = self.stop.into_iter().collect();
 
-        let want = greedy(&base, &self.prompt, self.new_tokens, &stop).unwrap();
+        let want = greedy(&base, prompt, new_tokens, &stop).unwrap();
 
-        let gate = match &self.draft {
+        let gate = match &draft {
             DraftLength::Dynamic { gate, .. } => Some(*gate),
             DraftLength::Fixed(_) => None,
         };
-        let capacity = self.prompt.len() + self.new_tokens + self.draft.max() + 1;
+        let capacity = prompt.len() + new_tokens + draft.max() + 1;
         let mut backend =
             ReferenceSpeculation::new(M2r2::new(&base, &weights), draft_gate, gate, capacity)
                 .unwrap();
         let options = SpeculativeOptions {
-            max_new_tokens: self.new_tokens,
+            max_new_tokens: new_tokens,
             stop_tokens: stop,
-            draft_length: self.draft.clone(),
+            draft_length: draft.clone(),
             sampling: None,
         };
-        let got = speculative_generate(&mut backend, &self.prompt, &options).unwrap();
+        let got = speculative_generate(&mut backend, prompt, &options).unwrap();
         prop_assert_eq!(
             &got.tokens,
             &want,
@@ -110,8 +81,7 @@ impl Problem {
         );
 
         // The cache holds exactly the base model's entries for prompt + emitted tokens (all but the last).
-        let fed: Vec<u32> = self
-            .prompt
+        let fed: Vec<u32> = prompt
             .iter()
             .chain(&want[..want.len() - 1])
             .copied()
@@ -130,7 +100,7 @@ impl Problem {
         prop_assert!(
             got.rounds
                 .iter()
-                .all(|r| r.accepted <= r.drafted.len() && r.drafted.len() <= self.draft.max())
+                .all(|r| r.accepted <= r.drafted.len() && r.drafted.len() <= draft.max())
         );
 
         // Drafts come from the pruned head's subset, and each proposal counts K head rows, not V:
@@ -159,7 +129,7 @@ impl Problem {
             None => (0, 0),
         };
         prop_assert_eq!(work.weight_macs + saved.0, full_cost.weight_macs);
-        if !self.moe {
+        if !self.base.moe {
             // MoE bytes depend on which experts a chunk's rows share, which the cost model does
             // not predict from the rounds alone.
             prop_assert_eq!(work.weight_bytes + saved.1, full_cost.weight_bytes);
@@ -223,7 +193,7 @@ fn speculative_sampling_preserves_the_distribution() {
 
 fn sampling_preserves_the_distribution(config: &ModelConfig, weights: &M2r2Weights) {
     let vocab = config.vocab_size;
-    let base = model(config, 11);
+    let base = random_model(config.clone(), 11).unwrap();
     let params = |seed| SamplingParams {
         temperature: 6.0,
         top_k: None,
