@@ -1,0 +1,248 @@
+//! The golden file on disk (safetensors): writing a [`Golden`] and reading one back, with errors
+//! naming the file, the tensor and the metadata key.
+
+use super::{GOLDEN_FORMAT, GOLDEN_FORMAT_VERSION, Golden, M2r2Golden};
+use crate::error::{Error, Result};
+use ndarray::Array2;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::HashMap;
+use std::path::Path;
+
+impl Golden {
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let ids =
+            |v: &[u32]| -> Vec<u8> { v.iter().flat_map(|&t| i64::from(t).to_le_bytes()).collect() };
+        let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = vec![
+            (
+                "prompt_tokens".into(),
+                Dtype::I64,
+                vec![self.prompt_tokens.len()],
+                ids(&self.prompt_tokens),
+            ),
+            (
+                "tokens".into(),
+                Dtype::I64,
+                vec![self.tokens.len()],
+                ids(&self.tokens),
+            ),
+            (
+                "logits".into(),
+                Dtype::F32,
+                vec![self.logits.nrows(), self.logits.ncols()],
+                f32_bytes(self.logits.iter()),
+            ),
+        ];
+        let mut metadata = HashMap::from([
+            ("format".to_string(), GOLDEN_FORMAT.to_string()),
+            (
+                "format_version".to_string(),
+                self.format_version().to_string(),
+            ),
+            ("model".to_string(), self.model.clone()),
+            ("config_hash".to_string(), self.config_hash.clone()),
+            ("config".to_string(), self.config_json.clone()),
+            ("mode".to_string(), self.mode.clone()),
+            (
+                "m2r2_version".to_string(),
+                env!("CARGO_PKG_VERSION").to_string(),
+            ),
+        ]);
+        if let Some(m2r2) = &self.m2r2 {
+            tensors.extend(m2r2.tensors());
+            metadata.extend(m2r2.metadata());
+        }
+        let label = path.display().to_string();
+        let views = tensors
+            .iter()
+            .map(|(name, dtype, shape, data)| {
+                Ok((
+                    name.as_str(),
+                    tensor_view(&label, *dtype, shape.clone(), data)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        safetensors::serialize_to_file(views, Some(metadata), path).map_err(|e| match e {
+            safetensors::SafeTensorError::IoError(io) => Error::io(path, io),
+            other => Error::format(&label, other.to_string()),
+        })
+    }
+
+    pub fn read(path: &Path) -> Result<Golden> {
+        let label = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let st =
+            SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&label, e.to_string()))?;
+        let (_, meta) =
+            SafeTensors::read_metadata(&bytes).map_err(|e| Error::format(&label, e.to_string()))?;
+        let file = GoldenFile {
+            label: label.clone(),
+            st,
+            meta: meta.metadata().clone().unwrap_or_default(),
+        };
+        if file.field("format")? != GOLDEN_FORMAT {
+            return Err(Error::format(
+                &label,
+                "not a golden file (metadata `format` is not m2r2-golden)",
+            ));
+        }
+        let version = file.field("format_version")?;
+        let mode = file.field("mode")?;
+        match (version.as_str(), mode.as_str()) {
+            ("1", "greedy") | ("2", _) => {}
+            ("1", other) => {
+                return Err(Error::format(
+                    &label,
+                    format!("golden format version 1 has no mode `{other}` (only greedy)"),
+                ));
+            }
+            _ => {
+                return Err(Error::format(
+                    &label,
+                    format!(
+                        "golden format version {version} is not supported (this m2r2 reads 1 and {GOLDEN_FORMAT_VERSION})"
+                    ),
+                ));
+            }
+        }
+        let prompt_tokens = file.ids("prompt_tokens")?;
+        let tokens = file.ids("tokens")?;
+        let (shape, data) = file.f32s("logits")?;
+        if shape.len() != 2 || shape[0] != tokens.len() {
+            return Err(Error::ShapeMismatch {
+                file: label.clone(),
+                tensor: "logits".into(),
+                expected: vec![tokens.len(), shape.get(1).copied().unwrap_or(0)],
+                actual: shape,
+            });
+        }
+        let m2r2 = match mode.as_str() {
+            "greedy" => None,
+            _ => Some(M2r2Golden::read(&file, &mode, tokens.len())?),
+        };
+        Ok(Golden {
+            model: file.field("model")?,
+            config_hash: file.field("config_hash")?,
+            config_json: file.field("config")?,
+            mode,
+            prompt_tokens,
+            tokens,
+            logits: Array2::from_shape_vec((shape[0], shape[1]), data).expect("shape checked"),
+            m2r2,
+        })
+    }
+}
+
+/// A golden file opened for reading: its tensors and metadata, errors naming the file.
+pub(in crate::golden) struct GoldenFile<'a> {
+    pub(in crate::golden) label: String,
+    pub(in crate::golden) st: SafeTensors<'a>,
+    pub(in crate::golden) meta: HashMap<String, String>,
+}
+
+impl GoldenFile<'_> {
+    pub(in crate::golden) fn field(&self, key: &str) -> Result<String> {
+        self.meta.get(key).cloned().ok_or_else(|| {
+            Error::format(
+                &self.label,
+                format!("not a golden file: metadata `{key}` is missing"),
+            )
+        })
+    }
+
+    pub(in crate::golden) fn raw(&self, name: &str, dtype: Dtype) -> Result<(Vec<usize>, &[u8])> {
+        let t = self.st.tensor(name).map_err(|_| Error::MissingTensor {
+            file: self.label.clone(),
+            tensor: name.into(),
+        })?;
+        if t.dtype() != dtype {
+            return Err(Error::UnsupportedDtype {
+                file: self.label.clone(),
+                tensor: name.into(),
+                dtype: format!("{:?} (expected {dtype:?})", t.dtype()),
+            });
+        }
+        Ok((t.shape().to_vec(), t.data()))
+    }
+
+    pub(in crate::golden) fn i64s(&self, name: &str) -> Result<(Vec<usize>, Vec<i64>)> {
+        let (shape, data) = self.raw(name, Dtype::I64)?;
+        let values = data
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect();
+        Ok((shape, values))
+    }
+
+    pub(in crate::golden) fn f32s(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
+        let (shape, data) = self.raw(name, Dtype::F32)?;
+        let values = data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().expect("4 bytes")))
+            .collect();
+        Ok((shape, values))
+    }
+
+    pub(in crate::golden) fn ids(&self, name: &str) -> Result<Vec<u32>> {
+        let (_, values) = self.i64s(name)?;
+        values
+            .into_iter()
+            .map(|v| {
+                u32::try_from(v)
+                    .map_err(|_| Error::format(&self.label, format!("`{name}` holds token id {v}")))
+            })
+            .collect()
+    }
+
+    /// A tensor's shape must be `expected`.
+    pub(in crate::golden) fn expect_shape(
+        &self,
+        name: &str,
+        shape: &[usize],
+        expected: &[usize],
+    ) -> Result<()> {
+        if shape != expected {
+            return Err(Error::ShapeMismatch {
+                file: self.label.clone(),
+                tensor: name.into(),
+                expected: expected.to_vec(),
+                actual: shape.to_vec(),
+            });
+        }
+        Ok(())
+    }
+}
+
+pub(in crate::golden) fn f32_bytes<'a>(values: impl Iterator<Item = &'a f32>) -> Vec<u8> {
+    values.flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn tensor_view<'a>(
+    label: &str,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: &'a [u8],
+) -> Result<safetensors::tensor::TensorView<'a>> {
+    safetensors::tensor::TensorView::new(dtype, shape, data)
+        .map_err(|e| Error::format(label, e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corrupt_files_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.safetensors");
+        std::fs::write(&path, b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}").unwrap();
+        let err = Golden::read(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("bad.safetensors") && err.contains("corrupt"),
+            "{err}"
+        );
+        let err = Golden::read(&dir.path().join("missing.safetensors"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("missing.safetensors"), "{err}");
+    }
+}

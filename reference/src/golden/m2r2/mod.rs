@@ -1,0 +1,336 @@
+//! Golden files of the M2R2 modes (format version 2): an early-exit or self-speculative greedy
+//! decode with every step's decisions, so a deployment can check its M2R2 behaviour against the
+//! reference.
+//!
+//! Dimensions: `n` emitted tokens, `J` gates, `V` vocabulary, `R` verification rounds, `M` the
+//! longest draft (`draft_max`).
+//!
+//! | mode          | tensor             | dtype | shape      | meaning                                         |
+//! |---------------|--------------------|-------|------------|-------------------------------------------------|
+//! | both          | `logits`           | F32   | `[n, V]`   | the logits token i was emitted from             |
+//! | `early-exit`  | `exit_gate`        | I64   | `[n]`      | gate token i exited at (1-based), 0 = all layers |
+//! | `early-exit`  | `gate_scores`      | F32   | `[n, J]`   | gate scores, NaN where a gate was not evaluated |
+//! | `speculative` | `round_drafted`    | I64   | `[R, M]`   | drafted tokens, padded with -1                  |
+//! | `speculative` | `round_accepted`   | I64   | `[R]`      | drafted tokens accepted                         |
+//! | `speculative` | `round_base_token` | I64   | `[R]`      | the base token after them (correction or bonus) |
+//! | `speculative` | `round_scores`     | F32   | `[R, M+1]` | draft gate scores (dynamic drafting), NaN pad   |
+//!
+//! Metadata of both modes: `m2r2_config` (the [`M2r2Config`](crate::m2r2::config::M2r2Config) as
+//! JSON), `m2r2_hash` ([`weights_hash`]). Early exit: `gate`, `threshold`, `kv_policy`.
+//! Speculative: `draft_gate` (1-based), `gate` (scored at each proposal, or `none`),
+//! `draft_length` (`fixed` or `dynamic`), `draft_max`, and `draft_threshold` when dynamic.
+//!
+//! Logits. Early exit: row i is the exit logits `LMHead(FinalNorm(u_g))` of the gate token i exited
+//! at, or the final logits when it ran all layers. Speculative: the base model's (verify) logits
+//! each token was emitted from (row 0: the prompt's).
+use super::file::{GoldenFile, f32_bytes};
+use crate::decode::early_exit::KvPolicy;
+use crate::decode::speculative::{DraftLength, SpeculativeOutput};
+use crate::error::{Error, Result};
+use crate::m2r2::exit_gate::GateKind;
+use crate::m2r2::weights::M2r2Weights;
+use ndarray::Array2;
+use safetensors::Dtype;
+use sha2::{Digest, Sha256};
+
+mod check;
+mod record;
+#[cfg(test)]
+mod tests;
+
+pub use record::early_exit_logits;
+
+/// What an M2R2 golden records besides the greedy fields.
+#[derive(Clone, Debug, PartialEq)]
+pub struct M2r2Golden {
+    /// `m2r2_config`: the M2R2 settings as JSON
+    pub config_json: String,
+    /// `m2r2_hash`: [`weights_hash`] of the M2R2 weights recorded with
+    pub weights_hash: String,
+    pub record: M2r2Record,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum M2r2Record {
+    EarlyExit {
+        gate: GateKind,
+        threshold: f32,
+        kv_policy: KvPolicy,
+        /// `[n]` 1-based exit gate, 0 = all layers
+        exit_gate: Vec<i64>,
+        /// `[n, J]` NaN where not evaluated
+        gate_scores: Array2<f32>,
+    },
+    Speculative {
+        /// 1-based
+        draft_gate: usize,
+        /// The gate scored at each proposal (needed by dynamic drafting).
+        gate: Option<GateKind>,
+        draft_length: DraftLength,
+        rounds: RoundTensors,
+    },
+}
+
+/// The speculative rounds as padded tensors.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoundTensors {
+    /// `[R, M]` padded with -1
+    pub drafted: Array2<i64>,
+    /// `[R]`
+    pub accepted: Vec<i64>,
+    /// `[R]`
+    pub base_token: Vec<i64>,
+    /// `[R, M+1]` padded with NaN
+    pub scores: Array2<f32>,
+}
+
+impl RoundTensors {
+    fn from_output(out: &SpeculativeOutput, max: usize) -> RoundTensors {
+        let r = out.rounds.len();
+        let mut drafted = Array2::from_elem((r, max), -1i64);
+        let mut scores = Array2::from_elem((r, max + 1), f32::NAN);
+        for (i, round) in out.rounds.iter().enumerate() {
+            for (k, &t) in round.drafted.iter().enumerate() {
+                drafted[[i, k]] = i64::from(t);
+            }
+            for (k, &s) in round.scores.iter().enumerate() {
+                scores[[i, k]] = s;
+            }
+        }
+        RoundTensors {
+            drafted,
+            accepted: out.rounds.iter().map(|r| r.accepted as i64).collect(),
+            base_token: out.rounds.iter().map(|r| i64::from(r.base_token)).collect(),
+            scores,
+        }
+    }
+}
+
+/// SHA-256 (first 8 bytes, hex) of the M2R2 settings, every adapter and ARLA tensor's bytes and
+/// the pruned draft head's token ids (when there is one), in a fixed order: a check with other
+/// adapters, gates or draft head is refused.
+pub fn weights_hash(weights: &M2r2Weights) -> String {
+    let mut h = Sha256::new();
+    let mut tensor = |name: &str, values: &mut dyn Iterator<Item = &f32>| {
+        h.update(name.as_bytes());
+        for v in values {
+            h.update(v.to_le_bytes());
+        }
+    };
+    let config = serde_json::to_string(&weights.config).expect("config serialises");
+    tensor(&config, &mut std::iter::empty());
+    let acc = &weights.accelerator;
+    let header = format!(
+        "accelerator rank {} alpha {} rslora {} targets {:?}",
+        acc.rank, acc.alpha, acc.use_rslora, acc.targets
+    );
+    tensor(&header, &mut std::iter::empty());
+    for (l, layer) in acc.layers.iter().enumerate() {
+        for (target, lora) in layer.iter().flat_map(|a| &a.loras) {
+            tensor(&format!("{l}.{target}.a"), &mut lora.a.iter());
+            tensor(&format!("{l}.{target}.b"), &mut lora.b.iter());
+        }
+    }
+    if let Some(arla) = &weights.arla {
+        tensor("arla.norm", &mut arla.norm.iter());
+        tensor("arla.proj", &mut arla.proj.iter());
+        tensor("arla.gate_embed", &mut arla.gate_embed.iter());
+        tensor("arla.wq", &mut arla.wq.iter());
+        tensor("arla.wk", &mut arla.wk.iter());
+        tensor("arla.wv", &mut arla.wv.iter());
+        tensor("arla.wo", &mut arla.wo.iter());
+        tensor("arla.bo", &mut std::iter::once(&arla.bo));
+    }
+    if let Some(head) = &weights.draft_head {
+        // The pruned draft head changes the drafts (and so the rounds) of speculative decoding.
+        h.update(format!("draft_head {:?}", head.tokens).as_bytes());
+    }
+    h.finalize()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl M2r2Golden {
+    /// Extra tensors of this mode, `(name, dtype, shape, bytes)`.
+    pub(super) fn tensors(&self) -> Vec<(String, Dtype, Vec<usize>, Vec<u8>)> {
+        let ints = |v: &mut dyn Iterator<Item = &i64>| -> Vec<u8> {
+            v.flat_map(|x| x.to_le_bytes()).collect()
+        };
+        match &self.record {
+            M2r2Record::EarlyExit {
+                exit_gate,
+                gate_scores,
+                ..
+            } => vec![
+                (
+                    "exit_gate".into(),
+                    Dtype::I64,
+                    vec![exit_gate.len()],
+                    ints(&mut exit_gate.iter()),
+                ),
+                (
+                    "gate_scores".into(),
+                    Dtype::F32,
+                    gate_scores.shape().to_vec(),
+                    f32_bytes(gate_scores.iter()),
+                ),
+            ],
+            M2r2Record::Speculative { rounds, .. } => vec![
+                (
+                    "round_drafted".into(),
+                    Dtype::I64,
+                    rounds.drafted.shape().to_vec(),
+                    ints(&mut rounds.drafted.iter()),
+                ),
+                (
+                    "round_accepted".into(),
+                    Dtype::I64,
+                    vec![rounds.accepted.len()],
+                    ints(&mut rounds.accepted.iter()),
+                ),
+                (
+                    "round_base_token".into(),
+                    Dtype::I64,
+                    vec![rounds.base_token.len()],
+                    ints(&mut rounds.base_token.iter()),
+                ),
+                (
+                    "round_scores".into(),
+                    Dtype::F32,
+                    rounds.scores.shape().to_vec(),
+                    f32_bytes(rounds.scores.iter()),
+                ),
+            ],
+        }
+    }
+
+    /// Extra metadata of this mode.
+    pub(super) fn metadata(&self) -> Vec<(String, String)> {
+        let mut meta = vec![
+            ("m2r2_config".to_string(), self.config_json.clone()),
+            ("m2r2_hash".to_string(), self.weights_hash.clone()),
+        ];
+        match &self.record {
+            M2r2Record::EarlyExit {
+                gate,
+                threshold,
+                kv_policy,
+                ..
+            } => {
+                meta.push(("gate".into(), gate.to_string()));
+                // f32's Display is the shortest text that parses back to the same value.
+                meta.push(("threshold".into(), threshold.to_string()));
+                meta.push(("kv_policy".into(), kv_policy.to_string()));
+            }
+            M2r2Record::Speculative {
+                draft_gate,
+                gate,
+                draft_length,
+                ..
+            } => {
+                meta.push(("draft_gate".into(), draft_gate.to_string()));
+                meta.push(("gate".into(), gate.map_or("none".into(), |g| g.to_string())));
+                meta.push(("draft_max".into(), draft_length.max().to_string()));
+                match draft_length {
+                    DraftLength::Fixed(_) => meta.push(("draft_length".into(), "fixed".into())),
+                    DraftLength::Dynamic { threshold, .. } => {
+                        meta.push(("draft_length".into(), "dynamic".into()));
+                        meta.push(("draft_threshold".into(), threshold.to_string()));
+                    }
+                }
+            }
+        }
+        meta
+    }
+
+    /// Read the mode's tensors and metadata; `n` is the number of tokens.
+    pub(super) fn read(file: &GoldenFile<'_>, mode: &str, n: usize) -> Result<M2r2Golden> {
+        let bad = |key: &str, value: &str| {
+            Error::format(
+                &file.label,
+                format!("metadata `{key}` = `{value}` is not valid"),
+            )
+        };
+        let parsed = |key: &str| -> Result<String> { file.field(key) };
+        let number = |key: &str| -> Result<f32> {
+            let v = parsed(key)?;
+            v.parse().map_err(|_| bad(key, &v))
+        };
+        let config_json = parsed("m2r2_config")?;
+        let config: crate::m2r2::config::M2r2Config = serde_json::from_str(&config_json)
+            .map_err(|e| Error::format(&file.label, format!("metadata `m2r2_config`: {e}")))?;
+        let j = config.num_gates();
+        let record = match mode {
+            "early-exit" => {
+                let (shape, exit_gate) = file.i64s("exit_gate")?;
+                file.expect_shape("exit_gate", &shape, &[n])?;
+                let (shape, scores) = file.f32s("gate_scores")?;
+                file.expect_shape("gate_scores", &shape, &[n, j])?;
+                let gate = parsed("gate")?;
+                let policy = parsed("kv_policy")?;
+                M2r2Record::EarlyExit {
+                    gate: gate.parse().map_err(|_| bad("gate", &gate))?,
+                    threshold: number("threshold")?,
+                    kv_policy: policy.parse().map_err(|_| bad("kv_policy", &policy))?,
+                    exit_gate,
+                    gate_scores: Array2::from_shape_vec((n, j), scores).expect("shape checked"),
+                }
+            }
+            "speculative" => {
+                let draft_gate = parsed("draft_gate")?;
+                let draft_gate: usize = draft_gate
+                    .parse()
+                    .map_err(|_| bad("draft_gate", &draft_gate))?;
+                let gate = match parsed("gate")?.as_str() {
+                    "none" => None,
+                    g => Some(g.parse().map_err(|_| bad("gate", g))?),
+                };
+                let max = parsed("draft_max")?;
+                let max: usize = max.parse().map_err(|_| bad("draft_max", &max))?;
+                let draft_length = match parsed("draft_length")?.as_str() {
+                    "fixed" => DraftLength::Fixed(max),
+                    "dynamic" => DraftLength::Dynamic {
+                        max,
+                        gate: gate.ok_or_else(|| bad("gate", "none"))?,
+                        threshold: number("draft_threshold")?,
+                    },
+                    other => return Err(bad("draft_length", other)),
+                };
+                let (shape, accepted) = file.i64s("round_accepted")?;
+                let r = accepted.len();
+                file.expect_shape("round_accepted", &shape, &[r])?;
+                let (shape, base_token) = file.i64s("round_base_token")?;
+                file.expect_shape("round_base_token", &shape, &[r])?;
+                let (shape, drafted) = file.i64s("round_drafted")?;
+                file.expect_shape("round_drafted", &shape, &[r, max])?;
+                let (shape, scores) = file.f32s("round_scores")?;
+                file.expect_shape("round_scores", &shape, &[r, max + 1])?;
+                M2r2Record::Speculative {
+                    draft_gate,
+                    gate,
+                    draft_length,
+                    rounds: RoundTensors {
+                        drafted: Array2::from_shape_vec((r, max), drafted).expect("shape checked"),
+                        accepted,
+                        base_token,
+                        scores: Array2::from_shape_vec((r, max + 1), scores)
+                            .expect("shape checked"),
+                    },
+                }
+            }
+            other => {
+                return Err(Error::format(
+                    &file.label,
+                    format!("unknown golden mode `{other}` (greedy, early-exit, speculative)"),
+                ));
+            }
+        };
+        Ok(M2r2Golden {
+            config_json,
+            weights_hash: parsed("m2r2_hash")?,
+            record,
+        })
+    }
+}

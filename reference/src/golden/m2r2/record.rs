@@ -1,0 +1,296 @@
+//! Recording the M2R2 modes' goldens: decode early-exit or self-speculatively with the reference and
+//! keep every step's decisions and the logits each token was emitted from.
+
+use super::{M2r2Golden, M2r2Record, RoundTensors, weights_hash};
+use crate::base::ops::argmax;
+use crate::decode::draft_verify::ReferenceSpeculation;
+use crate::decode::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
+use crate::decode::speculative::{
+    Draft, SpeculativeBackend, SpeculativeOptions, SpeculativeOutput, speculative_generate,
+};
+use crate::error::{Error, Result};
+use crate::golden::Golden;
+use crate::m2r2::exit_gate::GateKind;
+use crate::m2r2::fast_stream::M2r2;
+use ndarray::{Array2, Axis};
+
+impl Golden {
+    /// Record `steps` greedy early-exit tokens after `prompt` with the gate, threshold and KV
+    /// policy of `options` (its token budget and stop tokens are replaced by `steps` and none).
+    ///
+    /// # Errors
+    /// Sampling (goldens are greedy), the `fast-kv` policy (see [`early_exit_logits`]), and what
+    /// [`early_exit_generate`] refuses.
+    pub fn record_early_exit(
+        m2r2: M2r2<'_>,
+        name: &str,
+        prompt: &[u32],
+        steps: usize,
+        options: &EarlyExitOptions,
+    ) -> Result<Golden> {
+        let options = golden_early_exit_options(options, steps)?;
+        let out = early_exit_generate(m2r2, prompt, &options)?;
+        let exit_gate: Vec<i64> = out
+            .trace
+            .iter()
+            .map(|t| t.exit_gate.map_or(0, |g| g as i64))
+            .collect();
+        let mut gate_scores = Array2::from_elem((out.trace.len(), m2r2.num_gates()), f32::NAN);
+        for (i, t) in out.trace.iter().enumerate() {
+            for (g, &s) in t.scores.iter().enumerate() {
+                gate_scores[[i, g]] = s;
+            }
+        }
+        let logits = early_exit_logits(m2r2, prompt, &out.tokens, &exit_gate)?;
+        // The recomputed rows must give back the decoder's tokens (greedy).
+        if let Some(i) = (0..out.tokens.len()).find(|&i| {
+            argmax(logits.row(i).as_slice().expect("contiguous")) as u32 != out.tokens[i]
+        }) {
+            return Err(Error::Invalid(format!(
+                "early-exit golden: the recomputed logits of step {i} do not give the decoded token {}",
+                out.tokens[i]
+            )));
+        }
+        Ok(m2r2_golden(
+            m2r2,
+            name,
+            "early-exit",
+            prompt,
+            out.tokens,
+            logits,
+            M2r2Record::EarlyExit {
+                gate: options.gate,
+                threshold: options.threshold,
+                kv_policy: options.kv_policy,
+                exit_gate,
+                gate_scores,
+            },
+        ))
+    }
+
+    /// Record `steps` greedy self-speculative tokens after `prompt`, drafting at `draft_gate`
+    /// (1-based) and scoring `gate` at each proposal, with the draft length of `options` (its token
+    /// budget and stop tokens are replaced by `steps` and none). `logits` holds the verify logits
+    /// each token was emitted from.
+    ///
+    /// # Errors
+    /// Sampling, and what [`ReferenceSpeculation::new`] and [`speculative_generate`] refuse.
+    pub fn record_speculative(
+        m2r2: M2r2<'_>,
+        name: &str,
+        prompt: &[u32],
+        steps: usize,
+        draft_gate: usize,
+        gate: Option<GateKind>,
+        options: &SpeculativeOptions,
+    ) -> Result<Golden> {
+        let (out, logits) = run_speculative(m2r2, prompt, steps, draft_gate, gate, options)?;
+        let rounds = RoundTensors::from_output(&out, options.draft_length.max());
+        Ok(m2r2_golden(
+            m2r2,
+            name,
+            "speculative",
+            prompt,
+            out.tokens,
+            logits,
+            M2r2Record::Speculative {
+                draft_gate,
+                gate,
+                draft_length: options.draft_length.clone(),
+                rounds,
+            },
+        ))
+    }
+}
+
+fn m2r2_golden(
+    m2r2: M2r2<'_>,
+    name: &str,
+    mode: &str,
+    prompt: &[u32],
+    tokens: Vec<u32>,
+    logits: Array2<f32>,
+    record: M2r2Record,
+) -> Golden {
+    let model = m2r2.model;
+    Golden {
+        model: name.into(),
+        config_hash: model.config.hash(),
+        config_json: serde_json::to_string(&model.config).expect("config serialises"),
+        mode: mode.into(),
+        prompt_tokens: prompt.to_vec(),
+        tokens,
+        logits,
+        m2r2: Some(M2r2Golden {
+            config_json: serde_json::to_string(&m2r2.weights.config).expect("config serialises"),
+            weights_hash: weights_hash(m2r2.weights),
+            record,
+        }),
+    }
+}
+
+/// The options a golden decodes with: `steps` tokens, no stop tokens, greedy, `exact` KV.
+pub(super) fn golden_early_exit_options(
+    options: &EarlyExitOptions,
+    steps: usize,
+) -> Result<EarlyExitOptions> {
+    if options.sampling.is_some() {
+        return Err(Error::Invalid(
+            "golden files record greedy decodes: drop the sampling settings".into(),
+        ));
+    }
+    if options.kv_policy != KvPolicy::Exact {
+        return Err(Error::Invalid(format!(
+            "early-exit golden files need the `exact` KV policy: with `{}` the cache differs from \
+             the base model's, and the exit logits cannot be recomputed independently of the decoder",
+            options.kv_policy
+        )));
+    }
+    Ok(EarlyExitOptions {
+        max_new_tokens: steps,
+        stop_tokens: vec![],
+        ..options.clone()
+    })
+}
+
+/// The logits each early-exit token was emitted from, recomputed along `tokens` by teacher forcing:
+/// the exit logits `LMHead(FinalNorm(u_g))` at gate `g = exit_gate[i]` from
+/// [`M2r2::all_exit_states`], or the final logits when `exit_gate[i] == 0`.
+///
+/// Why this equals what the decoder saw (`exact` policy only): token i is emitted while position
+/// `P - 1 + i` runs. Under `exact` every layer an exited token skipped is computed before a later
+/// token reads it, so the KV cache any position attends to equals the base model's (spec section
+/// 2), and the fast rows read that cache. The reference is batch invariant, so position
+/// `P - 1 + i`'s slow and fast states in one teacher-forced chunk are bitwise those of the decoder.
+/// With `fast-kv` the skipped layers hold approximate K/V, which a teacher-forced pass does not
+/// reproduce: hence those goldens are refused.
+///
+/// # Shapes
+/// - `prompt`: `[P]`, `tokens`: `[n]`, `exit_gate`: `[n]` -> `[n, V]`
+///
+/// # Errors
+/// An exit gate outside `0..=J`.
+pub fn early_exit_logits(
+    m2r2: M2r2<'_>,
+    prompt: &[u32],
+    tokens: &[u32],
+    exit_gate: &[i64],
+) -> Result<Array2<f32>> {
+    let model = m2r2.model;
+    let (n, j) = (tokens.len(), m2r2.num_gates());
+    if let Some((i, g)) = exit_gate
+        .iter()
+        .enumerate()
+        .find(|&(_, &g)| g < 0 || g as usize > j)
+    {
+        return Err(Error::Invalid(format!(
+            "exit gate {g} at step {i} does not exist (gates 1..={j}, 0 = all layers)"
+        )));
+    }
+    let mut logits = Array2::zeros((n, model.config.vocab_size));
+    if n == 0 {
+        return Ok(logits);
+    }
+    // Position P - 1 + i emits token i.
+    let seq: Vec<u32> = prompt.iter().chain(&tokens[..n - 1]).copied().collect();
+    let full = model.teacher_forced_logits(&seq)?; // [P + n - 1, V]
+    let states = if exit_gate.iter().any(|&g| g > 0) {
+        m2r2.all_exit_states(&seq)? // J x ([P + n - 1, D], _)
+    } else {
+        vec![]
+    };
+    for (i, &gate) in exit_gate.iter().enumerate().take(n) {
+        let pos = prompt.len() - 1 + i;
+        match gate as usize {
+            0 => logits.row_mut(i).assign(&full.row(pos)),
+            g => {
+                let u = states[g - 1].0.row(pos).insert_axis(Axis(0)); // [1, D]
+                logits.row_mut(i).assign(&m2r2.exit_logits(u).row(0));
+            }
+        }
+    }
+    Ok(logits)
+}
+
+/// Run greedy speculative decoding and collect the logits each token was emitted from: the
+/// prompt's last row, then per round the verify rows of its emitted tokens.
+pub(super) fn run_speculative(
+    m2r2: M2r2<'_>,
+    prompt: &[u32],
+    steps: usize,
+    draft_gate: usize,
+    gate: Option<GateKind>,
+    options: &SpeculativeOptions,
+) -> Result<(SpeculativeOutput, Array2<f32>)> {
+    if options.sampling.is_some() {
+        return Err(Error::Invalid(
+            "golden files record greedy decodes: drop the sampling settings".into(),
+        ));
+    }
+    let options = SpeculativeOptions {
+        max_new_tokens: steps,
+        stop_tokens: vec![],
+        ..options.clone()
+    };
+    let capacity = prompt.len() + steps + options.draft_length.max() + 1;
+    let mut backend = Recording {
+        inner: ReferenceSpeculation::new(m2r2, draft_gate, gate, capacity)?,
+        prefill: vec![],
+        verified: vec![],
+    };
+    let out = speculative_generate(&mut backend, prompt, &options)?;
+    let mut logits = Array2::zeros((out.tokens.len(), m2r2.model.config.vocab_size));
+    if !out.tokens.is_empty() {
+        logits.row_mut(0).assign(&ndarray::aview1(&backend.prefill));
+    }
+    // Round r emits its accepted drafts and the base token (cut at the budget), from verify rows
+    // 0..=accepted.
+    let mut row = 1;
+    for (round, verified) in out.rounds.iter().zip(&backend.verified) {
+        let emitted = (round.accepted + 1).min(out.tokens.len() - row);
+        for k in 0..emitted {
+            logits.row_mut(row + k).assign(&verified.row(k));
+        }
+        row += emitted;
+    }
+    debug_assert_eq!(row, out.tokens.len().max(1));
+    Ok((out, logits))
+}
+
+/// A [`ReferenceSpeculation`] that keeps the prefill and verify logits it returns.
+struct Recording<'a> {
+    inner: ReferenceSpeculation<'a>,
+    /// `[V]`
+    prefill: Vec<f32>,
+    /// One `[m, V]` per verify.
+    verified: Vec<Array2<f32>>,
+}
+
+impl SpeculativeBackend for Recording<'_> {
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.prefill = self.inner.prefill(tokens)?;
+        Ok(self.prefill.clone())
+    }
+
+    fn draft(&mut self, token: u32, propose: bool) -> Result<Option<Draft>> {
+        self.inner.draft(token, propose)
+    }
+
+    fn verify(&mut self) -> Result<Array2<f32>> {
+        let logits = self.inner.verify()?;
+        self.verified.push(logits.clone());
+        Ok(logits)
+    }
+
+    fn rollback(&mut self, len: usize) {
+        self.inner.rollback(len)
+    }
+}

@@ -1,0 +1,312 @@
+//! The M2R2 goldens: round trips, self-checks, tampering reported where it happened, refusals.
+
+use super::record::golden_early_exit_options;
+use super::*;
+use crate::base::model::Model;
+use crate::decode::early_exit::{EarlyExitOptions, early_exit_generate};
+use crate::decode::speculative::SpeculativeOptions;
+use crate::golden::{DEFAULT_ATOL, Golden};
+use crate::io::builtin;
+use crate::m2r2::exit_gate::gate_score;
+use crate::m2r2::fast_stream::M2r2;
+use ndarray::{ArrayView1, Axis};
+
+fn setup(name: &str) -> (Model, M2r2Weights) {
+    let model = builtin::builtin(name).unwrap();
+    let weights = M2r2Weights::builtin_for(name, &model.config).unwrap();
+    (model, weights)
+}
+
+/// A threshold that makes the built-in models exit at some steps and not at others.
+fn ee_options(threshold: f32) -> EarlyExitOptions {
+    EarlyExitOptions {
+        max_new_tokens: 0,
+        stop_tokens: vec![],
+        gate: GateKind::Arla,
+        threshold,
+        kv_policy: KvPolicy::Exact,
+        sampling: None,
+    }
+}
+
+fn spec_options(draft_length: DraftLength) -> SpeculativeOptions {
+    SpeculativeOptions {
+        max_new_tokens: 0,
+        stop_tokens: vec![],
+        draft_length,
+        sampling: None,
+    }
+}
+
+fn round_trip(g: &Golden) -> Golden {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.safetensors");
+    g.write(&path).unwrap();
+    let back = Golden::read(&path).unwrap();
+    // NaN padding: compare through Debug, where NaN prints as NaN.
+    assert_eq!(format!("{back:?}"), format!("{g:?}"));
+    back
+}
+
+/// A threshold at the median over steps of the best ARLA score (never exiting), so that exits
+/// and full runs both occur.
+fn mixed_threshold(m2r2: M2r2<'_>, prompt: &[u32]) -> f32 {
+    let g = Golden::record_early_exit(m2r2, "x", prompt, 12, &ee_options(2.0)).unwrap();
+    let M2r2Record::EarlyExit { gate_scores, .. } = &g.m2r2.unwrap().record else {
+        unreachable!()
+    };
+    let mut best: Vec<f32> = gate_scores
+        .rows()
+        .into_iter()
+        .skip(1)
+        .map(|r| r.fold(f32::MIN, |a, &b| a.max(b)))
+        .collect();
+    best.sort_by(f32::total_cmp);
+    best[best.len() / 2]
+}
+
+#[test]
+fn early_exit_round_trip_and_self_check() {
+    for name in builtin::BUILTIN_NAMES {
+        let (model, weights) = setup(name);
+        let m2r2 = M2r2::new(&model, &weights);
+        let prompt = [1, 2, 3];
+        let tau = mixed_threshold(m2r2, &prompt);
+        let g = Golden::record_early_exit(m2r2, name, &prompt, 12, &ee_options(tau)).unwrap();
+        assert_eq!(g.format_version(), 2);
+        let back = round_trip(&g);
+        let M2r2Record::EarlyExit { exit_gate, .. } = &back.m2r2.as_ref().unwrap().record else {
+            unreachable!()
+        };
+        assert!(
+            exit_gate[1..].iter().any(|&e| e > 0),
+            "{name}: some tokens exit"
+        );
+        assert!(exit_gate[1..].contains(&0), "{name}: some run all layers");
+        let report = back.check_m2r2(m2r2, DEFAULT_ATOL).unwrap();
+        assert!(report.ok(), "{report:?}");
+        assert!(
+            report.entries.iter().all(|e| e.max_abs == 0.0),
+            "{report:?}"
+        );
+    }
+}
+
+/// Under `exact`, teacher-forced exit states give back the decoder's gate scores bit for bit:
+/// the recomputation of `early_exit_logits` sees what the decoder saw.
+#[test]
+fn exact_policy_teacher_forcing_reproduces_the_decoder() {
+    let (model, weights) = setup("tiny");
+    let m2r2 = M2r2::new(&model, &weights);
+    let prompt = [4, 5, 6];
+    let tau = mixed_threshold(m2r2, &prompt);
+    let mut options = golden_early_exit_options(&ee_options(tau), 12).unwrap();
+    options.max_new_tokens = 12;
+    let out = early_exit_generate(m2r2, &prompt, &options).unwrap();
+    let seq: Vec<u32> = prompt.iter().chain(&out.tokens[..11]).copied().collect();
+    let states = m2r2.all_exit_states(&seq).unwrap();
+    let eps = model.config.rms_norm_eps as f32;
+    for (i, t) in out.trace.iter().enumerate().skip(1) {
+        let pos = prompt.len() - 1 + i;
+        let us: Vec<ArrayView1<f32>> = states.iter().map(|(u, _)| u.row(pos)).collect();
+        for (g, &score) in t.scores.iter().enumerate() {
+            let logits = m2r2.exit_logits(us[g].insert_axis(Axis(0)));
+            let again = gate_score(
+                GateKind::Arla,
+                weights.arla.as_ref(),
+                &us[..=g],
+                logits.row(0).as_slice().unwrap(),
+                eps,
+            )
+            .unwrap();
+            assert_eq!(again.to_bits(), score.to_bits(), "step {i} gate {}", g + 1);
+        }
+    }
+}
+
+#[test]
+fn tampered_exit_gate_is_reported_at_its_step() {
+    let (model, weights) = setup("tiny");
+    let m2r2 = M2r2::new(&model, &weights);
+    let prompt = [1, 2, 3];
+    let tau = mixed_threshold(m2r2, &prompt);
+    let mut g = Golden::record_early_exit(m2r2, "tiny", &prompt, 12, &ee_options(tau)).unwrap();
+    let Some(M2r2Golden {
+        record: M2r2Record::EarlyExit { exit_gate, .. },
+        ..
+    }) = &mut g.m2r2
+    else {
+        unreachable!()
+    };
+    let step = exit_gate.iter().rposition(|&e| e == 0).unwrap();
+    exit_gate[step] = 1;
+    let report = g.check_m2r2(m2r2, DEFAULT_ATOL).unwrap();
+    let entry = report
+        .entries
+        .iter()
+        .find(|e| e.name == "exit_gate")
+        .unwrap();
+    assert!(!entry.ok && entry.at == vec![step], "{entry:?}");
+    assert!(!report.ok());
+}
+
+#[test]
+fn fast_kv_and_sampling_are_refused() {
+    let (model, weights) = setup("tiny");
+    let m2r2 = M2r2::new(&model, &weights);
+    let mut options = ee_options(0.5);
+    options.kv_policy = KvPolicy::FastKv;
+    let err = Golden::record_early_exit(m2r2, "tiny", &[1], 4, &options).unwrap_err();
+    assert!(err.to_string().contains("exact"), "{err}");
+    let mut options = spec_options(DraftLength::Fixed(4));
+    options.sampling = Some(crate::base::sampling::SamplingParams {
+        temperature: 1.0,
+        top_k: None,
+        top_p: None,
+        seed: 0,
+    });
+    let err = Golden::record_speculative(m2r2, "tiny", &[1], 4, 1, None, &options).unwrap_err();
+    assert!(err.to_string().contains("greedy"), "{err}");
+}
+
+#[test]
+fn speculative_round_trip_and_self_check() {
+    for name in builtin::BUILTIN_NAMES {
+        let (model, weights) = setup(name);
+        let m2r2 = M2r2::new(&model, &weights);
+        let prompt = [7, 8, 9];
+        let lengths = [
+            DraftLength::Fixed(4),
+            DraftLength::Dynamic {
+                max: 4,
+                gate: GateKind::Arla,
+                threshold: 0.5,
+            },
+        ];
+        for draft_length in lengths {
+            let gate =
+                matches!(draft_length, DraftLength::Dynamic { .. }).then_some(GateKind::Arla);
+            let options = spec_options(draft_length);
+            let g = Golden::record_speculative(m2r2, name, &prompt, 13, 1, gate, &options).unwrap();
+            let back = round_trip(&g);
+            // Lossless: the verify logits are the base model's greedy ones, bit for bit.
+            let greedy = Golden::record_greedy(&model, name, &prompt, 13).unwrap();
+            assert_eq!(back.tokens, greedy.tokens);
+            assert!(
+                back.logits
+                    .iter()
+                    .zip(&greedy.logits)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+            );
+            let report = back.check_m2r2(m2r2, DEFAULT_ATOL).unwrap();
+            assert!(report.ok(), "{report:?}");
+            assert!(
+                report.entries.iter().all(|e| e.max_abs == 0.0),
+                "{report:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn tampered_accepted_count_is_reported_at_its_round() {
+    let (model, weights) = setup("tiny");
+    let m2r2 = M2r2::new(&model, &weights);
+    let options = spec_options(DraftLength::Fixed(4));
+    let mut g = Golden::record_speculative(m2r2, "tiny", &[1, 2], 12, 1, None, &options).unwrap();
+    let Some(M2r2Golden {
+        record: M2r2Record::Speculative { rounds, .. },
+        ..
+    }) = &mut g.m2r2
+    else {
+        unreachable!()
+    };
+    assert!(rounds.accepted.len() >= 3);
+    rounds.accepted[2] += 1;
+    let report = g.check_m2r2(m2r2, DEFAULT_ATOL).unwrap();
+    let entry = report
+        .entries
+        .iter()
+        .find(|e| e.name == "round_accepted")
+        .unwrap();
+    assert!(!entry.ok && entry.at == vec![2], "{entry:?}");
+    let others_ok = report
+        .entries
+        .iter()
+        .filter(|e| e.name != "round_accepted")
+        .all(|e| e.ok);
+    assert!(others_ok, "{report:?}");
+}
+
+#[test]
+fn other_m2r2_weights_are_refused() {
+    let (model, weights) = setup("tiny");
+    let g = Golden::record_speculative(
+        M2r2::new(&model, &weights),
+        "tiny",
+        &[1],
+        4,
+        1,
+        None,
+        &spec_options(DraftLength::Fixed(2)),
+    )
+    .unwrap();
+    let zeros = M2r2Weights::zeros(&model.config);
+    let err = g
+        .check_m2r2(M2r2::new(&model, &zeros), DEFAULT_ATOL)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("not the ones this golden"),
+        "{err}"
+    );
+    // The same weights with a pruned draft head draft differently: a golden of its own, which
+    // checks with that head and is refused without it.
+    let head = crate::m2r2::draft_head::DraftHead::new(vec![1, 2, 3, 5, 8], 320, "t").unwrap();
+    let pruned = M2r2Weights {
+        draft_head: Some(head),
+        ..weights.clone()
+    };
+    let gp = Golden::record_speculative(
+        M2r2::new(&model, &pruned),
+        "tiny",
+        &[1],
+        4,
+        1,
+        None,
+        &spec_options(DraftLength::Fixed(2)),
+    )
+    .unwrap();
+    assert_eq!(gp.tokens, g.tokens, "lossless");
+    let report = gp
+        .check_m2r2(M2r2::new(&model, &pruned), DEFAULT_ATOL)
+        .unwrap();
+    assert!(report.ok());
+    let err = gp
+        .check_m2r2(M2r2::new(&model, &weights), DEFAULT_ATOL)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("not the ones this golden"),
+        "{err}"
+    );
+}
+
+/// A version-1 greedy file (as older m2r2 wrote it) still reads and checks.
+#[test]
+fn version_1_greedy_files_still_read_and_check() {
+    let (model, weights) = setup("tiny");
+    let g = Golden::record_greedy(&model, "tiny", &[3, 1, 4], 5).unwrap();
+    assert_eq!(g.format_version(), 1);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v1.safetensors");
+    g.write(&path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    assert_eq!(meta.metadata().as_ref().unwrap()["format_version"], "1");
+    let back = Golden::read(&path).unwrap();
+    assert_eq!(back, g);
+    assert!(back.check(&model, DEFAULT_ATOL).unwrap().ok());
+    let report = back
+        .check_m2r2(M2r2::new(&model, &weights), DEFAULT_ATOL)
+        .unwrap();
+    assert!(report.ok());
+}
