@@ -86,7 +86,7 @@ fn bench_cost_shape_reports_every_step() {
         .collect();
     assert_eq!(batches, [1, 4, 16]);
     assert!(b["memory_read_bytes_per_second"].as_f64().unwrap() > 0.0);
-    assert!(["portable", "avx2", "neon"].contains(&b["kernel"].as_str().unwrap()));
+    assert!(["portable", "avx2", "avx512", "neon"].contains(&b["kernel"].as_str().unwrap()));
     fails(
         &["bench", "--cost-shape", "--speculative"],
         &["--cost-shape", "--speculative"],

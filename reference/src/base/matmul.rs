@@ -19,6 +19,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod kernel;
 #[cfg(target_arch = "aarch64")]
 mod neon;

@@ -11,7 +11,8 @@
 //! | kernel     | where                        | per instruction | tile (weight rows x input rows) |
 //! |------------|------------------------------|-----------------|---------------------------------|
 //! | `Portable` | everywhere (the definition)  | what the compiler makes of [`dot`](super::dot) | 1 x 1 |
-//! | `Avx2`     | x86-64 with AVX2 (runtime check) | 8 lanes (`__m256`) | 1 x 4 (then 1 x 2, 1 x 1) |
+//! | `Avx2`     | x86-64 with AVX2 (runtime check) | 8 lanes (`__m256`) | 1 x 4 (then 1 x 3, 1 x 2, 1 x 1) |
+//! | `Avx512`   | x86-64 with AVX-512F (runtime check) | 16 lanes (`__m512`: one register is one dot) | 4 x 6 for chunks (then 1 x 6 for the last rows), 1 x 1 for decode |
 //! | `Neon`     | aarch64 (NEON is baseline there) | 4 lanes (`float32x4_t`) | 2 x 2 |
 //!
 //! A tile keeps `tile rows x tile inputs` 16-lane accumulators in registers, so one load of a weight
@@ -19,9 +20,16 @@
 //! 16 rows does 16 times the arithmetic of one row on the same weight bytes, which only stays
 //! memory-bound if the arithmetic is wide.
 //!
-//! Dispatch is `std::arch` feature detection, once per process ([`Kernel::best`]): the two SIMD
-//! paths are a few dozen lines each, and a dispatch crate (`pulp`, `multiversion`) would add a
-//! dependency to save one `is_x86_feature_detected!`.
+//! Dispatch is `std::arch` feature detection, once per process ([`Kernel::best`]): the SIMD paths
+//! are a few dozen lines each, and a dispatch crate (`pulp`, `multiversion`) would add a
+//! dependency to save one `is_x86_feature_detected!`; `pulp`'s portable SIMD types also hide the
+//! register block the speed comes from, and `multiversion` clones a function per feature set but
+//! leaves the blocking to the compiler, whose auto-vectoriser does not keep a block of
+//! accumulators in registers (the portable path shows what it makes of [`dot`](super::dot)).
+//!
+//! The SIMD loops read through raw pointers and pass their accumulators to a step function by
+//! value: with a bounds check per load, or with the accumulator array updated in place, LLVM kept
+//! some blocks' accumulators in memory (a store after every add) and they ran at half speed.
 
 use super::{LANES, dot};
 
@@ -32,6 +40,8 @@ pub enum Kernel {
     Portable,
     /// x86-64 AVX2 (8-lane) tiles.
     Avx2,
+    /// x86-64 AVX-512 (16-lane) register blocks.
+    Avx512,
     /// aarch64 NEON (4-lane) tiles.
     Neon,
 }
@@ -55,6 +65,10 @@ impl Kernel {
         if std::arch::is_x86_feature_detected!("avx2") {
             kernels.push(Kernel::Avx2);
         }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            kernels.push(Kernel::Avx512);
+        }
         #[cfg(target_arch = "aarch64")]
         if std::arch::is_aarch64_feature_detected!("neon") {
             kernels.push(Kernel::Neon);
@@ -66,6 +80,7 @@ impl Kernel {
         match self {
             Kernel::Portable => "portable",
             Kernel::Avx2 => "avx2",
+            Kernel::Avx512 => "avx512",
             Kernel::Neon => "neon",
         }
     }
@@ -91,6 +106,15 @@ impl Kernel {
                 assert!(std::arch::is_x86_feature_detected!("avx2"), "no AVX2 here");
                 // SAFETY: AVX2 is present (checked above); the slice lengths are checked above.
                 unsafe { super::avx2::tile(x, width, w, out) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => {
+                assert!(
+                    std::arch::is_x86_feature_detected!("avx512f"),
+                    "no AVX-512 here"
+                );
+                // SAFETY: AVX-512F is present (checked above); the slice lengths are checked above.
+                unsafe { super::avx512::tile(x, width, w, out) }
             }
             #[cfg(target_arch = "aarch64")]
             Kernel::Neon => {
@@ -161,7 +185,12 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             assert!(Kernel::available().contains(&Kernel::Avx2));
-            assert_eq!(Kernel::best(), Kernel::Avx2);
+            let widest = if std::arch::is_x86_feature_detected!("avx512f") {
+                Kernel::Avx512
+            } else {
+                Kernel::Avx2
+            };
+            assert_eq!(Kernel::best(), widest);
         }
         #[cfg(target_arch = "aarch64")]
         assert_eq!(Kernel::best(), Kernel::Neon);
