@@ -271,7 +271,10 @@ impl Loader<'_> {
 
     fn matrix(&mut self, id: WeightId) -> Result<Array2<f32>> {
         let t = self.raw(id)?;
-        Ok(Array2::from_shape_vec((t.shape[0], t.shape[1]), t.data).expect("shape checked"))
+        // Cache-line aligned for the matmul kernels' 16-lane loads (checked shape: rows * cols).
+        Ok(crate::base::matmul::cache_aligned(
+            t.shape[0], t.shape[1], t.data,
+        ))
     }
 
     fn vector(&mut self, id: WeightId) -> Result<Array1<f32>> {

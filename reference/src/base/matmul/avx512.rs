@@ -19,11 +19,15 @@ use std::arch::x86_64::{
 
 /// Weight rows in a register block (for chunks of more than one input row).
 const BLOCK_ROWS: usize = 4;
+/// Chunks of up to this many input rows take one weight row at a time, like decode: a 1 x 2 tile
+/// still outruns the memory, and the weights stay one sequential stream.
+const SEQUENTIAL_INPUTS: usize = 2;
 /// Input rows in a register block at most.
 const BLOCK_INPUTS: usize = 6;
 
-/// `out[r * T + t] = dot(w[r], x_t)`. Decode (`T = 1`): one weight row at a time, so the task's
-/// rows (adjacent in memory) are one sequential stream for the hardware prefetcher. Chunks: blocks
+/// `out[r * T + t] = dot(w[r], x_t)`. Decode (`T = 1`, and `T = 2`): one weight row at a time, so
+/// the task's rows (adjacent in memory) are one sequential stream for the hardware prefetcher.
+/// Larger chunks: blocks
 /// of [`BLOCK_ROWS`] weight rows (then single rows) outer, each against all input rows in blocks of
 /// at most [`BLOCK_INPUTS`]; the block's rows are read from memory once and reused from L1 by every
 /// input block, and while the first input block runs the next weight block is prefetched (four
@@ -38,9 +42,9 @@ pub(super) fn tile(x: &[f32], width: usize, w: &[&[f32]], out: &mut [f32]) {
         t_rows,
         w,
     };
-    if t_rows == 1 {
+    if t_rows <= SEQUENTIAL_INPUTS {
         for r in 0..w.len() {
-            tile.block_of::<1>(r, 0, 1, None, out);
+            tile.block_of::<1>(r, 0, t_rows, None, out);
         }
         return;
     }
