@@ -1,11 +1,12 @@
-//! The KV cache kept on the GPU between runs (CUDA / TensorRT), through IoBinding: the `present.*`
-//! outputs of one run stay in device memory and are bound as the `past_key_values.*` inputs of the
-//! next, so decoding a token moves no KV between host and device. Only the step's small host
-//! inputs (ids, positions, mask, the verifier's hidden rows) go in and its logits come out.
+//! The KV cache kept as ONNX Runtime values between runs, through IoBinding: the `present.*`
+//! outputs of one run stay where the provider put them (GPU memory for CUDA / TensorRT, ONNX
+//! Runtime's own CPU buffers for the CPU provider) and are bound as the `past_key_values.*` inputs
+//! of the next, so decoding a token moves or copies no KV outside the graph. Only the step's small
+//! host inputs (ids, positions, mask, the verifier's hidden rows) go in and its logits come out.
 //!
-//! Rollback (at most once per speculative round, when a draft was rejected) copies the layers to
-//! the host, truncates them along the sequence axis and binds the truncated host tensors on the
-//! next run (ONNX Runtime copies them back to the device).
+//! Rollback (at most once per speculative round, when a draft was rejected) copies the kept
+//! positions of every layer into new host tensors, bound on the next run (ONNX Runtime copies them
+//! to the device for a GPU provider).
 //!
 //! # Shapes
 //! - keys, values of layer `i`: `[1, Hkv, S, Dh]`
@@ -121,38 +122,46 @@ impl DeviceKv {
         let layers: Vec<(Array4<f32>, Array4<f32>)> = self
             .values
             .iter()
-            .map(|(k, v)| Ok((host_array(k)?, host_array(v)?)))
+            .map(|(k, v)| Ok((host_array(k, None)?, host_array(v, None)?)))
             .collect::<Result<_>>()?;
         store.replace(layers);
         Ok(store)
     }
 }
 
-/// `[1, Hkv, S, Dh]` on the host.
-fn host_array(t: &DynTensor) -> Result<Array4<f32>> {
+/// The first `len` positions (all when `None`) of a KV tensor `[1, Hkv, S, Dh]`, copied to the
+/// host: one copy from CPU memory, a device copy first from GPU memory.
+fn host_array(t: &DynTensor, len: Option<usize>) -> Result<Array4<f32>> {
     let err = |e: ort::Error| Error::Runtime(format!("cannot copy the KV cache to the host: {e}"));
-    let host = t.to(AllocationDevice::CPU, 0).map_err(err)?;
-    let array = host.try_extract_array::<f32>().map_err(err)?;
-    array
-        .to_owned()
+    let on_device;
+    let host = if t.memory_info().is_cpu_accessible() {
+        t
+    } else {
+        on_device = t.to(AllocationDevice::CPU, 0).map_err(err)?;
+        &on_device
+    };
+    let array = host
+        .try_extract_array::<f32>()
+        .map_err(err)?
         .into_dimensionality::<Ix4>()
-        .map_err(|e| Error::Runtime(format!("KV tensor of unexpected rank: {e}")))
+        .map_err(|e| Error::Runtime(format!("KV tensor of unexpected rank: {e}")))?;
+    let len = len.unwrap_or(array.shape()[2]).min(array.shape()[2]);
+    Ok(array.slice(s![.., .., ..len, ..]).to_owned())
 }
 
 /// The first `len` positions of a KV tensor, as a host tensor.
 fn truncated(t: &DynTensor, len: usize) -> Result<DynTensor> {
-    let a = host_array(t)?;
-    let kept = a.slice(s![.., .., ..len, ..]).to_owned();
+    let kept = host_array(t, Some(len))?;
     Ok(Tensor::from_array(kept)
         .map_err(|e| Error::Runtime(format!("cannot rebuild the KV cache: {e}")))?
         .upcast())
 }
 
 impl OnnxSession {
-    /// Run with IoBinding (GPU providers): `host` inputs are checked and copied in by ONNX Runtime,
-    /// `device` tensors (earlier outputs kept on the device) are bound as they are, the outputs named
-    /// in `keep` are bound to the provider's device memory and returned without a host copy, and
-    /// every other f32 output comes back to the host.
+    /// Run with IoBinding: `host` inputs are checked and copied in by ONNX Runtime, `device`
+    /// tensors (earlier outputs kept as ONNX Runtime values) are bound as they are, the outputs
+    /// named in `keep` are bound to the provider's memory (the GPU's, or ONNX Runtime's CPU
+    /// buffers) and returned without a copy, and every other f32 output is copied to the host.
     pub fn run_bound(
         &mut self,
         host: &[(&str, Input<'_>)],
@@ -187,12 +196,21 @@ impl OnnxSession {
         }
         self.check_host_inputs(host)?;
 
-        let device_memory = MemoryInfo::new(
-            AllocationDevice::CUDA,
-            self.device_id,
-            AllocatorType::Device,
-            MemoryType::Default,
-        )
+        let device_memory = if self.ep_used().is_gpu() {
+            MemoryInfo::new(
+                AllocationDevice::CUDA,
+                self.device_id,
+                AllocatorType::Device,
+                MemoryType::Default,
+            )
+        } else {
+            MemoryInfo::new(
+                AllocationDevice::CPU,
+                0,
+                AllocatorType::Device,
+                MemoryType::Default,
+            )
+        }
         .map_err(err)?;
         let host_memory = MemoryInfo::new(
             AllocationDevice::CPU,

@@ -35,7 +35,7 @@ impl Ep {
         }
     }
 
-    /// Whether tensors can stay on a device between runs (IoBinding).
+    /// Whether the provider runs on a GPU.
     pub fn is_gpu(self) -> bool {
         self != Ep::Cpu
     }
@@ -164,8 +164,76 @@ pub struct EpConfig {
     /// Fall back to the CPU when the provider cannot be registered (`--ep-fallback`).
     pub fallback: bool,
     pub tensorrt: TensorRtOptions,
-    /// ONNX Runtime's intra-op threads (`None`: its default, one per core).
+    /// Give the session its own intra-op thread pool instead of the process's shared one
+    /// ([`runtime`](crate::runtime)); implied by `intra_threads` and `intra_spinning`.
+    pub own_thread_pool: bool,
+    /// ONNX Runtime's intra-op threads of an own pool (`None`: its default, one per core).
     pub intra_threads: Option<usize>,
+    /// Whether idle intra-op threads of an own pool spin before blocking
+    /// (`session.intra_op.allow_spinning`; `None`: ONNX Runtime's default, spinning; the shared
+    /// pool never spins).
+    pub intra_spinning: Option<bool>,
+    /// Graph optimisation level (`None`: ONNX Runtime's default, all).
+    pub optimization: Option<GraphOptimization>,
+    /// Keep the KV cache in host arrays, fed as plain inputs and replaced by copies of the
+    /// `present.*` outputs after every run, instead of as ONNX Runtime values through IoBinding.
+    /// CPU only (GPU providers always bind); slower, kept to compare the two.
+    pub host_kv: bool,
+    /// Write ONNX Runtime's profile (per-node times, JSON) to files starting with this prefix;
+    /// written when the session is dropped.
+    pub profile: Option<PathBuf>,
+}
+
+/// ONNX Runtime's graph optimisation levels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GraphOptimization {
+    Disable,
+    Basic,
+    Extended,
+    All,
+}
+
+impl GraphOptimization {
+    pub const ALL: [GraphOptimization; 4] = [
+        GraphOptimization::Disable,
+        GraphOptimization::Basic,
+        GraphOptimization::Extended,
+        GraphOptimization::All,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            GraphOptimization::Disable => "disable",
+            GraphOptimization::Basic => "basic",
+            GraphOptimization::Extended => "extended",
+            GraphOptimization::All => "all",
+        }
+    }
+
+    pub(crate) fn level(self) -> ort::session::builder::GraphOptimizationLevel {
+        use ort::session::builder::GraphOptimizationLevel as L;
+        match self {
+            GraphOptimization::Disable => L::Disable,
+            GraphOptimization::Basic => L::Level1,
+            GraphOptimization::Extended => L::Level2,
+            GraphOptimization::All => L::All,
+        }
+    }
+}
+
+impl std::str::FromStr for GraphOptimization {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        GraphOptimization::ALL
+            .into_iter()
+            .find(|o| o.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown graph optimisation level `{s}`: use disable, basic, extended or all"
+                )
+            })
+    }
 }
 
 impl EpConfig {
@@ -175,12 +243,23 @@ impl EpConfig {
             device_id: 0,
             fallback: false,
             tensorrt: TensorRtOptions::default(),
+            own_thread_pool: false,
             intra_threads: None,
+            intra_spinning: None,
+            optimization: None,
+            host_kv: false,
+            profile: None,
         }
     }
 
     pub fn cpu() -> Self {
         EpConfig::new(Ep::Cpu)
+    }
+
+    /// Whether a session that runs on `ep_used` keeps its KV cache as ONNX Runtime values
+    /// (IoBinding): always on a GPU, on the CPU unless [`host_kv`](Self::host_kv).
+    pub fn binds_kv(&self, ep_used: Ep) -> bool {
+        ep_used.is_gpu() || !self.host_kv
     }
 
     /// The providers to register for a graph with these inputs, most preferred first, each failing

@@ -16,7 +16,7 @@ use reference::base::work::Work;
 pub struct OnnxModel {
     session: OnnxSession,
     config: ModelConfig,
-    /// On the device for GPU providers (IoBinding), else on the host.
+    /// ONNX Runtime values between runs (IoBinding; on the device for GPU providers).
     kv: Kv,
     /// Rows per run at most (TensorRT's profile); longer prompts are fed in chunks.
     max_rows: Option<usize>,
@@ -32,7 +32,7 @@ impl OnnxModel {
             0..config.num_hidden_layers,
             config.num_key_value_heads,
             config.head_dim,
-            session.ep_used().is_gpu(),
+            ep.binds_kv(session.ep_used()),
         )?;
         Ok(OnnxModel {
             session,
@@ -44,6 +44,11 @@ impl OnnxModel {
 
     pub fn session(&self) -> &OnnxSession {
         &self.session
+    }
+
+    /// The session, e.g. to end its profile.
+    pub fn session_mut(&mut self) -> &mut OnnxSession {
+        &mut self.session
     }
 
     /// The KV cache of every layer, on the host (a copy when it lives on the device).

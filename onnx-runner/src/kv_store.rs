@@ -127,8 +127,10 @@ fn take4(
     Ok(t.into_dimensionality::<Ix4>().expect("rank checked"))
 }
 
-/// The KV cache of one graph: on the host (CPU provider: plain runs) or on the device (CUDA /
-/// TensorRT: IoBinding, see [`DeviceKv`](crate::device_kv::DeviceKv)).
+/// The KV cache of one graph: kept as ONNX Runtime values between runs (IoBinding, see
+/// [`DeviceKv`](crate::device_kv::DeviceKv): on the GPU for CUDA / TensorRT, in ONNX Runtime's CPU
+/// buffers for the CPU provider), or as host arrays fed as plain inputs and replaced by copies of
+/// the outputs ([`EpConfig::host_kv`](crate::ep::EpConfig::host_kv), for comparisons).
 pub enum Kv {
     Host(KvStore),
     Device {
@@ -139,14 +141,14 @@ pub enum Kv {
 }
 
 impl Kv {
-    /// An empty cache for `layers`, on the device when `on_device`.
+    /// An empty cache for `layers`: ONNX Runtime values when `bound`, else host arrays.
     pub fn new(
         layers: Range<usize>,
         kv_heads: usize,
         head_dim: usize,
-        on_device: bool,
+        bound: bool,
     ) -> Result<Self> {
-        Ok(if on_device {
+        Ok(if bound {
             Kv::Device {
                 kv: crate::device_kv::DeviceKv::new(layers, kv_heads, head_dim)?,
                 kv_heads,

@@ -115,8 +115,17 @@ fn load(path: &Path, source: LibrarySource) -> Result<Runtime> {
             describe(source)
         ))
     })?;
+    // One intra-op thread pool for every session of the process, a thread per core, whose idle
+    // threads block instead of spinning. With ONNX Runtime's defaults (a spinning pool per
+    // session) the idle workers of the graph that ran last keep spinning while the next graph
+    // runs (draft, then verifier), and on a machine with few or shared cores spinning threads
+    // take the cores the working ones need (docs/ONNX.md, "Cost of a run").
+    let pool = ort::environment::GlobalThreadPoolOptions::default()
+        .with_spin_control(false)
+        .map_err(|e| Error::Runtime(format!("cannot configure the thread pool: {e}")))?;
     let environment = builder
         .with_name("m2r2")
+        .with_global_thread_pool(pool)
         .build()
         .map_err(|e| Error::Runtime(format!("cannot create the environment: {e}")))?;
     Ok(Runtime {

@@ -264,6 +264,15 @@ impl OnnxSession {
         self.ep_used
     }
 
+    /// Finish ONNX Runtime's profile (sessions loaded with [`EpConfig::profile`]) and return the
+    /// file it was written to.
+    pub fn end_profiling(&mut self) -> Result<String> {
+        let file = self.file.clone();
+        self.session
+            .end_profiling()
+            .map_err(|e| Error::ort(&file, format!("cannot write the profile: {e}")))
+    }
+
     /// The graph file.
     pub fn file(&self) -> &str {
         &self.file
@@ -420,8 +429,22 @@ fn build(
     let environment = runtime::environment().map_err(|e| BuildError::Other(e.to_string()))?;
     let mut builder =
         Session::builder(environment).map_err(|e| BuildError::Other(e.to_string()))?;
+    if ep.own_thread_pool || ep.intra_threads.is_some() || ep.intra_spinning.is_some() {
+        builder = builder.with_independent_thread_pool().map_err(other)?;
+    }
     if let Some(threads) = ep.intra_threads {
         builder = builder.with_intra_threads(threads).map_err(other)?;
+    }
+    if let Some(spinning) = ep.intra_spinning {
+        builder = builder.with_intra_op_spinning(spinning).map_err(other)?;
+    }
+    if let Some(level) = ep.optimization {
+        builder = builder
+            .with_optimization_level(level.level())
+            .map_err(other)?;
+    }
+    if let Some(prefix) = &ep.profile {
+        builder = builder.with_profiling(prefix).map_err(other)?;
     }
     if !dispatches.is_empty() {
         builder = builder

@@ -38,8 +38,8 @@ pub struct OnnxSpeculation {
     draft_head: Option<DraftHead>,
     /// The gate scored at each proposal (dynamic drafting, `--trace`).
     gate: Option<GateKind>,
-    /// KV of layers `0..e` (positions `0..len`) and `e..N` (positions `0..verified`); on the
-    /// device for GPU providers (IoBinding).
+    /// KV of layers `0..e` (positions `0..len`) and `e..N` (positions `0..verified`): ONNX
+    /// Runtime values between runs (IoBinding; on the device for GPU providers).
     lower: Kv,
     upper: Kv,
     /// `[D]` slow residuals `s_e` of positions `verified..len`
@@ -70,8 +70,13 @@ impl OnnxSpeculation {
         let e = m.draft_layers;
         let (hkv, dh) = (c.num_key_value_heads, c.head_dim);
         Ok(OnnxSpeculation {
-            lower: Kv::new(0..e, hkv, dh, draft.ep_used().is_gpu())?,
-            upper: Kv::new(e..c.num_hidden_layers, hkv, dh, verifier.ep_used().is_gpu())?,
+            lower: Kv::new(0..e, hkv, dh, ep.binds_kv(draft.ep_used()))?,
+            upper: Kv::new(
+                e..c.num_hidden_layers,
+                hkv,
+                dh,
+                ep.binds_kv(verifier.ep_used()),
+            )?,
             draft,
             verifier,
             config: c.clone(),
@@ -89,6 +94,11 @@ impl OnnxSpeculation {
     /// The graphs' sessions (draft, verifier), e.g. for `ep_used`.
     pub fn sessions(&self) -> (&OnnxSession, &OnnxSession) {
         (&self.draft, &self.verifier)
+    }
+
+    /// The sessions (draft, verifier), e.g. to end their profiles.
+    pub fn sessions_mut(&mut self) -> (&mut OnnxSession, &mut OnnxSession) {
+        (&mut self.draft, &mut self.verifier)
     }
 
     /// KV of the draft layers and of the verifier layers, on the host (copies when they live on

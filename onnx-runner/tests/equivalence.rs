@@ -103,19 +103,26 @@ fn kv_diff(store: &KvStore, cache: &KvCache, len: usize) -> f32 {
     worst
 }
 
-/// A decoding problem and how it drafts.
+/// A decoding problem, how it drafts, and (CPU) whether the KV cache stays in host arrays
+/// instead of ONNX Runtime values.
 #[derive(Debug, Clone)]
 struct Problem {
     base: DecodeProblem,
     drafting: DraftSettings,
+    host_kv: bool,
 }
 
 fn problem_strategy() -> impl Strategy<Value = Problem> {
     (
         DecodeProblem::strategy(2..5, 40, 1..6, 1..12),
         DraftSettings::strategy(5, 40),
+        any::<bool>(),
     )
-        .prop_map(|(base, drafting)| Problem { base, drafting })
+        .prop_map(|(base, drafting, host_kv)| Problem {
+            base,
+            drafting,
+            host_kv,
+        })
 }
 
 impl Problem {
@@ -237,7 +244,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(12))]
     #[test]
     fn ort_cpu_decodes_like_the_reference(problem in problem_strategy()) {
-        problem.check(&EpConfig::cpu())?;
+        let ep = EpConfig { host_kv: problem.host_kv, ..EpConfig::cpu() };
+        problem.check(&ep)?;
     }
 }
 

@@ -215,6 +215,11 @@ pub fn run(args: &Args) -> Result<()> {
         args.dynamic_draft,
         args.draft_head,
     )?;
+    if args.ep.ort_compare.is_some() {
+        bail!(
+            "--ort-compare is for `m2r2 bench --cost-shape --onnx DIR`; `run` takes one set of options"
+        );
+    }
     let ep = args.ep.config(&export, settings.draft_length.max());
     let runtime = onnx_runner::runtime::init()?;
     eprintln!(

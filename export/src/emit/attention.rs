@@ -19,6 +19,9 @@ pub struct Visibility {
     pub slow: String,
     /// bool `[B, 1, 1, T, S]`: fast row at `p` sees SLOW keys `lo..p` (its own key comes apart).
     pub fast: Option<String>,
+    /// int64 `[T, T]`: the `Split` sizes that separate slow and fast rows after a projection of
+    /// both (`[B, 2T, ...]`, slow rows first), with fast rows.
+    pub pair_split: Option<String>,
 }
 
 /// The masks of a chunk of `T` rows appended after `P` cached positions (`S = P + T`): `T` from
@@ -70,6 +73,8 @@ pub fn visibility(
         Visibility {
             slow: b.binary("And", &slow, &keep),
             fast: with_fast.then(|| b.binary("And", &fast, &keep)),
+            pair_split: with_fast
+                .then(|| b.node("Concat", &[&t, &t], vec![("axis", Attr::Int(0))])),
         }
     })
 }

@@ -3,7 +3,7 @@
 
 use super::m2r2::OnOff;
 use anyhow::{Result, bail};
-use onnx_runner::ep::{DimRanges, Ep, EpConfig, TensorRtOptions};
+use onnx_runner::ep::{DimRanges, Ep, EpConfig, GraphOptimization, TensorRtOptions};
 use onnx_runner::manifest::ExportDir;
 use std::path::PathBuf;
 
@@ -26,6 +26,79 @@ pub struct EpArgs {
     /// TensorRT: engine and timing cache folder (default: <DIR>/trt_cache)
     #[arg(long, value_name = "DIR")]
     pub trt_cache: Option<PathBuf>,
+    /// ONNX Runtime: a pool of N intra-op threads for each session (default: one pool with a
+    /// thread per core, shared by all sessions, not spinning)
+    #[arg(long, value_name = "N")]
+    pub ort_threads: Option<usize>,
+    /// ONNX Runtime: whether idle intra-op threads spin, in a pool for each session (default: the
+    /// shared pool, not spinning)
+    #[arg(long, value_enum, value_name = "ON|OFF")]
+    pub ort_spinning: Option<OnOff>,
+    /// ONNX Runtime graph optimisation level: disable | basic | extended | all (default: all)
+    #[arg(long, value_name = "LEVEL")]
+    pub ort_opt: Option<GraphOptimization>,
+    /// ONNX Runtime on the CPU: keep the KV cache in host arrays copied after every run (the path
+    /// before IoBinding, for comparisons)
+    #[arg(long)]
+    pub ort_host_kv: bool,
+    /// ONNX Runtime: write each session's per-node profile (JSON) to files starting with PREFIX
+    #[arg(long, value_name = "PREFIX")]
+    pub ort_profile: Option<PathBuf>,
+    /// bench --cost-shape --onnx only: also measure ONNX Runtime with these session options, one
+    /// row each in the same run: `NAME:key=value,...;NAME:...` (keys threads, spinning, opt,
+    /// own-pool, host-kv; see docs/ONNX.md)
+    #[arg(long, value_name = "VARIANTS")]
+    pub ort_compare: Option<String>,
+}
+
+impl EpArgs {
+    /// `--ort-compare` as (name, config) pairs on top of `base`.
+    pub fn compare(&self, base: &EpConfig) -> Result<Vec<(String, EpConfig)>> {
+        let Some(list) = &self.ort_compare else {
+            return Ok(Vec::new());
+        };
+        list.split(';')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|variant| {
+                let (name, spec) = variant.split_once(':').unwrap_or((variant, ""));
+                Ok((name.to_string(), apply_session_options(base, spec)?))
+            })
+            .collect()
+    }
+}
+
+/// Session options as `bench --cost-shape --ort-compare` spells them: `key=value,...` with keys
+/// `threads` (N), `spinning` (on|off), `opt` (disable|basic|extended|all), `own-pool` (on|off: a
+/// pool for each session) and `host-kv` (on|off), applied on top of `base`.
+pub fn apply_session_options(base: &EpConfig, spec: &str) -> Result<EpConfig> {
+    let mut ep = base.clone();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let Some((key, value)) = item.split_once('=') else {
+            bail!("session option `{item}` is not key=value (in `{spec}`)");
+        };
+        let on_off = |v: &str| match v {
+            "on" => Ok(true),
+            "off" => Ok(false),
+            _ => bail!("session option `{key}` takes on or off, not `{v}`"),
+        };
+        match key {
+            "threads" => {
+                ep.intra_threads = Some(value.parse().map_err(|_| {
+                    anyhow::anyhow!("session option `threads` takes a count, not `{value}`")
+                })?)
+            }
+            "spinning" => ep.intra_spinning = Some(on_off(value)?),
+            "opt" => ep.optimization = Some(value.parse().map_err(|e: String| anyhow::anyhow!(e))?),
+            "own-pool" => ep.own_thread_pool = on_off(value)?,
+            "host-kv" => ep.host_kv = on_off(value)?,
+            _ => bail!(
+                "unknown session option `{key}` (in `{spec}`): use threads, spinning, opt, own-pool \
+                 or host-kv"
+            ),
+        }
+    }
+    Ok(ep)
 }
 
 impl EpArgs {
@@ -47,6 +120,11 @@ impl EpArgs {
                     config.max_position_embeddings,
                 )),
             },
+            intra_threads: self.ort_threads,
+            intra_spinning: self.ort_spinning.map(|s| s == OnOff::On),
+            optimization: self.ort_opt,
+            host_kv: self.ort_host_kv,
+            profile: self.ort_profile.clone(),
             ..EpConfig::new(self.ep)
         }
     }
@@ -68,5 +146,31 @@ pub fn check_draft_head(export: &ExportDir, choice: Option<OnOff>) -> Result<()>
             head.len()
         ),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_options_parse_and_name_what_is_wrong() {
+        let ep =
+            apply_session_options(&EpConfig::cpu(), "threads=1, spinning=off,opt=basic").unwrap();
+        assert_eq!(ep.intra_threads, Some(1));
+        assert_eq!(ep.intra_spinning, Some(false));
+        assert_eq!(ep.optimization, Some(GraphOptimization::Basic));
+        let ep = apply_session_options(&EpConfig::cpu(), "own-pool=on,host-kv=on").unwrap();
+        assert!(ep.own_thread_pool && ep.host_kv);
+        for (bad, says) in [
+            ("threads", "not key=value"),
+            ("threads=two", "takes a count"),
+            ("spinning=yes", "takes on or off"),
+            ("opt=max", "unknown graph optimisation level `max`"),
+            ("colour=red", "unknown session option `colour`"),
+        ] {
+            let err = apply_session_options(&EpConfig::cpu(), bad).unwrap_err();
+            assert!(err.to_string().contains(says), "{bad}: {err}");
+        }
     }
 }

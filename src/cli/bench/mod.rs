@@ -170,7 +170,7 @@ fn cost_shape(loaded: &LoadedModel, args: &Args) -> Result<()> {
         cost_shape::reference_shape(loaded, &mut spec, &args.sizes, bandwidth)?;
     let mut engines = vec![reference];
     if let Some(dir) = &args.onnx {
-        engines.push(onnx::cost_shape_engine(
+        engines.extend(onnx::cost_shape_engines(
             loaded,
             &weights,
             dir,

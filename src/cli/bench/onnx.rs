@@ -76,15 +76,17 @@ fn open_export(loaded: &LoadedModel, dir: &Path) -> Result<ExportDir> {
 }
 
 /// ONNX Runtime's step costs for `m2r2 bench --cost-shape --onnx DIR`: the export must be of the
-/// loaded model with the reference's draft gate and draft head (`weights`).
-pub fn cost_shape_engine(
+/// loaded model with the reference's draft gate and draft head (`weights`). One engine for the
+/// session options of the flags, then one for each `--ort-compare` variant, measured one after
+/// the other in this run (each variant's sessions are dropped before the next is loaded).
+pub fn cost_shape_engines(
     loaded: &LoadedModel,
     weights: &M2r2Weights,
     dir: &Path,
     ep_args: &EpArgs,
     sizes: &Sizes,
     bandwidth: f64,
-) -> Result<cost_shape::EngineShape> {
+) -> Result<Vec<cost_shape::EngineShape>> {
     let export = open_export(loaded, dir)?;
     let manifest = &export.manifest;
     if manifest.draft_gate != weights.config.draft_gate || export.draft_head != weights.draft_head {
@@ -99,24 +101,33 @@ pub fn cost_shape_engine(
         );
     }
     onnx_runner::runtime::init()?;
-    let ep = ep_args.config(
+    let base = ep_args.config(
         &export,
         cost_shape::VERIFY_ROWS[cost_shape::VERIFY_ROWS.len() - 1],
     );
-    let mut model = OnnxModel::load(&export, &ep)?;
-    let mut spec = OnnxSpeculation::load(&export, &ep, None)?;
-    let engine = format!("onnxruntime-{}", model.session().ep_used().name());
+    let mut variants = vec![(String::new(), base.clone())];
+    variants.extend(ep_args.compare(&base)?);
     let prompt = cost_shape::bench_prompt(loaded, sizes.prompt_len);
     let bytes = DecodeWeights::of(&loaded.model.config).bytes();
-    cost_shape::measure_engine(
-        engine,
-        &mut model,
-        &mut spec,
-        &prompt,
-        sizes.repeats,
-        bytes,
-        bandwidth,
-    )
+    let mut engines = Vec::new();
+    for (name, ep) in variants {
+        let mut model = OnnxModel::load(&export, &ep)?;
+        let mut spec = OnnxSpeculation::load(&export, &ep, None)?;
+        let mut engine = format!("onnxruntime-{}", model.session().ep_used().name());
+        if !name.is_empty() {
+            engine = format!("{engine} {name}");
+        }
+        engines.push(cost_shape::measure_engine(
+            engine,
+            &mut model,
+            &mut spec,
+            &prompt,
+            sizes.repeats,
+            bytes,
+            bandwidth,
+        )?);
+    }
+    Ok(engines)
 }
 
 /// Time both engines. `m2r2` names the reference's M2R2 weights (as `--m2r2`; they must be those
@@ -129,6 +140,9 @@ pub fn measure(
     ep_args: &EpArgs,
     sizes: &Sizes,
 ) -> Result<OnnxBenchResult> {
+    if ep_args.ort_compare.is_some() {
+        bail!("--ort-compare needs --cost-shape (it compares step costs)");
+    }
     let export = open_export(loaded, dir)?;
     let manifest = &export.manifest;
     check_draft_head(&export, draft_head)?;
