@@ -99,6 +99,10 @@ impl Kernel {
         assert_eq!(x.len(), t_rows * width, "x is not whole rows of {width}");
         assert!(w.iter().all(|r| r.len() == width), "weight rows of {width}");
         assert_eq!(out.len(), w.len() * t_rows, "out is [R, T]");
+        if out.is_empty() {
+            // No input rows or no weight rows: nothing to compute (the SIMD blocks assume both).
+            return;
+        }
         match self {
             Kernel::Portable => portable(x, width, w, out),
             #[cfg(target_arch = "x86_64")]
