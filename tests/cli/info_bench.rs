@@ -47,7 +47,8 @@ fn bench_reports_bandwidth() {
 }
 
 /// `bench --cost-shape --json`: every step kind and verify size, ratios against the greedy step,
-/// the bandwidth and batched decoding at B = 1, 4, 16 (no timing is asserted, only the shape).
+/// the bandwidth, batched decoding at B = 1, 4, 16 and training rows/s (no timing is asserted,
+/// only the shape).
 #[test]
 fn bench_cost_shape_reports_every_step() {
     let b = ok(&[
@@ -85,6 +86,10 @@ fn bench_cost_shape_reports_every_step() {
         .map(|r| r["batch"].as_u64().unwrap())
         .collect();
     assert_eq!(batches, [1, 4, 16]);
+    let t = &b["training"];
+    assert_eq!(t["rows_per_step"], 64, "{b}");
+    assert_eq!(t["gate"], b["draft_gate"], "{b}");
+    assert!(t["rows_per_second"].as_f64().unwrap() > 0.0, "{b}");
     assert!(b["memory_read_bytes_per_second"].as_f64().unwrap() > 0.0);
     assert!(["portable", "avx2", "avx512", "neon"].contains(&b["kernel"].as_str().unwrap()));
     fails(

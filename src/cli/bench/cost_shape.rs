@@ -5,9 +5,11 @@
 //! step. On memory-bound hardware a chunk of a few rows costs about one step, since the rows share
 //! one read of the weights; a ratio that grows with the rows means the products are compute-bound.
 //! Also: the measured read bandwidth and the fraction a greedy step achieves, and batched decoding
-//! of independent sequences (tokens/s at B = 1, 4, 16, reference).
+//! of independent sequences (tokens/s at B = 1, 4, 16, reference) and training rows/s of the draft
+//! gate's adapters (`training.rs`).
 
 use crate::cli::args::bench::Sizes;
+use crate::cli::bench::training::TrainingSpeed;
 use crate::cli::decode_speed::{DecodeWeights, median, memory_read_bandwidth};
 use anyhow::{Result, bail};
 use reference::base::batch::{BatchRequest, generate_batch};
@@ -70,6 +72,8 @@ pub struct CostShape {
     pub memory_read_bytes_per_second: f64,
     pub engines: Vec<EngineShape>,
     pub batched_decoding: Vec<BatchSpeed>,
+    /// Training of the draft gate's adapters (`m2r2 train`'s step).
+    pub training: TrainingSpeed,
 }
 
 /// The prompt every measurement starts from: fixed pseudo-random ids.
@@ -293,6 +297,11 @@ pub fn print(r: &CostShape) {
     println!(
         "  batched decoding on the reference, decode steps: {}",
         batched.join(", ")
+    );
+    let t = &r.training;
+    println!(
+        "  training gate {} ({} rows per step): {:.1} ms per step, {:.0} rows/s",
+        t.gate, t.rows_per_step, t.step_ms, t.rows_per_second
     );
 }
 

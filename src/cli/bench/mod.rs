@@ -5,6 +5,7 @@
 
 pub mod cost_shape;
 pub mod onnx;
+pub mod training;
 
 use crate::cli::args::model::ModelArgs;
 use crate::cli::common;
@@ -168,6 +169,7 @@ fn cost_shape(loaded: &LoadedModel, args: &Args) -> Result<()> {
     )?;
     let (reference, batched_decoding) =
         cost_shape::reference_shape(loaded, &mut spec, &args.sizes, bandwidth)?;
+    let training = training::training_speed(loaded, &weights, draft_gate, args.sizes.repeats)?;
     let mut engines = vec![reference];
     if let Some(dir) = &args.onnx {
         engines.extend(onnx::cost_shape_engines(
@@ -193,6 +195,7 @@ fn cost_shape(loaded: &LoadedModel, args: &Args) -> Result<()> {
         memory_read_bytes_per_second: bandwidth,
         engines,
         batched_decoding,
+        training,
     };
     if args.json {
         common::print_json(&serde_json::to_value(&result)?);
