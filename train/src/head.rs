@@ -11,9 +11,10 @@
 //! The teacher logits are the base model's own: `LMHead(RMSNorm_final(s_N))`, recomputed from the
 //! stored final slow residual instead of storing `V`-sized distributions.
 
+use crate::gemm;
 use crate::real::{Real, lift};
 use crate::rmsnorm;
-use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
+use ndarray::{Array1, Array2, ArrayView1, ArrayView2, Axis};
 use rayon::prelude::*;
 
 /// The frozen final norm and LM head.
@@ -59,7 +60,7 @@ impl<F: Real> Head<F> {
     /// - `u`: `[R, D]` -> `[R, V]`
     pub fn forward(&self, u: ArrayView2<F>) -> (Array2<F>, HeadTape<F>) {
         let (z, inv) = rmsnorm::forward(u, self.norm.view(), self.eps);
-        let logits = z.dot(&self.w.t());
+        let logits = gemm::x_wt(z.view(), self.w.view());
         (
             logits,
             HeadTape {
@@ -74,16 +75,18 @@ impl<F: Real> Head<F> {
     /// # Shapes
     /// - `dlogits`: `[R, V]` -> `[R, D]`
     pub fn backward(&self, dlogits: ArrayView2<F>, tape: &HeadTape<F>) -> Array2<F> {
-        let dz = dlogits.dot(&self.w);
+        let dz = gemm::dy_w(dlogits, self.w.view());
         rmsnorm::backward(dz.view(), tape.u.view(), self.norm.view(), tape.inv.view()).0
     }
 }
 
-/// `log_softmax(x / tau)` of one row.
-fn log_softmax<F: Real>(x: ArrayView1<F>, tau: F) -> Array1<F> {
+/// `softmax(x / tau)` of one row and its logarithm, with one exponential per entry.
+fn softmax_and_log<F: Real>(x: ArrayView1<F>, tau: F) -> (Array1<F>, Array1<F>) {
     let max = x.iter().copied().fold(F::neg_infinity(), F::max) / tau;
-    let lse = x.iter().map(|&v| (v / tau - max).exp()).sum::<F>().ln() + max;
-    x.mapv(|v| v / tau - lse)
+    let e = x.mapv(|v| (v / tau - max).exp());
+    let sum = e.sum();
+    let log_sum = sum.ln() + max;
+    (e / sum, x.mapv(|v| v / tau - log_sum))
 }
 
 /// KL distillation loss and its gradient with respect to the student logits.
@@ -97,29 +100,26 @@ pub fn kl_loss<F: Real>(
 ) -> (KlStats, Array2<F>) {
     let rows = student.nrows();
     let r = F::c(rows as f64);
-    let per_row: Vec<(f64, bool, Array1<F>)> = (0..rows)
+    let mut dlogits = Array2::zeros(student.raw_dim());
+    let per_row: Vec<(f64, bool)> = dlogits
+        .axis_iter_mut(Axis(0))
         .into_par_iter()
-        .map(|t| {
-            let ls = log_softmax(student.row(t), tau);
-            let lt = log_softmax(teacher.row(t), tau);
+        .enumerate()
+        .map(|(t, mut d)| {
+            let (ps, ls) = softmax_and_log(student.row(t), tau);
+            let (pt, lt) = softmax_and_log(teacher.row(t), tau);
             let mut kl = F::zero();
-            let mut d = Array1::zeros(ls.len());
             for v in 0..ls.len() {
-                let pt = lt[v].exp();
-                if pt > F::zero() {
-                    kl += pt * (lt[v] - ls[v]);
+                if pt[v] > F::zero() {
+                    kl += pt[v] * (lt[v] - ls[v]);
                 }
-                d[v] = tau / r * (ls[v].exp() - pt);
+                d[v] = tau / r * (ps[v] - pt[v]);
             }
             let agree = reference::base::ops::argmax(&student.row(t).mapv(F::lower).to_vec())
                 == reference::base::ops::argmax(&teacher.row(t).mapv(F::lower).to_vec());
-            ((tau * tau * kl).to_f64().unwrap_or(f64::NAN), agree, d)
+            ((tau * tau * kl).to_f64().unwrap_or(f64::NAN), agree)
         })
         .collect();
-    let mut dlogits = Array2::zeros(student.raw_dim());
-    for (t, p) in per_row.iter().enumerate() {
-        dlogits.row_mut(t).assign(&p.2);
-    }
     let stats = KlStats {
         loss: per_row.iter().map(|p| p.0).sum::<f64>() / rows.max(1) as f64,
         agree: per_row.iter().filter(|p| p.1).count(),

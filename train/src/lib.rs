@@ -25,6 +25,7 @@ pub mod distill;
 pub mod draft_head;
 pub mod error;
 pub mod fast_stream;
+pub mod gemm;
 pub mod grad_check;
 pub mod head;
 pub mod linear;

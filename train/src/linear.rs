@@ -7,8 +7,10 @@
 //! dB = s * dy^T xa                   [out, r]
 //! dA = s * (dy B)^T x                [r, in]
 //! ```
-//! `W` and `b` are base weights: frozen, no gradient.
+//! `W` and `b` are base weights: frozen, no gradient. Their products (`x W^T`, `dy W`) run as
+//! parallel GEMMs over the whole batch ([`gemm`](crate::gemm)); the rank-`r` LoRA products are small.
 
+use crate::gemm;
 use crate::real::{Real, lift};
 use ndarray::{Array1, Array2, ArrayView2};
 
@@ -60,7 +62,7 @@ pub fn forward<F: Real>(
     lora: Option<&LoraPair<F>>,
     scale: F,
 ) -> (Array2<F>, Option<Array2<F>>) {
-    let mut y = x.dot(&base.w.t());
+    let mut y = gemm::x_wt(x, base.w.view());
     if let Some(b) = &base.b {
         y += b;
     }
@@ -84,7 +86,7 @@ pub fn backward<F: Real>(
     lora: Option<&LoraPair<F>>,
     scale: F,
 ) -> (Array2<F>, Option<LoraPair<F>>) {
-    let mut dx = dy.dot(&base.w); // [R, in]
+    let mut dx = gemm::dy_w(dy, base.w.view()); // [R, in]
     let grad = match (lora, xa) {
         (Some(l), Some(xa)) => {
             let dyb = dy.dot(&l.b) * scale; // [R, r]: s * dy B

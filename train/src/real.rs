@@ -7,7 +7,8 @@ use std::fmt::Debug;
 use std::iter::Sum;
 use std::ops::{AddAssign, DivAssign, MulAssign, SubAssign};
 
-/// `f32` or `f64`. Matrix products go through ndarray's `dot` (matrixmultiply's sgemm / dgemm).
+/// `f32` or `f64`. Matrix products go through ndarray (matrixmultiply's sgemm / dgemm); those with
+/// the frozen weights through [`gemm`](crate::gemm).
 pub trait Real:
     Float
     + LinalgScalar

@@ -27,8 +27,10 @@ use reference::m2r2::config::M2r2Config;
 use reference::m2r2::weights::M2r2Weights;
 use serde::{Deserialize, Serialize};
 
-/// Rows per parallel sub-batch (the matrix products of a sub-batch run on one thread).
-const ROWS_PER_TASK: usize = 16;
+/// Rows per sub-batch: the default batch is one sub-batch, whose products with the frozen weights
+/// run in parallel over output columns ([`gemm`](crate::gemm)); larger batches and evaluation run
+/// several sub-batches side by side.
+const ROWS_PER_TASK: usize = 64;
 
 /// Training settings (stored in checkpoints).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
