@@ -85,7 +85,10 @@ pub fn bench_prompt(loaded: &LoadedModel, len: usize) -> Vec<u32> {
 }
 
 /// Step costs of one engine: `greedy` decodes, `spec` drafts and verifies, both after `prompt`.
-/// Each figure is the median of `repeats` timings after one warm-up.
+/// The kinds of step are measured in rounds, one of each kind per round, so that a change in the
+/// machine's load during the run (the development machines are shared) moves every kind alike
+/// instead of biasing the ratios; each figure is the median of `repeats` rounds after one warm-up
+/// round.
 pub fn measure_engine(
     engine: String,
     greedy: &mut dyn GreedyBackend,
@@ -95,57 +98,52 @@ pub fn measure_engine(
     bytes_per_step: usize,
     bandwidth: f64,
 ) -> Result<EngineShape> {
-    let max_rows = *VERIFY_ROWS.iter().max().expect("sizes");
     let next = prompt[prompt.len() - 1];
-    // greedy: one token at a time after the prompt
     greedy.start(prompt.len() + repeats + 1)?;
     greedy.feed(prompt)?;
-    let mut greedy_ms = Vec::new();
-    for i in 0..=repeats {
-        let start = Instant::now();
-        greedy.feed(&[next])?;
-        if i > 0 {
-            greedy_ms.push(ms(start));
-        }
-    }
-    // draft: one draft step, rolled back
     spec.prefill(prompt)?;
     let n = spec.len();
+    let mut greedy_ms = Vec::new();
     let mut draft_ms = Vec::new();
-    for i in 0..=repeats {
+    let mut verify_times = vec![Vec::new(); VERIFY_ROWS.len()];
+    for round in 0..=repeats {
+        let keep = |times: &mut Vec<f64>, start: Instant| {
+            if round > 0 {
+                times.push(ms(start));
+            }
+        };
+        // greedy: one more token after the prompt
+        let start = Instant::now();
+        greedy.feed(&[next])?;
+        keep(&mut greedy_ms, start);
+        // draft: one draft step, rolled back
         let start = Instant::now();
         spec.draft(next, true)?;
-        if i > 0 {
-            draft_ms.push(ms(start));
-        }
+        keep(&mut draft_ms, start);
         spec.verify()?;
         spec.rollback(n);
-    }
-    // verify chunks: `rows` draft steps feed `rows` positions, then one verify of them
-    let mut verify_ms = Vec::new();
-    for rows in VERIFY_ROWS {
-        let mut times = Vec::new();
-        for i in 0..=repeats {
-            for _ in 0..rows {
+        // verify chunks: `rows` draft steps feed `rows` positions, then one verify of them
+        for (rows, times) in VERIFY_ROWS.iter().zip(&mut verify_times) {
+            for _ in 0..*rows {
                 spec.draft(next, false)?;
             }
             let start = Instant::now();
             spec.verify()?;
-            if i > 0 {
-                times.push(ms(start));
-            }
+            keep(times, start);
             spec.rollback(n);
         }
-        verify_ms.push((rows, median(&times)));
     }
-    debug_assert!(max_rows >= 1);
     let greedy_step_ms = median(&greedy_ms);
     let achieved = bytes_per_step as f64 / (greedy_step_ms / 1e3);
     Ok(EngineShape {
         engine,
         greedy_step_ms,
         draft_step_ms: median(&draft_ms),
-        verify_ms,
+        verify_ms: VERIFY_ROWS
+            .iter()
+            .zip(&verify_times)
+            .map(|(&rows, times)| (rows, median(times)))
+            .collect(),
         achieved_bytes_per_second: achieved,
         achieved_fraction: achieved / bandwidth,
     })
@@ -238,7 +236,7 @@ pub fn print(r: &CostShape) {
         r.model, r.kernel, r.m2r2
     );
     println!(
-        "cpu: {}, {} rayon threads; prompt {} tokens; draft gate {}, {}; median of {} after 1 warm-up",
+        "cpu: {}, {} rayon threads; prompt {} tokens; draft gate {}, {}; median of {} rounds (one step of each kind per round) after 1 warm-up",
         r.cpu,
         r.threads,
         r.prompt_len,
