@@ -47,6 +47,9 @@ enum Command {
     /// Residual dynamics per layer and gate: direction change, alignment with the final residual,
     /// early-exit agreement (and a PCA view with --features linalg).
     Analyze(cli::analyze::Args),
+    /// User prompts sampled from the model itself (Magpie): the chat template up to a user turn,
+    /// the model's own message, checked and deduplicated; a prompts file for distill-data.
+    DistillPrompts(cli::distill_prompts::Args),
     /// Self-distillation data: the base model's own responses to chat-templated prompts.
     DistillData(cli::distill_data::Args),
     /// Train the accelerator adapters on distillation data (base model frozen).
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => cli::demo::run(&args),
         Command::InitM2r2(args) => cli::init_m2r2::run(&args),
         Command::Analyze(args) => cli::analyze::run(&args),
+        Command::DistillPrompts(args) => cli::distill_prompts::run(&args),
         Command::DistillData(args) => cli::distill_data::run(&args),
         Command::Train(args) => cli::train::run(&args),
         Command::TrainArla(args) => cli::train_arla::run(&args),

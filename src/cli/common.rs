@@ -1,11 +1,13 @@
 //! What several commands share: the `--model` argument and loading, the prompt arguments
-//! (`--prompt [--chat]` or `--tokens`), error printing and number formatting.
+//! (`--prompt [--chat]` or `--tokens`), prompts files (`{"id", "prompt"}` per line), error
+//! printing and number formatting.
 
 use crate::cli::args::model::{PromptArgs, TokenIds};
 use crate::cli::progress;
 use anyhow::{Context, Result, bail};
 use reference::io::load::{LoadedModel, load_model};
 use reference::io::tokenizer::{ChatMessage, Tokenizer};
+use std::io::BufRead;
 use std::time::Instant;
 
 /// Load a model, with a spinner while it loads (on a terminal) and a one-line summary on stderr.
@@ -101,6 +103,34 @@ pub fn print_json(value: &serde_json::Value) {
         "{}",
         serde_json::to_string_pretty(value).expect("JSON values serialise")
     );
+}
+
+/// `(id, prompt text)` of every line of a prompts file.
+pub fn read_prompts(path: &std::path::Path) -> Result<Vec<(String, String)>> {
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.with_context(|| format!("cannot read {}", path.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |what: &str| format!("{} line {}: {what}", path.display(), i + 1);
+        let value: serde_json::Value =
+            serde_json::from_str(&line).with_context(|| bad("not JSON"))?;
+        let field = |name: &str| {
+            value
+                .get(name)
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+                .with_context(|| bad(&format!("missing string field `{name}`")))
+        };
+        out.push((field("id")?, field("prompt")?));
+    }
+    if out.is_empty() {
+        bail!("{} holds no prompts", path.display());
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -5,8 +5,7 @@
 use crate::cli::args::model::{ModelArgs, PromptArgs};
 use crate::cli::common;
 use crate::cli::progress;
-use anyhow::{Context, Result, bail};
-use std::io::BufRead;
+use anyhow::{Result, bail};
 use std::path::PathBuf;
 use train::data::{DistillMeta, Run};
 use train::distill::{DistillOptions, generate_samples_batched};
@@ -44,39 +43,11 @@ pub struct Args {
     pub resume: bool,
 }
 
-/// `(id, prompt text)` of every line of a prompts file.
-fn read_prompts(path: &PathBuf) -> Result<Vec<(String, String)>> {
-    let file =
-        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let mut out = Vec::new();
-    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-        let line = line.with_context(|| format!("cannot read {}", path.display()))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let bad = |what: &str| format!("{} line {}: {what}", path.display(), i + 1);
-        let value: serde_json::Value =
-            serde_json::from_str(&line).with_context(|| bad("not JSON"))?;
-        let field = |name: &str| {
-            value
-                .get(name)
-                .and_then(|v| v.as_str())
-                .map(str::to_owned)
-                .with_context(|| bad(&format!("missing string field `{name}`")))
-        };
-        out.push((field("id")?, field("prompt")?));
-    }
-    if out.is_empty() {
-        bail!("{} holds no prompts", path.display());
-    }
-    Ok(out)
-}
-
 pub fn run(args: &Args) -> Result<()> {
     if args.samples_per_prompt == 0 || args.max_new_tokens == 0 {
         bail!("--samples-per-prompt and --max-new-tokens must be at least 1");
     }
-    let mut prompts = read_prompts(&args.prompts)?;
+    let mut prompts = common::read_prompts(&args.prompts)?;
     if let Some(n) = args.limit {
         if n == 0 {
             bail!("--limit must be at least 1");

@@ -14,6 +14,7 @@ pub mod analyze;
 pub mod bench;
 pub mod demo;
 pub mod distill_data;
+pub mod distill_prompts;
 pub mod draft_head;
 pub mod export;
 pub mod fetch;

@@ -99,5 +99,6 @@ mod info_bench;
 mod m2r2_modes;
 mod models;
 mod moe_sim;
+mod prompts;
 mod run;
 mod train;

@@ -29,6 +29,7 @@ pub mod gemm;
 pub mod grad_check;
 pub mod head;
 pub mod linear;
+pub mod magpie;
 pub mod real;
 pub mod rmsnorm;
 pub mod rope;

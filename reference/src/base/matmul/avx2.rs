@@ -84,6 +84,8 @@ impl Tile<'_> {
 /// Each pointer must be valid for 16 f32 reads from `k`.
 #[target_feature(enable = "avx2")]
 #[inline]
+// `half` picks the weight chunk and the accumulator column at once; t runs inside it.
+#[allow(clippy::needless_range_loop)]
 unsafe fn step<const T: usize>(
     mut acc: [[__m256; 2]; T],
     x: &[*const f32; T],

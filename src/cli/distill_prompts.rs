@@ -1,0 +1,197 @@
+//! `m2r2 distill-prompts`: user prompts sampled from the model itself (the "Magpie" way, issue 14):
+//! the chat template up to the start of a user turn, then the model's own message until it ends
+//! its turn; checked, deduplicated and written as a prompts file for `distill-data --prompts`
+//! (format and checks: `train::magpie`).
+
+use crate::cli::args::model::ModelArgs;
+use crate::cli::common;
+use crate::cli::progress;
+use anyhow::{Context, Result, bail};
+use reference::io::tokenizer::ChatMessage;
+use std::collections::HashSet;
+use std::path::PathBuf;
+use train::magpie::{
+    Candidate, CandidateLog, MagpieMeta, MagpiePrompt, MagpieSettings, Verdict, finish,
+    sample_candidates, select, tally,
+};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Folder to write (candidates.jsonl, prompts.jsonl, meta.json)
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// User messages to sample (the kept prompts are fewer: see meta.json)
+    #[arg(long, value_name = "N", default_value_t = 1000)]
+    pub count: usize,
+    /// Seed of candidate i: S + i
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Sampling temperature of the user messages
+    #[arg(long, value_name = "T", default_value_t = 1.0)]
+    pub temperature: f32,
+    /// Nucleus sampling of the user messages (default: off)
+    #[arg(long, value_name = "P")]
+    pub top_p: Option<f32>,
+    /// Longest user message, in tokens (longer ones are dropped as unfinished)
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    pub max_prompt_tokens: usize,
+    /// Shortest kept prompt, in characters
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub min_chars: usize,
+    /// Longest kept prompt, in characters
+    #[arg(long, value_name = "N", default_value_t = 600)]
+    pub max_chars: usize,
+    /// Fraction of a prompt's letters that must be ASCII (English-only filter)
+    #[arg(long, value_name = "X", default_value_t = 0.95)]
+    pub min_ascii_letters: f64,
+    /// A prompts file (`{"id", "prompt"}` per line) whose prompts must not appear in the output,
+    /// e.g. held-out evaluation prompts (compared after lower-casing and whitespace folding)
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub exclude: Option<PathBuf>,
+    /// Sequences sampled together (each message is bitwise the same at any batch size)
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub batch: usize,
+    /// Continue a stopped run into the same --out (same settings)
+    #[arg(long)]
+    pub resume: bool,
+}
+
+/// The marker standing in for the user's message while the template is rendered.
+const MARKER: &str = "\u{1}M2R2-USER-MESSAGE\u{1}";
+
+pub fn run(args: &Args) -> Result<()> {
+    if args.count == 0 || args.max_prompt_tokens == 0 || args.batch == 0 {
+        bail!("--count, --max-prompt-tokens and --batch must be at least 1");
+    }
+    if !(args.temperature > 0.0 && args.temperature.is_finite()) {
+        bail!("--temperature must be positive (got {})", args.temperature);
+    }
+    if !(0.0..=1.0).contains(&args.min_ascii_letters) {
+        bail!(
+            "--min-ascii-letters must be in 0..=1 (got {})",
+            args.min_ascii_letters
+        );
+    }
+    let exclude: HashSet<String> = match &args.exclude {
+        Some(path) => common::read_prompts(path)?
+            .iter()
+            .map(|(_, text)| train::magpie::normalise(text))
+            .collect(),
+        None => HashSet::new(),
+    };
+    let loaded = common::load(&args.model.model)?;
+    let tokenizer = loaded.tokenizer()?;
+    // The template up to where the user's message starts: rendered around a marker, cut before it.
+    let rendered = tokenizer
+        .apply_chat_template(&[ChatMessage::new("user", MARKER)], false)
+        .context("cannot apply the chat template")?;
+    let Some(cut) = rendered.find(MARKER) else {
+        bail!(
+            "{}'s chat template does not place the user's message in its output",
+            loaded.name
+        );
+    };
+    let prefix = tokenizer.encode(&rendered[..cut], false)?;
+    let stop = loaded.stop_tokens();
+    let settings = MagpieSettings {
+        model: loaded.name.clone(),
+        count: args.count,
+        seed: args.seed,
+        temperature: args.temperature,
+        top_p: args.top_p,
+        max_prompt_tokens: args.max_prompt_tokens,
+        min_chars: args.min_chars,
+        max_chars: args.max_chars,
+        min_ascii_letters: args.min_ascii_letters,
+        exclude: args.exclude.as_ref().map(|p| p.display().to_string()),
+    };
+    let (mut log, mut candidates) = CandidateLog::open(&args.out, &settings, args.resume)?;
+    if !candidates.is_empty() {
+        eprintln!(
+            "resuming {}: {} of {} candidates already sampled",
+            args.out.display(),
+            candidates.len(),
+            args.count
+        );
+    }
+    let done: HashSet<u64> = candidates.iter().map(|c| c.seed).collect();
+    let bar = progress::steps(args.count as u64, "user messages");
+    bar.set_position(done.len() as u64);
+    let start = std::time::Instant::now();
+    let mut tokens = 0usize;
+    let mut failed = None;
+    sample_candidates(
+        &loaded.model,
+        &prefix,
+        &settings,
+        &stop,
+        args.batch,
+        &done,
+        &mut |c| {
+            tokens += c.tokens.len() + usize::from(c.ended);
+            if failed.is_none() {
+                failed = log.append(c).err();
+            }
+            candidates.push(c.clone());
+            bar.inc(1);
+            bar.set_message(format!(
+                "{:.1} tokens/s",
+                tokens as f64 / start.elapsed().as_secs_f64().max(1e-9)
+            ));
+        },
+    )?;
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    bar.finish_and_clear();
+    candidates.sort_by_key(|c: &Candidate| c.seed);
+    let texts: Vec<(String, bool)> = candidates
+        .iter()
+        .map(|c| Ok((tokenizer.decode(&c.tokens, false)?, c.ended)))
+        .collect::<Result<_>>()?;
+    let verdicts = select(&texts, &settings, &exclude);
+    let prompts: Vec<MagpiePrompt> = candidates
+        .iter()
+        .zip(&texts)
+        .zip(&verdicts)
+        .filter(|(_, v)| **v == Verdict::Kept)
+        .map(|((c, (text, _)), _)| MagpiePrompt {
+            id: format!("magpie-{}", c.seed),
+            prompt: text.trim().to_string(),
+            seed: c.seed,
+        })
+        .collect();
+    let counts = tally(&verdicts);
+    finish(
+        &args.out,
+        &prompts,
+        &MagpieMeta {
+            settings,
+            verdicts: counts.clone(),
+            prompts: prompts.len(),
+        },
+    )?;
+    let summary: Vec<String> = counts
+        .iter()
+        .map(|(v, n)| {
+            format!(
+                "{} {n}",
+                serde_json::to_string(v)
+                    .unwrap_or_default()
+                    .trim_matches('"')
+            )
+        })
+        .collect();
+    println!(
+        "wrote {} prompts of {} candidates to {} ({}) in {:.1} s ({:.1} tokens/s)",
+        prompts.len(),
+        candidates.len(),
+        args.out.join(train::magpie::PROMPTS_FILE).display(),
+        summary.join(", "),
+        start.elapsed().as_secs_f64(),
+        tokens as f64 / start.elapsed().as_secs_f64().max(1e-9)
+    );
+    Ok(())
+}

@@ -1,0 +1,108 @@
+//! `distill-prompts`: the run's files, the same candidates at any batch size, resume, refusals.
+
+use super::*;
+
+fn good(r: &Run) -> bool {
+    r.code == Some(0)
+}
+
+fn lines(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn sorted_candidates(dir: &std::path::Path) -> Vec<Value> {
+    let mut c = lines(&dir.join("candidates.jsonl"));
+    c.sort_by_key(|v| v["seed"].as_u64().unwrap());
+    c
+}
+
+#[test]
+fn distill_prompts_files_batches_and_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name);
+    let run = |out: &str, batch: &str, extra: &[&str]| {
+        let out = p(out).display().to_string();
+        let mut args = vec!["distill-prompts", "--out", out.as_str(), "--count", "6"];
+        args.extend(["--max-prompt-tokens", "10", "--seed", "5", "--batch", batch]);
+        args.extend(extra);
+        m2r2(&args)
+    };
+    let first = run("a", "4", &[]);
+    assert!(good(&first), "{}", first.stderr);
+    assert!(first.stdout.contains("of 6 candidates"), "{}", first.stdout);
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(p("a/meta.json")).unwrap()).unwrap();
+    let counted: u64 = meta["verdicts"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(counted, 6, "{meta}");
+    assert_eq!(
+        meta["prompts"].as_u64().unwrap() as usize,
+        lines(&p("a/prompts.jsonl")).len()
+    );
+    assert!(!p("a/progress.json").exists());
+    let candidates = sorted_candidates(&p("a"));
+    let seeds: Vec<u64> = candidates
+        .iter()
+        .map(|c| c["seed"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seeds, [5, 6, 7, 8, 9, 10]);
+
+    // another batch size samples the same messages
+    assert!(good(&run("b", "1", &[])));
+    assert_eq!(sorted_candidates(&p("b")), candidates);
+
+    // a run stopped after three candidates (progress.json, no meta) resumes to the same result
+    std::fs::create_dir(p("c")).unwrap();
+    std::fs::write(p("c/progress.json"), meta["settings"].to_string()).unwrap();
+    let kept: String = candidates[..3].iter().map(|c| format!("{c}\n")).collect();
+    std::fs::write(p("c/candidates.jsonl"), kept).unwrap();
+    let resumed = run("c", "4", &["--resume"]);
+    assert!(good(&resumed), "{}", resumed.stderr);
+    assert!(
+        resumed.stderr.contains("3 of 6 candidates already sampled"),
+        "{}",
+        resumed.stderr
+    );
+    assert_eq!(sorted_candidates(&p("c")), candidates);
+    assert_eq!(lines(&p("c/prompts.jsonl")), lines(&p("a/prompts.jsonl")));
+
+    // refusals: resuming a finished run, other settings, a folder of something else, bad flags
+    let r = run("a", "4", &["--resume"]);
+    assert!(
+        !good(&r) && r.stderr.contains("not an unfinished distill-prompts run"),
+        "{}",
+        r.stderr
+    );
+    std::fs::create_dir(p("d")).unwrap();
+    std::fs::write(p("d/progress.json"), meta["settings"].to_string()).unwrap();
+    let r = run("d", "4", &["--resume", "--temperature", "0.5"]);
+    assert!(
+        !good(&r) && r.stderr.contains("other settings"),
+        "{}",
+        r.stderr
+    );
+    std::fs::create_dir(p("e")).unwrap();
+    std::fs::write(p("e/notes.txt"), "x").unwrap();
+    let r = run("e", "4", &[]);
+    assert!(!good(&r) && r.stderr.contains("--resume"), "{}", r.stderr);
+    let r = run("f", "4", &["--temperature", "0"]);
+    assert!(
+        !good(&r) && r.stderr.contains("--temperature must be positive"),
+        "{}",
+        r.stderr
+    );
+    let r = run("g", "4", &["--exclude", "/nonexistent/dev.jsonl"]);
+    assert!(
+        !good(&r) && r.stderr.contains("/nonexistent/dev.jsonl"),
+        "{}",
+        r.stderr
+    );
+}

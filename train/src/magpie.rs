@@ -1,0 +1,480 @@
+//! Prompts from the model's own distribution (issue 14), the "Magpie" way (Xu et al. 2024,
+//! arXiv 2406.08464): render the chat template up to the start of a user turn (system prompt, then
+//! the user header), let the model sample the user message until it ends its turn, and keep the
+//! messages that pass a few checks. No external data is needed, and the prompts are of the kind the
+//! model itself expects to answer, which is what the adapters are trained on afterwards.
+//!
+//! A run's folder:
+//!
+//! | file               | content                                                              |
+//! |--------------------|----------------------------------------------------------------------|
+//! | `candidates.jsonl` | every sampled message as it finishes: `{"seed", "tokens", "ended"}`  |
+//! | `prompts.jsonl`    | the kept prompts, `{"id", "prompt", "seed"}` (what `distill-data --prompts` reads) |
+//! | `meta.json`        | the settings and how many candidates each check removed              |
+//! | `progress.json`    | only while a run is unfinished: its settings, for `--resume`          |
+//!
+//! Candidate `i` is sampled with seed `seed + i`; selection runs over the candidates in seed order,
+//! so a resumed run selects exactly what an uninterrupted one does.
+
+use crate::error::{Error, Result};
+use reference::Model;
+use reference::base::batch::{BatchRequest, generate_batch};
+use reference::base::generate::GenerateOptions;
+use reference::base::sampling::SamplingParams;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+use std::path::Path;
+
+pub const CANDIDATES_FILE: &str = "candidates.jsonl";
+pub const PROMPTS_FILE: &str = "prompts.jsonl";
+pub const META_FILE: &str = "meta.json";
+pub const PROGRESS_FILE: &str = "progress.json";
+
+/// How candidates are sampled and which are kept (stored in `meta.json` / `progress.json`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MagpieSettings {
+    pub model: String,
+    /// Candidates sampled.
+    pub count: usize,
+    pub seed: u64,
+    pub temperature: f32,
+    pub top_p: Option<f32>,
+    /// Longest user message sampled, in tokens (a longer one is cut and dropped as unfinished).
+    pub max_prompt_tokens: usize,
+    pub min_chars: usize,
+    pub max_chars: usize,
+    /// Of the message's letters, at least this fraction must be ASCII (an English-only filter).
+    pub min_ascii_letters: f64,
+    /// Prompts file whose prompts are kept out (e.g. held-out evaluation prompts), if any.
+    pub exclude: Option<String>,
+}
+
+/// One sampled user message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Candidate {
+    pub seed: u64,
+    /// The message's tokens, without the end-of-turn token.
+    pub tokens: Vec<u32>,
+    /// Whether the model ended its turn (an end-of-turn token) within the token limit.
+    pub ended: bool,
+}
+
+/// What selection decided for a candidate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Kept,
+    /// No end of turn within `max_prompt_tokens`.
+    Unfinished,
+    TooShort,
+    TooLong,
+    /// Special-token text (`<|...|>`) inside the message.
+    Template,
+    NotEnglish,
+    /// The same text (after [`normalise`]) as an earlier kept prompt.
+    Duplicate,
+    /// The same text as a prompt of the `exclude` file.
+    Excluded,
+}
+
+/// A prompt's text for duplicate detection: lower case, runs of whitespace as one space, no
+/// leading or trailing whitespace or punctuation.
+pub fn normalise(text: &str) -> String {
+    let words: Vec<String> = text.split_whitespace().map(str::to_lowercase).collect();
+    words
+        .join(" ")
+        .trim_matches(|c: char| c.is_ascii_punctuation() || c.is_whitespace())
+        .to_string()
+}
+
+/// The checks on one decoded message, duplicates aside.
+pub fn check(text: &str, ended: bool, settings: &MagpieSettings) -> Verdict {
+    let text = text.trim();
+    let chars = text.chars().count();
+    let letters: Vec<char> = text.chars().filter(|c| c.is_alphabetic()).collect();
+    let ascii = letters.iter().filter(|c| c.is_ascii()).count();
+    if !ended {
+        Verdict::Unfinished
+    } else if chars < settings.min_chars {
+        Verdict::TooShort
+    } else if chars > settings.max_chars {
+        Verdict::TooLong
+    } else if text.contains("<|") {
+        Verdict::Template
+    } else if letters.is_empty()
+        || (ascii as f64) < settings.min_ascii_letters * letters.len() as f64
+    {
+        Verdict::NotEnglish
+    } else {
+        Verdict::Kept
+    }
+}
+
+/// The verdict of every candidate, in the order given (seed order): [`check`], then exclusion and
+/// duplicates among the kept ones. `texts[i]` is candidate `i`'s decoded message.
+pub fn select(
+    texts: &[(String, bool)],
+    settings: &MagpieSettings,
+    exclude: &HashSet<String>,
+) -> Vec<Verdict> {
+    let mut seen = HashSet::new();
+    texts
+        .iter()
+        .map(|(text, ended)| match check(text, *ended, settings) {
+            Verdict::Kept => {
+                let key = normalise(text);
+                if exclude.contains(&key) {
+                    Verdict::Excluded
+                } else if !seen.insert(key) {
+                    Verdict::Duplicate
+                } else {
+                    Verdict::Kept
+                }
+            }
+            other => other,
+        })
+        .collect()
+}
+
+/// How many candidates got each verdict.
+pub fn tally(verdicts: &[Verdict]) -> BTreeMap<Verdict, usize> {
+    let mut counts = BTreeMap::new();
+    for v in verdicts {
+        *counts.entry(*v).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Sample the candidates with seeds `settings.seed + i` for `i < settings.count`, except those in
+/// `done`, `batch` sequences at a time, after `prefix` (the template up to the user message);
+/// `on_candidate` sees each as it finishes. Each candidate is bitwise what decoding it alone gives.
+pub fn sample_candidates(
+    model: &Model,
+    prefix: &[u32],
+    settings: &MagpieSettings,
+    stop_tokens: &[u32],
+    batch: usize,
+    done: &HashSet<u64>,
+    on_candidate: &mut dyn FnMut(&Candidate),
+) -> Result<()> {
+    let seeds: Vec<u64> = (0..settings.count as u64)
+        .map(|i| settings.seed.wrapping_add(i))
+        .filter(|s| !done.contains(s))
+        .collect();
+    let requests: Vec<BatchRequest> = seeds
+        .iter()
+        .map(|&seed| BatchRequest {
+            prompt: prefix.to_vec(),
+            options: GenerateOptions {
+                max_new_tokens: settings.max_prompt_tokens,
+                stop_tokens: stop_tokens.to_vec(),
+                sampling: Some(SamplingParams {
+                    temperature: settings.temperature,
+                    top_k: None,
+                    top_p: settings.top_p,
+                    seed,
+                }),
+            },
+        })
+        .collect();
+    generate_batch(model, &requests, batch, &mut |r, generation| {
+        let tokens = &generation.tokens;
+        let ended = tokens.last().is_some_and(|t| stop_tokens.contains(t));
+        let message = if ended {
+            &tokens[..tokens.len() - 1]
+        } else {
+            &tokens[..]
+        };
+        on_candidate(&Candidate {
+            seed: seeds[r],
+            tokens: message.to_vec(),
+            ended,
+        });
+    })?;
+    Ok(())
+}
+
+/// A run's candidates file: start or resume (same settings), append, read back.
+pub struct CandidateLog {
+    file: std::fs::File,
+    path: std::path::PathBuf,
+}
+
+impl CandidateLog {
+    /// Open `dir` for a run with `settings`. A fresh run needs an empty or missing folder (or one
+    /// of an earlier finished run, which is replaced); `resume` needs an unfinished run's folder
+    /// made with the same settings. Returns the log and the candidates already sampled.
+    pub fn open(
+        dir: &Path,
+        settings: &MagpieSettings,
+        resume: bool,
+    ) -> Result<(Self, Vec<Candidate>)> {
+        let progress = dir.join(PROGRESS_FILE);
+        let path = dir.join(CANDIDATES_FILE);
+        let mut earlier = Vec::new();
+        if resume {
+            let text = std::fs::read_to_string(&progress).map_err(|_| {
+                Error::Invalid(format!(
+                    "--resume: {} is not an unfinished distill-prompts run (no {PROGRESS_FILE})",
+                    dir.display()
+                ))
+            })?;
+            let planned: MagpieSettings = serde_json::from_str(&text)
+                .map_err(|e| Error::Invalid(format!("{}: {e}", progress.display())))?;
+            if &planned != settings {
+                return Err(Error::Invalid(format!(
+                    "--resume: {} was started with other settings ({}); give the same flags",
+                    dir.display(),
+                    text.trim()
+                )));
+            }
+            if path.exists() {
+                let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+                for (i, line) in text.lines().enumerate() {
+                    // A run stopped mid-write leaves at most a partial last line: drop it.
+                    match serde_json::from_str::<Candidate>(line) {
+                        Ok(c) => earlier.push(c),
+                        Err(_) if i + 1 == text.lines().count() => {}
+                        Err(e) => {
+                            return Err(Error::Invalid(format!(
+                                "{} line {}: {e}",
+                                path.display(),
+                                i + 1
+                            )));
+                        }
+                    }
+                }
+            }
+            // Rewrite the kept lines so that a dropped partial line does not stay in the file.
+            let mut file = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
+            for c in &earlier {
+                writeln!(file, "{}", serde_json::to_string(c).expect("serialisable"))
+                    .map_err(|e| Error::io(&path, e))?;
+            }
+            return Ok((CandidateLog { file, path }, earlier));
+        }
+        if dir.exists() {
+            let finished = dir.join(META_FILE).exists() && !progress.exists();
+            let empty = std::fs::read_dir(dir)
+                .map_err(|e| Error::io(dir, e))?
+                .next()
+                .is_none();
+            if !finished && !empty {
+                return Err(Error::Invalid(format!(
+                    "{} is not empty and not a finished distill-prompts run: give --resume to \
+                     continue it, or another --out",
+                    dir.display()
+                )));
+            }
+        }
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        for name in [META_FILE, PROMPTS_FILE] {
+            let _ = std::fs::remove_file(dir.join(name));
+        }
+        std::fs::write(
+            &progress,
+            serde_json::to_string_pretty(settings).expect("serialisable"),
+        )
+        .map_err(|e| Error::io(&progress, e))?;
+        let file = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
+        Ok((CandidateLog { file, path }, earlier))
+    }
+
+    /// Append one candidate (flushed: a stopped run keeps it).
+    pub fn append(&mut self, c: &Candidate) -> Result<()> {
+        writeln!(
+            self.file,
+            "{}",
+            serde_json::to_string(c).expect("serialisable")
+        )
+        .and_then(|_| self.file.flush())
+        .map_err(|e| Error::io(&self.path, e))
+    }
+}
+
+/// One kept prompt, as `distill-data --prompts` reads it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MagpiePrompt {
+    pub id: String,
+    pub prompt: String,
+    pub seed: u64,
+}
+
+/// What `meta.json` holds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MagpieMeta {
+    pub settings: MagpieSettings,
+    pub verdicts: BTreeMap<Verdict, usize>,
+    pub prompts: usize,
+}
+
+/// Finish a run in `dir`: `prompts.jsonl` (the kept prompts in seed order) and `meta.json`, and
+/// remove `progress.json`.
+pub fn finish(dir: &Path, prompts: &[MagpiePrompt], meta: &MagpieMeta) -> Result<()> {
+    let io = |e: std::io::Error| Error::io(dir, e);
+    let mut text = String::new();
+    for p in prompts {
+        text += &serde_json::to_string(p).expect("serialisable");
+        text.push('\n');
+    }
+    std::fs::write(dir.join(PROMPTS_FILE), text).map_err(io)?;
+    std::fs::write(
+        dir.join(META_FILE),
+        serde_json::to_string_pretty(meta).expect("serialisable"),
+    )
+    .map_err(io)?;
+    std::fs::remove_file(dir.join(PROGRESS_FILE)).map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reference::base::generate::generate;
+    use reference::io::builtin::{random_model, tiny_config};
+
+    fn settings() -> MagpieSettings {
+        MagpieSettings {
+            model: "tiny".into(),
+            count: 6,
+            seed: 40,
+            temperature: 1.0,
+            top_p: None,
+            max_prompt_tokens: 8,
+            min_chars: 10,
+            max_chars: 40,
+            min_ascii_letters: 0.9,
+            exclude: None,
+        }
+    }
+
+    /// Each check by hand, and duplicates / exclusions after normalisation, first one kept.
+    #[test]
+    fn selection_by_hand() {
+        let s = settings();
+        let texts: Vec<(String, bool)> = [
+            ("Write a poem about the sea.", true),
+            ("write a poem   about the SEA", true),
+            ("Write a poem about the sea.", false),
+            ("Hi there", true),
+            (
+                "Tell me a story about dragons, knights and a very long road.",
+                true,
+            ),
+            ("<|im_start|>assistant hello", true),
+            ("Пожалуйста, напиши стихотворение", true),
+            ("List three prime numbers!", true),
+            ("1234567890 !!", true),
+        ]
+        .iter()
+        .map(|(t, e)| (t.to_string(), *e))
+        .collect();
+        let exclude: HashSet<String> = [normalise("  List three PRIME numbers ")].into();
+        let got = select(&texts, &s, &exclude);
+        use Verdict::*;
+        assert_eq!(
+            got,
+            [
+                Kept, Duplicate, Unfinished, TooShort, TooLong, Template, NotEnglish, Excluded,
+                NotEnglish
+            ]
+        );
+        assert_eq!(tally(&got)[&NotEnglish], 2);
+        assert_eq!(normalise(" Hello,\n  World! "), "hello, world");
+    }
+
+    /// Batched sampling gives each candidate what decoding it alone gives, with its own seed, and
+    /// skips the seeds already done.
+    #[test]
+    fn candidates_equal_decoding_alone() {
+        let model = random_model(tiny_config(), 3).unwrap();
+        let prefix = [5u32, 9, 2, 7];
+        let stop = [11u32];
+        let s = settings();
+        let done: HashSet<u64> = [41, 44].into();
+        let mut got = Vec::new();
+        sample_candidates(&model, &prefix, &s, &stop, 3, &done, &mut |c| {
+            got.push(c.clone())
+        })
+        .unwrap();
+        got.sort_by_key(|c| c.seed);
+        assert_eq!(
+            got.iter().map(|c| c.seed).collect::<Vec<_>>(),
+            [40, 42, 43, 45]
+        );
+        for c in &got {
+            let options = GenerateOptions {
+                max_new_tokens: s.max_prompt_tokens,
+                stop_tokens: stop.to_vec(),
+                sampling: Some(SamplingParams {
+                    temperature: 1.0,
+                    top_k: None,
+                    top_p: None,
+                    seed: c.seed,
+                }),
+            };
+            let alone = generate(&model, &prefix, &options, &mut |_, _| {}).unwrap();
+            let mut want = c.tokens.clone();
+            if c.ended {
+                want.push(stop[0]);
+            }
+            assert_eq!(alone.tokens, want, "seed {}", c.seed);
+        }
+    }
+
+    /// A log resumes with its candidates (a partial last line dropped), refuses other settings,
+    /// and a fresh run refuses a folder holding something else.
+    #[test]
+    fn log_resume_and_refusals() {
+        let dir = std::env::temp_dir().join(format!("m2r2-magpie-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let s = settings();
+        let c = Candidate {
+            seed: 40,
+            tokens: vec![1, 2],
+            ended: true,
+        };
+        {
+            let (mut log, earlier) = CandidateLog::open(&dir, &s, false).unwrap();
+            assert!(earlier.is_empty());
+            log.append(&c).unwrap();
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join(CANDIDATES_FILE))
+            .unwrap();
+        write!(f, "{{\"seed\": 41, \"tok").unwrap();
+        let (_, earlier) = CandidateLog::open(&dir, &s, true).unwrap();
+        assert_eq!(earlier, [c.clone()]);
+        let other = MagpieSettings {
+            temperature: 0.7,
+            ..s.clone()
+        };
+        let e = CandidateLog::open(&dir, &other, true)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("other settings"), "{e}");
+        let e = CandidateLog::open(&dir, &s, false)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("--resume"), "{e}");
+        finish(
+            &dir,
+            &[],
+            &MagpieMeta {
+                settings: s.clone(),
+                verdicts: BTreeMap::new(),
+                prompts: 0,
+            },
+        )
+        .unwrap();
+        // a finished run may be replaced by a fresh one
+        let (_, earlier) = CandidateLog::open(&dir, &s, false).unwrap();
+        assert!(earlier.is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
