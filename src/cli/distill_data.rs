@@ -113,11 +113,7 @@ pub fn run(args: &Args) -> Result<()> {
             if failed.is_none() {
                 failed = run.append(s).err();
             }
-            bar.inc(1);
-            bar.set_message(format!(
-                "{:.1} tokens/s",
-                generated as f64 / start.elapsed().as_secs_f64().max(1e-9)
-            ));
+            progress::inc_with_rate(&bar, generated, start);
         },
     )?;
     if let Some(e) = failed {

@@ -135,11 +135,7 @@ pub fn run(args: &Args) -> Result<()> {
                 failed = log.append(c).err();
             }
             candidates.push(c.clone());
-            bar.inc(1);
-            bar.set_message(format!(
-                "{:.1} tokens/s",
-                tokens as f64 / start.elapsed().as_secs_f64().max(1e-9)
-            ));
+            progress::inc_with_rate(&bar, tokens, start);
         },
     )?;
     if let Some(e) = failed {

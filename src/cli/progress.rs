@@ -66,3 +66,12 @@ pub fn steps(total: u64, message: impl Into<String>) -> ProgressBar {
     bar.set_prefix(message.into());
     bar
 }
+
+/// Advance `bar` by one finished item and show the `tokens` made since `start` per second.
+pub fn inc_with_rate(bar: &ProgressBar, tokens: usize, start: std::time::Instant) {
+    bar.inc(1);
+    bar.set_message(format!(
+        "{:.1} tokens/s",
+        tokens as f64 / start.elapsed().as_secs_f64().max(1e-9)
+    ));
+}
