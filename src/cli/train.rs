@@ -13,7 +13,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 use train::align::AlignKind;
 use train::checkpoint;
-use train::trainer::{GateStats, StepLog, TrainOptions, Trainer, initial_weights};
+use train::early_stop::{EarlyStop, Observation};
+use train::trainer::{
+    GateStats, HeldOut, StepLog, TrainOptions, Trainer, initial_weights, mean_kl,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -83,6 +86,16 @@ pub struct Args {
     /// Held-out distillation data (e.g. from dev prompts): per-gate agreement before and after
     #[arg(long, value_name = "DIR")]
     pub eval_data: Option<PathBuf>,
+    /// Validation data from the training distribution (never the development prompts) for early
+    /// stopping: evaluated every --eval-every steps; the best weights are written to OUT/best
+    #[arg(long, value_name = "DIR")]
+    pub val_data: Option<PathBuf>,
+    /// With --val-data: steps between evaluations
+    #[arg(long, value_name = "N", default_value_t = 100, requires = "val_data")]
+    pub eval_every: usize,
+    /// With --val-data: stop after this many evaluations in a row without a lower mean KL
+    #[arg(long, value_name = "P", default_value_t = 3, requires = "val_data")]
+    pub patience: usize,
     /// Print one line per N steps on stderr (always when stderr is not a terminal)
     #[arg(long, value_name = "N", default_value_t = 50)]
     pub log_every: usize,
@@ -200,6 +213,12 @@ pub fn run(args: &Args) -> Result<()> {
         None => None,
     };
 
+    let val = match &args.val_data {
+        Some(dir) => Some(validation(model, &trainer, dir)?),
+        None => None,
+    };
+    let mut early = EarlyStop::new(args.patience);
+
     let bar = step_bar(trainer.options.steps as u64);
     bar.set_position(trainer.step as u64);
     let log_to_stderr = !progress::enabled();
@@ -244,6 +263,36 @@ pub fn run(args: &Args) -> Result<()> {
         {
             checkpoint::save(&trainer, &args.out)?;
         }
+        if let Some(val) = &val
+            && trainer.step % args.eval_every.max(1) == 0
+        {
+            let stats = trainer.evaluate_held_out(val);
+            let kl = mean_kl(&stats);
+            let seen = early.observe(trainer.step, kl);
+            if seen == Observation::Improved {
+                let best = args.out.join("best");
+                trainer
+                    .weights()
+                    .save_dir(&best)
+                    .with_context(|| format!("cannot write {}", best.display()))?;
+            }
+            bar.suspend(|| {
+                eprintln!(
+                    "validation at step {}: mean KL {kl:.4} ({}) | {}",
+                    trainer.step,
+                    match seen {
+                        Observation::Improved => "best so far, weights in OUT/best".to_string(),
+                        Observation::NoBetter { misses } =>
+                            format!("no better {misses}/{}", early.patience),
+                        Observation::Stop => "no better: stopping early".to_string(),
+                    },
+                    gate_summary(&stats)
+                )
+            });
+            if seen == Observation::Stop {
+                break;
+            }
+        }
     }
     bar.finish_and_clear();
     let seconds = train_start.elapsed().as_secs_f64();
@@ -256,6 +305,12 @@ pub fn run(args: &Args) -> Result<()> {
         trainer.options.batch_rows,
         args.out.display()
     );
+    if let Some((step, kl)) = early.best() {
+        println!(
+            "best validation mean KL {kl:.4} at step {step}: weights in {}",
+            args.out.join("best").display()
+        );
+    }
     if let (Some(e), Some(before)) = (&eval, before) {
         let after = trainer.evaluate(model, e)?;
         println!(
@@ -277,4 +332,25 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The validation data's slow stream, refusing data made from the development prompts: early
+/// stopping selects weights by this data, which is tuning on it.
+fn validation(
+    model: &reference::Model,
+    trainer: &Trainer,
+    dir: &std::path::Path,
+) -> Result<HeldOut> {
+    let (data, meta) = train::data::read(dir, model.config.vocab_size)?;
+    let source = std::path::Path::new(&meta.prompts);
+    if source.file_name().is_some_and(|f| f == "dev_prompts.jsonl") {
+        bail!(
+            "--val-data {} was made from {}: early stopping tunes on its data, and the development \
+             prompts are for evaluation only (use --eval-data for them; validate on held-out \
+             training-distribution data)",
+            dir.display(),
+            meta.prompts
+        );
+    }
+    Ok(trainer.held_out(model, &data)?)
 }

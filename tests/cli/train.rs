@@ -363,3 +363,80 @@ fn distill_batch_sizes_agree_and_resume_checks_settings() {
         &["--batch must be at least 1"],
     );
 }
+
+/// `train --val-data`: evaluations every --eval-every steps, the best weights in OUT/best, early
+/// stop after --patience evaluations without improvement; data made from the development prompts
+/// is refused as validation data.
+#[test]
+fn train_early_stopping_on_validation_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    write_prompts(&dir.path().join("train.jsonl"), "t", 6);
+    write_prompts(&dir.path().join("val.jsonl"), "v", 2);
+    write_prompts(&dir.path().join("dev_prompts.jsonl"), "d", 2);
+    for (prompts, out) in [
+        ("train.jsonl", "data"),
+        ("val.jsonl", "val"),
+        ("dev_prompts.jsonl", "dev"),
+    ] {
+        ok(&[
+            "distill-data",
+            "--prompts",
+            &p(prompts),
+            "--out",
+            &p(out),
+            "--max-new-tokens",
+            "12",
+        ]);
+    }
+    let train = |val: &str, out: &str| {
+        crate::m2r2(&[
+            "train",
+            "--data",
+            &p("data"),
+            "--val-data",
+            &p(val),
+            "--eval-every",
+            "4",
+            "--patience",
+            "2",
+            "--steps",
+            "400",
+            "--batch-rows",
+            "8",
+            "--lr",
+            "0.05",
+            "--out",
+            &p(out),
+        ])
+    };
+    let run = train("val", "out");
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("validation at step 4: mean KL"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stdout.contains("best validation mean KL"),
+        "{}",
+        run.stdout
+    );
+    assert!(dir.path().join("out/best/adapter_config.json").exists());
+    // a learning rate this high overshoots: the run stops long before its 400 steps
+    assert!(run.stderr.contains("stopping early"), "{}", run.stderr);
+    fails(
+        &[
+            "train",
+            "--data",
+            &p("data"),
+            "--val-data",
+            &p("dev"),
+            "--steps",
+            "4",
+            "--out",
+            &p("o2"),
+        ],
+        &["dev_prompts.jsonl", "evaluation only"],
+    );
+}

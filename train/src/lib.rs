@@ -23,6 +23,7 @@ pub mod checkpoint;
 pub mod data;
 pub mod distill;
 pub mod draft_head;
+pub mod early_stop;
 pub mod error;
 pub mod fast_stream;
 pub mod gemm;

@@ -330,10 +330,21 @@ impl Trainer {
 
     /// Statistics of every trained gate on all response rows of other samples (held-out data).
     pub fn evaluate(&self, model: &Model, data: &[DistillSample]) -> Result<Vec<GateStats>> {
+        Ok(self.evaluate_held_out(&self.held_out(model, data)?))
+    }
+
+    /// The slow stream of held-out `data`, computed once for repeated evaluation (early stopping).
+    pub fn held_out(&self, model: &Model, data: &[DistillSample]) -> Result<HeldOut> {
         let config = &self.template.config;
         let intervals: Vec<usize> = self.gates.iter().map(|g| g.gate - 1).collect();
         let samples = slow_samples(model, config, data, &intervals, &mut |_| {})?;
-        Ok(self.evaluate_on(&samples, &response_rows(&samples)))
+        let rows = response_rows(&samples);
+        Ok(HeldOut { samples, rows })
+    }
+
+    /// Statistics of every trained gate on every response row of `held_out`.
+    pub fn evaluate_held_out(&self, held_out: &HeldOut) -> Vec<GateStats> {
+        self.evaluate_on(&held_out.samples, &held_out.rows)
     }
 
     fn evaluate_on(&self, samples: &[SlowSample<f32>], rows: &[Row]) -> Vec<GateStats> {
@@ -431,6 +442,18 @@ impl Trainer {
         self.history = history;
         Ok(self)
     }
+}
+
+/// Held-out samples with their slow stream computed ([`Trainer::held_out`]).
+pub struct HeldOut {
+    samples: Vec<SlowSample<f32>>,
+    rows: Vec<Row>,
+}
+
+/// The row-weighted mean KL over the gates of `stats` (the early-stopping criterion).
+pub fn mean_kl(stats: &[GateStats]) -> f64 {
+    let rows: usize = stats.iter().map(|s| s.rows).sum();
+    stats.iter().map(|s| s.kl * s.rows as f64).sum::<f64>() / rows.max(1) as f64
 }
 
 /// Every trainable row (response positions) of `samples`.
