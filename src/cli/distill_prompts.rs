@@ -46,10 +46,11 @@ pub struct Args {
     /// Fraction of a prompt's letters that must be ASCII (English-only filter)
     #[arg(long, value_name = "X", default_value_t = 0.95)]
     pub min_ascii_letters: f64,
-    /// A prompts file (`{"id", "prompt"}` per line) whose prompts must not appear in the output,
-    /// e.g. held-out evaluation prompts (compared after lower-casing and whitespace folding)
-    #[arg(long, value_name = "FILE.jsonl")]
-    pub exclude: Option<PathBuf>,
+    /// Prompts files (`{"id", "prompt"}` per line; comma-separated or repeated) whose prompts must
+    /// not appear in the output, e.g. held-out evaluation prompts, or the prompts of an earlier run
+    /// when making a validation set (compared after lower-casing and whitespace folding)
+    #[arg(long, value_name = "FILE.jsonl", num_args = 1.., value_delimiter = ',')]
+    pub exclude: Vec<PathBuf>,
     /// Sequences sampled together (each message is bitwise the same at any batch size)
     #[arg(long, value_name = "N", default_value_t = 16)]
     pub batch: usize,
@@ -74,13 +75,14 @@ pub fn run(args: &Args) -> Result<()> {
             args.min_ascii_letters
         );
     }
-    let exclude: HashSet<String> = match &args.exclude {
-        Some(path) => common::read_prompts(path)?
-            .iter()
-            .map(|(_, text)| train::magpie::normalise(text))
-            .collect(),
-        None => HashSet::new(),
-    };
+    let mut exclude: HashSet<String> = HashSet::new();
+    for path in &args.exclude {
+        exclude.extend(
+            common::read_prompts(path)?
+                .iter()
+                .map(|(_, text)| train::magpie::normalise(text)),
+        );
+    }
     let loaded = common::load(&args.model.model)?;
     let tokenizer = loaded.tokenizer()?;
     // The template up to where the user's message starts: rendered around a marker, cut before it.
@@ -105,7 +107,14 @@ pub fn run(args: &Args) -> Result<()> {
         min_chars: args.min_chars,
         max_chars: args.max_chars,
         min_ascii_letters: args.min_ascii_letters,
-        exclude: args.exclude.as_ref().map(|p| p.display().to_string()),
+        exclude: (!args.exclude.is_empty()).then(|| {
+            let names: Vec<String> = args
+                .exclude
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            names.join(",")
+        }),
     };
     let (mut log, mut candidates) = CandidateLog::open(&args.out, &settings, args.resume)?;
     if !candidates.is_empty() {

@@ -75,3 +75,42 @@ pub fn inc_with_rate(bar: &ProgressBar, tokens: usize, start: std::time::Instant
         tokens as f64 / start.elapsed().as_secs_f64().max(1e-9)
     ));
 }
+
+/// Progress of a long phase as occasional plain lines on stderr, for when no bar is drawn (stderr
+/// is a log file): a run of an hour should still say how far it is and how fast it goes.
+pub struct LogLines {
+    label: &'static str,
+    total: usize,
+    every: Duration,
+    start: std::time::Instant,
+    last: std::time::Instant,
+}
+
+impl LogLines {
+    /// Lines at most every `every`; none at all when a bar is drawn instead.
+    pub fn new(label: &'static str, total: usize, every: Duration) -> Self {
+        let now = std::time::Instant::now();
+        LogLines {
+            label,
+            total,
+            every,
+            start: now,
+            last: now,
+        }
+    }
+
+    /// `done` of the total items finished, `tokens` processed so far.
+    pub fn update(&mut self, done: usize, tokens: usize) {
+        if enabled() || (self.last.elapsed() < self.every && done < self.total) {
+            return;
+        }
+        self.last = std::time::Instant::now();
+        let seconds = self.start.elapsed().as_secs_f64();
+        eprintln!(
+            "{}: {done}/{} after {seconds:.0} s ({:.1} tokens/s)",
+            self.label,
+            self.total,
+            tokens as f64 / seconds.max(1e-9)
+        );
+    }
+}

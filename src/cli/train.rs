@@ -9,6 +9,7 @@ use crate::cli::progress;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use reference::m2r2::config::{M2r2Config, parse_gates};
+use reference::m2r2::weights::M2r2Weights;
 use std::path::PathBuf;
 use std::time::Instant;
 use train::align::AlignKind;
@@ -77,6 +78,12 @@ pub struct Args {
     /// Output folder (checkpoint: M2R2 weights + optimizer state)
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
+    /// Start from trained M2R2 weights (a folder, e.g. reference/assets/smollm2-m2r2): their
+    /// gates, rank and targets; the trained gates continue from their adapters, the other gates'
+    /// adapters are kept as they are. ARLA is dropped (it was fitted to the old exit states:
+    /// retrain it with train-arla), and so is the pruned draft head (rerun draft-head)
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["resume", "gates", "rank", "alpha", "targets"])]
+    pub init: Option<PathBuf>,
     /// Continue from a checkpoint folder (its settings are used; --steps sets the new total)
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
@@ -140,19 +147,45 @@ pub fn run(args: &Args) -> Result<()> {
     let start = Instant::now();
     let precompute = step_bar(data.len() as u64);
     precompute.set_message("slow stream of each sample");
-    let mut on_sample = |_| precompute.inc(1);
+    let mut lines = progress::LogLines::new(
+        "slow stream",
+        data.len(),
+        std::time::Duration::from_secs(30),
+    );
+    let mut tokens_done = 0;
+    let mut on_sample = |i: usize| {
+        precompute.inc(1);
+        tokens_done += data[i].tokens.len();
+        lines.update(i + 1, tokens_done);
+    };
     let mut trainer = match &args.resume {
         Some(dir) => checkpoint::resume(model, dir, &data, Some(args.steps), &mut on_sample)
             .with_context(|| format!("cannot resume from {}", dir.display()))?,
         None => {
-            let mut config = M2r2Config::default_for(&model.config);
+            let init = match &args.init {
+                Some(dir) => {
+                    let mut w = M2r2Weights::load_dir(dir, &model.config).with_context(|| {
+                        format!("cannot load the --init weights folder {}", dir.display())
+                    })?;
+                    w.arla = None;
+                    w.draft_head = None;
+                    Some(w)
+                }
+                None => None,
+            };
+            let mut config = match &init {
+                Some(w) => w.config.clone(),
+                None => M2r2Config::default_for(&model.config),
+            };
             if let Some(g) = &args.gates {
                 config.gates = parse_gates(g)?;
             }
-            config.rank = args.rank;
-            config.alpha = args.alpha.unwrap_or(2.0 * args.rank as f32);
-            if let Some(t) = &args.targets {
-                config.targets = parse_targets(t)?;
+            if args.init.is_none() {
+                config.rank = args.rank;
+                config.alpha = args.alpha.unwrap_or(2.0 * args.rank as f32);
+                if let Some(t) = &args.targets {
+                    config.targets = parse_targets(t)?;
+                }
             }
             let train_gates = match &args.train_gates {
                 Some(list) => list
@@ -179,8 +212,24 @@ pub fn run(args: &Args) -> Result<()> {
                 align_weight: args.align_weight,
                 seed: args.seed,
             };
-            let weights = initial_weights(model, config, args.seed)
+            let fresh = initial_weights(model, config, args.seed)
                 .with_context(|| format!("invalid M2R2 settings for {}", loaded.name))?;
+            let weights = match init {
+                // A trained gate without adapters in --init starts fresh (A random, B = 0).
+                Some(mut w) => {
+                    // (gates out of range are refused by Trainer::new, which names them)
+                    let gates = 1..=w.config.num_gates();
+                    for &g in options.train_gates.iter().filter(|g| gates.contains(g)) {
+                        for l in w.config.interval_layers(g - 1) {
+                            if w.accelerator.layers[l].is_none() {
+                                w.accelerator.layers[l] = fresh.accelerator.layers[l].clone();
+                            }
+                        }
+                    }
+                    w
+                }
+                None => fresh,
+            };
             Trainer::new(model, weights, &data, options, &mut on_sample)?
         }
     };

@@ -99,6 +99,35 @@ fn distill_prompts_files_batches_and_resume() {
         "{}",
         r.stderr
     );
+    // --exclude takes several files: each is read (a missing second one is named) and recorded
+    std::fs::write(p("x.jsonl"), "{\"id\": \"x\", \"prompt\": \"unrelated\"}\n").unwrap();
+    std::fs::write(
+        p("y.jsonl"),
+        "{\"id\": \"y\", \"prompt\": \"also unrelated\"}\n",
+    )
+    .unwrap();
+    let both = format!("{},{}", p("x.jsonl").display(), p("y.jsonl").display());
+    let r = run("h", "4", &["--exclude", &both]);
+    assert!(good(&r), "{}", r.stderr);
+    let excluding: Value =
+        serde_json::from_str(&std::fs::read_to_string(p("h/meta.json")).unwrap()).unwrap();
+    assert_eq!(
+        excluding["settings"]["exclude"].as_str(),
+        Some(both.as_str())
+    );
+    let r = run(
+        "i",
+        "4",
+        &[
+            "--exclude",
+            &format!("{},/nonexistent/second.jsonl", p("x.jsonl").display()),
+        ],
+    );
+    assert!(
+        !good(&r) && r.stderr.contains("/nonexistent/second.jsonl"),
+        "{}",
+        r.stderr
+    );
     let r = run("g", "4", &["--exclude", "/nonexistent/dev.jsonl"]);
     assert!(
         !good(&r) && r.stderr.contains("/nonexistent/dev.jsonl"),

@@ -4,6 +4,7 @@
 //! ARLA the decoding modes use, bad input is refused clearly.
 
 use super::{fails, generate_json, ok};
+use reference::m2r2::weights::M2r2Weights;
 use std::path::Path;
 
 fn write_prompts(path: &Path, prefix: &str, n: usize) {
@@ -169,6 +170,60 @@ fn distill_train_resume_generate() {
     let mut spec_args = prompt.to_vec();
     spec_args.extend(["--mode", "speculative", "--m2r2", &arla_dir]);
     assert_eq!(generate_json(&spec_args)["tokens"], greedy["tokens"]);
+    // --init: start from trained weights, train another gate, keep the first gate's adapters.
+    ok(&[
+        "train",
+        "--model",
+        "tiny",
+        "--data",
+        &p("data"),
+        "--init",
+        &ck,
+        "--train-gates",
+        "2",
+        "--steps",
+        "5",
+        "--batch-rows",
+        "8",
+        "--out",
+        &p("ck-init"),
+    ]);
+    let config = reference::io::builtin::tiny_config();
+    let load = |dir: &str| M2r2Weights::load_dir(Path::new(dir), &config).unwrap();
+    let (first, second) = (load(&ck), load(&p("ck-init")));
+    let gate = |w: &M2r2Weights, j: usize| -> Vec<_> {
+        w.config
+            .interval_layers(j)
+            .map(|l| w.accelerator.layers[l].clone())
+            .collect()
+    };
+    assert_eq!(second.config, first.config);
+    assert_eq!(gate(&second, 0), gate(&first, 0), "gate 1 was not kept");
+    assert!(gate(&first, 1).iter().all(Option::is_none));
+    let trained = gate(&second, 1);
+    assert!(
+        trained.iter().all(|l| l.as_ref().is_some_and(|l| l
+            .loras
+            .values()
+            .any(|lora| lora.b.iter().any(|&b| b != 0.0)))),
+        "gate 2 was not trained"
+    );
+    fails(
+        &[
+            "train",
+            "--model",
+            "tiny",
+            "--data",
+            &p("data"),
+            "--init",
+            &ck,
+            "--rank",
+            "8",
+            "--out",
+            &p("ck-bad"),
+        ],
+        &["--init", "--rank"],
+    );
     // Resume to a larger total.
     let resumed = ok(&[
         "train",

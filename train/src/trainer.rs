@@ -193,7 +193,22 @@ impl Trainer {
             .iter()
             .flat_map(|&j| config.interval_layers(j))
             .collect();
-        let base = FrozenBase::new(model, layers)?;
+        let base = FrozenBase::new(model, layers.clone())?;
+        // Layers of untrained gates keep their adapters only when they carry something (a run
+        // started from trained weights, `--init`); untouched ones (`B = 0`) are the plain early
+        // exit and are dropped, so the checkpoint lists only adapted layers.
+        let mut weights = weights;
+        for (l, layer) in weights.accelerator.layers.iter_mut().enumerate() {
+            let untrained = layer.as_ref().is_some_and(|a| {
+                a.loras
+                    .values()
+                    .all(|lora| lora.b.iter().all(|&b| b == 0.0))
+            });
+            if !layers.contains(&l) && untrained {
+                *layer = None;
+            }
+        }
+        let config = &weights.config;
         let samples = slow_samples(model, config, data, &intervals, on_sample)?;
         let pool = response_rows(&samples);
         if pool.is_empty() {
@@ -244,23 +259,13 @@ impl Trainer {
         self.pool.len()
     }
 
-    /// The current M2R2 weights: the trained adapters written into the template, and no adapter on
-    /// the layers of untrained gates (their fast stream is the plain early exit, as with `B = 0`,
-    /// and the checkpoint stays small: PEFT's `layers_to_transform` lists the adapted layers).
+    /// The current M2R2 weights: the trained adapters written into the template, whose other
+    /// layers are as given (no adapter where the plain early exit runs: PEFT's
+    /// `layers_to_transform` lists the adapted layers, and the checkpoint stays small).
     pub fn weights(&self) -> M2r2Weights {
         let mut w = self.template.clone();
         for g in &self.gates {
             g.adapters.write_into(&mut w.accelerator);
-        }
-        let config = &self.template.config;
-        for (l, layer) in w.accelerator.layers.iter_mut().enumerate() {
-            if !self
-                .gates
-                .iter()
-                .any(|g| config.interval_layers(g.gate - 1).contains(&l))
-            {
-                *layer = None;
-            }
         }
         w
     }
