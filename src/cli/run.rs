@@ -3,7 +3,7 @@
 //! reference's own loop. The `--json` report and `--trace` are those of `m2r2 generate`, plus the
 //! execution provider that really ran.
 
-use crate::cli::args::m2r2::OnOff;
+use crate::cli::args::m2r2::{Drafting, DraftingRequest, OnOff, resolve_drafting};
 use crate::cli::args::model::PromptArgs;
 use crate::cli::args::onnx::{EpArgs, check_draft_head};
 use crate::cli::common;
@@ -52,7 +52,8 @@ pub struct Args {
     /// Decoding mode
     #[arg(long, value_enum, value_name = "MODE", default_value_t = RunMode::Greedy)]
     pub mode: RunMode,
-    /// Tokens drafted per verification, >= 1 (default: the export's draft_len)
+    /// Tokens drafted per verification, >= 1: fixed drafting (default: the export's
+    /// `dynamic_draft` when it has one, else `draft_len` tokens)
     #[arg(long, value_name = "N", conflicts_with = "dynamic_draft")]
     pub draft_len: Option<usize>,
     /// Draft until the gate score falls below --threshold (at most the export's draft_len)
@@ -93,31 +94,22 @@ pub fn settings(
 ) -> Result<M2r2Settings> {
     let m = &export.manifest;
     check_draft_head(export, draft_head)?;
-    let gate = match gate {
-        Some(GateKind::Arla) if !m.has_arla => bail!(
-            "--gate arla needs ARLA weights, and this export has none (draft.onnx has no exit_prob): \
-             use --gate confidence or --gate entropy"
-        ),
-        Some(g) => g,
-        None if m.has_arla => GateKind::Arla,
-        None => GateKind::Confidence,
-    };
-    let threshold = threshold.unwrap_or(m.m2r2.arla.threshold);
-    if !threshold.is_finite() {
-        bail!("--threshold must be a finite number, got {threshold}");
-    }
-    if draft_len == Some(0) {
-        bail!("--draft-len must be at least 1");
-    }
-    let draft_length = if dynamic_draft {
-        DraftLength::Dynamic {
-            max: m.m2r2.draft_len.max(1),
+    let Drafting {
+        gate,
+        threshold,
+        draft_length,
+    } = resolve_drafting(
+        &m.m2r2,
+        DraftingRequest {
+            speculative: mode == RunMode::Speculative,
             gate,
             threshold,
-        }
-    } else {
-        DraftLength::Fixed(draft_len.unwrap_or(m.m2r2.draft_len).max(1))
-    };
+            draft_len,
+            dynamic_draft,
+        },
+        m.has_arla,
+        "this export has none (draft.onnx has no exit_prob)",
+    )?;
     Ok(M2r2Settings {
         mode: match mode {
             RunMode::Greedy => Mode::Greedy,

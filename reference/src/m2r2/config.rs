@@ -17,6 +17,7 @@
 use crate::base::config::ModelConfig;
 use crate::base::weight_names::Target;
 use crate::error::{Error, Result};
+use crate::m2r2::exit_gate::GateKind;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::ops::Range;
 use std::path::Path;
@@ -69,6 +70,16 @@ pub struct ArlaConfig {
     pub threshold: f32,
 }
 
+/// Dynamic drafting as the default of speculative decoding (spec section 6): keep drafting while
+/// the draft gate's score is `>= threshold`, at most `draft_len` tokens. Chosen by measurement
+/// for shipped weights (docs/PERFORMANCE.md); `--draft-len N` still asks for fixed drafting.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DynamicDraftConfig {
+    pub gate: GateKind,
+    pub threshold: f32,
+}
+
 /// The M2R2 settings of one adapted model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -88,6 +99,9 @@ pub struct M2r2Config {
     /// Linear maps carrying adapters (attention projections only on MoE models).
     pub targets: Vec<Target>,
     pub arla: ArlaConfig,
+    /// `None`: speculative decoding drafts `draft_len` tokens per verification.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic_draft: Option<DynamicDraftConfig>,
     /// The seed `init-m2r2` drew the weights from (informational; `None` for trained weights).
     #[serde(default)]
     pub seed: Option<u64>,
@@ -147,6 +161,7 @@ impl M2r2Config {
                 latent: DEFAULT_ARLA_LATENT,
                 threshold: DEFAULT_THRESHOLD,
             },
+            dynamic_draft: None,
             seed: None,
         }
     }
@@ -225,6 +240,14 @@ impl M2r2Config {
             return bad(format!(
                 "`arla.threshold` must be a finite number, got {}",
                 self.arla.threshold
+            ));
+        }
+        if let Some(d) = &self.dynamic_draft
+            && !d.threshold.is_finite()
+        {
+            return bad(format!(
+                "`dynamic_draft.threshold` must be a finite number, got {}",
+                d.threshold
             ));
         }
         Ok(())
@@ -509,6 +532,45 @@ mod tests {
             assert!(err.contains(want), "{err:?} should contain {want:?}");
             assert!(err.contains(M2R2_CONFIG_FILE), "{err}");
         }
+
+        // dynamic_draft: absent by default (not written), round-trips, checked strictly
+        assert!(!text.contains("dynamic_draft"), "{text}");
+        c.dynamic_draft = Some(DynamicDraftConfig {
+            gate: GateKind::Confidence,
+            threshold: 0.5,
+        });
+        c.save(dir.path()).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(M2R2_CONFIG_FILE)).unwrap();
+        assert!(text.contains("\"gate\": \"confidence\""), "{text}");
+        assert_eq!(M2r2Config::load(dir.path(), &model).unwrap(), c);
+        let cases = [
+            (
+                text.replace("\"confidence\"", "\"certainty\""),
+                "unknown gate `certainty`",
+            ),
+            (
+                text.replace("\"threshold\": 0.5", "\"treshold\": 0.5"),
+                "unknown field `treshold`",
+            ),
+            (
+                text.replace("\"threshold\": 0.5", "\"threshold\": 1e999"),
+                "",
+            ),
+        ];
+        for (bad, want) in cases {
+            std::fs::write(dir.path().join(M2R2_CONFIG_FILE), bad).unwrap();
+            let err = M2r2Config::load(dir.path(), &model)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{err:?} should contain {want:?}");
+            assert!(err.contains(M2R2_CONFIG_FILE), "{err}");
+        }
+        c.dynamic_draft = Some(DynamicDraftConfig {
+            gate: GateKind::Entropy,
+            threshold: f32::NAN,
+        });
+        let err = c.validate(&model, "m").unwrap_err().to_string();
+        assert!(err.contains("`dynamic_draft.threshold`"), "{err}");
     }
 
     #[test]

@@ -61,6 +61,20 @@ impl FromStr for GateKind {
     }
 }
 
+/// In `m2r2_config.json` a gate kind is its name (`arla`, `confidence`, `entropy`).
+impl serde::Serialize for GateKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for GateKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// The exit rule shared by every gate kind: exit when `score >= threshold`.
 pub fn should_exit(score: f32, threshold: f32) -> bool {
     score >= threshold
