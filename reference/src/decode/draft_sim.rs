@@ -1,0 +1,260 @@
+//! Predicting greedy self-speculative decoding from one teacher-forced pass, to choose the drafting
+//! policy (draft length, dynamic drafting's gate and threshold) by measurement without decoding
+//! once per candidate policy.
+//!
+//! Greedy speculation emits the greedy continuation whatever the policy; only the rounds differ.
+//! If every earlier draft of a round was right, the draft at a position is the draft gate's
+//! proposal after the true prefix, and the base model's cache is bitwise the same however the
+//! positions were chunked (batch invariance). So one pass over a known greedy continuation that
+//! feeds each true token through the draft step ([`trace`]) gives, per position, whether the draft
+//! equals the next greedy token and the gate scores of that draft. [`simulate`] then replays the
+//! speculative loop of [`crate::decode::speculative`] on those points for any policy:
+//!
+//! - a round starting at position `i` accepts the drafts at `i, i+1, ...` while they agree, at
+//!   most the number proposed, and emits one more (the base token);
+//! - fixed drafting proposes `k` tokens (`k` proposing draft steps, one step that only feeds the
+//!   last proposal) and verifies `k + 1` rows;
+//! - dynamic drafting proposes while the gate score is `>= threshold`, at most `max`: `n`
+//!   proposals cost `n + 1` proposing steps when a score stopped it (the step that scored low ran),
+//!   or `max` proposing steps and one feeding step, and `n + 1` verified rows.
+//!
+//! Exact for everything the emitted tokens depend on (accepted counts, rounds, emitted tokens) and
+//! for fixed drafting's steps. One approximation: after a wrong draft, later drafts of the same
+//! round see a wrong prefix, so dynamic drafting's *number of proposals* after the first wrong one
+//! uses the scores after the true prefix instead (those drafts are rejected either way; only their
+//! cost is estimated). Tested against [`speculative_generate`](crate::decode::speculative) rounds.
+
+use crate::base::ops::argmax;
+use crate::decode::speculative::SpeculativeBackend;
+use crate::error::{Error, Result};
+use crate::m2r2::exit_gate::{GateKind, gate_score};
+
+/// The draft at one position of a greedy continuation, after the true prefix.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DraftPoint {
+    /// The draft equals the next greedy token.
+    pub agrees: bool,
+    /// Max softmax probability of the draft logits (the `confidence` gate).
+    pub confidence: f32,
+    /// The `entropy` gate's score of the draft logits.
+    pub entropy: f32,
+    /// ARLA's `p_exit`, when the backend scores with ARLA.
+    pub arla: Option<f32>,
+}
+
+impl DraftPoint {
+    /// The score `gate` gives this draft (`None`: ARLA was not traced).
+    pub fn score(&self, gate: GateKind) -> Option<f32> {
+        match gate {
+            GateKind::Arla => self.arla,
+            GateKind::Confidence => Some(self.confidence),
+            GateKind::Entropy => Some(self.entropy),
+        }
+    }
+}
+
+/// Trace `response`, the greedy continuation of `prompt`: prefill the prompt, then feed each
+/// response token but the last through the draft step and verify it. Point `i` is the draft
+/// proposed after feeding `response[i]`, compared with `response[i + 1]`. `backend` scores with
+/// ARLA when it should record ARLA's score ([`DraftPoint::arla`]); the confidence and entropy
+/// scores are computed from the draft logits here.
+///
+/// # Errors
+/// An empty prompt or response, or a response that is not the backend's greedy continuation
+/// (named by position), or a backend error.
+pub fn trace(
+    backend: &mut dyn SpeculativeBackend,
+    prompt: &[u32],
+    response: &[u32],
+) -> Result<Vec<DraftPoint>> {
+    if prompt.is_empty() || response.is_empty() {
+        return Err(Error::Invalid(
+            "tracing drafts needs a prompt and a response of at least one token each".into(),
+        ));
+    }
+    let not_greedy = |i: usize, got: usize| {
+        Error::Invalid(format!(
+            "response token {i} is {}, but the base model's greedy token there is {got}: the \
+             response is not this model's greedy continuation",
+            response[i]
+        ))
+    };
+    let first = argmax(&backend.prefill(prompt)?);
+    if first as u32 != response[0] {
+        return Err(not_greedy(0, first));
+    }
+    let mut points = Vec::with_capacity(response.len() - 1);
+    for i in 0..response.len() - 1 {
+        let draft = backend
+            .draft(response[i], true)?
+            .ok_or_else(|| Error::Invalid("the draft step proposed nothing".into()))?;
+        let base = backend.verify()?;
+        let next = argmax(&base.row(0).to_vec());
+        if next as u32 != response[i + 1] {
+            return Err(not_greedy(i + 1, next));
+        }
+        let score = |kind| gate_score(kind, None, &[], &draft.logits, 0.0);
+        points.push(DraftPoint {
+            agrees: argmax(&draft.logits) as u32 == response[i + 1],
+            confidence: score(GateKind::Confidence)?,
+            entropy: score(GateKind::Entropy)?,
+            arla: draft.score,
+        });
+    }
+    Ok(points)
+}
+
+/// How a round drafts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Policy {
+    /// `k` proposals per round.
+    Fixed(usize),
+    /// Propose while `gate`'s score is `>= threshold`, at most `max`.
+    Dynamic {
+        gate: GateKind,
+        threshold: f32,
+        max: usize,
+    },
+}
+
+/// The rounds [`simulate`] predicts, summed over the traced samples.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Simulated {
+    pub rounds: usize,
+    /// Tokens emitted by rounds (a sample's first token comes from the prefill, not counted).
+    pub emitted: usize,
+    /// Accepted drafts per round, in order.
+    pub accepted: Vec<usize>,
+    /// Proposals per round (for dynamic drafting, proposing steps, as `Round::proposals`).
+    pub proposals: Vec<usize>,
+    /// Draft steps that propose (run the fast stream and the draft head).
+    pub propose_steps: usize,
+    /// Draft steps that only feed the last proposal to the cache.
+    pub feed_steps: usize,
+    /// `verifies[n]`: verifications of `n` rows.
+    pub verifies: Vec<usize>,
+}
+
+/// Milliseconds of each kind of step on one engine.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct StepCosts {
+    pub greedy: f64,
+    pub propose: f64,
+    pub feed: f64,
+    /// `verify[n - 1]`: a verification of `n` rows.
+    pub verify: Vec<f64>,
+}
+
+impl Simulated {
+    /// Add another sample's rounds.
+    pub fn add(&mut self, other: &Simulated) {
+        self.rounds += other.rounds;
+        self.emitted += other.emitted;
+        self.accepted.extend(&other.accepted);
+        self.proposals.extend(&other.proposals);
+        self.propose_steps += other.propose_steps;
+        self.feed_steps += other.feed_steps;
+        if self.verifies.len() < other.verifies.len() {
+            self.verifies.resize(other.verifies.len(), 0);
+        }
+        for (a, b) in self.verifies.iter_mut().zip(&other.verifies) {
+            *a += b;
+        }
+    }
+
+    /// Mean tokens emitted per verification.
+    pub fn tokens_per_round(&self) -> f64 {
+        self.emitted as f64 / self.rounds.max(1) as f64
+    }
+
+    /// Predicted milliseconds of the rounds under `costs`; `None` when a verification is larger
+    /// than the costs cover.
+    pub fn milliseconds(&self, costs: &StepCosts) -> Option<f64> {
+        let mut ms =
+            self.propose_steps as f64 * costs.propose + self.feed_steps as f64 * costs.feed;
+        for (rows, &count) in self.verifies.iter().enumerate().filter(|(_, c)| **c > 0) {
+            ms += count as f64 * costs.verify.get(rows.checked_sub(1)?)?;
+        }
+        Some(ms)
+    }
+
+    /// Predicted speed over greedy decoding of the same tokens (`> 1`: faster).
+    pub fn speedup(&self, costs: &StepCosts) -> Option<f64> {
+        Some(self.emitted as f64 * costs.greedy / self.milliseconds(costs)?)
+    }
+}
+
+/// Replay the speculative loop on one sample's trace (`points[i]`: the draft after feeding
+/// response token `i`, so a sample of `R` response tokens has `R - 1` points and its rounds emit
+/// `R - 1` tokens). A dynamic policy needs its gate's scores in the points.
+///
+/// # Errors
+/// A policy proposing nothing (`Fixed(0)`, `max == 0`), or ARLA scores missing.
+pub fn simulate(points: &[DraftPoint], policy: Policy) -> Result<Simulated> {
+    let max = match policy {
+        Policy::Fixed(k) => k,
+        Policy::Dynamic { max, .. } => max,
+    };
+    if max == 0 {
+        return Err(Error::Invalid(
+            "a drafting policy must propose at least one token".into(),
+        ));
+    }
+    if let Policy::Dynamic { gate, .. } = policy
+        && points.iter().any(|p| p.score(gate).is_none())
+    {
+        return Err(Error::Invalid(format!(
+            "dynamic drafting with the {gate} gate needs its scores, and the trace has none"
+        )));
+    }
+    let mut sim = Simulated {
+        verifies: vec![0; max + 2],
+        ..Simulated::default()
+    };
+    let mut i = 0;
+    while i < points.len() {
+        let proposed = match policy {
+            Policy::Fixed(k) => {
+                sim.propose_steps += k;
+                sim.feed_steps += 1;
+                sim.proposals.push(k);
+                k
+            }
+            Policy::Dynamic {
+                gate, threshold, ..
+            } => {
+                let mut n = 0;
+                loop {
+                    if n == max {
+                        sim.feed_steps += 1;
+                        break;
+                    }
+                    sim.propose_steps += 1;
+                    // Past the trace's end the decoder stops anyway: count the step, stop there.
+                    let score = points.get(i + n).and_then(|p| p.score(gate));
+                    if score.is_none_or(|s| s < threshold) {
+                        break;
+                    }
+                    n += 1;
+                }
+                sim.proposals.push(if n == max { max } else { n + 1 });
+                n
+            }
+        };
+        let accepted = points[i..]
+            .iter()
+            .take(proposed)
+            .take_while(|p| p.agrees)
+            .count();
+        sim.accepted.push(accepted);
+        sim.verifies[proposed + 1] += 1;
+        sim.rounds += 1;
+        let emitted = (accepted + 1).min(points.len() - i);
+        sim.emitted += emitted;
+        i += emitted;
+    }
+    Ok(sim)
+}
+
+#[cfg(test)]
+mod tests;
