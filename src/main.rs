@@ -56,6 +56,9 @@ enum Command {
     Train(cli::train::Args),
     /// Train ARLA on trained adapters and calibrate its threshold on development data.
     TrainArla(cli::train_arla::Args),
+    /// Choose speculative decoding's drafting policy (draft gate, fixed or dynamic draft length) by
+    /// measurement: traced drafts on greedy data, timed steps, every policy predicted and ranked.
+    TuneDrafting(cli::tune_drafting::Args),
     /// Pruned draft head (FLOPs-aware drafting): the most frequent response tokens, measured.
     DraftHead(cli::draft_head::Args),
     /// Ahead-of-time MoE expert loading: trace the experts of a greedy decode, then simulate a
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
         Command::DistillData(args) => cli::distill_data::run(&args),
         Command::Train(args) => cli::train::run(&args),
         Command::TrainArla(args) => cli::train_arla::run(&args),
+        Command::TuneDrafting(args) => cli::tune_drafting::run(&args),
         Command::DraftHead(args) => cli::draft_head::run(&args),
         Command::MoeSim(args) => cli::moe_sim::run(&args),
         Command::Export(args) => cli::export::run(&args),

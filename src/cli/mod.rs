@@ -27,3 +27,4 @@ pub mod moe_sim;
 pub mod run;
 pub mod train;
 pub mod train_arla;
+pub mod tune_drafting;

@@ -79,7 +79,7 @@ pub fn inc_with_rate(bar: &ProgressBar, tokens: usize, start: std::time::Instant
 /// Progress of a long phase as occasional plain lines on stderr, for when no bar is drawn (stderr
 /// is a log file): a run of an hour should still say how far it is and how fast it goes.
 pub struct LogLines {
-    label: &'static str,
+    label: String,
     total: usize,
     every: Duration,
     start: std::time::Instant,
@@ -88,10 +88,10 @@ pub struct LogLines {
 
 impl LogLines {
     /// Lines at most every `every`; none at all when a bar is drawn instead.
-    pub fn new(label: &'static str, total: usize, every: Duration) -> Self {
+    pub fn new(label: impl Into<String>, total: usize, every: Duration) -> Self {
         let now = std::time::Instant::now();
         LogLines {
-            label,
+            label: label.into(),
             total,
             every,
             start: now,

@@ -102,3 +102,4 @@ mod moe_sim;
 mod prompts;
 mod run;
 mod train;
+mod tune_drafting;

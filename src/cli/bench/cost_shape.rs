@@ -84,28 +84,37 @@ pub fn bench_prompt(loaded: &LoadedModel, len: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Step costs of one engine: `greedy` decodes, `spec` drafts and verifies, both after `prompt`.
-/// The kinds of step are measured in rounds, one of each kind per round, so that a change in the
+/// Medians (milliseconds) of each kind of step, from [`time_steps`].
+#[derive(Clone, Debug)]
+pub struct StepTimes {
+    pub greedy: f64,
+    /// A draft step that proposes (fast stream and draft head).
+    pub propose: f64,
+    /// A draft step that only feeds a token to the draft layers' cache.
+    pub feed: f64,
+    /// `(rows, ms)` per verify chunk size asked for.
+    pub verify: Vec<(usize, f64)>,
+}
+
+/// Time the kinds of step of one engine: `greedy` decodes, `spec` drafts and verifies, both after
+/// `prompt`. The kinds are measured in rounds, one of each kind per round, so that a change in the
 /// machine's load during the run (the development machines are shared) moves every kind alike
 /// instead of biasing the ratios; each figure is the median of `repeats` rounds after one warm-up
 /// round.
-pub fn measure_engine(
-    engine: String,
+pub fn time_steps(
     greedy: &mut dyn GreedyBackend,
     spec: &mut dyn SpeculativeBackend,
     prompt: &[u32],
     repeats: usize,
-    bytes_per_step: usize,
-    bandwidth: f64,
-) -> Result<EngineShape> {
+    verify_rows: &[usize],
+) -> Result<StepTimes> {
     let next = prompt[prompt.len() - 1];
     greedy.start(prompt.len() + repeats + 1)?;
     greedy.feed(prompt)?;
     spec.prefill(prompt)?;
     let n = spec.len();
-    let mut greedy_ms = Vec::new();
-    let mut draft_ms = Vec::new();
-    let mut verify_times = vec![Vec::new(); VERIFY_ROWS.len()];
+    let (mut greedy_ms, mut propose_ms, mut feed_ms) = (Vec::new(), Vec::new(), Vec::new());
+    let mut verify_times = vec![Vec::new(); verify_rows.len()];
     for round in 0..=repeats {
         let keep = |times: &mut Vec<f64>, start: Instant| {
             if round > 0 {
@@ -116,16 +125,20 @@ pub fn measure_engine(
         let start = Instant::now();
         greedy.feed(&[next])?;
         keep(&mut greedy_ms, start);
-        // draft: one draft step, rolled back
+        // draft: one proposing draft step, rolled back
         let start = Instant::now();
         spec.draft(next, true)?;
-        keep(&mut draft_ms, start);
+        keep(&mut propose_ms, start);
         spec.verify()?;
         spec.rollback(n);
-        // verify chunks: `rows` draft steps feed `rows` positions, then one verify of them
-        for (rows, times) in VERIFY_ROWS.iter().zip(&mut verify_times) {
-            for _ in 0..*rows {
+        // verify chunks: `rows` feeding draft steps (the first one timed), then one verify
+        for (rows, times) in verify_rows.iter().zip(&mut verify_times) {
+            for i in 0..*rows {
+                let start = Instant::now();
                 spec.draft(next, false)?;
+                if i == 0 && *rows == 1 {
+                    keep(&mut feed_ms, start);
+                }
             }
             let start = Instant::now();
             spec.verify()?;
@@ -133,17 +146,40 @@ pub fn measure_engine(
             spec.rollback(n);
         }
     }
-    let greedy_step_ms = median(&greedy_ms);
-    let achieved = bytes_per_step as f64 / (greedy_step_ms / 1e3);
-    Ok(EngineShape {
-        engine,
-        greedy_step_ms,
-        draft_step_ms: median(&draft_ms),
-        verify_ms: VERIFY_ROWS
+    Ok(StepTimes {
+        greedy: median(&greedy_ms),
+        propose: median(&propose_ms),
+        feed: if feed_ms.is_empty() {
+            f64::NAN
+        } else {
+            median(&feed_ms)
+        },
+        verify: verify_rows
             .iter()
             .zip(&verify_times)
             .map(|(&rows, times)| (rows, median(times)))
             .collect(),
+    })
+}
+
+/// Step costs of one engine ([`time_steps`] with the verify chunks of [`VERIFY_ROWS`]), with the
+/// read bandwidth a greedy step achieves.
+pub fn measure_engine(
+    engine: String,
+    greedy: &mut dyn GreedyBackend,
+    spec: &mut dyn SpeculativeBackend,
+    prompt: &[u32],
+    repeats: usize,
+    bytes_per_step: usize,
+    bandwidth: f64,
+) -> Result<EngineShape> {
+    let times = time_steps(greedy, spec, prompt, repeats, &VERIFY_ROWS)?;
+    let achieved = bytes_per_step as f64 / (times.greedy / 1e3);
+    Ok(EngineShape {
+        engine,
+        greedy_step_ms: times.greedy,
+        draft_step_ms: times.propose,
+        verify_ms: times.verify,
         achieved_bytes_per_second: achieved,
         achieved_fraction: achieved / bandwidth,
     })

@@ -75,18 +75,13 @@ fn open_export(loaded: &LoadedModel, dir: &Path) -> Result<ExportDir> {
     Ok(export)
 }
 
-/// ONNX Runtime's step costs for `m2r2 bench --cost-shape --onnx DIR`: the export must be of the
-/// loaded model with the reference's draft gate and draft head (`weights`). One engine for the
-/// session options of the flags, then one for each `--ort-compare` variant, measured one after
-/// the other in this run (each variant's sessions are dropped before the next is loaded).
-pub fn cost_shape_engines(
+/// The export in `dir`, refused when it was made from another model than `loaded` or drafts
+/// otherwise than `weights` (another draft gate or draft head).
+pub fn open_matching_export(
     loaded: &LoadedModel,
     weights: &M2r2Weights,
     dir: &Path,
-    ep_args: &EpArgs,
-    sizes: &Sizes,
-    bandwidth: f64,
-) -> Result<Vec<cost_shape::EngineShape>> {
+) -> Result<ExportDir> {
     let export = open_export(loaded, dir)?;
     let manifest = &export.manifest;
     if manifest.draft_gate != weights.config.draft_gate || export.draft_head != weights.draft_head {
@@ -100,6 +95,22 @@ pub fn cost_shape_engines(
             head_words(weights.draft_head.as_ref().map(|h| h.len()))
         );
     }
+    Ok(export)
+}
+
+/// ONNX Runtime's step costs for `m2r2 bench --cost-shape --onnx DIR`: the export must be of the
+/// loaded model with the reference's draft gate and draft head (`weights`). One engine for the
+/// session options of the flags, then one for each `--ort-compare` variant, measured one after
+/// the other in this run (each variant's sessions are dropped before the next is loaded).
+pub fn cost_shape_engines(
+    loaded: &LoadedModel,
+    weights: &M2r2Weights,
+    dir: &Path,
+    ep_args: &EpArgs,
+    sizes: &Sizes,
+    bandwidth: f64,
+) -> Result<Vec<cost_shape::EngineShape>> {
+    let export = open_matching_export(loaded, weights, dir)?;
     onnx_runner::runtime::init()?;
     let base = ep_args.config(
         &export,
