@@ -112,6 +112,10 @@ fn distill_train_resume_generate() {
         &p("data"),
         "--dev-data",
         &p("dev"),
+        "--limit",
+        "12",
+        "--dev-limit",
+        "2",
         "--steps",
         "30",
         "--batch",
@@ -129,6 +133,32 @@ fn distill_train_resume_generate() {
         arla.stdout
     );
     assert!(arla.stdout.contains("f16)"), "{}", arla.stdout);
+    // --dev-limit 2: two samples of 24 response tokens, 25 rows each (the prompt's last row too)
+    let dev_tokens: usize = format!("{}{}", arla.stdout, arla.stderr)
+        .split(" training and ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .expect("the exit-state line");
+    assert_eq!(dev_tokens, 50);
+    fails(
+        &[
+            "train-arla",
+            "--model",
+            "tiny",
+            "--m2r2",
+            &ck,
+            "--data",
+            &p("data"),
+            "--dev-data",
+            &p("dev"),
+            "--limit",
+            "0",
+            "--out",
+            &p("arla0"),
+        ],
+        &["at least one sample"],
+    );
     let arla_dir = p("arla");
     let mut spec_args = prompt.to_vec();
     spec_args.extend([

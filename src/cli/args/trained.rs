@@ -23,6 +23,12 @@ pub struct TrainedArgs {
     /// Held-out distillation data (development prompts) for calibration and measurements
     #[arg(long, value_name = "DIR")]
     pub dev_data: PathBuf,
+    /// Use only the first N samples of --data (a shorter run; the folders in the order given)
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+    /// Use only the first N samples of --dev-data
+    #[arg(long, value_name = "N")]
+    pub dev_limit: Option<usize>,
 }
 
 /// What [`TrainedArgs`] names, loaded and checked.
@@ -39,8 +45,17 @@ impl TrainedArgs {
         let config = &loaded.model.config;
         let weights = M2r2Weights::load_dir(&self.m2r2, config)
             .with_context(|| format!("cannot load M2R2 weights from {}", self.m2r2.display()))?;
-        let (data, _) = train::data::read_all(&self.data, config.vocab_size)?;
-        let (dev, _) = train::data::read(&self.dev_data, config.vocab_size)?;
+        let (mut data, _) = train::data::read_all(&self.data, config.vocab_size)?;
+        let (mut dev, _) = train::data::read(&self.dev_data, config.vocab_size)?;
+        if let Some(n) = self.limit {
+            data.truncate(n);
+        }
+        if let Some(n) = self.dev_limit {
+            dev.truncate(n);
+        }
+        if data.is_empty() || dev.is_empty() {
+            anyhow::bail!("--limit and --dev-limit must leave at least one sample");
+        }
         Ok(Trained {
             loaded,
             weights,
