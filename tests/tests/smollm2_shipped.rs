@@ -62,17 +62,30 @@ fn shipped_smollm2_weights_are_lossless_and_accept_drafts() {
 
     let (mut emitted, mut rounds) = (0usize, 0usize);
     for (i, (prompt, greedy)) in dev_samples(PROMPTS).into_iter().enumerate() {
+        // The shipped default policy: the config's dynamic drafting, or its fixed length.
+        let config = &weights.config;
+        let (draft_length, gate) = match &config.dynamic_draft {
+            Some(d) => (
+                DraftLength::Dynamic {
+                    max: config.draft_len,
+                    gate: d.gate,
+                    threshold: d.threshold,
+                },
+                Some(d.gate),
+            ),
+            None => (DraftLength::Fixed(config.draft_len), None),
+        };
         let mut backend = ReferenceSpeculation::new(
             M2r2::new(model, &weights),
-            weights.config.draft_gate,
-            None,
-            prompt.len() + NEW_TOKENS + weights.config.draft_len + 1,
+            config.draft_gate,
+            gate,
+            prompt.len() + NEW_TOKENS + config.draft_len + 1,
         )
         .unwrap();
         let options = SpeculativeOptions {
             max_new_tokens: NEW_TOKENS,
             stop_tokens: vec![],
-            draft_length: DraftLength::Fixed(weights.config.draft_len),
+            draft_length,
             sampling: None,
         };
         let out = speculative_generate(&mut backend, &prompt, &options).unwrap();
