@@ -510,6 +510,50 @@ fn print(r: &Report, top: usize) {
     }
     println!();
     println!(
+        "by family: each fixed length, and the best dynamic policy of each gate kind, per draft gate:"
+    );
+    println!();
+    println!(
+        "| draft gate | drafting | tokens per verification | proposals per round | reference | ONNX Runtime |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let mut shown: Vec<(usize, String)> = Vec::new();
+    let mut family: Vec<&PolicyResult> = r
+        .policies
+        .iter()
+        .filter(|p| {
+            let kind = match &p.dynamic_draft {
+                Some(d) => format!("dynamic {}", d.gate),
+                None => p.policy.clone(),
+            };
+            let key = (p.draft_gate, kind);
+            let new = !shown.contains(&key);
+            if new {
+                shown.push(key);
+            }
+            new
+        })
+        .collect();
+    family.sort_by(|a, b| {
+        (a.draft_gate, a.dynamic_draft.is_some(), a.draft_len).cmp(&(
+            b.draft_gate,
+            b.dynamic_draft.is_some(),
+            b.draft_len,
+        ))
+    });
+    for p in family {
+        println!(
+            "| {} | {} | {:.2} | {:.2} | {} | {} |",
+            p.draft_gate,
+            p.policy,
+            p.tokens_per_round,
+            p.proposals_per_round,
+            speed(p.speedup_reference),
+            speed(p.speedup_onnx)
+        );
+    }
+    println!();
+    println!(
         "best: draft gate {}, {} (reference {}, ONNX Runtime {})",
         r.best.draft_gate,
         r.best.policy,
