@@ -5,12 +5,16 @@
 
 use crate::cli::args::m2r2::M2r2Args;
 use crate::cli::args::model::{ModelArgs, PromptArgs};
+use crate::cli::args::onnx::EpArgs;
 use crate::cli::common;
 use anyhow::{Context, Result, bail};
+use onnx_runner::greedy::OnnxModel;
+use onnx_runner::manifest::ExportDir;
+use reference::base::generate::ReferenceGreedy;
 use reference::decode::early_exit::{EarlyExitOptions, KvPolicy};
 use reference::decode::mode::Mode;
 use reference::decode::speculative::{DraftLength, SpeculativeOptions};
-use reference::golden::{CheckReport, DEFAULT_ATOL, Golden, M2r2Record};
+use reference::golden::{CheckReport, DEFAULT_ATOL, Golden, M2r2Record, Tolerance};
 use reference::m2r2::fast_stream::M2r2;
 use serde_json::json;
 use std::path::PathBuf;
@@ -23,6 +27,9 @@ pub enum Command {
     Write(WriteArgs),
     /// Recompute a golden file and compare; exits 1 when a tensor differs beyond the tolerance
     Check(CheckArgs),
+    /// Compare two golden files tensor by tensor (e.g. one written by a deployment's own harness);
+    /// exits 1 when a tensor differs beyond the tolerance
+    Compare(CompareArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -56,18 +63,66 @@ pub struct CheckArgs {
     /// built-in M2R2 weights); they must be the ones recorded with
     #[arg(long = "m2r2", value_name = "DIR|none")]
     pub m2r2: Option<String>,
-    /// Largest allowed absolute difference of a logit
+    /// Absolute tolerance of a logit: OK when |got - golden| <= atol + rtol |golden|
     #[arg(long, value_name = "X", default_value_t = DEFAULT_ATOL, allow_negative_numbers = true)]
     pub atol: f32,
+    /// Relative tolerance of a logit (ONNX Runtime's convention, with --atol)
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub rtol: f32,
+    /// Replay the golden on this ONNX export with ONNX Runtime instead of recomputing it with the
+    /// reference (greedy goldens: teacher forcing along the recorded tokens)
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["model", "m2r2"])]
+    pub onnx: Option<PathBuf>,
+    #[command(flatten)]
+    pub ep: EpArgs,
     /// Print a JSON report
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CompareArgs {
+    /// The expected golden (e.g. written by `m2r2 golden write`)
+    #[arg(value_name = "EXPECTED")]
+    pub expected: PathBuf,
+    /// The golden to check against it (e.g. written by a deployment's harness)
+    #[arg(value_name = "ACTUAL")]
+    pub actual: PathBuf,
+    /// Absolute tolerance of a logit: OK when |actual - expected| <= atol + rtol |expected|
+    #[arg(long, value_name = "X", default_value_t = DEFAULT_ATOL, allow_negative_numbers = true)]
+    pub atol: f32,
+    /// Relative tolerance of a logit
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub rtol: f32,
+    /// Print a JSON report
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn tolerance(atol: f32, rtol: f32) -> Result<Tolerance> {
+    for (name, x) in [("--atol", atol), ("--rtol", rtol)] {
+        if !(x >= 0.0 && x.is_finite()) {
+            bail!("{name} must be a finite number >= 0, got {x}");
+        }
+    }
+    Ok(Tolerance { atol, rtol })
 }
 
 pub fn run(command: &Command) -> Result<()> {
     match command {
         Command::Write(args) => write(args),
         Command::Check(args) => check(args),
+        Command::Compare(args) => compare(args),
     }
 }
 
@@ -204,28 +259,154 @@ fn settings_line(golden: &Golden) -> String {
 }
 
 fn check(args: &CheckArgs) -> Result<()> {
-    if args.atol.is_nan() || args.atol < 0.0 {
-        bail!("--atol must be >= 0, got {}", args.atol);
-    }
+    let tol = tolerance(args.atol, args.rtol)?;
     let golden = Golden::read(&args.file)
         .with_context(|| format!("cannot read golden {}", args.file.display()))?;
-    let spec = args.model.as_deref().unwrap_or(&golden.model);
-    let loaded = common::load(spec)?;
     let start = Instant::now();
-    let report = if golden.m2r2.is_some() {
-        let choice = M2r2Args::weights_only(args.m2r2.clone());
-        let weights = choice.weights(&loaded)?;
-        golden
-            .check_m2r2(M2r2::new(&loaded.model, &weights), args.atol)
-            .with_context(|| format!("M2R2 weights: {}", choice.source(&loaded)))?
-    } else {
-        golden.check(&loaded.model, args.atol)?
+    let (engine, report) = match &args.onnx {
+        Some(dir) => {
+            let export = ExportDir::open(dir)?;
+            onnx_runner::runtime::init()?;
+            let ep = args.ep.config(&export, export.manifest.m2r2.draft_len);
+            let mut model = OnnxModel::load(&export, &ep)?;
+            let engine = format!(
+                "export {} on onnxruntime-{}",
+                dir.display(),
+                model.session().ep_used().name()
+            );
+            let report = golden
+                .check_on(&mut model, &export.manifest.config, tol)
+                .with_context(|| format!("golden check on {engine}"))?;
+            (engine, report)
+        }
+        None => {
+            let spec = args.model.as_deref().unwrap_or(&golden.model);
+            let loaded = common::load(spec)?;
+            let report = if golden.m2r2.is_some() {
+                if tol.rtol != 0.0 {
+                    bail!("--rtol is for greedy goldens; M2R2 goldens are checked with --atol");
+                }
+                let choice = M2r2Args::weights_only(args.m2r2.clone());
+                let weights = choice.weights(&loaded)?;
+                golden
+                    .check_m2r2(M2r2::new(&loaded.model, &weights), tol.atol)
+                    .with_context(|| format!("M2R2 weights: {}", choice.source(&loaded)))?
+            } else {
+                golden.check_on(
+                    &mut ReferenceGreedy::new(&loaded.model),
+                    &loaded.model.config,
+                    tol,
+                )?
+            };
+            (loaded.name.clone(), report)
+        }
     };
     let seconds = start.elapsed().as_secs_f64();
-    if args.json {
-        common::print_json(&report_json(args, &golden, &loaded.name, &report, seconds));
+    let header = format!(
+        "golden {} (recorded with {}, {}): {} prompt tokens, {} steps; checking {engine}",
+        args.file.display(),
+        golden.model,
+        settings_line(&golden),
+        golden.prompt_tokens.len(),
+        golden.tokens.len(),
+    );
+    let fields = json!({
+        "file": args.file.display().to_string(),
+        "golden_model": golden.model,
+        "mode": golden.mode,
+        "model": engine,
+    });
+    let label = format!("golden check of {engine} against {}", args.file.display());
+    finish(args.json, &header, fields, tol, &report, seconds, &label)
+}
+
+fn compare(args: &CompareArgs) -> Result<()> {
+    let tol = tolerance(args.atol, args.rtol)?;
+    let read = |path: &PathBuf| {
+        Golden::read(path).with_context(|| format!("cannot read golden {}", path.display()))
+    };
+    let (expected, actual) = (read(&args.expected)?, read(&args.actual)?);
+    let start = Instant::now();
+    let report = expected.compare_to(&actual, tol).with_context(|| {
+        format!(
+            "cannot compare {} with {}",
+            args.expected.display(),
+            args.actual.display()
+        )
+    })?;
+    let header = format!(
+        "golden {} (recorded with {}, {}) against {} (recorded with {}): {} prompt tokens, {} steps",
+        args.expected.display(),
+        expected.model,
+        settings_line(&expected),
+        args.actual.display(),
+        actual.model,
+        expected.prompt_tokens.len(),
+        expected.tokens.len(),
+    );
+    let fields = json!({
+        "expected": args.expected.display().to_string(),
+        "actual": args.actual.display().to_string(),
+        "mode": expected.mode,
+        "golden_model": expected.model,
+    });
+    let label = format!(
+        "golden compare of {} against {}",
+        args.actual.display(),
+        args.expected.display()
+    );
+    let seconds = start.elapsed().as_secs_f64();
+    finish(args.json, &header, fields, tol, &report, seconds, &label)
+}
+
+/// Print the report (table or JSON) and fail when a tensor is NOT OK.
+fn finish(
+    json_out: bool,
+    header: &str,
+    mut fields: serde_json::Value,
+    tol: Tolerance,
+    report: &CheckReport,
+    seconds: f64,
+    label: &str,
+) -> Result<()> {
+    if json_out {
+        // JSON has no infinity: a NaN or shape mismatch reports `null` differences.
+        let finite = |x: f32| x.is_finite().then_some(x);
+        let extra = json!({
+            "atol": tol.atol,
+            "rtol": tol.rtol,
+            "ok": report.ok(),
+            "seconds": seconds,
+            "entries": report.entries.iter().map(|e| json!({
+                "name": e.name,
+                "ok": e.ok,
+                "max_abs": finite(e.max_abs),
+                "max_rel": finite(e.max_rel),
+                "at": e.at,
+                "note": e.note,
+            })).collect::<Vec<_>>(),
+        });
+        if let (Some(f), Some(e)) = (fields.as_object_mut(), extra.as_object()) {
+            f.extend(e.clone());
+        }
+        common::print_json(&fields);
     } else {
-        print_report(args, &golden, &loaded.name, &report, seconds);
+        println!("{header}");
+        for e in &report.entries {
+            println!(
+                "{:<16} {:<6}  max abs diff {:<10.3e}  max rel diff {:<10.3e}  at {:<10}  {}",
+                e.name,
+                if e.ok { "OK" } else { "NOT OK" },
+                e.max_abs,
+                e.max_rel,
+                format!("{:?}", e.at),
+                e.note
+            );
+        }
+        println!(
+            "overall: {} ({seconds:.2} s)",
+            if report.ok() { "OK" } else { "NOT OK" }
+        );
     }
     if !report.ok() {
         let bad: Vec<&str> = report
@@ -234,73 +415,7 @@ fn check(args: &CheckArgs) -> Result<()> {
             .filter(|e| !e.ok)
             .map(|e| e.name.as_str())
             .collect();
-        bail!(
-            "golden check of {} against {} failed: {} NOT OK",
-            loaded.name,
-            args.file.display(),
-            bad.join(", ")
-        );
+        bail!("{label} failed: {} NOT OK", bad.join(", "));
     }
     Ok(())
-}
-
-fn print_report(
-    args: &CheckArgs,
-    golden: &Golden,
-    model: &str,
-    report: &CheckReport,
-    seconds: f64,
-) {
-    println!(
-        "golden {} (recorded with {}, {}): {} prompt tokens, {} steps; checking {model} at atol {:e}",
-        args.file.display(),
-        golden.model,
-        settings_line(golden),
-        golden.prompt_tokens.len(),
-        golden.tokens.len(),
-        args.atol
-    );
-    for e in &report.entries {
-        println!(
-            "{:<16} {:<6}  max abs diff {:<10.3e}  max rel diff {:<10.3e}  at {:<10}  {}",
-            e.name,
-            if e.ok { "OK" } else { "NOT OK" },
-            e.max_abs,
-            e.max_rel,
-            format!("{:?}", e.at),
-            e.note
-        );
-    }
-    println!(
-        "overall: {} ({seconds:.2} s)",
-        if report.ok() { "OK" } else { "NOT OK" }
-    );
-}
-
-fn report_json(
-    args: &CheckArgs,
-    golden: &Golden,
-    model: &str,
-    report: &CheckReport,
-    seconds: f64,
-) -> serde_json::Value {
-    // JSON has no infinity: a NaN or shape mismatch reports `null` differences.
-    let finite = |x: f32| x.is_finite().then_some(x);
-    json!({
-        "file": args.file.display().to_string(),
-        "golden_model": golden.model,
-        "mode": golden.mode,
-        "model": model,
-        "atol": args.atol,
-        "ok": report.ok(),
-        "seconds": seconds,
-        "entries": report.entries.iter().map(|e| json!({
-            "name": e.name,
-            "ok": e.ok,
-            "max_abs": finite(e.max_abs),
-            "max_rel": finite(e.max_rel),
-            "at": e.at,
-            "note": e.note,
-        })).collect::<Vec<_>>(),
-    })
 }

@@ -94,6 +94,7 @@ mod draft_head;
 mod export;
 mod generate;
 mod golden;
+mod golden_deploy;
 mod golden_m2r2;
 mod info_bench;
 mod m2r2_modes;

@@ -80,8 +80,59 @@ impl CheckReport {
     }
 }
 
+/// How close two logits must be: `|got - want| <= atol + rtol * |want|`, ONNX Runtime's (and
+/// numpy's `allclose`) convention with the golden as the reference value.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tolerance {
+    pub atol: f32,
+    pub rtol: f32,
+}
+
+impl Tolerance {
+    /// An absolute tolerance alone.
+    pub fn absolute(atol: f32) -> Self {
+        Tolerance { atol, rtol: 0.0 }
+    }
+
+    /// How far `got` is past what is allowed around `want`, as a multiple of the allowance (`<= 1`:
+    /// within; NaN anywhere is infinitely far).
+    pub(super) fn excess(&self, want: f32, got: f32) -> f32 {
+        let diff = (want - got).abs();
+        if diff.is_nan() {
+            return f32::INFINITY;
+        }
+        let allowed = self.atol + self.rtol * want.abs();
+        if allowed > 0.0 {
+            diff / allowed
+        } else if diff == 0.0 {
+            0.0
+        } else {
+            f32::INFINITY
+        }
+    }
+
+    fn describe(&self) -> String {
+        if self.rtol == 0.0 {
+            format!("atol {:e}", self.atol)
+        } else {
+            format!("atol {:e} rtol {:e}", self.atol, self.rtol)
+        }
+    }
+}
+
 /// Compare two tensors elementwise: OK when every `|a - b| <= atol`.
 pub fn compare(name: &str, want: ArrayView2<f32>, got: ArrayView2<f32>, atol: f32) -> TensorCheck {
+    compare_within(name, want, got, Tolerance::absolute(atol))
+}
+
+/// Compare two tensors elementwise within `tol`; `at` is the worst element (the largest
+/// difference relative to what `tol` allows there; with `rtol = 0` the largest difference).
+pub fn compare_within(
+    name: &str,
+    want: ArrayView2<f32>,
+    got: ArrayView2<f32>,
+    tol: Tolerance,
+) -> TensorCheck {
     if want.shape() != got.shape() {
         return TensorCheck {
             name: name.into(),
@@ -92,24 +143,26 @@ pub fn compare(name: &str, want: ArrayView2<f32>, got: ArrayView2<f32>, atol: f3
             note: format!("shape {:?} vs {:?}", want.shape(), got.shape()),
         };
     }
-    let (mut max_abs, mut max_rel, mut at) = (0.0f32, 0.0f32, vec![0, 0]);
+    let (mut max_abs, mut max_rel, mut worst, mut at) = (0.0f32, 0.0f32, 0.0f32, vec![0, 0]);
     for ((idx, &w), &g) in want.indexed_iter().zip(got.iter()) {
         let diff = (w - g).abs();
         // NaN anywhere is a mismatch.
         let diff = if diff.is_nan() { f32::INFINITY } else { diff };
-        if diff > max_abs {
-            max_abs = diff;
+        let excess = tol.excess(w, g);
+        if excess > worst || (excess == worst && diff > max_abs && tol.rtol == 0.0) {
+            worst = excess;
             at = vec![idx.0, idx.1];
         }
+        max_abs = max_abs.max(diff);
         max_rel = max_rel.max(diff / w.abs().max(1e-6));
     }
     TensorCheck {
         name: name.into(),
-        ok: max_abs <= atol,
+        ok: worst <= 1.0,
         max_abs,
         max_rel,
         at,
-        note: format!("atol {atol:e}"),
+        note: tol.describe(),
     }
 }
 

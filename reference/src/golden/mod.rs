@@ -18,11 +18,14 @@ use crate::error::{Error, Result};
 use ndarray::Array2;
 
 mod check;
+mod compare;
 mod file;
 mod m2r2;
 mod record;
 
-pub use check::{CheckReport, TensorCheck, compare, compare_ints, compare_padded};
+pub use check::{
+    CheckReport, TensorCheck, Tolerance, compare, compare_ints, compare_padded, compare_within,
+};
 pub use m2r2::{M2r2Golden, M2r2Record, early_exit_logits, weights_hash};
 
 pub const GOLDEN_FORMAT: &str = "m2r2-golden";

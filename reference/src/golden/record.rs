@@ -1,6 +1,7 @@
 //! Recording a greedy golden: decode with the reference and keep every step's logits.
 
 use super::Golden;
+use crate::base::generate::{GreedyBackend, ReferenceGreedy};
 use crate::base::model::Model;
 use crate::base::ops::argmax;
 use crate::error::{Error, Result};
@@ -37,21 +38,40 @@ pub(super) fn replay(
     steps: usize,
     forced: Option<&[u32]>,
 ) -> Result<(Vec<u32>, Array2<f32>)> {
+    let mut backend = ReferenceGreedy::new(model);
+    replay_on(&mut backend, model.config.vocab_size, prompt, steps, forced)
+}
+
+/// [`replay`] on any engine (an ONNX Runtime session, the reference): `vocab` logits per step.
+pub(super) fn replay_on(
+    backend: &mut dyn GreedyBackend,
+    vocab: usize,
+    prompt: &[u32],
+    steps: usize,
+    forced: Option<&[u32]>,
+) -> Result<(Vec<u32>, Array2<f32>)> {
     if prompt.is_empty() {
         return Err(Error::Invalid("the prompt is empty".into()));
     }
-    let mut cache = model.new_cache(prompt.len() + steps)?;
-    let first = model.forward(prompt, &mut cache)?.logits;
-    let mut row = first.row(first.nrows() - 1).to_owned();
-    let mut logits = Array2::zeros((steps, model.config.vocab_size));
+    backend.start(prompt.len() + steps)?;
+    let mut row = backend.feed(prompt)?.0;
+    let mut logits = Array2::zeros((steps, vocab));
     let mut greedy = Vec::with_capacity(steps);
     for step in 0..steps {
-        logits.row_mut(step).assign(&row);
-        let chosen = argmax(row.as_slice().expect("contiguous")) as u32;
+        if row.len() != vocab {
+            return Err(Error::Invalid(format!(
+                "the engine returned {} logits at step {step}, the golden has {vocab} per step",
+                row.len()
+            )));
+        }
+        logits
+            .row_mut(step)
+            .assign(&ndarray::ArrayView1::from(&row[..]));
+        let chosen = argmax(&row) as u32;
         greedy.push(chosen);
         if step + 1 < steps {
             let next = forced.map_or(chosen, |f| f[step]);
-            row = model.forward(&[next], &mut cache)?.logits.row(0).to_owned();
+            row = backend.feed(&[next])?.0;
         }
     }
     Ok((greedy, logits))

@@ -1,0 +1,124 @@
+//! Goldens against deployments (issue 15): `golden check --onnx` replays a greedy golden on an
+//! ONNX export through ONNX Runtime, `golden compare` compares two golden files; perturbed files,
+//! goldens of another model and M2R2 goldens on ONNX Runtime are reported or refused clearly.
+
+use super::{fails, m2r2, ok};
+use reference::golden::Golden;
+use serde_json::Value;
+
+#[test]
+fn check_on_onnx_runtime_and_compare_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let (g, onnx) = (p("g.safetensors"), p("onnx"));
+    ok(&[
+        "golden", "write", "--model", "tiny", "--tokens", "1,2,3", "--steps", "6", "--out", &g,
+    ]);
+    ok(&["export", "--model", "tiny", "--out", &onnx]);
+
+    // the export reproduces the reference's golden within the default tolerance
+    let run = ok(&["golden", "check", &g, "--onnx", &onnx, "--json"]);
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(report["ok"], true, "{report}");
+    assert!(
+        report["model"]
+            .as_str()
+            .unwrap()
+            .contains("onnxruntime-cpu"),
+        "{report}"
+    );
+    let logits = &report["entries"][0];
+    assert_eq!(logits["name"], "logits");
+    assert!(logits["max_abs"].as_f64().unwrap() < 1e-4, "{report}");
+    assert_eq!(report["entries"][1]["name"], "tokens");
+    // an impossible tolerance fails, naming the worst position
+    let run = fails(
+        &["golden", "check", &g, "--onnx", &onnx, "--atol", "0"],
+        &["NOT OK", "golden check of export"],
+    );
+    if !run.stdout.contains("max abs diff 0.000e0") {
+        assert!(
+            run.stdout.contains("logits           NOT OK"),
+            "{}",
+            run.stdout
+        );
+    }
+
+    // compare: a file with itself, then a perturbed copy
+    let run = ok(&["golden", "compare", &g, &g]);
+    assert!(run.stdout.contains("overall: OK"), "{}", run.stdout);
+    let mut perturbed = Golden::read(std::path::Path::new(&g)).unwrap();
+    perturbed.logits[[2, 9]] += 0.5;
+    perturbed
+        .write(std::path::Path::new(&p("bad.safetensors")))
+        .unwrap();
+    let run = fails(
+        &["golden", "compare", &g, &p("bad.safetensors"), "--json"],
+        &["golden compare of", "logits NOT OK"],
+    );
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(report["ok"], false);
+    assert_eq!(
+        report["entries"][2]["at"],
+        serde_json::json!([2, 9]),
+        "{report}"
+    );
+    // within a loose relative tolerance it passes
+    let want = f64::from(perturbed.logits[[2, 9]] - 0.5).abs();
+    let rtol = format!("{}", 0.6 / want.max(1e-3));
+    ok(&[
+        "golden",
+        "compare",
+        &g,
+        &p("bad.safetensors"),
+        "--atol",
+        "0",
+        "--rtol",
+        &rtol,
+    ]);
+    fails(
+        &["golden", "compare", &g, &g, "--rtol", "-1"],
+        &["--rtol must be"],
+    );
+
+    // refusals: a golden of another model, an export of another model, an M2R2 golden on ORT
+    let moe = p("moe.safetensors");
+    ok(&[
+        "golden", "write", "--model", "tiny-moe", "--tokens", "1,2,3", "--steps", "6", "--out",
+        &moe,
+    ]);
+    fails(
+        &["golden", "compare", &g, &moe],
+        &["different model configs"],
+    );
+    fails(
+        &["golden", "check", &moe, "--onnx", &onnx],
+        &["not the one this golden was recorded with"],
+    );
+    let spec = p("spec.safetensors");
+    ok(&[
+        "golden",
+        "write",
+        "--model",
+        "tiny",
+        "--tokens",
+        "1,2,3",
+        "--steps",
+        "6",
+        "--mode",
+        "speculative",
+        "--out",
+        &spec,
+    ]);
+    fails(&["golden", "compare", &g, &spec], &["different modes"]);
+    fails(
+        &["golden", "check", &spec, "--onnx", &onnx],
+        &["greedy goldens only"],
+    );
+    // a truncated file
+    let bytes = std::fs::read(&g).unwrap();
+    std::fs::write(p("cut.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
+    let run = m2r2(&["golden", "compare", &g, &p("cut.safetensors")]);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert!(run.stderr.contains("cut.safetensors"), "{}", run.stderr);
+}
