@@ -80,6 +80,9 @@ pub struct CheckArgs {
     pub onnx: Option<PathBuf>,
     #[command(flatten)]
     pub ep: EpArgs,
+    /// Also write a JUnit XML report (one test case per tensor) for CI systems
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
     /// Print a JSON report
     #[arg(long)]
     pub json: bool,
@@ -104,6 +107,9 @@ pub struct CompareArgs {
         allow_negative_numbers = true
     )]
     pub rtol: f32,
+    /// Also write a JUnit XML report (one test case per tensor) for CI systems
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
     /// Print a JSON report
     #[arg(long)]
     pub json: bool,
@@ -317,6 +323,7 @@ fn check(args: &CheckArgs) -> Result<()> {
         "model": engine,
     });
     let label = format!("golden check of {engine} against {}", args.file.display());
+    write_junit(args.junit.as_deref(), &label, &report, seconds)?;
     finish(args.json, &header, fields, tol, &report, seconds, &label)
 }
 
@@ -356,7 +363,46 @@ fn compare(args: &CompareArgs) -> Result<()> {
         args.expected.display()
     );
     let seconds = start.elapsed().as_secs_f64();
+    write_junit(args.junit.as_deref(), &label, &report, seconds)?;
     finish(args.json, &header, fields, tol, &report, seconds, &label)
+}
+
+/// Write `report` as JUnit XML to `path`: one test suite (`label`), one test case per tensor, a
+/// failure (with the differences and where) for each NOT OK one.
+fn write_junit(
+    path: Option<&std::path::Path>,
+    label: &str,
+    report: &CheckReport,
+    seconds: f64,
+) -> Result<()> {
+    use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
+    let Some(path) = path else {
+        return Ok(());
+    };
+    let mut suite = TestSuite::new(label);
+    suite.set_time(std::time::Duration::from_secs_f64(seconds));
+    for e in &report.entries {
+        let details = format!(
+            "max abs diff {:e}, max rel diff {:e}, at {:?}: {}",
+            e.max_abs, e.max_rel, e.at, e.note
+        );
+        let status = if e.ok {
+            TestCaseStatus::success()
+        } else {
+            let mut failed = TestCaseStatus::non_success(NonSuccessKind::Failure);
+            failed.set_message(format!("{} NOT OK", e.name));
+            failed.set_description(details.clone());
+            failed
+        };
+        let mut case = TestCase::new(e.name.clone(), status);
+        case.set_classname("m2r2.golden");
+        case.set_system_out(details);
+        suite.add_test_case(case);
+    }
+    let mut junit = Report::new("m2r2 golden");
+    junit.add_test_suite(suite);
+    let xml = junit.to_string().context("cannot write the JUnit report")?;
+    std::fs::write(path, xml).with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// Print the report (table or JSON) and fail when a tensor is NOT OK.

@@ -17,7 +17,21 @@ fn check_on_onnx_runtime_and_compare_files() {
     ok(&["export", "--model", "tiny", "--out", &onnx]);
 
     // the export reproduces the reference's golden within the default tolerance
-    let run = ok(&["golden", "check", &g, "--onnx", &onnx, "--json"]);
+    let run = ok(&[
+        "golden",
+        "check",
+        &g,
+        "--onnx",
+        &onnx,
+        "--json",
+        "--junit",
+        &p("ok.xml"),
+    ]);
+    let xml = std::fs::read_to_string(p("ok.xml")).unwrap();
+    assert!(
+        xml.contains("tests=\"2\"") && xml.contains("failures=\"0\""),
+        "{xml}"
+    );
     let report: Value = serde_json::from_str(&run.stdout).unwrap();
     assert_eq!(report["ok"], true, "{report}");
     assert!(
@@ -52,10 +66,27 @@ fn check_on_onnx_runtime_and_compare_files() {
     perturbed
         .write(std::path::Path::new(&p("bad.safetensors")))
         .unwrap();
+    let junit = p("report.xml");
     let run = fails(
-        &["golden", "compare", &g, &p("bad.safetensors"), "--json"],
+        &[
+            "golden",
+            "compare",
+            &g,
+            &p("bad.safetensors"),
+            "--json",
+            "--junit",
+            &junit,
+        ],
         &["golden compare of", "logits NOT OK"],
     );
+    // JUnit: one test case per tensor, the logits one failed
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert!(
+        xml.contains("tests=\"3\"") && xml.contains("failures=\"1\""),
+        "{xml}"
+    );
+    assert!(xml.contains("<testcase name=\"logits\""), "{xml}");
+    assert!(xml.contains("<failure message=\"logits NOT OK\""), "{xml}");
     let report: Value = serde_json::from_str(&run.stdout).unwrap();
     assert_eq!(report["ok"], false);
     assert_eq!(
