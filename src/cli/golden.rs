@@ -63,17 +63,8 @@ pub struct CheckArgs {
     /// built-in M2R2 weights); they must be the ones recorded with
     #[arg(long = "m2r2", value_name = "DIR|none")]
     pub m2r2: Option<String>,
-    /// Absolute tolerance of a logit: OK when |got - golden| <= atol + rtol |golden|
-    #[arg(long, value_name = "X", default_value_t = DEFAULT_ATOL, allow_negative_numbers = true)]
-    pub atol: f32,
-    /// Relative tolerance of a logit (ONNX Runtime's convention, with --atol)
-    #[arg(
-        long,
-        value_name = "X",
-        default_value_t = 0.0,
-        allow_negative_numbers = true
-    )]
-    pub rtol: f32,
+    #[command(flatten)]
+    pub tol: ToleranceArgs,
     /// Replay the golden on this ONNX export with ONNX Runtime instead of recomputing it with the
     /// reference (greedy goldens: teacher forcing along the recorded tokens)
     #[arg(long, value_name = "DIR", conflicts_with_all = ["model", "m2r2"])]
@@ -96,17 +87,8 @@ pub struct CompareArgs {
     /// The golden to check against it (e.g. written by a deployment's harness)
     #[arg(value_name = "ACTUAL")]
     pub actual: PathBuf,
-    /// Absolute tolerance of a logit: OK when |actual - expected| <= atol + rtol |expected|
-    #[arg(long, value_name = "X", default_value_t = DEFAULT_ATOL, allow_negative_numbers = true)]
-    pub atol: f32,
-    /// Relative tolerance of a logit
-    #[arg(
-        long,
-        value_name = "X",
-        default_value_t = 0.0,
-        allow_negative_numbers = true
-    )]
-    pub rtol: f32,
+    #[command(flatten)]
+    pub tol: ToleranceArgs,
     /// Also write a JUnit XML report (one test case per tensor) for CI systems
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
@@ -115,13 +97,34 @@ pub struct CompareArgs {
     pub json: bool,
 }
 
-fn tolerance(atol: f32, rtol: f32) -> Result<Tolerance> {
-    for (name, x) in [("--atol", atol), ("--rtol", rtol)] {
-        if !(x >= 0.0 && x.is_finite()) {
-            bail!("{name} must be a finite number >= 0, got {x}");
+/// `--atol` / `--rtol` of `check` and `compare`.
+#[derive(clap::Args, Debug)]
+pub struct ToleranceArgs {
+    /// Absolute tolerance of a logit: OK when |got - golden| <= atol + rtol |golden|
+    #[arg(long, value_name = "X", default_value_t = DEFAULT_ATOL, allow_negative_numbers = true)]
+    pub atol: f32,
+    /// Relative tolerance of a logit (ONNX Runtime's convention, with --atol)
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    pub rtol: f32,
+}
+
+impl ToleranceArgs {
+    fn get(&self) -> Result<Tolerance> {
+        for (name, x) in [("--atol", self.atol), ("--rtol", self.rtol)] {
+            if !(x >= 0.0 && x.is_finite()) {
+                bail!("{name} must be a finite number >= 0, got {x}");
+            }
         }
+        Ok(Tolerance {
+            atol: self.atol,
+            rtol: self.rtol,
+        })
     }
-    Ok(Tolerance { atol, rtol })
 }
 
 pub fn run(command: &Command) -> Result<()> {
@@ -265,7 +268,7 @@ fn settings_line(golden: &Golden) -> String {
 }
 
 fn check(args: &CheckArgs) -> Result<()> {
-    let tol = tolerance(args.atol, args.rtol)?;
+    let tol = args.tol.get()?;
     let golden = Golden::read(&args.file)
         .with_context(|| format!("cannot read golden {}", args.file.display()))?;
     let start = Instant::now();
@@ -328,7 +331,7 @@ fn check(args: &CheckArgs) -> Result<()> {
 }
 
 fn compare(args: &CompareArgs) -> Result<()> {
-    let tol = tolerance(args.atol, args.rtol)?;
+    let tol = args.tol.get()?;
     let read = |path: &PathBuf| {
         Golden::read(path).with_context(|| format!("cannot read golden {}", path.display()))
     };

@@ -451,6 +451,29 @@ fn describe(policy: Policy) -> String {
     }
 }
 
+fn speed(s: Option<f64>) -> String {
+    s.map_or("-".into(), |s| format!("{s:.2}x"))
+}
+
+/// A table of policies with their predictions.
+fn print_policies<'a>(policies: impl Iterator<Item = &'a PolicyResult>) {
+    println!(
+        "| draft gate | drafting | tokens per verification | proposals per round | reference | ONNX Runtime |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for p in policies {
+        println!(
+            "| {} | {} | {:.2} | {:.2} | {} | {} |",
+            p.draft_gate,
+            p.policy,
+            p.tokens_per_round,
+            p.proposals_per_round,
+            speed(p.speedup_reference),
+            speed(p.speedup_onnx)
+        );
+    }
+}
+
 fn print(r: &Report, top: usize) {
     println!(
         "{} with M2R2 weights {}: {} samples of {}",
@@ -492,31 +515,12 @@ fn print(r: &Report, top: usize) {
     println!();
     println!("predicted speed-up over greedy decoding, best first:");
     println!();
-    println!(
-        "| draft gate | drafting | tokens per verification | proposals per round | reference | ONNX Runtime |"
-    );
-    println!("|---|---|---|---|---|---|");
-    let speed = |s: Option<f64>| s.map_or("-".into(), |s| format!("{s:.2}x"));
-    for p in r.policies.iter().take(top) {
-        println!(
-            "| {} | {} | {:.2} | {:.2} | {} | {} |",
-            p.draft_gate,
-            p.policy,
-            p.tokens_per_round,
-            p.proposals_per_round,
-            speed(p.speedup_reference),
-            speed(p.speedup_onnx)
-        );
-    }
+    print_policies(r.policies.iter().take(top));
     println!();
     println!(
         "by family: each fixed length, and the best dynamic policy of each gate kind, per draft gate:"
     );
     println!();
-    println!(
-        "| draft gate | drafting | tokens per verification | proposals per round | reference | ONNX Runtime |"
-    );
-    println!("|---|---|---|---|---|---|");
     let mut shown: Vec<(usize, String)> = Vec::new();
     let mut family: Vec<&PolicyResult> = r
         .policies
@@ -541,17 +545,7 @@ fn print(r: &Report, top: usize) {
             b.draft_len,
         ))
     });
-    for p in family {
-        println!(
-            "| {} | {} | {:.2} | {:.2} | {} | {} |",
-            p.draft_gate,
-            p.policy,
-            p.tokens_per_round,
-            p.proposals_per_round,
-            speed(p.speedup_reference),
-            speed(p.speedup_onnx)
-        );
-    }
+    print_policies(family.into_iter());
     println!();
     println!(
         "best: draft gate {}, {} (reference {}, ONNX Runtime {})",
