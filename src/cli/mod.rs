@@ -8,6 +8,7 @@ pub mod decode_speed;
 pub mod moe_report;
 pub mod progress;
 pub mod report;
+pub mod step_times;
 
 // The subcommands, as `m2r2 --help` lists them.
 pub mod analyze;

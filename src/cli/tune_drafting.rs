@@ -12,10 +12,10 @@
 use crate::cli::args::m2r2::{M2r2Args, OnOff};
 use crate::cli::args::model::ModelArgs;
 use crate::cli::args::onnx::EpArgs;
-use crate::cli::bench::cost_shape::{bench_prompt, time_steps};
-use crate::cli::bench::onnx::open_matching_export;
+use crate::cli::args::onnx::open_matching_export;
 use crate::cli::common;
 use crate::cli::progress;
+use crate::cli::step_times::{StepTimes, bench_prompt, time_steps};
 use anyhow::{Context, Result, bail};
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::speculation::OnnxSpeculation;
@@ -337,12 +337,7 @@ fn verify_rows(args: &Args) -> Vec<usize> {
 }
 
 /// Step costs from timed steps: `times` with a confidence-scoring backend, `arla` with ARLA's.
-fn engine_costs(
-    engine: String,
-    gate: usize,
-    times: crate::cli::bench::cost_shape::StepTimes,
-    arla: Option<f64>,
-) -> EngineCosts {
+fn engine_costs(engine: String, gate: usize, times: StepTimes, arla: Option<f64>) -> EngineCosts {
     EngineCosts {
         engine,
         gate,

@@ -33,13 +33,14 @@ fn cli_dir() -> PathBuf {
 }
 
 /// The modules of `src/cli` that commands may import; every other module is a command.
-const CLI_SHARED: [&str; 6] = [
+const CLI_SHARED: [&str; 7] = [
     "args",
     "common",
     "decode_speed",
     "moe_report",
     "progress",
     "report",
+    "step_times",
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

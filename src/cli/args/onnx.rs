@@ -5,6 +5,9 @@ use super::m2r2::OnOff;
 use anyhow::{Result, bail};
 use onnx_runner::ep::{DimRanges, Ep, EpConfig, GraphOptimization, TensorRtOptions};
 use onnx_runner::manifest::ExportDir;
+use reference::io::load::LoadedModel;
+use reference::m2r2::weights::M2r2Weights;
+use std::path::Path;
 use std::path::PathBuf;
 
 /// The execution provider flags, shared by `run` and `bench --onnx`.
@@ -172,5 +175,50 @@ mod tests {
             let err = apply_session_options(&EpConfig::cpu(), bad).unwrap_err();
             assert!(err.to_string().contains(says), "{bad}: {err}");
         }
+    }
+}
+
+/// The export in `dir`, refused when it was made from another model than `loaded`.
+pub fn open_export(loaded: &LoadedModel, dir: &Path) -> Result<ExportDir> {
+    let export = ExportDir::open(dir)?;
+    if export.manifest.config != loaded.model.config {
+        bail!(
+            "the export in {} was made from a different model than `{}` (their configs differ); \
+             pass the model it was exported from with --model",
+            dir.display(),
+            loaded.name
+        );
+    }
+    Ok(export)
+}
+
+/// The export in `dir`, refused when it was made from another model than `loaded` or drafts
+/// otherwise than `weights` (another draft gate or draft head).
+pub fn open_matching_export(
+    loaded: &LoadedModel,
+    weights: &M2r2Weights,
+    dir: &Path,
+) -> Result<ExportDir> {
+    let export = open_export(loaded, dir)?;
+    let manifest = &export.manifest;
+    if manifest.draft_gate != weights.config.draft_gate || export.draft_head != weights.draft_head {
+        bail!(
+            "the export {} drafts at gate {} with {}, the reference's M2R2 weights at gate {} with \
+             {}; pass the --m2r2 folder (and --draft-head) the export was made with",
+            dir.display(),
+            manifest.draft_gate,
+            head_words(manifest.draft_head_tokens),
+            weights.config.draft_gate,
+            head_words(weights.draft_head.as_ref().map(|h| h.len()))
+        );
+    }
+    Ok(export)
+}
+
+/// The draft head in words.
+pub fn head_words(tokens: Option<usize>) -> String {
+    match tokens {
+        Some(k) => format!("pruned draft head of {k} tokens"),
+        None => "full draft head".into(),
     }
 }

@@ -8,8 +8,9 @@ pub mod onnx;
 pub mod training;
 
 use crate::cli::args::model::ModelArgs;
+use crate::cli::args::onnx::head_words;
 use crate::cli::common;
-use onnx::{EngineResult, SpecBench, head_words, print_engines};
+use onnx::{EngineResult, SpecBench, print_engines};
 
 use crate::cli::args::bench::Sizes;
 use crate::cli::args::m2r2::{M2r2Args, OnOff};

@@ -5,13 +5,14 @@
 
 use crate::cli::args::bench::Sizes;
 use crate::cli::args::m2r2::{M2r2Args, OnOff};
-use crate::cli::args::onnx::{EpArgs, check_draft_head};
+use crate::cli::args::onnx::{
+    EpArgs, check_draft_head, head_words, open_export, open_matching_export,
+};
 use crate::cli::bench::cost_shape;
 use crate::cli::common;
 use crate::cli::decode_speed::{DecodeWeights, cpu_model};
 use anyhow::{Result, bail};
 use onnx_runner::greedy::OnnxModel;
-use onnx_runner::manifest::ExportDir;
 use onnx_runner::speculation::OnnxSpeculation;
 use reference::base::generate::{GenerateOptions, generate};
 use reference::decode::draft_verify::ReferenceSpeculation;
@@ -61,43 +62,6 @@ pub struct OnnxBenchResult {
     pub tokens_equal_reference: bool,
 }
 
-/// The export in `dir`, refused when it was made from another model than `loaded`.
-fn open_export(loaded: &LoadedModel, dir: &Path) -> Result<ExportDir> {
-    let export = ExportDir::open(dir)?;
-    if export.manifest.config != loaded.model.config {
-        bail!(
-            "the export in {} was made from a different model than `{}` (their configs differ); \
-             pass the model it was exported from with --model",
-            dir.display(),
-            loaded.name
-        );
-    }
-    Ok(export)
-}
-
-/// The export in `dir`, refused when it was made from another model than `loaded` or drafts
-/// otherwise than `weights` (another draft gate or draft head).
-pub fn open_matching_export(
-    loaded: &LoadedModel,
-    weights: &M2r2Weights,
-    dir: &Path,
-) -> Result<ExportDir> {
-    let export = open_export(loaded, dir)?;
-    let manifest = &export.manifest;
-    if manifest.draft_gate != weights.config.draft_gate || export.draft_head != weights.draft_head {
-        bail!(
-            "the export {} drafts at gate {} with {}, the reference's M2R2 weights at gate {} with \
-             {}; pass the --m2r2 folder (and --draft-head) the export was made with",
-            dir.display(),
-            manifest.draft_gate,
-            head_words(manifest.draft_head_tokens),
-            weights.config.draft_gate,
-            head_words(weights.draft_head.as_ref().map(|h| h.len()))
-        );
-    }
-    Ok(export)
-}
-
 /// ONNX Runtime's step costs for `m2r2 bench --cost-shape --onnx DIR`: the export must be of the
 /// loaded model with the reference's draft gate and draft head (`weights`). One engine for the
 /// session options of the flags, then one for each `--ort-compare` variant, measured one after
@@ -118,7 +82,7 @@ pub fn cost_shape_engines(
     );
     let mut variants = vec![(String::new(), base.clone())];
     variants.extend(ep_args.compare(&base)?);
-    let prompt = cost_shape::bench_prompt(loaded, sizes.prompt_len);
+    let prompt = crate::cli::step_times::bench_prompt(loaded, sizes.prompt_len);
     let bytes = DecodeWeights::of(&loaded.model.config).bytes();
     let mut engines = Vec::new();
     for (name, ep) in variants {
@@ -379,14 +343,6 @@ pub fn print_table(r: &OnnxBenchResult) {
             "NO"
         }
     );
-}
-
-/// The draft head in words.
-pub fn head_words(tokens: Option<usize>) -> String {
-    match tokens {
-        Some(k) => format!("pruned draft head of {k} tokens"),
-        None => "full draft head".into(),
-    }
 }
 
 /// The engines' table rows and the legend.

@@ -2,7 +2,7 @@
 //! synthetic samples (fixed pseudo-random token ids; the arithmetic of a step does not depend on
 //! the ids), timed the way `m2r2 train` runs them.
 
-use crate::cli::bench::cost_shape::bench_prompt;
+use crate::cli::step_times::bench_prompt;
 use anyhow::{Context, Result};
 use reference::io::load::LoadedModel;
 use reference::m2r2::weights::M2r2Weights;
