@@ -1,7 +1,8 @@
 //! The trained M2R2 weights shipped for SmolLM2-135M-Instruct (`reference/assets/smollm2-m2r2`,
 //! issue 7): they load as the default of `--model smollm2`, self-speculative decoding with them
 //! reproduces the base model's greedy tokens, and drafts are accepted at least as often as
-//! docs/TRAINING.md says, on development prompts the training never saw.
+//! docs/TRAINING.md says, on development prompts the training never saw (nothing was chosen on
+//! them either: the drafting policy comes from validation data).
 //!
 //! The oracle for "greedy" is the committed held-out data `data/distill/smollm2-dev` (the
 //! reference's greedy responses to the first 20 Vicuna prompts, chat template applied). Fails
@@ -19,10 +20,15 @@ const PROMPTS: usize = 3;
 /// New tokens per prompt.
 const NEW_TOKENS: usize = 64;
 /// Mean accepted length (tokens per verification round, bonus token included) over the rounds of
-/// the `PROMPTS` prompts with the shipped weights and their defaults (draft gate 1, 4 drafts):
-/// measured 1.443 (docs/TRAINING.md); greedy decoding is deterministic, so the floor is the
-/// measurement rounded down.
-const MIN_MEAN_ACCEPTED: f64 = 1.44;
+/// the `PROMPTS` prompts with the shipped weights and their default drafting policy (draft gate 1,
+/// dynamic drafting while the confidence is >= 0.5, at most 2 drafts): measured 1.2500 over 152
+/// rounds (docs/TRAINING.md, third run); greedy decoding is deterministic, so the floor is the
+/// measurement rounded down. Dynamic drafting proposes only where the gate is confident, so many
+/// rounds verify the base token alone and this mean is lower than with 4 fixed drafts (1.44 for the
+/// second run's weights), while each draft is accepted far more often:
+const MIN_MEAN_ACCEPTED: f64 = 1.25;
+/// Of the rounds that drafted, those whose first draft was accepted: measured 0.7750 (31 of 40).
+const MIN_FIRST_ACCEPTED: f64 = 0.77;
 
 /// `(prompt, greedy response)` token ids of the first `n` development samples.
 fn dev_samples(n: usize) -> Vec<(Vec<u32>, Vec<u32>)> {
@@ -61,6 +67,8 @@ fn shipped_smollm2_weights_are_lossless_and_accept_drafts() {
     assert!(weights.arla.is_some(), "the shipped weights carry ARLA");
 
     let (mut emitted, mut rounds) = (0usize, 0usize);
+    // rounds that drafted at least one token, and those whose first draft was accepted
+    let (mut drafted, mut first_accepted) = (0usize, 0usize);
     for (i, (prompt, greedy)) in dev_samples(PROMPTS).into_iter().enumerate() {
         // The shipped default policy: the config's dynamic drafting, or its fixed length.
         let config = &weights.config;
@@ -93,8 +101,19 @@ fn shipped_smollm2_weights_are_lossless_and_accept_drafts() {
         assert_eq!(out.tokens[..n], greedy[..n], "dev prompt {i}");
         emitted += out.rounds.iter().map(|r| r.accepted + 1).sum::<usize>();
         rounds += out.rounds.len();
+        drafted += out.rounds.iter().filter(|r| !r.drafted.is_empty()).count();
+        first_accepted += out.rounds.iter().filter(|r| r.accepted > 0).count();
     }
     let mean = emitted as f64 / rounds as f64;
+    let first = first_accepted as f64 / drafted as f64;
+    eprintln!(
+        "mean accepted length {mean:.4} over {rounds} rounds; first draft accepted in {first:.4} \
+         of {drafted} rounds that drafted"
+    );
+    assert!(
+        first >= MIN_FIRST_ACCEPTED,
+        "first-draft acceptance {first:.3} < {MIN_FIRST_ACCEPTED} (docs/TRAINING.md)"
+    );
     assert!(
         mean >= MIN_MEAN_ACCEPTED,
         "mean accepted length {mean:.3} < {MIN_MEAN_ACCEPTED} (docs/TRAINING.md)"
