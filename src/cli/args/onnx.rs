@@ -152,32 +152,6 @@ pub fn check_draft_head(export: &ExportDir, choice: Option<OnOff>) -> Result<()>
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn session_options_parse_and_name_what_is_wrong() {
-        let ep =
-            apply_session_options(&EpConfig::cpu(), "threads=1, spinning=off,opt=basic").unwrap();
-        assert_eq!(ep.intra_threads, Some(1));
-        assert_eq!(ep.intra_spinning, Some(false));
-        assert_eq!(ep.optimization, Some(GraphOptimization::Basic));
-        let ep = apply_session_options(&EpConfig::cpu(), "own-pool=on,host-kv=on").unwrap();
-        assert!(ep.own_thread_pool && ep.host_kv);
-        for (bad, says) in [
-            ("threads", "not key=value"),
-            ("threads=two", "takes a count"),
-            ("spinning=yes", "takes on or off"),
-            ("opt=max", "unknown graph optimisation level `max`"),
-            ("colour=red", "unknown session option `colour`"),
-        ] {
-            let err = apply_session_options(&EpConfig::cpu(), bad).unwrap_err();
-            assert!(err.to_string().contains(says), "{bad}: {err}");
-        }
-    }
-}
-
 /// The export in `dir`, refused when it was made from another model than `loaded`.
 pub fn open_export(loaded: &LoadedModel, dir: &Path) -> Result<ExportDir> {
     let export = ExportDir::open(dir)?;
@@ -220,5 +194,31 @@ pub fn head_words(tokens: Option<usize>) -> String {
     match tokens {
         Some(k) => format!("pruned draft head of {k} tokens"),
         None => "full draft head".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_options_parse_and_name_what_is_wrong() {
+        let ep =
+            apply_session_options(&EpConfig::cpu(), "threads=1, spinning=off,opt=basic").unwrap();
+        assert_eq!(ep.intra_threads, Some(1));
+        assert_eq!(ep.intra_spinning, Some(false));
+        assert_eq!(ep.optimization, Some(GraphOptimization::Basic));
+        let ep = apply_session_options(&EpConfig::cpu(), "own-pool=on,host-kv=on").unwrap();
+        assert!(ep.own_thread_pool && ep.host_kv);
+        for (bad, says) in [
+            ("threads", "not key=value"),
+            ("threads=two", "takes a count"),
+            ("spinning=yes", "takes on or off"),
+            ("opt=max", "unknown graph optimisation level `max`"),
+            ("colour=red", "unknown session option `colour`"),
+        ] {
+            let err = apply_session_options(&EpConfig::cpu(), bad).unwrap_err();
+            assert!(err.to_string().contains(says), "{bad}: {err}");
+        }
     }
 }
