@@ -58,6 +58,34 @@ fn check_on_onnx_runtime_and_compare_files() {
         );
     }
 
+    // an f16 export: outside the f32 default, inside the f16 one the check picks by itself
+    let onnx16 = p("onnx16");
+    ok(&[
+        "export",
+        "--model",
+        "tiny",
+        "--weights-dtype",
+        "f16",
+        "--out",
+        &onnx16,
+    ]);
+    let run = ok(&["golden", "check", &g, "--onnx", &onnx16, "--json"]);
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(
+        report["atol"].as_f64(),
+        Some(f64::from(5e-2f32)),
+        "{report}"
+    );
+    assert!(
+        report["entries"][0]["max_abs"].as_f64().unwrap() > 1e-4,
+        "{report}"
+    );
+    assert!(report.get("worst_token_text").is_some(), "{report}");
+    fails(
+        &["golden", "check", &g, "--onnx", &onnx16, "--atol", "1e-4"],
+        &["logits NOT OK"],
+    );
+
     // compare: a file with itself, then a perturbed copy
     let run = ok(&["golden", "compare", &g, &g]);
     assert!(run.stdout.contains("overall: OK"), "{}", run.stdout);
