@@ -510,6 +510,17 @@ mod tests {
         );
         assert_eq!(M2r2Config::load(dir.path(), &model).unwrap(), c);
 
+        // each edited text is refused naming the file and what is wrong
+        let refused = |cases: &[(String, &str)]| {
+            for (bad, want) in cases {
+                std::fs::write(dir.path().join(M2R2_CONFIG_FILE), bad).unwrap();
+                let err = M2r2Config::load(dir.path(), &model)
+                    .unwrap_err()
+                    .to_string();
+                assert!(err.contains(want), "{err:?} should contain {want:?}");
+                assert!(err.contains(M2R2_CONFIG_FILE), "{err}");
+            }
+        };
         let cases = [
             (
                 text.replace("\"draft_len\"", "\"draft_length\""),
@@ -524,14 +535,7 @@ mod tests {
                 "unknown field `latnet`",
             ),
         ];
-        for (bad, want) in cases {
-            std::fs::write(dir.path().join(M2R2_CONFIG_FILE), bad).unwrap();
-            let err = M2r2Config::load(dir.path(), &model)
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains(want), "{err:?} should contain {want:?}");
-            assert!(err.contains(M2R2_CONFIG_FILE), "{err}");
-        }
+        refused(&cases);
 
         // dynamic_draft: absent by default (not written), round-trips, checked strictly
         assert!(!text.contains("dynamic_draft"), "{text}");
@@ -557,14 +561,7 @@ mod tests {
                 "",
             ),
         ];
-        for (bad, want) in cases {
-            std::fs::write(dir.path().join(M2R2_CONFIG_FILE), bad).unwrap();
-            let err = M2r2Config::load(dir.path(), &model)
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains(want), "{err:?} should contain {want:?}");
-            assert!(err.contains(M2R2_CONFIG_FILE), "{err}");
-        }
+        refused(&cases);
         c.dynamic_draft = Some(DynamicDraftConfig {
             gate: GateKind::Entropy,
             threshold: f32::NAN,
