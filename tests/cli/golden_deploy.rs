@@ -181,3 +181,101 @@ fn check_on_onnx_runtime_and_compare_files() {
     assert_eq!(run.code, Some(1), "{}", run.stderr);
     assert!(run.stderr.contains("cut.safetensors"), "{}", run.stderr);
 }
+
+#[test]
+fn suites_of_goldens() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    std::fs::write(
+        dir.path().join("prompts.jsonl"),
+        "{\"id\": \"a/1\", \"prompt\": \"Hi\"}\n{\"id\": \"b\", \"prompt\": \"Count to 3.\"}\n",
+    )
+    .unwrap();
+    let (suite, onnx) = (p("suite"), p("onnx"));
+    let run = ok(&[
+        "golden",
+        "write",
+        "--model",
+        "tiny",
+        "--prompts",
+        &p("prompts.jsonl"),
+        "--chat",
+        "--steps",
+        "4",
+        "--out",
+        &suite,
+        "--json",
+    ]);
+    let written: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(written["files"].as_array().unwrap().len(), 2, "{written}");
+    // one file per prompt, named by its id
+    assert!(dir.path().join("suite/a_1.golden.safetensors").is_file());
+    assert!(dir.path().join("suite/b.golden.safetensors").is_file());
+    let run = ok(&["golden", "check", &suite]);
+    assert!(
+        run.stdout.contains("suite: 2 of 2 files OK"),
+        "{}",
+        run.stdout
+    );
+    ok(&["export", "--model", "tiny", "--out", &onnx]);
+    let run = ok(&["golden", "check", &suite, "--onnx", &onnx, "--json"]);
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(report["ok"], true);
+    assert_eq!(report["files"].as_array().unwrap().len(), 2, "{report}");
+
+    // a perturbed member: compare names it; JUnit has one test suite per file
+    let copy = p("copy");
+    std::fs::create_dir(&copy).unwrap();
+    for name in ["a_1.golden.safetensors", "b.golden.safetensors"] {
+        std::fs::copy(
+            dir.path().join("suite").join(name),
+            dir.path().join("copy").join(name),
+        )
+        .unwrap();
+    }
+    let member = dir.path().join("copy/b.golden.safetensors");
+    let mut g = Golden::read(&member).unwrap();
+    g.logits[[1, 2]] += 1.0;
+    g.write(&member).unwrap();
+    let junit = p("suite.xml");
+    let run = fails(
+        &["golden", "compare", &suite, &copy, "--junit", &junit],
+        &["b.golden.safetensors", "logits NOT OK"],
+    );
+    assert!(
+        run.stdout.contains("suite: 1 of 2 files OK"),
+        "{}",
+        run.stdout
+    );
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    assert_eq!(xml.matches("<testsuite ").count(), 2, "{xml}");
+    assert!(xml.contains("failures=\"1\""), "{xml}");
+    // a missing member, a file against a folder, an empty folder
+    std::fs::remove_file(dir.path().join("copy/a_1.golden.safetensors")).unwrap();
+    fails(
+        &["golden", "compare", &suite, &copy],
+        &["the suites differ", "a_1.golden.safetensors"],
+    );
+    fails(
+        &["golden", "compare", &suite, &p("copy/b.golden.safetensors")],
+        &["a folder with a folder"],
+    );
+    std::fs::create_dir(p("empty")).unwrap();
+    fails(
+        &["golden", "check", &p("empty")],
+        &["holds no golden files"],
+    );
+    fails(
+        &[
+            "golden",
+            "write",
+            "--model",
+            "tiny",
+            "--steps",
+            "2",
+            "--out",
+            &p("x"),
+        ],
+        &["give a prompt"],
+    );
+}
