@@ -15,6 +15,7 @@ use reference::decode::early_exit::{EarlyExitOptions, KvPolicy};
 use reference::decode::mode::Mode;
 use reference::decode::speculative::{DraftLength, SpeculativeOptions};
 use reference::golden::{CheckReport, DEFAULT_ATOL, Golden, M2r2Record, Tolerance};
+use reference::io::load::LoadedModel;
 use reference::io::tokenizer::Tokenizer;
 use reference::m2r2::fast_stream::M2r2;
 use serde_json::json;
@@ -356,46 +357,80 @@ const F16_EXPORT_ATOL: f32 = 5e-2;
 /// SmolLM2's logits by up to 7.7e-5 (docs/GOLDEN.md); 2.6 times that.
 const F32_EXPORT_ATOL: f32 = 2e-4;
 
-fn check_file(args: &CheckArgs, file: &Path) -> Result<Checked> {
+/// The ONNX Runtime side of `check --onnx`: the export and its session, opened once for every
+/// file of a suite.
+struct OnnxEngine {
+    export: ExportDir,
+    model: OnnxModel,
+    name: String,
+    tokenizer: Option<Tokenizer>,
+    tol: Tolerance,
+}
+
+impl OnnxEngine {
+    fn open(args: &CheckArgs, dir: &Path) -> Result<Self> {
+        let export = ExportDir::open(dir)?;
+        let default_atol = match export.manifest.weights_dtype.as_str() {
+            "f16" => F16_EXPORT_ATOL,
+            _ => F32_EXPORT_ATOL,
+        };
+        let tol = args.tol.get(default_atol)?;
+        onnx_runner::runtime::init()?;
+        let ep = args.ep.config(&export, export.manifest.m2r2.draft_len);
+        let model = OnnxModel::load(&export, &ep)?;
+        let name = format!(
+            "export {} on onnxruntime-{}",
+            dir.display(),
+            model.session().ep_used().name()
+        );
+        let tokenizer = export.tokenizer()?;
+        Ok(OnnxEngine {
+            export,
+            model,
+            name,
+            tokenizer,
+            tol,
+        })
+    }
+}
+
+/// What `check` runs the goldens on: an export (opened once), or the reference models the files
+/// name (each loaded once, kept while consecutive files name the same one).
+struct Engine {
+    onnx: Option<OnnxEngine>,
+    reference: Option<(String, LoadedModel)>,
+}
+
+fn check_file(args: &CheckArgs, engine: &mut Engine, file: &Path) -> Result<Checked> {
     let golden =
         Golden::read(file).with_context(|| format!("cannot read golden {}", file.display()))?;
     let start = Instant::now();
     let tol: Tolerance;
-    let (engine, report, worst_text) = match &args.onnx {
-        Some(dir) => {
-            let export = ExportDir::open(dir)?;
-            let default_atol = match export.manifest.weights_dtype.as_str() {
-                "f16" => F16_EXPORT_ATOL,
-                _ => F32_EXPORT_ATOL,
-            };
-            tol = args.tol.get(default_atol)?;
-            onnx_runner::runtime::init()?;
-            let ep = args.ep.config(&export, export.manifest.m2r2.draft_len);
-            let mut model = OnnxModel::load(&export, &ep)?;
-            let engine = format!(
-                "export {} on onnxruntime-{}",
-                dir.display(),
-                model.session().ep_used().name()
-            );
+    let (engine, report, worst_text) = match &mut engine.onnx {
+        Some(onnx) => {
+            tol = onnx.tol;
             let report = golden
-                .check_on(&mut model, &export.manifest.config, tol)
-                .with_context(|| format!("golden check on {engine}"))?;
-            let text = worst_token_text(&report, export.tokenizer()?.as_ref());
-            (engine, report, text)
+                .check_on(&mut onnx.model, &onnx.export.manifest.config, tol)
+                .with_context(|| format!("golden check on {}", onnx.name))?;
+            let text = worst_token_text(&report, onnx.tokenizer.as_ref());
+            (onnx.name.clone(), report, text)
         }
         None => {
             tol = args.tol.get(DEFAULT_ATOL)?;
             let spec = args.model.as_deref().unwrap_or(&golden.model);
-            let loaded = common::load(spec)?;
+            let loaded = match &mut engine.reference {
+                Some((name, loaded)) if name == spec => loaded,
+                slot => &mut slot.insert((spec.to_string(), common::load(spec)?)).1,
+            };
             let report = if golden.m2r2.is_some() {
                 if tol.rtol != 0.0 {
                     bail!("--rtol is for greedy goldens; M2R2 goldens are checked with --atol");
                 }
                 let choice = M2r2Args::weights_only(args.m2r2.clone());
-                let weights = choice.weights(&loaded)?;
+                let weights = choice.weights(loaded)?;
                 golden
                     .check_m2r2(M2r2::new(&loaded.model, &weights), tol.atol)
-                    .with_context(|| format!("M2R2 weights: {}", choice.source(&loaded)))?
+                    .with_context(|| format!("M2R2 weights: {}", choice.source(loaded)))?
             } else {
                 golden.check_on(
                     &mut ReferenceGreedy::new(&loaded.model),
@@ -467,9 +502,16 @@ fn check(args: &CheckArgs) -> Result<()> {
     } else {
         vec![args.file.clone()]
     };
+    let mut engine = Engine {
+        onnx: match &args.onnx {
+            Some(dir) => Some(OnnxEngine::open(args, dir)?),
+            None => None,
+        },
+        reference: None,
+    };
     let checked = files
         .iter()
-        .map(|f| check_file(args, f))
+        .map(|f| check_file(args, &mut engine, f))
         .collect::<Result<Vec<_>>>()?;
     report_all(
         &checked,
@@ -610,9 +652,13 @@ fn report_all(
     Ok(())
 }
 
-/// The text of the token at the worst logit (`at = [step, token]` of the `logits` entry).
+/// The text of the token at the worst logit (`at = [step, token]` of the `logits` entry), when
+/// any logit differs at all.
 fn worst_token_text(report: &CheckReport, tokenizer: Option<&Tokenizer>) -> Option<String> {
-    let logits = report.entries.iter().find(|e| e.name == "logits")?;
+    let logits = report
+        .entries
+        .iter()
+        .find(|e| e.name == "logits" && e.max_abs > 0.0)?;
     let &[_, token] = logits.at.as_slice() else {
         return None;
     };

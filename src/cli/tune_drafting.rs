@@ -242,8 +242,7 @@ pub fn run(args: &Args) -> Result<()> {
                 draft_len,
                 dynamic_draft,
                 tokens_per_round: sim.tokens_per_round(),
-                proposals_per_round: sim.proposals.iter().sum::<usize>() as f64
-                    / sim.rounds.max(1) as f64,
+                proposals_per_round: sim.proposals_per_round(),
                 speedup_reference: speedup(reference),
                 speedup_onnx: ort.and_then(speedup),
             });
@@ -276,7 +275,7 @@ pub fn run(args: &Args) -> Result<()> {
         best,
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        common::print_json(&serde_json::to_value(&report)?);
     } else {
         print(&report, args.top);
     }

@@ -167,6 +167,11 @@ impl Simulated {
         self.emitted as f64 / self.rounds.max(1) as f64
     }
 
+    /// Mean proposing draft steps per verification (as `Round::proposals`).
+    pub fn proposals_per_round(&self) -> f64 {
+        self.proposals.iter().sum::<usize>() as f64 / self.rounds.max(1) as f64
+    }
+
     /// Predicted milliseconds of the rounds under `costs`; `None` when a verification is larger
     /// than the costs cover.
     pub fn milliseconds(&self, costs: &StepCosts) -> Option<f64> {

@@ -2,7 +2,8 @@
 //! (logits within a tolerance, tokens exactly), and the comparisons the M2R2 modes share.
 
 use super::Golden;
-use super::record::replay;
+use crate::base::config::ModelConfig;
+use crate::base::generate::ReferenceGreedy;
 use crate::base::model::Model;
 use crate::error::{Error, Result};
 use ndarray::ArrayView2;
@@ -17,44 +18,30 @@ impl Golden {
                 self.mode
             )));
         }
-        self.check_config(model)?;
-        let (greedy, logits) = replay(
-            model,
-            &self.prompt_tokens,
-            self.tokens.len(),
-            Some(&self.tokens),
-        )?;
-        let mut entries = vec![compare("logits", self.logits.view(), logits.view(), atol)];
-        let first_mismatch = self.tokens.iter().zip(&greedy).position(|(a, b)| a != b);
-        entries.push(TensorCheck {
-            name: "tokens".into(),
-            ok: first_mismatch.is_none(),
-            max_abs: first_mismatch.map_or(0.0, |_| 1.0),
-            max_rel: 0.0,
-            at: first_mismatch.map_or(vec![], |i| vec![i]),
-            note: match first_mismatch {
-                None => format!("{} greedy tokens equal", self.tokens.len()),
-                Some(i) => format!(
-                    "step {i}: golden {} vs recomputed {}",
-                    self.tokens[i], greedy[i]
-                ),
-            },
-        });
-        Ok(CheckReport { entries })
+        self.check_on(
+            &mut ReferenceGreedy::new(model),
+            &model.config,
+            Tolerance::absolute(atol),
+        )
     }
 
-    /// Refuse a model whose config is not the recorded one.
-    pub(super) fn check_config(&self, model: &Model) -> Result<()> {
-        if model.config.hash() != self.config_hash {
+    /// Refuse a model config that is not the recorded one.
+    pub(super) fn check_config(&self, config: &ModelConfig) -> Result<()> {
+        if config.hash() != self.config_hash {
             return Err(Error::Invalid(format!(
                 "the model's config (hash {}) is not the one this golden was recorded with (hash {}, model `{}`)",
-                model.config.hash(),
+                config.hash(),
                 self.config_hash,
                 self.model
             )));
         }
         Ok(())
     }
+}
+
+/// Token ids as the golden file stores them (I64), for [`compare_ints`].
+pub(super) fn token_ids(tokens: &[u32]) -> Vec<i64> {
+    tokens.iter().map(|&t| i64::from(t)).collect()
 }
 
 /// The result of comparing one tensor.

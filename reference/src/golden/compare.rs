@@ -3,16 +3,14 @@
 //! written by a deployment's own harness).
 
 use super::Golden;
-use super::check::{CheckReport, TensorCheck, Tolerance, compare_ints, compare_within};
+use super::check::{
+    CheckReport, TensorCheck, Tolerance, compare_ints, compare_within, token_ids as ids,
+};
 use super::m2r2::M2r2Record;
 use super::record::replay_on;
 use crate::base::config::ModelConfig;
 use crate::base::generate::GreedyBackend;
 use crate::error::{Error, Result};
-
-fn ids(tokens: &[u32]) -> Vec<i64> {
-    tokens.iter().map(|&t| i64::from(t)).collect()
-}
 
 impl Golden {
     /// Replay this greedy golden on `backend`, an engine running the model of `config`: the prompt,
@@ -36,15 +34,7 @@ impl Golden {
                 self.mode
             )));
         }
-        if config.hash() != self.config_hash {
-            return Err(Error::Invalid(format!(
-                "the engine's model config (hash {}) is not the one this golden was recorded with \
-                 (hash {}, model `{}`)",
-                config.hash(),
-                self.config_hash,
-                self.model
-            )));
-        }
+        self.check_config(config)?;
         let (greedy, logits) = replay_on(
             backend,
             self.logits.ncols(),

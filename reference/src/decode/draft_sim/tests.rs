@@ -70,6 +70,7 @@ fn hand_computed_rounds() {
     assert_eq!(fixed.milliseconds(&costs), Some(ms));
     assert_eq!(fixed.speedup(&costs), Some(70.0 / ms));
     assert_eq!(fixed.tokens_per_round(), 7.0 / 4.0);
+    assert_eq!(dynamic.proposals_per_round(), 9.0 / 4.0);
     let short = StepCosts {
         verify: vec![8.0, 9.0],
         ..costs

@@ -7,7 +7,7 @@ use crate::decode::early_exit::{EarlyExitOptions, early_exit_generate};
 use crate::decode::speculative::SpeculativeOptions;
 use crate::error::{Error, Result};
 use crate::golden::Golden;
-use crate::golden::check::{CheckReport, compare, compare_ints, compare_padded};
+use crate::golden::check::{CheckReport, compare, compare_ints, compare_padded, token_ids};
 use crate::golden::record::replay;
 use crate::m2r2::fast_stream::M2r2;
 use ndarray::Array2;
@@ -23,7 +23,7 @@ impl Golden {
         let Some(recorded) = &self.m2r2 else {
             return self.check(m2r2.model, atol);
         };
-        self.check_config(m2r2.model)?;
+        self.check_config(&m2r2.model.config)?;
         let hash = weights_hash(m2r2.weights);
         if hash != recorded.weights_hash {
             return Err(Error::Invalid(format!(
@@ -32,7 +32,6 @@ impl Golden {
             )));
         }
         let n = self.tokens.len();
-        let tokens = |t: &[u32]| -> Vec<i64> { t.iter().map(|&t| i64::from(t)).collect() };
         let mut entries = Vec::new();
         match &recorded.record {
             M2r2Record::EarlyExit {
@@ -70,8 +69,8 @@ impl Golden {
                 entries.push(compare("logits", self.logits.view(), logits.view(), atol));
                 entries.push(compare_ints(
                     "tokens",
-                    &tokens(&self.tokens),
-                    &tokens(&out.tokens),
+                    &token_ids(&self.tokens),
+                    &token_ids(&out.tokens),
                     1,
                 ));
                 entries.push(compare_ints("exit_gate", exit_gate, &got_gates, 1));
@@ -104,8 +103,8 @@ impl Golden {
                 entries.push(compare("logits", self.logits.view(), logits.view(), atol));
                 entries.push(compare_ints(
                     "tokens",
-                    &tokens(&self.tokens),
-                    &tokens(&out.tokens),
+                    &token_ids(&self.tokens),
+                    &token_ids(&out.tokens),
                     1,
                 ));
                 entries.push(compare_ints(
