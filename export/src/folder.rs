@@ -180,6 +180,9 @@ pub fn manifest(request: &ExportRequest<'_>) -> Value {
         "draft_gate": o.draft_gate,
         "draft_layers": m2r2.config.gate_layer(o.draft_gate),
         "has_arla": m2r2.arla.is_some(),
+        // The identity of the exported M2R2 weights, as golden files record it: `golden check
+        // --onnx` refuses a speculative golden of other weights.
+        "m2r2_hash": reference::golden::weights_hash(m2r2),
         "draft_head_tokens": m2r2.draft_head.as_ref().map(|h| h.len()),
         "draft_head_file": m2r2.draft_head.as_ref().map(|_| DRAFT_HEAD_FILE),
         "opset": o.opset,

@@ -49,6 +49,11 @@ pub struct Manifest {
     pub draft_layers: usize,
     /// draft.onnx has the `exit_prob` output.
     pub has_arla: bool,
+    /// [`reference::golden::weights_hash`] of the exported M2R2 weights (absent in manifests
+    /// written before it was added): M2R2 goldens are checked only against the weights they
+    /// were recorded with.
+    #[serde(default)]
+    pub m2r2_hash: Option<String>,
     /// `K` of the pruned draft head: draft.onnx's `draft_logits` is `[batch, seq, K]`, scores of
     /// the token ids in [`draft_head_file`](Self::draft_head_file). Absent or null: `[batch, seq,
     /// V]`.

@@ -96,6 +96,7 @@ mod generate;
 mod golden;
 mod golden_deploy;
 mod golden_m2r2;
+mod golden_m2r2_onnx;
 mod info_bench;
 mod m2r2_modes;
 mod models;

@@ -26,7 +26,7 @@ mod record;
 pub use check::{
     CheckReport, TensorCheck, Tolerance, compare, compare_ints, compare_padded, compare_within,
 };
-pub use m2r2::{M2r2Golden, M2r2Record, early_exit_logits, weights_hash};
+pub use m2r2::{M2r2Golden, M2r2Record, SpeculativeEngine, early_exit_logits, weights_hash};
 
 pub const GOLDEN_FORMAT: &str = "m2r2-golden";
 /// The newest format version this reads and writes (greedy files are still written as version 1).

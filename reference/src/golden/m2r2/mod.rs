@@ -38,6 +38,7 @@ mod record;
 #[cfg(test)]
 mod tests;
 
+pub use check::SpeculativeEngine;
 pub use record::early_exit_logits;
 
 /// What an M2R2 golden records besides the greedy fields.

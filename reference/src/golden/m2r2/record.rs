@@ -212,14 +212,28 @@ pub fn early_exit_logits(
     Ok(logits)
 }
 
-/// Run greedy speculative decoding and collect the logits each token was emitted from: the
-/// prompt's last row, then per round the verify rows of its emitted tokens.
-pub(super) fn run_speculative(
+/// Run greedy speculative decoding with the reference and collect the logits each token was
+/// emitted from: [`run_speculative_on`] over a [`ReferenceSpeculation`].
+fn run_speculative(
     m2r2: M2r2<'_>,
     prompt: &[u32],
     steps: usize,
     draft_gate: usize,
     gate: Option<GateKind>,
+    options: &SpeculativeOptions,
+) -> Result<(SpeculativeOutput, Array2<f32>)> {
+    let capacity = prompt.len() + steps + options.draft_length.max() + 1;
+    let mut backend = ReferenceSpeculation::new(m2r2, draft_gate, gate, capacity)?;
+    run_speculative_on(&mut backend, prompt, steps, options)
+}
+
+/// Run greedy speculative decoding on any engine for exactly `steps` tokens (no stop tokens) and
+/// collect the logits each token was emitted from: the prompt's last row, then per round the
+/// verify rows of its emitted tokens.
+pub(super) fn run_speculative_on(
+    backend: &mut dyn SpeculativeBackend,
+    prompt: &[u32],
+    steps: usize,
     options: &SpeculativeOptions,
 ) -> Result<(SpeculativeOutput, Array2<f32>)> {
     if options.sampling.is_some() {
@@ -232,14 +246,14 @@ pub(super) fn run_speculative(
         stop_tokens: vec![],
         ..options.clone()
     };
-    let capacity = prompt.len() + steps + options.draft_length.max() + 1;
+    let vocab = backend.vocab_size();
     let mut backend = Recording {
-        inner: ReferenceSpeculation::new(m2r2, draft_gate, gate, capacity)?,
+        inner: backend,
         prefill: vec![],
         verified: vec![],
     };
     let out = speculative_generate(&mut backend, prompt, &options)?;
-    let mut logits = Array2::zeros((out.tokens.len(), m2r2.model.config.vocab_size));
+    let mut logits = Array2::zeros((out.tokens.len(), vocab));
     if !out.tokens.is_empty() {
         logits.row_mut(0).assign(&ndarray::aview1(&backend.prefill));
     }
@@ -257,9 +271,9 @@ pub(super) fn run_speculative(
     Ok((out, logits))
 }
 
-/// A [`ReferenceSpeculation`] that keeps the prefill and verify logits it returns.
+/// A speculative engine that keeps the prefill and verify logits it returns.
 struct Recording<'a> {
-    inner: ReferenceSpeculation<'a>,
+    inner: &'a mut dyn SpeculativeBackend,
     /// `[V]`
     prefill: Vec<f32>,
     /// One `[m, V]` per verify.

@@ -310,3 +310,49 @@ fn version_1_greedy_files_still_read_and_check() {
         .unwrap();
     assert!(report.ok());
 }
+
+/// `check_speculative_on` checks what the engine was built from before running it: the draft
+/// gate, the M2R2 weights (an engine that cannot name them is refused), the mode.
+#[test]
+fn speculative_engine_refusals() {
+    use crate::base::generate::ReferenceGreedy;
+    use crate::decode::draft_verify::ReferenceSpeculation;
+    use crate::golden::Tolerance;
+    let (model, weights) = setup("tiny");
+    let m2r2 = M2r2::new(&model, &weights);
+    let options = spec_options(DraftLength::Fixed(2));
+    let g = Golden::record_speculative(m2r2, "tiny", &[1, 2], 6, 1, None, &options).unwrap();
+    let hash = weights_hash(&weights);
+    let check = |draft_gate: usize, hash: Option<&str>| {
+        let mut speculation = ReferenceSpeculation::new(m2r2, draft_gate, None, 32).unwrap();
+        let engine = SpeculativeEngine {
+            speculation: &mut speculation,
+            greedy: &mut ReferenceGreedy::new(&model),
+            config: &model.config,
+            weights_hash: hash,
+            draft_gate,
+        };
+        g.check_speculative_on(engine, Tolerance::absolute(DEFAULT_ATOL))
+    };
+    assert!(check(1, Some(&hash)).unwrap().ok());
+    let err = check(2, Some(&hash)).unwrap_err().to_string();
+    assert!(err.contains("drafts at gate 1, the engine at gate 2"), "{err}");
+    let err = check(1, None).unwrap_err().to_string();
+    assert!(err.contains("does not say which M2R2 weights"), "{err}");
+    let err = check(1, Some("0123456789abcdef")).unwrap_err().to_string();
+    assert!(err.contains("not the ones this golden"), "{err}");
+    let greedy = Golden::record_greedy(&model, "tiny", &[1, 2], 3).unwrap();
+    let mut speculation = ReferenceSpeculation::new(m2r2, 1, None, 32).unwrap();
+    let engine = SpeculativeEngine {
+        speculation: &mut speculation,
+        greedy: &mut ReferenceGreedy::new(&model),
+        config: &model.config,
+        weights_hash: Some(&hash),
+        draft_gate: 1,
+    };
+    let err = greedy
+        .check_speculative_on(engine, Tolerance::absolute(DEFAULT_ATOL))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not `speculative`"), "{err}");
+}

@@ -7,9 +7,8 @@ use crate::cli::args::m2r2::M2r2Args;
 use crate::cli::args::model::{ModelArgs, PromptArgs, TokenIds, parse_token_ids};
 use crate::cli::args::onnx::EpArgs;
 use crate::cli::common;
+use onnx::OnnxEngine;
 use anyhow::{Context, Result, bail};
-use onnx_runner::greedy::OnnxModel;
-use onnx_runner::manifest::ExportDir;
 use reference::base::generate::ReferenceGreedy;
 use reference::decode::early_exit::{EarlyExitOptions, KvPolicy};
 use reference::decode::mode::Mode;
@@ -21,6 +20,8 @@ use reference::m2r2::fast_stream::M2r2;
 use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+mod onnx;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
@@ -350,50 +351,6 @@ fn settings_line(golden: &Golden) -> String {
     }
 }
 
-/// Default `--atol` of a check on an f16 export: f16 weights move SmolLM2's logits by up to 2.6e-2
-/// and tiny's by 1.4e-2 against the f32 reference (docs/GOLDEN.md); twice the larger.
-const F16_EXPORT_ATOL: f32 = 5e-2;
-/// Default `--atol` of a check on an f32 export: ONNX Runtime's other summation order moved
-/// SmolLM2's logits by up to 7.7e-5 (docs/GOLDEN.md); 2.6 times that.
-const F32_EXPORT_ATOL: f32 = 2e-4;
-
-/// The ONNX Runtime side of `check --onnx`: the export and its session, opened once for every
-/// file of a suite.
-struct OnnxEngine {
-    export: ExportDir,
-    model: OnnxModel,
-    name: String,
-    tokenizer: Option<Tokenizer>,
-    tol: Tolerance,
-}
-
-impl OnnxEngine {
-    fn open(args: &CheckArgs, dir: &Path) -> Result<Self> {
-        let export = ExportDir::open(dir)?;
-        let default_atol = match export.manifest.weights_dtype.as_str() {
-            "f16" => F16_EXPORT_ATOL,
-            _ => F32_EXPORT_ATOL,
-        };
-        let tol = args.tol.get(default_atol)?;
-        onnx_runner::runtime::init()?;
-        let ep = args.ep.config(&export, export.manifest.m2r2.draft_len);
-        let model = OnnxModel::load(&export, &ep)?;
-        let name = format!(
-            "export {} on onnxruntime-{}",
-            dir.display(),
-            model.session().ep_used().name()
-        );
-        let tokenizer = export.tokenizer()?;
-        Ok(OnnxEngine {
-            export,
-            model,
-            name,
-            tokenizer,
-            tol,
-        })
-    }
-}
-
 /// What `check` runs the goldens on: an export (opened once), or the reference models the files
 /// name (each loaded once, kept while consecutive files name the same one).
 struct Engine {
@@ -409,8 +366,8 @@ fn check_file(args: &CheckArgs, engine: &mut Engine, file: &Path) -> Result<Chec
     let (engine, report, worst_text) = match &mut engine.onnx {
         Some(onnx) => {
             tol = onnx.tol;
-            let report = golden
-                .check_on(&mut onnx.model, &onnx.export.manifest.config, tol)
+            let report = onnx
+                .check(&golden)
                 .with_context(|| format!("golden check on {}", onnx.name))?;
             let text = worst_token_text(&report, onnx.tokenizer.as_ref());
             (onnx.name.clone(), report, text)

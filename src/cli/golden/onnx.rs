@@ -1,0 +1,112 @@
+//! `golden check --onnx DIR`: replay goldens on an export through ONNX Runtime. Greedy goldens by
+//! teacher forcing `model.onnx`; speculative goldens by running the runner's speculative loop over
+//! `draft.onnx` / `verifier.onnx` (tokens, drafts, accepted counts and base tokens round by round)
+//! with the logits teacher-forced on `model.onnx`. Early-exit goldens are refused: the runner has
+//! no early-exit decoding.
+
+use super::CheckArgs;
+use anyhow::{Context, Result, bail};
+use onnx_runner::ep::EpConfig;
+use onnx_runner::greedy::OnnxModel;
+use onnx_runner::manifest::ExportDir;
+use onnx_runner::speculation::OnnxSpeculation;
+use reference::golden::{CheckReport, Golden, SpeculativeEngine, Tolerance};
+use reference::io::tokenizer::Tokenizer;
+use reference::m2r2::exit_gate::GateKind;
+use std::path::Path;
+
+/// Default `--atol` of a check on an f16 export: f16 weights move SmolLM2's logits by up to 2.6e-2
+/// and tiny's by 1.4e-2 against the f32 reference (docs/GOLDEN.md); twice the larger.
+const F16_EXPORT_ATOL: f32 = 5e-2;
+/// Default `--atol` of a check on an f32 export: ONNX Runtime's other summation order moved
+/// SmolLM2's logits by up to 7.7e-5 (docs/GOLDEN.md); 2.6 times that.
+const F32_EXPORT_ATOL: f32 = 2e-4;
+
+/// The ONNX Runtime side of `check --onnx`: the export and its sessions, opened once for every
+/// file of a suite (the draft and verifier graphs when the first speculative golden needs them).
+pub(super) struct OnnxEngine {
+    export: ExportDir,
+    ep: EpConfig,
+    model: OnnxModel,
+    /// The speculative graphs, loaded for the gate they score (ARLA, confidence, entropy or none).
+    speculation: Option<(Option<GateKind>, OnnxSpeculation)>,
+    pub(super) name: String,
+    pub(super) tokenizer: Option<Tokenizer>,
+    pub(super) tol: Tolerance,
+}
+
+impl OnnxEngine {
+    pub(super) fn open(args: &CheckArgs, dir: &Path) -> Result<Self> {
+        let export = ExportDir::open(dir)?;
+        let default_atol = match export.manifest.weights_dtype.as_str() {
+            "f16" => F16_EXPORT_ATOL,
+            _ => F32_EXPORT_ATOL,
+        };
+        let tol = args.tol.get(default_atol)?;
+        onnx_runner::runtime::init()?;
+        let ep = args.ep.config(&export, export.manifest.m2r2.draft_len);
+        let model = OnnxModel::load(&export, &ep)?;
+        let name = format!(
+            "export {} on onnxruntime-{}",
+            dir.display(),
+            model.session().ep_used().name()
+        );
+        let tokenizer = export.tokenizer()?;
+        Ok(OnnxEngine {
+            export,
+            ep,
+            model,
+            speculation: None,
+            name,
+            tokenizer,
+            tol,
+        })
+    }
+
+    /// Replay `golden` in its recorded mode.
+    pub(super) fn check(&mut self, golden: &Golden) -> Result<CheckReport> {
+        let manifest = &self.export.manifest;
+        let dir = self.export.dir.display();
+        let Some((draft_gate, gate)) = golden.speculative_gates() else {
+            if golden.m2r2.is_some() {
+                bail!(
+                    "`{}` goldens cannot be checked on ONNX Runtime: the export has no per-gate exit \
+                     graphs and the runner no early-exit decoding loop (it runs greedy and \
+                     speculative decoding); check this golden with the reference (drop --onnx)",
+                    golden.mode
+                );
+            }
+            return Ok(golden.check_on(&mut self.model, &manifest.config, self.tol)?);
+        };
+        let Some(hash) = manifest.m2r2_hash.clone() else {
+            bail!(
+                "export {dir} does not record which M2R2 weights it holds (its m2r2_export.json \
+                 predates `m2r2_hash`): export it again with this m2r2 to check speculative goldens"
+            );
+        };
+        if manifest.draft_gate != draft_gate {
+            bail!(
+                "this golden drafts at gate {draft_gate}, export {dir} at gate {}: export with \
+                 `m2r2 export --draft-gate {draft_gate}` to check it",
+                manifest.draft_gate
+            );
+        }
+        let speculation = match &mut self.speculation {
+            Some((loaded, speculation)) if *loaded == gate => speculation,
+            slot => {
+                let loaded = OnnxSpeculation::load(&self.export, &self.ep, gate)
+                    .with_context(|| format!("cannot load the speculative graphs of {dir}"))?;
+                &mut slot.insert((gate, loaded)).1
+            }
+        };
+        speculation.reset();
+        let engine = SpeculativeEngine {
+            speculation,
+            greedy: &mut self.model,
+            config: &manifest.config,
+            weights_hash: Some(&hash),
+            draft_gate: manifest.draft_gate,
+        };
+        Ok(golden.check_speculative_on(engine, self.tol)?)
+    }
+}

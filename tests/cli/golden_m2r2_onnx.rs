@@ -1,0 +1,194 @@
+//! Speculative goldens replayed on ONNX Runtime (issue 15 item 1): `golden check --onnx` runs the
+//! runner's speculative loop over draft.onnx / verifier.onnx and compares tokens, drafts, accepted
+//! counts and base tokens round by round; what cannot be checked there is refused by name.
+
+use super::{fails, ok};
+use reference::golden::{Golden, M2r2Golden, M2r2Record};
+use serde_json::Value;
+use std::path::Path;
+
+#[test]
+fn speculative_goldens_on_onnx_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let onnx = p("onnx");
+    ok(&["export", "--model", "tiny", "--out", &onnx]);
+    let write = |out: &str, extra: &[&str]| {
+        let mut args = vec![
+            "golden", "write", "--model", "tiny", "--tokens", "1,2,3", "--steps", "12", "--out",
+            out,
+        ];
+        args.extend_from_slice(extra);
+        ok(&args);
+    };
+
+    // fixed and dynamic (ARLA-scored) drafting: every round as the reference recorded it
+    let (fixed, dynamic) = (p("fixed.safetensors"), p("dynamic.safetensors"));
+    write(&fixed, &["--mode", "speculative", "--draft-len", "3"]);
+    write(&dynamic, &["--mode", "speculative", "--dynamic-draft"]);
+    for file in [&fixed, &dynamic] {
+        let run = ok(&["golden", "check", file, "--onnx", &onnx, "--json"]);
+        let report: Value = serde_json::from_str(&run.stdout).unwrap();
+        assert_eq!(report["ok"], true, "{report}");
+        let names: Vec<&str> = report["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "logits",
+                "tokens",
+                "round_drafted",
+                "round_accepted",
+                "round_base_token",
+                "round_scores"
+            ]
+        );
+        assert!(
+            report["model"]
+                .as_str()
+                .unwrap()
+                .contains("onnxruntime-cpu")
+        );
+    }
+
+    // a golden whose third round was edited: reported at that round, the rest OK
+    let mut tampered = Golden::read(Path::new(&fixed)).unwrap();
+    let Some(M2r2Golden {
+        record: M2r2Record::Speculative { rounds, .. },
+        ..
+    }) = &mut tampered.m2r2
+    else {
+        unreachable!("a speculative golden")
+    };
+    assert!(rounds.accepted.len() >= 3, "{rounds:?}");
+    rounds.base_token[2] += 1;
+    tampered
+        .write(Path::new(&p("tampered.safetensors")))
+        .unwrap();
+    let run = fails(
+        &[
+            "golden",
+            "check",
+            &p("tampered.safetensors"),
+            "--onnx",
+            &onnx,
+        ],
+        &["round_base_token NOT OK"],
+    );
+    assert!(
+        run.stdout.contains("at [2]: golden"),
+        "the round is named:\n{}",
+        run.stdout
+    );
+
+    // refusals, each naming what is missing
+    let early = p("early.safetensors");
+    write(&early, &["--mode", "early-exit"]);
+    fails(
+        &["golden", "check", &early, "--onnx", &onnx],
+        &[
+            "`early-exit` goldens cannot be checked on ONNX Runtime",
+            "drop --onnx",
+        ],
+    );
+    let gate2 = p("gate2.safetensors");
+    write(&gate2, &["--mode", "speculative", "--draft-gate", "2"]);
+    fails(
+        &["golden", "check", &gate2, "--onnx", &onnx],
+        &["drafts at gate 2", "--draft-gate 2"],
+    );
+    // an export of other M2R2 weights
+    let other = p("other-m2r2");
+    ok(&[
+        "init-m2r2",
+        "--model",
+        "tiny",
+        "--seed",
+        "7",
+        "--out",
+        &other,
+    ]);
+    let onnx_other = p("onnx-other");
+    ok(&[
+        "export",
+        "--model",
+        "tiny",
+        "--m2r2",
+        &other,
+        "--out",
+        &onnx_other,
+    ]);
+    fails(
+        &["golden", "check", &fixed, "--onnx", &onnx_other],
+        &["M2R2 weights", "not the ones this golden was recorded with"],
+    );
+    // an export written before the manifest recorded its M2R2 weights
+    let manifest = Path::new(&onnx).join("m2r2_export.json");
+    let mut json: Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    json.as_object_mut().unwrap().remove("m2r2_hash");
+    std::fs::write(&manifest, json.to_string()).unwrap();
+    fails(
+        &["golden", "check", &fixed, "--onnx", &onnx],
+        &["does not record which M2R2 weights", "export it again"],
+    );
+}
+
+/// docs/GOLDEN.md's walk-through on SmolLM2 (the real m2r2 cache, where scripts/test.sh fetched
+/// it): a greedy and a speculative golden of the shipped weights, the f32 export, both checks OK
+/// at the defaults, the report naming the engine.
+#[test]
+fn smollm2_walk_through() {
+    let cache = reference::io::hub::cache_dir();
+    let real = |args: &[&str]| {
+        let run = super::m2r2_env(args, &[("M2R2_CACHE", cache.as_os_str())]);
+        assert_eq!(
+            run.code,
+            Some(0),
+            "m2r2 {args:?} failed (run `m2r2 fetch smollm2` first):\n{}",
+            run.stderr
+        );
+        run
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let (greedy, spec, onnx) = (p("g.safetensors"), p("s.safetensors"), p("smollm2"));
+    let prompt = [
+        "--model",
+        "smollm2",
+        "--prompt",
+        "Why is the sky blue?",
+        "--chat",
+    ];
+    let mut args = vec!["golden", "write"];
+    args.extend(prompt);
+    real(&[&args[..], &["--steps", "8", "--out", &greedy]].concat());
+    real(
+        &[
+            &args[..],
+            &["--steps", "16", "--mode", "speculative", "--out", &spec],
+        ]
+        .concat(),
+    );
+    real(&["export", "--model", "smollm2", "--out", &onnx]);
+    for file in [&greedy, &spec] {
+        let run = real(&["golden", "check", file, "--onnx", &onnx, "--json"]);
+        let report: Value = serde_json::from_str(&run.stdout).unwrap();
+        assert_eq!(report["ok"], true, "{report}");
+        assert_eq!(report["golden_model"], "smollm2", "{report}");
+        assert!(
+            report["atol"].as_f64().unwrap() < 3e-4,
+            "the f32 default: {report}"
+        );
+    }
+    let run = real(&["golden", "check", &spec, "--onnx", &onnx]);
+    assert!(
+        run.stdout.contains("round_accepted   OK") && run.stdout.contains("overall: OK"),
+        "{}",
+        run.stdout
+    );
+}
