@@ -171,6 +171,7 @@ fn manifest_follows_the_contract() {
     assert_eq!(m["draft_gate"], 1);
     assert_eq!(m["draft_layers"], m2r2.config.gates[0]);
     assert_eq!(m["has_arla"], true);
+    assert_eq!(m["m2r2_hash"], reference::golden::weights_hash(&m2r2));
     assert_eq!(m["opset"], 17);
     assert_eq!(m["weights_dtype"], "f16");
     assert_eq!(m["graphs"]["verifier"], "verifier.onnx");
