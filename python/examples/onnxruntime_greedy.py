@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Decode a reference golden's prompt greedily with ONNX Runtime on an `m2r2 export` folder and
+write the result as a golden file, to compare with `m2r2 golden compare`.
+
+    m2r2 export --model tiny --out tiny-onnx
+    m2r2 golden write --model tiny --tokens 1,2,3 --steps 6 --out ref.golden.safetensors
+    python onnxruntime_greedy.py --export tiny-onnx --like ref.golden.safetensors \\
+        --out actual.golden.safetensors
+    m2r2 golden compare ref.golden.safetensors actual.golden.safetensors --atol 2e-4
+
+The export's model.onnx (docs/ONNX.md): inputs input_ids, attention_mask, position_ids (int64,
+[1, T] / [1, past + T]) and past_key_values.{i}.key / .value (float32 [1, Hkv, past, Dh]); outputs
+logits [1, T, V] and present.{i}.key / .value [1, Hkv, past + T, Dh]. The layer count, Hkv and Dh
+come from the export's m2r2_export.json. Needs onnxruntime, numpy and m2r2_golden.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import numpy as np
+import onnxruntime as ort
+
+import m2r2_golden
+
+
+def load_export(folder: Path, provider: str) -> Tuple[ort.InferenceSession, dict]:
+    """The export's model.onnx session and its manifest's model config."""
+    manifest_path = folder / "m2r2_export.json"
+    if not manifest_path.is_file():
+        raise SystemExit(f"{folder}: not an m2r2 export (no m2r2_export.json)")
+    manifest = json.loads(manifest_path.read_text())
+    graph = manifest.get("graphs", {}).get("model")
+    if graph is None:
+        raise SystemExit(f"{folder}: the export has no model.onnx (export it with --graphs model)")
+    session = ort.InferenceSession(str(folder / graph), providers=[provider])
+    return session, manifest["config"]
+
+
+def empty_past(config: dict) -> Dict[str, np.ndarray]:
+    """past_key_values.{i}.key / .value with past_sequence_length = 0: [1, Hkv, 0, Dh] each."""
+    hkv = config["num_key_value_heads"]
+    dh = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    empty = np.zeros((1, hkv, 0, dh), dtype=np.float32)
+    return {
+        f"past_key_values.{i}.{kv}": empty
+        for i in range(config["num_hidden_layers"])
+        for kv in ("key", "value")
+    }
+
+
+def decode_greedy(
+    session: ort.InferenceSession, config: dict, prompt: List[int], steps: int
+) -> Tuple[List[int], np.ndarray]:
+    """Prefill ``prompt``, then feed each chosen token with the KV cache, ``steps`` times.
+
+    Returns the tokens [n] and the logits [n, V] each was chosen from (row 0: the last prompt
+    position).
+    """
+    if not prompt:
+        raise SystemExit("the golden's prompt is empty: nothing to prefill")
+    inputs = {i.name for i in session.get_inputs()}
+    past = empty_past(config)
+    missing = sorted(set(past) - inputs)
+    if missing:
+        raise SystemExit(f"model.onnx has no input {missing[0]} (is this an m2r2 export?)")
+    outputs = [o.name for o in session.get_outputs()]
+    ids = list(prompt)  # the rows fed in this run
+    pos = 0  # cache position of ids[0]
+    tokens: List[int] = []
+    rows: List[np.ndarray] = []  # [V] each
+    while len(tokens) < steps:
+        t = len(ids)
+        feeds = {
+            "input_ids": np.array([ids], dtype=np.int64),  # [1, T]
+            "attention_mask": np.ones((1, pos + t), dtype=np.int64),  # [1, past + T]
+            "position_ids": np.arange(pos, pos + t, dtype=np.int64)[None],  # [1, T]
+            **past,
+        }
+        out = dict(zip(outputs, session.run(None, feeds)))
+        row = out["logits"][0, -1]  # [V]
+        token = int(np.argmax(row))
+        rows.append(row)
+        tokens.append(token)
+        # present.{i}.* [1, Hkv, past + T, Dh] become the next run's past
+        past = {name: out[name.replace("past_key_values.", "present.")] for name in past}
+        pos += t
+        ids = [token]
+    vocab = config["vocab_size"]
+    logits = np.stack(rows) if rows else np.zeros((0, vocab), dtype=np.float32)  # [n, V]
+    return tokens, logits
+
+
+def parse_perturb(text: str) -> Tuple[int, int, float]:
+    try:
+        step, token, delta = text.split(",")
+        return int(step), int(token), float(delta)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected STEP,TOKEN,DELTA, got {text!r}") from None
+
+
+def main(argv: List[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--export", type=Path, required=True, help="an `m2r2 export` folder")
+    parser.add_argument(
+        "--like",
+        required=True,
+        help="the reference golden: its prompt, step count and model metadata are used",
+    )
+    parser.add_argument("--out", required=True, help="the golden file to write")
+    parser.add_argument(
+        "--perturb",
+        type=parse_perturb,
+        metavar="STEP,TOKEN,DELTA",
+        help="add DELTA to logits[STEP, TOKEN] before writing (to see a failing compare)",
+    )
+    parser.add_argument("--provider", default="CPUExecutionProvider", help="ONNX Runtime EP")
+    args = parser.parse_args(argv)
+
+    ref = m2r2_golden.read(args.like)
+    if ref.mode != "greedy":
+        print(
+            f"note: {args.like} records mode {ref.mode}; this writes a greedy golden, which "
+            "`m2r2 golden compare` compares only with a greedy one",
+            file=sys.stderr,
+        )
+    session, config = load_export(args.export, args.provider)
+    if config != ref.config:
+        raise SystemExit(f"{args.export} exports another model config than {args.like} records")
+    tokens, logits = decode_greedy(session, config, ref.prompt_tokens.tolist(), len(ref.tokens))
+    if args.perturb is not None:
+        step, token, delta = args.perturb
+        if not (0 <= step < logits.shape[0] and 0 <= token < logits.shape[1]):
+            raise SystemExit(f"--perturb {step},{token}: outside logits {list(logits.shape)}")
+        logits[step, token] += delta
+    m2r2_golden.write(
+        args.out, prompt_tokens=ref.prompt_tokens, tokens=tokens, logits=logits, like=ref
+    )
+    print(f"wrote {args.out}: {len(tokens)} greedy steps on ONNX Runtime ({args.provider})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

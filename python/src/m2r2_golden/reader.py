@@ -1,0 +1,215 @@
+"""Reading a golden file, validated as docs/GOLDEN.md specifies and as the reference's reader does
+(reference/src/golden/file.rs): every error is a ValueError naming the file and the tensor or
+metadata key."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Dict, List, Tuple, Union
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+
+from .golden import FORMAT, FORMAT_VERSION, GREEDY_FORMAT_VERSION, Golden
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+# safetensors dtype name -> numpy dtype, for the two dtypes a golden holds
+_DTYPES = {"I64": np.int64, "F32": np.float32}
+_U32_MAX = 2**32 - 1
+# the values of the M2R2 metadata keys that name something (reference: GateKind, KvPolicy)
+_GATES = ("arla", "confidence", "entropy")
+_KV_POLICIES = ("exact", "fast-kv")
+
+
+def read(path: PathLike) -> Golden:
+    """Read and validate the golden file at ``path``.
+
+    Raises:
+        FileNotFoundError / OSError: the file cannot be opened.
+        ValueError: not a golden file, an unsupported format version or mode, a missing tensor or
+            metadata key, a wrong dtype or shape; the message names the file and what is wrong.
+    """
+    label = os.fspath(path)
+    os.stat(label)  # a missing file is an OSError naming it, not a format error
+    try:
+        with safe_open(label, framework="np") as handle:
+            return _read(_File(label, handle))
+    except SafetensorError as e:
+        raise ValueError(f"{label}: corrupt or unsupported file: {e}") from None
+
+
+class _File:
+    """An open golden file: metadata and tensors, with errors naming the file."""
+
+    def __init__(self, label: str, handle) -> None:
+        self.label = label
+        self.handle = handle
+        self.metadata: Dict[str, str] = dict(handle.metadata() or {})
+        self.names = set(handle.keys())
+
+    def error(self, msg: str) -> ValueError:
+        return ValueError(f"{self.label}: {msg}")
+
+    def field(self, key: str) -> str:
+        if key not in self.metadata:
+            raise self.error(f"not a golden file: metadata `{key}` is missing")
+        return self.metadata[key]
+
+    def integer(self, key: str) -> int:
+        value = self.field(key)
+        if not (value.isascii() and value.isdigit()):
+            raise self.error(f"metadata `{key}` = `{value}` is not valid (a non-negative integer)")
+        return int(value)
+
+    def choice(self, key: str, options: Tuple[str, ...]) -> str:
+        value = self.field(key)
+        if value not in options:
+            raise self.error(f"metadata `{key}` = `{value}` is not valid ({', '.join(options)})")
+        return value
+
+    def number(self, key: str) -> float:
+        value = self.field(key)
+        try:
+            return float(value)
+        except ValueError:
+            raise self.error(f"metadata `{key}` = `{value}` is not valid (a number)") from None
+
+    def json_object(self, key: str) -> dict:
+        value = self.field(key)
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise self.error(f"metadata `{key}` is not valid JSON: {e}") from None
+        if not isinstance(parsed, dict):
+            raise self.error(f"metadata `{key}` is not a JSON object")
+        return parsed
+
+    def tensor(self, name: str, dtype: str) -> np.ndarray:
+        """The tensor ``name``, which must be stored as ``dtype`` (``I64`` or ``F32``)."""
+        if name not in self.names:
+            raise self.error(f"tensor `{name}` is missing")
+        stored = self.handle.get_slice(name).get_dtype()
+        if stored != dtype:
+            raise self.error(f"tensor `{name}` has unsupported dtype {stored} (expected {dtype})")
+        return np.ascontiguousarray(self.handle.get_tensor(name), dtype=_DTYPES[dtype])
+
+    def expect_shape(self, name: str, array: np.ndarray, expected: Tuple[int, ...]) -> None:
+        if tuple(array.shape) != tuple(expected):
+            raise self.error(
+                f"tensor `{name}` has shape {_shape(array.shape)}, expected {_shape(expected)}"
+            )
+
+    def ids(self, name: str) -> np.ndarray:
+        """A 1-D I64 tensor of token ids, each in ``0..=u32::MAX`` as the reference requires."""
+        values = self.tensor(name, "I64")
+        if values.ndim != 1:
+            raise self.error(f"tensor `{name}` has shape {_shape(values.shape)}, expected [n]")
+        bad = values[(values < 0) | (values > _U32_MAX)]
+        if bad.size:
+            raise self.error(f"`{name}` holds token id {int(bad[0])}")
+        return values
+
+
+def _shape(shape) -> str:
+    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
+
+
+def _read(file: _File) -> Golden:
+    if file.field("format") != FORMAT:
+        raise file.error(f"not a golden file (metadata `format` is not {FORMAT})")
+    version = file.field("format_version")
+    mode = file.field("mode")
+    if version == str(GREEDY_FORMAT_VERSION):
+        if mode != "greedy":
+            raise file.error(
+                f"golden format version 1 has no mode `{mode}` (only greedy; metadata `mode`)"
+            )
+    elif version != str(FORMAT_VERSION):
+        raise file.error(
+            f"golden format version {version} is not supported (metadata `format_version`; "
+            f"this reader reads {GREEDY_FORMAT_VERSION} and {FORMAT_VERSION})"
+        )
+    for key in ("model", "config_hash"):
+        file.field(key)
+    file.json_object("config")
+
+    # prompt_tokens [P], tokens [n], logits [n, V]
+    prompt_tokens = file.ids("prompt_tokens")
+    tokens = file.ids("tokens")
+    logits = file.tensor("logits", "F32")
+    n = len(tokens)
+    if logits.ndim != 2:
+        shape = _shape(logits.shape)
+        raise file.error(f"tensor `logits` has shape {shape}, expected [n, V] with n = {n}")
+    file.expect_shape("logits", logits, (n, logits.shape[1]))
+
+    extra: Dict[str, np.ndarray] = {}
+    if mode == "early-exit":
+        extra = _early_exit(file, n)
+    elif mode == "speculative":
+        extra = _speculative(file)
+    elif mode != "greedy":
+        raise file.error(f"unknown golden mode `{mode}` (greedy, early-exit, speculative)")
+    return Golden(
+        prompt_tokens=prompt_tokens,
+        tokens=tokens,
+        logits=logits,
+        metadata=dict(file.metadata),
+        path=file.label,
+        **extra,
+    )
+
+
+def _m2r2_common(file: _File) -> dict:
+    file.field("m2r2_hash")
+    return file.json_object("m2r2_config")
+
+
+def _early_exit(file: _File, n: int) -> Dict[str, np.ndarray]:
+    """exit_gate [n], gate_scores [n, J] with J the number of gates of ``m2r2_config``."""
+    config = _m2r2_common(file)
+    gates: List = config.get("gates")
+    if not isinstance(gates, list):
+        raise file.error("metadata `m2r2_config` has no `gates` list")
+    file.choice("gate", _GATES)
+    file.number("threshold")
+    file.choice("kv_policy", _KV_POLICIES)
+    exit_gate = file.tensor("exit_gate", "I64")
+    file.expect_shape("exit_gate", exit_gate, (n,))
+    gate_scores = file.tensor("gate_scores", "F32")
+    file.expect_shape("gate_scores", gate_scores, (n, len(gates)))
+    return {"exit_gate": exit_gate, "gate_scores": gate_scores}
+
+
+def _speculative(file: _File) -> Dict[str, np.ndarray]:
+    """round_drafted [R, M], round_accepted [R], round_base_token [R], round_scores [R, M + 1]."""
+    _m2r2_common(file)
+    file.integer("draft_gate")
+    gate = file.choice("gate", ("none",) + _GATES)
+    m = file.integer("draft_max")
+    length = file.field("draft_length")
+    if length == "dynamic":
+        if gate == "none":
+            raise file.error("metadata `gate` = `none` is not valid (dynamic draft length)")
+        file.number("draft_threshold")
+    elif length != "fixed":
+        raise file.error(f"metadata `draft_length` = `{length}` is not valid (fixed, dynamic)")
+    accepted = file.tensor("round_accepted", "I64")
+    if accepted.ndim != 1:
+        shape = _shape(accepted.shape)
+        raise file.error(f"tensor `round_accepted` has shape {shape}, expected [R]")
+    r = accepted.shape[0]
+    base_token = file.tensor("round_base_token", "I64")
+    file.expect_shape("round_base_token", base_token, (r,))
+    drafted = file.tensor("round_drafted", "I64")
+    file.expect_shape("round_drafted", drafted, (r, m))
+    scores = file.tensor("round_scores", "F32")
+    file.expect_shape("round_scores", scores, (r, m + 1))
+    return {
+        "round_drafted": drafted,
+        "round_accepted": accepted,
+        "round_base_token": base_token,
+        "round_scores": scores,
+    }

@@ -1,0 +1,243 @@
+//! The Python package `python/` (issue 15): it pip-installs, its unit tests pass on goldens the
+//! reference wrote, and a golden it writes from ONNX Runtime's Python API (the example script on
+//! an export of `tiny`) passes `m2r2 golden compare` against the reference's, while a perturbed one
+//! fails naming the perturbed logit.
+//!
+//! Needs `M2R2_PYTHON`: a Python with the packages of scripts/onnx-check/requirements.txt
+//! (onnxruntime, numpy, safetensors, setuptools), set up by scripts/test.sh.
+
+use super::{fails, ok};
+use serde_json::Value;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The interpreter with the pinned packages (`M2R2_PYTHON`, set by scripts/test.sh).
+fn python() -> PathBuf {
+    match std::env::var_os("M2R2_PYTHON") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => panic!(
+            "M2R2_PYTHON is not set: the Python package's tests need a Python with \
+             scripts/onnx-check/requirements.txt installed (scripts/test.sh sets it up; by hand: \
+             python3 -m venv V && V/bin/pip install -r scripts/onnx-check/requirements.txt && \
+             export M2R2_PYTHON=V/bin/python)"
+        ),
+    }
+}
+
+/// Run `M2R2_PYTHON args` with `env`, require success, return stdout and stderr together.
+fn run_python(args: &[&OsStr], env: &[(&str, &OsStr)]) -> String {
+    let out = Command::new(python())
+        .args(args)
+        .env_remove("PYTHONPATH")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PYTHONNOUSERSITE", "1")
+        .envs(env.iter().copied())
+        .output()
+        .expect("M2R2_PYTHON runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "python {args:?} failed:\n{text}");
+    text
+}
+
+/// Copy the package's sources to `to`, leaving out what a build or a run left in the checkout.
+fn copy_sources(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        let name_str = name.to_string_lossy();
+        if ["build", "dist", "__pycache__"].contains(&name_str.as_ref())
+            || name_str.ends_with(".egg-info")
+        {
+            continue;
+        }
+        if entry.file_type().unwrap().is_dir() {
+            copy_sources(&entry.path(), &to.join(&name));
+        } else {
+            std::fs::copy(entry.path(), to.join(&name)).unwrap();
+        }
+    }
+}
+
+#[test]
+fn python_package_writes_goldens_that_compare() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name);
+    let s = |name: &str| p(name).display().to_string();
+
+    // pip-installable: built from a copy of python/ (setuptools builds in the source tree) into a
+    // target folder, leaving the venv as it is
+    let pkg = p("pkg");
+    copy_sources(&Path::new(env!("CARGO_MANIFEST_DIR")).join("python"), &pkg);
+    let site = p("site");
+    run_python(
+        &[
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--no-cache-dir",
+            "--disable-pip-version-check",
+            "--target",
+            s("site").as_str(),
+            s("pkg").as_str(),
+        ]
+        .map(OsStr::new),
+        &[],
+    );
+    assert!(site.join("m2r2_golden").join("__init__.py").is_file());
+    let with_site = [("PYTHONPATH", site.as_os_str())];
+
+    // the reference's goldens and the export
+    let (reference, speculative, early_exit, onnx) = (
+        s("ref.golden.safetensors"),
+        s("spec.golden.safetensors"),
+        s("exit.golden.safetensors"),
+        s("tiny-onnx"),
+    );
+    ok(&[
+        "golden", "write", "--model", "tiny", "--tokens", "1,2,3", "--steps", "6", "--out",
+        &reference,
+    ]);
+    ok(&[
+        "golden",
+        "write",
+        "--model",
+        "tiny",
+        "--tokens",
+        "1,2,3",
+        "--steps",
+        "6",
+        "--mode",
+        "speculative",
+        "--draft-len",
+        "2",
+        "--out",
+        &speculative,
+    ]);
+    ok(&[
+        "golden",
+        "write",
+        "--model",
+        "tiny",
+        "--tokens",
+        "1,2,3",
+        "--steps",
+        "6",
+        "--mode",
+        "early-exit",
+        "--out",
+        &early_exit,
+    ]);
+    ok(&["export", "--model", "tiny", "--out", &onnx]);
+
+    // the package's unit tests, on the installed copy
+    let tests = pkg.join("tests");
+    let report = run_python(
+        &[
+            OsStr::new("-m"),
+            OsStr::new("unittest"),
+            OsStr::new("discover"),
+            OsStr::new("-v"),
+            OsStr::new("-s"),
+            tests.as_os_str(),
+        ],
+        &[
+            with_site[0],
+            ("M2R2_GOLDEN_GREEDY", OsStr::new(&reference)),
+            ("M2R2_GOLDEN_SPECULATIVE", OsStr::new(&speculative)),
+            ("M2R2_GOLDEN_EARLY_EXIT", OsStr::new(&early_exit)),
+        ],
+    );
+    println!("{report}");
+    assert!(report.contains("\nOK"), "{report}");
+    assert!(
+        report.contains("test_truncated_and_corrupt_files"),
+        "{report}"
+    );
+
+    // ONNX Runtime's Python API decodes the reference's prompt; the package writes its golden
+    let script = pkg.join("examples").join("onnxruntime_greedy.py");
+    let example = |out: &str, perturb: Option<&str>| {
+        let mut args = vec![
+            script.as_os_str(),
+            OsStr::new("--export"),
+            OsStr::new(&onnx),
+            OsStr::new("--like"),
+            OsStr::new(&reference),
+            OsStr::new("--out"),
+            OsStr::new(out),
+        ];
+        if let Some(perturb) = perturb {
+            args.extend([OsStr::new("--perturb"), OsStr::new(perturb)]);
+        }
+        println!("{}", run_python(&args, &with_site));
+    };
+    let actual = s("actual.golden.safetensors");
+    example(&actual, None);
+    let run = ok(&["golden", "compare", &reference, &actual, "--atol", "2e-4"]);
+    println!("{}", run.stdout);
+    let lines: Vec<&str> = run
+        .stdout
+        .lines()
+        .filter(|l| {
+            ["prompt_tokens ", "tokens ", "logits "]
+                .iter()
+                .any(|t| l.starts_with(t))
+        })
+        .collect();
+    assert_eq!(lines.len(), 3, "{}", run.stdout);
+    for line in lines {
+        assert!(
+            line.contains(" OK ") && !line.contains("NOT OK"),
+            "{}",
+            run.stdout
+        );
+    }
+    assert!(run.stdout.contains("overall: OK"), "{}", run.stdout);
+
+    // one logit moved by 1e-2: compare fails and names it
+    let perturbed = s("perturbed.golden.safetensors");
+    example(&perturbed, Some("1,7,0.01"));
+    let run = fails(
+        &[
+            "golden", "compare", &reference, &perturbed, "--atol", "2e-4",
+        ],
+        &["logits NOT OK"],
+    );
+    let logits = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("logits "))
+        .unwrap_or_else(|| panic!("no logits line:\n{}", run.stdout));
+    assert!(
+        logits.contains("NOT OK") && logits.contains("at [1, 7]"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("overall: NOT OK"), "{}", run.stdout);
+    let run = fails(
+        &[
+            "golden", "compare", &reference, &perturbed, "--atol", "2e-4", "--json",
+        ],
+        &["logits NOT OK"],
+    );
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    let entry = &report["entries"][2];
+    assert_eq!(entry["name"], "logits", "{report}");
+    assert_eq!(entry["ok"], false, "{report}");
+    assert_eq!(entry["at"], serde_json::json!([1, 7]), "{report}");
+    let max_abs = entry["max_abs"].as_f64().unwrap();
+    assert!((max_abs - 1e-2).abs() < 2e-4, "{report}");
+    for other in &report["entries"].as_array().unwrap()[..2] {
+        assert_eq!(other["ok"], true, "{report}");
+    }
+}
