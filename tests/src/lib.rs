@@ -3,6 +3,7 @@
 //! tensor ("OK" / "NOT OK" with the max abs difference) printed before any assertion.
 
 pub mod decode_problem;
+pub mod hostile;
 pub use decode_problem::{DecodeProblem, DraftSettings, draft_length_strategy, small_config};
 
 use ndarray::{Array2, ArrayView2};

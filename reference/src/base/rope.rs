@@ -59,43 +59,57 @@ pub fn inverse_frequencies(head_dim: usize, theta: f64, scaling: &RopeScaling) -
     }
 }
 
-/// Precomputed `cos(p f_i)` and `sin(p f_i)` for every position of the context.
+/// Positions whose `cos` / `sin` are precomputed; later ones are computed when used (the same
+/// f32 expression, so the same bits). Bounds the table by a constant instead of by
+/// `max_position_embeddings`, which a 1 KB config could set to 2^40 (issue 16): 16384 positions
+/// of `Dh / 2 = 64` frequencies are 8 MiB.
+pub const ROPE_TABLE_POSITIONS: usize = 16384;
+
+/// `cos(p f_i)` and `sin(p f_i)`: precomputed for the first [`ROPE_TABLE_POSITIONS`] positions
+/// of the context.
 #[derive(Clone, Debug)]
 pub struct Rope {
-    /// `[max_pos, Dh/2]`
+    /// `[Dh/2]` the frequencies `f_i`
+    inv: Vec<f32>,
+    /// `[min(max_pos, ROPE_TABLE_POSITIONS), Dh/2]`
     cos: Array2<f32>,
-    /// `[max_pos, Dh/2]`
+    /// `[min(max_pos, ROPE_TABLE_POSITIONS), Dh/2]`
     sin: Array2<f32>,
 }
 
 impl Rope {
     pub fn new(config: &ModelConfig) -> Self {
         let inv = inverse_frequencies(config.head_dim, config.rope_theta, &config.rope_scaling);
-        let positions = config.max_position_embeddings;
-        // PyTorch: freqs = position_ids.float() * inv_freq (f32), then cos / sin in f32.
-        let angle = |p: usize, i: usize| p as f32 * inv[i];
+        let positions = config.max_position_embeddings.min(ROPE_TABLE_POSITIONS);
+        let angle = |p: usize, i: usize| angle(p, inv[i]);
         Rope {
             cos: Array2::from_shape_fn((positions, inv.len()), |(p, i)| angle(p, i).cos()),
             sin: Array2::from_shape_fn((positions, inv.len()), |(p, i)| angle(p, i).sin()),
+            inv,
         }
-    }
-
-    /// Number of positions the tables cover.
-    pub fn max_positions(&self) -> usize {
-        self.cos.nrows()
     }
 
     /// Rotate every head of every row in place; row `t` is at absolute position `pos0 + t`.
     ///
     /// # Shapes
     /// - `x`: `[T, heads * Dh]`
-    ///
-    /// # Panics
-    /// If a position is beyond the table (callers check the context first).
     pub fn apply(&self, mut x: ArrayViewMut2<f32>, pos0: usize, head_dim: usize) {
         let half = head_dim / 2;
+        let (mut cos_far, mut sin_far) = (vec![0.0; half], vec![0.0; half]);
         for (t, mut row) in x.rows_mut().into_iter().enumerate() {
-            let (cos, sin) = (self.cos.row(pos0 + t), self.sin.row(pos0 + t));
+            let pos = pos0 + t;
+            let (cos, sin) = if pos < self.cos.nrows() {
+                (
+                    self.cos.row(pos).to_slice().expect("contiguous"),
+                    self.sin.row(pos).to_slice().expect("contiguous"),
+                )
+            } else {
+                for (i, &f) in self.inv.iter().enumerate() {
+                    cos_far[i] = angle(pos, f).cos();
+                    sin_far[i] = angle(pos, f).sin();
+                }
+                (&cos_far[..], &sin_far[..])
+            };
             let row = row.as_slice_mut().expect("rows are contiguous");
             for head in row.chunks_exact_mut(head_dim) {
                 for i in 0..half {
@@ -106,6 +120,11 @@ impl Rope {
             }
         }
     }
+}
+
+/// PyTorch: `freqs = position_ids.float() * inv_freq` (f32), then cos / sin in f32.
+fn angle(p: usize, f: f32) -> f32 {
+    p as f32 * f
 }
 
 #[cfg(test)]
@@ -146,6 +165,35 @@ mod tests {
         let mut y = array![[1.0f32, 2.0, 3.0, 4.0]];
         rope.apply(y.view_mut(), 0, 4);
         assert_eq!(y, array![[1.0f32, 2.0, 3.0, 4.0]]);
+    }
+
+    /// Past the precomputed table the rotation is computed on the fly, bit for bit the table's
+    /// expression; the table stays at [`ROPE_TABLE_POSITIONS`] rows however long the context.
+    #[test]
+    fn positions_past_the_table_are_computed_alike() {
+        let mut config = builtin::tiny_config();
+        config.max_position_embeddings = 1 << 40;
+        let rope = Rope::new(&config);
+        assert_eq!(rope.cos.nrows(), ROPE_TABLE_POSITIONS);
+        let dh = config.head_dim;
+        let x: Vec<f32> = (0..dh).map(|i| i as f32 * 0.37 - 1.0).collect();
+        for pos in [ROPE_TABLE_POSITIONS - 1, ROPE_TABLE_POSITIONS, 1 << 30] {
+            let mut got = ndarray::Array2::from_shape_vec((1, dh), x.clone()).unwrap();
+            rope.apply(got.view_mut(), pos, dh);
+            let half = dh / 2;
+            for i in 0..half {
+                let a = pos as f32 * rope.inv[i];
+                let (c, s) = (a.cos(), a.sin());
+                assert_eq!(
+                    got[[0, i]].to_bits(),
+                    (x[i] * c - x[i + half] * s).to_bits()
+                );
+                assert_eq!(
+                    got[[0, i + half]].to_bits(),
+                    (x[i + half] * c + x[i] * s).to_bits()
+                );
+            }
+        }
     }
 
     #[test]

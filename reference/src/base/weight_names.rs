@@ -10,6 +10,7 @@
 //! | base weight           | [`WeightId::hf_name`] (`model.layers.3.self_attn.q_proj.weight`) | [`WeightId::onnx_name`], the same |
 
 use crate::base::config::ModelConfig;
+use crate::error::{Error, Result};
 use std::cmp::Ordering;
 
 /// One base-model tensor, addressed by its place in the module tree.
@@ -216,6 +217,22 @@ impl WeightId {
         }
         ids
     }
+
+    /// `WeightId::all(c).len()` without listing them, `None` when it overflows: the loaders
+    /// compare it with the tensors a file has before listing anything (a config's counts come
+    /// from a file, and a 1 KB file may claim 2^40 layers; issue 16).
+    pub fn count(c: &ModelConfig) -> Option<usize> {
+        let bias = |b: bool| usize::from(b);
+        let attn = 4 + 3 * bias(c.qkv_bias) + bias(c.o_bias);
+        let ffn = match &c.moe {
+            None => 3 * (1 + bias(c.mlp_bias)),
+            Some(moe) => moe.num_local_experts.checked_mul(3)?.checked_add(1)?,
+        };
+        let per_layer = attn.checked_add(ffn)?.checked_add(2)?;
+        per_layer
+            .checked_mul(c.num_hidden_layers)?
+            .checked_add(2 + bias(!c.tie_word_embeddings))
+    }
 }
 
 /// A linear map of a decoder layer (the seven projections an adapter may attach to, spec section 1).
@@ -306,5 +323,65 @@ impl Ord for Target {
 impl std::fmt::Display for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.module())
+    }
+}
+
+/// Refuse a config whose counts call for more tensors than `file` has (`present`), before
+/// anything is sized by them: the layer and expert counts come from the file's config, and are
+/// checked against the weights actually there (issue 16).
+///
+/// # Errors
+/// [`Error::Config`] naming the file, the counts and the bound.
+pub fn check_tensor_count(c: &ModelConfig, present: usize, file: &str) -> Result<()> {
+    let experts = c.moe.as_ref().map_or(String::new(), |m| {
+        format!(" of {} experts each", m.num_local_experts)
+    });
+    match WeightId::count(c) {
+        Some(needed) if needed <= present => Ok(()),
+        needed => Err(Error::config(
+            file,
+            format!(
+                "num_hidden_layers = {}{experts} calls for {} tensors, and the weights have {present}",
+                c.num_hidden_layers,
+                needed.map_or("more than 2^64".to_string(), |n| n.to_string()),
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::builtin;
+
+    #[test]
+    fn count_is_the_length_of_all() {
+        for name in builtin::BUILTIN_NAMES {
+            let mut c = builtin::builtin(name).unwrap().config;
+            for (qkv, o, mlp, tied) in [(false, false, false, true), (true, true, true, false)] {
+                (c.qkv_bias, c.o_bias, c.mlp_bias, c.tie_word_embeddings) = (qkv, o, mlp, tied);
+                assert_eq!(WeightId::count(&c), Some(WeightId::all(&c).len()), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn counts_beyond_the_file_are_refused_without_listing() {
+        let mut c = builtin::builtin("tiny").unwrap().config;
+        let n = WeightId::count(&c).unwrap();
+        check_tensor_count(&c, n, "m.safetensors").unwrap();
+        c.num_hidden_layers = 1 << 40;
+        let err = check_tensor_count(&c, n, "m.safetensors")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("m.safetensors") && err.contains("num_hidden_layers = 1099511627776"),
+            "{err}"
+        );
+        c.num_hidden_layers = usize::MAX;
+        let err = check_tensor_count(&c, n, "m.safetensors")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("more than 2^64"), "{err}");
     }
 }

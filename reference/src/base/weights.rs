@@ -119,7 +119,9 @@ impl Weights {
     /// Read every tensor the config calls for from `src`, checking presence and shape.
     pub fn load(config: &ModelConfig, src: &dyn TensorSource) -> Result<Self> {
         let mut loader = Loader { config, src };
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        // Grown layer by layer, not preallocated: the layer count comes from the file, and a
+        // count its tensors do not back fails at the first missing tensor (issue 16).
+        let mut layers = Vec::new();
         for l in 0..config.num_hidden_layers {
             let attn = Attention {
                 q: loader.attn(l, AttnProj::Q, config.qkv_bias)?,
@@ -140,7 +142,7 @@ impl Weights {
                             b: None,
                         })
                     };
-                    let mut experts = Vec::with_capacity(moe.num_local_experts);
+                    let mut experts = Vec::new();
                     for e in 0..moe.num_local_experts {
                         experts.push(Mlp {
                             gate: expert(e, MlpProj::Gate, &mut loader)?,

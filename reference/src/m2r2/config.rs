@@ -111,7 +111,7 @@ pub struct M2r2Config {
 /// values outside `1..N` and repeats dropped, so a model too shallow for `J` gates gets fewer
 /// (N = 2 gives `[1]`; N = 1 gives none, which [`M2r2Config::validate`] refuses).
 pub fn default_gates(n_layers: usize, num_gates: usize) -> Vec<usize> {
-    let mut gates: Vec<usize> = Vec::with_capacity(num_gates);
+    let mut gates: Vec<usize> = Vec::new();
     for j in 1..=num_gates {
         let e = j * n_layers / (num_gates + 1);
         if e > 0 && e < n_layers && gates.last().is_none_or(|&last| e > last) {

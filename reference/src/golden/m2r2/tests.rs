@@ -336,7 +336,10 @@ fn speculative_engine_refusals() {
     };
     assert!(check(1, Some(&hash)).unwrap().ok());
     let err = check(2, Some(&hash)).unwrap_err().to_string();
-    assert!(err.contains("drafts at gate 1, the engine at gate 2"), "{err}");
+    assert!(
+        err.contains("drafts at gate 1, the engine at gate 2"),
+        "{err}"
+    );
     let err = check(1, None).unwrap_err().to_string();
     assert!(err.contains("does not say which M2R2 weights"), "{err}");
     let err = check(1, Some("0123456789abcdef")).unwrap_err().to_string();

@@ -9,7 +9,7 @@
 
 use super::reader::GgufFile;
 use crate::base::config::{Architecture, ModelConfig, RopeScaling};
-use crate::base::weight_names::{AttnProj, WeightId};
+use crate::base::weight_names::{AttnProj, WeightId, check_tensor_count};
 use crate::base::weights::{RawTensor, TensorSource};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
@@ -130,6 +130,7 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
             .collect(),
     };
     config.validate(&file)?;
+    check_tensor_count(&config, f.tensor_infos().len(), &file)?;
 
     // Every tensor in the file must be one we load: an unknown one (`rope_freqs.weight` of
     // Llama 3.1 scaling, a bias on only some layers, ...) would change the model.
@@ -253,7 +254,7 @@ pub fn unpermute_rows(t: &RawTensor, heads: usize) -> RawTensor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::io::gguf::test_builder::Builder;
+    use crate::io::gguf::builder::Builder;
 
     #[test]
     fn unpermute_by_hand() {

@@ -131,7 +131,7 @@ impl GgufFile {
 
 #[cfg(test)]
 mod tests {
-    use crate::io::gguf::test_builder::Builder;
+    use crate::io::gguf::builder::Builder;
 
     #[test]
     fn getters_convert_and_name_the_key() {

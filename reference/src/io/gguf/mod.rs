@@ -7,6 +7,7 @@
 //! - [`ggml_type`]: [`GgmlType`], the tensor types and their block geometry.
 //! - [`dequant`]: f32 from F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K blocks,
 //!   bit for bit as gguf-py.
+//! - [`builder`]: GGUF bytes built key by key (tests, fuzz seeds).
 //! - [`llama`]: [`config_from_gguf`] and [`GgufSource`] (HF names, q/k un-permuted).
 //!
 //! ```no_run
@@ -18,13 +19,12 @@
 //! # Ok(()) }
 //! ```
 
+pub mod builder;
 pub mod dequant;
 pub mod ggml_type;
 pub mod llama;
 pub mod metadata;
 pub mod reader;
-#[cfg(test)]
-pub(crate) mod test_builder;
 pub mod value;
 
 pub use ggml_type::GgmlType;

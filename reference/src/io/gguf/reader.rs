@@ -467,7 +467,7 @@ impl<'a> Cursor<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::io::gguf::test_builder::{Builder, put_str};
+    use crate::io::gguf::builder::{Builder, put_str};
 
     fn small() -> Builder {
         Builder::default()

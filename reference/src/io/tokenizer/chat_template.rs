@@ -32,6 +32,15 @@ impl ChatMessage {
     }
 }
 
+/// Instructions a chat template may run per rendering (minijinja's fuel): SmolLM2's template
+/// over a 100-message conversation needs 2 315; this is ample for real templates and stops a
+/// template that loops for ever (or for 10^10 steps) in about 0.1 s.
+pub const CHAT_TEMPLATE_FUEL: u64 = 1_000_000;
+/// Bytes a rendered chat template may have (16 MiB: far above any model's context in text).
+/// A template can still build a large string in a variable within its fuel (doubling it in a
+/// loop); minijinja has no bound on that, see docs/TESTING.md "Fuzzing".
+pub const CHAT_TEMPLATE_MAX_OUTPUT: usize = 16 << 20;
+
 /// ChatML, used when the tokenizer's source has no chat template: every message as
 /// `<|im_start|>{role}\n{content}<|im_end|>\n`, then `<|im_start|>assistant\n` when a generation
 /// prompt is asked for. Unlike SmolLM2's own template it adds no default system message.
@@ -50,6 +59,9 @@ impl Tokenizer {
         add_generation_prompt: bool,
     ) -> Result<String> {
         let mut env = Environment::new();
+        // A template is code from the model's files: bound its work (a loop of loops) and its
+        // recursion (minijinja's default, 500) so a hostile one fails instead of hanging.
+        env.set_fuel(Some(CHAT_TEMPLATE_FUEL));
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.add_function(
@@ -66,20 +78,50 @@ impl Tokenizer {
                 msg.push_str(&format!(": {s}"));
                 source = s.source();
             }
+            if e.kind() == ErrorKind::OutOfFuel {
+                msg.push_str(&format!(
+                    " (a rendering may run at most {CHAT_TEMPLATE_FUEL} template instructions)"
+                ));
+            }
             Error::Tokenizer(msg)
         };
         let template = env.template_from_str(&self.chat_template).map_err(err)?;
         let token = |t: &Option<super::SpecialToken>| t.as_ref().map(|t| t.content.clone());
+        let mut out = Bounded(Vec::new());
         template
-            .render(context! {
-                messages => messages,
-                add_generation_prompt => add_generation_prompt,
-                bos_token => token(&self.bos),
-                eos_token => token(&self.eos),
-                unk_token => token(&self.unk),
-                pad_token => token(&self.pad),
-            })
-            .map_err(err)
+            .render_captured_to(
+                context! {
+                    messages => messages,
+                    add_generation_prompt => add_generation_prompt,
+                    bos_token => token(&self.bos),
+                    eos_token => token(&self.eos),
+                    unk_token => token(&self.unk),
+                    pad_token => token(&self.pad),
+                },
+                &mut out,
+            )
+            .map_err(err)?;
+        String::from_utf8(out.0)
+            .map_err(|e| Error::Tokenizer(format!("chat template: the output is not UTF-8: {e}")))
+    }
+}
+
+/// The rendered text, refused past [`CHAT_TEMPLATE_MAX_OUTPUT`] bytes.
+struct Bounded(Vec<u8>);
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > CHAT_TEMPLATE_MAX_OUTPUT {
+            return Err(std::io::Error::other(format!(
+                "the rendered text exceeds {CHAT_TEMPLATE_MAX_OUTPUT} bytes"
+            )));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -247,5 +289,74 @@ mod tests {
             err.contains("frobnicate") || err.contains("unknown method"),
             "{err}"
         );
+    }
+}
+
+/// Fuel: real templates over long conversations fit in [`CHAT_TEMPLATE_FUEL`] with room to
+/// spare; a template that loops for 10^10 steps stops with a clear error, fast.
+#[cfg(test)]
+mod fuel_tests {
+    use super::*;
+
+    /// SmolLM2-135M-Instruct's template (as in its tokenizer_config.json).
+    const SMOLLM2: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+
+    fn with_template(template: &str) -> Tokenizer {
+        let mut t = Tokenizer::byte_level_builtin(300).unwrap();
+        t.chat_template = template.to_string();
+        t.chat_template_is_fallback = false;
+        t
+    }
+
+    fn fuel_used(template: &str, messages: &[ChatMessage]) -> u64 {
+        let mut env = Environment::new();
+        env.set_fuel(Some(u64::MAX / 2));
+        let t = env.template_from_str(template).unwrap();
+        let rendered = t
+            .render_captured(context! { messages => messages, add_generation_prompt => true })
+            .unwrap();
+        rendered.state().fuel_levels().unwrap().0
+    }
+
+    #[test]
+    fn long_conversations_fit_the_fuel() {
+        let messages: Vec<ChatMessage> = (0..100)
+            .map(|i| ChatMessage::new(if i % 2 == 0 { "user" } else { "assistant" }, "Hello there"))
+            .collect();
+        let used = fuel_used(SMOLLM2, &messages);
+        eprintln!("SmolLM2's template, 100 messages: {used} instructions of fuel");
+        assert!(used * 100 < CHAT_TEMPLATE_FUEL, "{used}");
+        let text = with_template(SMOLLM2)
+            .apply_chat_template(&messages, true)
+            .unwrap();
+        assert_eq!(text.matches("<|im_start|>").count(), 102);
+    }
+
+    #[test]
+    fn a_template_that_loops_runs_out_of_fuel() {
+        let bomb = "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}";
+        let start = std::time::Instant::now();
+        let err = with_template(bomb)
+            .apply_chat_template(&[ChatMessage::new("user", "hi")], true)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("chat template") && err.contains("fuel"),
+            "{err}"
+        );
+        // Not a timing assertion: a hang would never get here.
+        eprintln!("stopped after {:?}: {err}", start.elapsed());
+        let deep = "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}";
+        let err = with_template(deep)
+            .apply_chat_template(&[ChatMessage::new("user", "hi")], true)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("recursion"), "{err}");
+        let wide = "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}";
+        let err = with_template(wide)
+            .apply_chat_template(&[ChatMessage::new("user", "hi")], true)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("exceeds 16777216 bytes"), "{err}");
     }
 }

@@ -223,7 +223,7 @@ impl Tokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::io::gguf::test_builder::Builder;
+    use crate::io::gguf::builder::Builder;
 
     /// A tiny byte-level GGUF vocabulary: bytes, `Ġt` `Ġth` `Ġthe` (256..259), `<|endoftext|>`
     /// and `<|im_end|>` (control), `<think>` (user-defined).

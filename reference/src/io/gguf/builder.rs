@@ -1,4 +1,5 @@
-//! Hand-built GGUF bytes for the unit tests of `gguf` and `tokenizer`.
+//! Hand-built GGUF bytes: the unit tests of `gguf` and `tokenizer`, and the fuzz seeds of
+//! `m2r2-tests` (`hostile`).
 
 use super::ggml_type::GgmlType;
 use super::reader::{DEFAULT_ALIGNMENT, GgufFile};
@@ -6,7 +7,7 @@ use crate::error::Result;
 
 /// GGUF v3 bytes built key by key and tensor by tensor (default alignment).
 #[derive(Default)]
-pub(crate) struct Builder {
+pub struct Builder {
     kvs: Vec<u8>,
     kv_count: u64,
     infos: Vec<u8>,
@@ -14,35 +15,35 @@ pub(crate) struct Builder {
     data: Vec<u8>,
 }
 
-pub(crate) fn put_str(out: &mut Vec<u8>, s: &str) {
+pub fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend((s.len() as u64).to_le_bytes());
     out.extend(s.as_bytes());
 }
 
 impl Builder {
     /// A raw key/value pair: `value` is the type tag followed by the encoded value.
-    pub(crate) fn kv_raw(mut self, key: &str, type_id: u32, value: &[u8]) -> Self {
+    pub fn kv_raw(mut self, key: &str, type_id: u32, value: &[u8]) -> Self {
         put_str(&mut self.kvs, key);
         self.kvs.extend(type_id.to_le_bytes());
         self.kvs.extend(value);
         self.kv_count += 1;
         self
     }
-    pub(crate) fn kv_u32(self, key: &str, v: u32) -> Self {
+    pub fn kv_u32(self, key: &str, v: u32) -> Self {
         self.kv_raw(key, 4, &v.to_le_bytes())
     }
-    pub(crate) fn kv_f32(self, key: &str, v: f32) -> Self {
+    pub fn kv_f32(self, key: &str, v: f32) -> Self {
         self.kv_raw(key, 6, &v.to_le_bytes())
     }
-    pub(crate) fn kv_bool(self, key: &str, v: bool) -> Self {
+    pub fn kv_bool(self, key: &str, v: bool) -> Self {
         self.kv_raw(key, 7, &[u8::from(v)])
     }
-    pub(crate) fn kv_str(self, key: &str, v: &str) -> Self {
+    pub fn kv_str(self, key: &str, v: &str) -> Self {
         let mut b = vec![];
         put_str(&mut b, v);
         self.kv_raw(key, 8, &b)
     }
-    pub(crate) fn kv_str_array(self, key: &str, items: &[&str]) -> Self {
+    pub fn kv_str_array(self, key: &str, items: &[&str]) -> Self {
         let mut b = 8u32.to_le_bytes().to_vec();
         b.extend((items.len() as u64).to_le_bytes());
         for s in items {
@@ -50,7 +51,7 @@ impl Builder {
         }
         self.kv_raw(key, 9, &b)
     }
-    pub(crate) fn kv_i32_array(self, key: &str, items: &[i32]) -> Self {
+    pub fn kv_i32_array(self, key: &str, items: &[i32]) -> Self {
         let mut b = 5u32.to_le_bytes().to_vec();
         b.extend((items.len() as u64).to_le_bytes());
         for v in items {
@@ -59,13 +60,7 @@ impl Builder {
         self.kv_raw(key, 9, &b)
     }
     /// A tensor with GGUF-order `dims` and raw block bytes, placed at the next aligned offset.
-    pub(crate) fn tensor(
-        mut self,
-        name: &str,
-        dims: &[u64],
-        ggml_type: GgmlType,
-        bytes: &[u8],
-    ) -> Self {
+    pub fn tensor(mut self, name: &str, dims: &[u64], ggml_type: GgmlType, bytes: &[u8]) -> Self {
         while !self.data.len().is_multiple_of(DEFAULT_ALIGNMENT as usize) {
             self.data.push(0);
         }
@@ -81,11 +76,11 @@ impl Builder {
         self
     }
     /// An f32 tensor with GGUF-order `dims`.
-    pub(crate) fn tensor_f32(self, name: &str, dims: &[u64], values: &[f32]) -> Self {
+    pub fn tensor_f32(self, name: &str, dims: &[u64], values: &[f32]) -> Self {
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.tensor(name, dims, GgmlType::F32, &bytes)
     }
-    pub(crate) fn build(self) -> Vec<u8> {
+    pub fn build(self) -> Vec<u8> {
         let mut out = b"GGUF".to_vec();
         out.extend(3u32.to_le_bytes());
         out.extend(self.tensor_count.to_le_bytes());
@@ -98,7 +93,7 @@ impl Builder {
         out.extend(self.data);
         out
     }
-    pub(crate) fn open(self) -> Result<GgufFile> {
+    pub fn open(self) -> Result<GgufFile> {
         GgufFile::from_bytes("test.gguf".into(), self.build())
     }
 }
