@@ -34,6 +34,12 @@ pub const DEFAULT_ALIGNMENT: u64 = 32;
 const MAX_DIMS: u32 = 4;
 /// Arrays of arrays deeper than this are refused (guards the recursion against crafted files).
 const MAX_ARRAY_DEPTH: usize = 8;
+/// Items of one metadata array at most: 4 Mi, 16 times the largest vocabulary in use (262 144,
+/// Gemma 3), so its parsed values (32 bytes each) stay under 128 MiB whatever the file claims.
+pub const MAX_METADATA_ARRAY_LEN: usize = 1 << 22;
+/// Bytes of one metadata string at most (64 MiB: a whole `tokenizer.json` embedded as
+/// `tokenizer.huggingface.json` fits).
+pub const MAX_METADATA_STRING_BYTES: usize = 64 << 20;
 
 /// Where one tensor lives and what it holds.
 #[derive(Clone, Debug, PartialEq)]
@@ -361,6 +367,11 @@ impl<'a> Cursor<'a> {
 
     fn string(&mut self, what: &str) -> Result<String> {
         let len = self.count(&format!("the length of {what}"), 1)?;
+        if len > MAX_METADATA_STRING_BYTES {
+            return Err(self.err(format!(
+                "{what} is {len} bytes long, more than the {MAX_METADATA_STRING_BYTES} a string may have"
+            )));
+        }
         let start = self.pos;
         let raw = self.take(len, what)?;
         String::from_utf8(raw.to_vec())
@@ -405,6 +416,11 @@ impl<'a> Cursor<'a> {
                     ))
                 })?;
                 let n = self.count(&format!("the length of {what}"), 1)?;
+                if n > MAX_METADATA_ARRAY_LEN {
+                    return Err(self.err(format!(
+                        "{what} has {n} items, more than the {MAX_METADATA_ARRAY_LEN} an array may have"
+                    )));
+                }
                 let mut items = Vec::with_capacity(n);
                 for i in 0..n {
                     items.push(self.value(elem_id, &format!("{what}[{i}]"), depth + 1)?);
@@ -613,6 +629,21 @@ mod tests {
             .kv_raw("k", 8, &u64::MAX.to_le_bytes())
             .build();
         assert!(err_of(huge_string).contains("the length of metadata `k` is 18446744073709551615"));
+
+        // Documented limits, whatever the file's size allows.
+        let mut long_array = 0u32.to_le_bytes().to_vec(); // u8 items
+        long_array.extend(((MAX_METADATA_ARRAY_LEN + 1) as u64).to_le_bytes());
+        long_array.resize(long_array.len() + MAX_METADATA_ARRAY_LEN + 1, 7);
+        let long_array = Builder::default().kv_raw("k", 9, &long_array).build();
+        assert!(
+            err_of(long_array).contains("metadata `k` has 4194305 items, more than the 4194304")
+        );
+        let mut long_string = ((MAX_METADATA_STRING_BYTES + 1) as u64)
+            .to_le_bytes()
+            .to_vec();
+        long_string.resize(long_string.len() + MAX_METADATA_STRING_BYTES + 1, b'x');
+        let long_string = Builder::default().kv_raw("k", 8, &long_string).build();
+        assert!(err_of(long_string).contains("67108865 bytes long, more than the 67108864"));
 
         let bad_value_type = Builder::default().kv_raw("k", 99, &[]).build();
         assert!(err_of(bad_value_type).contains("metadata `k` has unknown value type 99"));

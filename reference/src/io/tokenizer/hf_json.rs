@@ -12,17 +12,19 @@ impl Tokenizer {
     /// same folder are read when present (without a template the tokenizer uses ChatML).
     pub fn from_file(path: &Path) -> Result<Tokenizer> {
         let label = path.display().to_string();
-        let inner = tokenizers::Tokenizer::from_file(path)
+        let bytes = read_bounded(path, MAX_TOKENIZER_JSON_BYTES)?.ok_or_else(|| {
+            Error::Tokenizer(format!("{label}: cannot load tokenizer.json: no such file"))
+        })?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| Error::Tokenizer(format!("{label}: cannot load tokenizer.json: {e}")))?;
         let dir = path.parent().unwrap_or(Path::new("."));
 
         let config_path = dir.join("tokenizer_config.json");
-        let config = match std::fs::read_to_string(&config_path) {
-            Ok(text) => serde_json::from_str::<Value>(&text).map_err(|e| {
+        let config = match read_bounded(&config_path, MAX_TOKENIZER_SIDE_FILE_BYTES)? {
+            Some(text) => serde_json::from_slice::<Value>(&text).map_err(|e| {
                 Error::Tokenizer(format!("{}: not valid JSON: {e}", config_path.display()))
             })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Value::Null,
-            Err(e) => return Err(Error::io(config_path, e)),
+            None => Value::Null,
         };
         let special = |key: &str| -> Option<SpecialToken> {
             let content = match &config[key] {
@@ -41,15 +43,37 @@ impl Tokenizer {
         ];
 
         let jinja_path = dir.join("chat_template.jinja");
-        let chat_template = match std::fs::read_to_string(&jinja_path) {
-            Ok(text) => Some(text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                template_of(&config["chat_template"])
-            }
-            Err(e) => return Err(Error::io(jinja_path, e)),
+        let chat_template = match read_bounded(&jinja_path, MAX_TOKENIZER_SIDE_FILE_BYTES)? {
+            Some(bytes) => Some(String::from_utf8(bytes).map_err(|e| {
+                Error::Tokenizer(format!("{}: not UTF-8: {e}", jinja_path.display()))
+            })?),
+            None => template_of(&config["chat_template"]),
         };
         Ok(Tokenizer::assemble(inner, specials, &[], chat_template))
     }
+}
+
+/// Bytes of a `tokenizer.json` at most (256 MiB; the largest in use, Gemma 3's, is 33 MB).
+pub const MAX_TOKENIZER_JSON_BYTES: u64 = 256 << 20;
+/// Bytes of `tokenizer_config.json` or `chat_template.jinja` at most (16 MiB).
+pub const MAX_TOKENIZER_SIDE_FILE_BYTES: u64 = 16 << 20;
+
+/// The file's bytes, `None` when it does not exist; refused past `limit` bytes before reading.
+fn read_bounded(path: &Path, limit: u64) -> Result<Option<Vec<u8>>> {
+    let size = match std::fs::metadata(path) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    if size > limit {
+        return Err(Error::Tokenizer(format!(
+            "{}: {size} bytes, more than the {limit} a tokenizer file may have",
+            path.display()
+        )));
+    }
+    std::fs::read(path)
+        .map(Some)
+        .map_err(|e| Error::io(path, e))
 }
 
 /// `chat_template` is a string, or a list of `{name, template}` of which `default` is used.
@@ -112,6 +136,23 @@ mod tests {
             err.contains("tokenizer_config.json: not valid JSON"),
             "{err}"
         );
+        // Sizes past the limits are refused before reading (sparse files: nothing is written).
+        std::fs::write(dir.path().join("tokenizer_config.json"), "{}").unwrap();
+        let big = std::fs::File::create(dir.path().join("chat_template.jinja")).unwrap();
+        big.set_len(MAX_TOKENIZER_SIDE_FILE_BYTES + 1).unwrap();
+        let err = Tokenizer::from_file(&json_path).unwrap_err().to_string();
+        assert!(
+            err.contains("chat_template.jinja: 16777217 bytes, more than the 16777216"),
+            "{err}"
+        );
+        let big = std::fs::File::create(&json_path).unwrap();
+        big.set_len(MAX_TOKENIZER_JSON_BYTES + 1).unwrap();
+        let err = Tokenizer::from_file(&json_path).unwrap_err().to_string();
+        assert!(
+            err.contains("tokenizer.json: 268435457 bytes, more than the"),
+            "{err}"
+        );
+
         let err = Tokenizer::from_file(&dir.path().join("missing.json"))
             .unwrap_err()
             .to_string();
