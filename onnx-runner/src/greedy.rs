@@ -28,6 +28,7 @@ impl OnnxModel {
         let path = export.graph(GraphKind::Model)?;
         let session = OnnxSession::load(&path, ep)?;
         let config = export.manifest.config.clone();
+        crate::kv_store::check_layers(&session, &(0..config.num_hidden_layers))?;
         let kv = Kv::new(
             0..config.num_hidden_layers,
             config.num_key_value_heads,

@@ -140,6 +140,35 @@ pub enum Kv {
     },
 }
 
+/// The graph of `session` must take the past keys and values of exactly `layers`: the layer range
+/// comes from `m2r2_export.json`, and a cache sized by it is allocated per layer, so a manifest
+/// claiming more layers than its graph has is refused here, naming both (issue 16).
+pub fn check_layers(session: &crate::session::OnnxSession, layers: &Range<usize>) -> Result<()> {
+    let inputs = session.inputs();
+    let past = inputs
+        .iter()
+        .filter(|i| i.name.starts_with("past_key_values."))
+        .count();
+    let expected = layers.len().checked_mul(2);
+    let names_match = || {
+        layers.clone().all(|l| {
+            let (k, v) = past_names(l);
+            inputs.iter().any(|i| i.name == k) && inputs.iter().any(|i| i.name == v)
+        })
+    };
+    if expected != Some(past) || !names_match() {
+        return Err(Error::Export {
+            file: session.file().to_string(),
+            msg: format!(
+                "m2r2_export.json puts layers {}..{} in this graph, but it takes {past} past \
+                 key / value inputs (the manifest and the graph disagree: export the folder again)",
+                layers.start, layers.end
+            ),
+        });
+    }
+    Ok(())
+}
+
 impl Kv {
     /// An empty cache for `layers`: ONNX Runtime values when `bound`, else host arrays.
     pub fn new(

@@ -69,6 +69,8 @@ impl OnnxSpeculation {
         let c = &m.config;
         let e = m.draft_layers;
         let (hkv, dh) = (c.num_key_value_heads, c.head_dim);
+        crate::kv_store::check_layers(&draft, &(0..e))?;
+        crate::kv_store::check_layers(&verifier, &(e..c.num_hidden_layers))?;
         Ok(OnnxSpeculation {
             lower: Kv::new(0..e, hkv, dh, ep.binds_kv(draft.ep_used()))?,
             upper: Kv::new(

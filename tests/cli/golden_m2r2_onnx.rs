@@ -192,3 +192,32 @@ fn smollm2_walk_through() {
         run.stdout
     );
 }
+
+/// A manifest that claims more layers than its graphs take (issue 16: the runner sizes its KV
+/// cache by the manifest) is refused when the graphs are loaded, naming the graph, before any
+/// cache is allocated; the greedy and the speculative paths alike.
+#[test]
+fn manifest_layers_must_match_the_graphs() {
+    let dir = tempfile::tempdir().unwrap();
+    let onnx = dir.path().join("onnx").display().to_string();
+    ok(&["export", "--model", "tiny", "--out", &onnx]);
+    let manifest = Path::new(&onnx).join("m2r2_export.json");
+    let mut json: Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    // (both counts: the M2R2 settings' `num_layers` is checked against the config first)
+    json["config"]["num_hidden_layers"] = serde_json::json!(1u64 << 40);
+    json["m2r2"]["num_layers"] = serde_json::json!(1u64 << 40);
+    std::fs::write(&manifest, json.to_string()).unwrap();
+    fails(
+        &[
+            "run",
+            "--onnx",
+            &onnx,
+            "--tokens",
+            "1,2",
+            "--max-new-tokens",
+            "2",
+        ],
+        &["model.onnx", "export the folder again"],
+    );
+}

@@ -34,3 +34,39 @@ fn gguf_layer_count_beyond_the_tensors() {
     );
     assert!(!run(Target::GgufModel, &input));
 }
+
+/// A HF folder whose `config.json` (a few hundred bytes) claims 2^40 layers or experts beside
+/// real weights: refused before anything is sized by the counts, naming the file and the count.
+/// A context of 2^40 positions is legal and loads: nothing is sized by it any more (the RoPE
+/// table stops at `ROPE_TABLE_POSITIONS`).
+#[test]
+fn hf_config_counts_are_bounded_by_the_weights() {
+    let fixture = m2r2_tests::fixture_dir().join("hf/llama_gqa_tied");
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture.join("config.json")).unwrap()).unwrap();
+    let with = |key: &str, value: serde_json::Value| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = config.clone();
+        c[key] = value;
+        std::fs::write(dir.path().join("config.json"), c.to_string()).unwrap();
+        std::fs::copy(
+            fixture.join("model.safetensors"),
+            dir.path().join("model.safetensors"),
+        )
+        .unwrap();
+        let loaded = reference::io::checkpoint::load_hf_dir(dir.path());
+        (dir, loaded)
+    };
+    let (_dir, loaded) = with("num_hidden_layers", serde_json::json!(1u64 << 40));
+    let err = loaded.err().expect("refused").to_string();
+    assert!(
+        err.contains("config.json") && err.contains("num_hidden_layers = 1099511627776"),
+        "{err}"
+    );
+    let (_dir, loaded) = with("max_position_embeddings", serde_json::json!(1u64 << 40));
+    let model = loaded.expect("a long context loads");
+    assert_eq!(model.context_length(), 1 << 40);
+    let mut cache = model.new_cache(8).unwrap();
+    let out = model.forward(&[1, 2, 3], &mut cache).unwrap();
+    assert_eq!(out.logits.nrows(), 3);
+}
