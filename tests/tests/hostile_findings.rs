@@ -70,3 +70,55 @@ fn hf_config_counts_are_bounded_by_the_weights() {
     let out = model.forward(&[1, 2, 3], &mut cache).unwrap();
     assert_eq!(out.logits.nrows(), 3);
 }
+
+/// export_folder, 2026-11-25: a `tokenizer.json` with a control character inside a string of its
+/// `decoder` section made the tokenizers crate (0.23.2) panic (`expect("Helper")` in its decoder
+/// deserialiser; upstream huggingface/tokenizers#2151 lists more such panics). Now JSON syntax is
+/// checked first, and every call into tokenizers that parses or runs a file-made pipeline turns
+/// a panic inside it into an error naming the file.
+#[test]
+fn tokenizers_crate_panic_on_a_malformed_decoder() {
+    let input = regression(
+        Target::ExportFolder,
+        "crash-tokenizers-decoder-expect-helper",
+    );
+    assert!(!run(Target::ExportFolder, &input));
+    // the file it replaces is tokenizer.json (index 2 of m2r2_export.json, draft_head.json,
+    // tokenizer.json, tokenizer_config.json, sorted)
+    let seeds = m2r2_tests::hostile::seeds(Target::ExportFolder);
+    assert_eq!(
+        seeds[usize::from(input[0]) % seeds.len()].0,
+        "tokenizer.json"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, &input[1..]).unwrap();
+    let err = reference::io::tokenizer::Tokenizer::from_file(&path)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("tokenizer.json: not valid JSON"), "{err}");
+}
+
+/// The guard itself, on a panic of tokenizers 0.23 behind valid JSON (from upstream
+/// huggingface/tokenizers#2156: a `Precompiled` normalizer with an invalid charsmap hits
+/// `.expect("Precompiled")`): an error naming the file, no panic.
+#[test]
+fn tokenizers_crate_panic_behind_valid_json() {
+    let tok = reference::io::tokenizer::Tokenizer::byte_level_builtin(320).unwrap();
+    let mut json: serde_json::Value =
+        serde_json::from_str(&tok.backend().to_string(false).unwrap()).unwrap();
+    json["normalizer"] =
+        serde_json::json!({"type": "Precompiled", "precompiled_charsmap": "not base64 !"});
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, json.to_string()).unwrap();
+    let err = reference::io::tokenizer::Tokenizer::from_file(&path)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("tokenizer.json") && err.contains("a panic inside it: Precompiled"),
+        "{err}"
+    );
+}

@@ -16,6 +16,7 @@
 mod byte_level;
 mod chat_template;
 mod gguf;
+mod guard;
 mod hf_json;
 mod stream;
 
@@ -94,10 +95,9 @@ impl Tokenizer {
     /// adds by default (BOS / EOS when the source asks for them; nothing for SmolLM2). Special
     /// tokens written in the text (`<|im_start|>`) are always matched whole.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let encoding = self
-            .inner
-            .encode(text, add_special_tokens)
-            .map_err(|e| Error::Tokenizer(format!("cannot encode {:?}: {e}", preview(text))))?;
+        let what = || format!("cannot encode {:?}", preview(text));
+        let encoding = guard::guarded(&what(), || self.inner.encode(text, add_special_tokens))?
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", what())))?;
         Ok(encoding.get_ids().to_vec())
     }
 
@@ -105,9 +105,9 @@ impl Tokenizer {
     /// transformers, ids without a token (beyond the vocabulary) decode to nothing, and an
     /// incomplete UTF-8 sequence decodes to U+FFFD.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| Error::Tokenizer(format!("cannot decode {} ids: {e}", ids.len())))
+        let what = || format!("cannot decode {} ids", ids.len());
+        guard::guarded(&what(), || self.inner.decode(ids, skip_special_tokens))?
+            .map_err(|e| Error::Tokenizer(format!("{}: {e}", what())))
     }
 
     /// A decoder that turns ids into text one at a time, holding back bytes until they form whole

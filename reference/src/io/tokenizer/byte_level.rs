@@ -55,6 +55,10 @@ impl ByteLevelBpe {
     /// isolated)` then `ByteLevel(use_regex=false)`); BPE without unk, dropout or prefixes;
     /// `TemplateProcessing` with the optional BOS / EOS; `ByteLevel` decoder.
     pub fn build(self, what: &str) -> Result<tokenizers::Tokenizer> {
+        super::guard::guarded(what, || self.build_unguarded(what))?
+    }
+
+    fn build_unguarded(self, what: &str) -> Result<tokenizers::Tokenizer> {
         let err = |e: String| Error::Tokenizer(format!("{what}: {e}"));
         let bpe = BPE::builder()
             .vocab_and_merges(self.vocab, self.merges)

@@ -15,7 +15,10 @@ impl Tokenizer {
         let bytes = read_bounded(path, MAX_TOKENIZER_JSON_BYTES)?.ok_or_else(|| {
             Error::Tokenizer(format!("{label}: cannot load tokenizer.json: no such file"))
         })?;
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
+        // JSON syntax first: tokenizers 0.23 panics on some syntax errors (see `guard`).
+        serde_json::from_slice::<serde::de::IgnoredAny>(&bytes)
+            .map_err(|e| Error::Tokenizer(format!("{label}: not valid JSON: {e}")))?;
+        let inner = super::guard::guarded(&label, || tokenizers::Tokenizer::from_bytes(&bytes))?
             .map_err(|e| Error::Tokenizer(format!("{label}: cannot load tokenizer.json: {e}")))?;
         let dir = path.parent().unwrap_or(Path::new("."));
 
