@@ -6,6 +6,7 @@
 use super::{fails, m2r2, ok};
 use reference::golden::Golden;
 use serde_json::Value;
+use std::path::Path;
 
 #[test]
 fn check_on_onnx_runtime_and_compare_files() {
@@ -275,4 +276,72 @@ fn suites_of_goldens() {
         ],
         &["give a prompt"],
     );
+}
+
+/// Hand-edited files: a missing tensor and a wrong dtype are refused by `check` (with and without
+/// `--onnx`) and `compare`, naming the file and the tensor; a GPU provider asked of the CPU-only
+/// ONNX Runtime fails fast with a message, before any golden is replayed.
+#[test]
+fn hand_edited_goldens_and_unavailable_providers() {
+    use safetensors::{Dtype, SafeTensors};
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let (g, onnx) = (p("g.safetensors"), p("onnx"));
+    ok(&[
+        "golden", "write", "--model", "tiny", "--tokens", "1,2,3", "--steps", "4", "--out", &g,
+    ]);
+    ok(&["export", "--model", "tiny", "--out", &onnx]);
+    // rewrite the golden with `edit` applied to its tensor list
+    let rewrite = |out: &str, edit: &dyn Fn(&mut Vec<(String, Dtype, Vec<usize>, Vec<u8>)>)| {
+        let bytes = std::fs::read(&g).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+        let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
+            .tensors()
+            .into_iter()
+            .map(|(n, t)| (n, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
+            .collect();
+        edit(&mut owned);
+        let views: Vec<(String, safetensors::tensor::TensorView)> = owned
+            .iter()
+            .map(|(n, d, s, b)| {
+                let view = safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap();
+                (n.clone(), view)
+            })
+            .collect();
+        safetensors::serialize_to_file(views, meta.metadata().clone(), Path::new(out)).unwrap();
+    };
+    let missing = p("missing.safetensors");
+    rewrite(&missing, &|t| t.retain(|(n, ..)| n != "logits"));
+    let wrong = p("wrong-dtype.safetensors");
+    rewrite(&wrong, &|t| {
+        let tokens = t.iter_mut().find(|(n, ..)| n == "tokens").unwrap();
+        // I64 -> I32, keeping the values
+        let ids: Vec<u8> = tokens
+            .3
+            .chunks(8)
+            .flat_map(|c| (i64::from_le_bytes(c.try_into().unwrap()) as i32).to_le_bytes())
+            .collect();
+        (tokens.1, tokens.3) = (Dtype::I32, ids);
+    });
+    for (file, tensor) in [(&missing, "logits"), (&wrong, "tokens")] {
+        for args in [
+            vec!["golden", "check", file.as_str()],
+            vec!["golden", "check", file.as_str(), "--onnx", &onnx],
+            vec!["golden", "compare", &g, file.as_str()],
+        ] {
+            let run = fails(&args, &[file.as_str()]);
+            assert!(run.stderr.contains(tensor), "{args:?}:\n{}", run.stderr);
+        }
+    }
+    for ep in ["cuda", "tensorrt"] {
+        let run = m2r2(&["golden", "check", &g, "--onnx", &onnx, "--ep", ep]);
+        assert_eq!(run.code, Some(1), "--ep {ep}:\n{}", run.stderr);
+        assert!(
+            run.stderr.to_lowercase().contains(ep) && !run.stdout.contains("OK"),
+            "--ep {ep}:\n{}{}",
+            run.stdout,
+            run.stderr
+        );
+    }
 }
