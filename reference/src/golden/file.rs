@@ -115,6 +115,11 @@ impl Golden {
                 actual: shape,
             });
         }
+        // The file's bytes bound `n * V` (checked by safetensors), but not `V` when `n` is 0:
+        // ndarray refuses shapes above isize::MAX elements.
+        let logits = Array2::from_shape_vec((shape[0], shape[1]), data).map_err(|e| {
+            Error::format(&label, format!("tensor `logits` of shape {shape:?}: {e}"))
+        })?;
         let m2r2 = match mode.as_str() {
             "greedy" => None,
             _ => Some(M2r2Golden::read(&file, &mode, tokens.len())?),
@@ -126,7 +131,7 @@ impl Golden {
             mode,
             prompt_tokens,
             tokens,
-            logits: Array2::from_shape_vec((shape[0], shape[1]), data).expect("shape checked"),
+            logits,
             m2r2,
         })
     }
@@ -244,5 +249,38 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("missing.safetensors"), "{err}");
+    }
+
+    /// No tokens, and logits `[0, 2^63]`: zero bytes, so safetensors accepts the shape, but no
+    /// array has it.
+    #[test]
+    fn logits_of_no_rows_and_too_many_columns_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.safetensors");
+        let one = 1i64.to_le_bytes();
+        let views = [
+            ("prompt_tokens", Dtype::I64, vec![1], &one[..]),
+            ("tokens", Dtype::I64, vec![0], &[][..]),
+            ("logits", Dtype::F32, vec![0, 1 << 63], &[][..]),
+        ]
+        .map(|(name, dtype, shape, data)| (name, tensor_view("t", dtype, shape, data).unwrap()));
+        let metadata = HashMap::from(
+            [
+                ("format", GOLDEN_FORMAT),
+                ("format_version", "1"),
+                ("mode", "greedy"),
+                ("model", "tiny"),
+                ("config_hash", "0"),
+                ("config", "{}"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+        );
+        safetensors::serialize_to_file(views, Some(metadata), &path).unwrap();
+        let err = Golden::read(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("g.safetensors")
+                && err.contains("tensor `logits` of shape [0, 9223372036854775808]"),
+            "{err}"
+        );
     }
 }

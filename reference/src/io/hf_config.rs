@@ -124,13 +124,14 @@ impl HfFields<'_> {
             None => Ok(vec![]),
             Some(Value::Number(n)) => n
                 .as_u64()
-                .map(|n| vec![n as u32])
+                .and_then(|n| u32::try_from(n).ok())
+                .map(|n| vec![n])
                 .ok_or_else(|| self.err(format!("`{key}` must be a token id"))),
             Some(Value::Array(items)) => items
                 .iter()
                 .map(|v| {
                     v.as_u64()
-                        .map(|n| n as u32)
+                        .and_then(|n| u32::try_from(n).ok())
                         .ok_or_else(|| self.err(format!("`{key}` must hold token ids")))
                 })
                 .collect(),
@@ -409,6 +410,14 @@ mod tests {
             (
                 SMOLLM2_LIKE.replace("\"vocab_size\": 49152,", ""),
                 "missing required field `vocab_size`",
+            ),
+            (
+                SMOLLM2_LIKE.replace("\"eos_token_id\": 2", "\"eos_token_id\": 4294967298"),
+                "`eos_token_id` must be a token id",
+            ),
+            (
+                SMOLLM2_LIKE.replace("\"eos_token_id\": 2", "\"eos_token_id\": [2, 4294967296]"),
+                "`eos_token_id` must hold token ids",
             ),
         ];
         for (text, want) in cases {

@@ -207,6 +207,14 @@ impl M2r2Config {
         if self.draft_len == 0 {
             return bad("`draft_len` must be at least 1".into());
         }
+        // Decoding sizes its KV cache by prompt + new tokens + draft_len + 1 positions, at most
+        // the context: a longer draft can never run, and is refused before anything sums it.
+        if self.draft_len > model.max_position_embeddings {
+            return bad(format!(
+                "`draft_len` = {} is longer than the model's context of {} positions",
+                self.draft_len, model.max_position_embeddings
+            ));
+        }
         if self.rank == 0 {
             return bad("`rank` must be positive".into());
         }
@@ -462,6 +470,10 @@ mod tests {
             (Box::new(|c| c.draft_gate = 0), "`draft_gate` = 0"),
             (Box::new(|c| c.draft_gate = 4), "numbered 1..=3"),
             (Box::new(|c| c.draft_len = 0), "`draft_len`"),
+            (
+                Box::new(|c| c.draft_len = 513),
+                "`draft_len` = 513 is longer than the model's context of 512",
+            ),
             (Box::new(|c| c.rank = 0), "`rank` must be positive"),
             (Box::new(|c| c.alpha = f32::NAN), "`alpha`"),
             (Box::new(|c| c.targets.clear()), "`targets` is empty"),
@@ -533,6 +545,10 @@ mod tests {
             (
                 text.replace("\"latent\"", "\"latnet\""),
                 "unknown field `latnet`",
+            ),
+            (
+                text.replace("\"draft_len\": 4", "\"draft_len\": 18446744073709551615"),
+                "`draft_len` = 18446744073709551615 is longer than the model's context",
             ),
         ];
         refused(&cases);

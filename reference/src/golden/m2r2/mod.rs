@@ -288,8 +288,14 @@ impl M2r2Golden {
                     "none" => None,
                     g => Some(g.parse().map_err(|_| bad("gate", g))?),
                 };
+                // `M + 1` columns of `round_scores` must fit an array even with no rounds, where
+                // the file's bytes do not bound `M`.
                 let max = parsed("draft_max")?;
-                let max: usize = max.parse().map_err(|_| bad("draft_max", &max))?;
+                let max: usize = max
+                    .parse()
+                    .ok()
+                    .filter(|&m| m < isize::MAX as usize)
+                    .ok_or_else(|| bad("draft_max", &max))?;
                 let draft_length = match parsed("draft_length")?.as_str() {
                     "fixed" => DraftLength::Fixed(max),
                     "dynamic" => DraftLength::Dynamic {
@@ -302,6 +308,14 @@ impl M2r2Golden {
                 let (shape, accepted) = file.i64s("round_accepted")?;
                 let r = accepted.len();
                 file.expect_shape("round_accepted", &shape, &[r])?;
+                // Every token after the first comes from a round. With a round, the bytes of
+                // `round_drafted` bound `M`, which sizes the rounds a check recomputes.
+                if r == 0 && n > 1 {
+                    return Err(Error::format(
+                        &file.label,
+                        format!("tensor `round_accepted` has no rounds for {n} tokens"),
+                    ));
+                }
                 let (shape, base_token) = file.i64s("round_base_token")?;
                 file.expect_shape("round_base_token", &shape, &[r])?;
                 let (shape, drafted) = file.i64s("round_drafted")?;
@@ -312,6 +326,8 @@ impl M2r2Golden {
                     draft_gate,
                     gate,
                     draft_length,
+                    // Shapes checked against the file's, whose element counts safetensors
+                    // checked against its bytes (and `max + 1 <= isize::MAX` when `r` is 0).
                     rounds: RoundTensors {
                         drafted: Array2::from_shape_vec((r, max), drafted).expect("shape checked"),
                         accepted,

@@ -359,3 +359,85 @@ fn speculative_engine_refusals() {
         .to_string();
     assert!(err.contains("not `speculative`"), "{err}");
 }
+
+/// A golden's tensors `(name, dtype, shape, bytes)` and metadata, as written.
+type RawGolden = (
+    Vec<(String, Dtype, Vec<usize>, Vec<u8>)>,
+    std::collections::HashMap<String, String>,
+);
+
+/// Rewrite the golden at `path` through `edit` of its raw tensors and metadata.
+fn rewrite(path: &std::path::Path, edit: impl FnOnce(&mut RawGolden)) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let tensors = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    let mut raw = (tensors, meta.metadata().clone().unwrap());
+    edit(&mut raw);
+    let (tensors, metadata) = raw;
+    let views: Vec<_> = tensors
+        .iter()
+        .map(|(n, d, s, b)| {
+            let view = safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap();
+            (n.clone(), view)
+        })
+        .collect();
+    safetensors::serialize_to_file(views, Some(metadata), path).unwrap();
+}
+
+/// A speculative golden's `draft_max` sizes the padded round tensors `[R, M]` and `[R, M + 1]`
+/// (and those a check recomputes). With no rounds the file's bytes do not bound it: refused past
+/// isize::MAX, and a golden of more than one token must have rounds.
+#[test]
+fn draft_max_not_bounded_by_the_rounds_is_refused() {
+    let (model, weights) = setup("tiny");
+    let m2r2 = M2r2::new(&model, &weights);
+    let options = spec_options(DraftLength::Fixed(2));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.safetensors");
+    let no_rounds = |max: usize| {
+        move |(tensors, meta): &mut RawGolden| {
+            meta.insert("draft_max".into(), max.to_string());
+            for (name, _, shape, data) in tensors.iter_mut() {
+                *shape = match name.as_str() {
+                    "round_accepted" | "round_base_token" => vec![0],
+                    "round_drafted" => vec![0, max],
+                    "round_scores" => vec![0, max.wrapping_add(1)],
+                    _ => continue,
+                };
+                data.clear();
+            }
+        }
+    };
+    // One token: no rounds, as recorded; any draft_max whose padded tensors can exist reads.
+    let one = Golden::record_speculative(m2r2, "tiny", &[1], 1, 1, None, &options).unwrap();
+    one.write(&path).unwrap();
+    rewrite(&path, no_rounds(1 << 40));
+    let back = Golden::read(&path).unwrap();
+    // (a check refuses it: the cache it needs exceeds the context)
+    assert!(back.check_m2r2(m2r2, DEFAULT_ATOL).is_err());
+    for max in [isize::MAX as usize, usize::MAX] {
+        one.write(&path).unwrap();
+        rewrite(&path, no_rounds(max));
+        let err = Golden::read(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("g.safetensors")
+                && err.contains(&format!("metadata `draft_max` = `{max}` is not valid")),
+            "{err}"
+        );
+    }
+    // Four tokens with their rounds removed.
+    let four = Golden::record_speculative(m2r2, "tiny", &[1], 4, 1, None, &options).unwrap();
+    four.write(&path).unwrap();
+    rewrite(&path, no_rounds(1 << 40));
+    let err = Golden::read(&path).unwrap_err().to_string();
+    assert!(
+        err.contains("g.safetensors")
+            && err.contains("`round_accepted` has no rounds for 4 tokens"),
+        "{err}"
+    );
+}

@@ -34,15 +34,19 @@ impl<'a> StreamDecoder<'a> {
     /// Add one id; returns the new text, or `None` while it would end inside a UTF-8 character
     /// (or when the id adds no text, e.g. a skipped special token).
     pub fn step(&mut self, id: u32) -> Result<Option<String>> {
-        tokenizers::step_decode_stream(
-            &self.tokenizer.inner,
-            vec![id],
-            self.skip_special_tokens,
-            &mut self.ids,
-            &mut self.prefix,
-            &mut self.prefix_index,
-        )
-        .map_err(|e| Error::Tokenizer(format!("streaming decode at token {id}: {e}")))
+        let what = format!("streaming decode at token {id}");
+        // Runs the file-made decoder, like `decode`: guarded (see `guard`).
+        super::guard::guarded(&what, || {
+            tokenizers::step_decode_stream(
+                &self.tokenizer.inner,
+                vec![id],
+                self.skip_special_tokens,
+                &mut self.ids,
+                &mut self.prefix,
+                &mut self.prefix_index,
+            )
+        })?
+        .map_err(|e| Error::Tokenizer(format!("{what}: {e}")))
     }
 
     /// The text still held back (an incomplete character at the end decodes to U+FFFD), so that
@@ -100,5 +104,29 @@ mod tests {
         let (pieces, rest) = stream(&t, &[104, 0xf0, 0x9f], false);
         assert_eq!(pieces, vec![Some("h".to_string()), None, None]);
         assert_eq!(rest, "\u{fffd}");
+    }
+
+    /// A `Strip` decoder asked to strip more characters than a token has makes tokenizers 0.23
+    /// panic (`chars.len() - i - 1` underflows; upstream huggingface/tokenizers#2151): streaming
+    /// runs the file's decoder like `decode`, so the panic is an error there too.
+    #[test]
+    fn a_panicking_decoder_is_an_error_when_streaming() {
+        let builtin = Tokenizer::byte_level_builtin(300).unwrap();
+        let mut json: serde_json::Value =
+            serde_json::from_str(&builtin.backend().to_string(false).unwrap()).unwrap();
+        json["decoder"] =
+            serde_json::json!({"type": "Strip", "content": "a", "start": 0, "stop": 2});
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokenizer.json");
+        std::fs::write(&path, json.to_string()).unwrap();
+        let t = Tokenizer::from_file(&path).unwrap();
+        // "a" is token 97: one character, all of it `content`
+        let err = t.decode(&[97], false).unwrap_err().to_string();
+        assert!(err.contains("a panic inside it"), "{err}");
+        let err = t.stream_decoder(false).step(97).unwrap_err().to_string();
+        assert!(
+            err.contains("streaming decode at token 97") && err.contains("a panic inside it"),
+            "{err}"
+        );
     }
 }
