@@ -29,6 +29,7 @@ impl OnnxModel {
         let session = OnnxSession::load(&path, ep)?;
         let config = export.manifest.config.clone();
         crate::kv_store::check_layers(&session, &(0..config.num_hidden_layers))?;
+        crate::kv_store::check_width(&session, "logits", config.vocab_size, "vocab_size")?;
         let kv = Kv::new(
             0..config.num_hidden_layers,
             config.num_key_value_heads,

@@ -169,6 +169,30 @@ pub fn check_layers(session: &crate::session::OnnxSession, layers: &Range<usize>
     Ok(())
 }
 
+/// The last dimension of the graph's output `name`, when fixed, must be `expected` (the
+/// manifest's `field`): the runner sizes buffers by the manifest (a pruned draft head scatters
+/// into `[V]` rows), so a manifest claiming another width than its graph is refused at load.
+pub fn check_width(
+    session: &crate::session::OnnxSession,
+    name: &str,
+    expected: usize,
+    field: &str,
+) -> Result<()> {
+    let Some(out) = session.outputs().iter().find(|o| o.name == name) else {
+        return Ok(()); // a missing output is reported by name when the graph runs
+    };
+    match out.dims.last() {
+        Some(crate::session::Dim::Fixed(d)) if *d != expected => Err(Error::Export {
+            file: session.file().to_string(),
+            msg: format!(
+                "m2r2_export.json says {field} = {expected}, but the graph's `{name}` has {d} \
+                 columns (the manifest and the graph disagree: export the folder again)"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 impl Kv {
     /// An empty cache for `layers`: ONNX Runtime values when `bound`, else host arrays.
     pub fn new(

@@ -71,6 +71,8 @@ impl OnnxSpeculation {
         let (hkv, dh) = (c.num_key_value_heads, c.head_dim);
         crate::kv_store::check_layers(&draft, &(0..e))?;
         crate::kv_store::check_layers(&verifier, &(e..c.num_hidden_layers))?;
+        crate::kv_store::check_width(&verifier, "logits", c.vocab_size, "vocab_size")?;
+        crate::kv_store::check_width(&draft, "hidden_states", c.hidden_size, "hidden_size")?;
         Ok(OnnxSpeculation {
             lower: Kv::new(0..e, hkv, dh, ep.binds_kv(draft.ep_used()))?,
             upper: Kv::new(

@@ -106,6 +106,11 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
 }
 
+/// The longest context a config may declare: 2^32 positions (the longest in use are about 10^7).
+/// Capacities are sums of the context, a request's tokens and a draft length; this keeps them
+/// far from overflowing (issue 16).
+pub const MAX_CONTEXT: usize = 1 << 32;
+
 impl ModelConfig {
     /// Query dim `H * Dh`.
     pub fn q_dim(&self) -> usize {
@@ -159,6 +164,23 @@ impl ModelConfig {
         }
         if self.vocab_size > u32::MAX as usize {
             return bad("vocab_size does not fit token ids of 32 bits".into());
+        }
+        // Sizes are products and sums of these; a file may claim anything (issue 16).
+        if self
+            .num_attention_heads
+            .checked_mul(self.head_dim)
+            .is_none()
+        {
+            return bad(format!(
+                "num_attention_heads ({}) x head_dim ({}) overflows",
+                self.num_attention_heads, self.head_dim
+            ));
+        }
+        if self.max_position_embeddings > MAX_CONTEXT {
+            return bad(format!(
+                "max_position_embeddings ({}) is more than the {MAX_CONTEXT} positions m2r2 supports",
+                self.max_position_embeddings
+            ));
         }
         Ok(())
     }

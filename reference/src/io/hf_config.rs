@@ -408,6 +408,29 @@ mod tests {
             ),
             (SMOLLM2_LIKE[..40].to_string(), "not valid JSON"),
             (
+                SMOLLM2_LIKE.replace(
+                    "\"max_position_embeddings\": 8192",
+                    "\"max_position_embeddings\": 1099511627776",
+                ),
+                "is more than the 4294967296 positions",
+            ),
+            (
+                SMOLLM2_LIKE
+                    .replace(
+                        "\"num_attention_heads\": 9",
+                        "\"num_attention_heads\": 4294967296",
+                    )
+                    .replace(
+                        "\"num_key_value_heads\": 3",
+                        "\"num_key_value_heads\": 4294967296",
+                    )
+                    .replace(
+                        "\"hidden_size\": 576",
+                        "\"hidden_size\": 576, \"head_dim\": 4294967296",
+                    ),
+                "x head_dim (4294967296) overflows",
+            ),
+            (
                 SMOLLM2_LIKE.replace("\"vocab_size\": 49152,", ""),
                 "missing required field `vocab_size`",
             ),

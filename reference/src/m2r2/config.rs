@@ -31,6 +31,9 @@ pub const DEFAULT_NUM_GATES: usize = 3;
 pub const DEFAULT_RANK: usize = 16;
 /// Default adapter alpha (scale `alpha / r` = 2 at the default rank) [ours].
 pub const DEFAULT_ALPHA: f32 = 32.0;
+/// The largest ARLA latent size accepted (a file's value sizes fresh ARLA weights in
+/// `train-arla`; real ones are 64).
+pub const MAX_ARLA_LATENT: usize = 1 << 16;
 /// Default ARLA latent size `d_lat` [ours].
 pub const DEFAULT_ARLA_LATENT: usize = 64;
 /// Default exit threshold tau: exit when the gate score is `>= tau` [ours].
@@ -241,8 +244,11 @@ impl M2r2Config {
                 ));
             }
         }
-        if self.arla.latent == 0 {
-            return bad("`arla.latent` must be positive".into());
+        if self.arla.latent == 0 || self.arla.latent > MAX_ARLA_LATENT {
+            return bad(format!(
+                "`arla.latent` must be in 1..={MAX_ARLA_LATENT}, got {}",
+                self.arla.latent
+            ));
         }
         if !self.arla.threshold.is_finite() {
             return bad(format!(
@@ -486,6 +492,10 @@ mod tests {
                 "made for a model with 30 layers",
             ),
             (Box::new(|c| c.arla.latent = 0), "`arla.latent`"),
+            (
+                Box::new(|c| c.arla.latent = 1 << 17),
+                "`arla.latent` must be in 1..=65536",
+            ),
         ];
         for (edit, want) in cases {
             let mut c = ok.clone();
