@@ -292,11 +292,12 @@ fn hand_edited_goldens_and_unavailable_providers() {
     ]);
     ok(&["export", "--model", "tiny", "--out", &onnx]);
     // rewrite the golden with `edit` applied to its tensor list
-    let rewrite = |out: &str, edit: &dyn Fn(&mut Vec<(String, Dtype, Vec<usize>, Vec<u8>)>)| {
+    type Tensors = Vec<(String, Dtype, Vec<usize>, Vec<u8>)>;
+    let rewrite = |out: &str, edit: &dyn Fn(&mut Tensors)| {
         let bytes = std::fs::read(&g).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
         let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
-        let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
+        let mut owned: Tensors = st
             .tensors()
             .into_iter()
             .map(|(n, t)| (n, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
