@@ -177,45 +177,44 @@ impl WeightId {
 
     /// Every tensor the config calls for, in checkpoint order.
     pub fn all(c: &ModelConfig) -> Vec<WeightId> {
-        let mut ids = vec![WeightId::Embed];
-        for l in 0..c.num_hidden_layers {
-            ids.push(WeightId::AttnNorm(l));
-            for p in AttnProj::ALL {
-                ids.push(WeightId::Attn(l, p));
-                let has_bias = if p == AttnProj::O {
+        WeightId::iter(c).collect()
+    }
+
+    /// [`WeightId::all`] one at a time, nothing listed ahead (a file's config may claim 2^40
+    /// layers or experts).
+    pub fn iter(c: &ModelConfig) -> impl Iterator<Item = WeightId> + '_ {
+        let layer = move |l: usize| {
+            let attn = AttnProj::ALL.into_iter().flat_map(move |p| {
+                let bias = if p == AttnProj::O {
                     c.o_bias
                 } else {
                     c.qkv_bias
                 };
-                if has_bias {
-                    ids.push(WeightId::AttnBias(l, p));
-                }
-            }
-            ids.push(WeightId::MlpNorm(l));
-            match &c.moe {
-                None => {
-                    for p in MlpProj::ALL {
-                        ids.push(WeightId::Mlp(l, p));
-                        if c.mlp_bias {
-                            ids.push(WeightId::MlpBias(l, p));
-                        }
-                    }
-                }
-                Some(moe) => {
-                    ids.push(WeightId::Router(l));
-                    for e in 0..moe.num_local_experts {
-                        for p in MlpProj::ALL {
-                            ids.push(WeightId::Expert(l, e, p));
-                        }
-                    }
-                }
-            }
-        }
-        ids.push(WeightId::FinalNorm);
-        if !c.tie_word_embeddings {
-            ids.push(WeightId::LmHead);
-        }
-        ids
+                std::iter::once(WeightId::Attn(l, p))
+                    .chain(bias.then_some(WeightId::AttnBias(l, p)))
+            });
+            let dense = c.moe.is_none().then(|| {
+                MlpProj::ALL.into_iter().flat_map(move |p| {
+                    std::iter::once(WeightId::Mlp(l, p))
+                        .chain(c.mlp_bias.then_some(WeightId::MlpBias(l, p)))
+                })
+            });
+            let experts = c.moe.as_ref().map(|moe| {
+                std::iter::once(WeightId::Router(l)).chain(
+                    (0..moe.num_local_experts)
+                        .flat_map(move |e| MlpProj::ALL.map(|p| WeightId::Expert(l, e, p))),
+                )
+            });
+            std::iter::once(WeightId::AttnNorm(l))
+                .chain(attn)
+                .chain(std::iter::once(WeightId::MlpNorm(l)))
+                .chain(dense.into_iter().flatten())
+                .chain(experts.into_iter().flatten())
+        };
+        std::iter::once(WeightId::Embed)
+            .chain((0..c.num_hidden_layers).flat_map(layer))
+            .chain(std::iter::once(WeightId::FinalNorm))
+            .chain((!c.tie_word_embeddings).then_some(WeightId::LmHead))
     }
 
     /// `WeightId::all(c).len()` without listing them, `None` when it overflows: the loaders
@@ -328,25 +327,38 @@ impl std::fmt::Display for Target {
 
 /// Refuse a config whose counts call for more tensors than `file` has (`present`), before
 /// anything is sized by them: the layer and expert counts come from the file's config, and are
-/// checked against the weights actually there (issue 16).
+/// checked against the weights actually there (issue 16). The error names the first tensor the
+/// config calls for that `has` does not find (looked up one at a time, so at most `present + 1`
+/// lookups), as a missing tensor is the usual reason.
 ///
 /// # Errors
-/// [`Error::Config`] naming the file, the counts and the bound.
-pub fn check_tensor_count(c: &ModelConfig, present: usize, file: &str) -> Result<()> {
+/// [`Error::Config`] naming the file, the counts and the first missing tensor.
+pub fn check_tensor_count(
+    c: &ModelConfig,
+    present: usize,
+    file: &str,
+    has: &dyn Fn(WeightId) -> Option<String>,
+) -> Result<()> {
+    let needed = WeightId::count(c);
+    if needed.is_some_and(|n| n <= present) {
+        return Ok(());
+    }
     let experts = c.moe.as_ref().map_or(String::new(), |m| {
         format!(" of {} experts each", m.num_local_experts)
     });
-    match WeightId::count(c) {
-        Some(needed) if needed <= present => Ok(()),
-        needed => Err(Error::config(
-            file,
-            format!(
-                "num_hidden_layers = {}{experts} calls for {} tensors, and the weights have {present}",
-                c.num_hidden_layers,
-                needed.map_or("more than 2^64".to_string(), |n| n.to_string()),
-            ),
-        )),
-    }
+    // `has` gives the name of a missing tensor (`Some`), or `None` when it is there.
+    let missing = WeightId::iter(c)
+        .take(present.saturating_add(1))
+        .find_map(has);
+    Err(Error::config(
+        file,
+        format!(
+            "{}num_hidden_layers = {}{experts} calls for {} tensors, and the weights have {present}",
+            missing.map_or(String::new(), |m| format!("tensor `{m}` is missing: ")),
+            c.num_hidden_layers,
+            needed.map_or("more than 2^64".to_string(), |n| n.to_string()),
+        ),
+    ))
 }
 
 #[cfg(test)]
@@ -369,17 +381,27 @@ mod tests {
     fn counts_beyond_the_file_are_refused_without_listing() {
         let mut c = builtin::builtin("tiny").unwrap().config;
         let n = WeightId::count(&c).unwrap();
-        check_tensor_count(&c, n, "m.safetensors").unwrap();
+        let all_there = |_: WeightId| None;
+        check_tensor_count(&c, n, "m.safetensors", &all_there).unwrap();
         c.num_hidden_layers = 1 << 40;
-        let err = check_tensor_count(&c, n, "m.safetensors")
+        // a file with the first two layers: the first tensor of layer 2 is named
+        let missing_from_layer_2 = |id: WeightId| {
+            let name = id.hf_name();
+            let early = ["model.layers.0.", "model.layers.1."];
+            let early = early.iter().any(|p| name.starts_with(p));
+            (name.starts_with("model.layers.") && !early).then_some(name)
+        };
+        let err = check_tensor_count(&c, n, "m.safetensors", &missing_from_layer_2)
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("m.safetensors") && err.contains("num_hidden_layers = 1099511627776"),
+            err.contains("m.safetensors")
+                && err.contains("tensor `model.layers.2.input_layernorm.weight` is missing")
+                && err.contains("num_hidden_layers = 1099511627776"),
             "{err}"
         );
         c.num_hidden_layers = usize::MAX;
-        let err = check_tensor_count(&c, n, "m.safetensors")
+        let err = check_tensor_count(&c, n, "m.safetensors", &all_there)
             .unwrap_err()
             .to_string();
         assert!(err.contains("more than 2^64"), "{err}");

@@ -3,7 +3,7 @@
 
 use crate::base::config::ModelConfig;
 use crate::base::model::Model;
-use crate::base::weight_names::check_tensor_count;
+use crate::base::weight_names::{WeightId, check_tensor_count};
 use crate::base::weights::{RawTensor, TensorSource, Weights};
 use crate::error::{Error, Result};
 use safetensors::{Dtype, SafeTensors};
@@ -16,11 +16,12 @@ pub fn load_hf_dir(dir: &Path) -> Result<Model> {
     let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
     let config = ModelConfig::from_hf_json(&text, &config_path.display().to_string())?;
     let source = SafetensorsSource::open_dir(dir)?;
-    check_tensor_count(
-        &config,
-        source.names().len(),
-        &config_path.display().to_string(),
-    )?;
+    let missing = |id: WeightId| {
+        let name = id.hf_name();
+        (!source.entries.contains_key(&name)).then_some(name)
+    };
+    let label = config_path.display().to_string();
+    check_tensor_count(&config, source.entries.len(), &label, &missing)?;
     let weights = Weights::load(&config, &source)?;
     Ok(Model::new(config, weights))
 }

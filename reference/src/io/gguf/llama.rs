@@ -130,7 +130,11 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
             .collect(),
     };
     config.validate(&file)?;
-    check_tensor_count(&config, f.tensor_infos().len(), &file)?;
+    let missing = |id: WeightId| {
+        let name = id.gguf_name()?;
+        f.tensor_info(&name).is_none().then_some(name)
+    };
+    check_tensor_count(&config, f.tensor_infos().len(), &file, &missing)?;
 
     // Every tensor in the file must be one we load: an unknown one (`rope_freqs.weight` of
     // Llama 3.1 scaling, a bias on only some layers, ...) would change the model.
