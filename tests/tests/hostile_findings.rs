@@ -37,8 +37,8 @@ fn gguf_layer_count_beyond_the_tensors() {
 
 /// A HF folder whose `config.json` (a few hundred bytes) claims 2^40 layers or experts beside
 /// real weights: refused before anything is sized by the counts, naming the file and the count.
-/// A context of 2^40 positions is legal and loads: nothing is sized by it any more (the RoPE
-/// table stops at `ROPE_TABLE_POSITIONS`).
+/// A context of 2^32 positions (the most accepted, `MAX_CONTEXT`) loads: nothing is sized by it
+/// any more (the RoPE table stops at `ROPE_TABLE_POSITIONS`); 2^40 is refused by name.
 #[test]
 fn hf_config_counts_are_bounded_by_the_weights() {
     let fixture = m2r2_tests::fixture_dir().join("hf/llama_gqa_tied");
@@ -64,8 +64,14 @@ fn hf_config_counts_are_bounded_by_the_weights() {
         "{err}"
     );
     let (_dir, loaded) = with("max_position_embeddings", serde_json::json!(1u64 << 40));
-    let model = loaded.expect("a long context loads");
-    assert_eq!(model.context_length(), 1 << 40);
+    let err = loaded.err().expect("refused").to_string();
+    assert!(
+        err.contains("config.json") && err.contains("more than the 4294967296 positions"),
+        "{err}"
+    );
+    let (_dir, loaded) = with("max_position_embeddings", serde_json::json!(1u64 << 32));
+    let model = loaded.expect("the longest context loads");
+    assert_eq!(model.context_length(), 1 << 32);
     let mut cache = model.new_cache(8).unwrap();
     let out = model.forward(&[1, 2, 3], &mut cache).unwrap();
     assert_eq!(out.logits.nrows(), 3);
