@@ -18,6 +18,7 @@
 //! is the model's own response (and the row after the last response token).
 
 use crate::error::{Error, Result};
+use crate::jsonl_log::{JsonlLog, read_lines};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -124,22 +125,22 @@ pub fn read(dir: &Path, vocab_size: usize) -> Result<(Vec<DistillSample>, Distil
 /// `torn_tail`, a last line without its newline that does not parse (a run stopped mid-write) is
 /// dropped instead of refused.
 fn read_samples(path: &Path, vocab_size: usize, torn_tail: bool) -> Result<Vec<DistillSample>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    check_samples(path, read_lines(path, torn_tail)?, vocab_size)
+}
+
+/// The samples of `path` (with their line numbers) checked against the vocabulary and their own
+/// lengths.
+fn check_samples(
+    path: &Path,
+    lines: Vec<(usize, DistillSample)>,
+    vocab_size: usize,
+) -> Result<Vec<DistillSample>> {
     let label = path.display().to_string();
-    let lines: Vec<&str> = text.split_inclusive('\n').collect();
     let mut samples = Vec::new();
-    for (i, line) in lines.iter().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
+    for (line, s) in lines {
         let bad = |msg: String| Error::Data {
             file: label.clone(),
-            msg: format!("line {}: {msg}", i + 1),
-        };
-        let s: DistillSample = match serde_json::from_str(line) {
-            Ok(s) => s,
-            Err(_) if torn_tail && i + 1 == lines.len() && !line.ends_with('\n') => break,
-            Err(e) => return Err(bad(e.to_string())),
+            msg: format!("line {line}: {msg}"),
         };
         if s.prompt_len == 0 || s.prompt_len > s.tokens.len() {
             return Err(bad(format!(
@@ -161,7 +162,7 @@ fn read_samples(path: &Path, vocab_size: usize, torn_tail: bool) -> Result<Vec<D
 /// A data folder being written: samples appended as they finish, resumable.
 pub struct Run {
     dir: PathBuf,
-    out: std::fs::File,
+    log: JsonlLog,
     /// Samples already in the folder (a resumed run) and appended since, in writing order.
     pub samples: Vec<DistillSample>,
 }
@@ -179,51 +180,40 @@ impl Run {
     ) -> Result<Run> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let samples_path = dir.join(SAMPLES_FILE);
-        let mut samples = Vec::new();
-        if resume {
-            let earlier = [PROGRESS_FILE, META_FILE]
-                .iter()
-                .map(|f| dir.join(f))
-                .find(|p| p.exists());
-            if let Some(path) = earlier {
-                let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-                let earlier: DistillMeta =
-                    serde_json::from_str(&text).map_err(|e| Error::Data {
-                        file: path.display().to_string(),
-                        msg: format!("not a distillation meta file: {e}"),
-                    })?;
-                if let Some(field) = earlier.differing_setting(planned) {
-                    return Err(Error::Data {
-                        file: path.display().to_string(),
-                        msg: format!(
-                            "--resume: this folder was started with another `{field}`; \
-                             rerun with the same settings or write a new folder"
-                        ),
-                    });
-                }
-                if samples_path.exists() {
-                    samples = read_samples(&samples_path, vocab_size, true)?;
-                }
+        let earlier = [PROGRESS_FILE, META_FILE]
+            .iter()
+            .map(|f| dir.join(f))
+            .find(|p| p.exists())
+            .filter(|_| resume);
+        if let Some(path) = &earlier {
+            let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+            let earlier: DistillMeta = serde_json::from_str(&text).map_err(|e| Error::Data {
+                file: path.display().to_string(),
+                msg: format!("not a distillation meta file: {e}"),
+            })?;
+            if let Some(field) = earlier.differing_setting(planned) {
+                return Err(Error::Data {
+                    file: path.display().to_string(),
+                    msg: format!(
+                        "--resume: this folder was started with another `{field}`; \
+                         rerun with the same settings or write a new folder"
+                    ),
+                });
             }
         }
+        let (log, samples) = if earlier.is_some() {
+            let (log, lines) = JsonlLog::resume(&samples_path)?;
+            (log, check_samples(&samples_path, lines, vocab_size)?)
+        } else {
+            (JsonlLog::create(&samples_path)?, Vec::new())
+        };
         let _ = std::fs::remove_file(dir.join(META_FILE));
         let progress = dir.join(PROGRESS_FILE);
         let text = serde_json::to_string_pretty(planned).expect("serialisable");
         std::fs::write(&progress, text + "\n").map_err(|e| Error::io(&progress, e))?;
-        // Rewrite what is kept (drops a torn line), then append.
-        let mut text = String::new();
-        for s in &samples {
-            text += &serde_json::to_string(s).expect("serialisable");
-            text.push('\n');
-        }
-        std::fs::write(&samples_path, text).map_err(|e| Error::io(&samples_path, e))?;
-        let out = std::fs::OpenOptions::new()
-            .append(true)
-            .open(&samples_path)
-            .map_err(|e| Error::io(&samples_path, e))?;
         Ok(Run {
             dir: dir.to_path_buf(),
-            out,
+            log,
             samples,
         })
     }
@@ -238,11 +228,7 @@ impl Run {
 
     /// Append one finished sample (one line, written through at once).
     pub fn append(&mut self, sample: &DistillSample) -> Result<()> {
-        let path = self.dir.join(SAMPLES_FILE);
-        let line = serde_json::to_string(sample).expect("serialisable") + "\n";
-        self.out
-            .write_all(line.as_bytes())
-            .map_err(|e| Error::io(&path, e))?;
+        self.log.append(sample)?;
         self.samples.push(sample.clone());
         Ok(())
     }

@@ -29,6 +29,7 @@ pub mod fast_stream;
 pub mod gemm;
 pub mod grad_check;
 pub mod head;
+pub mod jsonl_log;
 pub mod linear;
 pub mod magpie;
 pub mod real;

@@ -17,6 +17,7 @@
 //! so a resumed run selects exactly what an uninterrupted one does.
 
 use crate::error::{Error, Result};
+use crate::jsonl_log::JsonlLog;
 use reference::Model;
 use reference::base::batch::{BatchRequest, generate_batch};
 use reference::base::generate::GenerateOptions;
@@ -199,14 +200,14 @@ pub fn sample_candidates(
 
 /// A run's candidates file: start or resume (same settings), append, read back.
 pub struct CandidateLog {
-    file: std::fs::File,
-    path: std::path::PathBuf,
+    log: JsonlLog,
 }
 
 impl CandidateLog {
     /// Open `dir` for a run with `settings`. A fresh run needs an empty or missing folder (or one
     /// of an earlier finished run, which is replaced); `resume` needs an unfinished run's folder
-    /// made with the same settings. Returns the log and the candidates already sampled.
+    /// made with the same settings. Returns the log and the candidates already sampled (a torn
+    /// last line dropped).
     pub fn open(
         dir: &Path,
         settings: &MagpieSettings,
@@ -214,7 +215,6 @@ impl CandidateLog {
     ) -> Result<(Self, Vec<Candidate>)> {
         let progress = dir.join(PROGRESS_FILE);
         let path = dir.join(CANDIDATES_FILE);
-        let mut earlier = Vec::new();
         if resume {
             let text = std::fs::read_to_string(&progress).map_err(|_| {
                 Error::Invalid(format!(
@@ -231,30 +231,9 @@ impl CandidateLog {
                     text.trim()
                 )));
             }
-            if path.exists() {
-                let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-                for (i, line) in text.lines().enumerate() {
-                    // A run stopped mid-write leaves at most a partial last line: drop it.
-                    match serde_json::from_str::<Candidate>(line) {
-                        Ok(c) => earlier.push(c),
-                        Err(_) if i + 1 == text.lines().count() => {}
-                        Err(e) => {
-                            return Err(Error::Invalid(format!(
-                                "{} line {}: {e}",
-                                path.display(),
-                                i + 1
-                            )));
-                        }
-                    }
-                }
-            }
-            // Rewrite the kept lines so that a dropped partial line does not stay in the file.
-            let mut file = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
-            for c in &earlier {
-                writeln!(file, "{}", serde_json::to_string(c).expect("serialisable"))
-                    .map_err(|e| Error::io(&path, e))?;
-            }
-            return Ok((CandidateLog { file, path }, earlier));
+            let (log, earlier) = JsonlLog::resume(&path)?;
+            let earlier = earlier.into_iter().map(|(_, c)| c).collect();
+            return Ok((CandidateLog { log }, earlier));
         }
         if dir.exists() {
             let finished = dir.join(META_FILE).exists() && !progress.exists();
@@ -279,19 +258,13 @@ impl CandidateLog {
             serde_json::to_string_pretty(settings).expect("serialisable"),
         )
         .map_err(|e| Error::io(&progress, e))?;
-        let file = std::fs::File::create(&path).map_err(|e| Error::io(&path, e))?;
-        Ok((CandidateLog { file, path }, earlier))
+        let log = JsonlLog::create(&path)?;
+        Ok((CandidateLog { log }, Vec::new()))
     }
 
     /// Append one candidate (flushed: a stopped run keeps it).
     pub fn append(&mut self, c: &Candidate) -> Result<()> {
-        writeln!(
-            self.file,
-            "{}",
-            serde_json::to_string(c).expect("serialisable")
-        )
-        .and_then(|_| self.file.flush())
-        .map_err(|e| Error::io(&self.path, e))
+        self.log.append(c)
     }
 }
 
