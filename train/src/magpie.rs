@@ -24,7 +24,6 @@ use reference::base::generate::GenerateOptions;
 use reference::base::sampling::SamplingParams;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
-use std::io::Write;
 use std::path::Path;
 
 pub const CANDIDATES_FILE: &str = "candidates.jsonl";
@@ -307,6 +306,7 @@ mod tests {
     use super::*;
     use reference::base::generate::generate;
     use reference::io::builtin::{random_model, tiny_config};
+    use std::io::Write;
 
     fn settings() -> MagpieSettings {
         MagpieSettings {
@@ -420,7 +420,7 @@ mod tests {
             .unwrap();
         write!(f, "{{\"seed\": 41, \"tok").unwrap();
         let (_, earlier) = CandidateLog::open(&dir, &s, true).unwrap();
-        assert_eq!(earlier, [c.clone()]);
+        assert_eq!(earlier, std::slice::from_ref(&c));
         let other = MagpieSettings {
             temperature: 0.7,
             ..s.clone()
