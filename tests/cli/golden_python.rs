@@ -203,6 +203,15 @@ fn python_package_writes_goldens_that_compare() {
         );
     }
     assert!(run.stdout.contains("overall: OK"), "{}", run.stdout);
+    // the header says who wrote each file
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        run.stdout
+            .contains(&format!("written by m2r2 {version}) against"))
+            && run.stdout.contains("written by m2r2-golden-python "),
+        "{}",
+        run.stdout
+    );
 
     // one logit moved by 1e-2: compare fails and names it
     let perturbed = s("perturbed.golden.safetensors");

@@ -133,6 +133,7 @@ impl Golden {
             tokens,
             logits,
             m2r2,
+            writer: file.meta.get("m2r2_version").cloned(),
         })
     }
 }

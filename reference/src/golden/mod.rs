@@ -49,6 +49,10 @@ pub struct Golden {
     pub logits: Array2<f32>,
     /// The M2R2 mode's settings and per-step records; `None` for `mode = greedy`.
     pub m2r2: Option<M2r2Golden>,
+    /// Who wrote the file (metadata `m2r2_version`): this crate's version for files the reference
+    /// writes (and for a golden just recorded), `m2r2-golden-python X` for the Python package's;
+    /// `None` for a file without the field.
+    pub writer: Option<String>,
 }
 
 impl Golden {

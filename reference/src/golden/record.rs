@@ -25,6 +25,7 @@ impl Golden {
             tokens,
             logits,
             m2r2: None,
+            writer: Some(env!("CARGO_PKG_VERSION").into()),
         })
     }
 }

@@ -537,12 +537,14 @@ fn compare_files(expected_path: &Path, actual_path: &Path, tol: Tolerance) -> Re
         )
     })?;
     let header = format!(
-        "golden {} (recorded with {}, {}) against {} (recorded with {}): {} prompt tokens, {} steps",
+        "golden {} (recorded with {}, {}; written by {}) against {} (recorded with {}; written by {}): {} prompt tokens, {} steps",
         expected_path.display(),
         expected.model,
         settings_line(&expected),
+        writer(&expected),
         actual_path.display(),
         actual.model,
+        writer(&actual),
         expected.prompt_tokens.len(),
         expected.tokens.len(),
     );
@@ -558,11 +560,23 @@ fn compare_files(expected_path: &Path, actual_path: &Path, tol: Tolerance) -> Re
             "actual": actual_path.display().to_string(),
             "mode": expected.mode,
             "golden_model": expected.model,
+            "expected_writer": writer(&expected),
+            "actual_writer": writer(&actual),
         }),
         tol,
         report,
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// Who wrote a golden file, from its `m2r2_version`: the reference records its bare version
+/// (`0.1.0` -> `m2r2 0.1.0`), other writers their own name (`m2r2-golden-python 0.1.0`).
+fn writer(golden: &Golden) -> String {
+    match golden.writer.as_deref() {
+        Some(v) if v.starts_with(|c: char| c.is_ascii_digit()) => format!("m2r2 {v}"),
+        Some(v) => v.to_string(),
+        None => "an unknown writer (no m2r2_version)".into(),
+    }
 }
 
 /// Print every report (tables, or JSON: the one object of a single file, `{"ok", "files"}` for a

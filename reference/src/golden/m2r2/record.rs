@@ -126,6 +126,7 @@ fn m2r2_golden(
             weights_hash: weights_hash(m2r2.weights),
             record,
         }),
+        writer: Some(env!("CARGO_PKG_VERSION").into()),
     }
 }
 
