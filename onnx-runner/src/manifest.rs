@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use reference::ModelConfig;
+use reference::io::file_name::sibling;
 use reference::io::tokenizer::Tokenizer;
 use reference::m2r2::config::M2r2Config;
 use reference::m2r2::draft_head::DraftHead;
@@ -121,7 +122,8 @@ impl ExportDir {
         let draft_head = match (&manifest.draft_head_file, manifest.draft_head_tokens) {
             (None, None) => None,
             (Some(name), Some(k)) => {
-                let head = DraftHead::load(&dir.join(name), manifest.config.vocab_size)?;
+                let path = sibling(dir, name).map_err(|e| bad(format!("draft_head_file: {e}")))?;
+                let head = DraftHead::load(&path, manifest.config.vocab_size)?;
                 if head.len() != k {
                     return Err(bad(format!(
                         "draft_head_tokens is {k}, but {name} lists {} token ids",
@@ -136,6 +138,9 @@ impl ExportDir {
                 ));
             }
         };
+        for (kind, name) in &manifest.graphs {
+            sibling(dir, name).map_err(|e| bad(format!("graphs.{kind}: {e}")))?;
+        }
         Ok(ExportDir {
             dir: dir.to_path_buf(),
             manifest,
@@ -162,6 +167,7 @@ impl ExportDir {
                         .join(", ")
                 ),
             })?;
+        // Checked to be a plain file name by `open`.
         Ok(self.dir.join(name))
     }
 

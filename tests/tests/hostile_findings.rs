@@ -2,7 +2,7 @@
 //! replayed by fuzz_replay.rs) and what the loader must say about it now. docs/TESTING.md
 //! "Fuzzing" lists them with dates and commands.
 
-use m2r2_tests::hostile::{Target, run};
+use m2r2_tests::hostile::{Target, run, write_valid_folder};
 use std::path::{Path, PathBuf};
 
 fn regression(target: Target, name: &str) -> Vec<u8> {
@@ -127,4 +127,67 @@ fn tokenizers_crate_panic_behind_valid_json() {
         err.contains("tokenizer.json") && err.contains("a panic inside it: Precompiled"),
         "{err}"
     );
+}
+
+/// Review, 2026-11-26: file names that one file gives for its siblings (a sharded checkpoint's
+/// `weight_map`, an export manifest's `graphs` and `draft_head_file`) were joined to the folder
+/// unchecked, so `../x` or `/etc/x` read outside the folder the user named. Now each must be a
+/// plain name in the folder; anything else is refused, naming the file and the field.
+#[test]
+fn sibling_file_names_stay_in_the_folder() {
+    let edit_json = |path: &Path, edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        edit(&mut v);
+        std::fs::write(path, v.to_string()).unwrap();
+    };
+    for bad in [
+        "../model-00001-of-00002.safetensors",
+        "/etc/passwd",
+        "sub/x",
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        write_valid_folder(Target::HfSharded, dir.path());
+        let index = dir.path().join("model.safetensors.index.json");
+        edit_json(&index, &|v| {
+            let map = v["weight_map"].as_object_mut().unwrap();
+            let first = map.keys().next().unwrap().clone();
+            map[&first] = bad.into();
+        });
+        let Err(err) = reference::io::checkpoint::load_hf_dir(dir.path()) else {
+            panic!("weight_map entry {bad:?} loads");
+        };
+        let err = err.to_string();
+        assert!(
+            err.contains("model.safetensors.index.json")
+                && err.contains("weight_map entry of")
+                && err.contains("not a file name"),
+            "{err}"
+        );
+    }
+    let export = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let dir = tempfile::tempdir().unwrap();
+        write_valid_folder(Target::ExportFolder, dir.path());
+        edit_json(&dir.path().join("m2r2_export.json"), edit);
+        let err = onnx_runner::manifest::ExportDir::open(dir.path())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            err.contains("m2r2_export.json") && err.contains("not a file name"),
+            "{err}"
+        );
+        err
+    };
+    let err = export(&|v| v["graphs"]["model"] = "../model.onnx".into());
+    assert!(err.contains("graphs.model"), "{err}");
+    let err = export(&|v| v["draft_head_file"] = "/tmp/draft_head.json".into());
+    assert!(err.contains("draft_head_file"), "{err}");
+    // the valid folders still load
+    let dir = tempfile::tempdir().unwrap();
+    write_valid_folder(Target::ExportFolder, dir.path());
+    onnx_runner::manifest::ExportDir::open(dir.path()).expect("the valid export opens");
+    let dir = tempfile::tempdir().unwrap();
+    write_valid_folder(Target::HfSharded, dir.path());
+    reference::io::checkpoint::load_hf_dir(dir.path()).expect("the valid shards load");
 }

@@ -122,7 +122,8 @@ fn shard_files(index: &Path) -> Result<Vec<PathBuf>> {
                 format!("weight_map entry of `{tensor}` is not a file name"),
             )
         })?;
-        let path = dir.join(file);
+        let path = super::file_name::sibling(dir, file)
+            .map_err(|e| Error::format(&label, format!("weight_map entry of `{tensor}`: {e}")))?;
         if !files.contains(&path) {
             files.push(path);
         }

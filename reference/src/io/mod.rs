@@ -3,6 +3,7 @@
 
 pub mod builtin;
 pub mod checkpoint;
+pub mod file_name;
 pub mod gguf;
 pub mod hf_config;
 pub mod hub;

@@ -123,6 +123,14 @@ pub fn run(target: Target, data: &[u8]) -> bool {
     }
 }
 
+/// Write `target`'s valid folder (the one whose files the folder targets replace) into `dir`.
+pub fn write_valid_folder(target: Target, dir: &Path) {
+    let base = seeds::base(target);
+    for (name, bytes) in base.files.iter().chain(&base.fixed) {
+        std::fs::write(dir.join(name), bytes).expect("write the valid folder");
+    }
+}
+
 fn tokenizer_folder(dir: &Path) -> bool {
     Tokenizer::from_file(&dir.join("tokenizer.json")).is_ok_and(|tok| use_tokenizer(&tok))
 }
