@@ -72,6 +72,9 @@ pub struct Args {
     /// Weight of the alignment term
     #[arg(long, value_name = "X", default_value_t = 0.1)]
     pub align_weight: f64,
+    /// Also align the fast state after each inner layer i of the interval with the slow residual at depth d_j(i) (spec section 1), with --align's kind and weight; keeps k_j - 1 more rows of D per position in memory
+    #[arg(long, requires = "align")]
+    pub align_intermediate: bool,
     /// Seed of the adapter initialisation and of the row sampling
     #[arg(long, value_name = "S", default_value_t = 0)]
     pub seed: u64,
@@ -111,7 +114,18 @@ pub struct Args {
 fn gate_summary(stats: &[GateStats]) -> String {
     stats
         .iter()
-        .map(|s| format!("g{} kl {:.4} agree {:.3}", s.gate, s.kl, s.agreement()))
+        .map(|s| {
+            let align = match s.align {
+                0.0 => String::new(),
+                a => format!(" align {a:.4}"),
+            };
+            format!(
+                "g{} kl {:.4}{align} agree {:.3}",
+                s.gate,
+                s.kl,
+                s.agreement()
+            )
+        })
         .collect::<Vec<_>>()
         .join(" | ")
 }
@@ -210,6 +224,7 @@ pub fn run(args: &Args) -> Result<()> {
                 temperature: args.temperature,
                 align: args.align,
                 align_weight: args.align_weight,
+                align_intermediate: args.align_intermediate,
                 seed: args.seed,
             };
             let fresh = initial_weights(model, config, args.seed)
@@ -289,10 +304,7 @@ pub fn run(args: &Args) -> Result<()> {
                 .collect();
             for log in &window {
                 for (m, g) in mean.iter_mut().zip(&log.gates) {
-                    let n = (m.rows + g.rows) as f64;
-                    m.kl = (m.kl * m.rows as f64 + g.kl * g.rows as f64) / n;
-                    m.agree += g.agree;
-                    m.rows += g.rows;
+                    m.add(g);
                 }
             }
             let line = format!(

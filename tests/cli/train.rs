@@ -374,6 +374,39 @@ fn bad_training_input_is_refused() {
         ],
         &["sparse MoE", "dense"],
     );
+    fails(
+        &[
+            "train",
+            "--model",
+            "tiny",
+            "--data",
+            &p("data"),
+            "--align-intermediate",
+            "--out",
+            &p("o"),
+        ],
+        &["--align-intermediate", "--align <KIND>"],
+    );
+    // with a kind it trains (the term is in the log's align column)
+    let run = ok(&[
+        "train",
+        "--model",
+        "tiny",
+        "--data",
+        &p("data"),
+        "--align",
+        "mse",
+        "--align-intermediate",
+        "--steps",
+        "2",
+        "--out",
+        &p("aligned"),
+    ]);
+    assert!(
+        run.stderr.contains("g1 kl") && run.stderr.contains(" align "),
+        "{}",
+        run.stderr
+    );
 }
 
 /// `distill-data --batch` writes the same bytes at any batch size; `--resume` of a finished folder

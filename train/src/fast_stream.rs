@@ -149,6 +149,14 @@ pub struct IntervalTape<F> {
     layers: Vec<LayerTape<F>>,
 }
 
+impl<F> IntervalTape<F> {
+    /// The fast states after each of the interval's layers but the last (`k_j - 1` of them,
+    /// `[R, D]` each): what the intermediate alignment targets `s_{d_j(i)}` compare with.
+    pub fn inner_states(&self) -> impl Iterator<Item = &Array2<F>> {
+        self.layers.iter().skip(1).map(|t| &t.x)
+    }
+}
+
 /// The visible slow K/V of `row` at layer `l`, plus its own key/value.
 fn visible<'a, F: Real>(
     config: &ModelConfig,
@@ -261,11 +269,13 @@ pub fn forward<F: Real>(
     (f, IntervalTape { layers: tapes })
 }
 
-/// Gradients of the interval's adapters from `du` (the gradient of the exit states), accumulated
-/// into `grads` (which holds zeros or earlier gradients for every trained pair).
+/// Gradients of the interval's adapters from `du` (the gradient of the exit states) and
+/// `d_inner` (gradients of the [inner states](IntervalTape::inner_states), in their order, or
+/// none), accumulated into `grads` (which holds zeros or earlier gradients for every trained pair).
 ///
 /// # Shapes
-/// - `du`: `[R, D]`
+/// - `du`: `[R, D]`, `d_inner`: `k_j - 1` or 0 of `[R, D]`
+#[allow(clippy::too_many_arguments)]
 pub fn backward<F: Real>(
     base: &FrozenBase<F>,
     adapters: &Adapters<F>,
@@ -273,12 +283,23 @@ pub fn backward<F: Real>(
     batch: Batch<'_, F>,
     tape: &IntervalTape<F>,
     du: Array2<F>,
+    d_inner: &[Array2<F>],
     grads: &mut Adapters<F>,
 ) {
     let Batch { samples, rows } = batch;
     let positions: Vec<usize> = rows.iter().map(|r| r.pos).collect();
+    assert!(
+        d_inner.is_empty() || d_inner.len() + 1 == tape.layers.len(),
+        "one gradient per inner state"
+    );
     let mut dx = du;
-    for (l, t) in layers.zip(&tape.layers).rev() {
+    for (i, (l, t)) in layers.zip(&tape.layers).enumerate().rev() {
+        // dx is the gradient of this layer's output; an inner state's own term joins it here
+        if i + 1 < tape.layers.len()
+            && let Some(d) = d_inner.get(i)
+        {
+            dx += d;
+        }
         let w = base.layers[l].as_ref().expect("trained layer");
         let mut back = |target: Target, dy: ArrayView2<F>, x: ArrayView2<F>| {
             let lora = adapters.get(l, target);

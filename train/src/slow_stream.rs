@@ -26,6 +26,11 @@ pub struct SlowSample<F> {
     pub kv: Vec<Option<(Array2<F>, Array2<F>)>>,
     /// `s_N` `[T, D]`: the teacher's final residual.
     pub last: Array2<F>,
+    /// Per interval `j`: `s_{d_j(i)}` `[T, D]` for `i = 1..k_j` (spec section 1: the slow
+    /// residual the fast state after the interval's `i`-th layer estimates), kept for the trained
+    /// intervals only when asked for (`--align-intermediate`): `k_j - 1` more rows of `D` per
+    /// position, 6 for SmolLM2's gate 1.
+    pub aligned: Vec<Option<Vec<Array2<F>>>>,
 }
 
 impl<F: Real> SlowSample<F> {
@@ -37,7 +42,33 @@ impl<F: Real> SlowSample<F> {
         first_row: usize,
         intervals: &[usize],
     ) -> Result<Self> {
+        Self::compute_with(model, config, tokens, first_row, intervals, false)
+    }
+
+    /// [`compute`](Self::compute), also keeping the intermediate alignment targets
+    /// ([`aligned`](Self::aligned)) of the intervals when `keep_aligned`.
+    pub fn compute_with(
+        model: &Model,
+        config: &M2r2Config,
+        tokens: &[u32],
+        first_row: usize,
+        intervals: &[usize],
+        keep_aligned: bool,
+    ) -> Result<Self> {
         let n = model.config.num_hidden_layers;
+        // The depths d_j(i), i = 1..k_j, of each interval whose targets are kept.
+        let depths: Vec<Vec<usize>> = (0..config.num_gates())
+            .map(|j| match keep_aligned && intervals.contains(&j) {
+                true => (1..config.interval_len(j))
+                    .map(|i| config.aligned_depth(j, i))
+                    .collect(),
+                false => Vec::new(),
+            })
+            .collect();
+        let mut aligned: Vec<Option<Vec<Array2<F>>>> = depths
+            .iter()
+            .map(|d| (!d.is_empty()).then(Vec::new))
+            .collect();
         let mut cache = model.new_cache(tokens.len())?;
         model.check_input(tokens, 0, &cache)?;
         let mut s = model.embed(tokens);
@@ -54,6 +85,14 @@ impl<F: Real> SlowSample<F> {
                 starts[j] = Some(lift(s.view()));
             }
             model.layer_forward(l, &mut s, 0, &mut cache);
+            // `s` is now s_{l+1}
+            for (d, kept) in depths.iter().zip(&mut aligned) {
+                if let Some(kept) = kept
+                    && d.contains(&(l + 1))
+                {
+                    kept.push(lift(s.view()));
+                }
+            }
             if owner.is_some() {
                 let (k, v) = cache.layer(l, tokens.len());
                 *kv_l = Some((lift(k), lift(v)));
@@ -65,6 +104,7 @@ impl<F: Real> SlowSample<F> {
             starts,
             kv,
             last: lift(s.view()),
+            aligned,
         })
     }
 

@@ -17,7 +17,7 @@ use crate::fast_stream::{self, Batch, FrozenBase, Row};
 use crate::head::kl_loss;
 use crate::schedule::Schedule;
 use crate::slow_stream::SlowSample;
-use ndarray::Axis;
+use ndarray::{Array2, Axis};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
@@ -54,6 +54,11 @@ pub struct TrainOptions {
     /// Optional alignment of the exit state with `s_N`, and its weight.
     pub align: Option<AlignKind>,
     pub align_weight: f64,
+    /// Also align the fast state after each inner layer `i` of the interval with the slow residual
+    /// at depth `d_j(i)` (spec section 1's intermediate targets), with `align`'s kind and weight
+    /// (one term per inner layer). Needs `align`.
+    #[serde(default)]
+    pub align_intermediate: bool,
     /// Seed of the row sampling (and of the adapters' initialisation, see [`initial_weights`]).
     pub seed: u64,
 }
@@ -93,6 +98,11 @@ impl TrainOptions {
         {
             return bad("temperature and clip must be positive".into());
         }
+        if self.align_intermediate && self.align.is_none() {
+            return bad(
+                "intermediate alignment needs an alignment kind (--align cosine | mse)".into(),
+            );
+        }
         Ok(())
     }
 }
@@ -116,7 +126,8 @@ impl GateStats {
         self.agree as f64 / self.rows.max(1) as f64
     }
 
-    fn add(&mut self, other: &GateStats) {
+    /// Pool `other` into these statistics (row-weighted means, summed counts).
+    pub fn add(&mut self, other: &GateStats) {
         let n = (self.rows + other.rows).max(1) as f64;
         self.kl = (self.kl * self.rows as f64 + other.kl * other.rows as f64) / n;
         self.align = (self.align * self.rows as f64 + other.align * other.rows as f64) / n;
@@ -209,7 +220,8 @@ impl Trainer {
             }
         }
         let config = &weights.config;
-        let samples = slow_samples(model, config, data, &intervals, on_sample)?;
+        let keep_aligned = options.align_intermediate;
+        let samples = slow_samples(model, config, data, &intervals, keep_aligned, on_sample)?;
         let pool = response_rows(&samples);
         if pool.is_empty() {
             return Err(Error::Invalid(
@@ -342,7 +354,8 @@ impl Trainer {
     pub fn held_out(&self, model: &Model, data: &[DistillSample]) -> Result<HeldOut> {
         let config = &self.template.config;
         let intervals: Vec<usize> = self.gates.iter().map(|g| g.gate - 1).collect();
-        let samples = slow_samples(model, config, data, &intervals, &mut |_| {})?;
+        let keep_aligned = self.options.align_intermediate;
+        let samples = slow_samples(model, config, data, &intervals, keep_aligned, &mut |_| {})?;
         let rows = response_rows(&samples);
         Ok(HeldOut { samples, rows })
     }
@@ -401,11 +414,20 @@ impl Trainer {
         };
         let mut grads = g.adapters.zeros_like();
         let mut du_align = None;
+        let mut d_inner = Vec::new();
         if let Some(kind) = self.options.align {
             let w = self.options.align_weight as f32;
             let (loss, du) = align_loss(kind, u.view(), target.view(), w);
             stats.align = loss as f64;
             du_align = Some(du);
+            if self.options.align_intermediate {
+                for (i, state) in tape.inner_states().enumerate() {
+                    let target = inner_target(samples, rows, j, i);
+                    let (loss, du) = align_loss(kind, state.view(), target.view(), w);
+                    stats.align += loss as f64;
+                    d_inner.push(du);
+                }
+            }
         }
         if grad {
             let mut du = self.base.head.backward(dlogits.view(), &head_tape);
@@ -419,6 +441,7 @@ impl Trainer {
                 batch,
                 &tape,
                 du,
+                &d_inner,
                 &mut grads,
             );
         }
@@ -461,6 +484,22 @@ pub fn mean_kl(stats: &[GateStats]) -> f64 {
     stats.iter().map(|s| s.kl * s.rows as f64).sum::<f64>() / rows.max(1) as f64
 }
 
+/// `s_{d_j(i+1)}` of each row: the target of the fast state after the interval's `(i+1)`-th layer.
+///
+/// # Shapes
+/// -> `[R, D]`
+fn inner_target(samples: &[SlowSample<f32>], rows: &[Row], j: usize, i: usize) -> Array2<f32> {
+    let d = samples[0].last.ncols();
+    let mut target = Array2::zeros((rows.len(), d));
+    for (mut t, row) in target.axis_iter_mut(Axis(0)).zip(rows) {
+        let kept = samples[row.sample].aligned[j]
+            .as_ref()
+            .expect("the samples keep the intermediate targets (align_intermediate)");
+        t.assign(&kept[i].row(row.pos));
+    }
+    target
+}
+
 /// Every trainable row (response positions) of `samples`.
 fn response_rows(samples: &[SlowSample<f32>]) -> Vec<Row> {
     samples
@@ -476,12 +515,14 @@ fn slow_samples(
     config: &M2r2Config,
     data: &[DistillSample],
     intervals: &[usize],
+    keep_aligned: bool,
     on_sample: &mut dyn FnMut(usize),
 ) -> Result<Vec<SlowSample<f32>>> {
     data.iter()
         .enumerate()
         .map(|(i, d)| {
-            let s = SlowSample::compute(model, config, &d.tokens, d.first_row(), intervals);
+            let (tokens, first) = (&d.tokens, d.first_row());
+            let s = SlowSample::compute_with(model, config, tokens, first, intervals, keep_aligned);
             on_sample(i);
             s
         })

@@ -8,6 +8,7 @@ use reference::m2r2::fast_stream::M2r2;
 use reference::m2r2::weights::M2r2Weights;
 use reference::{Model, ModelConfig};
 use train::adapters::Adapters;
+use train::align::{AlignKind, align_loss};
 use train::fast_stream::{self, Batch, FrozenBase, Row};
 use train::grad_check::{compare, numeric_gradient};
 use train::head::kl_loss;
@@ -202,9 +203,18 @@ fn whole_interval_gradients_match_finite_differences() {
         },
         &tape,
         du,
+        &[],
         &mut grads,
     );
-    // numeric, tensor by tensor
+    assert_gradients_match(&adapters, &grads, loss);
+}
+
+/// Every coordinate of every adapter tensor: `grads` against finite differences of `loss`.
+fn assert_gradients_match(
+    adapters: &Adapters<f64>,
+    grads: &Adapters<f64>,
+    loss: impl Fn(&Adapters<f64>) -> f64,
+) {
     let mut all_ok = true;
     for (key, pair) in &adapters.pairs {
         for (part, tensor) in [("A", &pair.a), ("B", &pair.b)] {
@@ -237,4 +247,91 @@ fn whole_interval_gradients_match_finite_differences() {
         all_ok,
         "some adapter gradients differ from finite differences"
     );
+}
+
+/// Spec section 1's intermediate alignment targets: with gates [3] on 4 layers, interval 0 has
+/// k = 3 layers and its inner states after layers 1 and 2 estimate the slow residuals at depths
+/// d(1) = round(4/3) = 1 and d(2) = round(8/3) = 3. The loss is KL + the exit alignment + one
+/// term per inner state; its adapter gradients (through `backward`'s `d_inner`) match finite
+/// differences for both kinds.
+#[test]
+fn intermediate_alignment_gradients_match_finite_differences() {
+    let model = random_model(micro_config(), 12).unwrap();
+    let mut config = M2r2Config::default_for(&model.config);
+    config.gates = vec![3];
+    config.rank = 2;
+    config.alpha = 3.0;
+    let weights = M2r2Weights::random(&model.config, config, 8).unwrap();
+    let config = &weights.config;
+    assert_eq!(
+        (1..3)
+            .map(|i| config.aligned_depth(0, i))
+            .collect::<Vec<_>>(),
+        [1, 3]
+    );
+    let tokens: Vec<u32> = TOKENS.iter().map(|t| (t * 5) % 24).collect();
+    let sample = SlowSample::<f64>::compute_with(&model, config, &tokens, 0, &[0], true).unwrap();
+    // the kept targets are the slow residuals after 1 and 3 layers
+    let mut cache = model.new_cache(tokens.len()).unwrap();
+    let mut s = model.embed(&tokens);
+    let mut after = Vec::new();
+    for l in 0..4 {
+        model.layer_forward(l, &mut s, 0, &mut cache);
+        after.push(s.clone());
+    }
+    let kept = sample.aligned[0].as_ref().expect("kept");
+    assert_eq!(kept.len(), 2);
+    for (got, want) in kept.iter().zip([&after[0], &after[2]]) {
+        let diff = (got - &want.mapv(f64::from))
+            .mapv(f64::abs)
+            .fold(0.0, |a: f64, &b| a.max(b));
+        assert!(diff == 0.0, "{diff}");
+    }
+    let samples = [sample];
+    let layers = config.interval_layers(0);
+    let base = FrozenBase::<f64>::new(&model, layers.clone()).unwrap();
+    let adapters = Adapters::<f64>::from_accelerator(&weights.accelerator, |l| layers.contains(&l));
+    let picked = [1, 4, 8];
+    let rows: Vec<Row> = picked.map(|pos| Row { sample: 0, pos }).to_vec();
+    let pick = |a: &Array2<f64>| a.select(Axis(0), &picked);
+    let last = pick(&samples[0].last);
+    let inner: Vec<Array2<f64>> = samples[0].aligned[0]
+        .as_ref()
+        .expect("kept")
+        .iter()
+        .map(pick)
+        .collect();
+    let teacher = base.head.forward(last.view()).0;
+    let batch = Batch {
+        samples: &samples,
+        rows: &rows,
+    };
+    for kind in [AlignKind::Cosine, AlignKind::Mse] {
+        let w = 0.7;
+        // loss and, with `grads`, the analytic gradient
+        let run = |a: &Adapters<f64>, grads: Option<&mut Adapters<f64>>| {
+            let f = fast_stream::start_states(batch, 0);
+            let (u, tape) = fast_stream::forward(&base, a, layers.clone(), batch, f);
+            let (logits, head_tape) = base.head.forward(u.view());
+            let (kl, dlogits) = kl_loss(logits.view(), teacher.view(), 1.0);
+            let (exit, du_exit) = align_loss(kind, u.view(), last.view(), w);
+            let mut total = kl.loss + exit;
+            let mut d_inner = Vec::new();
+            for (state, target) in tape.inner_states().zip(&inner) {
+                let (l, d) = align_loss(kind, state.view(), target.view(), w);
+                total += l;
+                d_inner.push(d);
+            }
+            assert_eq!(d_inner.len(), 2);
+            if let Some(grads) = grads {
+                let du = base.head.backward(dlogits.view(), &head_tape) + du_exit;
+                fast_stream::backward(&base, a, layers.clone(), batch, &tape, du, &d_inner, grads);
+            }
+            total
+        };
+        let mut grads = adapters.zeros_like();
+        run(&adapters, Some(&mut grads));
+        println!("{kind:?}");
+        assert_gradients_match(&adapters, &grads, |a| run(a, None));
+    }
 }

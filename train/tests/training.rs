@@ -44,6 +44,7 @@ fn options(steps: usize) -> TrainOptions {
         temperature: 1.0,
         align: None,
         align_weight: 0.0,
+        align_intermediate: false,
         seed: 1,
     }
 }
@@ -157,4 +158,53 @@ fn resume_continues_exactly_and_checkpoints_load() {
             assert!(a.is_none(), "layer {l}");
         }
     }
+}
+
+/// Intermediate alignment (spec section 1's targets `s_{d_j(i)}`): refused without an alignment
+/// kind; with one, every inner state adds a non-negative term to the exit's, so the statistic on
+/// the same rows exceeds the exit term alone, the step is deterministic, and training lowers it.
+#[test]
+fn intermediate_alignment_trains_and_needs_a_kind() {
+    let model = builtin("tiny").unwrap();
+    let train_data = data(&model, 8, 5);
+    let weights = || initial_weights(&model, config(&model), 3).unwrap();
+    let with = |intermediate: bool, steps: usize| TrainOptions {
+        align: Some(train::align::AlignKind::Cosine),
+        align_weight: 0.5,
+        align_intermediate: intermediate,
+        ..options(steps)
+    };
+    let refused = TrainOptions {
+        align_intermediate: true,
+        ..options(1)
+    };
+    let err = Trainer::new(&model, weights(), &train_data, refused, &mut |_| {})
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("--align"), "{err}");
+
+    let exit_only = Trainer::new(&model, weights(), &train_data, with(false, 1), &mut |_| {})
+        .unwrap()
+        .evaluate_training_rows();
+    let mut trainer =
+        Trainer::new(&model, weights(), &train_data, with(true, 30), &mut |_| {}).unwrap();
+    let before = trainer.evaluate_training_rows();
+    assert_eq!(before[0].kl, exit_only[0].kl, "the KL does not change");
+    assert!(
+        before[0].align > exit_only[0].align,
+        "{} vs {}",
+        before[0].align,
+        exit_only[0].align
+    );
+    let first = trainer.train_step();
+    let mut again =
+        Trainer::new(&model, weights(), &train_data, with(true, 30), &mut |_| {}).unwrap();
+    assert_eq!(again.train_step(), first, "deterministic");
+    for _ in 1..30 {
+        trainer.train_step();
+    }
+    let after = trainer.evaluate_training_rows();
+    println!("align {} -> {}", before[0].align, after[0].align);
+    assert!(after[0].align < before[0].align);
 }

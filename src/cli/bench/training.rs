@@ -60,6 +60,7 @@ pub fn training_speed(
         temperature: 1.0,
         align: None,
         align_weight: 0.0,
+        align_intermediate: false,
         seed: 0,
     };
     let start = initial_weights(model, weights.config.clone(), 0)
