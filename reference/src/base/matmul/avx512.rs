@@ -19,13 +19,15 @@ use std::arch::x86_64::{
 
 /// Weight rows in a register block (for chunks of more than one input row).
 const BLOCK_ROWS: usize = 4;
-/// Chunks of up to this many input rows take one weight row at a time, like decode: a 1 x 2 tile
-/// still outruns the memory, and the weights stay one sequential stream.
-const SEQUENTIAL_INPUTS: usize = 2;
+/// Chunks of up to this many input rows take one weight row at a time: decode only. A 2-row chunk
+/// (every draft step's slow and fast row, every one-draft verification) streamed one weight row at
+/// a time cost 1.14x a 3-row chunk's blocks; in the blocks it costs 1.09x (SmolLM2's 211 products,
+/// 10 of 10 alternating runs faster, 2026-11-26; docs/PERFORMANCE.md).
+const SEQUENTIAL_INPUTS: usize = 1;
 /// Input rows in a register block at most.
 const BLOCK_INPUTS: usize = 6;
 
-/// `out[r * T + t] = dot(w[r], x_t)`. Decode (`T = 1`, and `T = 2`): one weight row at a time, so
+/// `out[r * T + t] = dot(w[r], x_t)`. Decode (`T = 1`): one weight row at a time, so
 /// the task's rows (adjacent in memory) are one sequential stream for the hardware prefetcher.
 /// Larger chunks: blocks
 /// of [`BLOCK_ROWS`] weight rows (then single rows) outer, each against all input rows in blocks of
