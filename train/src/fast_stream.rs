@@ -178,21 +178,33 @@ fn visible<'a, F: Real>(
     }
 }
 
+/// A per-position slow quantity (`[T, D]` of each sample, picked by `of`) at each row of the batch.
+///
+/// # Shapes
+/// -> `[R, D]`
+pub fn gather<'a, F: Real>(
+    batch: Batch<'a, F>,
+    of: impl Fn(&'a SlowSample<F>) -> &'a Array2<F>,
+) -> Array2<F> {
+    let Batch { samples, rows } = batch;
+    let d = samples[0].last.ncols();
+    let mut out = Array2::zeros((rows.len(), d));
+    for (mut dst, row) in out.rows_mut().into_iter().zip(rows) {
+        dst.assign(&of(&samples[row.sample]).row(row.pos));
+    }
+    out
+}
+
 /// The fast state entering interval `j`: `s_{e_j}` at each row.
 ///
 /// # Shapes
 /// -> `[R, D]`
 pub fn start_states<F: Real>(batch: Batch<'_, F>, j: usize) -> Array2<F> {
-    let Batch { samples, rows } = batch;
-    let d = samples[0].last.ncols();
-    let mut f = Array2::zeros((rows.len(), d));
-    for (mut out, row) in f.rows_mut().into_iter().zip(rows) {
-        let start = samples[row.sample].starts[j]
+    gather(batch, |s| {
+        s.starts[j]
             .as_ref()
-            .expect("the sample keeps the start of trained intervals");
-        out.assign(&start.row(row.pos));
-    }
-    f
+            .expect("the sample keeps the start of trained intervals")
+    })
 }
 
 /// Run the layers `layers` (one interval) on the fast rows starting at `f`: the exit states
@@ -294,10 +306,9 @@ pub fn backward<F: Real>(
     );
     let mut dx = du;
     for (i, (l, t)) in layers.zip(&tape.layers).enumerate().rev() {
-        // dx is the gradient of this layer's output; an inner state's own term joins it here
-        if i + 1 < tape.layers.len()
-            && let Some(d) = d_inner.get(i)
-        {
+        // dx is the gradient of this layer's output; an inner state's own term joins it here (the
+        // last layer's output is the exit state, whose gradient is `du`)
+        if let Some(d) = d_inner.get(i) {
             dx += d;
         }
         let w = base.layers[l].as_ref().expect("trained layer");

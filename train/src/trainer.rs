@@ -17,7 +17,6 @@ use crate::fast_stream::{self, Batch, FrozenBase, Row};
 use crate::head::kl_loss;
 use crate::schedule::Schedule;
 use crate::slow_stream::SlowSample;
-use ndarray::{Array2, Axis};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
@@ -397,10 +396,7 @@ impl Trainer {
         let f = fast_stream::start_states(batch, j);
         let (u, tape) = fast_stream::forward(&self.base, &g.adapters, layers.clone(), batch, f);
         // teacher: the base model's final distribution, from s_N
-        let mut target = ndarray::Array2::zeros(u.raw_dim());
-        for (mut t, row) in target.axis_iter_mut(Axis(0)).zip(rows) {
-            t.assign(&samples[row.sample].last.row(row.pos));
-        }
+        let target = fast_stream::gather(batch, |s| &s.last);
         let (teacher, _) = self.base.head.forward(target.view());
         let (logits, head_tape) = self.base.head.forward(u.view());
         let tau = self.options.temperature as f32;
@@ -422,7 +418,11 @@ impl Trainer {
             du_align = Some(du);
             if self.options.align_intermediate {
                 for (i, state) in tape.inner_states().enumerate() {
-                    let target = inner_target(samples, rows, j, i);
+                    let target = fast_stream::gather(batch, |s| {
+                        &s.aligned[j]
+                            .as_ref()
+                            .expect("the samples keep the intermediate targets")[i]
+                    });
                     let (loss, du) = align_loss(kind, state.view(), target.view(), w);
                     stats.align += loss as f64;
                     d_inner.push(du);
@@ -482,22 +482,6 @@ pub struct HeldOut {
 pub fn mean_kl(stats: &[GateStats]) -> f64 {
     let rows: usize = stats.iter().map(|s| s.rows).sum();
     stats.iter().map(|s| s.kl * s.rows as f64).sum::<f64>() / rows.max(1) as f64
-}
-
-/// `s_{d_j(i+1)}` of each row: the target of the fast state after the interval's `(i+1)`-th layer.
-///
-/// # Shapes
-/// -> `[R, D]`
-fn inner_target(samples: &[SlowSample<f32>], rows: &[Row], j: usize, i: usize) -> Array2<f32> {
-    let d = samples[0].last.ncols();
-    let mut target = Array2::zeros((rows.len(), d));
-    for (mut t, row) in target.axis_iter_mut(Axis(0)).zip(rows) {
-        let kept = samples[row.sample].aligned[j]
-            .as_ref()
-            .expect("the samples keep the intermediate targets (align_intermediate)");
-        t.assign(&kept[i].row(row.pos));
-    }
-    target
 }
 
 /// Every trainable row (response positions) of `samples`.
