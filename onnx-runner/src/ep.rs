@@ -182,6 +182,9 @@ pub struct EpConfig {
     /// Write ONNX Runtime's profile (per-node times, JSON) to files starting with this prefix;
     /// written when the session is dropped.
     pub profile: Option<PathBuf>,
+    /// Save the graph as ONNX Runtime optimised it (its fusions, e.g. the exported RMSNorm as one
+    /// `SimplifiedLayerNormalization`) to this file when the session is built.
+    pub optimized_model: Option<PathBuf>,
 }
 
 /// ONNX Runtime's graph optimisation levels.
@@ -249,6 +252,7 @@ impl EpConfig {
             optimization: None,
             host_kv: false,
             profile: None,
+            optimized_model: None,
         }
     }
 

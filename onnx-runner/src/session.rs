@@ -446,6 +446,9 @@ fn build(
     if let Some(prefix) = &ep.profile {
         builder = builder.with_profiling(prefix).map_err(other)?;
     }
+    if let Some(path) = &ep.optimized_model {
+        builder = builder.with_optimized_model_path(path).map_err(other)?;
+    }
     if !dispatches.is_empty() {
         builder = builder
             .with_execution_providers(dispatches)

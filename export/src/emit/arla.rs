@@ -37,7 +37,7 @@ pub fn exit_prob(b: &mut GraphBuilder, arla: &Arla, eps: f32, states: &[String])
             .collect();
         let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
         let u = b.node("Concat", &refs, vec![("axis", Attr::Int(2))]); // [B, T, g, D]
-        let normed = rms_norm(b, &u, &norm, arla.d_model(), eps);
+        let normed = rms_norm(b, &u, &norm, eps);
         let z = linear(b, &normed, &proj, None); // [B, T, g, d_lat]
         let (zero, end, axis0) = (b.const_i64(&[0]), b.const_i64(&[g]), b.const_i64(&[0]));
         let e = b.node("Slice", &[&embed, &zero, &end, &axis0], vec![]); // [g, d_lat]

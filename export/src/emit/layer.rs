@@ -173,12 +173,10 @@ pub fn decoder_layer(
 
         // attention: slow rows write the cache, fast rows read it and never write it
         let (s, attn, f) = b.scoped("attn", |b| {
-            let h = b.scoped("input_layernorm", |b| {
-                rms_norm(b, input.s, &attn_norm, d, eps)
-            });
+            let h = b.scoped("input_layernorm", |b| rms_norm(b, input.s, &attn_norm, eps));
             let h_f = fast.map(|(f, ..)| {
                 b.scoped("fast", |b| {
-                    b.scoped("input_layernorm", |b| rms_norm(b, f, &attn_norm, d, eps))
+                    b.scoped("input_layernorm", |b| rms_norm(b, f, &attn_norm, eps))
                 })
             });
             let (qkv, qkv_f) = match (&h_f, fast) {
@@ -243,12 +241,12 @@ pub fn decoder_layer(
 
         // feed-forward
         let h = b.scoped("post_attention_layernorm", |b| {
-            rms_norm(b, &s, &mlp_norm, d, eps)
+            rms_norm(b, &s, &mlp_norm, eps)
         });
         let h_fast = f.as_ref().map(|f| {
             b.scoped("fast", |b| {
                 b.scoped("post_attention_layernorm", |b| {
-                    rms_norm(b, f, &mlp_norm, d, eps)
+                    rms_norm(b, f, &mlp_norm, eps)
                 })
             })
         });

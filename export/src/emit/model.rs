@@ -77,7 +77,7 @@ fn final_norm(b: &mut GraphBuilder, cx: &LayerContext<'_>, s: &str) -> String {
         cx.model.weights.final_norm.view().into_dyn(),
     );
     b.scoped("norm", |b| {
-        rms_norm(b, s, &norm, config.hidden_size, config.rms_norm_eps as f32)
+        rms_norm(b, s, &norm, config.rms_norm_eps as f32)
     })
 }
 

@@ -2,22 +2,41 @@
 
 use crate::builder::{Attr, GraphBuilder};
 
-/// RMSNorm over the last axis: `w * (x * 1 / sqrt(sum(x^2) / D + eps))`, the reference's order of
-/// operations (the sum divided by `D` rather than a ReduceMean, so the expression is the same).
+/// RMSNorm over the last axis: `w * (x / sqrt(mean(x^2) + eps))`.
+///
+/// Emitted as `Pow(x, 2) -> ReduceMean -> Add(eps) -> Sqrt -> Div(x, .) -> Mul(w)`, the pattern
+/// ONNX Runtime's optimiser (level `extended` and above, CPU and CUDA) fuses into one
+/// `SimplifiedLayerNormalization` node, and with the residual `Add` before it into
+/// `SkipSimplifiedLayerNormalization`: one kernel instead of eight per norm, which matters because
+/// a decode step's cost on ONNX Runtime is mostly per-node overhead (docs/GPU.md). The file keeps
+/// standard operators only, so TensorRT and other runtimes read the unfused form. The reference
+/// multiplies by `1 / sqrt(..)` after dividing the sum by `D`; the order differs by rounding only
+/// (within the exports' tolerance, docs/EQUIVALENCE.md).
 ///
 /// # Shapes
 /// - `x`: `[..., D]`, `w`: `[D]` -> `[..., D]`
-pub fn rms_norm(b: &mut GraphBuilder, x: &str, w: &str, d: usize, eps: f32) -> String {
-    let sq = b.binary("Mul", x, x);
-    let axes = b.const_i64(&[-1]);
-    let sum = b.node("ReduceSum", &[&sq, &axes], vec![("keepdims", Attr::Int(1))]);
-    let len = b.scalar_f32(d as f32);
-    let mean = b.binary("Div", &sum, &len);
+pub fn rms_norm(b: &mut GraphBuilder, x: &str, w: &str, eps: f32) -> String {
+    let two = b.scalar_f32(2.0);
+    let sq = b.binary("Pow", x, &two);
+    let mean = if b.opset >= 18 {
+        // ReduceMean-18 takes the axes as an input
+        let axes = b.const_i64(&[-1]);
+        b.node(
+            "ReduceMean",
+            &[&sq, &axes],
+            vec![("keepdims", Attr::Int(1))],
+        )
+    } else {
+        b.node(
+            "ReduceMean",
+            &[&sq],
+            vec![("axes", Attr::Ints(vec![-1])), ("keepdims", Attr::Int(1))],
+        )
+    };
     let eps = b.scalar_f32(eps);
     let var = b.binary("Add", &mean, &eps);
     let root = b.unary("Sqrt", &var);
-    let inv = b.unary("Reciprocal", &root);
-    let normed = b.binary("Mul", x, &inv);
+    let normed = b.binary("Div", x, &root);
     b.binary("Mul", w, &normed)
 }
 
