@@ -132,6 +132,8 @@ pub struct GraphBuilder {
     /// value -> its transposed value (`Transpose` of a weight matrix, emitted once)
     transposed: HashMap<String, String>,
     constants: HashSet<String>,
+    /// `(value, output name)` of every declared output, folded into the graph by `finish`.
+    outputs: Vec<(String, String)>,
 }
 
 impl GraphBuilder {
@@ -148,6 +150,7 @@ impl GraphBuilder {
             weights: HashMap::new(),
             transposed: HashMap::new(),
             constants: HashSet::new(),
+            outputs: Vec::new(),
         }
     }
 
@@ -272,6 +275,20 @@ impl GraphBuilder {
         })
     }
 
+    /// An f32 constant matrix `[rows, cols]` from row-major `values` (always f32).
+    pub fn const_f32_matrix(&mut self, name: &str, rows: usize, values: &[f32]) -> String {
+        assert_eq!(
+            values.len() % rows,
+            0,
+            "{name}: {} values in {rows} rows",
+            values.len()
+        );
+        let dims = vec![rows as i64, (values.len() / rows) as i64];
+        self.constant(name, dims, DataType::Float, || {
+            values.iter().flat_map(|v| v.to_le_bytes()).collect()
+        })
+    }
+
     fn constant(
         &mut self,
         name: &str,
@@ -361,23 +378,58 @@ impl GraphBuilder {
         name.to_string()
     }
 
-    /// Declare graph output `name` holding `value` (through an `Identity` when the names differ).
+    /// Declare graph output `name` holding `value`. `finish` renames the value itself to `name`
+    /// where it can (no node), else adds an `Identity`.
     pub fn output(&mut self, name: &str, value: &str, elem: Elem, dims: &[Dim]) {
-        if value != name {
-            let node = self.scoped("outputs", |b| b.node_name(name));
+        self.outputs.push((value.to_string(), name.to_string()));
+        self.graph.output.push(value_info(name, elem, dims));
+    }
+
+    /// Give each output's value the output's name, in every node that produces or reads it. An
+    /// `Identity` per output would be one more kernel per output and run (on a GPU also a copy of
+    /// a KV layer where the output has its own bound buffer), so it is kept only where renaming
+    /// cannot work: the value is a graph input or an initializer, already another output, or a
+    /// second output of one value.
+    fn fold_outputs(&mut self) {
+        let mut fixed: HashSet<String> = self
+            .graph
+            .input
+            .iter()
+            .filter_map(|v| v.name.clone())
+            .collect();
+        fixed.extend(self.graph.initializer.iter().filter_map(|t| t.name.clone()));
+        fixed.extend(self.outputs.iter().map(|(_, name)| name.clone()));
+        let mut renamed: HashMap<String, String> = HashMap::new();
+        for (value, name) in std::mem::take(&mut self.outputs) {
+            if value == name {
+                continue;
+            }
+            let source = renamed.get(&value).cloned();
+            if source.is_none() && !fixed.contains(&value) {
+                for node in &mut self.graph.node {
+                    for v in node.input.iter_mut().chain(node.output.iter_mut()) {
+                        if *v == value {
+                            v.clone_from(&name);
+                        }
+                    }
+                }
+                renamed.insert(value, name);
+                continue;
+            }
+            let node = self.scoped("outputs", |b| b.node_name(&name));
             self.graph.node.push(NodeProto {
-                input: vec![value.into()],
-                output: vec![name.into()],
+                input: vec![source.unwrap_or(value)],
+                output: vec![name],
                 name: Some(node),
                 op_type: Some("Identity".into()),
                 ..Default::default()
             });
         }
-        self.graph.output.push(value_info(name, elem, dims));
     }
 
     /// The finished model with `metadata_props` (in the given order).
-    pub fn finish(self, metadata: &[(String, String)]) -> ModelProto {
+    pub fn finish(mut self, metadata: &[(String, String)]) -> ModelProto {
+        self.fold_outputs();
         ModelProto {
             ir_version: Some(ir_version(self.opset)),
             opset_import: vec![OperatorSetIdProto {
