@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The GPU checks of docs/GPU.md, on a machine with an NVIDIA GPU, CUDA 13 libraries in the Python
+# environment (torch's nvidia-* wheels) and no network. PACK holds what scripts/gpu/pack.sh wrote.
+#
+#   bash scripts/gpu/device.sh stash PACK          # keep the chunks present in PACK (one call each)
+#   bash scripts/gpu/device.sh run PACK RESULTS    # unpack, then run every check; logs in RESULTS
+#   bash scripts/gpu/device.sh quick PACK RESULTS  # the CUDA checks only, and the baseline comparison
+set -uo pipefail
+ACTION=$1
+PACK=$(cd "$2" && pwd)
+G=/tmp/m2r2-gpu
+mkdir -p $G/parts
+for c in "$PACK"/c[0-9]*; do [ -f "$c" ] && cp "$c" $G/parts/; done
+ls $G/parts
+[ "$ACTION" = stash ] && exit 0
+case "$ACTION" in run | quick) ;; *) echo "usage: device.sh stash|run|quick PACK [RESULTS]" >&2; exit 2 ;; esac
+full() { [ "$ACTION" = run ]; }
+RESULTS=$3
+R=$(pwd)
+mkdir -p "$RESULTS"
+exec > >(tee -a "$RESULTS/gpu.log") 2>&1
+step() { echo; echo "=== $(date -u +%H:%M:%S) $*"; }
+source "$PACK/manifest"
+if [ ! -f $G/m2r2 ]; then
+  step unpack
+  for c in $CHUNKS; do [ -f $G/parts/$c ] || { echo "chunk $c missing: send it with 'stash' first"; exit 1; }; done
+  (cd $G/parts && cat $CHUNKS) > $G/all.bin
+  echo "$SHA256  $G/all.bin" | sha256sum -c || exit 1
+  UNXZ='import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer, 1<<22)'
+  (cd $G && head -c "$TAR_BYTES" all.bin | python3 -c "$UNXZ" | tar x) || exit 1
+  tail -c +"$((TAR_BYTES + 1))" $G/all.bin | python3 -c "$UNXZ" > $G/libonnxruntime_providers_cuda.so || exit 1
+  rm -f $G/all.bin
+fi
+
+step environment
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+lscpu | grep -E 'Model name|^CPU\(s\)'
+SP=$(python3 -c 'import site; print(site.getsitepackages()[0])')
+export LD_LIBRARY_PATH=$G:$(find "$SP/nvidia" -maxdepth 3 -type d -name lib | tr '\n' ':')${LD_LIBRARY_PATH:-}
+ldd $G/libonnxruntime_providers_cuda.so | grep -E 'not found|cublas|cudnn|cudart|libcuda'
+export ORT_DYLIB_PATH=$G/libonnxruntime.so.$ORT_GPU_VERSION M2R2_CACHE=$G/cache
+M=$G/m2r2
+P="Explain how a refrigerator works."
+
+step "equivalence: random tiny models, reference against CUDA and TensorRT (6 cases each)"
+timeout 240 $G/equivalence --ignored --nocapture --test-threads 1 ort_cuda > "$RESULTS/equivalence_cuda.log" 2>&1
+echo "cuda exit $?"; tail -3 "$RESULTS/equivalence_cuda.log"
+if full; then
+  timeout 240 $G/equivalence --ignored --nocapture --test-threads 1 ort_tensorrt > "$RESULTS/equivalence_tensorrt.log" 2>&1
+  echo "tensorrt exit $?"; grep -m1 -o 'reason: .*' "$RESULTS/equivalence_tensorrt.log" | cut -c1-300
+fi
+
+step "export SmolLM2 (shipped M2R2 weights), f32 and f16"
+timeout 120 $M export --model smollm2 --out $G/exp > /dev/null && echo "f32 written"
+full && timeout 120 $M export --model smollm2 --weights-dtype f16 --out $G/exp16 > /dev/null && echo "f16 written"
+
+step "goldens: written by the reference here, checked on CUDA (f32 and f16 exports)"
+timeout 60 $M golden write --model smollm2 --chat --prompt "$P" --steps 16 --out $G/greedy.golden.safetensors
+timeout 60 $M golden write --model smollm2 --chat --prompt "$P" --steps 32 --mode speculative --out $G/spec.golden.safetensors
+for g in greedy spec; do for e in exp exp16; do
+  [ -d $G/$e ] || continue
+  echo "--- $g on $e"
+  timeout 90 $M golden check $G/$g.golden.safetensors --onnx $G/$e --ep cuda 2>&1 | tail -8
+done; done
+for g in "$PACK"/*.golden.safetensors; do
+  [ -f "$g" ] || continue
+  echo "--- $(basename "$g") (written on the development machine), recomputed by the reference here"
+  timeout 60 $M golden check "$g" 2>&1 | tail -3
+done
+
+if full; then
+  step "TensorRT from the CLI (must fail fast when libnvinfer is missing)"
+  timeout 60 $M run --onnx $G/exp --ep tensorrt --prompt Hi --max-new-tokens 4 2>&1 | tail -2
+  echo "exit ${PIPESTATUS[0]}"
+fi
+
+step "per-node profiles on CUDA (greedy, speculative; 24 tokens)"
+rm -rf $G/prof && mkdir -p $G/prof
+timeout 90 $M run --onnx $G/exp --ep cuda --chat --prompt "$P" --max-new-tokens 24 --ort-profile $G/prof/greedy > /dev/null 2>&1
+full && timeout 90 $M run --onnx $G/exp --ep cuda --mode speculative --chat --prompt "$P" --max-new-tokens 24 --ort-profile $G/prof/spec > /dev/null 2>&1
+python3 "$R/scripts/gpu/ort_profile_summary.py" $G/prof/greedy
+full && python3 "$R/scripts/gpu/ort_profile_summary.py" $G/prof/spec
+
+step "bench: greedy against speculative, reference and CUDA"
+timeout 150 $M bench --model smollm2 --onnx $G/exp --ep cuda 2>&1 | tail -8
+if full && [ ! -x $G/m2r2-baseline ]; then
+  step "bench --cost-shape on CUDA, by graph optimisation level"
+  timeout 300 $M bench --model smollm2 --cost-shape --onnx $G/exp --ep cuda --repeats 3 --decode-tokens 16 \
+    --ort-compare "opt-basic:opt=basic;opt-disable:opt=disable" 2>&1 | tail -9
+fi
+if [ -x $G/m2r2-baseline ]; then
+  step "cost shape on CUDA: this export against the baseline binary's, alternating"
+  timeout 120 $G/m2r2-baseline export --model smollm2 --out $G/exp-baseline > /dev/null && echo "baseline written"
+  for round in 1 2; do for e in exp-baseline exp; do
+    echo "--- $e, round $round"
+    timeout 150 $M bench --model smollm2 --cost-shape --onnx $G/$e --ep cuda --repeats 3 --decode-tokens 16 2>&1 |
+      grep -E 'engine|onnxruntime'
+  done; done
+fi
+step end
