@@ -14,6 +14,9 @@
 //!   rows' accumulators in registers; decode (`T = 1`) is memory bound, and a verify chunk of up to
 //!   16 rows stays close to it because the tile's arithmetic is wide.
 //!
+//! - [`narrow::linear_narrow`]: what [`linear`] runs for widths up to 64 (an adapter's `B`): the
+//!   same dots for 16 weight rows side by side, without the tile's per-row lane sum.
+//!
 //! [`linear_out_rows`] is [`linear`] restricted to some rows of `W` (the pruned draft head): the
 //! same dots, so its values are bitwise the matching columns.
 
@@ -22,6 +25,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 pub mod kernel;
+pub mod narrow;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
@@ -144,6 +148,9 @@ pub fn linear_naive(
 /// # Panics
 /// If the inner dimensions differ.
 pub fn linear(x: ArrayView2<f32>, w: ArrayView2<f32>, b: Option<&Array1<f32>>) -> Array2<f32> {
+    if w.ncols() <= narrow::NARROW_MAX_WIDTH {
+        return narrow::linear_narrow(x, w, b);
+    }
     linear_with(Kernel::best(), x, w, b)
 }
 
