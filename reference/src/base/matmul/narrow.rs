@@ -210,10 +210,10 @@ fn block_dots(x: &[f32], data: &[f32], stride: usize) -> [f32; BLOCK] {
             }
         }
     }
-    for k in whole..x.len() {
+    for (k, &xk) in x.iter().enumerate().skip(whole) {
         let w = column(k);
         for i in 0..BLOCK {
-            sum[i] += x[k] * w[i];
+            sum[i] += xk * w[i];
         }
     }
     sum
@@ -273,10 +273,10 @@ mod tests {
                     }
                     for r in 0..t {
                         let sums = simd.block_dots(xs.row(r).as_slice().unwrap(), &wt, BLOCK);
-                        for i in 0..n {
+                        for (i, sum) in sums.iter().take(n).enumerate() {
                             let w_row = w.row(o0 + i).to_vec();
                             let dot = crate::base::matmul::dot(xs.row(r).as_slice().unwrap(), &w_row);
-                            prop_assert_eq!(sums[i].to_bits(), dot.to_bits(), "{:?}", simd);
+                            prop_assert_eq!(sum.to_bits(), dot.to_bits(), "{:?}", simd);
                         }
                     }
                 }
@@ -292,8 +292,9 @@ mod tests {
     /// The parallel blocks (a large product) give the same bits as the naive definition.
     #[test]
     fn large_products_split_over_threads_keep_the_bits() {
-        let (x, w) = (matrix(40, 16, 1), matrix(1536, 16, 2));
-        assert!(40 * 1536 * 16 >= PARALLEL_MIN_PRODUCTS);
+        let (rows, out, width) = (40, 1536, 16);
+        assert!(rows * out * width >= PARALLEL_MIN_PRODUCTS);
+        let (x, w) = (matrix(rows, width, 1), matrix(out, width, 2));
         let naive = linear_naive(x.view(), w.view(), None);
         assert_eq!(bits(&linear_narrow(x.view(), w.view(), None)), bits(&naive));
     }
