@@ -435,8 +435,10 @@ pub fn rounded_to_f16(model: &Model, m2r2: &M2r2Weights) -> (Model, M2r2Weights)
     let mut m = m2r2.clone();
     for la in m.accelerator.layers.iter_mut().flatten() {
         for lora in la.loras.values_mut() {
-            round_f16(&mut lora.a);
-            round_f16(&mut lora.b);
+            let (mut a, mut b) = (lora.a().clone(), lora.b().clone());
+            round_f16(&mut a);
+            round_f16(&mut b);
+            lora.set(a, b);
         }
     }
     if let Some(arla) = &mut m.arla {

@@ -235,7 +235,7 @@ fn distill_train_resume_generate() {
         trained.iter().all(|l| l.as_ref().is_some_and(|l| l
             .loras
             .values()
-            .any(|lora| lora.b.iter().any(|&b| b != 0.0)))),
+            .any(|lora| lora.b().iter().any(|&b| b != 0.0)))),
         "gate 2 was not trained"
     );
     fails(

@@ -29,8 +29,8 @@ impl<F: Real> Adapters<F> {
                 pairs.insert(
                     (l, t),
                     LoraPair {
-                        a: lift(lora.a.view()),
-                        b: lift(lora.b.view()),
+                        a: lift(lora.a().view()),
+                        b: lift(lora.b().view()),
                     },
                 );
             }
@@ -51,8 +51,7 @@ impl<F: Real> Adapters<F> {
                 .as_mut()
                 .and_then(|la| la.loras.get_mut(&t))
                 .expect("accelerator built from the same config");
-            lora.a = pair.a.mapv(F::lower);
-            lora.b = pair.b.mapv(F::lower);
+            lora.set(pair.a.mapv(F::lower), pair.b.mapv(F::lower));
         }
     }
 

@@ -84,8 +84,8 @@ mod tests {
         let (a_layers, b_layers) = (&weights.accelerator.layers, &back.accelerator.layers);
         for (a, b) in a_layers.iter().flatten().zip(b_layers.iter().flatten()) {
             for (t, lora) in &a.loras {
-                assert_eq!(lora.a.mapv(round), b.loras[t].a, "{t}");
-                assert_eq!(lora.b.mapv(round), b.loras[t].b, "{t}");
+                assert_eq!(lora.a().mapv(round), *b.loras[t].a(), "{t}");
+                assert_eq!(lora.b().mapv(round), *b.loras[t].b(), "{t}");
             }
         }
         assert_eq!(

@@ -168,7 +168,8 @@ fn zero_b(acc: &mut Accelerator) {
         .flatten()
         .flat_map(|l| l.loras.values_mut())
     {
-        lora.b.fill(0.0);
+        let zeros = ndarray::Array2::zeros(lora.b().dim());
+        lora.set(lora.a().clone(), zeros);
     }
 }
 
@@ -212,7 +213,7 @@ impl Trainer {
             let untrained = layer.as_ref().is_some_and(|a| {
                 a.loras
                     .values()
-                    .all(|lora| lora.b.iter().all(|&b| b == 0.0))
+                    .all(|lora| lora.b().iter().all(|&b| b == 0.0))
             });
             if !layers.contains(&l) && untrained {
                 *layer = None;

@@ -33,8 +33,8 @@ pub fn delta(
             }
             .name()
         };
-        let a = b.weight(&name(LoraPart::A), lora.a.view().into_dyn());
-        let bw = b.weight(&name(LoraPart::B), lora.b.view().into_dyn());
+        let a = b.weight(&name(LoraPart::A), lora.a().view().into_dyn());
+        let bw = b.weight(&name(LoraPart::B), lora.b().view().into_dyn());
         let h = linear(b, x, &a, None); // [..., r]
         let y = linear(b, &h, &bw, None); // [..., out]
         let scale = b.scalar_f32(accelerator.scale());

@@ -16,6 +16,7 @@
 use crate::base::config::ModelConfig;
 use crate::base::layer::FastAdapter;
 use crate::base::matmul::linear;
+use crate::base::matmul::narrow::{NARROW_MAX_WIDTH, linear_narrow_t};
 use crate::base::weight_names::Target;
 use crate::base::work::Work;
 use crate::error::Result;
@@ -40,12 +41,42 @@ pub const RANDOM_DELTA_RATIO: f32 = 0.25;
 #[derive(Clone, Debug, PartialEq)]
 pub struct Lora {
     /// `[r, in]`
-    pub a: Array2<f32>,
+    a: Array2<f32>,
     /// `[out, r]`
-    pub b: Array2<f32>,
+    b: Array2<f32>,
+    /// `B^T` (`[r, out]`), kept with `B` for the narrow product (`matmul::narrow`): its 16-output
+    /// blocks are then read in place (6 µs instead of 18 µs for SmolLM2's `[1536, 16]`).
+    b_t: Array2<f32>,
 }
 
 impl Lora {
+    /// # Shapes
+    /// - `a`: `[r, in]`, `b`: `[out, r]`
+    pub fn new(a: Array2<f32>, b: Array2<f32>) -> Lora {
+        let b_t = b.t().as_standard_layout().into_owned();
+        Lora { a, b, b_t }
+    }
+
+    /// `A`, `[r, in]`
+    pub fn a(&self) -> &Array2<f32> {
+        &self.a
+    }
+
+    /// `B`, `[out, r]`
+    pub fn b(&self) -> &Array2<f32> {
+        &self.b
+    }
+
+    /// Replace `A` and `B` (same shapes; the transpose follows).
+    ///
+    /// # Panics
+    /// If a shape differs.
+    pub fn set(&mut self, a: Array2<f32>, b: Array2<f32>) {
+        assert_eq!(a.dim(), self.a.dim(), "Lora::set: shape of A");
+        assert_eq!(b.dim(), self.b.dim(), "Lora::set: shape of B");
+        *self = Lora::new(a, b);
+    }
+
     /// `scale * (x A^T) B^T` with two batch-invariant [`linear`] calls.
     ///
     /// # Shapes
@@ -55,7 +86,11 @@ impl Lora {
     /// If `x` has a width other than `in` (shapes are validated at load, so this is a bug).
     pub fn delta(&self, x: ArrayView2<f32>, scale: f32) -> Array2<f32> {
         let h = linear(x, self.a.view(), None); // [T, r]
-        let mut y = linear(h.view(), self.b.view(), None); // [T, out]
+        let mut y = if self.b.ncols() <= NARROW_MAX_WIDTH {
+            linear_narrow_t(h.view(), self.b_t.view(), None) // bitwise linear(h, B)
+        } else {
+            linear(h.view(), self.b.view(), None)
+        }; // [T, out]
         y.mapv_inplace(|v| scale * v);
         y
     }
@@ -179,7 +214,7 @@ impl Accelerator {
                             let (out, inp) = t.shape(model);
                             let a = make(LoraPart::A, r, inp); // [r, in]
                             let b = make(LoraPart::B, out, r); // [out, r]
-                            (t, Lora { a, b })
+                            (t, Lora::new(a, b))
                         })
                         .collect(),
                 })
@@ -228,7 +263,7 @@ impl Accelerator {
             layers[l]
                 .get_or_insert_with(LayerAdapter::default)
                 .loras
-                .insert(t, Lora { a, b });
+                .insert(t, Lora::new(a, b));
         }
         Ok(Accelerator {
             rank: peft.rank,
@@ -266,10 +301,7 @@ mod tests {
     fn delta_hand_computed() {
         // A = [[1, 0], [0, 2]] (r = 2, in = 2), B = [[1, 1]] (out = 1), scale = 0.5.
         // x = [3, 4]: A x = [3, 8], B (A x) = 11, scaled: 5.5.
-        let lora = Lora {
-            a: array![[1.0, 0.0], [0.0, 2.0]],
-            b: array![[1.0, 1.0]],
-        };
+        let lora = Lora::new(array![[1.0, 0.0], [0.0, 2.0]], array![[1.0, 1.0]]);
         assert_eq!(
             lora.delta(array![[3.0f32, 4.0]].view(), 0.5),
             array![[5.5f32]]

@@ -128,8 +128,8 @@ pub fn weights_hash(weights: &M2r2Weights) -> String {
     tensor(&header, &mut std::iter::empty());
     for (l, layer) in acc.layers.iter().enumerate() {
         for (target, lora) in layer.iter().flat_map(|a| &a.loras) {
-            tensor(&format!("{l}.{target}.a"), &mut lora.a.iter());
-            tensor(&format!("{l}.{target}.b"), &mut lora.b.iter());
+            tensor(&format!("{l}.{target}.a"), &mut lora.a().iter());
+            tensor(&format!("{l}.{target}.b"), &mut lora.b().iter());
         }
     }
     if let Some(arla) = &weights.arla {
