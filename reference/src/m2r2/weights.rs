@@ -411,7 +411,7 @@ mod tests {
             w.accelerator.lora(0, q).unwrap(),
             back.accelerator.lora(0, q).unwrap(),
         );
-        for (x, y) in a0.a.iter().zip(&a1.a) {
+        for (x, y) in a0.a().iter().zip(a1.a()) {
             assert_eq!(half::bf16::from_f32(*x).to_f32(), *y);
         }
     }
