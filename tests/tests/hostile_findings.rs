@@ -58,13 +58,13 @@ fn hf_config_counts_are_bounded_by_the_weights() {
         (dir, loaded)
     };
     let (_dir, loaded) = with("num_hidden_layers", serde_json::json!(1u64 << 40));
-    let err = loaded.err().expect("refused").to_string();
+    let err = loaded.expect_err("refused").to_string();
     assert!(
         err.contains("config.json") && err.contains("num_hidden_layers = 1099511627776"),
         "{err}"
     );
     let (_dir, loaded) = with("max_position_embeddings", serde_json::json!(1u64 << 40));
-    let err = loaded.err().expect("refused").to_string();
+    let err = loaded.expect_err("refused").to_string();
     assert!(
         err.contains("config.json") && err.contains("more than the 4294967296 positions"),
         "{err}"
@@ -100,8 +100,7 @@ fn tokenizers_crate_panic_on_a_malformed_decoder() {
     let path = dir.path().join("tokenizer.json");
     std::fs::write(&path, &input[1..]).unwrap();
     let err = reference::io::tokenizer::Tokenizer::from_file(&path)
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
     assert!(err.contains("tokenizer.json: not valid JSON"), "{err}");
 }
@@ -120,8 +119,7 @@ fn tokenizers_crate_panic_behind_valid_json() {
     let path = dir.path().join("tokenizer.json");
     std::fs::write(&path, json.to_string()).unwrap();
     let err = reference::io::tokenizer::Tokenizer::from_file(&path)
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
     assert!(
         err.contains("tokenizer.json") && err.contains("a panic inside it: Precompiled"),
@@ -170,8 +168,7 @@ fn sibling_file_names_stay_in_the_folder() {
         write_valid_folder(Target::ExportFolder, dir.path());
         edit_json(&dir.path().join("m2r2_export.json"), edit);
         let err = onnx_runner::manifest::ExportDir::open(dir.path())
-            .err()
-            .expect("refused")
+            .expect_err("refused")
             .to_string();
         assert!(
             err.contains("m2r2_export.json") && err.contains("not a file name"),
