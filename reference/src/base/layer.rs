@@ -21,7 +21,7 @@
 use crate::base::attention::{attend, window_start};
 use crate::base::config::ModelConfig;
 use crate::base::kv_cache::KvCache;
-use crate::base::matmul::linear;
+use crate::base::matmul::{linear, linear_many};
 use crate::base::mlp::swiglu_mlp;
 use crate::base::moe::{Routing, mix_experts, route, top_k_of};
 use crate::base::ops::{rms_norm, softmax_inplace};
@@ -93,7 +93,32 @@ impl Projector<'_> {
     }
 
     fn project(&self, lin: &Linear, target: Target, h: ArrayView2<f32>) -> Array2<f32> {
-        let mut y = linear(h, lin.w.view(), lin.b.as_ref());
+        let y = linear(h, lin.w.view(), lin.b.as_ref());
+        self.finish(lin, target, h, y)
+    }
+
+    /// [`Projector::project`] for several weights of the same rows in one parallel section
+    /// (`matmul::linear_many`).
+    fn project_many(&self, lins: &[(&Linear, Target)], h: ArrayView2<f32>) -> Vec<Array2<f32>> {
+        let args: Vec<_> = lins
+            .iter()
+            .map(|(lin, _)| (lin.w.view(), lin.b.as_ref()))
+            .collect();
+        linear_many(h, &args)
+            .into_iter()
+            .zip(lins)
+            .map(|(y, &(lin, target))| self.finish(lin, target, h, y))
+            .collect()
+    }
+
+    /// Count the base product `y = h W^T` and add the adapter term to its fast rows.
+    fn finish(
+        &self,
+        lin: &Linear,
+        target: Target,
+        h: ArrayView2<f32>,
+        mut y: Array2<f32>,
+    ) -> Array2<f32> {
         self.count(Work::matmul(
             h.nrows(),
             lin.w.nrows(),
@@ -180,9 +205,16 @@ impl DecoderLayer<'_> {
             rms_norm(f.view(), &layer.attn_norm, eps),
         );
         let attn = &layer.attn;
-        let mut q = p.project(&attn.q, Target::Attn(AttnProj::Q), h.view()); // [T+Tf, H*Dh]
-        let mut k = p.project(&attn.k, Target::Attn(AttnProj::K), h.view()); // [T+Tf, Hkv*Dh]
-        let v = p.project(&attn.v, Target::Attn(AttnProj::V), h.view()); // [T+Tf, Hkv*Dh]
+        let qkv = [
+            (&attn.q, Target::Attn(AttnProj::Q)),
+            (&attn.k, Target::Attn(AttnProj::K)),
+            (&attn.v, Target::Attn(AttnProj::V)),
+        ];
+        // [T+Tf, H*Dh], [T+Tf, Hkv*Dh] twice
+        let [mut q, mut k, v]: [Array2<f32>; 3] = p
+            .project_many(&qkv, h.view())
+            .try_into()
+            .expect("three projections");
         for row in 0..ts + slot.len() {
             let rows = s![row..row + 1, ..];
             let pos = at(row).1;
@@ -247,8 +279,9 @@ impl DecoderLayer<'_> {
         );
         let (y, routing) = match &layer.ffn {
             FeedForward::Dense(mlp) => {
-                let y = swiglu_mlp(mlp, h.view(), |lin, proj, x| {
-                    p.project(lin, Target::Mlp(proj), x)
+                let y = swiglu_mlp(mlp, h.view(), |lins, x| {
+                    let lins: Vec<_> = lins.iter().map(|&(l, m)| (l, Target::Mlp(m))).collect();
+                    p.project_many(&lins, x)
                 });
                 (y, None)
             }

@@ -208,12 +208,7 @@ fn linear_selected(
     let xs = x.as_slice().expect("standard layout");
     let ws = w.as_slice().expect("standard layout");
     let width = w.ncols();
-    let rows_per_task = if t_rows == 1 {
-        ROWS_PER_TASK
-    } else {
-        ROWS_PER_CHUNK_TASK
-    };
-    let bias = |o: usize| b.map_or(0.0, |b| b[o]);
+    let rows_per_task = rows_per_task(t_rows);
     let mut y = Array2::<f32>::zeros((t_rows, count));
     if t_rows == 0 || count == 0 {
         return y;
@@ -222,34 +217,12 @@ fn linear_selected(
         // Empty dots: the bias alone.
         y.axis_iter_mut(Axis(1))
             .enumerate()
-            .for_each(|(k, mut col)| col.fill(bias(row(k))));
+            .for_each(|(k, mut col)| col.fill(b.map_or(0.0, |b| b[row(k)])));
         return y;
     }
-    // Y in blocks of columns, one task each: the task computes its block in the tile's `[k, t]`
-    // order in a buffer of its own and writes it into its columns, so Y is never transposed whole.
-    let task = |(block, mut y_block): (usize, ArrayViewMut2<f32>)| {
-        let k0 = block * rows_per_task;
-        let n = y_block.ncols();
-        let mut outs = [0usize; ROWS_PER_CHUNK_TASK];
-        let mut w_rows: [&[f32]; ROWS_PER_CHUNK_TASK] = [&[]; ROWS_PER_CHUNK_TASK];
-        for i in 0..n {
-            outs[i] = row(k0 + i);
-            w_rows[i] = &ws[outs[i] * width..(outs[i] + 1) * width];
-        }
-        let mut on_stack = [0.0f32; TILE_ON_STACK];
-        let mut on_heap = Vec::new();
-        let tile = if n * t_rows <= TILE_ON_STACK {
-            &mut on_stack[..n * t_rows]
-        } else {
-            on_heap.resize(n * t_rows, 0.0);
-            &mut on_heap[..]
-        };
-        kernel.tile(xs, width, &w_rows[..n], tile);
-        for (i, (&o, dots)) in outs[..n].iter().zip(tile.chunks_exact(t_rows)).enumerate() {
-            for (t, &dot) in dots.iter().enumerate() {
-                y_block[[t, i]] = dot + bias(o);
-            }
-        }
+    let task = |(block, y_block): (usize, ArrayViewMut2<f32>)| {
+        let weights = Block { ws, width, bias: b };
+        weights.compute(kernel, xs, block * rows_per_task, &row, y_block);
     };
     // A small product (an adapter's A or B) costs less than handing it to the thread pool.
     if count * t_rows * width < PARALLEL_MIN_PRODUCTS {
@@ -265,19 +238,119 @@ fn linear_selected(
     y
 }
 
-/// Rows `rows` of `X W^T`: the same dots as [`linear`], for a gathered subset of input rows (MoE
-/// experts). Returned in the order of `rows`.
+/// Output rows per parallel task for a chunk of `t_rows` rows.
+fn rows_per_task(t_rows: usize) -> usize {
+    if t_rows == 1 {
+        ROWS_PER_TASK
+    } else {
+        ROWS_PER_CHUNK_TASK
+    }
+}
+
+/// One weight matrix (row-major `[out, width]`) and its bias, as a task sees them.
+struct Block<'a> {
+    ws: &'a [f32],
+    width: usize,
+    bias: Option<&'a Array1<f32>>,
+}
+
+impl Block<'_> {
+    /// Columns `k0..k0 + n` of `Y` into `y_block` (`[T, n]`, `n <= ROWS_PER_CHUNK_TASK`): the tile in
+    /// its `[k, t]` order in a buffer of the task's own, then written into the columns, so `Y` is
+    /// never transposed whole.
+    fn compute(
+        &self,
+        kernel: Kernel,
+        xs: &[f32],
+        k0: usize,
+        row: &impl Fn(usize) -> usize,
+        mut y_block: ArrayViewMut2<f32>,
+    ) {
+        let (t_rows, n) = y_block.dim();
+        let width = self.width;
+        let mut outs = [0usize; ROWS_PER_CHUNK_TASK];
+        let mut w_rows: [&[f32]; ROWS_PER_CHUNK_TASK] = [&[]; ROWS_PER_CHUNK_TASK];
+        for i in 0..n {
+            outs[i] = row(k0 + i);
+            w_rows[i] = &self.ws[outs[i] * width..(outs[i] + 1) * width];
+        }
+        let mut on_stack = [0.0f32; TILE_ON_STACK];
+        let mut on_heap = Vec::new();
+        let tile = if n * t_rows <= TILE_ON_STACK {
+            &mut on_stack[..n * t_rows]
+        } else {
+            on_heap.resize(n * t_rows, 0.0);
+            &mut on_heap[..]
+        };
+        kernel.tile(xs, width, &w_rows[..n], tile);
+        let bias = |o: usize| self.bias.map_or(0.0, |b| b[o]);
+        for (i, (&o, dots)) in outs[..n].iter().zip(tile.chunks_exact(t_rows)).enumerate() {
+            for (t, &dot) in dots.iter().enumerate() {
+                y_block[[t, i]] = dot + bias(o);
+            }
+        }
+    }
+}
+
+/// `[linear(x, w_i, b_i)]` for several weights of one input (a layer's q, k and v; gate and up) in
+/// one parallel section: every output's blocks are tasks of one pool job, so the section's fork,
+/// join and tail (one thread idle while the other ends its last block) are paid once, not once per
+/// weight. The same tasks as [`linear`], so the same bits.
 ///
 /// # Shapes
-/// - `x`: `[T, in]`, `w`: `[out, in]` -> `[rows.len(), out]`
-pub fn linear_rows(
+/// - `x`: `[T, in]`, `ws[i]`: (`[out_i, in]`, `[out_i]`) -> `[T, out_i]` each
+///
+/// # Panics
+/// As [`linear`].
+pub fn linear_many(
     x: ArrayView2<f32>,
-    rows: &[usize],
-    w: ArrayView2<f32>,
-    b: Option<&Array1<f32>>,
-) -> Array2<f32> {
-    let gathered = x.select(Axis(0), rows);
-    linear(gathered.view(), w, b)
+    ws: &[(ArrayView2<f32>, Option<&Array1<f32>>)],
+) -> Vec<Array2<f32>> {
+    let width = x.ncols();
+    let t_rows = x.nrows();
+    let plain = ws
+        .iter()
+        .any(|(w, _)| w.ncols() != width || width <= narrow::NARROW_MAX_WIDTH);
+    if plain || t_rows == 0 {
+        return ws.iter().map(|(w, b)| linear(x, *w, *b)).collect();
+    }
+    let kernel = Kernel::best();
+    let x = x.as_standard_layout();
+    let xs = x.as_slice().expect("standard layout");
+    let standard: Vec<_> = ws.iter().map(|(w, _)| w.as_standard_layout()).collect();
+    let blocks: Vec<Block> = standard
+        .iter()
+        .zip(ws)
+        .map(|(w, (_, bias))| Block {
+            ws: w.as_slice().expect("standard layout"),
+            width,
+            bias: *bias,
+        })
+        .collect();
+    let mut ys: Vec<Array2<f32>> = ws
+        .iter()
+        .map(|(w, _)| Array2::zeros((t_rows, w.nrows())))
+        .collect();
+    let rows_per_task = rows_per_task(t_rows);
+    let products: usize = ws.iter().map(|(w, _)| w.len()).sum::<usize>() * t_rows;
+    let tasks: Vec<(usize, usize, ArrayViewMut2<f32>)> = ys
+        .iter_mut()
+        .enumerate()
+        .flat_map(|(i, y)| {
+            y.axis_chunks_iter_mut(Axis(1), rows_per_task)
+                .enumerate()
+                .map(move |(block, y_block)| (i, block, y_block))
+        })
+        .collect();
+    let task = |(i, block, y_block): (usize, usize, ArrayViewMut2<f32>)| {
+        blocks[i].compute(kernel, xs, block * rows_per_task, &|o| o, y_block);
+    };
+    if products < PARALLEL_MIN_PRODUCTS {
+        tasks.into_iter().for_each(task);
+    } else {
+        tasks.into_par_iter().for_each(task);
+    }
+    ys
 }
 
 #[cfg(test)]
@@ -376,6 +449,23 @@ mod tests {
                 for (a, b) in fast.iter().zip(naive.iter()) {
                     prop_assert_eq!(a.to_bits(), b.to_bits(), "{:?} t {} inner {} out {}", kernel, t, inner, out);
                 }
+            }
+        }
+
+        /// Several weights of one input in one section: each output is bitwise the naive product
+        /// (widths on both sides of the narrow limit, chunks of 0 to 6 rows, 1 to 4 weights).
+        #[test]
+        fn many_equals_naive(t in 0usize..7, inner in 1usize..150, outs in proptest::collection::vec(1usize..90, 1..5), seed in any::<u64>()) {
+            let x = matrix(t, inner, seed);
+            let ws: Vec<Array2<f32>> = outs.iter().enumerate().map(|(i, &o)| matrix(o, inner, seed ^ (i as u64 + 3))).collect();
+            let bs: Vec<Array1<f32>> = outs.iter().map(|&o| Array1::from_iter((0..o).map(|k| k as f32 * 0.03))).collect();
+            let args: Vec<_> = ws.iter().zip(&bs).enumerate().map(|(i, (w, b))| (w.view(), (i % 2 == 0).then_some(b))).collect();
+            let many = linear_many(x.view(), &args);
+            prop_assert_eq!(many.len(), ws.len());
+            for (y, (w, b)) in many.iter().zip(&args) {
+                let naive = linear_naive(x.view(), *w, *b);
+                prop_assert_eq!(y.dim(), naive.dim());
+                prop_assert!(y.iter().zip(naive.iter()).all(|(a, b)| a.to_bits() == b.to_bits()));
             }
         }
 

@@ -1,6 +1,6 @@
 //! The dense SwiGLU MLP (HF `LlamaMLP`): `down(silu(gate x) * up x)`.
 
-use crate::base::matmul::linear;
+use crate::base::matmul::linear_many;
 use crate::base::ops::swiglu_inplace;
 use crate::base::weight_names::MlpProj;
 use crate::base::weights::{Linear, Mlp};
@@ -9,25 +9,30 @@ use ndarray::{Array2, ArrayView2};
 /// # Shapes
 /// - `h`: `[T, D]` (already RMS-normed) -> `[T, D]`
 pub fn mlp(weights: &Mlp, h: ArrayView2<f32>) -> Array2<f32> {
-    swiglu_mlp(weights, h, |lin, _, x| {
-        linear(x, lin.w.view(), lin.b.as_ref())
+    swiglu_mlp(weights, h, |lins, x| {
+        let args: Vec<_> = lins
+            .iter()
+            .map(|(lin, _)| (lin.w.view(), lin.b.as_ref()))
+            .collect();
+        linear_many(x, &args)
     })
 }
 
-/// The MLP with each projection done by `project` (the decoder layer's adds the fast rows' adapter
-/// terms and counts the work).
+/// The MLP with the projections done by `project` (the decoder layer's adds the fast rows' adapter
+/// terms and counts the work), gate and up together (one parallel section, `linear_many`).
 ///
 /// # Shapes
-/// - `h`: `[T, D]` -> `[T, D]`; `project(lin, which, x)`: `[T, in]` -> `[T, out]`
+/// - `h`: `[T, D]` -> `[T, D]`; `project(lins, x)`: `[T, in]` -> `[T, out]` for each of `lins`
 pub fn swiglu_mlp(
     weights: &Mlp,
     h: ArrayView2<f32>,
-    project: impl Fn(&Linear, MlpProj, ArrayView2<f32>) -> Array2<f32>,
+    project: impl Fn(&[(&Linear, MlpProj)], ArrayView2<f32>) -> Vec<Array2<f32>>,
 ) -> Array2<f32> {
-    let mut gate = project(&weights.gate, MlpProj::Gate, h); // [T, I]
-    let up = project(&weights.up, MlpProj::Up, h); // [T, I]
+    let gate_up = [(&weights.gate, MlpProj::Gate), (&weights.up, MlpProj::Up)];
+    let [mut gate, up]: [Array2<f32>; 2] = project(&gate_up, h).try_into().expect("two"); // [T, I]
     swiglu_inplace(&mut gate, &up);
-    project(&weights.down, MlpProj::Down, gate.view()) // [T, D]
+    let down = [(&weights.down, MlpProj::Down)];
+    project(&down, gate.view()).pop().expect("one") // [T, D]
 }
 
 #[cfg(test)]
