@@ -2,7 +2,7 @@
 # Pack what the GPU checks need (docs/GPU.md) into chunks that a machine without network can be
 # sent one at a time: the release binary, the CUDA equivalence test, the onnxruntime-gpu libraries
 # and the SmolLM2 GGUF, as `c0 c1 ...` (45 MiB each) plus `manifest` in OUT (default .gpu, which
-# should be git-ignored, e.g. in .git/info/exclude).
+# .gitignore keeps out of commits).
 #
 #   scripts/gpu/pack.sh [OUT [BASELINE]]
 #
