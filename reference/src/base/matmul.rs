@@ -283,10 +283,16 @@ impl Block<'_> {
             &mut on_heap[..]
         };
         kernel.tile(xs, width, &w_rows[..n], tile);
-        let bias = |o: usize| self.bias.map_or(0.0, |b| b[o]);
-        for (i, (&o, dots)) in outs[..n].iter().zip(tile.chunks_exact(t_rows)).enumerate() {
-            for (t, &dot) in dots.iter().enumerate() {
-                y_block[[t, i]] = dot + bias(o);
+        let mut biases = [0.0f32; ROWS_PER_CHUNK_TASK];
+        if let Some(b) = self.bias {
+            for (bias, &o) in biases.iter_mut().zip(&outs[..n]) {
+                *bias = b[o];
+            }
+        }
+        // Row by row: each of Y's rows gets `n` adjacent values (the tile, `[k, t]`, is in L1).
+        for (t, mut y_row) in y_block.rows_mut().into_iter().enumerate() {
+            for (i, y) in y_row.iter_mut().enumerate() {
+                *y = tile[i * t_rows + t] + biases[i];
             }
         }
     }
