@@ -34,6 +34,8 @@ def main():
     ap.add_argument("--onnx-pruned")
     ap.add_argument("--onnx-full")
     ap.add_argument("--bin", default=B, help="the m2r2 binary")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="passes over the prompts; every pass runs each prompt's rows back to back, so a change of load on the machine moves greedy and speculative alike")
     ap.add_argument("--no-reference", action="store_true", help="skip the standard reference rows (greedy stays when --extra rows need it)")
     ap.add_argument("--extra", action="append", default=[], metavar="'NAME: FLAGS'",
                     help="another reference speculative row, e.g. 'dynamic conf 0.5: --dynamic-draft --gate confidence --threshold 0.5'")
@@ -62,33 +64,36 @@ def main():
     print("| engine | decoding | tokens/s | vs greedy | mean accepted | acceptance by draft position | identical to greedy |")
     print("|---|---|---|---|---|---|---|")
     greedy = {}
-    for engine, name, cmd, extra in configs:
-        tokens = seconds = rounds = 0
-        by_pos, same = [], True
+    totals = [dict(tokens=0, seconds=0.0, rounds=0, by_pos=[], same=True) for _ in configs]
+    # Prompt by prompt, all rows of a prompt back to back (greedy first: the others are checked
+    # against its tokens), for --repeat passes.
+    for _ in range(a.repeat):
         for i, p in enumerate(ids):
-            r = run(cmd, p, a.new_tokens, extra)
-            tokens += len(r["tokens"])
-            seconds += r["timings"]["decode_seconds"]
-            if name == "greedy":
-                greedy.setdefault(engine, {})[i] = r["tokens"]
-            else:
-                want = greedy.get(engine, greedy.get("reference", {})).get(i)
-                same &= want is None or r["tokens"] == want
-                rounds += r["rounds"]
-                by_pos.append((r["rounds"], r["acceptance_by_position"]))
-        tps = tokens / seconds
+            for (engine, name, cmd, extra), t in zip(configs, totals):
+                r = run(cmd, p, a.new_tokens, extra)
+                t["tokens"] += len(r["tokens"])
+                t["seconds"] += r["timings"]["decode_seconds"]
+                if name == "greedy":
+                    greedy.setdefault(engine, {})[i] = r["tokens"]
+                else:
+                    want = greedy.get(engine, greedy.get("reference", {})).get(i)
+                    t["same"] &= want is None or r["tokens"] == want
+                    t["rounds"] += r["rounds"]
+                    t["by_pos"].append((r["rounds"], r["acceptance_by_position"]))
+    for (engine, name, cmd, extra), t in zip(configs, totals):
+        tps = t["tokens"] / t["seconds"]
         if name == "greedy":
             greedy.setdefault("tps", {})[engine] = tps
         base = greedy.get("tps", {}).get(engine)
         ratio = f"{tps / base:.2f}x" if base else ""
-        mean = f"{tokens / rounds:.2f}" if rounds else ""
+        mean = f"{t['tokens'] / t['rounds']:.2f}" if t["rounds"] else ""
         pos = ""
+        by_pos = t["by_pos"]
         if by_pos:
             k = max(len(p) for _, p in by_pos)
             w = [sum(n * p[j] for n, p in by_pos if len(p) > j) / sum(n for n, p in by_pos if len(p) > j) for j in range(k)]
             pos = " / ".join(f"{x:.2f}" for x in w)
-        print(f"| {engine} | {name} | {tps:.1f} | {ratio} | {mean} | {pos} | {'yes' if same else 'NO'} |")
+        print(f"| {engine} | {name} | {tps:.1f} | {ratio} | {mean} | {pos} | {'yes' if t['same'] else 'NO'} |")
         sys.stdout.flush()
-
 
 main()
