@@ -214,10 +214,7 @@ fn linear_selected(
         return y;
     }
     if width == 0 {
-        // Empty dots: the bias alone.
-        y.axis_iter_mut(Axis(1))
-            .enumerate()
-            .for_each(|(k, mut col)| col.fill(b.map_or(0.0, |b| b[row(k)])));
+        bias_only(&mut y, b, row);
         return y;
     }
     let task = |(block, y_block): (usize, ArrayViewMut2<f32>)| {
@@ -225,17 +222,36 @@ fn linear_selected(
         weights.compute(kernel, xs, block * rows_per_task, &row, y_block);
     };
     // A small product (an adapter's A or B) costs less than handing it to the thread pool.
-    if count * t_rows * width < PARALLEL_MIN_PRODUCTS {
-        y.axis_chunks_iter_mut(Axis(1), rows_per_task)
-            .enumerate()
-            .for_each(task);
-    } else {
-        y.axis_chunks_iter_mut(Axis(1), rows_per_task)
+    let parallel = count * t_rows * width >= PARALLEL_MIN_PRODUCTS;
+    for_column_blocks(&mut y, rows_per_task, parallel, task);
+    y
+}
+
+/// `task((i, block))` for each block `i` of `size` columns of `y`, on the thread pool when
+/// `parallel`.
+fn for_column_blocks(
+    y: &mut Array2<f32>,
+    size: usize,
+    parallel: bool,
+    task: impl Fn((usize, ArrayViewMut2<f32>)) + Sync + Send,
+) {
+    if parallel {
+        y.axis_chunks_iter_mut(Axis(1), size)
             .into_par_iter()
             .enumerate()
             .for_each(task);
+    } else {
+        y.axis_chunks_iter_mut(Axis(1), size)
+            .enumerate()
+            .for_each(task);
     }
-    y
+}
+
+/// Empty dots (`in = 0`): column `k` of `y` is the bias of weight row `row(k)`, or zero.
+fn bias_only(y: &mut Array2<f32>, b: Option<&Array1<f32>>, row: impl Fn(usize) -> usize) {
+    for (k, mut col) in y.axis_iter_mut(Axis(1)).enumerate() {
+        col.fill(b.map_or(0.0, |b| b[row(k)]));
+    }
 }
 
 /// Output rows per parallel task for a chunk of `t_rows` rows.

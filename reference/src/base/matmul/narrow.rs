@@ -10,9 +10,9 @@
 //!
 //! [`dot`]: super::dot
 
-use super::LANES;
-use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut2, Axis};
-use rayon::prelude::*;
+use super::kernel::Kernel;
+use super::{LANES, bias_only, for_column_blocks};
+use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut2};
 
 /// Widths up to this take [`linear_narrow`] in [`linear`](super::linear).
 pub const NARROW_MAX_WIDTH: usize = 64;
@@ -82,8 +82,12 @@ fn narrow_blocks(
     let x = x.as_standard_layout();
     let xs = x.as_slice().expect("standard layout");
     let t_rows = x.nrows();
-    let simd = Simd::detect();
+    let kernel = Kernel::best();
     let mut y = Array2::<f32>::zeros((t_rows, out));
+    if width == 0 {
+        bias_only(&mut y, b, |o| o);
+        return y;
+    }
     let block = |(i, mut y_block): (usize, ArrayViewMut2<f32>)| {
         let o0 = i * BLOCK;
         let n = y_block.ncols();
@@ -112,72 +116,54 @@ fn narrow_blocks(
             }
         };
         for (t, xr) in xs.chunks_exact(width).enumerate() {
-            let sums = simd.block_dots(xr, data, stride);
+            let sums = block_dots_with(kernel, xr, data, stride);
             for i in 0..n {
                 y_block[[t, i]] = sums[i] + b.map_or(0.0, |b| b[o0 + i]);
             }
         }
     };
-    if width == 0 {
-        // Empty dots: the bias alone.
-        for (o, mut col) in y.axis_iter_mut(Axis(1)).enumerate() {
-            col.fill(b.map_or(0.0, |b| b[o]));
-        }
-    } else if t_rows * out * width < PARALLEL_MIN_PRODUCTS {
-        y.axis_chunks_iter_mut(Axis(1), BLOCK)
-            .enumerate()
-            .for_each(block);
-    } else {
-        y.axis_chunks_iter_mut(Axis(1), BLOCK)
-            .into_par_iter()
-            .enumerate()
-            .for_each(block);
-    }
+    let parallel = t_rows * out * width >= PARALLEL_MIN_PRODUCTS;
+    for_column_blocks(&mut y, BLOCK, parallel, block);
     y
 }
 
-/// How [`block_dots`] is compiled: the same source, vectorised for the CPU's widest registers.
-/// Every form has the same order of operations (no FMA: LLVM does not contract `a * b + c`
-/// without fast-math), so the choice changes speed only; the tests force each one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Simd {
-    Portable,
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-}
-
-impl Simd {
-    pub fn detect() -> Simd {
+/// [`block_dots`] compiled for the widest registers of `kernel` (the same source, so the same order
+/// of operations: no FMA, since LLVM does not contract `a * b + c` without fast-math); the choice
+/// changes speed only, and the tests force each kernel this CPU runs.
+///
+/// # Panics
+/// If `kernel` is not [available](Kernel::available) on this CPU.
+fn block_dots_with(kernel: Kernel, x: &[f32], data: &[f32], stride: usize) -> [f32; BLOCK] {
+    match kernel {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return Simd::Avx512;
+        Kernel::Avx512 => {
+            assert!(
+                std::arch::is_x86_feature_detected!("avx512f"),
+                "no AVX-512 here"
+            );
+            // SAFETY: AVX-512F is present (checked above).
+            unsafe { block_dots_avx512(x, data, stride) }
         }
-        Simd::Portable
-    }
-
-    /// The forms this CPU runs.
-    pub fn available() -> Vec<Simd> {
-        let mut all = vec![Simd::Portable];
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            all.push(Simd::Avx512);
+        Kernel::Avx2 => {
+            assert!(std::arch::is_x86_feature_detected!("avx2"), "no AVX2 here");
+            // SAFETY: AVX2 is present (checked above).
+            unsafe { block_dots_avx2(x, data, stride) }
         }
-        all
-    }
-
-    fn block_dots(self, x: &[f32], data: &[f32], stride: usize) -> [f32; BLOCK] {
-        match self {
-            Simd::Portable => block_dots(x, data, stride),
-            // SAFETY: `Avx512` is only chosen where the CPU has AVX-512F.
-            #[cfg(target_arch = "x86_64")]
-            Simd::Avx512 => unsafe { block_dots_avx512(x, data, stride) },
-        }
+        // Portable, and NEON (baseline on aarch64, so the portable build already uses it).
+        _ => block_dots(x, data, stride),
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn block_dots_avx512(x: &[f32], data: &[f32], stride: usize) -> [f32; BLOCK] {
+    block_dots(x, data, stride)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn block_dots_avx2(x: &[f32], data: &[f32], stride: usize) -> [f32; BLOCK] {
     block_dots(x, data, stride)
 }
 
@@ -262,7 +248,7 @@ mod tests {
             prop_assert_eq!(bits(&linear_narrow_t(x.view(), w_t.view(), b.as_ref())), bits(&naive));
             // each compiled form of the block, forced
             let xs = x.as_standard_layout().into_owned();
-            for simd in Simd::available() {
+            for kernel in Kernel::available() {
                 for o0 in (0..out).step_by(BLOCK) {
                     let n = BLOCK.min(out - o0);
                     let mut wt = [0.0f32; BLOCK * NARROW_MAX_WIDTH];
@@ -272,11 +258,11 @@ mod tests {
                         }
                     }
                     for r in 0..t {
-                        let sums = simd.block_dots(xs.row(r).as_slice().unwrap(), &wt, BLOCK);
+                        let sums = block_dots_with(kernel, xs.row(r).as_slice().unwrap(), &wt, BLOCK);
                         for (i, sum) in sums.iter().take(n).enumerate() {
                             let w_row = w.row(o0 + i).to_vec();
                             let dot = crate::base::matmul::dot(xs.row(r).as_slice().unwrap(), &w_row);
-                            prop_assert_eq!(sum.to_bits(), dot.to_bits(), "{:?}", simd);
+                            prop_assert_eq!(sum.to_bits(), dot.to_bits(), "{:?}", kernel);
                         }
                     }
                 }
