@@ -74,9 +74,9 @@ fn main() -> ExitCode {
     // A decode step is many short parallel sections (SmolLM2: 7 products a layer, 30 layers).
     // With the main thread outside rayon's pool, each section wakes a worker and then the main
     // thread again; as worker 0 of the pool it runs its share and the joins stay in the pool
-    // (draft step -10%, docs/PERFORMANCE.md "The main thread in the pool"). The pool still has one
-    // thread per core (or `RAYON_NUM_THREADS`), the main thread counted. Nothing has used rayon
-    // yet, so this can only fail to spawn threads.
+    // (greedy and draft steps -12%, docs/PERFORMANCE.md "The main thread in the pool"). The pool
+    // still has one thread per core (or `RAYON_NUM_THREADS`), the main thread counted. Nothing has
+    // used rayon yet, so this can only fail to spawn threads.
     if let Err(error) = rayon::ThreadPoolBuilder::new()
         .use_current_thread()
         .build_global()

@@ -6,10 +6,10 @@ use crate::builder::{Attr, GraphBuilder};
 ///
 /// Emitted as `Pow(x, 2) -> ReduceMean -> Add(eps) -> Sqrt -> Div(x, .) -> Mul(w)`, the pattern
 /// ONNX Runtime's optimiser (level `extended` and above, CPU and CUDA) fuses into one
-/// `SimplifiedLayerNormalization` node, and with the residual `Add` before it into
-/// `SkipSimplifiedLayerNormalization`: one kernel instead of eight per norm, which matters because
-/// a decode step's cost on ONNX Runtime is mostly per-node overhead (docs/GPU.md). The file keeps
-/// standard operators only, so TensorRT and other runtimes read the unfused form. The reference
+/// `SimplifiedLayerNormalization` node (`onnx-runner/tests/fusion.rs`): one kernel instead of
+/// eight per norm, which matters because a decode step's cost on ONNX Runtime's CUDA provider is
+/// mostly per-node overhead (docs/GPU.md). The file keeps standard operators only, so TensorRT and
+/// other runtimes read the unfused form. The reference
 /// multiplies by `1 / sqrt(..)` after dividing the sum by `D`; the order differs by rounding only
 /// (within the exports' tolerance, docs/EQUIVALENCE.md).
 ///
