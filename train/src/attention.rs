@@ -11,7 +11,7 @@
 //! ```
 
 use crate::real::Real;
-use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
+use ndarray::{Array1, Array2, ArrayView1, ArrayView2, CowArray, Ix1, Ix2};
 
 /// Head layout: `H` query heads of size `Dh` over `Hkv` key/value heads.
 #[derive(Clone, Copy, Debug)]
@@ -52,23 +52,80 @@ impl<'a, F: Real> Visible<'a, F> {
         self.keys.nrows() + 1
     }
 
+    /// The keys and values as contiguous `[S * Hkv*Dh]` slices, with the own key and value: the
+    /// loops below index head `g` of position `j` as `[j * width + g * Dh..][..Dh]` (cheap, where
+    /// an ndarray slice per position and head cost more than the arithmetic it fed).
+    fn slices(&self) -> HeadRows<'_, F> {
+        HeadRows {
+            keys: self.keys.as_standard_layout(),
+            values: self.values.as_standard_layout(),
+            own_k: self.own_k.as_standard_layout(),
+            own_v: self.own_v.as_standard_layout(),
+            cached: self.keys.nrows(),
+            width: self.keys.ncols(),
+        }
+    }
+}
+
+/// [`Visible`] as contiguous memory (borrowed when it already is).
+struct HeadRows<'a, F> {
+    keys: CowArray<'a, F, Ix2>,
+    values: CowArray<'a, F, Ix2>,
+    own_k: CowArray<'a, F, Ix1>,
+    own_v: CowArray<'a, F, Ix1>,
+    cached: usize,
+    width: usize,
+}
+
+impl<F: Real> HeadRows<'_, F> {
     /// Head `g`'s slice of key `j` (the own key when `j == S`).
-    fn key(&self, j: usize, g: usize, dh: usize) -> ArrayView1<'_, F> {
-        let row = if j < self.keys.nrows() {
-            self.keys.row(j)
-        } else {
-            self.own_k.view()
-        };
-        row.slice_move(ndarray::s![g * dh..(g + 1) * dh])
+    fn key(&self, j: usize, g: usize, dh: usize) -> &[F] {
+        self.head(&self.keys, &self.own_k, j, g, dh)
     }
 
-    fn value(&self, j: usize, g: usize, dh: usize) -> ArrayView1<'_, F> {
-        let row = if j < self.values.nrows() {
-            self.values.row(j)
+    fn value(&self, j: usize, g: usize, dh: usize) -> &[F] {
+        self.head(&self.values, &self.own_v, j, g, dh)
+    }
+
+    fn head<'s>(
+        &self,
+        cached: &'s CowArray<F, Ix2>,
+        own: &'s CowArray<F, Ix1>,
+        j: usize,
+        g: usize,
+        dh: usize,
+    ) -> &'s [F] {
+        let contiguous = "standard layout is contiguous";
+        if j < self.cached {
+            &cached.as_slice().expect(contiguous)[j * self.width + g * dh..][..dh]
         } else {
-            self.own_v.view()
-        };
-        row.slice_move(ndarray::s![g * dh..(g + 1) * dh])
+            &own.as_slice().expect(contiguous)[g * dh..][..dh]
+        }
+    }
+}
+
+/// `a . b` with eight running sums (the compiler vectorises them; one sum would be a serial chain).
+fn dot<F: Real>(a: &[F], b: &[F]) -> F {
+    let mut sums = [F::zero(); 8];
+    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: F = a8
+        .remainder()
+        .iter()
+        .zip(b8.remainder())
+        .map(|(&x, &y)| x * y)
+        .sum();
+    for (x, y) in a8.zip(b8) {
+        for i in 0..8 {
+            sums[i] += x[i] * y[i];
+        }
+    }
+    sums.iter().copied().sum::<F>() + tail
+}
+
+/// `y += alpha x`.
+fn axpy<F: Real>(y: &mut [F], alpha: F, x: &[F]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y += alpha * x;
     }
 }
 
@@ -83,25 +140,28 @@ pub fn forward<F: Real>(
 ) -> (Array1<F>, Array2<F>) {
     let dh = heads.head_dim;
     let scale = F::c(dh as f64).powf(F::c(-0.5));
-    let mut out = Array1::zeros(heads.heads * dh);
+    let kv = vis.slices();
+    let q = q.as_standard_layout();
+    let q = q.as_slice().expect("standard layout is contiguous");
+    let mut out = vec![F::zero(); heads.heads * dh];
     let mut probs = Array2::zeros((heads.heads, vis.len()));
     for h in 0..heads.heads {
         let g = h / heads.group();
-        let q_h = q.slice(ndarray::s![h * dh..(h + 1) * dh]);
+        let q_h = &q[h * dh..][..dh];
         let mut a = probs.row_mut(h);
         for j in 0..vis.len() {
-            a[j] = q_h.dot(&vis.key(j, g, dh)) * scale;
+            a[j] = dot(q_h, kv.key(j, g, dh)) * scale;
         }
         let max = a.iter().copied().fold(F::neg_infinity(), F::max);
         a.mapv_inplace(|z| (z - max).exp());
         let sum = a.sum();
         a.mapv_inplace(|e| e / sum);
-        let mut out_h = out.slice_mut(ndarray::s![h * dh..(h + 1) * dh]);
+        let out_h = &mut out[h * dh..][..dh];
         for j in 0..vis.len() {
-            out_h.scaled_add(a[j], &vis.value(j, g, dh));
+            axpy(out_h, a[j], kv.value(j, g, dh));
         }
     }
-    (out, probs)
+    (Array1::from(out), probs)
 }
 
 /// Gradients of one row's inputs that are not constants.
@@ -128,34 +188,42 @@ pub fn backward<F: Real>(
     let dh = heads.head_dim;
     let scale = F::c(dh as f64).powf(F::c(-0.5));
     let own = vis.len() - 1;
-    let mut grad = RowGrad {
-        dq: Array1::zeros(heads.heads * dh),
-        dk_own: Array1::zeros(heads.kv_heads * dh),
-        dv_own: Array1::zeros(heads.kv_heads * dh),
-    };
-    let mut dz = Array1::zeros(vis.len());
+    let kv = vis.slices();
+    let contiguous = "standard layout is contiguous";
+    let (q, d_out) = (q.as_standard_layout(), d_out.as_standard_layout());
+    let (q, d_out) = (
+        q.as_slice().expect(contiguous),
+        d_out.as_slice().expect(contiguous),
+    );
+    let mut dq = vec![F::zero(); heads.heads * dh];
+    let mut dk_own = vec![F::zero(); heads.kv_heads * dh];
+    let mut dv_own = vec![F::zero(); heads.kv_heads * dh];
+    let mut dz = vec![F::zero(); vis.len()];
     for h in 0..heads.heads {
         let g = h / heads.group();
-        let kv = ndarray::s![g * dh..(g + 1) * dh];
-        let do_h = d_out.slice(ndarray::s![h * dh..(h + 1) * dh]);
+        let do_h = &d_out[h * dh..][..dh];
         let a = probs.row(h);
         // da_j = do_h . v_j; dz_j = a_j (da_j - sum_i a_i da_i)
-        for j in 0..vis.len() {
-            dz[j] = do_h.dot(&vis.value(j, g, dh));
+        for (j, dz) in dz.iter_mut().enumerate() {
+            *dz = dot(do_h, kv.value(j, g, dh));
         }
-        let mean = a.dot(&dz);
-        for j in 0..vis.len() {
-            dz[j] = a[j] * (dz[j] - mean) * scale;
+        let mean = dz.iter().zip(&a).map(|(&d, &a)| a * d).sum::<F>();
+        for (dz, &a) in dz.iter_mut().zip(&a) {
+            *dz = a * (*dz - mean) * scale;
         }
-        let mut dq_h = grad.dq.slice_mut(ndarray::s![h * dh..(h + 1) * dh]);
-        for j in 0..vis.len() {
-            dq_h.scaled_add(dz[j], &vis.key(j, g, dh));
+        let dq_h = &mut dq[h * dh..][..dh];
+        for (j, &dz) in dz.iter().enumerate() {
+            axpy(dq_h, dz, kv.key(j, g, dh));
         }
-        let q_h = q.slice(ndarray::s![h * dh..(h + 1) * dh]);
-        grad.dk_own.slice_mut(kv).scaled_add(dz[own], &q_h);
-        grad.dv_own.slice_mut(kv).scaled_add(a[own], &do_h);
+        let q_h = &q[h * dh..][..dh];
+        axpy(&mut dk_own[g * dh..][..dh], dz[own], q_h);
+        axpy(&mut dv_own[g * dh..][..dh], a[own], do_h);
     }
-    grad
+    RowGrad {
+        dq: Array1::from(dq),
+        dk_own: Array1::from(dk_own),
+        dv_own: Array1::from(dv_own),
+    }
 }
 
 #[cfg(test)]
@@ -189,6 +257,38 @@ mod tests {
             Some((own_k.view(), own_v.view())),
         );
         approx::assert_abs_diff_eq!(out, want, epsilon = 1e-5);
+    }
+
+    /// Keys and values in any memory layout give the same result (the loops read contiguous
+    /// copies of views that are not).
+    #[test]
+    fn layout_does_not_matter() {
+        let heads = Heads {
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 3,
+        };
+        let keys = matrix::<f64>(6, 7, 1);
+        let values = matrix::<f64>(6, 7, 2);
+        let (own_k, own_v, q) = (
+            vector::<f64>(6, 3),
+            vector::<f64>(6, 4),
+            vector::<f64>(12, 5),
+        );
+        let strided = keys.t().as_standard_layout().into_owned().reversed_axes(); // column-major
+        let run = |keys: ArrayView2<'_, f64>| {
+            let vis = Visible {
+                keys: keys.slice_move(ndarray::s![.., 1..]),
+                values: values.slice(ndarray::s![.., 1..]),
+                own_k: own_k.view(),
+                own_v: own_v.view(),
+            };
+            forward(heads, q.view(), &vis)
+        };
+        let (want, want_p) = run(keys.view());
+        let (got, got_p) = run(strided.view());
+        assert!(!strided.is_standard_layout());
+        assert_eq!((got, got_p), (want, want_p));
     }
 
     proptest! {

@@ -70,6 +70,31 @@ impl<F: Real> Head<F> {
         )
     }
 
+    /// The student's logits (with the tape) and the teacher's, `LMHead(RMSNorm_final(teacher_u))`,
+    /// from one product: the rows of both stacked, so the head's weight (the largest product of a
+    /// step) is packed and streamed once instead of twice. A row's logits do not depend on the other
+    /// rows of a product (`gemm`'s tests), so both equal two separate [`forward`](Self::forward)s.
+    ///
+    /// # Shapes
+    /// - `u`, `teacher_u`: `[R, D]` -> (`[R, V]`, tape, `[R, V]`)
+    pub fn forward_with_teacher(
+        &self,
+        u: ArrayView2<F>,
+        teacher_u: ArrayView2<F>,
+    ) -> (Array2<F>, HeadTape<F>, Array2<F>) {
+        let rows = u.nrows();
+        let both = ndarray::concatenate(Axis(0), &[u, teacher_u])
+            .expect("student and teacher states have the model's width");
+        let (logits, tape) = self.forward(both.view());
+        let teacher = logits.slice(ndarray::s![rows.., ..]).to_owned();
+        let logits = logits.slice_move(ndarray::s![..rows, ..]);
+        let tape = HeadTape {
+            u: u.to_owned(),
+            inv: tape.inv.slice(ndarray::s![..rows]).to_owned(),
+        };
+        (logits, tape, teacher)
+    }
+
     /// `du` from `dlogits`.
     ///
     /// # Shapes
@@ -153,6 +178,23 @@ mod tests {
             epsilon = 1e-12
         );
         assert_eq!(stats.agree, 1); // ties: both argmax 0
+    }
+
+    /// The stacked product gives, bit for bit, the logits and tape of two separate forwards (f32,
+    /// the model's shapes in small: enough rows and vocabulary for several GEMM blocks).
+    #[test]
+    fn forward_with_teacher_equals_two_forwards() {
+        let head = Head {
+            norm: vector::<f32>(48, 1),
+            w: matrix(700, 48, 2),
+            eps: 1e-5,
+        };
+        let (u, t) = (matrix::<f32>(13, 48, 3), matrix::<f32>(13, 48, 4));
+        let (logits, tape, teacher) = head.forward_with_teacher(u.view(), t.view());
+        let (want_logits, want_tape) = head.forward(u.view());
+        assert_eq!(logits, want_logits);
+        assert_eq!(teacher, head.forward(t.view()).0);
+        assert_eq!((tape.u, tape.inv), (want_tape.u, want_tape.inv));
     }
 
     proptest! {

@@ -398,8 +398,8 @@ impl Trainer {
         let (u, tape) = fast_stream::forward(&self.base, &g.adapters, layers.clone(), batch, f);
         // teacher: the base model's final distribution, from s_N
         let target = fast_stream::gather(batch, |s| &s.last);
-        let (teacher, _) = self.base.head.forward(target.view());
-        let (logits, head_tape) = self.base.head.forward(u.view());
+        let (logits, head_tape, teacher) =
+            self.base.head.forward_with_teacher(u.view(), target.view());
         let tau = self.options.temperature as f32;
         let (kl, dlogits) = kl_loss(logits.view(), teacher.view(), tau);
         let mut stats = GateStats {
