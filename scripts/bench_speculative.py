@@ -39,6 +39,8 @@ def main():
     ap.add_argument("--no-reference", action="store_true", help="skip the standard reference rows (greedy stays when --extra rows need it)")
     ap.add_argument("--extra", action="append", default=[], metavar="'NAME: FLAGS'",
                     help="another reference speculative row, e.g. 'dynamic conf 0.5: --dynamic-draft --gate confidence --threshold 0.5'")
+    ap.add_argument("--onnx-extra", action="append", default=[], metavar="'NAME: DIR'",
+                    help="another ONNX Runtime speculative row on export DIR (e.g. an older export), after --onnx-pruned's rows")
     a = ap.parse_args()
     B = a.bin
     configs = [
@@ -59,6 +61,9 @@ def main():
         if head == "full" or a.onnx_full is None:
             configs.append((engine, "greedy", "run", ["--onnx", d, "--mode", "greedy"]))
         configs.append((engine, f"speculative, {head} draft head", "run", ["--onnx", d, "--mode", "speculative"]))
+    for spec in a.onnx_extra:
+        name, d = spec.split(":", 1)
+        configs.append(("ORT CPU", f"speculative, {name.strip()}", "run", ["--onnx", d.strip(), "--mode", "speculative"]))
     ids = prompts(a.prompts)
     print(f"{len(ids)} development prompts, up to {a.new_tokens} new tokens each")
     print("| engine | decoding | tokens/s | vs greedy | mean accepted | acceptance by draft position | identical to greedy |")

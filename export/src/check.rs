@@ -290,6 +290,7 @@ pub fn check_folder(
     let mut rows = Vec::new();
     let mut model_logits = Vec::new();
     let mut draft_hidden = Vec::new();
+    let mut feed_hidden = Vec::new();
     for &kind in kinds {
         let mut session = load(kind)?;
         let name = kind.file_name();
@@ -335,6 +336,17 @@ pub fn check_folder(
                     ));
                     draft_hidden.push(hidden);
                 }
+                GraphKind::Feed => {
+                    let out = feeder.run(&mut session, Rows::Ids(ids(chunk)), chunk.len())?;
+                    let hidden = output(&out, HIDDEN_STATES)?;
+                    rows.push(compare(
+                        &name,
+                        &tag(HIDDEN_STATES),
+                        &hidden,
+                        &batch1(reference.hidden[c].view()),
+                    ));
+                    feed_hidden.push(hidden);
+                }
                 GraphKind::Verifier => {
                     let h = batch1(reference.hidden[c].view());
                     let out = feeder.run(&mut session, Rows::Hidden(&h), chunk.len())?;
@@ -348,20 +360,25 @@ pub fn check_folder(
             }
         }
         let cache = match kind {
-            GraphKind::Draft => &reference.draft_cache,
+            GraphKind::Draft | GraphKind::Feed => &reference.draft_cache,
             _ => &reference.cache,
         };
         compare_presents(&name, model, &feeder, cache, &mut rows);
     }
-    // draft -> verifier on ONNX Runtime alone reproduces model.onnx
-    if kinds.contains(&GraphKind::Verifier) && !model_logits.is_empty() && !draft_hidden.is_empty()
-    {
+    // draft (or feed) -> verifier on ONNX Runtime alone reproduces model.onnx
+    for (chain, hidden) in [
+        ("draft.onnx -> verifier.onnx", &draft_hidden),
+        ("feed.onnx -> verifier.onnx", &feed_hidden),
+    ] {
+        if !kinds.contains(&GraphKind::Verifier) || model_logits.is_empty() || hidden.is_empty() {
+            continue;
+        }
         let mut session = load(GraphKind::Verifier)?;
         let mut feeder = Feeder::new(model, GraphKind::Verifier.layers(n, e));
         for (c, chunk) in chunks.iter().enumerate() {
-            let out = feeder.run(&mut session, Rows::Hidden(&draft_hidden[c]), chunk.len())?;
+            let out = feeder.run(&mut session, Rows::Hidden(&hidden[c]), chunk.len())?;
             rows.push(compare(
-                "draft.onnx -> verifier.onnx",
+                chain,
                 &format!("logits vs model.onnx (chunk {})", c + 1),
                 &output(&out, LOGITS)?,
                 &model_logits[c],

@@ -50,7 +50,8 @@ pub fn export(
     graphs::check(request.model, request.m2r2, &request.options)?;
     if request.graphs.is_empty() {
         return Err(Error::Invalid(
-            "no graphs to export: --graphs needs at least one of model, draft, verifier".into(),
+            "no graphs to export: --graphs needs at least one of model, draft, verifier, feed"
+                .into(),
         ));
     }
     check_replaceable(out)?;

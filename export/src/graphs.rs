@@ -1,14 +1,19 @@
-//! The three exported graphs and their interfaces (docs/ONNX.md has a table per graph):
+//! The four exported graphs and their interfaces (docs/ONNX.md has a table per graph):
 //!
 //! | graph           | layers        | inputs                                               | outputs |
 //! |-----------------|---------------|------------------------------------------------------|---------|
 //! | `model.onnx`    | `0..N`        | `input_ids`, `attention_mask`, `position_ids`, past KV | `logits`, present KV |
 //! | `draft.onnx`    | `0..e`        | same, past KV of `0..e`                              | `draft_logits`, `exit_prob`, `hidden_states`, present KV |
 //! | `verifier.onnx` | `e..N`        | `hidden_states`, `attention_mask`, `position_ids`, past KV of `e..N` | `logits`, present KV |
+//! | `feed.onnx`     | `0..e`        | as `draft.onnx`                                      | `hidden_states`, present KV |
 //!
 //! `e = e_{g_d}`, the layer the draft gate sits after. Layer numbers in KV names are global. With a
 //! pruned draft head (`draft_head.json` in the M2R2 weights) `draft_logits` is `[B, T, K]`: the
 //! scores of the head's `K` token ids (written beside the graphs), not of the whole vocabulary.
+//!
+//! `feed.onnx` is `draft.onnx` without its fast rows and heads: the slow stream of the draft layers
+//! alone, for the positions the speculative loop feeds without proposing from them (the last draft
+//! of a round, the prompt). Its outputs are `draft.onnx`'s `hidden_states` and present KV.
 
 use crate::builder::{Dim, Elem, GraphBuilder, WeightsDtype, check_opset};
 use crate::emit::attention::visibility;
@@ -57,16 +62,24 @@ pub enum GraphKind {
     Model,
     Draft,
     Verifier,
+    /// The slow stream of the draft layers (`draft.onnx` without fast rows and heads).
+    Feed,
 }
 
 impl GraphKind {
-    pub const ALL: [GraphKind; 3] = [GraphKind::Model, GraphKind::Draft, GraphKind::Verifier];
+    pub const ALL: [GraphKind; 4] = [
+        GraphKind::Model,
+        GraphKind::Draft,
+        GraphKind::Verifier,
+        GraphKind::Feed,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             GraphKind::Model => "model",
             GraphKind::Draft => "draft",
             GraphKind::Verifier => "verifier",
+            GraphKind::Feed => "feed",
         }
     }
 
@@ -78,7 +91,7 @@ impl GraphKind {
     pub fn layers(self, n: usize, e: usize) -> Range<usize> {
         match self {
             GraphKind::Model => 0..n,
-            GraphKind::Draft => 0..e,
+            GraphKind::Draft | GraphKind::Feed => 0..e,
             GraphKind::Verifier => e..n,
         }
     }
@@ -92,7 +105,7 @@ impl std::str::FromStr for GraphKind {
             .find(|k| k.name() == s)
             .ok_or_else(|| {
                 Error::Invalid(format!(
-                    "unknown graph `{s}`: expected model, draft or verifier"
+                    "unknown graph `{s}`: expected model, draft, verifier or feed"
                 ))
             })
     }
@@ -287,6 +300,12 @@ pub fn build(
                 &[BATCH, SEQ, Dim::Fixed(d)],
             );
             out.presents
+        }
+        GraphKind::Feed => {
+            let s = embed(&mut b, &cx, &rows_input);
+            let (s, presents) = slow_layers(&mut b, &cx, layers.clone(), s, &past);
+            b.output(HIDDEN_STATES, &s, Elem::F32, &[BATCH, SEQ, Dim::Fixed(d)]);
+            presents
         }
     };
     for (i, (k, v)) in layers.zip(&presents) {

@@ -1,7 +1,7 @@
 //! Whole graphs against the reference through [`export::check::check_folder`]: logits, draft
-//! logits, exit_prob, hidden_states and every present K/V of model.onnx, draft.onnx and
-//! verifier.onnx, fed in two chunks (the second reads the first one's cache), and draft.onnx ->
-//! verifier.onnx against model.onnx. On random small dense and MoE configs (proptest), on
+//! logits, exit_prob, hidden_states and every present K/V of model.onnx, draft.onnx,
+//! verifier.onnx and feed.onnx, fed in two chunks (the second reads the first one's cache), and
+//! draft.onnx -> verifier.onnx and feed.onnx -> verifier.onnx against model.onnx. On random small dense and MoE configs (proptest), on
 //! SmolLM2-135M (exported once), and in the f16 flavour against the reference with f16-rounded
 //! weights. Tolerance: [`export::check::TOLERANCE`] (1e-4 x max(1, max |ref|), f32 on the CPU).
 
@@ -60,8 +60,8 @@ fn assert_all_ok(rows: &[Comparison]) {
     let graphs: std::collections::HashSet<&str> = rows.iter().map(|r| r.graph.as_str()).collect();
     assert_eq!(
         graphs.len(),
-        4,
-        "every graph and the chain were compared: {graphs:?}"
+        6,
+        "every graph and both chains were compared: {graphs:?}"
     );
 }
 

@@ -15,7 +15,7 @@ pub const MANIFEST_FILE: &str = "m2r2_export.json";
 /// The manifest format this runner reads.
 pub const FORMAT_VERSION: u32 = 1;
 
-/// One of the three exported graphs.
+/// One of the exported graphs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GraphKind {
     /// All layers (Optimum / onnxruntime-genai convention).
@@ -24,6 +24,9 @@ pub enum GraphKind {
     Draft,
     /// Layers `e..N` from the draft's slow residual.
     Verifier,
+    /// Layers `0..e`, the slow stream only (draft.onnx without fast rows and heads; exports
+    /// before it have none).
+    Feed,
 }
 
 impl GraphKind {
@@ -32,6 +35,7 @@ impl GraphKind {
             GraphKind::Model => "model",
             GraphKind::Draft => "draft",
             GraphKind::Verifier => "verifier",
+            GraphKind::Feed => "feed",
         }
     }
 }
@@ -146,6 +150,11 @@ impl ExportDir {
             manifest,
             draft_head,
         })
+    }
+
+    /// Whether the export has graph `kind`.
+    pub fn has(&self, kind: GraphKind) -> bool {
+        self.manifest.graphs.contains_key(kind.name())
     }
 
     /// The file of a graph, or an error saying it was not exported.

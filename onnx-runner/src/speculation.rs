@@ -2,11 +2,14 @@
 //! reference's own loop ([`reference::decode::speculative::speculative_generate`]) runs, mirroring
 //! [`reference::decode::draft_verify::ReferenceSpeculation`] step for step.
 //!
-//! - prefill: the prompt through draft.onnx (layers `0..e`) and its `hidden_states` through
-//!   verifier.onnx (layers `e..N`): the chained graphs equal model.onnx.
+//! - prefill: the prompt through feed.onnx (layers `0..e`, slow stream only) and its
+//!   `hidden_states` through verifier.onnx (layers `e..N`): the chained graphs equal model.onnx.
 //! - draft: one token through draft.onnx; its presents extend the lower store, its slow residual
 //!   `s_e` is kept, its `draft_logits` (fast exit state at gate g_d through the LM head) propose
-//!   the next token, `exit_prob` is the ARLA score. With a pruned draft head (the export's
+//!   the next token, `exit_prob` is the ARLA score. A token nothing is proposed from (the last of
+//!   a round) goes through feed.onnx instead: same presents and `s_e`, no fast row, no head. An
+//!   export without feed.onnx (written before it existed, or `--graphs` without it) runs
+//!   draft.onnx for those too and drops what it does not need. With a pruned draft head (the export's
 //!   `draft_head.json`) `draft_logits` has `K` columns, scattered into `[V]` with `-inf` elsewhere
 //!   exactly as the reference's pruned draft step.
 //! - verify: the kept residuals of all drafted positions through verifier.onnx as one chunk.
@@ -25,11 +28,14 @@ use reference::decode::speculative::{Draft, SpeculativeBackend};
 use reference::m2r2::draft_head::DraftHead;
 use reference::m2r2::exit_gate::{GateKind, gate_score};
 
-/// draft.onnx and verifier.onnx with their KV stores (timed from outside, as any backend, by
-/// `reference::decode::timed::Timed`).
+/// draft.onnx, verifier.onnx and feed.onnx with their KV stores (timed from outside, as any
+/// backend, by `reference::decode::timed::Timed`).
 pub struct OnnxSpeculation {
     draft: OnnxSession,
     verifier: OnnxSession,
+    /// feed.onnx: the positions nothing is proposed from (the prompt, the last draft of a round)
+    /// need only the slow stream; exports without it run draft.onnx for them.
+    feed: Option<OnnxSession>,
     config: ModelConfig,
     /// e: draft.onnx holds layers `0..e`
     draft_layers: usize,
@@ -73,6 +79,25 @@ impl OnnxSpeculation {
         crate::kv_store::check_layers(&verifier, &(e..c.num_hidden_layers))?;
         crate::kv_store::check_width(&verifier, "logits", c.vocab_size, "vocab_size")?;
         crate::kv_store::check_width(&draft, "hidden_states", c.hidden_size, "hidden_size")?;
+        let feed = if export.has(GraphKind::Feed) {
+            let feed = OnnxSession::load(&export.graph(GraphKind::Feed)?, ep)?;
+            crate::kv_store::check_layers(&feed, &(0..e))?;
+            crate::kv_store::check_width(&feed, "hidden_states", c.hidden_size, "hidden_size")?;
+            if ep.binds_kv(feed.ep_used()) != ep.binds_kv(draft.ep_used()) {
+                return Err(Error::Export {
+                    file: feed.file().to_string(),
+                    msg: format!(
+                        "runs on {} and draft.onnx on {}: the two share one KV cache and must \
+                         run on one provider",
+                        feed.ep_used(),
+                        draft.ep_used()
+                    ),
+                });
+            }
+            Some(feed)
+        } else {
+            None
+        };
         Ok(OnnxSpeculation {
             lower: Kv::new(0..e, hkv, dh, ep.binds_kv(draft.ep_used()))?,
             upper: Kv::new(
@@ -83,6 +108,7 @@ impl OnnxSpeculation {
             )?,
             draft,
             verifier,
+            feed,
             config: c.clone(),
             draft_layers: e,
             has_arla: m.has_arla,
@@ -98,6 +124,11 @@ impl OnnxSpeculation {
     /// The graphs' sessions (draft, verifier), e.g. for `ep_used`.
     pub fn sessions(&self) -> (&OnnxSession, &OnnxSession) {
         (&self.draft, &self.verifier)
+    }
+
+    /// feed.onnx's session, when the export has one.
+    pub fn feed_session(&self) -> Option<&OnnxSession> {
+        self.feed.as_ref()
     }
 
     /// The sessions (draft, verifier), e.g. to end their profiles.
@@ -174,6 +205,27 @@ impl OnnxSpeculation {
         Ok((logits, exit_prob, hidden))
     }
 
+    /// The slow residuals `[T, D]` at the draft gate of `tokens` at the next positions, through
+    /// feed.onnx (or draft.onnx, whose other outputs are dropped, in an export without it); the
+    /// lower store grows by `T`.
+    fn run_feed(&mut self, tokens: &[u32]) -> Result<Array2<f32>> {
+        let Some(feed) = &mut self.feed else {
+            return Ok(self.run_draft(tokens)?.2);
+        };
+        let past = self.lower.len();
+        check_tokens(&self.config, tokens, past)?;
+        let step = StepInputs::new(tokens, past);
+        let mut out = self.lower.run(feed, &step.with_ids(), tokens.len())?;
+        let hidden = out.take("hidden_states")?;
+        logits_rows(
+            hidden,
+            tokens.len(),
+            self.config.hidden_size,
+            feed.file(),
+            "hidden_states",
+        )
+    }
+
     /// Run verifier.onnx on slow residuals `[m, D]` after the verified positions: logits `[m, V]`;
     /// the upper store grows by `m`.
     fn run_verifier(&mut self, hidden: Array2<f32>) -> Result<Array2<f32>> {
@@ -218,7 +270,7 @@ impl SpeculativeBackend for OnnxSpeculation {
         let chunk = self.max_rows.unwrap_or(tokens.len()).max(1);
         let mut last = Vec::new();
         for part in tokens.chunks(chunk) {
-            let (_, _, hidden) = self.run_draft(part).map_err(into_reference)?;
+            let hidden = self.run_feed(part).map_err(into_reference)?;
             let logits = self.run_verifier(hidden).map_err(into_reference)?;
             last = logits.row(logits.nrows() - 1).to_vec();
         }
@@ -228,33 +280,34 @@ impl SpeculativeBackend for OnnxSpeculation {
     }
 
     fn draft(&mut self, token: u32, propose: bool) -> reference::Result<Option<Draft>> {
+        if !propose {
+            let hidden = self.run_feed(&[token]).map_err(into_reference)?;
+            self.kept.push(hidden.row(0).to_owned());
+            self.len += 1;
+            return Ok(None);
+        }
         let (logits, exit_prob, hidden) = self.run_draft(&[token]).map_err(into_reference)?;
         self.kept.push(hidden.row(0).to_owned());
         self.len += 1;
-        let draft = if propose {
-            let row = logits.row(0).to_vec();
-            let logits = match &self.draft_head {
-                Some(head) => head.scatter(&row, self.config.vocab_size),
-                None => row,
-            };
-            let score = match self.gate {
-                None => None,
-                Some(GateKind::Arla) => {
-                    Some(exit_prob.expect("checked at load: the export has ARLA")[0])
-                }
-                Some(kind) => Some(gate_score(
-                    kind,
-                    None,
-                    &[],
-                    &logits,
-                    self.config.rms_norm_eps as f32,
-                )?),
-            };
-            Some(Draft { logits, score })
-        } else {
-            None
+        let row = logits.row(0).to_vec();
+        let logits = match &self.draft_head {
+            Some(head) => head.scatter(&row, self.config.vocab_size),
+            None => row,
         };
-        Ok(draft)
+        let score = match self.gate {
+            None => None,
+            Some(GateKind::Arla) => {
+                Some(exit_prob.expect("checked at load: the export has ARLA")[0])
+            }
+            Some(kind) => Some(gate_score(
+                kind,
+                None,
+                &[],
+                &logits,
+                self.config.rms_norm_eps as f32,
+            )?),
+        };
+        Ok(Some(Draft { logits, score }))
     }
 
     fn verify(&mut self) -> reference::Result<Array2<f32>> {

@@ -20,7 +20,7 @@ use ndarray::{Array2, ArrayView2};
 use onnx_runner::ep::{DimRanges, Ep, EpConfig, TensorRtOptions};
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::kv_store::KvStore;
-use onnx_runner::manifest::ExportDir;
+use onnx_runner::manifest::{ExportDir, GraphKind as OnnxGraph};
 use onnx_runner::speculation::OnnxSpeculation;
 use proptest::prelude::*;
 use reference::base::generate::{GenerateOptions, greedy};
@@ -50,12 +50,23 @@ fn max_abs_diff(a: ArrayView2<f32>, b: ArrayView2<f32>) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// Export all three graphs of `model` with `weights`, split at `draft_gate`.
+/// Export every graph of `model` with `weights`, split at `draft_gate`.
 pub fn export_all(
     model: &Model,
     weights: &M2r2Weights,
     draft_gate: usize,
     dir: &Path,
+) -> ExportDir {
+    export_graphs(model, weights, draft_gate, dir, &GraphKind::ALL)
+}
+
+/// Export `graphs` of `model` with `weights`, split at `draft_gate`.
+pub fn export_graphs(
+    model: &Model,
+    weights: &M2r2Weights,
+    draft_gate: usize,
+    dir: &Path,
+    graphs: &[GraphKind],
 ) -> ExportDir {
     let request = ExportRequest {
         model,
@@ -67,7 +78,7 @@ pub fn export_all(
             weights_dtype: export::builder::WeightsDtype::F32,
             draft_gate,
         },
-        graphs: GraphKind::ALL.to_vec(),
+        graphs: graphs.to_vec(),
         external_data: false,
     };
     export(&request, dir, &mut |_| {}).expect("the export succeeds");
@@ -103,13 +114,15 @@ fn kv_diff(store: &KvStore, cache: &KvCache, len: usize) -> f32 {
     worst
 }
 
-/// A decoding problem, how it drafts, and (CPU) whether the KV cache stays in host arrays
-/// instead of ONNX Runtime values.
+/// A decoding problem, how it drafts, (CPU) whether the KV cache stays in host arrays instead of
+/// ONNX Runtime values, and whether the export has feed.onnx (without it the runner feeds
+/// through draft.onnx, as for exports made before feed.onnx existed).
 #[derive(Debug, Clone)]
 struct Problem {
     base: DecodeProblem,
     drafting: DraftSettings,
     host_kv: bool,
+    feed: bool,
 }
 
 fn problem_strategy() -> impl Strategy<Value = Problem> {
@@ -117,11 +130,13 @@ fn problem_strategy() -> impl Strategy<Value = Problem> {
         DecodeProblem::strategy(2..5, 40, 1..6, 1..12),
         DraftSettings::strategy(5, 40),
         any::<bool>(),
+        any::<bool>(),
     )
-        .prop_map(|(base, drafting, host_kv)| Problem {
+        .prop_map(|(base, drafting, host_kv, feed)| Problem {
             base,
             drafting,
             host_kv,
+            feed,
         })
 }
 
@@ -130,7 +145,12 @@ impl Problem {
         let (base, mut weights) = self.base.setup(0x55);
         let draft_gate = self.drafting.apply(&base, &mut weights);
         let dir = tempfile::tempdir().unwrap();
-        let exported = export_all(&base, &weights, draft_gate, dir.path());
+        let graphs: Vec<GraphKind> = GraphKind::ALL
+            .into_iter()
+            .filter(|&k| self.feed || k != GraphKind::Feed)
+            .collect();
+        let exported = export_graphs(&base, &weights, draft_gate, dir.path(), &graphs);
+        prop_assert_eq!(exported.has(OnnxGraph::Feed), self.feed);
         check_decoding(
             &base,
             &weights,
@@ -207,6 +227,7 @@ fn check_decoding(
         ReferenceSpeculation::new(M2r2::new(base, weights), draft_gate, gate, capacity).unwrap();
     let want_run = speculative_generate(&mut reference, prompt, &options).unwrap();
     let mut onnx = OnnxSpeculation::load(exported, ep, gate).unwrap();
+    prop_assert_eq!(onnx.feed_session().is_some(), exported.has(OnnxGraph::Feed));
     prop_assert_eq!(onnx.draft_head(), weights.draft_head.as_ref());
     let got_run = speculative_generate(&mut onnx, prompt, &options).unwrap();
     prop_assert_eq!(&got_run.tokens, &want, "greedy speculative tokens on ORT");

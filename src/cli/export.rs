@@ -25,12 +25,14 @@ pub struct Args {
     /// Folder to write (replaced only if empty or an earlier export)
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
-    /// Graphs to write, comma-separated
+    /// Graphs to write, comma-separated (feed: the draft layers' slow stream alone, which
+    /// speculative decoding feeds the positions it does not propose from through; without it,
+    /// draft.onnx does that work)
     #[arg(
         long,
         value_name = "LIST",
         value_delimiter = ',',
-        default_value = "model,draft,verifier"
+        default_value = "model,draft,verifier,feed"
     )]
     pub graphs: Vec<String>,
     /// Draft gate g_d, 1-based, where draft.onnx ends and verifier.onnx starts (default: the M2R2

@@ -164,6 +164,14 @@ pub fn decode(
                 || matches!(settings.draft_length, DraftLength::Dynamic { .. }))
             .then_some(settings.gate);
             let mut backend = OnnxSpeculation::load(export, ep, gate)?;
+            if backend.feed_session().is_none() {
+                eprintln!(
+                    "note: {} has no feed.onnx (an export from before it, or --graphs without \
+                     it): the positions nothing is proposed from run through draft.onnx, which \
+                     gives the same tokens more slowly; export again to add it",
+                    export.dir.display()
+                );
+            }
             let options = SpeculativeOptions {
                 max_new_tokens: request.max_new_tokens,
                 stop_tokens: request.stop_tokens.clone(),
@@ -176,8 +184,12 @@ pub fn decode(
             let seconds = start.elapsed().as_secs_f64();
             let prefill = timed.times.prefill_seconds;
             let (draft, verifier) = backend.sessions();
-            // Both graphs load with the same provider config; report the weaker if they differ.
-            let ep_used = if draft.ep_used() == verifier.ep_used() {
+            // The graphs load with the same provider config; report the weaker if they differ.
+            let ep_used = if draft.ep_used() == verifier.ep_used()
+                && backend
+                    .feed_session()
+                    .is_none_or(|f| f.ep_used() == draft.ep_used())
+            {
                 draft.ep_used()
             } else {
                 Ep::Cpu

@@ -25,6 +25,7 @@ fn export_with_check_passes_on_the_builtin_models() {
             "model.onnx",
             "draft.onnx",
             "verifier.onnx",
+            "feed.onnx",
             "genai_config.json",
             "tokenizer.json",
             "tokenizer_config.json",
