@@ -69,7 +69,12 @@ fn bench_cost_shape_reports_every_step() {
     assert_eq!(engines.len(), 1, "{b}");
     let e = &engines[0];
     assert_eq!(e["engine"], "reference");
-    for key in ["greedy_step_ms", "draft_step_ms", "achieved_fraction"] {
+    for key in [
+        "greedy_step_ms",
+        "draft_step_ms",
+        "feed_step_ms",
+        "achieved_fraction",
+    ] {
         assert!(e[key].as_f64().unwrap() > 0.0, "{key}: {b}");
     }
     let rows: Vec<u64> = e["verify_ms"]

@@ -1,6 +1,7 @@
 //! `m2r2 bench --cost-shape`: what each kind of step costs, on the reference and (with `--onnx`)
 //! on ONNX Runtime, side by side in one run: a greedy decode step, a draft step (the draft gate's
-//! lower layers with the fast stream, the draft head), and verify chunks of 1, 2, 5, 9 and 16 rows
+//! lower layers with the fast stream, the draft head), a feed step (the same layers' slow stream
+//! alone: a position nothing is proposed from; feed.onnx on ONNX Runtime), and verify chunks of 1, 2, 5, 9 and 16 rows
 //! (the layers above the draft gate and the head on every row), each also as a ratio to the greedy
 //! step. On memory-bound hardware a chunk of a few rows costs about one step, since the rows share
 //! one read of the weights; a ratio that grows with the rows means the products are compute-bound.
@@ -32,6 +33,8 @@ pub struct EngineShape {
     pub engine: String,
     pub greedy_step_ms: f64,
     pub draft_step_ms: f64,
+    /// A draft-layer step that proposes nothing (slow stream only).
+    pub feed_step_ms: f64,
     /// `(rows, ms)` per verify chunk size.
     pub verify_ms: Vec<(usize, f64)>,
     /// `bytes read per greedy step / greedy step time`.
@@ -93,6 +96,7 @@ pub fn measure_engine(
         engine,
         greedy_step_ms: times.greedy,
         draft_step_ms: times.propose,
+        feed_step_ms: times.feed,
         verify_ms: times.verify,
         achieved_bytes_per_second: achieved,
         achieved_fraction: achieved / bandwidth,
@@ -198,8 +202,8 @@ pub fn print(r: &CostShape) {
         r.repeats
     );
     let mut header = format!(
-        "  {:<22} {:>14} {:>14}",
-        "engine", "greedy step", "draft step"
+        "  {:<22} {:>14} {:>14} {:>14}",
+        "engine", "greedy step", "draft step", "feed step"
     );
     for (rows, _) in &r.engines[0].verify_ms {
         header += &format!(" {:>14}", format!("verify {rows}"));
@@ -209,10 +213,11 @@ pub fn print(r: &CostShape) {
     for e in &r.engines {
         let cell = |ms: f64| format!("{ms:.2} ({:.2})", e.ratio(ms));
         let mut line = format!(
-            "  {:<22} {:>14} {:>14}",
+            "  {:<22} {:>14} {:>14} {:>14}",
             e.engine,
             cell(e.greedy_step_ms),
-            cell(e.draft_step_ms)
+            cell(e.draft_step_ms),
+            cell(e.feed_step_ms)
         );
         for (_, ms) in &e.verify_ms {
             line += &format!(" {:>14}", cell(*ms));
