@@ -171,7 +171,7 @@ pub struct EpConfig {
     pub intra_threads: Option<usize>,
     /// Whether idle intra-op threads of an own pool spin before blocking
     /// (`session.intra_op.allow_spinning`; `None`: ONNX Runtime's default, spinning; the shared
-    /// pool never spins).
+    /// pool always spins).
     pub intra_spinning: Option<bool>,
     /// Graph optimisation level (`None`: ONNX Runtime's default, all).
     pub optimization: Option<GraphOptimization>,

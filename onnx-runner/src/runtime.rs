@@ -115,13 +115,16 @@ fn load(path: &Path, source: LibrarySource) -> Result<Runtime> {
             describe(source)
         ))
     })?;
-    // One intra-op thread pool for every session of the process, a thread per core, whose idle
-    // threads block instead of spinning. With ONNX Runtime's defaults (a spinning pool per
-    // session) the idle workers of the graph that ran last keep spinning while the next graph
-    // runs (draft, then verifier), and on a machine with few or shared cores spinning threads
-    // take the cores the working ones need (docs/ONNX.md, "Cost of a run").
+    // One intra-op thread pool for every session of the process, a thread per core. With ONNX
+    // Runtime's defaults (a spinning pool per session) the idle workers of the graph that ran
+    // last keep spinning while the next graph runs (draft, then verifier) and take the cores the
+    // working ones need (docs/ONNX.md, "Cost of a run"). One shared pool has no such neighbours,
+    // so its idle threads do spin: blocking them made every parallel operator wake a sleeping
+    // thread, and ONNX Runtime CPU decoding measured 20-25 % slower (docs/ONNX.md, "Spinning").
+    // `--ort-spinning off` gives each session its own pool that blocks, for machines whose
+    // cores are busy with other work.
     let pool = ort::environment::GlobalThreadPoolOptions::default()
-        .with_spin_control(false)
+        .with_spin_control(true)
         .map_err(|e| Error::Runtime(format!("cannot configure the thread pool: {e}")))?;
     let environment = builder
         .with_name("m2r2")

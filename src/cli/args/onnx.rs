@@ -30,11 +30,11 @@ pub struct EpArgs {
     #[arg(long, value_name = "DIR")]
     pub trt_cache: Option<PathBuf>,
     /// ONNX Runtime: a pool of N intra-op threads for each session (default: one pool with a
-    /// thread per core, shared by all sessions, not spinning)
+    /// thread per core, shared by all sessions, spinning)
     #[arg(long, value_name = "N")]
     pub ort_threads: Option<usize>,
     /// ONNX Runtime: whether idle intra-op threads spin, in a pool for each session (default: the
-    /// shared pool, not spinning)
+    /// shared pool, spinning; `off` where other work needs the cores)
     #[arg(long, value_enum, value_name = "ON|OFF")]
     pub ort_spinning: Option<OnOff>,
     /// ONNX Runtime graph optimisation level: disable | basic | extended | all (default: all)
