@@ -26,7 +26,7 @@ use half::f16;
 use ndarray::{Array, Dimension};
 use ndarray::{Array2, Array4, ArrayD, ArrayView2, Axis};
 use onnx_runner::ep::EpConfig;
-use onnx_runner::session::{Input, OnnxSession};
+use onnx_runner::session::{Input, OnnxSession, Outputs};
 use reference::KvCache;
 use reference::base::model::Model;
 use reference::base::weights::FeedForward;
@@ -230,7 +230,7 @@ fn ids(chunk: &[u32]) -> ArrayD<i64> {
     .expect("[1, T]")
 }
 
-fn output(out: &onnx_runner::session::Outputs, name: &str) -> Result<ArrayD<f32>> {
+fn output(out: &Outputs, name: &str) -> Result<ArrayD<f32>> {
     Ok(out.get(name).map_err(runner_error)?.clone())
 }
 
@@ -296,66 +296,39 @@ pub fn check_folder(
         let name = kind.file_name();
         let mut feeder = Feeder::new(model, kind.layers(n, e));
         for (c, chunk) in chunks.iter().enumerate() {
-            let tag = |t: &str| format!("{t} (chunk {})", c + 1);
+            // Output `tensor` of this chunk's run against `want`: the row is kept, the output
+            // returned.
+            let mut checked = |out: &Outputs, tensor: &str, want: &ArrayD<f32>| {
+                let got = output(out, tensor)?;
+                let tag = format!("{tensor} (chunk {})", c + 1);
+                rows.push(compare(&name, &tag, &got, want));
+                Ok::<_, Error>(got)
+            };
+            let hidden = batch1(reference.hidden[c].view());
+            let logits = batch1(reference.logits[c].view());
             match kind {
                 GraphKind::Model => {
                     let out = feeder.run(&mut session, Rows::Ids(ids(chunk)), chunk.len())?;
-                    let logits = output(&out, LOGITS)?;
-                    rows.push(compare(
-                        &name,
-                        &tag(LOGITS),
-                        &logits,
-                        &batch1(reference.logits[c].view()),
-                    ));
-                    model_logits.push(logits);
+                    model_logits.push(checked(&out, LOGITS, &logits)?);
                 }
                 GraphKind::Draft => {
                     let out = feeder.run(&mut session, Rows::Ids(ids(chunk)), chunk.len())?;
-                    rows.push(compare(
-                        &name,
-                        &tag(DRAFT_LOGITS),
-                        &output(&out, DRAFT_LOGITS)?,
-                        &batch1(reference.draft_logits[c].view()),
-                    ));
+                    let draft_logits = batch1(reference.draft_logits[c].view());
+                    checked(&out, DRAFT_LOGITS, &draft_logits)?;
                     if let Some(p) = &reference.exit_prob[c] {
                         let want =
                             ArrayD::from_shape_vec(vec![1, p.len()], p.clone()).expect("[1, T]");
-                        rows.push(compare(
-                            &name,
-                            &tag(EXIT_PROB),
-                            &output(&out, EXIT_PROB)?,
-                            &want,
-                        ));
+                        checked(&out, EXIT_PROB, &want)?;
                     }
-                    let hidden = output(&out, HIDDEN_STATES)?;
-                    rows.push(compare(
-                        &name,
-                        &tag(HIDDEN_STATES),
-                        &hidden,
-                        &batch1(reference.hidden[c].view()),
-                    ));
-                    draft_hidden.push(hidden);
+                    draft_hidden.push(checked(&out, HIDDEN_STATES, &hidden)?);
                 }
                 GraphKind::Feed => {
                     let out = feeder.run(&mut session, Rows::Ids(ids(chunk)), chunk.len())?;
-                    let hidden = output(&out, HIDDEN_STATES)?;
-                    rows.push(compare(
-                        &name,
-                        &tag(HIDDEN_STATES),
-                        &hidden,
-                        &batch1(reference.hidden[c].view()),
-                    ));
-                    feed_hidden.push(hidden);
+                    feed_hidden.push(checked(&out, HIDDEN_STATES, &hidden)?);
                 }
                 GraphKind::Verifier => {
-                    let h = batch1(reference.hidden[c].view());
-                    let out = feeder.run(&mut session, Rows::Hidden(&h), chunk.len())?;
-                    rows.push(compare(
-                        &name,
-                        &tag(LOGITS),
-                        &output(&out, LOGITS)?,
-                        &batch1(reference.logits[c].view()),
-                    ));
+                    let out = feeder.run(&mut session, Rows::Hidden(&hidden), chunk.len())?;
+                    checked(&out, LOGITS, &logits)?;
                 }
             }
         }
