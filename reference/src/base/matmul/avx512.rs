@@ -21,14 +21,20 @@ use std::arch::x86_64::{
 const BLOCK_ROWS: usize = 4;
 /// Chunks of up to this many input rows take one weight row at a time: decode only. A 2-row chunk
 /// (every draft step's slow and fast row, every one-draft verification) streamed one weight row at
-/// a time cost 1.14x a 3-row chunk's blocks; in the blocks it costs 1.09x (SmolLM2's 211 products,
-/// 10 of 10 alternating runs faster, 2026-11-26; docs/PERFORMANCE.md).
+/// a time against both rows cost 1.14x a 3-row chunk's blocks; in the blocks it costs 1.09x
+/// (SmolLM2's 211 products, 10 of 10 alternating runs faster, 2026-11-26; docs/PERFORMANCE.md).
 const SEQUENTIAL_INPUTS: usize = 1;
+/// Chunks of exactly this many input rows take each weight row through one pass per input row
+/// (the second pass reads the row from L1): SmolLM2's products at `T = 2` measured 12-14 % faster
+/// than in the 4 x 2 blocks on the quieter runs (13 of 20 alternating pairs faster, 2 ties; 3-row
+/// chunks are faster in the blocks; docs/PERFORMANCE.md, "2-row chunks in two passes").
+const TWO_PASS_INPUTS: usize = 2;
 /// Input rows in a register block at most.
 const BLOCK_INPUTS: usize = 6;
 
 /// `out[r * T + t] = dot(w[r], x_t)`. Decode (`T = 1`): one weight row at a time, so
 /// the task's rows (adjacent in memory) are one sequential stream for the hardware prefetcher.
+/// Two rows: the same stream, each weight row dotted with one input row and then the other.
 /// Larger chunks: blocks
 /// of [`BLOCK_ROWS`] weight rows (then single rows) outer, each against all input rows in blocks of
 /// at most [`BLOCK_INPUTS`]; the block's rows are read from memory once and reused from L1 by every
@@ -47,6 +53,14 @@ pub(super) fn tile(x: &[f32], width: usize, w: &[&[f32]], out: &mut [f32]) {
     if t_rows <= SEQUENTIAL_INPUTS {
         for r in 0..w.len() {
             tile.block_of::<1>(r, 0, t_rows, None, out);
+        }
+        return;
+    }
+    if t_rows == TWO_PASS_INPUTS {
+        for r in 0..w.len() {
+            for t in 0..t_rows {
+                tile.block_of::<1>(r, t, 1, None, out);
+            }
         }
         return;
     }
