@@ -6,10 +6,10 @@
 //!   `hidden_states` through verifier.onnx (layers `e..N`): the chained graphs equal model.onnx.
 //! - draft: one token through draft.onnx; its presents extend the lower store, its slow residual
 //!   `s_e` is kept, its `draft_logits` (fast exit state at gate g_d through the LM head) propose
-//!   the next token, `exit_prob` is the ARLA score. A token nothing is proposed from (the last of
-//!   a round) goes through feed.onnx instead: same presents and `s_e`, no fast row, no head. An
-//!   export without feed.onnx (written before it existed, or `--graphs` without it) runs
-//!   draft.onnx for those too and drops what it does not need. With a pruned draft head (the export's
+//!   the next token, `exit_prob` is the ARLA score. A token nothing is proposed from (the last of a
+//!   round) goes through feed.onnx instead: same presents and `s_e`, no fast row, no head. An
+//!   export without feed.onnx (written before it existed, or `--graphs` without it) runs draft.onnx
+//!   for those too and drops what it does not need. With a pruned draft head (the export's
 //!   `draft_head.json`) `draft_logits` has `K` columns, scattered into `[V]` with `-inf` elsewhere
 //!   exactly as the reference's pruned draft step.
 //! - verify: the kept residuals of all drafted positions through verifier.onnx as one chunk.
@@ -75,14 +75,17 @@ impl OnnxSpeculation {
         let c = &m.config;
         let e = m.draft_layers;
         let (hkv, dh) = (c.num_key_value_heads, c.head_dim);
-        crate::kv_store::check_layers(&draft, &(0..e))?;
+        // draft.onnx and feed.onnx both hold layers `0..e` and hand `s_e` to the verifier.
+        let check_lower = |session: &OnnxSession| {
+            crate::kv_store::check_layers(session, &(0..e))?;
+            crate::kv_store::check_width(session, "hidden_states", c.hidden_size, "hidden_size")
+        };
+        check_lower(&draft)?;
         crate::kv_store::check_layers(&verifier, &(e..c.num_hidden_layers))?;
         crate::kv_store::check_width(&verifier, "logits", c.vocab_size, "vocab_size")?;
-        crate::kv_store::check_width(&draft, "hidden_states", c.hidden_size, "hidden_size")?;
         let feed = if export.has(GraphKind::Feed) {
             let feed = OnnxSession::load(&export.graph(GraphKind::Feed)?, ep)?;
-            crate::kv_store::check_layers(&feed, &(0..e))?;
-            crate::kv_store::check_width(&feed, "hidden_states", c.hidden_size, "hidden_size")?;
+            check_lower(&feed)?;
             if ep.binds_kv(feed.ep_used()) != ep.binds_kv(draft.ep_used()) {
                 return Err(Error::Export {
                     file: feed.file().to_string(),
@@ -280,15 +283,17 @@ impl SpeculativeBackend for OnnxSpeculation {
     }
 
     fn draft(&mut self, token: u32, propose: bool) -> reference::Result<Option<Draft>> {
-        if !propose {
-            let hidden = self.run_feed(&[token]).map_err(into_reference)?;
-            self.kept.push(hidden.row(0).to_owned());
-            self.len += 1;
-            return Ok(None);
-        }
-        let (logits, exit_prob, hidden) = self.run_draft(&[token]).map_err(into_reference)?;
+        let (proposal, hidden) = if propose {
+            let (logits, exit_prob, hidden) = self.run_draft(&[token]).map_err(into_reference)?;
+            (Some((logits, exit_prob)), hidden)
+        } else {
+            (None, self.run_feed(&[token]).map_err(into_reference)?)
+        };
         self.kept.push(hidden.row(0).to_owned());
         self.len += 1;
+        let Some((logits, exit_prob)) = proposal else {
+            return Ok(None);
+        };
         let row = logits.row(0).to_vec();
         let logits = match &self.draft_head {
             Some(head) => head.scatter(&row, self.config.vocab_size),

@@ -1,13 +1,13 @@
-//! `m2r2 bench --cost-shape`: what each kind of step costs, on the reference and (with `--onnx`)
-//! on ONNX Runtime, side by side in one run: a greedy decode step, a draft step (the draft gate's
+//! `m2r2 bench --cost-shape`: what each kind of step costs, on the reference and (with `--onnx`) on
+//! ONNX Runtime, side by side in one run: a greedy decode step, a draft step (the draft gate's
 //! lower layers with the fast stream, the draft head), a feed step (the same layers' slow stream
-//! alone: a position nothing is proposed from; feed.onnx on ONNX Runtime), and verify chunks of 1, 2, 5, 9 and 16 rows
-//! (the layers above the draft gate and the head on every row), each also as a ratio to the greedy
-//! step. On memory-bound hardware a chunk of a few rows costs about one step, since the rows share
-//! one read of the weights; a ratio that grows with the rows means the products are compute-bound.
-//! Also: the measured read bandwidth and the fraction a greedy step achieves, and batched decoding
-//! of independent sequences (tokens/s at B = 1, 4, 16, reference) and training rows/s of the draft
-//! gate's adapters (`training.rs`).
+//! alone: a position nothing is proposed from; feed.onnx on ONNX Runtime), and verify chunks of 1,
+//! 2, 5, 9 and 16 rows (the layers above the draft gate and the head on every row), each also as a
+//! ratio to the greedy step. On memory-bound hardware a chunk of a few rows costs about one step,
+//! since the rows share one read of the weights; a ratio that grows with the rows means the
+//! products are compute-bound. Also: the measured read bandwidth and the fraction a greedy step
+//! achieves, and batched decoding of independent sequences (tokens/s at B = 1, 4, 16, reference)
+//! and training rows/s of the draft gate's adapters (`training.rs`).
 
 use crate::cli::args::bench::Sizes;
 use crate::cli::bench::training::TrainingSpeed;
