@@ -108,7 +108,7 @@ pub fn run(args: &Args) -> Result<()> {
         "plot": args.plot.as_ref().map(|p| p.display().to_string()),
     });
     if args.json {
-        common::print_json(&report);
+        common::print_json(&report)?;
     } else {
         print_text(&report, &dynamics, pca.as_deref().ok());
     }

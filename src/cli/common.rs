@@ -97,12 +97,17 @@ pub fn bytes(n: f64) -> String {
     }
 }
 
-/// Print one JSON value as the whole of stdout.
-pub fn print_json(value: &serde_json::Value) {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(value).expect("JSON values serialise")
-    );
+/// Print one JSON value as the whole of stdout. Serialised directly, not through
+/// `serde_json::Value`: that widens every `f32` to `f64`, so a threshold of 0.9 printed as
+/// 0.8999999761581421 while `m2r2_config.json` (written directly) said 0.9.
+pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    println!("{}", json_text(value)?);
+    Ok(())
+}
+
+/// What [`print_json`] prints.
+fn json_text(value: &impl serde::Serialize) -> Result<String> {
+    serde_json::to_string_pretty(value).context("cannot serialise the JSON report")
 }
 
 /// `(id, prompt text)` of every line of a prompts file.
@@ -136,6 +141,20 @@ pub fn read_prompts(path: &std::path::Path) -> Result<Vec<(String, String)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An `f32` prints as the shortest decimal that reads back to it, as in the config files
+    /// (tune-drafting's report once said 0.8999999761581421 for the 0.9 it wrote).
+    #[test]
+    fn f32_fields_print_as_written() {
+        let config = reference::m2r2::config::DynamicDraftConfig {
+            gate: reference::m2r2::exit_gate::GateKind::Arla,
+            threshold: 0.9,
+        };
+        let text = json_text(&config).unwrap();
+        assert!(text.contains("\"threshold\": 0.9\n"), "{text}");
+        let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(parsed["threshold"].as_f64(), Some(0.9));
+    }
 
     #[test]
     fn error_chain_skips_repeated_causes() {

@@ -103,7 +103,7 @@ pub fn run(args: &Args) -> Result<()> {
             text,
             &settings,
         );
-        common::print_json(&report);
+        common::print_json(&report)?;
     } else {
         print_summary(&run, prompt.len(), stopped);
     }

@@ -22,7 +22,7 @@ pub fn run(args: &Args) -> Result<()> {
     let loaded = common::load(&args.model.model)?;
     let info = describe(&loaded)?;
     if args.json {
-        common::print_json(&info);
+        common::print_json(&info)?;
     } else {
         print_text(&info);
     }

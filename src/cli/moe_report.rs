@@ -168,7 +168,7 @@ pub fn run_loaded(args: &MoeSimArgs, loaded: &LoadedModel) -> Result<()> {
         "plot": args.plot.as_ref().map(|p| p.display().to_string()),
     });
     if args.json {
-        common::print_json(&report);
+        common::print_json(&report)?;
     } else {
         print_text(&report, trace, &results, &points);
     }

@@ -272,7 +272,7 @@ pub fn run(args: &Args) -> Result<()> {
         object.insert("ep".into(), json!(args.ep.ep.name()));
         object.insert("ep_used".into(), json!(ep_used.name()));
         object.insert("onnxruntime".into(), json!(runtime.version));
-        common::print_json(&report);
+        common::print_json(&report)?;
     } else {
         match text {
             Some(text) => println!("{text}"),

@@ -275,7 +275,7 @@ pub fn run(args: &Args) -> Result<()> {
         best,
     };
     if args.json {
-        common::print_json(&serde_json::to_value(&report)?);
+        common::print_json(&report)?;
     } else {
         print(&report, args.top);
     }

@@ -83,7 +83,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let result = measure(&loaded, &args.sizes)?;
     if args.json {
-        common::print_json(&serde_json::to_value(&result)?);
+        common::print_json(&result)?;
     } else {
         print_table(&result);
     }
@@ -130,7 +130,7 @@ fn speculative(loaded: &LoadedModel, args: &Args) -> Result<()> {
         engine: bench.reference(&weights)?,
     };
     if args.json {
-        common::print_json(&serde_json::to_value(&result)?);
+        common::print_json(&result)?;
     } else {
         println!(
             "bench {}: greedy vs self-speculative on the reference; M2R2 weights: {}",
@@ -199,7 +199,7 @@ fn cost_shape(loaded: &LoadedModel, args: &Args) -> Result<()> {
         training,
     };
     if args.json {
-        common::print_json(&serde_json::to_value(&result)?);
+        common::print_json(&result)?;
     } else {
         cost_shape::print(&result);
     }

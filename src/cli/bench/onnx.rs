@@ -385,7 +385,7 @@ pub fn run(
 ) -> Result<()> {
     let result = measure(loaded, m2r2, draft_head, dir, ep, sizes)?;
     if json {
-        common::print_json(&serde_json::to_value(&result)?);
+        common::print_json(&result)?;
     } else {
         print_table(&result);
     }

@@ -246,8 +246,8 @@ fn write(args: &WriteArgs) -> Result<()> {
     }
     if args.json {
         match &args.prompts {
-            Some(_) => common::print_json(&json!({ "files": written })),
-            None => common::print_json(&written[0]),
+            Some(_) => common::print_json(&json!({ "files": written }))?,
+            None => common::print_json(&written[0])?,
         }
     }
     Ok(())
@@ -592,9 +592,9 @@ fn report_all(
     let ok = checked.iter().all(|c| c.report.ok());
     if json_out {
         if suite {
-            common::print_json(&json!({ "ok": ok, "files": objects }));
+            common::print_json(&json!({ "ok": ok, "files": objects }))?;
         } else {
-            common::print_json(&objects[0]);
+            common::print_json(&objects[0])?;
         }
     } else if suite {
         println!(
