@@ -97,8 +97,8 @@ pub fn run(args: &Args) -> Result<()> {
             done.len()
         );
     }
-    let bar = progress::steps(total as u64, "samples");
-    bar.set_position(done.len() as u64);
+    let mut counter = progress::Counter::new("samples", total, done.len());
+    let mut finished = done.len();
     let start = std::time::Instant::now();
     let mut generated = 0usize;
     let mut failed = None;
@@ -113,13 +113,14 @@ pub fn run(args: &Args) -> Result<()> {
             if failed.is_none() {
                 failed = run.append(s).err();
             }
-            progress::inc_with_rate(&bar, generated, start);
+            finished += 1;
+            counter.update(finished, generated);
         },
     )?;
     if let Some(e) = failed {
         return Err(e.into());
     }
-    bar.finish_and_clear();
+    counter.finish();
     let seconds = start.elapsed().as_secs_f64();
     let order: Vec<String> = encoded.iter().map(|(id, _)| id.clone()).collect();
     let samples = run.finish(&order, planned)?;

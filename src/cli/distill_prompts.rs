@@ -126,8 +126,7 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     let done: HashSet<u64> = candidates.iter().map(|c| c.seed).collect();
-    let bar = progress::steps(args.count as u64, "user messages");
-    bar.set_position(done.len() as u64);
+    let mut counter = progress::Counter::new("user messages", args.count, done.len());
     let start = std::time::Instant::now();
     let mut tokens = 0usize;
     let mut failed = None;
@@ -144,13 +143,13 @@ pub fn run(args: &Args) -> Result<()> {
                 failed = log.append(c).err();
             }
             candidates.push(c.clone());
-            progress::inc_with_rate(&bar, tokens, start);
+            counter.update(candidates.len(), tokens);
         },
     )?;
     if let Some(e) = failed {
         return Err(e.into());
     }
-    bar.finish_and_clear();
+    counter.finish();
     candidates.sort_by_key(|c: &Candidate| c.seed);
     let texts: Vec<(String, bool)> = candidates
         .iter()

@@ -67,18 +67,11 @@ pub fn steps(total: u64, message: impl Into<String>) -> ProgressBar {
     bar
 }
 
-/// Advance `bar` by one finished item and show the `tokens` made since `start` per second.
-pub fn inc_with_rate(bar: &ProgressBar, tokens: usize, start: std::time::Instant) {
-    bar.inc(1);
-    bar.set_message(format!(
-        "{:.1} tokens/s",
-        tokens as f64 / start.elapsed().as_secs_f64().max(1e-9)
-    ));
-}
-
-/// Progress of a long phase as occasional plain lines on stderr, for when no bar is drawn (stderr
-/// is a log file): a run of an hour should still say how far it is and how fast it goes.
-pub struct LogLines {
+/// Progress over the items of a long phase (samples, prompts) with the tokens/s processed: a bar
+/// when stderr is a terminal, otherwise a plain line at most every 30 s (and one at the end), so
+/// that a run of an hour under `nohup` still says in its log how far it is and how fast it goes.
+pub struct Counter {
+    bar: ProgressBar,
     label: String,
     total: usize,
     every: Duration,
@@ -86,31 +79,45 @@ pub struct LogLines {
     last: std::time::Instant,
 }
 
-impl LogLines {
-    /// Lines at most every `every`; none at all when a bar is drawn instead.
-    pub fn new(label: impl Into<String>, total: usize, every: Duration) -> Self {
+impl Counter {
+    /// `total` items; `done` of them finished before this run started (a `--resume`).
+    pub fn new(label: impl Into<String>, total: usize, done: usize) -> Self {
+        let label = label.into();
+        let bar = bar(
+            Some(total as u64),
+            "{prefix} [{bar:32}] {pos}/{len} {msg} eta {eta}",
+        );
+        bar.set_prefix(label.clone());
+        bar.set_position(done as u64);
         let now = std::time::Instant::now();
-        LogLines {
-            label: label.into(),
+        Counter {
+            bar,
+            label,
             total,
-            every,
+            every: Duration::from_secs(30),
             start: now,
             last: now,
         }
     }
 
-    /// `done` of the total items finished, `tokens` processed so far.
+    /// `done` of the total items finished, `tokens` processed by this run so far.
     pub fn update(&mut self, done: usize, tokens: usize) {
-        if enabled() || (self.last.elapsed() < self.every && done < self.total) {
-            return;
-        }
-        self.last = std::time::Instant::now();
         let seconds = self.start.elapsed().as_secs_f64();
-        eprintln!(
-            "{}: {done}/{} after {seconds:.0} s ({:.1} tokens/s)",
-            self.label,
-            self.total,
-            tokens as f64 / seconds.max(1e-9)
-        );
+        let rate = tokens as f64 / seconds.max(1e-9);
+        if enabled() {
+            self.bar.set_position(done as u64);
+            self.bar.set_message(format!("{rate:.1} tokens/s"));
+        } else if self.last.elapsed() >= self.every || done >= self.total {
+            self.last = std::time::Instant::now();
+            eprintln!(
+                "{}: {done}/{} after {seconds:.0} s ({rate:.1} tokens/s)",
+                self.label, self.total
+            );
+        }
+    }
+
+    /// Removes the bar (the caller prints its own summary).
+    pub fn finish(self) {
+        self.bar.finish_and_clear();
     }
 }

@@ -159,18 +159,12 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     let start = Instant::now();
-    let precompute = step_bar(data.len() as u64);
-    precompute.set_message("slow stream of each sample");
-    let mut lines = progress::LogLines::new(
-        "slow stream",
-        data.len(),
-        std::time::Duration::from_secs(30),
-    );
-    let mut tokens_done = 0;
+    let mut precompute = progress::Counter::new("slow stream", data.len(), 0);
+    let (mut samples_done, mut tokens_done) = (0, 0);
     let mut on_sample = |i: usize| {
-        precompute.inc(1);
+        samples_done += 1;
         tokens_done += data[i].tokens.len();
-        lines.update(i + 1, tokens_done);
+        precompute.update(samples_done, tokens_done);
     };
     let mut trainer = match &args.resume {
         Some(dir) => checkpoint::resume(model, dir, &data, Some(args.steps), &mut on_sample)
@@ -248,7 +242,7 @@ pub fn run(args: &Args) -> Result<()> {
             Trainer::new(model, weights, &data, options, &mut on_sample)?
         }
     };
-    precompute.finish_and_clear();
+    precompute.finish();
     eprintln!(
         "slow stream of {} samples ({} trainable rows) in {:.1} s; training gates {:?}, {} adapter parameters",
         data.len(),

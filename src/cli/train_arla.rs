@@ -78,13 +78,16 @@ pub fn run(args: &Args) -> Result<()> {
     } = args.trained.load()?;
     let model = &loaded.model;
     let start = Instant::now();
-    let bar = progress::tokens(
-        (data.len() + dev.len()) as u64,
-        "exit states of each sample",
-    );
-    let train_tokens = collect(model, &weights, &data, &mut |_| bar.inc(1))?;
-    let dev_tokens = collect(model, &weights, &dev, &mut |_| bar.inc(1))?;
-    bar.finish_and_clear();
+    let mut counter = progress::Counter::new("exit states", data.len() + dev.len(), 0);
+    let (mut done, mut tokens) = (0, 0);
+    let mut on_sample = |sample: &train::data::DistillSample| {
+        done += 1;
+        tokens += sample.tokens.len();
+        counter.update(done, tokens);
+    };
+    let train_tokens = collect(model, &weights, &data, &mut |i| on_sample(&data[i]))?;
+    let dev_tokens = collect(model, &weights, &dev, &mut |i| on_sample(&dev[i]))?;
+    counter.finish();
     eprintln!(
         "exit states of {} training and {} dev tokens in {:.1} s",
         train_tokens.len(),

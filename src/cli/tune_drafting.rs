@@ -298,12 +298,7 @@ fn trace_gate(
     data: &[train::data::DistillSample],
 ) -> Result<GateTrace> {
     let start = Instant::now();
-    let bar = progress::steps(data.len() as u64, format!("trace gate {gate}"));
-    let mut lines = progress::LogLines::new(
-        format!("trace gate {gate}"),
-        data.len(),
-        std::time::Duration::from_secs(30),
-    );
+    let mut counter = progress::Counter::new(format!("trace gate {gate}"), data.len(), 0);
     let arla = weights.arla.is_some().then_some(GateKind::Arla);
     let mut samples = Vec::new();
     let mut tokens = 0;
@@ -315,10 +310,9 @@ fn trace_gate(
             .with_context(|| format!("sample {} (prompt {})", i + 1, d.prompt_id))?;
         tokens += d.tokens.len();
         samples.push(points);
-        bar.inc(1);
-        lines.update(i + 1, tokens);
+        counter.update(i + 1, tokens);
     }
-    bar.finish_and_clear();
+    counter.finish();
     let points: usize = samples.iter().map(Vec::len).sum();
     let agreeing = samples.iter().flatten().filter(|p| p.agrees).count();
     Ok(GateTrace {

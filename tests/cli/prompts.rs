@@ -34,6 +34,11 @@ fn distill_prompts_files_batches_and_resume() {
     let first = run("a", "4", &[]);
     assert!(good(&first), "{}", first.stderr);
     assert!(first.stdout.contains("of 6 candidates"), "{}", first.stdout);
+    assert!(
+        first.stderr.contains("user messages: 6/6 after"),
+        "{}",
+        first.stderr
+    );
     let meta: Value =
         serde_json::from_str(&std::fs::read_to_string(p("a/meta.json")).unwrap()).unwrap();
     let counted: u64 = meta["verdicts"]

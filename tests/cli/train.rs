@@ -438,7 +438,13 @@ fn distill_batch_sizes_agree_and_resume_checks_settings() {
         args.extend(extra);
         ok(&args)
     };
-    run("one", "1", &[]);
+    let one = run("one", "1", &[]);
+    // stderr is a pipe here: no bar, but plain progress lines (at least the final one)
+    assert!(
+        one.stderr.contains("samples: 10/10 after"),
+        "{}",
+        one.stderr
+    );
     run("many", "4", &[]);
     let samples = |d: &str| std::fs::read(dir.path().join(d).join("samples.jsonl")).unwrap();
     assert_eq!(samples("one"), samples("many"));
