@@ -15,6 +15,7 @@ use std::time::Instant;
 use train::align::AlignKind;
 use train::checkpoint;
 use train::early_stop::{EarlyStop, Observation};
+use train::slow_cache::{CacheUse, SlowPass};
 use train::trainer::{
     GateStats, HeldOut, StepLog, TrainOptions, Trainer, initial_weights, mean_kl,
 };
@@ -90,6 +91,12 @@ pub struct Args {
     /// Continue from a checkpoint folder (its settings are used; --steps sets the new total)
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
+    /// Keep the slow stream (the frozen base model's pass over the data, the first and longest phase)
+    /// in this folder, one file per model, gates and data set (about 15 KB per token for
+    /// SmolLM2's gate 1); a later run, `--resume` or evaluation on the same model, gates and data
+    /// reads it instead of recomputing it
+    #[arg(long, value_name = "DIR")]
+    pub slow_cache: Option<PathBuf>,
     /// Also write the checkpoint every N steps
     #[arg(long, value_name = "N")]
     pub save_every: Option<usize>,
@@ -166,8 +173,9 @@ pub fn run(args: &Args) -> Result<()> {
         tokens_done += data[i].tokens.len();
         precompute.update(samples_done, tokens_done);
     };
+    let mut slow = SlowPass::new(args.slow_cache.as_deref(), &mut on_sample);
     let mut trainer = match &args.resume {
-        Some(dir) => checkpoint::resume(model, dir, &data, Some(args.steps), &mut on_sample)
+        Some(dir) => checkpoint::resume(model, dir, &data, Some(args.steps), &mut slow)
             .with_context(|| format!("cannot resume from {}", dir.display()))?,
         None => {
             let init = match &args.init {
@@ -239,10 +247,12 @@ pub fn run(args: &Args) -> Result<()> {
                 }
                 None => fresh,
             };
-            Trainer::new(model, weights, &data, options, &mut on_sample)?
+            Trainer::new(model, weights, &data, options, &mut slow)?
         }
     };
+    let cached = slow.used.take();
     precompute.finish();
+    report_cache("the training data", cached);
     eprintln!(
         "slow stream of {} samples ({} trainable rows) in {:.1} s; training gates {:?}, {} adapter parameters",
         data.len(),
@@ -262,17 +272,18 @@ pub fn run(args: &Args) -> Result<()> {
             trainer.options.steps
         );
     }
+    let cache = args.slow_cache.as_deref();
     let eval = match &args.eval_data {
-        Some(dir) => Some(train::data::read(dir, model.config.vocab_size)?.0),
+        Some(dir) => {
+            let data = train::data::read(dir, model.config.vocab_size)?.0;
+            Some(held_out(model, &trainer, &data, cache, "--eval-data")?)
+        }
         None => None,
     };
-    let before = match &eval {
-        Some(e) => Some(trainer.evaluate(model, e)?),
-        None => None,
-    };
+    let before = eval.as_ref().map(|e| trainer.evaluate_held_out(e));
 
     let val = match &args.val_data {
-        Some(dir) => Some(validation(model, &trainer, dir)?),
+        Some(dir) => Some(validation(model, &trainer, dir, cache)?),
         None => None,
     };
     let mut early = EarlyStop::new(args.patience);
@@ -367,7 +378,7 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     if let (Some(e), Some(before)) = (&eval, before) {
-        let after = trainer.evaluate(model, e)?;
+        let after = trainer.evaluate_held_out(e);
         println!(
             "held-out data {}:",
             args.eval_data.as_ref().expect("eval").display()
@@ -395,6 +406,7 @@ fn validation(
     model: &reference::Model,
     trainer: &Trainer,
     dir: &std::path::Path,
+    cache: Option<&std::path::Path>,
 ) -> Result<HeldOut> {
     let (data, meta) = train::data::read(dir, model.config.vocab_size)?;
     let source = std::path::Path::new(&meta.prompts);
@@ -407,5 +419,42 @@ fn validation(
             meta.prompts
         );
     }
-    Ok(trainer.held_out(model, &data)?)
+    held_out(model, trainer, &data, cache, "--val-data")
+}
+
+/// The slow stream of held-out `data` (through the cache when there is one).
+fn held_out(
+    model: &reference::Model,
+    trainer: &Trainer,
+    data: &[train::data::DistillSample],
+    cache: Option<&std::path::Path>,
+    what: &str,
+) -> Result<HeldOut> {
+    let mut slow = SlowPass {
+        cache,
+        ..SlowPass::default()
+    };
+    let held_out = trainer.held_out(model, data, &mut slow)?;
+    report_cache(what, slow.used);
+    Ok(held_out)
+}
+
+/// One line on stderr about the slow-stream cache: read, written (and how large), or not written.
+fn report_cache(what: &str, used: Option<CacheUse>) {
+    match used {
+        None => {}
+        Some(CacheUse::Read(file)) => {
+            eprintln!("slow stream of {what} read from {}", file.display())
+        }
+        Some(CacheUse::Written(file, bytes)) => eprintln!(
+            "slow stream of {what} written to {} ({:.2} GB)",
+            file.display(),
+            bytes as f64 / 1e9
+        ),
+        Some(CacheUse::NotWritten(file, why)) => eprintln!(
+            "warning: the slow stream of {what} could not be cached in {} ({why}); training goes \
+             on without the cache",
+            file.display()
+        ),
+    }
 }

@@ -564,3 +564,85 @@ fn train_early_stopping_on_validation_data() {
         &["dev_prompts.jsonl", "evaluation only"],
     );
 }
+
+#[test]
+fn train_slow_cache_is_written_then_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    write_prompts(&dir.path().join("train.jsonl"), "t", 4);
+    write_prompts(&dir.path().join("val.jsonl"), "v", 2);
+    for (prompts, out) in [("train.jsonl", "data"), ("val.jsonl", "val")] {
+        ok(&[
+            "distill-data",
+            "--prompts",
+            &p(prompts),
+            "--out",
+            &p(out),
+            "--max-new-tokens",
+            "12",
+        ]);
+    }
+    let train = |out: &str, rank: &str| {
+        ok(&[
+            "train",
+            "--data",
+            &p("data"),
+            "--val-data",
+            &p("val"),
+            "--eval-every",
+            "3",
+            "--steps",
+            "6",
+            "--batch-rows",
+            "8",
+            "--rank",
+            rank,
+            "--slow-cache",
+            &p("cache"),
+            "--out",
+            &p(out),
+        ])
+    };
+    let first = train("a", "4");
+    for what in ["the training data", "--val-data"] {
+        assert!(
+            first
+                .stderr
+                .contains(&format!("slow stream of {what} written to")),
+            "{}",
+            first.stderr
+        );
+    }
+    let cached: Vec<_> = std::fs::read_dir(dir.path().join("cache"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(cached.len(), 2, "{cached:?}");
+    assert!(
+        cached
+            .iter()
+            .all(|f| f.starts_with("slow-") && f.ends_with(".safetensors"))
+    );
+    // the same run again reads both files and trains the same adapters; another rank reads them too
+    let second = train("b", "4");
+    for what in ["the training data", "--val-data"] {
+        assert!(
+            second
+                .stderr
+                .contains(&format!("slow stream of {what} read from")),
+            "{}",
+            second.stderr
+        );
+    }
+    let adapters =
+        |out: &str| std::fs::read(dir.path().join(out).join("adapter_model.safetensors")).unwrap();
+    assert_eq!(adapters("a"), adapters("b"));
+    let other_rank = train("c", "2");
+    assert!(
+        other_rank
+            .stderr
+            .contains("slow stream of the training data read from"),
+        "{}",
+        other_rank.stderr
+    );
+}

@@ -10,6 +10,7 @@
 use crate::adamw::AdamW;
 use crate::data::DistillSample;
 use crate::error::{Error, Result};
+use crate::slow_cache::SlowPass;
 use crate::trainer::{GateState, StepLog, TrainOptions, Trainer};
 use ndarray::Array2;
 use reference::Model;
@@ -75,7 +76,7 @@ pub fn resume(
     dir: &Path,
     data: &[DistillSample],
     steps: Option<usize>,
-    on_sample: &mut dyn FnMut(usize),
+    slow: &mut SlowPass,
 ) -> Result<Trainer> {
     let weights = M2r2Weights::load_dir(dir, &model.config)?;
     let path = dir.join(STATE_FILE);
@@ -99,7 +100,7 @@ pub fn resume(
     if let Some(s) = steps {
         options.steps = s;
     }
-    let trainer = Trainer::new(model, weights, data, options, on_sample)?;
+    let trainer = Trainer::new(model, weights, data, options, slow)?;
     let opt_path = dir.join(OPTIMIZER_FILE);
     let source = SafetensorsSource::open_files(std::slice::from_ref(&opt_path))?;
     let label = opt_path.display().to_string();

@@ -37,6 +37,7 @@ pub mod rmsnorm;
 pub mod rope;
 pub mod schedule;
 pub mod ship;
+pub mod slow_cache;
 pub mod slow_stream;
 pub mod swiglu;
 #[cfg(test)]

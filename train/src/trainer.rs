@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::fast_stream::{self, Batch, FrozenBase, Row};
 use crate::head::kl_loss;
 use crate::schedule::Schedule;
+use crate::slow_cache::{SlowKey, SlowPass};
 use crate::slow_stream::SlowSample;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -188,14 +189,14 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// Set up training of `weights` on `data`: computes the frozen slow stream of every sample once
-    /// (`on_sample(i)` after each).
+    /// Set up training of `weights` on `data`: the frozen slow stream of every sample, computed
+    /// once (or read from `slow`'s cache folder).
     pub fn new(
         model: &Model,
         weights: M2r2Weights,
         data: &[DistillSample],
         options: TrainOptions,
-        on_sample: &mut dyn FnMut(usize),
+        slow: &mut SlowPass,
     ) -> Result<Self> {
         let config = &weights.config;
         options.validate(config)?;
@@ -221,7 +222,13 @@ impl Trainer {
         }
         let config = &weights.config;
         let keep_aligned = options.align_intermediate;
-        let samples = slow_samples(model, config, data, &intervals, keep_aligned, on_sample)?;
+        let samples = slow.run(&SlowKey {
+            model,
+            config,
+            data,
+            intervals: &intervals,
+            keep_aligned,
+        })?;
         let pool = response_rows(&samples);
         if pool.is_empty() {
             return Err(Error::Invalid(
@@ -347,15 +354,25 @@ impl Trainer {
 
     /// Statistics of every trained gate on all response rows of other samples (held-out data).
     pub fn evaluate(&self, model: &Model, data: &[DistillSample]) -> Result<Vec<GateStats>> {
-        Ok(self.evaluate_held_out(&self.held_out(model, data)?))
+        let held_out = self.held_out(model, data, &mut SlowPass::default())?;
+        Ok(self.evaluate_held_out(&held_out))
     }
 
     /// The slow stream of held-out `data`, computed once for repeated evaluation (early stopping).
-    pub fn held_out(&self, model: &Model, data: &[DistillSample]) -> Result<HeldOut> {
-        let config = &self.template.config;
+    pub fn held_out(
+        &self,
+        model: &Model,
+        data: &[DistillSample],
+        slow: &mut SlowPass,
+    ) -> Result<HeldOut> {
         let intervals: Vec<usize> = self.gates.iter().map(|g| g.gate - 1).collect();
-        let keep_aligned = self.options.align_intermediate;
-        let samples = slow_samples(model, config, data, &intervals, keep_aligned, &mut |_| {})?;
+        let samples = slow.run(&SlowKey {
+            model,
+            config: &self.template.config,
+            data,
+            intervals: &intervals,
+            keep_aligned: self.options.align_intermediate,
+        })?;
         let rows = response_rows(&samples);
         Ok(HeldOut { samples, rows })
     }
@@ -491,25 +508,5 @@ fn response_rows(samples: &[SlowSample<f32>]) -> Vec<Row> {
         .iter()
         .enumerate()
         .flat_map(|(i, s)| (s.first_row..s.len()).map(move |pos| Row { sample: i, pos }))
-        .collect()
-}
-
-/// The slow stream of every sample, keeping what `intervals` need.
-fn slow_samples(
-    model: &Model,
-    config: &M2r2Config,
-    data: &[DistillSample],
-    intervals: &[usize],
-    keep_aligned: bool,
-    on_sample: &mut dyn FnMut(usize),
-) -> Result<Vec<SlowSample<f32>>> {
-    data.iter()
-        .enumerate()
-        .map(|(i, d)| {
-            let (tokens, first) = (&d.tokens, d.first_row());
-            let s = SlowSample::compute_with(model, config, tokens, first, intervals, keep_aligned);
-            on_sample(i);
-            s
-        })
         .collect()
 }

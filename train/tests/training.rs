@@ -9,6 +9,7 @@ use reference::m2r2::weights::M2r2Weights;
 use train::checkpoint;
 use train::data::DistillSample;
 use train::distill::{DistillOptions, generate_samples};
+use train::slow_cache::SlowPass;
 use train::trainer::{TrainOptions, Trainer, initial_weights};
 
 /// Self-distillation data of `tiny`: sampled continuations of seeded random prompts.
@@ -64,8 +65,14 @@ fn training_tiny_lowers_loss_and_raises_agreement() {
     let train_data = data(&model, 96, 1);
     let dev_data = data(&model, 8, 2);
     let weights = initial_weights(&model, config(&model), 3).unwrap();
-    let mut trainer =
-        Trainer::new(&model, weights, &train_data, options(300), &mut |_| {}).unwrap();
+    let mut trainer = Trainer::new(
+        &model,
+        weights,
+        &train_data,
+        options(300),
+        &mut SlowPass::default(),
+    )
+    .unwrap();
     let before = trainer.evaluate(&model, &dev_data).unwrap()[0];
     let before_train = trainer.evaluate_training_rows()[0];
     for _ in 0..300 {
@@ -115,12 +122,25 @@ fn resume_continues_exactly_and_checkpoints_load() {
     let model = builtin("tiny").unwrap();
     let train_data = data(&model, 6, 4);
     let start = || initial_weights(&model, config(&model), 5).unwrap();
-    let mut straight =
-        Trainer::new(&model, start(), &train_data, options(12), &mut |_| {}).unwrap();
+    let mut straight = Trainer::new(
+        &model,
+        start(),
+        &train_data,
+        options(12),
+        &mut SlowPass::default(),
+    )
+    .unwrap();
     for _ in 0..12 {
         straight.train_step();
     }
-    let mut first = Trainer::new(&model, start(), &train_data, options(12), &mut |_| {}).unwrap();
+    let mut first = Trainer::new(
+        &model,
+        start(),
+        &train_data,
+        options(12),
+        &mut SlowPass::default(),
+    )
+    .unwrap();
     for _ in 0..5 {
         first.train_step();
     }
@@ -129,8 +149,14 @@ fn resume_continues_exactly_and_checkpoints_load() {
     // The checkpoint is an ordinary M2R2 weights folder.
     let loaded = M2r2Weights::load_dir(dir.path(), &model.config).unwrap();
     assert_eq!(loaded, first.weights());
-    let mut resumed =
-        checkpoint::resume(&model, dir.path(), &train_data, None, &mut |_| {}).unwrap();
+    let mut resumed = checkpoint::resume(
+        &model,
+        dir.path(),
+        &train_data,
+        None,
+        &mut SlowPass::default(),
+    )
+    .unwrap();
     assert_eq!(resumed.step, 5);
     for _ in 5..12 {
         resumed.train_step();
@@ -178,17 +204,35 @@ fn intermediate_alignment_trains_and_needs_a_kind() {
         align_intermediate: true,
         ..options(1)
     };
-    let err = Trainer::new(&model, weights(), &train_data, refused, &mut |_| {})
-        .err()
-        .expect("refused")
-        .to_string();
+    let err = Trainer::new(
+        &model,
+        weights(),
+        &train_data,
+        refused,
+        &mut SlowPass::default(),
+    )
+    .err()
+    .expect("refused")
+    .to_string();
     assert!(err.contains("--align"), "{err}");
 
-    let exit_only = Trainer::new(&model, weights(), &train_data, with(false, 1), &mut |_| {})
-        .unwrap()
-        .evaluate_training_rows();
-    let mut trainer =
-        Trainer::new(&model, weights(), &train_data, with(true, 30), &mut |_| {}).unwrap();
+    let exit_only = Trainer::new(
+        &model,
+        weights(),
+        &train_data,
+        with(false, 1),
+        &mut SlowPass::default(),
+    )
+    .unwrap()
+    .evaluate_training_rows();
+    let mut trainer = Trainer::new(
+        &model,
+        weights(),
+        &train_data,
+        with(true, 30),
+        &mut SlowPass::default(),
+    )
+    .unwrap();
     let before = trainer.evaluate_training_rows();
     assert_eq!(before[0].kl, exit_only[0].kl, "the KL does not change");
     assert!(
@@ -198,8 +242,14 @@ fn intermediate_alignment_trains_and_needs_a_kind() {
         exit_only[0].align
     );
     let first = trainer.train_step();
-    let mut again =
-        Trainer::new(&model, weights(), &train_data, with(true, 30), &mut |_| {}).unwrap();
+    let mut again = Trainer::new(
+        &model,
+        weights(),
+        &train_data,
+        with(true, 30),
+        &mut SlowPass::default(),
+    )
+    .unwrap();
     assert_eq!(again.train_step(), first, "deterministic");
     for _ in 1..30 {
         trainer.train_step();

@@ -65,7 +65,8 @@ pub fn training_speed(
     };
     let start = initial_weights(model, weights.config.clone(), 0)
         .context("the M2R2 settings of the training bench")?;
-    let mut trainer = Trainer::new(model, start, &data, options, &mut |_| {})?;
+    let mut slow = train::slow_cache::SlowPass::default();
+    let mut trainer = Trainer::new(model, start, &data, options, &mut slow)?;
     let mut times = Vec::with_capacity(repeats);
     for i in 0..steps {
         let t = Instant::now();

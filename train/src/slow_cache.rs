@@ -1,0 +1,388 @@
+//! The slow stream of a data set on disk (`m2r2 train --slow-cache DIR`), so that a `--resume`, a
+//! longer schedule or another rank / temperature / learning rate on the same data does not repeat
+//! the base model's pass (44 minutes for SmolLM2's 685 k training tokens on 2 cores).
+//!
+//! One safetensors file per (model, gates, trained intervals, intermediate targets, data): its name
+//! is a SHA-256 key over all of them, including every base weight's bytes and every sample's
+//! tokens, so a changed model or data set never reads a stale file; the adapters' rank, targets and
+//! training settings are not in the key (the slow stream does not depend on them). Tensors are
+//! named `{sample}.start.{j}`, `{sample}.k.{layer}`, `{sample}.v.{layer}`, `{sample}.last` and
+//! `{sample}.aligned.{j}.{i}`: exactly the [`SlowSample`] fields, f32, bit for bit what the pass
+//! computes (tested). Files are written to a temporary name and renamed, so an interrupted write
+//! leaves no file that could be read.
+
+use crate::data::DistillSample;
+use crate::error::{Error, Result};
+use crate::slow_stream::SlowSample;
+use ndarray::{Array2, ArrayView2};
+use reference::Model;
+use reference::base::weights::{FeedForward, Linear, Mlp};
+use reference::m2r2::config::M2r2Config;
+use safetensors::tensor::{Dtype, View};
+use sha2::{Digest, Sha256};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Version of the file layout, part of the key.
+const FORMAT: &str = "m2r2-slow-stream-1";
+
+/// What the slow stream of one data set is built from: everything its values depend on.
+pub struct SlowKey<'a> {
+    pub model: &'a Model,
+    pub config: &'a M2r2Config,
+    pub data: &'a [DistillSample],
+    /// Trained intervals (0-based).
+    pub intervals: &'a [usize],
+    pub keep_aligned: bool,
+}
+
+impl SlowKey<'_> {
+    /// The cache file's name: `slow-` and the first 16 hex digits of the SHA-256 key.
+    pub fn file_name(&self) -> String {
+        let mut h = Sha256::new();
+        h.update(FORMAT.as_bytes());
+        h.update(self.model.config.hash().as_bytes());
+        hash_weights(&mut h, self.model);
+        let gates = format!(
+            "gates {:?} of {} layers; intervals {:?}; aligned {}",
+            self.config.gates, self.config.num_layers, self.intervals, self.keep_aligned
+        );
+        h.update(gates.as_bytes());
+        for d in self.data {
+            h.update((d.tokens.len() as u64).to_le_bytes());
+            h.update((d.first_row() as u64).to_le_bytes());
+            for t in &d.tokens {
+                h.update(t.to_le_bytes());
+            }
+        }
+        let digest = h.finalize();
+        let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        format!("slow-{hex}.safetensors")
+    }
+}
+
+/// Every base weight the slow stream reads, in a fixed order.
+fn hash_weights(h: &mut Sha256, model: &Model) {
+    let w = &model.weights;
+    let mut hasher = WeightHasher {
+        h,
+        bytes: Vec::with_capacity(1 << 16),
+    };
+    hasher.values(w.embed.iter());
+    for layer in &w.layers {
+        hasher.values(layer.attn_norm.iter());
+        for l in [&layer.attn.q, &layer.attn.k, &layer.attn.v, &layer.attn.o] {
+            hasher.linear(l);
+        }
+        hasher.values(layer.mlp_norm.iter());
+        match &layer.ffn {
+            FeedForward::Dense(m) => hasher.mlp(m),
+            FeedForward::Moe(moe) => {
+                hasher.values(moe.router.iter());
+                moe.experts.iter().for_each(|e| hasher.mlp(e));
+            }
+        }
+    }
+}
+
+/// Feeds f32 values to SHA-256 as little-endian bytes, 64 KiB at a time.
+struct WeightHasher<'h> {
+    h: &'h mut Sha256,
+    bytes: Vec<u8>,
+}
+
+impl WeightHasher<'_> {
+    fn values<'v>(&mut self, values: impl Iterator<Item = &'v f32>) {
+        for v in values {
+            self.bytes.extend_from_slice(&v.to_le_bytes());
+            if self.bytes.len() >= 1 << 16 {
+                self.h.update(&self.bytes);
+                self.bytes.clear();
+            }
+        }
+        self.h.update(&self.bytes);
+        self.bytes.clear();
+    }
+
+    fn linear(&mut self, l: &Linear) {
+        self.values(l.w.iter());
+        if let Some(b) = &l.b {
+            self.values(b.iter());
+        }
+    }
+
+    fn mlp(&mut self, m: &Mlp) {
+        for l in [&m.gate, &m.up, &m.down] {
+            self.linear(l);
+        }
+    }
+}
+
+/// A `[rows, cols]` f32 array as a safetensors view, without copying on little-endian machines.
+struct F32View<'a> {
+    shape: [usize; 2],
+    data: &'a [f32],
+}
+
+impl<'a> F32View<'a> {
+    fn of(a: &'a Array2<f32>) -> Self {
+        F32View {
+            shape: [a.nrows(), a.ncols()],
+            data: a
+                .as_slice()
+                .expect("slow-stream arrays are in standard layout"),
+        }
+    }
+}
+
+impl View for F32View<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        if cfg!(target_endian = "little") {
+            // SAFETY: f32 has no padding and every bit pattern is a valid u8 sequence; the slice
+            // covers exactly the f32s' bytes and u8 has alignment 1. On little-endian machines
+            // these are the little-endian bytes safetensors stores.
+            Cow::Borrowed(unsafe {
+                std::slice::from_raw_parts(
+                    self.data.as_ptr().cast::<u8>(),
+                    std::mem::size_of_val(self.data),
+                )
+            })
+        } else {
+            Cow::Owned(self.data.iter().flat_map(|v| v.to_le_bytes()).collect())
+        }
+    }
+    fn data_len(&self) -> usize {
+        std::mem::size_of_val(self.data)
+    }
+}
+
+/// Write `samples` to `path` (through a temporary file in the same folder, renamed at the end).
+pub fn write(path: &Path, samples: &[SlowSample<f32>]) -> Result<()> {
+    let mut views: Vec<(String, F32View)> = Vec::new();
+    for (i, s) in samples.iter().enumerate() {
+        for (j, start) in s.starts.iter().enumerate() {
+            if let Some(a) = start {
+                views.push((format!("{i}.start.{j}"), F32View::of(a)));
+            }
+        }
+        for (l, kv) in s.kv.iter().enumerate() {
+            if let Some((k, v)) = kv {
+                views.push((format!("{i}.k.{l}"), F32View::of(k)));
+                views.push((format!("{i}.v.{l}"), F32View::of(v)));
+            }
+        }
+        views.push((format!("{i}.last"), F32View::of(&s.last)));
+        for (j, kept) in s.aligned.iter().enumerate() {
+            for (n, a) in kept.iter().flatten().enumerate() {
+                views.push((format!("{i}.aligned.{j}.{n}"), F32View::of(a)));
+            }
+        }
+    }
+    let metadata = HashMap::from([
+        ("format".to_string(), FORMAT.to_string()),
+        ("samples".to_string(), samples.len().to_string()),
+    ]);
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    let written = safetensors::serialize_to_file(views, Some(metadata), &tmp)
+        .map_err(|e| Error::Data {
+            file: tmp.display().to_string(),
+            msg: format!("cannot write the slow-stream cache: {e}"),
+        })
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Read the slow stream of `key`'s data from `path`, checking every tensor's presence and shape
+/// against what the pass would compute (a file that is not one is an error naming it and the
+/// tensor, never silently recomputed).
+pub fn read(path: &Path, key: &SlowKey) -> Result<Vec<SlowSample<f32>>> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    // SAFETY: the map is read-only and only read while `file` is open here; a cache file changed
+    // by another process while it is read would give wrong values, as with any file read.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    let bad = |msg: String| Error::Data {
+        file: path.display().to_string(),
+        msg,
+    };
+    let tensors = safetensors::SafeTensors::deserialize(&map).map_err(|e| {
+        bad(format!(
+            "not a slow-stream cache file ({e}); delete it to recompute"
+        ))
+    })?;
+    let (model, config) = (&key.model.config, key.config);
+    let (d, kv_dim) = (model.hidden_size, model.kv_dim());
+    let get = |name: String, cols: usize, rows: usize| -> Result<Array2<f32>> {
+        let t = tensors.tensor(&name).map_err(|e| {
+            bad(format!(
+                "tensor `{name}`: {e}; delete the file to recompute"
+            ))
+        })?;
+        if t.dtype() != Dtype::F32 || t.shape() != [rows, cols] {
+            return Err(bad(format!(
+                "tensor `{name}` is {:?} {:?}, expected F32 [{rows}, {cols}]; delete the file to \
+                 recompute",
+                t.dtype(),
+                t.shape()
+            )));
+        }
+        let values: Vec<f32> = t
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        Ok(Array2::from_shape_vec((rows, cols), values).expect("shape checked"))
+    };
+    let mut samples = Vec::with_capacity(key.data.len());
+    for (i, sample) in key.data.iter().enumerate() {
+        let t = sample.tokens.len();
+        let mut starts = vec![None; config.num_gates()];
+        let mut kv = vec![None; model.num_hidden_layers];
+        let mut aligned: Vec<Option<Vec<Array2<f32>>>> = vec![None; config.num_gates()];
+        for &j in key.intervals {
+            starts[j] = Some(get(format!("{i}.start.{j}"), d, t)?);
+            for l in config.interval_layers(j) {
+                kv[l] = Some((
+                    get(format!("{i}.k.{l}"), kv_dim, t)?,
+                    get(format!("{i}.v.{l}"), kv_dim, t)?,
+                ));
+            }
+            if key.keep_aligned && config.interval_len(j) > 1 {
+                aligned[j] = Some(
+                    (0..config.interval_len(j) - 1)
+                        .map(|n| get(format!("{i}.aligned.{j}.{n}"), d, t))
+                        .collect::<Result<_>>()?,
+                );
+            }
+        }
+        samples.push(SlowSample {
+            tokens: sample.tokens.clone(),
+            first_row: sample.first_row(),
+            starts,
+            kv,
+            last: get(format!("{i}.last"), d, t)?,
+            aligned,
+        });
+    }
+    let expected = samples.iter().map(tensor_count).sum::<usize>();
+    if tensors.len() != expected {
+        return Err(bad(format!(
+            "{} tensors, expected {expected} for {} samples; delete the file to recompute",
+            tensors.len(),
+            samples.len()
+        )));
+    }
+    Ok(samples)
+}
+
+fn tensor_count(s: &SlowSample<f32>) -> usize {
+    let starts = s.starts.iter().flatten().count();
+    let kv = 2 * s.kv.iter().flatten().count();
+    let aligned: usize = s.aligned.iter().flatten().map(Vec::len).sum();
+    starts + kv + 1 + aligned
+}
+
+/// Bytes a cache of `samples` takes on disk (the tensors' data; the header adds a few hundred
+/// bytes per sample).
+pub fn data_bytes(samples: &[SlowSample<f32>]) -> u64 {
+    fn arrays(s: &SlowSample<f32>) -> Vec<ArrayView2<'_, f32>> {
+        let mut v: Vec<ArrayView2<f32>> = s.starts.iter().flatten().map(|a| a.view()).collect();
+        for (k, vv) in s.kv.iter().flatten() {
+            v.push(k.view());
+            v.push(vv.view());
+        }
+        v.push(s.last.view());
+        v.extend(s.aligned.iter().flatten().flatten().map(|a| a.view()));
+        v
+    }
+    samples
+        .iter()
+        .flat_map(arrays)
+        .map(|a| (a.len() * 4) as u64)
+        .sum()
+}
+
+/// Where a data set's slow stream comes from: computed sample by sample (`on_sample(i)` after each
+/// computed sample) and, with a `cache` folder, read from the file for its key when there is one,
+/// else written there once computed.
+#[derive(Default)]
+pub struct SlowPass<'a> {
+    pub cache: Option<&'a Path>,
+    pub on_sample: Option<&'a mut dyn FnMut(usize)>,
+    /// Set by the pass: what it did with the cache.
+    pub used: Option<CacheUse>,
+}
+
+/// What a [`SlowPass`] did with its cache folder.
+#[derive(Debug)]
+pub enum CacheUse {
+    /// Read instead of computed.
+    Read(PathBuf),
+    /// Computed, then written (bytes of tensor data).
+    Written(PathBuf, u64),
+    /// Computed, and the cache could not be written (the run goes on; the message says why).
+    NotWritten(PathBuf, String),
+}
+
+impl<'a> SlowPass<'a> {
+    /// A pass that reports each computed sample to `on_sample` and uses `cache` when given.
+    pub fn new(cache: Option<&'a Path>, on_sample: &'a mut dyn FnMut(usize)) -> Self {
+        SlowPass {
+            cache,
+            on_sample: Some(on_sample),
+            used: None,
+        }
+    }
+
+    /// The slow stream of `key`'s data: read from the cache, or computed (and cached).
+    pub fn run(&mut self, key: &SlowKey) -> Result<Vec<SlowSample<f32>>> {
+        let file = self.cache.map(|dir| dir.join(key.file_name()));
+        if let Some(file) = &file
+            && file.exists()
+        {
+            let samples = read(file, key)?;
+            self.used = Some(CacheUse::Read(file.clone()));
+            return Ok(samples);
+        }
+        let samples = key
+            .data
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let s = SlowSample::compute_with(
+                    key.model,
+                    key.config,
+                    &d.tokens,
+                    d.first_row(),
+                    key.intervals,
+                    key.keep_aligned,
+                );
+                if let Some(f) = self.on_sample.as_mut() {
+                    f(i);
+                }
+                s
+            })
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(file) = file {
+            let made = self
+                .cache
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .map_err(|e| Error::io(self.cache.expect("a cache folder"), e))
+                .and_then(|()| write(&file, &samples));
+            self.used = Some(match made {
+                Ok(()) => CacheUse::Written(file, data_bytes(&samples)),
+                Err(e) => CacheUse::NotWritten(file, e.to_string()),
+            });
+        }
+        Ok(samples)
+    }
+}
