@@ -40,6 +40,14 @@ fn key<'a>(
     }
 }
 
+/// A pass through the cache folder `dir`.
+fn cached(dir: &std::path::Path) -> SlowPass<'_> {
+    SlowPass {
+        cache: Some(dir),
+        ..SlowPass::default()
+    }
+}
+
 /// Every array of every sample, in a fixed order (`None` entries as markers).
 fn arrays(samples: &[SlowSample<f32>]) -> Vec<Option<Array2<f32>>> {
     let mut out = Vec::new();
@@ -75,10 +83,7 @@ fn a_read_is_the_pass_bit_for_bit() {
     for (intervals, aligned) in [(vec![0], false), (vec![0, 2], true)] {
         let k = key(&model, &config, &data, &intervals, aligned);
         let computed = SlowPass::default().run(&k).unwrap();
-        let mut first = SlowPass {
-            cache: Some(dir.path()),
-            ..SlowPass::default()
-        };
+        let mut first = cached(dir.path());
         let written = first.run(&k).unwrap();
         let file = match first.used {
             Some(CacheUse::Written(file, bytes)) => {
@@ -87,10 +92,7 @@ fn a_read_is_the_pass_bit_for_bit() {
             }
             other => panic!("expected a written cache, got {other:?}"),
         };
-        let mut second = SlowPass {
-            cache: Some(dir.path()),
-            ..SlowPass::default()
-        };
+        let mut second = cached(dir.path());
         let read_back = second.run(&k).unwrap();
         assert!(matches!(&second.used, Some(CacheUse::Read(f)) if *f == file));
         assert_eq!(bits(&arrays(&written)), bits(&arrays(&computed)));
@@ -142,31 +144,19 @@ fn a_damaged_cache_is_an_error_naming_it() {
     let data = data(3);
     let dir = tempfile::tempdir().unwrap();
     let k = key(&model, &config, &data, &[0], false);
-    let mut pass = SlowPass {
-        cache: Some(dir.path()),
-        ..SlowPass::default()
-    };
+    let mut pass = cached(dir.path());
     pass.run(&k).unwrap();
     let file = dir.path().join(k.file_name());
     let bytes = std::fs::read(&file).unwrap();
     std::fs::write(&file, &bytes[..bytes.len() - 100]).unwrap();
-    let err = SlowPass {
-        cache: Some(dir.path()),
-        ..SlowPass::default()
-    }
-    .run(&k)
-    .unwrap_err()
-    .to_string();
+    let err = cached(dir.path()).run(&k).unwrap_err().to_string();
     assert!(
         err.contains(&file.display().to_string()) && err.contains("delete it"),
         "{err}"
     );
     // a well-formed file of other samples: the missing tensor is named
     let fewer = &data[..2];
-    let mut small = SlowPass {
-        cache: Some(dir.path()),
-        ..SlowPass::default()
-    };
+    let mut small = cached(dir.path());
     small
         .run(&key(&model, &config, fewer, &[0], false))
         .unwrap();
@@ -216,10 +206,7 @@ fn training_from_a_read_cache_is_the_same_training() {
     let mut adapters = Vec::new();
     for _ in 0..2 {
         let start = initial_weights(&model, config.clone(), 3).unwrap();
-        let mut pass = SlowPass {
-            cache: Some(dir.path()),
-            ..SlowPass::default()
-        };
+        let mut pass = cached(dir.path());
         let mut trainer = Trainer::new(&model, start, &data, options.clone(), &mut pass).unwrap();
         for _ in 0..options.steps {
             trainer.train_step();
