@@ -33,7 +33,7 @@ pub struct Args {
     /// Seed of the initial ARLA weights and of the example sampling
     #[arg(long, value_name = "S", default_value_t = 0)]
     pub seed: u64,
-    /// Agreement with the base model the calibrated threshold must reach on the dev data
+    /// Agreement with the base model the calibrated threshold must reach on the --dev-data samples
     #[arg(long, value_name = "X", default_value_t = 0.95)]
     pub target_agreement: f64,
     /// Output folder: the M2R2 weights with ARLA and the calibrated threshold
@@ -147,7 +147,7 @@ pub fn run(args: &Args) -> Result<()> {
     print_sweep("confidence", &conf_points);
     print_sweep("entropy", &ent_points);
     println!(
-        "calibrated for agreement >= {} on the dev data:",
+        "calibrated for agreement >= {} on the --dev-data samples:",
         args.target_agreement
     );
     for (name, points) in [
