@@ -14,7 +14,7 @@
 use crate::data::DistillSample;
 use crate::error::{Error, Result};
 use crate::slow_stream::SlowSample;
-use ndarray::{Array2, ArrayView2};
+use ndarray::Array2;
 use reference::Model;
 use reference::base::weights::{FeedForward, Linear, Mlp};
 use reference::m2r2::config::M2r2Config;
@@ -165,26 +165,12 @@ impl View for F32View<'_> {
 
 /// Write `samples` to `path` (through a temporary file in the same folder, renamed at the end).
 pub fn write(path: &Path, samples: &[SlowSample<f32>]) -> Result<()> {
-    let mut views: Vec<(String, F32View)> = Vec::new();
-    for (i, s) in samples.iter().enumerate() {
-        for (j, start) in s.starts.iter().enumerate() {
-            if let Some(a) = start {
-                views.push((format!("{i}.start.{j}"), F32View::of(a)));
-            }
-        }
-        for (l, kv) in s.kv.iter().enumerate() {
-            if let Some((k, v)) = kv {
-                views.push((format!("{i}.k.{l}"), F32View::of(k)));
-                views.push((format!("{i}.v.{l}"), F32View::of(v)));
-            }
-        }
-        views.push((format!("{i}.last"), F32View::of(&s.last)));
-        for (j, kept) in s.aligned.iter().enumerate() {
-            for (n, a) in kept.iter().flatten().enumerate() {
-                views.push((format!("{i}.aligned.{j}.{n}"), F32View::of(a)));
-            }
-        }
-    }
+    let views: Vec<(String, F32View)> = samples
+        .iter()
+        .enumerate()
+        .flat_map(|(i, s)| named_arrays(i, s))
+        .map(|(name, a)| (name, F32View::of(a)))
+        .collect();
     let metadata = HashMap::from([
         ("format".to_string(), FORMAT.to_string()),
         ("samples".to_string(), samples.len().to_string()),
@@ -268,7 +254,11 @@ pub fn read(path: &Path, key: &SlowKey) -> Result<Vec<SlowSample<f32>>> {
             aligned,
         });
     }
-    let expected = samples.iter().map(tensor_count).sum::<usize>();
+    let expected: usize = samples
+        .iter()
+        .enumerate()
+        .map(|(i, s)| named_arrays(i, s).len())
+        .sum();
     if count != expected {
         return Err(bad(format!(
             "{count} tensors, expected {expected} for {} samples; delete the file to recompute",
@@ -320,30 +310,36 @@ fn release(map: &memmap2::Mmap, offset: usize, len: usize) {
     let _ = (map, offset, len);
 }
 
-fn tensor_count(s: &SlowSample<f32>) -> usize {
-    let starts = s.starts.iter().flatten().count();
-    let kv = 2 * s.kv.iter().flatten().count();
-    let aligned: usize = s.aligned.iter().flatten().map(Vec::len).sum();
-    starts + kv + 1 + aligned
+/// The arrays of sample `i` a cache file holds, with their tensor names: the one list [`write`]
+/// stores, [`read`] checks the file's tensor count against, and [`data_bytes`] sizes.
+fn named_arrays(i: usize, s: &SlowSample<f32>) -> Vec<(String, &Array2<f32>)> {
+    let mut named = Vec::new();
+    for (j, start) in s.starts.iter().enumerate() {
+        named.extend(start.as_ref().map(|a| (format!("{i}.start.{j}"), a)));
+    }
+    for (l, kv) in s.kv.iter().enumerate() {
+        if let Some((k, v)) = kv {
+            named.push((format!("{i}.k.{l}"), k));
+            named.push((format!("{i}.v.{l}"), v));
+        }
+    }
+    named.push((format!("{i}.last"), &s.last));
+    for (j, kept) in s.aligned.iter().enumerate() {
+        for (n, a) in kept.iter().flatten().enumerate() {
+            named.push((format!("{i}.aligned.{j}.{n}"), a));
+        }
+    }
+    named
 }
 
 /// Bytes a cache of `samples` takes on disk (the tensors' data; the header adds a few hundred
 /// bytes per sample).
 pub fn data_bytes(samples: &[SlowSample<f32>]) -> u64 {
-    fn arrays(s: &SlowSample<f32>) -> Vec<ArrayView2<'_, f32>> {
-        let mut v: Vec<ArrayView2<f32>> = s.starts.iter().flatten().map(|a| a.view()).collect();
-        for (k, vv) in s.kv.iter().flatten() {
-            v.push(k.view());
-            v.push(vv.view());
-        }
-        v.push(s.last.view());
-        v.extend(s.aligned.iter().flatten().flatten().map(|a| a.view()));
-        v
-    }
     samples
         .iter()
-        .flat_map(arrays)
-        .map(|a| (a.len() * 4) as u64)
+        .enumerate()
+        .flat_map(|(i, s)| named_arrays(i, s))
+        .map(|(_, a)| (a.len() * 4) as u64)
         .sum()
 }
 
@@ -381,16 +377,29 @@ impl<'a> SlowPass<'a> {
 
     /// The slow stream of `key`'s data: read from the cache, or computed (and cached).
     pub fn run(&mut self, key: &SlowKey) -> Result<Vec<SlowSample<f32>>> {
-        let file = self.cache.map(|dir| dir.join(key.file_name()));
-        if let Some(file) = &file
-            && file.exists()
-        {
-            let samples = read(file, key)?;
-            self.used = Some(CacheUse::Read(file.clone()));
+        let Some(dir) = self.cache else {
+            return self.compute(key);
+        };
+        let file = dir.join(key.file_name());
+        if file.exists() {
+            let samples = read(&file, key)?;
+            self.used = Some(CacheUse::Read(file));
             return Ok(samples);
         }
-        let samples = key
-            .data
+        let samples = self.compute(key)?;
+        let made = std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(dir, e))
+            .and_then(|()| write(&file, &samples));
+        self.used = Some(match made {
+            Ok(()) => CacheUse::Written(file, data_bytes(&samples)),
+            Err(e) => CacheUse::NotWritten(file, e.to_string()),
+        });
+        Ok(samples)
+    }
+
+    /// The base model's pass over every sample of `key`'s data.
+    fn compute(&mut self, key: &SlowKey) -> Result<Vec<SlowSample<f32>>> {
+        key.data
             .iter()
             .enumerate()
             .map(|(i, d)| {
@@ -407,18 +416,6 @@ impl<'a> SlowPass<'a> {
                 }
                 s
             })
-            .collect::<Result<Vec<_>>>()?;
-        if let Some(file) = file {
-            let made = self
-                .cache
-                .map_or(Ok(()), std::fs::create_dir_all)
-                .map_err(|e| Error::io(self.cache.expect("a cache folder"), e))
-                .and_then(|()| write(&file, &samples));
-            self.used = Some(match made {
-                Ok(()) => CacheUse::Written(file, data_bytes(&samples)),
-                Err(e) => CacheUse::NotWritten(file, e.to_string()),
-            });
-        }
-        Ok(samples)
+            .collect()
     }
 }
