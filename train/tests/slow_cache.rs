@@ -1,6 +1,6 @@
 //! The slow-stream cache (`train --slow-cache`) on the built-in `tiny` model: a read gives bit for
-//! bit the pass it replaces (and so the same training), its key follows the data, gates and model
-//! but not the adapters' settings, and a damaged file is an error naming it.
+//! bit the pass it replaces (and the same training: `training.rs`), its key follows the data, gates
+//! and model but not the adapters' settings, and a damaged file is an error naming it.
 
 use ndarray::Array2;
 use reference::Model;
@@ -9,7 +9,6 @@ use reference::m2r2::config::M2r2Config;
 use train::data::DistillSample;
 use train::slow_cache::{CacheUse, SlowKey, SlowPass, read};
 use train::slow_stream::SlowSample;
-use train::trainer::{TrainOptions, Trainer, initial_weights};
 
 fn data(n: usize) -> Vec<DistillSample> {
     (0..n)
@@ -178,45 +177,4 @@ fn a_damaged_cache_is_an_error_naming_it() {
         err.contains("tensor `0.start.0`") && err.contains("expected F32"),
         "{err}"
     );
-}
-
-#[test]
-fn training_from_a_read_cache_is_the_same_training() {
-    let model = builtin("tiny").unwrap();
-    let mut config = M2r2Config::default_for(&model.config);
-    config.rank = 4;
-    config.alpha = 8.0;
-    let data = data(6);
-    let options = TrainOptions {
-        train_gates: vec![1],
-        steps: 6,
-        batch_rows: 16,
-        lr: 3e-3,
-        lr_min: 3e-4,
-        warmup: 2,
-        weight_decay: 0.0,
-        clip: 1.0,
-        temperature: 1.0,
-        align: None,
-        align_weight: 0.0,
-        align_intermediate: false,
-        seed: 3,
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let mut adapters = Vec::new();
-    for _ in 0..2 {
-        let start = initial_weights(&model, config.clone(), 3).unwrap();
-        let mut pass = cached(dir.path());
-        let mut trainer = Trainer::new(&model, start, &data, options.clone(), &mut pass).unwrap();
-        for _ in 0..options.steps {
-            trainer.train_step();
-        }
-        let bits: Vec<Vec<u32>> = trainer.gates[0]
-            .adapters
-            .tensors()
-            .map(|t| t.iter().map(|v| v.to_bits()).collect())
-            .collect();
-        adapters.push(bits);
-    }
-    assert_eq!(adapters[0], adapters[1]);
 }

@@ -9,7 +9,7 @@ use reference::m2r2::weights::M2r2Weights;
 use train::checkpoint;
 use train::data::DistillSample;
 use train::distill::{DistillOptions, generate_samples};
-use train::slow_cache::SlowPass;
+use train::slow_cache::{CacheUse, SlowPass};
 use train::trainer::{TrainOptions, Trainer, initial_weights};
 
 /// Self-distillation data of `tiny`: sampled continuations of seeded random prompts.
@@ -30,6 +30,16 @@ fn data(model: &Model, prompts: usize, seed: u64) -> Vec<DistillSample> {
         stop_tokens: vec![],
     };
     generate_samples(model, &prompts, &options, &mut |_| {}).unwrap()
+}
+
+/// A trainer that computes its slow stream (no cache folder, no progress).
+fn new_trainer(
+    model: &Model,
+    weights: M2r2Weights,
+    data: &[DistillSample],
+    options: TrainOptions,
+) -> train::error::Result<Trainer> {
+    Trainer::new(model, weights, data, options, &mut SlowPass::default())
 }
 
 fn options(steps: usize) -> TrainOptions {
@@ -65,14 +75,7 @@ fn training_tiny_lowers_loss_and_raises_agreement() {
     let train_data = data(&model, 96, 1);
     let dev_data = data(&model, 8, 2);
     let weights = initial_weights(&model, config(&model), 3).unwrap();
-    let mut trainer = Trainer::new(
-        &model,
-        weights,
-        &train_data,
-        options(300),
-        &mut SlowPass::default(),
-    )
-    .unwrap();
+    let mut trainer = new_trainer(&model, weights, &train_data, options(300)).unwrap();
     let before = trainer.evaluate(&model, &dev_data).unwrap()[0];
     let before_train = trainer.evaluate_training_rows()[0];
     for _ in 0..300 {
@@ -122,25 +125,11 @@ fn resume_continues_exactly_and_checkpoints_load() {
     let model = builtin("tiny").unwrap();
     let train_data = data(&model, 6, 4);
     let start = || initial_weights(&model, config(&model), 5).unwrap();
-    let mut straight = Trainer::new(
-        &model,
-        start(),
-        &train_data,
-        options(12),
-        &mut SlowPass::default(),
-    )
-    .unwrap();
+    let mut straight = new_trainer(&model, start(), &train_data, options(12)).unwrap();
     for _ in 0..12 {
         straight.train_step();
     }
-    let mut first = Trainer::new(
-        &model,
-        start(),
-        &train_data,
-        options(12),
-        &mut SlowPass::default(),
-    )
-    .unwrap();
+    let mut first = new_trainer(&model, start(), &train_data, options(12)).unwrap();
     for _ in 0..5 {
         first.train_step();
     }
@@ -204,35 +193,16 @@ fn intermediate_alignment_trains_and_needs_a_kind() {
         align_intermediate: true,
         ..options(1)
     };
-    let err = Trainer::new(
-        &model,
-        weights(),
-        &train_data,
-        refused,
-        &mut SlowPass::default(),
-    )
-    .err()
-    .expect("refused")
-    .to_string();
+    let err = new_trainer(&model, weights(), &train_data, refused)
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(err.contains("--align"), "{err}");
 
-    let exit_only = Trainer::new(
-        &model,
-        weights(),
-        &train_data,
-        with(false, 1),
-        &mut SlowPass::default(),
-    )
-    .unwrap()
-    .evaluate_training_rows();
-    let mut trainer = Trainer::new(
-        &model,
-        weights(),
-        &train_data,
-        with(true, 30),
-        &mut SlowPass::default(),
-    )
-    .unwrap();
+    let exit_only = new_trainer(&model, weights(), &train_data, with(false, 1))
+        .unwrap()
+        .evaluate_training_rows();
+    let mut trainer = new_trainer(&model, weights(), &train_data, with(true, 30)).unwrap();
     let before = trainer.evaluate_training_rows();
     assert_eq!(before[0].kl, exit_only[0].kl, "the KL does not change");
     assert!(
@@ -242,14 +212,7 @@ fn intermediate_alignment_trains_and_needs_a_kind() {
         exit_only[0].align
     );
     let first = trainer.train_step();
-    let mut again = Trainer::new(
-        &model,
-        weights(),
-        &train_data,
-        with(true, 30),
-        &mut SlowPass::default(),
-    )
-    .unwrap();
+    let mut again = new_trainer(&model, weights(), &train_data, with(true, 30)).unwrap();
     assert_eq!(again.train_step(), first, "deterministic");
     for _ in 1..30 {
         trainer.train_step();
@@ -257,4 +220,36 @@ fn intermediate_alignment_trains_and_needs_a_kind() {
     let after = trainer.evaluate_training_rows();
     println!("align {} -> {}", before[0].align, after[0].align);
     assert!(after[0].align < before[0].align);
+}
+
+/// A trainer whose slow stream was read from `--slow-cache` trains the same adapters, bit for bit,
+/// as the one that computed (and wrote) it.
+#[test]
+fn training_from_a_read_slow_cache_is_the_same_training() {
+    let model = builtin("tiny").unwrap();
+    let train_data = data(&model, 6, 6);
+    let dir = tempfile::tempdir().unwrap();
+    let mut adapters = Vec::new();
+    for read_back in [false, true] {
+        let start = initial_weights(&model, config(&model), 3).unwrap();
+        let mut pass = SlowPass {
+            cache: Some(dir.path()),
+            ..SlowPass::default()
+        };
+        let mut trainer = Trainer::new(&model, start, &train_data, options(6), &mut pass).unwrap();
+        match (&pass.used, read_back) {
+            (Some(CacheUse::Written(..)), false) | (Some(CacheUse::Read(_)), true) => {}
+            (other, _) => panic!("pass {read_back}: {other:?}"),
+        }
+        for _ in 0..6 {
+            trainer.train_step();
+        }
+        let bits: Vec<Vec<u32>> = trainer.gates[0]
+            .adapters
+            .tensors()
+            .map(|t| t.iter().map(|v| v.to_bits()).collect())
+            .collect();
+        adapters.push(bits);
+    }
+    assert_eq!(adapters[0], adapters[1]);
 }
