@@ -14,6 +14,23 @@ fn write_prompts(path: &Path, prefix: &str, n: usize) {
     std::fs::write(path, lines.join("\n") + "\n").unwrap();
 }
 
+/// For each `(prompts file, prompt id prefix, prompt count, data folder)`: write the prompts into
+/// `dir` and `distill-data` them on `tiny` (12 new tokens) into the data folder.
+fn distill_tiny(dir: &Path, sets: &[(&str, &str, usize, &str)]) {
+    for &(prompts, prefix, n, out) in sets {
+        write_prompts(&dir.join(prompts), prefix, n);
+        ok(&[
+            "distill-data",
+            "--prompts",
+            &dir.join(prompts).display().to_string(),
+            "--out",
+            &dir.join(out).display().to_string(),
+            "--max-new-tokens",
+            "12",
+        ]);
+    }
+}
+
 #[test]
 fn distill_train_resume_generate() {
     let dir = tempfile::tempdir().unwrap();
@@ -495,24 +512,14 @@ fn distill_batch_sizes_agree_and_resume_checks_settings() {
 fn train_early_stopping_on_validation_data() {
     let dir = tempfile::tempdir().unwrap();
     let p = |name: &str| dir.path().join(name).display().to_string();
-    write_prompts(&dir.path().join("train.jsonl"), "t", 6);
-    write_prompts(&dir.path().join("val.jsonl"), "v", 2);
-    write_prompts(&dir.path().join("dev_prompts.jsonl"), "d", 2);
-    for (prompts, out) in [
-        ("train.jsonl", "data"),
-        ("val.jsonl", "val"),
-        ("dev_prompts.jsonl", "dev"),
-    ] {
-        ok(&[
-            "distill-data",
-            "--prompts",
-            &p(prompts),
-            "--out",
-            &p(out),
-            "--max-new-tokens",
-            "12",
-        ]);
-    }
+    distill_tiny(
+        dir.path(),
+        &[
+            ("train.jsonl", "t", 6, "data"),
+            ("val.jsonl", "v", 2, "val"),
+            ("dev_prompts.jsonl", "d", 2, "dev"),
+        ],
+    );
     let train = |val: &str, out: &str| {
         crate::m2r2(&[
             "train",
@@ -569,19 +576,13 @@ fn train_early_stopping_on_validation_data() {
 fn train_slow_cache_is_written_then_read() {
     let dir = tempfile::tempdir().unwrap();
     let p = |name: &str| dir.path().join(name).display().to_string();
-    write_prompts(&dir.path().join("train.jsonl"), "t", 4);
-    write_prompts(&dir.path().join("val.jsonl"), "v", 2);
-    for (prompts, out) in [("train.jsonl", "data"), ("val.jsonl", "val")] {
-        ok(&[
-            "distill-data",
-            "--prompts",
-            &p(prompts),
-            "--out",
-            &p(out),
-            "--max-new-tokens",
-            "12",
-        ]);
-    }
+    distill_tiny(
+        dir.path(),
+        &[
+            ("train.jsonl", "t", 4, "data"),
+            ("val.jsonl", "v", 2, "val"),
+        ],
+    );
     let train = |out: &str, rank: &str| {
         ok(&[
             "train",
