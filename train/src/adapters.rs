@@ -12,20 +12,22 @@ use std::collections::BTreeMap;
 /// LoRA pairs keyed by (code layer, target); also used for their gradients (same shapes).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Adapters<F> {
-    /// `alpha / r` (or rsLoRA's `alpha / sqrt(r)`)
-    pub scale: F,
+    /// Each pair's `alpha / r` (or rsLoRA's `alpha / sqrt(r)`): pairs may differ in rank and
+    /// alpha (PEFT's `rank_pattern` / `alpha_pattern`). Fixed, not trained.
+    pub scales: BTreeMap<(usize, Target), F>,
     pub pairs: BTreeMap<(usize, Target), LoraPair<F>>,
 }
 
 impl<F: Real> Adapters<F> {
     /// The pairs of `acc` on the layers `keep` accepts.
     pub fn from_accelerator(acc: &Accelerator, keep: impl Fn(usize) -> bool) -> Self {
-        let mut pairs = BTreeMap::new();
+        let (mut pairs, mut scales) = (BTreeMap::new(), BTreeMap::new());
         for (l, layer) in acc.layers.iter().enumerate() {
             let Some(layer) = layer.as_ref().filter(|_| keep(l)) else {
                 continue;
             };
             for (&t, lora) in &layer.loras {
+                scales.insert((l, t), F::lift(acc.scale(lora)));
                 pairs.insert(
                     (l, t),
                     LoraPair {
@@ -35,10 +37,7 @@ impl<F: Real> Adapters<F> {
                 );
             }
         }
-        Adapters {
-            scale: F::lift(acc.scale()),
-            pairs,
-        }
+        Adapters { scales, pairs }
     }
 
     /// Write these pairs into `acc` (as f32), leaving its other layers as they are.
@@ -59,10 +58,19 @@ impl<F: Real> Adapters<F> {
         self.pairs.get(&(layer, target))
     }
 
+    /// The scale of the pair at (`layer`, `target`); zero where there is none (its term is then
+    /// absent anyway).
+    pub fn scale(&self, layer: usize, target: Target) -> F {
+        self.scales
+            .get(&(layer, target))
+            .copied()
+            .unwrap_or_else(F::zero)
+    }
+
     /// Zeros of the same shapes (a gradient accumulator).
     pub fn zeros_like(&self) -> Self {
         Adapters {
-            scale: self.scale,
+            scales: self.scales.clone(),
             pairs: self
                 .pairs
                 .iter()
@@ -74,7 +82,12 @@ impl<F: Real> Adapters<F> {
     /// The pairs of the layers `keep` accepts.
     pub fn subset(&self, keep: impl Fn(usize) -> bool) -> Self {
         Adapters {
-            scale: self.scale,
+            scales: self
+                .scales
+                .iter()
+                .filter(|((l, _), _)| keep(*l))
+                .map(|(&k, &s)| (k, s))
+                .collect(),
             pairs: self
                 .pairs
                 .iter()

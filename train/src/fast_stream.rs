@@ -226,7 +226,7 @@ pub fn forward<F: Real>(
         let w = base.layers[l].as_ref().expect("trained layer");
         let mut xa = BTreeMap::new();
         let mut project = |t: Target, x: ArrayView2<F>| {
-            let (y, a) = linear::forward(x, &w.proj[&t], adapters.get(l, t), adapters.scale);
+            let (y, a) = linear::forward(x, &w.proj[&t], adapters.get(l, t), adapters.scale(l, t));
             if let Some(a) = a {
                 xa.insert(t, a);
             }
@@ -320,7 +320,7 @@ pub fn backward<F: Real>(
                 t.xa.get(&target),
                 &w.proj[&target],
                 lora,
-                adapters.scale,
+                adapters.scale(l, target),
             );
             if let Some(g) = g {
                 let acc = grads.pairs.get_mut(&(l, target)).expect("gradient slot");

@@ -122,7 +122,7 @@ mod tests {
         };
         let (y, _) = forward(x.view(), &base, Some(&lora), 0.5);
         let mut want = reference::base::matmul::linear(x.view(), base.w.view(), base.b.as_ref());
-        want += &reference::m2r2::accelerator::Lora::new(lora.a.clone(), lora.b.clone())
+        want += &reference::m2r2::accelerator::Lora::new(lora.a.clone(), lora.b.clone(), 2.0)
             .delta(x.view(), 0.5);
         approx::assert_abs_diff_eq!(y, want, epsilon = 1e-4);
     }

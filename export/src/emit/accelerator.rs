@@ -37,7 +37,7 @@ pub fn delta(
         let bw = b.weight(&name(LoraPart::B), lora.b().view().into_dyn());
         let h = linear(b, x, &a, None); // [..., r]
         let y = linear(b, &h, &bw, None); // [..., out]
-        let scale = b.scalar_f32(accelerator.scale());
+        let scale = b.scalar_f32(accelerator.scale(lora));
         b.binary("Mul", &scale, &y)
     }))
 }

@@ -9,5 +9,6 @@ pub mod hf_config;
 pub mod hub;
 pub mod load;
 pub mod peft;
+pub mod peft_pattern;
 pub mod tokenizer;
 pub mod wheel;

@@ -9,7 +9,8 @@
 //!
 //! `lora_A.weight` is `[r, in]`, `lora_B.weight` is `[out, r]` (f32 when written; f32, f16 or bf16
 //! when read). `{l}` is the 0-based code layer. On load the prefix `model.layers.` (adapters saved
-//! through transformers' PEFT integration) is accepted as well.
+//! through transformers' PEFT integration) is accepted as well. A module's rank and alpha are `r`
+//! and `lora_alpha` unless `rank_pattern` / `alpha_pattern` override them (`io::peft_pattern`).
 //!
 //! This file knows the format only: [`PeftLora`] holds the tensors and settings as stored, and
 //! `m2r2::accelerator` turns them into the adapters of the fast stream.
@@ -19,6 +20,7 @@ use crate::base::weight_names::Target;
 use crate::base::weights::TensorSource;
 use crate::error::{Error, Result};
 use crate::io::checkpoint::{SafetensorsSource, write_f32_safetensors};
+use crate::io::peft_pattern::{Pattern, module_name, read_ordered};
 use ndarray::Array2;
 use serde_json::{Map, Value, json};
 use std::collections::{BTreeMap, HashMap};
@@ -78,9 +80,9 @@ fn parse_tensor_name(name: &str) -> Option<(usize, Target, LoraPart)> {
 /// A plain LoRA adapter as PEFT stores it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PeftLora {
-    /// `r`
+    /// `r`: the rank of every module that `rank_pattern` does not name.
     pub rank: usize,
-    /// `lora_alpha`
+    /// `lora_alpha`: the alpha of every module that `alpha_pattern` does not name.
     pub alpha: f32,
     /// `use_rslora`: scale `alpha / sqrt(r)` instead of `alpha / r`.
     pub use_rslora: bool,
@@ -88,8 +90,18 @@ pub struct PeftLora {
     pub targets: Vec<Target>,
     /// Layers of the base model (the adapted ones are the keys of `pairs`).
     pub num_layers: usize,
-    /// `(lora_A [r, in], lora_B [out, r])` by code layer and target.
-    pub pairs: BTreeMap<(usize, Target), (Array2<f32>, Array2<f32>)>,
+    /// The LoRA pairs by code layer and target.
+    pub pairs: BTreeMap<(usize, Target), PeftPair>,
+}
+
+/// One module's LoRA pair and its own alpha; its rank is `a`'s row count.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PeftPair {
+    /// `lora_A`, `[r, in]`
+    pub a: Array2<f32>,
+    /// `lora_B`, `[out, r]`
+    pub b: Array2<f32>,
+    pub alpha: f32,
 }
 
 impl PeftLora {
@@ -105,14 +117,18 @@ impl PeftLora {
         } else {
             json!(adapted)
         };
-        // An integral alpha is written as an integer, as PEFT users write it.
-        let alpha = if self.alpha.fract() == 0.0 && self.alpha.abs() < 1e9 {
-            json!(self.alpha as i64)
-        } else {
-            json!(self.alpha)
-        };
+        // Modules whose rank or alpha differs from `r` / `lora_alpha`, by full name.
+        let (mut rank_pattern, mut alpha_pattern) = (Map::new(), Map::new());
+        for (&(l, t), pair) in &self.pairs {
+            if pair.a.nrows() != self.rank {
+                rank_pattern.insert(module_name(l, t), json!(pair.a.nrows()));
+            }
+            if pair.alpha != self.alpha {
+                alpha_pattern.insert(module_name(l, t), alpha_json(pair.alpha));
+            }
+        }
         let config = json!({
-            "alpha_pattern": {},
+            "alpha_pattern": alpha_pattern,
             "auto_mapping": null,
             "base_model_name_or_path": null,
             "bias": "none",
@@ -124,7 +140,7 @@ impl PeftLora {
             "layers_pattern": null,
             "layers_to_transform": layers_to_transform,
             "loftq_config": {},
-            "lora_alpha": alpha,
+            "lora_alpha": alpha_json(self.alpha),
             "lora_bias": false,
             "lora_dropout": 0.0,
             "megatron_config": null,
@@ -132,7 +148,7 @@ impl PeftLora {
             "modules_to_save": null,
             "peft_type": "LORA",
             "r": self.rank,
-            "rank_pattern": {},
+            "rank_pattern": rank_pattern,
             "revision": null,
             "target_modules": self.targets.iter().map(|t| t.module()).collect::<Vec<_>>(),
             "task_type": "CAUSAL_LM",
@@ -144,8 +160,8 @@ impl PeftLora {
         std::fs::write(&path, text + "\n").map_err(|e| Error::io(&path, e))?;
 
         let mut tensors = Vec::new();
-        for (&(l, t), (a, b)) in &self.pairs {
-            for (part, m) in [(LoraPart::A, a), (LoraPart::B, b)] {
+        for (&(l, t), pair) in &self.pairs {
+            for (part, m) in [(LoraPart::A, &pair.a), (LoraPart::B, &pair.b)] {
                 let data = m.as_standard_layout().iter().copied().collect();
                 tensors.push((peft_tensor_name(l, t, part), m.shape().to_vec(), data));
             }
@@ -159,8 +175,8 @@ impl PeftLora {
     /// Refused, with the file and key or tensor named: anything but plain LoRA on linear maps
     /// (DoRA, biases, `fan_in_fan_out`, rank or alpha patterns, `modules_to_save`, ...), target
     /// modules outside the seven, MLP targets on a MoE model, unknown tensor names, layers `>= N`,
-    /// a `lora_A` without its `lora_B` (or the reverse), ranks other than `r`, wrong shapes,
-    /// non-finite values.
+    /// a `lora_A` without its `lora_B` (or the reverse), ranks other than the module's `r` (or its
+    /// `rank_pattern` entry), wrong shapes, non-finite values.
     pub fn read(dir: &Path, model: &ModelConfig) -> Result<Self> {
         let config_path = dir.join(ADAPTER_CONFIG_FILE);
         let settings = AdapterSettings::read(&config_path, model)?;
@@ -168,7 +184,6 @@ impl PeftLora {
         let label = weights_path.display().to_string();
         let config_label = config_path.display().to_string();
         let src = SafetensorsSource::open_files(std::slice::from_ref(&weights_path))?;
-        let r = settings.rank;
 
         let mut halves: BTreeMap<(usize, Target), [Option<Array2<f32>>; 2]> = BTreeMap::new();
         for name in src.names() {
@@ -204,6 +219,10 @@ impl PeftLora {
                 ));
             }
             let raw = src.read(&name)?.expect("listed name");
+            let (r, r_source) = match settings.rank_pattern.get(&module_name(l, t)) {
+                Some(r) => (r, "its rank_pattern entry"),
+                None => (settings.rank, "r"),
+            };
             let (out, inp) = t.shape(model);
             let expected = match part {
                 LoraPart::A => vec![r, inp],
@@ -217,7 +236,7 @@ impl PeftLora {
                         &label,
                         format!(
                             "tensor `{name}` has rank {} (shape {:?}) but {config_label} says \
-                             r = {r} (expected shape {expected:?})",
+                             {r_source} = {r} (expected shape {expected:?})",
                             raw.shape[rank_axis], raw.shape
                         ),
                     ));
@@ -251,14 +270,18 @@ impl PeftLora {
                     tensor: peft_tensor_name(l, t, part),
                 })
             };
+            let alpha = settings
+                .alpha_pattern
+                .get(&module_name(l, t))
+                .unwrap_or(settings.alpha);
             match (a, b) {
-                (Some(a), Some(b)) => pairs.insert((l, t), (a, b)),
+                (Some(a), Some(b)) => pairs.insert((l, t), PeftPair { a, b, alpha }),
                 (None, _) => return missing(LoraPart::A),
                 (_, None) => return missing(LoraPart::B),
             };
         }
         Ok(PeftLora {
-            rank: r,
+            rank: settings.rank,
             alpha: settings.alpha,
             use_rslora: settings.use_rslora,
             targets: settings.targets,
@@ -268,10 +291,21 @@ impl PeftLora {
     }
 }
 
+/// An integral alpha is written as an integer, as PEFT users write it.
+fn alpha_json(alpha: f32) -> Value {
+    if alpha.fract() == 0.0 && alpha.abs() < 1e9 {
+        json!(alpha as i64)
+    } else {
+        json!(alpha)
+    }
+}
+
 /// What this crate takes from a PEFT `adapter_config.json`.
 struct AdapterSettings {
     rank: usize,
     alpha: f32,
+    rank_pattern: Pattern<usize>,
+    alpha_pattern: Pattern<f32>,
     use_rslora: bool,
     /// Canonical order.
     targets: Vec<Target>,
@@ -283,8 +317,6 @@ struct AdapterSettings {
 const MUST_BE_OFF: &[(&str, &str)] = &[
     ("use_dora", "DoRA (weight-decomposed LoRA)"),
     ("fan_in_fan_out", "transposed (Conv1D) base weights"),
-    ("rank_pattern", "per-module ranks"),
-    ("alpha_pattern", "per-module alphas"),
     ("modules_to_save", "fully trained copies of base modules"),
     ("lora_bias", "a bias on lora_B"),
     ("layer_replication", "replicated layers"),
@@ -366,6 +398,23 @@ impl AdapterSettings {
                 as f32,
             None => return Err(err("missing `lora_alpha`".into())),
         };
+        // Taken out of `map` here, read in file order below.
+        take("rank_pattern");
+        take("alpha_pattern");
+        let (rank_pairs, alpha_pairs) =
+            read_ordered(&text).map_err(|e| err(format!("rank_pattern / alpha_pattern: {e}")))?;
+        let rank_pattern = Pattern::compile(
+            rank_pairs,
+            |v| v.as_u64().filter(|&r| r > 0).map(|r| r as usize),
+            "a positive integer rank",
+        )
+        .map_err(|e| err(format!("rank_pattern: {e}")))?;
+        let alpha_pattern = Pattern::compile(
+            alpha_pairs,
+            |v| v.as_f64().filter(|a| a.is_finite()).map(|a| a as f32),
+            "a number",
+        )
+        .map_err(|e| err(format!("alpha_pattern: {e}")))?;
         let use_rslora = match take("use_rslora") {
             None => false,
             Some(Value::Bool(b)) => b,
@@ -437,6 +486,8 @@ impl AdapterSettings {
         Ok(AdapterSettings {
             rank,
             alpha,
+            rank_pattern,
+            alpha_pattern,
             use_rslora,
             targets,
             layers_to_transform,

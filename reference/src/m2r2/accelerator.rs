@@ -6,6 +6,10 @@
 //! scale = alpha / r                (alpha / sqrt(r) with PEFT's `use_rslora`)
 //! ```
 //!
+//! `r` and `alpha` are the accelerator's defaults; a LoRA pair may have its own (PEFT's
+//! `rank_pattern` / `alpha_pattern`), for example a higher rank on the draft gate's interval
+//! ([`Accelerator::random_ranked`], [`Accelerator::widen`]).
+//!
 //! Only the fast rows get the adapter term; `B = 0` makes the fast stream equal to the slow one.
 //! Each layer belongs to exactly one interval, so it has at most one adapter. The fast stream runs
 //! only in intervals that end at a gate (`0..J`), so [`Accelerator::zeros`] and
@@ -19,9 +23,9 @@ use crate::base::matmul::linear;
 use crate::base::matmul::narrow::{NARROW_MAX_WIDTH, linear_narrow_t};
 use crate::base::weight_names::Target;
 use crate::base::work::Work;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::io::builtin::standard_normal;
-use crate::io::peft::{LoraPart, PeftLora};
+use crate::io::peft::{LoraPart, PeftLora, PeftPair};
 use crate::m2r2::config::M2r2Config;
 use ndarray::{Array2, ArrayView2};
 use rand::SeedableRng;
@@ -37,7 +41,7 @@ use std::path::Path;
 /// stable (tested on the built-in models).
 pub const RANDOM_DELTA_RATIO: f32 = 0.25;
 
-/// One LoRA pair: `delta(x) = scale * B (A x)`.
+/// One LoRA pair: `delta(x) = scale * B (A x)`, `scale = alpha / r` with `r` the row count of `A`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Lora {
     /// `[r, in]`
@@ -47,14 +51,52 @@ pub struct Lora {
     /// `B^T` (`[r, out]`), kept with `B` for the narrow product (`matmul::narrow`): its 16-output
     /// blocks are then read in place (6 µs instead of 18 µs for SmolLM2's `[1536, 16]`).
     b_t: Array2<f32>,
+    alpha: f32,
 }
 
 impl Lora {
     /// # Shapes
     /// - `a`: `[r, in]`, `b`: `[out, r]`
-    pub fn new(a: Array2<f32>, b: Array2<f32>) -> Lora {
+    pub fn new(a: Array2<f32>, b: Array2<f32>, alpha: f32) -> Lora {
         let b_t = b.t().as_standard_layout().into_owned();
-        Lora { a, b, b_t }
+        Lora { a, b, b_t, alpha }
+    }
+
+    /// r, this pair's rank.
+    pub fn rank(&self) -> usize {
+        self.a.nrows()
+    }
+
+    pub fn alpha(&self) -> f32 {
+        self.alpha
+    }
+
+    /// The factor on this pair's term: `alpha / r` (`alpha / sqrt(r)` with rsLoRA).
+    pub fn scale(&self, use_rslora: bool) -> f32 {
+        let r = self.rank() as f32;
+        if use_rslora {
+            self.alpha / r.sqrt()
+        } else {
+            self.alpha / r
+        }
+    }
+
+    /// The same term at a higher rank: `new_a_rows` (`[rank - r, in]`) are appended to `A`, zero
+    /// columns to `B`, and alpha grows with the rank so the scale stays (`alpha * rank / r`, or
+    /// `* sqrt(rank / r)` with rsLoRA). `B A` gains only zero terms, so the delta is unchanged
+    /// while the new directions can be trained.
+    ///
+    /// # Panics
+    /// If `new_a_rows` has the wrong width, or no rows.
+    pub fn widened(&self, new_a_rows: Array2<f32>, use_rslora: bool) -> Lora {
+        let (r, rank) = (self.rank(), self.rank() + new_a_rows.nrows());
+        assert!(rank > r, "Lora::widened: no new rows");
+        let a = ndarray::concatenate![ndarray::Axis(0), self.a, new_a_rows];
+        let mut b = Array2::zeros((self.b.nrows(), rank));
+        b.slice_mut(ndarray::s![.., ..r]).assign(&self.b);
+        let growth = rank as f32 / r as f32;
+        let alpha = self.alpha * if use_rslora { growth.sqrt() } else { growth };
+        Lora::new(a, b, alpha)
     }
 
     /// `A`, `[r, in]`
@@ -67,14 +109,14 @@ impl Lora {
         &self.b
     }
 
-    /// Replace `A` and `B` (same shapes; the transpose follows).
+    /// Replace `A` and `B` (same shapes; the transpose follows, alpha stays).
     ///
     /// # Panics
     /// If a shape differs.
     pub fn set(&mut self, a: Array2<f32>, b: Array2<f32>) {
         assert_eq!(a.dim(), self.a.dim(), "Lora::set: shape of A");
         assert_eq!(b.dim(), self.b.dim(), "Lora::set: shape of B");
-        *self = Lora::new(a, b);
+        *self = Lora::new(a, b, self.alpha);
     }
 
     /// `scale * (x A^T) B^T` with two batch-invariant [`linear`] calls.
@@ -111,8 +153,9 @@ pub struct LayerAdapter {
 /// The accelerator adapters of every layer of the base model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Accelerator {
-    /// r
+    /// r: the default rank (PEFT's `r`); a pair may have its own ([`Lora::rank`]).
     pub rank: usize,
+    /// The default alpha (PEFT's `lora_alpha`); a pair may have its own ([`Lora::alpha`]).
     pub alpha: f32,
     /// PEFT rank-stabilised LoRA: scale `alpha / sqrt(r)` instead of `alpha / r`.
     pub use_rslora: bool,
@@ -123,13 +166,18 @@ pub struct Accelerator {
 }
 
 impl Accelerator {
-    /// The factor on the adapter term: `alpha / r` (`alpha / sqrt(r)` with rsLoRA).
-    pub fn scale(&self) -> f32 {
-        if self.use_rslora {
-            self.alpha / (self.rank as f32).sqrt()
-        } else {
-            self.alpha / self.rank as f32
-        }
+    /// The factor on `lora`'s term: its `alpha / r` (`alpha / sqrt(r)` with rsLoRA).
+    pub fn scale(&self, lora: &Lora) -> f32 {
+        lora.scale(self.use_rslora)
+    }
+
+    /// The ranks of layer `layer`'s pairs (empty where it has none), in canonical target order.
+    pub fn layer_ranks(&self, layer: usize) -> Vec<usize> {
+        self.layers
+            .get(layer)
+            .and_then(Option::as_ref)
+            .map(|la| la.loras.values().map(Lora::rank).collect())
+            .unwrap_or_default()
     }
 
     /// The LoRA pair on `target` of code layer `layer`, if there is one.
@@ -146,7 +194,8 @@ impl Accelerator {
     /// # Panics
     /// If `x` has the wrong width.
     pub fn delta(&self, layer: usize, target: Target, x: ArrayView2<f32>) -> Option<Array2<f32>> {
-        Some(self.lora(layer, target)?.delta(x, self.scale()))
+        let lora = self.lora(layer, target)?;
+        Some(lora.delta(x, self.scale(lora)))
     }
 
     /// True when every adapter term is zero, so the fast stream equals the slow one.
@@ -170,63 +219,120 @@ impl Accelerator {
     /// Adapters with `A = 0`, `B = 0` on every target of layers `0 .. e_J`: the fast stream equals
     /// the slow stream. `config` must be valid for `model` ([`M2r2Config::validate`]).
     pub fn zeros(model: &ModelConfig, config: &M2r2Config) -> Self {
-        Self::build(model, config, |_, rows, cols| Array2::zeros((rows, cols)))
+        let ranks = vec![config.rank; config.num_gates()];
+        Self::build(model, config, &ranks, |_, rows, cols, _| {
+            Array2::zeros((rows, cols))
+        })
     }
 
-    /// Seeded random adapters on every target of layers `0 .. e_J`: `A ~ N(0, 1) / sqrt(in)`,
-    /// `B ~ N(0, 1) * sigma` with `sigma = RANDOM_DELTA_RATIO / (scale * sqrt(r))` (see
+    /// Seeded random adapters at rank `config.rank`: [`random_ranked`](Self::random_ranked) with
+    /// the same rank on every interval.
+    pub fn random(model: &ModelConfig, config: &M2r2Config, seed: u64) -> Self {
+        let ranks = vec![config.rank; config.num_gates()];
+        Self::random_ranked(model, config, &ranks, seed)
+    }
+
+    /// Seeded random adapters on every target of layers `0 .. e_J`, rank `ranks[j]` on interval
+    /// `j` (one entry per gate), with alpha `config.alpha * ranks[j] / config.rank` so every
+    /// interval has the scale `s = config.alpha / config.rank`: `A ~ N(0, 1) / sqrt(in)`,
+    /// `B ~ N(0, 1) * sigma` with `sigma = RANDOM_DELTA_RATIO / (s * sqrt(r_j))` (see
     /// [`RANDOM_DELTA_RATIO`]). One ChaCha8 stream from `seed`, drawn layer by layer, target by
     /// target in canonical order, `A` then `B`, each row-major. `config` must be valid for `model`.
-    pub fn random(model: &ModelConfig, config: &M2r2Config, seed: u64) -> Self {
+    ///
+    /// # Panics
+    /// If `ranks` does not have one positive entry per gate.
+    pub fn random_ranked(
+        model: &ModelConfig,
+        config: &M2r2Config,
+        ranks: &[usize],
+        seed: u64,
+    ) -> Self {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let scale = config.alpha / config.rank as f32;
-        let sigma_b = if scale == 0.0 {
-            0.0
-        } else {
-            RANDOM_DELTA_RATIO / (scale.abs() * (config.rank as f32).sqrt())
-        };
-        Self::build(model, config, |part, rows, cols| {
+        Self::build(model, config, ranks, |part, rows, cols, r| {
             let std = match part {
                 LoraPart::A => 1.0 / (cols as f32).sqrt(),
-                LoraPart::B => sigma_b,
+                LoraPart::B if scale == 0.0 => 0.0,
+                LoraPart::B => RANDOM_DELTA_RATIO / (scale.abs() * (r as f32).sqrt()),
             };
             Array2::from_shape_simple_fn((rows, cols), || std * standard_normal(&mut rng))
         })
     }
 
-    /// Adapters on `config.targets` of layers `0 .. e_J`, tensors made by `make(part, rows, cols)`
-    /// in the documented order.
+    /// Adapters on `config.targets` of layers `0 .. e_J`, rank `ranks[j]` on interval `j`,
+    /// tensors made by `make(part, rows, cols, r)` in the documented order.
     fn build(
         model: &ModelConfig,
         config: &M2r2Config,
-        mut make: impl FnMut(LoraPart, usize, usize) -> Array2<f32>,
+        ranks: &[usize],
+        mut make: impl FnMut(LoraPart, usize, usize, usize) -> Array2<f32>,
     ) -> Self {
+        assert_eq!(ranks.len(), config.num_gates(), "one rank per gate");
+        assert!(ranks.iter().all(|&r| r > 0), "ranks are positive");
         let mut targets = config.targets.clone();
         targets.sort();
-        let last_gate = config.gates.last().copied().unwrap_or(0);
-        let r = config.rank;
         let layers = (0..model.num_hidden_layers)
             .map(|l| {
-                (l < last_gate).then(|| LayerAdapter {
+                let j = config.gates.iter().position(|&e| l < e)?;
+                let r = ranks[j];
+                let alpha = config.alpha * r as f32 / config.rank as f32;
+                Some(LayerAdapter {
                     loras: targets
                         .iter()
                         .map(|&t| {
                             let (out, inp) = t.shape(model);
-                            let a = make(LoraPart::A, r, inp); // [r, in]
-                            let b = make(LoraPart::B, out, r); // [out, r]
-                            (t, Lora::new(a, b))
+                            let a = make(LoraPart::A, r, inp, r); // [r, in]
+                            let b = make(LoraPart::B, out, r, r); // [out, r]
+                            (t, Lora::new(a, b, alpha))
                         })
                         .collect(),
                 })
             })
             .collect();
         Accelerator {
-            rank: r,
+            rank: config.rank,
             alpha: config.alpha,
             use_rslora: false,
             targets,
             layers,
         }
+    }
+
+    /// Raise the rank of every pair on `layers` to `rank` ([`Lora::widened`]: the adapter terms
+    /// stay the same), the new rows of `A` drawn `N(0, 1) / sqrt(in)` from one ChaCha8 stream of
+    /// `seed`, layer by layer, target by target. Pairs already at `rank` stay; a pair of higher
+    /// rank is an error (lowering a trained rank would change its term).
+    pub fn widen(
+        &mut self,
+        layers: impl IntoIterator<Item = usize>,
+        rank: usize,
+        seed: u64,
+    ) -> Result<()> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let use_rslora = self.use_rslora;
+        for l in layers {
+            let Some(la) = self.layers.get_mut(l).and_then(Option::as_mut) else {
+                continue;
+            };
+            for (t, lora) in la.loras.iter_mut() {
+                if lora.rank() > rank {
+                    return Err(Error::Invalid(format!(
+                        "cannot lower the rank of layer {l} {t} from {} to {rank}: a trained \
+                         pair keeps its rank or grows",
+                        lora.rank()
+                    )));
+                }
+                if lora.rank() < rank {
+                    let inp = lora.a.ncols();
+                    let std = 1.0 / (inp as f32).sqrt();
+                    let rows = Array2::from_shape_simple_fn((rank - lora.rank(), inp), || {
+                        std * standard_normal(&mut rng)
+                    });
+                    *lora = lora.widened(rows, use_rslora);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Write the adapters in PEFT's LoRA layout (`adapter_config.json`,
@@ -241,7 +347,10 @@ impl Accelerator {
                     .iter()
                     .flat_map(move |a| a.loras.iter().map(move |(&t, lora)| ((l, t), lora)))
             })
-            .map(|(key, lora)| (key, (lora.a.clone(), lora.b.clone())))
+            .map(|(key, lora)| {
+                let (a, b, alpha) = (lora.a.clone(), lora.b.clone(), lora.alpha);
+                (key, PeftPair { a, b, alpha })
+            })
             .collect();
         PeftLora {
             rank: self.rank,
@@ -259,11 +368,11 @@ impl Accelerator {
     pub fn load_peft(dir: &Path, model: &ModelConfig) -> Result<Self> {
         let peft = PeftLora::read(dir, model)?;
         let mut layers: Vec<Option<LayerAdapter>> = vec![None; model.num_hidden_layers];
-        for ((l, t), (a, b)) in peft.pairs {
+        for ((l, t), PeftPair { a, b, alpha }) in peft.pairs {
             layers[l]
                 .get_or_insert_with(LayerAdapter::default)
                 .loras
-                .insert(t, Lora::new(a, b));
+                .insert(t, Lora::new(a, b, alpha));
         }
         Ok(Accelerator {
             rank: peft.rank,
@@ -286,7 +395,7 @@ impl FastAdapter for Accelerator {
         let lora = self.lora(layer, target)?;
         let work = Work::matmul(x.nrows(), lora.a.nrows(), lora.a.ncols(), false)
             + Work::matmul(x.nrows(), lora.b.nrows(), lora.b.ncols(), false);
-        Some((lora.delta(x, self.scale()), work))
+        Some((lora.delta(x, self.scale(lora)), work))
     }
 }
 
@@ -299,9 +408,9 @@ mod tests {
 
     #[test]
     fn delta_hand_computed() {
-        // A = [[1, 0], [0, 2]] (r = 2, in = 2), B = [[1, 1]] (out = 1), scale = 0.5.
+        // A = [[1, 0], [0, 2]] (r = 2, in = 2), B = [[1, 1]] (out = 1), alpha 1: scale = 0.5.
         // x = [3, 4]: A x = [3, 8], B (A x) = 11, scaled: 5.5.
-        let lora = Lora::new(array![[1.0, 0.0], [0.0, 2.0]], array![[1.0, 1.0]]);
+        let lora = Lora::new(array![[1.0, 0.0], [0.0, 2.0]], array![[1.0, 1.0]], 1.0);
         assert_eq!(
             lora.delta(array![[3.0f32, 4.0]].view(), 0.5),
             array![[5.5f32]]
@@ -312,10 +421,10 @@ mod tests {
             use_rslora: false,
             targets: vec![Target::Attn(AttnProj::Q)],
             layers: vec![Some(LayerAdapter {
-                loras: BTreeMap::from([(Target::Attn(AttnProj::Q), lora)]),
+                loras: BTreeMap::from([(Target::Attn(AttnProj::Q), lora.clone())]),
             })],
         };
-        assert_eq!(acc.scale(), 0.5);
+        assert_eq!(acc.scale(&lora), 0.5);
         let x = array![[3.0f32, 4.0], [1.0, 1.0]];
         assert_eq!(
             acc.delta(0, Target::Attn(AttnProj::Q), x.view()).unwrap(),
@@ -323,14 +432,67 @@ mod tests {
         );
         assert!(acc.delta(0, Target::Attn(AttnProj::K), x.view()).is_none());
         assert!(acc.delta(1, Target::Attn(AttnProj::Q), x.view()).is_none());
-        // rsLoRA: alpha / sqrt(r).
-        let rs = Accelerator {
-            use_rslora: true,
-            alpha: 4.0,
-            rank: 4,
-            ..acc
-        };
-        assert_eq!(rs.scale(), 2.0);
+        // rsLoRA: alpha / sqrt(r); r = 4, alpha = 4: 2.
+        let lora4 = Lora::new(Array2::zeros((4, 2)), Array2::zeros((1, 4)), 4.0);
+        assert_eq!(lora4.scale(true), 2.0);
+        assert_eq!(lora4.scale(false), 1.0);
+    }
+
+    /// Widening appends rows to A and zero columns to B and keeps the scale (alpha 1 at r = 2 is
+    /// alpha 2 at r = 4), so the hand-computed delta above is unchanged; rsLoRA grows alpha by
+    /// sqrt(2).
+    #[test]
+    fn widening_keeps_the_term() {
+        let lora = Lora::new(array![[1.0, 0.0], [0.0, 2.0]], array![[1.0, 1.0]], 1.0);
+        let wide = lora.widened(array![[5.0, -1.0], [0.5, 3.0]], false);
+        assert_eq!(wide.rank(), 4);
+        assert_eq!(wide.alpha(), 2.0);
+        assert_eq!(wide.b(), &array![[1.0f32, 1.0, 0.0, 0.0]]);
+        assert_eq!(wide.a().row(2), array![5.0f32, -1.0]);
+        let x = array![[3.0f32, 4.0]];
+        assert_eq!(wide.delta(x.view(), wide.scale(false)), array![[5.5f32]]);
+        let rs = lora.widened(array![[5.0, -1.0], [0.5, 3.0]], true);
+        assert_eq!(rs.scale(true), lora.scale(true));
+    }
+
+    /// `random_ranked` puts each interval's rank on its layers with alpha growing with the rank
+    /// (one scale); `widen` raises one interval to a higher rank with the same terms, and refuses
+    /// to lower one.
+    #[test]
+    fn per_interval_ranks() {
+        let model = tiny_config();
+        let config = M2r2Config::default_for(&model);
+        assert_eq!(config.gates, vec![2, 4, 6]);
+        let acc = Accelerator::random_ranked(&model, &config, &[32, 16, 8], 4);
+        let scale = config.alpha / config.rank as f32;
+        for (l, want) in [(0, 32), (1, 32), (2, 16), (3, 16), (4, 8), (5, 8)] {
+            assert_eq!(
+                acc.layer_ranks(l),
+                vec![want; config.targets.len()],
+                "layer {l}"
+            );
+            for lora in acc.layers[l].as_ref().unwrap().loras.values() {
+                assert_eq!(acc.scale(lora), scale);
+            }
+        }
+        assert!(acc.layer_ranks(6).is_empty());
+        assert_eq!(
+            Accelerator::random_ranked(&model, &config, &[16; 3], 4),
+            Accelerator::random(&model, &config, 4)
+        );
+
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let x = Array2::from_shape_simple_fn((3, 64), || standard_normal(&mut rng));
+        let q = Target::Attn(AttnProj::Q);
+        let before = acc.delta(2, q, x.view()).unwrap();
+        let mut wide = acc.clone();
+        wide.widen(2..4, 24, 9).unwrap();
+        assert_eq!(wide.layer_ranks(2), vec![24; config.targets.len()]);
+        assert_eq!(wide.layer_ranks(0), acc.layer_ranks(0));
+        let after = wide.delta(2, q, x.view()).unwrap();
+        approx::assert_abs_diff_eq!(before, after, epsilon = 1e-6);
+        let e = wide.widen(0..2, 16, 9).unwrap_err().to_string();
+        assert!(e.contains("cannot lower the rank of layer 0"), "{e}");
     }
 
     #[test]
@@ -368,6 +530,7 @@ mod tests {
             for (&t, lora) in &la.loras {
                 let (out, inp) = t.shape(&model);
                 assert_eq!(lora.a.dim(), (16, inp));
+                assert_eq!(lora.alpha(), config.alpha);
                 assert_eq!(lora.b.dim(), (out, 16));
             }
         }

@@ -81,12 +81,12 @@ impl<'a> CostModel<'a> {
         else {
             return Work::default();
         };
-        let rank = self.m2r2.expect("checked").accelerator.rank;
         layer
             .loras
-            .keys()
-            .map(|t| {
+            .iter()
+            .map(|(t, lora)| {
                 let (out, inp) = t.shape(self.model);
+                let rank = lora.rank();
                 Work::matmul(rows, rank, inp, false) + Work::matmul(rows, out, rank, false)
             })
             .sum()

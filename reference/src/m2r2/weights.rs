@@ -405,7 +405,11 @@ mod tests {
         });
         let back = M2r2Weights::load_dir(dir.path(), &model).unwrap();
         assert!(back.accelerator.use_rslora);
-        assert_eq!(back.accelerator.scale(), 32.0 / 4.0);
+        assert_eq!(
+            back.accelerator
+                .scale(back.accelerator.lora(0, Target::Attn(AttnProj::Q)).unwrap()),
+            32.0 / 4.0
+        );
         let q = Target::Attn(AttnProj::Q);
         let (a0, a1) = (
             w.accelerator.lora(0, q).unwrap(),
@@ -430,16 +434,6 @@ mod tests {
                 "fan_in_fan_out",
                 Value::Bool(true),
                 "`fan_in_fan_out` = true",
-            ),
-            (
-                "rank_pattern",
-                serde_json::json!({"q_proj": 8}),
-                "`rank_pattern` = {\"q_proj\":8} asks for per-module ranks",
-            ),
-            (
-                "alpha_pattern",
-                serde_json::json!({"q_proj": 8}),
-                "per-module alphas",
             ),
             (
                 "modules_to_save",

@@ -128,7 +128,15 @@ pub fn weights_hash(weights: &M2r2Weights) -> String {
     tensor(&header, &mut std::iter::empty());
     for (l, layer) in acc.layers.iter().enumerate() {
         for (target, lora) in layer.iter().flat_map(|a| &a.loras) {
-            tensor(&format!("{l}.{target}.a"), &mut lora.a().iter());
+            // A pair's own alpha (PEFT's alpha_pattern) is hashed only where it differs from the
+            // default, so the hashes of single-alpha weights stay as they were. Its rank is the
+            // count of A's values.
+            let own_alpha = if lora.alpha() != acc.alpha {
+                format!(" alpha {}", lora.alpha())
+            } else {
+                String::new()
+            };
+            tensor(&format!("{l}.{target}.a{own_alpha}"), &mut lora.a().iter());
             tensor(&format!("{l}.{target}.b"), &mut lora.b().iter());
         }
     }
