@@ -28,4 +28,5 @@ pub mod moe_sim;
 pub mod run;
 pub mod train;
 pub mod train_arla;
+pub mod train_start;
 pub mod tune_drafting;

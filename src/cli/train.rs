@@ -6,6 +6,7 @@ use crate::cli::args::m2r2::parse_targets;
 use crate::cli::args::model::ModelArgs;
 use crate::cli::common;
 use crate::cli::progress;
+use crate::cli::train_start::{default_rank, per_gate, starting_weights};
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use reference::m2r2::config::{M2r2Config, parse_gates};
@@ -16,9 +17,7 @@ use train::align::AlignKind;
 use train::checkpoint;
 use train::early_stop::{EarlyStop, Observation};
 use train::slow_cache::{CacheUse, SlowPass};
-use train::trainer::{
-    GateStats, HeldOut, StepLog, TrainOptions, Trainer, initial_weights, mean_kl,
-};
+use train::trainer::{GateStats, HeldOut, StepLog, TrainOptions, Trainer, mean_kl};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -34,9 +33,12 @@ pub struct Args {
     /// Gates (1-based) whose adapters are trained, comma-separated (default: all)
     #[arg(long, value_name = "G,...")]
     pub train_gates: Option<String>,
-    /// Adapter rank r
-    #[arg(long, value_name = "R", default_value_t = 16)]
-    pub rank: usize,
+    /// Adapter rank r, or one per gate (R1,R2,...; default 16). Each gate's scale is alpha / r of
+    /// the most common rank, so alpha grows with a gate's rank. With --init: the new rank of the
+    /// trained gates (or one per gate), which widens their adapters: the same terms, with new
+    /// directions to train
+    #[arg(long, value_name = "R[,R2,...]", value_delimiter = ',', num_args = 1..)]
+    pub rank: Vec<usize>,
     /// Adapter alpha (scale alpha / r; default 2 r)
     #[arg(long, value_name = "A")]
     pub alpha: Option<f32>,
@@ -83,10 +85,11 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
     /// Start from trained M2R2 weights (a folder, e.g. reference/assets/smollm2-m2r2): their
-    /// gates, rank and targets; the trained gates continue from their adapters, the other gates'
+    /// gates, ranks and targets (--rank may raise the trained gates' ranks); the trained gates
+    /// continue from their adapters, the other gates'
     /// adapters are kept as they are. ARLA is dropped (it was fitted to the old exit states:
     /// retrain it with train-arla), and so is the pruned draft head (rerun draft-head)
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["resume", "gates", "rank", "alpha", "targets"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["resume", "gates", "alpha", "targets"])]
     pub init: Option<PathBuf>,
     /// Continue from a checkpoint folder (its settings are used; --steps sets the new total)
     #[arg(long, value_name = "DIR")]
@@ -196,13 +199,6 @@ pub fn run(args: &Args) -> Result<()> {
             if let Some(g) = &args.gates {
                 config.gates = parse_gates(g)?;
             }
-            if args.init.is_none() {
-                config.rank = args.rank;
-                config.alpha = args.alpha.unwrap_or(2.0 * args.rank as f32);
-                if let Some(t) = &args.targets {
-                    config.targets = parse_targets(t)?;
-                }
-            }
             let train_gates = match &args.train_gates {
                 Some(list) => list
                     .split(',')
@@ -214,6 +210,19 @@ pub fn run(args: &Args) -> Result<()> {
                     .collect::<Result<Vec<_>>>()?,
                 None => (1..=config.gates.len()).collect(),
             };
+            let ranks = per_gate(
+                &args.rank,
+                config.num_gates(),
+                args.init.is_some(),
+                &train_gates,
+            )?;
+            if args.init.is_none() {
+                config.rank = default_rank(&ranks.iter().flatten().copied().collect::<Vec<_>>());
+                config.alpha = args.alpha.unwrap_or(2.0 * config.rank as f32);
+                if let Some(t) = &args.targets {
+                    config.targets = parse_targets(t)?;
+                }
+            }
             let options = TrainOptions {
                 train_gates,
                 steps: args.steps,
@@ -229,24 +238,9 @@ pub fn run(args: &Args) -> Result<()> {
                 align_intermediate: args.align_intermediate,
                 seed: args.seed,
             };
-            let fresh = initial_weights(model, config, args.seed)
-                .with_context(|| format!("invalid M2R2 settings for {}", loaded.name))?;
-            let weights = match init {
-                // A trained gate without adapters in --init starts fresh (A random, B = 0).
-                Some(mut w) => {
-                    // (gates out of range are refused by Trainer::new, which names them)
-                    let gates = 1..=w.config.num_gates();
-                    for &g in options.train_gates.iter().filter(|g| gates.contains(g)) {
-                        for l in w.config.interval_layers(g - 1) {
-                            if w.accelerator.layers[l].is_none() {
-                                w.accelerator.layers[l] = fresh.accelerator.layers[l].clone();
-                            }
-                        }
-                    }
-                    w
-                }
-                None => fresh,
-            };
+            let weights =
+                starting_weights(model, config, init, &ranks, &options.train_gates, args.seed)
+                    .with_context(|| format!("invalid M2R2 settings for {}", loaded.name))?;
             Trainer::new(model, weights, &data, options, &mut slow)?
         }
     };

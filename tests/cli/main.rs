@@ -105,4 +105,5 @@ mod moe_sim;
 mod prompts;
 mod run;
 mod train;
+mod train_ranks;
 mod tune_drafting;

@@ -16,7 +16,7 @@ fn write_prompts(path: &Path, prefix: &str, n: usize) {
 
 /// For each `(prompts file, prompt id prefix, prompt count, data folder)`: write the prompts into
 /// `dir` and `distill-data` them on `tiny` (12 new tokens) into the data folder.
-fn distill_tiny(dir: &Path, sets: &[(&str, &str, usize, &str)]) {
+pub(super) fn distill_tiny(dir: &Path, sets: &[(&str, &str, usize, &str)]) {
     for &(prompts, prefix, n, out) in sets {
         write_prompts(&dir.join(prompts), prefix, n);
         ok(&[

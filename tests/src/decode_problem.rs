@@ -7,6 +7,7 @@ use proptest::prelude::*;
 use reference::Model;
 use reference::decode::speculative::DraftLength;
 use reference::io::builtin::random_model;
+use reference::m2r2::accelerator::Accelerator;
 use reference::m2r2::config::M2r2Config;
 use reference::m2r2::draft_head::DraftHead;
 use reference::m2r2::weights::M2r2Weights;
@@ -21,11 +22,14 @@ pub struct DecodeProblem {
     pub vocab: usize,
     pub prompt: Vec<u32>,
     pub new_tokens: usize,
+    /// Adapter ranks per interval (interval j takes entry `j % 3`, PEFT's `rank_pattern` case), or
+    /// `None` for the config's one rank.
+    pub ranks: Option<[usize; 3]>,
 }
 
 impl DecodeProblem {
     /// Problems with `layers` layers, dense or MoE, any seed, a prompt of `prompt_len` tokens below
-    /// `vocab`, and `new_tokens` tokens to decode.
+    /// `vocab`, `new_tokens` tokens to decode, and half the time ranks 1-8 per interval.
     pub fn strategy(
         layers: Range<usize>,
         vocab: usize,
@@ -38,30 +42,34 @@ impl DecodeProblem {
             any::<u64>(),
             prop::collection::vec(0u32..vocab as u32, prompt_len),
             new_tokens,
+            prop::option::of(prop::array::uniform3(1usize..9)),
         )
-            .prop_map(
-                move |(layers, moe, seed, prompt, new_tokens)| DecodeProblem {
+            .prop_map(move |(layers, moe, seed, prompt, new_tokens, ranks)| {
+                DecodeProblem {
                     layers,
                     moe,
                     seed,
                     vocab,
                     prompt,
                     new_tokens,
-                },
-            )
+                    ranks,
+                }
+            })
     }
 
     /// The model (seed `seed`) and random M2R2 weights with the default config (seed
-    /// `seed ^ weights_salt`).
+    /// `seed ^ weights_salt`), at `ranks` when given.
     pub fn setup(&self, weights_salt: u64) -> (Model, M2r2Weights) {
         let config = small_config(self.layers, self.moe, self.vocab);
         let model = random_model(config.clone(), self.seed).unwrap();
-        let weights = M2r2Weights::random(
-            &config,
-            M2r2Config::default_for(&config),
-            self.seed ^ weights_salt,
-        )
-        .unwrap();
+        let seed = self.seed ^ weights_salt;
+        let mut weights =
+            M2r2Weights::random(&config, M2r2Config::default_for(&config), seed).unwrap();
+        if let Some(r) = self.ranks {
+            let ranks: Vec<usize> = (0..weights.config.num_gates()).map(|j| r[j % 3]).collect();
+            weights.accelerator =
+                Accelerator::random_ranked(&config, &weights.config, &ranks, seed);
+        }
         (model, weights)
     }
 }

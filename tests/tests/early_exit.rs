@@ -214,6 +214,7 @@ fn stacked_pending_groups_keep_the_base_cache() {
                 vocab: 30,
                 prompt: vec![1, 2],
                 new_tokens: 12,
+                ranks: None,
             },
             gate: GateKind::Arla,
             threshold: 0.5,

@@ -2,7 +2,9 @@
 //! interval's adapter gradients (through the head and the KL loss) match finite differences.
 
 use ndarray::{Array2, ArrayD, Axis};
+use reference::base::weight_names::{AttnProj, Target};
 use reference::io::builtin::{random_model, tiny_config};
+use reference::m2r2::accelerator::Lora;
 use reference::m2r2::config::M2r2Config;
 use reference::m2r2::fast_stream::M2r2;
 use reference::m2r2::weights::M2r2Weights;
@@ -136,7 +138,18 @@ fn whole_interval_gradients_match_finite_differences() {
     config.gates = vec![2, 3];
     config.rank = 2;
     config.alpha = 3.0;
-    let weights = M2r2Weights::random(&model.config, config, 7).unwrap();
+    let mut weights = M2r2Weights::random(&model.config, config, 7).unwrap();
+    // Pairs with their own rank and alpha (PEFT's rank / alpha patterns): layer 0 widened to rank
+    // 3, layer 1's q_proj with alpha 5 (scale 2.5 where the others have 1.5).
+    weights.accelerator.widen(0..1, 3, 1).unwrap();
+    let q = Target::Attn(AttnProj::Q);
+    let lora = weights.accelerator.layers[1]
+        .as_mut()
+        .unwrap()
+        .loras
+        .get_mut(&q)
+        .unwrap();
+    *lora = Lora::new(lora.a().clone(), lora.b().clone(), 5.0);
     let config = &weights.config;
     let tokens: Vec<u32> = TOKENS.iter().map(|t| t % 24).collect();
     let samples = [SlowSample::<f64>::compute(&model, config, &tokens, 0, &[0]).unwrap()];
