@@ -265,11 +265,11 @@ fn distill_train_resume_generate() {
             "--init",
             &ck,
             "--rank",
-            "8",
+            "2",
             "--out",
             &p("ck-bad"),
         ],
-        &["--init", "--rank"],
+        &["--rank 2 for gate 1", "cannot lower the rank"],
     );
     // Resume to a larger total.
     let resumed = ok(&[

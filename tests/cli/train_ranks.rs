@@ -72,37 +72,29 @@ fn train_with_ranks_per_gate_then_widen_gate_one() {
 
     // Refusals: lowering a trained gate's rank, changing an untrained gate's, a list of the wrong
     // length.
-    let init = p("wide");
-    fails(
-        &[
+    let (init, x) = (p("wide"), p("x"));
+    let widen_refused = |rank: &str, needles: &[&str]| {
+        let args = [
             "train",
             "--data",
-            &p("data"),
+            &data,
             "--init",
             &init,
             "--train-gates",
             "1",
             "--rank",
-            "8",
+            rank,
             "--out",
-            &p("x"),
-        ],
+            &x,
+        ];
+        fails(&args, needles);
+    };
+    widen_refused(
+        "8",
         &["--rank 8 for gate 1", "cannot lower the rank of layer 0"],
     );
-    fails(
-        &[
-            "train",
-            "--data",
-            &p("data"),
-            "--init",
-            &init,
-            "--train-gates",
-            "1",
-            "--rank",
-            "12,8,4",
-            "--out",
-            &p("x"),
-        ],
+    widen_refused(
+        "12,8,4",
         &["gate 2 is not trained", "give that rank or train the gate"],
     );
     fails(
