@@ -28,5 +28,4 @@ pub mod moe_sim;
 pub mod run;
 pub mod train;
 pub mod train_arla;
-pub mod train_start;
 pub mod tune_drafting;

@@ -2,15 +2,17 @@
 //! frozen, with the hand-written backward passes of the `train` crate. Checkpoints are M2R2 weights
 //! folders in the PEFT layout (usable as `--m2r2 DIR`) with the optimizer state for `--resume`.
 
+mod start;
+
 use crate::cli::args::m2r2::parse_targets;
 use crate::cli::args::model::ModelArgs;
 use crate::cli::common;
 use crate::cli::progress;
-use crate::cli::train_start::{default_rank, per_gate, starting_weights};
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use reference::m2r2::config::{M2r2Config, parse_gates};
 use reference::m2r2::weights::M2r2Weights;
+use start::{default_rank, per_gate, starting_weights};
 use std::path::PathBuf;
 use std::time::Instant;
 use train::align::AlignKind;
