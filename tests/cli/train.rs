@@ -646,4 +646,25 @@ fn train_slow_cache_is_written_then_read() {
         "{}",
         other_rank.stderr
     );
+    // Two folders as one training set: each folder's file is read (the validation folder's is
+    // the one --val-data wrote: same model, gates and samples), nothing is computed.
+    let both = ok(&[
+        "train",
+        "--data",
+        &format!("{},{}", p("data"), p("val")),
+        "--steps",
+        "2",
+        "--batch-rows",
+        "8",
+        "--slow-cache",
+        &p("cache"),
+        "--out",
+        &p("d"),
+    ]);
+    let reads = both
+        .stderr
+        .matches("slow stream of the training data read from")
+        .count();
+    assert_eq!(reads, 2, "{}", both.stderr);
+    assert!(!both.stderr.contains("written to"), "{}", both.stderr);
 }

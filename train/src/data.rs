@@ -253,19 +253,20 @@ impl Run {
 }
 
 /// Read several data folders (e.g. greedy and sampled responses) as one training set, in the
-/// order given; each folder's meta is returned for provenance.
+/// order given; each folder's meta is returned for provenance, and its sample count (the slow-stream
+/// cache keeps one file per folder).
 pub fn read_all(
     dirs: &[PathBuf],
     vocab_size: usize,
-) -> Result<(Vec<DistillSample>, Vec<DistillMeta>)> {
-    let mut samples = Vec::new();
-    let mut metas = Vec::new();
+) -> Result<(Vec<DistillSample>, Vec<DistillMeta>, Vec<usize>)> {
+    let (mut samples, mut metas, mut counts) = (Vec::new(), Vec::new(), Vec::new());
     for dir in dirs {
         let (more, meta) = read(dir, vocab_size)?;
+        counts.push(more.len());
         samples.extend(more);
         metas.push(meta);
     }
-    Ok((samples, metas))
+    Ok((samples, metas, counts))
 }
 
 #[cfg(test)]
@@ -387,7 +388,8 @@ mod tests {
         )
         .unwrap();
         let dirs = [a.path().to_path_buf(), b.path().to_path_buf()];
-        let (all, metas) = read_all(&dirs, 10).unwrap();
+        let (all, metas, counts) = read_all(&dirs, 10).unwrap();
+        assert_eq!(counts, [1, 2]);
         let ids: Vec<&str> = all.iter().map(|s| s.prompt_id.as_str()).collect();
         assert_eq!(ids, ["a", "b", "c"]);
         assert_eq!(metas.len(), 2);

@@ -5,7 +5,9 @@
 //! One safetensors file per (model, gates, trained intervals, intermediate targets, data): its name
 //! is a SHA-256 key over all of them, including every base weight's bytes and every sample's
 //! tokens, so a changed model or data set never reads a stale file; the adapters' rank, targets and
-//! training settings are not in the key (the slow stream does not depend on them). Tensors are
+//! training settings are not in the key (the slow stream does not depend on them). A data set made
+//! of several folders ([`SlowPass::parts`]) has one file per folder, so another combination of the
+//! same folders reads them; a file written for the whole set is read when there is one. Tensors are
 //! named `{sample}.start.{j}`, `{sample}.k.{layer}`, `{sample}.v.{layer}`, `{sample}.last` and
 //! `{sample}.aligned.{j}.{i}`: exactly the [`SlowSample`] fields, f32, bit for bit what the pass
 //! computes (tested). Files are written to a temporary name and renamed, so an interrupted write
@@ -28,6 +30,7 @@ use std::path::{Path, PathBuf};
 const FORMAT: &str = "m2r2-slow-stream-1";
 
 /// What the slow stream of one data set is built from: everything its values depend on.
+#[derive(Clone, Copy)]
 pub struct SlowKey<'a> {
     pub model: &'a Model,
     pub config: &'a M2r2Config,
@@ -350,8 +353,11 @@ pub fn data_bytes(samples: &[SlowSample<f32>]) -> u64 {
 pub struct SlowPass<'a> {
     pub cache: Option<&'a Path>,
     pub on_sample: Option<&'a mut dyn FnMut(usize)>,
-    /// Set by the pass: what it did with the cache.
-    pub used: Option<CacheUse>,
+    /// The sample counts of the data's folders, in order, for the next [`run`](Self::run) (which
+    /// takes them): one cache file each. Empty: the data is one part.
+    pub parts: Vec<usize>,
+    /// Set by the pass: what it did with the cache, one entry per file.
+    pub used: Vec<CacheUse>,
 }
 
 /// What a [`SlowPass`] did with its cache folder.
@@ -371,34 +377,69 @@ impl<'a> SlowPass<'a> {
         SlowPass {
             cache,
             on_sample: Some(on_sample),
-            used: None,
+            ..SlowPass::default()
         }
     }
 
-    /// The slow stream of `key`'s data: read from the cache, or computed (and cached).
+    /// The slow stream of `key`'s data: read from the cache, or computed (and cached), one file
+    /// per part ([`parts`](Self::parts)) unless a file for the whole data exists.
+    ///
+    /// # Panics
+    /// If the parts do not add up to the data's sample count.
     pub fn run(&mut self, key: &SlowKey) -> Result<Vec<SlowSample<f32>>> {
+        let parts = std::mem::take(&mut self.parts);
         let Some(dir) = self.cache else {
-            return self.compute(key);
+            return self.compute(key, 0);
         };
+        if parts.len() <= 1 || dir.join(key.file_name()).exists() {
+            return self.run_file(dir, key, 0);
+        }
+        assert_eq!(
+            parts.iter().sum::<usize>(),
+            key.data.len(),
+            "parts of the data"
+        );
+        let mut samples = Vec::with_capacity(key.data.len());
+        let mut start = 0;
+        for n in parts {
+            let part = SlowKey {
+                data: &key.data[start..start + n],
+                ..*key
+            };
+            samples.extend(self.run_file(dir, &part, start)?);
+            start += n;
+        }
+        Ok(samples)
+    }
+
+    /// The slow stream of `key`'s data through its file in `dir` (the data's first sample is
+    /// sample `offset` of the whole set, for `on_sample`).
+    fn run_file(
+        &mut self,
+        dir: &Path,
+        key: &SlowKey,
+        offset: usize,
+    ) -> Result<Vec<SlowSample<f32>>> {
         let file = dir.join(key.file_name());
         if file.exists() {
             let samples = read(&file, key)?;
-            self.used = Some(CacheUse::Read(file));
+            self.used.push(CacheUse::Read(file));
             return Ok(samples);
         }
-        let samples = self.compute(key)?;
+        let samples = self.compute(key, offset)?;
         let made = std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(dir, e))
             .and_then(|()| write(&file, &samples));
-        self.used = Some(match made {
+        self.used.push(match made {
             Ok(()) => CacheUse::Written(file, data_bytes(&samples)),
             Err(e) => CacheUse::NotWritten(file, e.to_string()),
         });
         Ok(samples)
     }
 
-    /// The base model's pass over every sample of `key`'s data.
-    fn compute(&mut self, key: &SlowKey) -> Result<Vec<SlowSample<f32>>> {
+    /// The base model's pass over every sample of `key`'s data (sample `offset + i` of the whole
+    /// set for `on_sample`).
+    fn compute(&mut self, key: &SlowKey, offset: usize) -> Result<Vec<SlowSample<f32>>> {
         key.data
             .iter()
             .enumerate()
@@ -412,7 +453,7 @@ impl<'a> SlowPass<'a> {
                     key.keep_aligned,
                 );
                 if let Some(f) = self.on_sample.as_mut() {
-                    f(i);
+                    f(offset + i);
                 }
                 s
             })

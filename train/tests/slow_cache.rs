@@ -84,22 +84,68 @@ fn a_read_is_the_pass_bit_for_bit() {
         let computed = SlowPass::default().run(&k).unwrap();
         let mut first = cached(dir.path());
         let written = first.run(&k).unwrap();
-        let file = match first.used {
-            Some(CacheUse::Written(file, bytes)) => {
-                assert_eq!(bytes, train::slow_cache::data_bytes(&computed));
-                file
+        let file = match first.used.as_slice() {
+            [CacheUse::Written(file, bytes)] => {
+                assert_eq!(*bytes, train::slow_cache::data_bytes(&computed));
+                file.clone()
             }
             other => panic!("expected a written cache, got {other:?}"),
         };
         let mut second = cached(dir.path());
         let read_back = second.run(&k).unwrap();
-        assert!(matches!(&second.used, Some(CacheUse::Read(f)) if *f == file));
+        assert!(matches!(second.used.as_slice(), [CacheUse::Read(f)] if *f == file));
         assert_eq!(bits(&arrays(&written)), bits(&arrays(&computed)));
         assert_eq!(bits(&arrays(&read_back)), bits(&arrays(&computed)));
         for (r, c) in read_back.iter().zip(&computed) {
             assert_eq!((&r.tokens, r.first_row), (&c.tokens, c.first_row));
         }
     }
+}
+
+/// A set of two folders (parts of 2 and 3 samples) is cached as two files, which the same set and
+/// a set of one of the folders read; a file for the whole set is read before the parts. Samples
+/// are reported to `on_sample` by their index in the whole set.
+#[test]
+fn each_part_has_its_own_file() {
+    let model = builtin("tiny").unwrap();
+    let config = M2r2Config::default_for(&model.config);
+    let data = data(5);
+    let k = key(&model, &config, &data, &[0], false);
+    let computed = SlowPass::default().run(&k).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut seen = Vec::new();
+    let mut on_sample = |i: usize| seen.push(i);
+    let mut pass = SlowPass::new(Some(dir.path()), &mut on_sample);
+    pass.parts = vec![2, 3];
+    let written = pass.run(&k).unwrap();
+    let files: Vec<_> = match pass.used.as_slice() {
+        [CacheUse::Written(a, _), CacheUse::Written(b, _)] => vec![a.clone(), b.clone()],
+        other => panic!("expected two written files, got {other:?}"),
+    };
+    assert!(pass.parts.is_empty(), "the run takes the parts");
+    assert_eq!(seen, [0, 1, 2, 3, 4]);
+    assert_eq!(bits(&arrays(&written)), bits(&arrays(&computed)));
+    let mut again = cached(dir.path());
+    again.parts = vec![2, 3];
+    let read_back = again.run(&k).unwrap();
+    assert!(
+        matches!(again.used.as_slice(), [CacheUse::Read(a), CacheUse::Read(b)] if [a, b] == [&files[0], &files[1]])
+    );
+    assert_eq!(bits(&arrays(&read_back)), bits(&arrays(&computed)));
+    let second = key(&model, &config, &data[2..], &[0], false);
+    let mut alone = cached(dir.path());
+    let part = alone.run(&second).unwrap();
+    assert!(matches!(alone.used.as_slice(), [CacheUse::Read(f)] if *f == files[1]));
+    assert_eq!(bits(&arrays(&part)), bits(&arrays(&computed[2..])));
+    // A whole-set file (written without parts) is read, parts or not.
+    let whole_dir = tempfile::tempdir().unwrap();
+    cached(whole_dir.path()).run(&k).unwrap();
+    let mut whole = cached(whole_dir.path());
+    whole.parts = vec![2, 3];
+    whole.run(&k).unwrap();
+    assert!(
+        matches!(whole.used.as_slice(), [CacheUse::Read(f)] if *f == whole_dir.path().join(k.file_name()))
+    );
 }
 
 #[test]

@@ -237,8 +237,8 @@ fn training_from_a_read_slow_cache_is_the_same_training() {
             ..SlowPass::default()
         };
         let mut trainer = Trainer::new(&model, start, &train_data, options(6), &mut pass).unwrap();
-        match (&pass.used, read_back) {
-            (Some(CacheUse::Written(..)), false) | (Some(CacheUse::Read(_)), true) => {}
+        match (pass.used.as_slice(), read_back) {
+            ([CacheUse::Written(..)], false) | ([CacheUse::Read(_)], true) => {}
             (other, _) => panic!("pass {read_back}: {other:?}"),
         }
         for _ in 0..6 {

@@ -47,7 +47,7 @@ impl TrainedArgs {
         let config = &loaded.model.config;
         let weights = M2r2Weights::load_dir(&self.m2r2, config)
             .with_context(|| format!("cannot load M2R2 weights from {}", self.m2r2.display()))?;
-        let (mut data, _) = train::data::read_all(&self.data, config.vocab_size)?;
+        let (mut data, ..) = train::data::read_all(&self.data, config.vocab_size)?;
         let (mut dev, _) = train::data::read(&self.dev_data, config.vocab_size)?;
         if let Some(n) = self.limit {
             data.truncate(n);

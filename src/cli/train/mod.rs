@@ -97,9 +97,9 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub resume: Option<PathBuf>,
     /// Keep the slow stream (the frozen base model's pass over the data, the first and longest phase)
-    /// in this folder, one file per model, gates and data set (about 15 KB per token for
+    /// in this folder, one file per model, gates and data folder (about 15 KB per token for
     /// SmolLM2's gate 1); a later run, `--resume` or evaluation on the same model, gates and data
-    /// reads it instead of recomputing it
+    /// folders (in any combination) reads them instead of recomputing them
     #[arg(long, value_name = "DIR")]
     pub slow_cache: Option<PathBuf>,
     /// Also write the checkpoint every N steps
@@ -159,7 +159,7 @@ fn step_bar(total: u64) -> ProgressBar {
 pub fn run(args: &Args) -> Result<()> {
     let loaded = common::load(&args.model.model)?;
     let model = &loaded.model;
-    let (data, metas) = train::data::read_all(&args.data, model.config.vocab_size)?;
+    let (data, metas, parts) = train::data::read_all(&args.data, model.config.vocab_size)?;
     for (dir, meta) in args.data.iter().zip(&metas) {
         if meta.model != loaded.name {
             eprintln!(
@@ -179,6 +179,7 @@ pub fn run(args: &Args) -> Result<()> {
         precompute.update(samples_done, tokens_done);
     };
     let mut slow = SlowPass::new(args.slow_cache.as_deref(), &mut on_sample);
+    slow.parts = parts;
     let mut trainer = match &args.resume {
         Some(dir) => checkpoint::resume(model, dir, &data, Some(args.steps), &mut slow)
             .with_context(|| format!("cannot resume from {}", dir.display()))?,
@@ -246,7 +247,7 @@ pub fn run(args: &Args) -> Result<()> {
             Trainer::new(model, weights, &data, options, &mut slow)?
         }
     };
-    let cached = slow.used.take();
+    let cached = std::mem::take(&mut slow.used);
     precompute.finish();
     report_cache("the training data", cached);
     eprintln!(
@@ -435,22 +436,23 @@ fn held_out(
     Ok(held_out)
 }
 
-/// One line on stderr about the slow-stream cache: read, written (and how large), or not written.
-fn report_cache(what: &str, used: Option<CacheUse>) {
-    match used {
-        None => {}
-        Some(CacheUse::Read(file)) => {
-            eprintln!("slow stream of {what} read from {}", file.display())
+/// One line on stderr per slow-stream cache file: read, written (and how large), or not written.
+fn report_cache(what: &str, used: Vec<CacheUse>) {
+    for u in used {
+        match u {
+            CacheUse::Read(file) => {
+                eprintln!("slow stream of {what} read from {}", file.display())
+            }
+            CacheUse::Written(file, bytes) => eprintln!(
+                "slow stream of {what} written to {} ({:.2} GB)",
+                file.display(),
+                bytes as f64 / 1e9
+            ),
+            CacheUse::NotWritten(file, why) => eprintln!(
+                "warning: the slow stream of {what} could not be cached in {} ({why}); training \
+                 goes on without the cache",
+                file.display()
+            ),
         }
-        Some(CacheUse::Written(file, bytes)) => eprintln!(
-            "slow stream of {what} written to {} ({:.2} GB)",
-            file.display(),
-            bytes as f64 / 1e9
-        ),
-        Some(CacheUse::NotWritten(file, why)) => eprintln!(
-            "warning: the slow stream of {what} could not be cached in {} ({why}); training goes \
-             on without the cache",
-            file.display()
-        ),
     }
 }
