@@ -6,8 +6,9 @@
 //! is a SHA-256 key over all of them, including every base weight's bytes and every sample's
 //! tokens, so a changed model or data set never reads a stale file; the adapters' rank, targets and
 //! training settings are not in the key (the slow stream does not depend on them). A data set made
-//! of several folders ([`SlowPass::parts`]) has one file per folder, so another combination of the
-//! same folders reads them; a file written for the whole set is read when there is one. Tensors are
+//! of several folders ([`SlowPass::parts`]) is written as one file per folder, so another
+//! combination of the same folders reads them; where a file exists for several consecutive folders
+//! together (the whole set, or a set cached before), it is read instead. Tensors are
 //! named `{sample}.start.{j}`, `{sample}.k.{layer}`, `{sample}.v.{layer}`, `{sample}.last` and
 //! `{sample}.aligned.{j}.{i}`: exactly the [`SlowSample`] fields, f32, bit for bit what the pass
 //! computes (tested). Files are written to a temporary name and renamed, so an interrupted write
@@ -382,7 +383,8 @@ impl<'a> SlowPass<'a> {
     }
 
     /// The slow stream of `key`'s data: read from the cache, or computed (and cached), one file
-    /// per part ([`parts`](Self::parts)) unless a file for the whole data exists.
+    /// per part ([`parts`](Self::parts)); from each part on, the longest run of consecutive parts
+    /// that has a file of its own (all of them: the whole set) is read from it instead.
     ///
     /// # Panics
     /// If the parts do not add up to the data's sample count.
@@ -391,7 +393,7 @@ impl<'a> SlowPass<'a> {
         let Some(dir) = self.cache else {
             return self.compute(key, 0);
         };
-        if parts.len() <= 1 || dir.join(key.file_name()).exists() {
+        if parts.len() <= 1 {
             return self.run_file(dir, key, 0);
         }
         assert_eq!(
@@ -399,15 +401,26 @@ impl<'a> SlowPass<'a> {
             key.data.len(),
             "parts of the data"
         );
+        // starts[i]: the first sample of part i; starts[n]: the end
+        let starts: Vec<usize> = std::iter::once(0)
+            .chain(parts.iter().scan(0, |end, n| {
+                *end += n;
+                Some(*end)
+            }))
+            .collect();
+        let group = |i: usize, j: usize| SlowKey {
+            data: &key.data[starts[i]..starts[j]],
+            ..*key
+        };
         let mut samples = Vec::with_capacity(key.data.len());
-        let mut start = 0;
-        for n in parts {
-            let part = SlowKey {
-                data: &key.data[start..start + n],
-                ..*key
-            };
-            samples.extend(self.run_file(dir, &part, start)?);
-            start += n;
+        let mut i = 0;
+        while i < parts.len() {
+            let j = (i + 2..=parts.len())
+                .rev()
+                .find(|&j| dir.join(group(i, j).file_name()).exists())
+                .unwrap_or(i + 1);
+            samples.extend(self.run_file(dir, &group(i, j), starts[i])?);
+            i = j;
         }
         Ok(samples)
     }

@@ -102,9 +102,10 @@ fn a_read_is_the_pass_bit_for_bit() {
     }
 }
 
-/// A set of two folders (parts of 2 and 3 samples) is cached as two files, which the same set and
-/// a set of one of the folders read; a file for the whole set is read before the parts. Samples
-/// are reported to `on_sample` by their index in the whole set.
+/// A set of two folders (parts of 2 and 3 samples) is cached as two files, which the same set, a
+/// set of one of the folders and a set whose first two folders make up the first part read; a
+/// file for the whole set is read before the parts. Samples are reported to `on_sample` by their
+/// index in the whole set.
 #[test]
 fn each_part_has_its_own_file() {
     let model = builtin("tiny").unwrap();
@@ -137,6 +138,14 @@ fn each_part_has_its_own_file() {
     let part = alone.run(&second).unwrap();
     assert!(matches!(alone.used.as_slice(), [CacheUse::Read(f)] if *f == files[1]));
     assert_eq!(bits(&arrays(&part)), bits(&arrays(&computed[2..])));
+    // Folders of 1, 1 and 3 samples: the first two together are the first file.
+    let mut regrouped = cached(dir.path());
+    regrouped.parts = vec![1, 1, 3];
+    let read_back = regrouped.run(&k).unwrap();
+    assert!(
+        matches!(regrouped.used.as_slice(), [CacheUse::Read(a), CacheUse::Read(b)] if [a, b] == [&files[0], &files[1]])
+    );
+    assert_eq!(bits(&arrays(&read_back)), bits(&arrays(&computed)));
     // A whole-set file (written without parts) is read, parts or not.
     let whole_dir = tempfile::tempdir().unwrap();
     cached(whole_dir.path()).run(&k).unwrap();
