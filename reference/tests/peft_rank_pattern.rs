@@ -21,8 +21,7 @@ const UP: Target = Target::Mlp(MlpProj::Up);
 /// 4-5), saved to a temporary folder.
 fn saved_ranked(model: &ModelConfig) -> (tempfile::TempDir, M2r2Weights) {
     let config = M2r2Config::default_for(model);
-    let mut w = M2r2Weights::random(model, config.clone(), 42).unwrap();
-    w.accelerator = Accelerator::random_ranked(model, &config, &[32, 16, 8], 42);
+    let w = M2r2Weights::random_ranked(model, config, &[32, 16, 8], 42).unwrap();
     let dir = tempfile::tempdir().unwrap();
     w.save_dir(dir.path()).unwrap();
     (dir, w)

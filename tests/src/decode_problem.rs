@@ -7,7 +7,6 @@ use proptest::prelude::*;
 use reference::Model;
 use reference::decode::speculative::DraftLength;
 use reference::io::builtin::random_model;
-use reference::m2r2::accelerator::Accelerator;
 use reference::m2r2::config::M2r2Config;
 use reference::m2r2::draft_head::DraftHead;
 use reference::m2r2::weights::M2r2Weights;
@@ -63,13 +62,15 @@ impl DecodeProblem {
         let config = small_config(self.layers, self.moe, self.vocab);
         let model = random_model(config.clone(), self.seed).unwrap();
         let seed = self.seed ^ weights_salt;
-        let mut weights =
-            M2r2Weights::random(&config, M2r2Config::default_for(&config), seed).unwrap();
-        if let Some(r) = self.ranks {
-            let ranks: Vec<usize> = (0..weights.config.num_gates()).map(|j| r[j % 3]).collect();
-            weights.accelerator =
-                Accelerator::random_ranked(&config, &weights.config, &ranks, seed);
+        let m2r2 = M2r2Config::default_for(&config);
+        let weights = match self.ranks {
+            Some(r) => {
+                let ranks: Vec<usize> = (0..m2r2.num_gates()).map(|j| r[j % 3]).collect();
+                M2r2Weights::random_ranked(&config, m2r2, &ranks, seed)
+            }
+            None => M2r2Weights::random(&config, m2r2, seed),
         }
+        .unwrap();
         (model, weights)
     }
 }

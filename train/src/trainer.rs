@@ -161,22 +161,14 @@ pub fn initial_weights(model: &Model, config: M2r2Config, seed: u64) -> Result<M
 }
 
 /// [`initial_weights`] with rank `ranks[j]` on interval `j` (one per gate) and one scale,
-/// `config.alpha / config.rank` ([`Accelerator::random_ranked`]).
+/// `config.alpha / config.rank` ([`M2r2Weights::random_ranked`]).
 pub fn initial_weights_ranked(
     model: &Model,
     config: M2r2Config,
     ranks: &[usize],
     seed: u64,
 ) -> Result<M2r2Weights> {
-    if ranks.len() != config.num_gates() || ranks.contains(&0) {
-        return Err(Error::Invalid(format!(
-            "{} ranks for {} gates: give one positive rank per gate",
-            ranks.len(),
-            config.num_gates()
-        )));
-    }
-    let mut weights = M2r2Weights::random(&model.config, config, seed)?;
-    weights.accelerator = Accelerator::random_ranked(&model.config, &weights.config, ranks, seed);
+    let mut weights = M2r2Weights::random_ranked(&model.config, config, ranks, seed)?;
     weights.arla = None;
     zero_b(&mut weights.accelerator);
     Ok(weights)

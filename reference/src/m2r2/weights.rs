@@ -137,10 +137,29 @@ impl M2r2Weights {
     /// Seeded random weights for `config` (what `m2r2 init-m2r2 --seed S` writes): adapters from
     /// [`Accelerator::random`] with `seed`, ARLA from [`Arla::random`] with `seed + 1` (wrapping).
     /// `config.seed` is set to `Some(seed)`.
-    pub fn random(model: &ModelConfig, mut config: M2r2Config, seed: u64) -> Result<Self> {
+    pub fn random(model: &ModelConfig, config: M2r2Config, seed: u64) -> Result<Self> {
+        let ranks = vec![config.rank; config.num_gates()];
+        Self::random_ranked(model, config, &ranks, seed)
+    }
+
+    /// [`random`](Self::random) with rank `ranks[j]` on interval `j`
+    /// ([`Accelerator::random_ranked`]); one positive rank per gate, else an error.
+    pub fn random_ranked(
+        model: &ModelConfig,
+        mut config: M2r2Config,
+        ranks: &[usize],
+        seed: u64,
+    ) -> Result<Self> {
         config.validate(model, "M2R2 settings")?;
+        if ranks.len() != config.num_gates() || ranks.contains(&0) {
+            return Err(Error::Invalid(format!(
+                "{} ranks for {} gates: give one positive rank per gate",
+                ranks.len(),
+                config.num_gates()
+            )));
+        }
         config.seed = Some(seed);
-        let accelerator = Accelerator::random(model, &config, seed);
+        let accelerator = Accelerator::random_ranked(model, &config, ranks, seed);
         let arla = Arla::random(
             model.hidden_size,
             config.num_gates(),

@@ -4,12 +4,9 @@
 
 use anyhow::{Context, Result, bail};
 use reference::Model;
-use reference::m2r2::config::M2r2Config;
+use reference::m2r2::config::{DEFAULT_RANK, M2r2Config};
 use reference::m2r2::weights::M2r2Weights;
 use train::trainer::{initial_weights, initial_weights_ranked};
-
-/// The default rank of fresh adapters.
-pub const DEFAULT_RANK: usize = 16;
 
 /// `--rank` as one rank per gate (`None`: that gate's rank is left as it is). Empty `rank` is
 /// [`DEFAULT_RANK`] for fresh adapters and no change with `--init`; one value is every gate's
