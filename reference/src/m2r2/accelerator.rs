@@ -251,11 +251,11 @@ impl Accelerator {
         let scale = config.alpha / config.rank as f32;
         Self::build(model, config, ranks, |part, rows, cols, r| {
             let std = match part {
-                LoraPart::A => 1.0 / (cols as f32).sqrt(),
+                LoraPart::A => a_std(cols),
                 LoraPart::B if scale == 0.0 => 0.0,
                 LoraPart::B => RANDOM_DELTA_RATIO / (scale.abs() * (r as f32).sqrt()),
             };
-            Array2::from_shape_simple_fn((rows, cols), || std * standard_normal(&mut rng))
+            normal(rows, cols, std, &mut rng)
         })
     }
 
@@ -324,10 +324,7 @@ impl Accelerator {
                 }
                 if lora.rank() < rank {
                     let inp = lora.a.ncols();
-                    let std = 1.0 / (inp as f32).sqrt();
-                    let rows = Array2::from_shape_simple_fn((rank - lora.rank(), inp), || {
-                        std * standard_normal(&mut rng)
-                    });
+                    let rows = normal(rank - lora.rank(), inp, a_std(inp), &mut rng);
                     *lora = lora.widened(rows, use_rslora);
                 }
             }
@@ -382,6 +379,16 @@ impl Accelerator {
             layers,
         })
     }
+}
+
+/// The standard deviation of `A`'s entries, fresh or widened: `1 / sqrt(in)`.
+fn a_std(inp: usize) -> f32 {
+    1.0 / (inp as f32).sqrt()
+}
+
+/// A `[rows, cols]` matrix of `N(0, std^2)` draws from `rng`, row-major.
+fn normal(rows: usize, cols: usize, std: f32, rng: &mut ChaCha8Rng) -> Array2<f32> {
+    Array2::from_shape_simple_fn((rows, cols), || std * standard_normal(rng))
 }
 
 /// The fast rows of a decoder layer get the adapter term, and the work of its two products.
