@@ -44,6 +44,12 @@ pub struct SlowKey<'a> {
 impl SlowKey<'_> {
     /// The cache file's name: `slow-` and the first 16 hex digits of the SHA-256 key.
     pub fn file_name(&self) -> String {
+        self.file_name_after(self.settings_hash())
+    }
+
+    /// The key's hash state after everything but the data (the model's weights, most of the
+    /// work): the same for every part of a data set, so it is computed once per set.
+    fn settings_hash(&self) -> Sha256 {
         let mut h = Sha256::new();
         h.update(FORMAT.as_bytes());
         h.update(self.model.config.hash().as_bytes());
@@ -53,6 +59,11 @@ impl SlowKey<'_> {
             self.config.gates, self.config.num_layers, self.intervals, self.keep_aligned
         );
         h.update(gates.as_bytes());
+        h
+    }
+
+    /// [`file_name`](Self::file_name) from `h`, this key's [`settings_hash`](Self::settings_hash).
+    fn file_name_after(&self, mut h: Sha256) -> String {
         for d in self.data {
             h.update((d.tokens.len() as u64).to_le_bytes());
             h.update((d.first_row() as u64).to_le_bytes());
@@ -394,7 +405,7 @@ impl<'a> SlowPass<'a> {
             return self.compute(key, 0);
         };
         if parts.len() <= 1 {
-            return self.run_file(dir, key, 0);
+            return self.run_file(dir.join(key.file_name()), dir, key, 0);
         }
         assert_eq!(
             parts.iter().sum::<usize>(),
@@ -412,28 +423,30 @@ impl<'a> SlowPass<'a> {
             data: &key.data[starts[i]..starts[j]],
             ..*key
         };
+        let settings = key.settings_hash();
+        let file = |i: usize, j: usize| dir.join(group(i, j).file_name_after(settings.clone()));
         let mut samples = Vec::with_capacity(key.data.len());
         let mut i = 0;
         while i < parts.len() {
             let j = (i + 2..=parts.len())
                 .rev()
-                .find(|&j| dir.join(group(i, j).file_name()).exists())
+                .find(|&j| file(i, j).exists())
                 .unwrap_or(i + 1);
-            samples.extend(self.run_file(dir, &group(i, j), starts[i])?);
+            samples.extend(self.run_file(file(i, j), dir, &group(i, j), starts[i])?);
             i = j;
         }
         Ok(samples)
     }
 
-    /// The slow stream of `key`'s data through its file in `dir` (the data's first sample is
-    /// sample `offset` of the whole set, for `on_sample`).
+    /// The slow stream of `key`'s data through `file`, its cache file in `dir` (the data's first
+    /// sample is sample `offset` of the whole set, for `on_sample`).
     fn run_file(
         &mut self,
+        file: PathBuf,
         dir: &Path,
         key: &SlowKey,
         offset: usize,
     ) -> Result<Vec<SlowSample<f32>>> {
-        let file = dir.join(key.file_name());
         if file.exists() {
             let samples = read(&file, key)?;
             self.used.push(CacheUse::Read(file));
