@@ -2,6 +2,7 @@
 
 use super::{fails, ok};
 use reference::io::builtin::tiny_config;
+use serde_json::Value;
 
 #[test]
 fn info_json_describes_the_model() {
@@ -16,6 +17,24 @@ fn info_json_describes_the_model() {
     assert!(
         text.contains("parameters") && text.contains("dense SwiGLU"),
         "{text}"
+    );
+    // The M2R2 weights decoding uses: tiny's seeded ones, gates after layers 2, 4, 6 of 8.
+    let m2r2 = &info["m2r2"];
+    assert_eq!(m2r2["source"], "builtin (seeded random)");
+    let after: Vec<&Value> = m2r2["gates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| &g["after_layer"])
+        .collect();
+    assert_eq!(after, [2, 4, 6]);
+    assert!(
+        text.contains("M2R2 weights") && text.contains("drafting"),
+        "{text}"
+    );
+    fails(
+        &["info", "--m2r2", "/nonexistent/m2r2"],
+        &["cannot load the M2R2 weights folder `/nonexistent/m2r2` (--m2r2)"],
     );
 }
 

@@ -70,6 +70,34 @@ fn train_with_ranks_per_gate_then_widen_gate_one() {
     }
     ok(&["export", "--m2r2", &p("wide"), "--out", &p("exp")]);
 
+    // `info` shows each gate's ranks, alphas and scales as written above. tiny: D = 64, 4 heads
+    // of 16 with 2 KV heads (q, o: 64 x 64; k, v: 32 x 64), I = 128 (gate, up: 128 x 64; down:
+    // 64 x 128), so a rank-r pair on a `[out, in]` map has r (in + out) entries and a layer's seven
+    // have r (128 + 96 + 96 + 128 + 192 + 192 + 192) = 1024 r.
+    let info = ok(&["info", "--m2r2", &p("wide"), "--json"]).json();
+    let gates = info["m2r2"]["gates"].as_array().unwrap();
+    let want = [
+        (2, [0, 2], 12u64, 24.0),
+        (4, [2, 4], 4, 8.0),
+        (6, [4, 6], 4, 8.0),
+    ];
+    for (g, (after, layers, rank, alpha)) in gates.iter().zip(want) {
+        assert_eq!(g["after_layer"], after, "{g}");
+        assert_eq!(g["layers"], serde_json::json!(layers), "{g}");
+        assert_eq!(g["adapted_maps"], 14, "{g}");
+        assert_eq!(g["ranks"], serde_json::json!([rank]), "{g}");
+        assert_eq!(g["alphas"], serde_json::json!([alpha]), "{g}");
+        assert_eq!(g["scales"], serde_json::json!([2.0]), "{g}");
+        assert_eq!(g["adapter_parameters"], 2 * 1024 * rank, "{g}");
+    }
+    assert_eq!(info["m2r2"]["adapter_parameters"], 2 * 1024 * (12 + 4 + 4));
+    assert_eq!(info["m2r2"]["source"], p("wide"));
+    let text = ok(&["info", "--m2r2", &p("wide")]).stdout;
+    assert!(
+        text.contains("M2R2 weights") && text.contains("after layer"),
+        "{text}"
+    );
+
     // Refusals: lowering a trained gate's rank, changing an untrained gate's, a list of the wrong
     // length.
     let (init, x) = (p("wide"), p("x"));

@@ -1,6 +1,9 @@
 //! `m2r2 info`: what a model is: config, parameter count and size, one row per layer, context,
-//! tokenizer.
+//! tokenizer, and the M2R2 weights decoding would use with it (`m2r2.rs`).
 
+mod m2r2;
+
+use crate::cli::args::m2r2::M2r2Args;
 use crate::cli::args::model::ModelArgs;
 use crate::cli::common;
 use crate::cli::decode_speed::DecodeWeights;
@@ -13,6 +16,10 @@ use serde_json::{Value, json};
 pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
+    /// M2R2 weights folder to describe, or `none`; default: the model's built-in M2R2 weights
+    /// (the shipped trained weights for smollm2), as the decoding commands use them
+    #[arg(long = "m2r2", value_name = "DIR|none")]
+    pub m2r2: Option<String>,
     /// Print one JSON object instead of tables
     #[arg(long)]
     pub json: bool,
@@ -20,11 +27,29 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<()> {
     let loaded = common::load(&args.model.model)?;
-    let info = describe(&loaded)?;
+    let mut info = describe(&loaded)?;
+    let choice = M2r2Args::weights_only(args.m2r2.clone());
+    match choice.weights(&loaded) {
+        Ok(weights) => info["m2r2"] = m2r2::describe(&weights, &choice.source(&loaded)),
+        // A folder the user named must load; a model the built-in weights do not fit (too
+        // shallow for a gate) is still described, with the reason.
+        Err(e) if args.m2r2.is_some() => return Err(e),
+        Err(e) => {
+            info["m2r2"] = Value::Null;
+            info["m2r2_unavailable"] = format!("{e:#}").into();
+        }
+    }
     if args.json {
         common::print_json(&info)?;
     } else {
         print_text(&info);
+        match info["m2r2"].is_object() {
+            true => m2r2::print_text(&info["m2r2"]),
+            false => println!(
+                "\nM2R2 weights  none: {}",
+                info["m2r2_unavailable"].as_str().unwrap_or("")
+            ),
+        }
     }
     Ok(())
 }

@@ -1,0 +1,152 @@
+//! `m2r2 info`'s M2R2 section: the gates and their intervals, each gate's adapter ranks, alphas
+//! and scales (PEFT `rank_pattern` / `alpha_pattern` give a pair its own), the drafting policy,
+//! ARLA and the pruned draft head of the M2R2 weights a decoding command would use.
+
+use crate::cli::common;
+use reference::m2r2::accelerator::Lora;
+use reference::m2r2::weights::M2r2Weights;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+
+/// The `m2r2` object of `info --json`: `weights` came from `source` (`M2r2Args::source`).
+pub fn describe(weights: &M2r2Weights, source: &str) -> Value {
+    let config = &weights.config;
+    let acc = &weights.accelerator;
+    let gates: Vec<Value> = (1..=config.num_gates())
+        .map(|g| {
+            let layers = config.interval_layers(g - 1);
+            let loras: Vec<&Lora> = layers
+                .clone()
+                .filter_map(|l| acc.layers.get(l).and_then(Option::as_ref))
+                .flat_map(|la| la.loras.values())
+                .collect();
+            let ranks: BTreeSet<usize> = loras.iter().map(|l| l.rank()).collect();
+            let reals = |f: &dyn Fn(&Lora) -> f32| distinct(loras.iter().map(|l| f(l)));
+            json!({
+                "gate": g,
+                "after_layer": config.gate_layer(g),
+                "layers": [layers.start, layers.end],
+                "adapted_maps": loras.len(),
+                "ranks": ranks,
+                "alphas": reals(&|l| l.alpha()),
+                "scales": reals(&|l| acc.scale(l)),
+                "adapter_parameters": loras.iter().map(|l| l.a().len() + l.b().len()).sum::<usize>(),
+            })
+        })
+        .collect();
+    let dynamic = config.dynamic_draft.as_ref().map(|d| {
+        json!({"gate": d.gate.to_string(), "threshold": real(d.threshold), "at_most": config.draft_len})
+    });
+    let parameters = acc.parameter_count();
+    json!({
+        "source": source,
+        "gates": gates,
+        "rank": acc.rank,
+        "alpha": real(acc.alpha),
+        "use_rslora": acc.use_rslora,
+        "targets": acc.targets.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "adapter_parameters": parameters,
+        "adapter_bytes_f16": 2 * parameters,
+        "draft": {
+            "gate": config.draft_gate,
+            "draft_len": config.draft_len,
+            "dynamic_draft": dynamic,
+            "draft_head_tokens": weights.draft_head.as_ref().map(|h| h.len()),
+        },
+        "arla": {
+            "present": weights.arla.is_some(),
+            "latent": config.arla.latent,
+            "threshold": real(config.arla.threshold),
+        },
+    })
+}
+
+/// An `f32` as the JSON number of its shortest decimal form (0.98, not 0.9800000190734863).
+fn real(x: f32) -> Value {
+    x.to_string()
+        .parse::<f64>()
+        .map_or(Value::Null, Value::from)
+}
+
+/// The distinct values, ascending, as [`real`]s.
+fn distinct(values: impl Iterator<Item = f32>) -> Value {
+    let mut v: Vec<f32> = values.collect();
+    v.sort_by(f32::total_cmp);
+    v.dedup();
+    Value::Array(v.into_iter().map(real).collect())
+}
+
+/// The section as text under the model's tables.
+pub fn print_text(m: &Value) {
+    println!();
+    println!("M2R2 weights  {}", m["source"].as_str().unwrap_or(""));
+    let n = |v: &Value| v.as_u64().unwrap_or(0) as f64;
+    println!(
+        "adapters      {} parameters ({} as f16), default rank {}, alpha {}{}, on {}",
+        common::count(n(&m["adapter_parameters"])),
+        common::bytes(n(&m["adapter_bytes_f16"])),
+        m["rank"],
+        m["alpha"],
+        if m["use_rslora"].as_bool() == Some(true) {
+            " (rsLoRA)"
+        } else {
+            ""
+        },
+        list(&m["targets"])
+    );
+    let draft = &m["draft"];
+    let policy = match draft["dynamic_draft"].as_object() {
+        Some(d) => format!(
+            "dynamic: while {} >= {}, at most {}",
+            d["gate"].as_str().unwrap_or(""),
+            d["threshold"],
+            d["at_most"]
+        ),
+        None => format!("fixed: {} per verification", draft["draft_len"]),
+    };
+    let head = match draft["draft_head_tokens"].as_u64() {
+        Some(k) => format!("pruned draft head of {k} tokens"),
+        None => "full draft head".into(),
+    };
+    println!("drafting      gate {}, {policy}, {head}", draft["gate"]);
+    let arla = &m["arla"];
+    println!(
+        "ARLA          {}, latent {}, threshold {}",
+        if arla["present"].as_bool() == Some(true) {
+            "weights present"
+        } else {
+            "no weights"
+        },
+        arla["latent"],
+        arla["threshold"]
+    );
+    println!();
+    println!(
+        "{:<5} {:<11} {:<9} {:<6} {:<10} {:<10} {:<12} {:>12}",
+        "gate", "after layer", "layers", "maps", "ranks", "alphas", "scales", "parameters"
+    );
+    for g in m["gates"].as_array().into_iter().flatten() {
+        let layers = &g["layers"];
+        println!(
+            "{:<5} {:<11} {:<9} {:<6} {:<10} {:<10} {:<12} {:>12}",
+            g["gate"].to_string(),
+            g["after_layer"].to_string(),
+            format!("{}..{}", layers[0], layers[1]),
+            g["adapted_maps"].to_string(),
+            list(&g["ranks"]),
+            list(&g["alphas"]),
+            list(&g["scales"]),
+            g["adapter_parameters"].to_string()
+        );
+    }
+}
+
+/// `[a, b]` as `a, b`.
+fn list(v: &Value) -> String {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| x.as_str().map_or_else(|| x.to_string(), str::to_owned))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
