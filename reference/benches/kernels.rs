@@ -1,4 +1,4 @@
-//! `cargo bench -p m2r2-reference --bench kernels [-- tile | model [T,T,..] [REPEATS]]`: every
+//! `cargo bench -p m2r2-reference --bench kernels [-- tile | model [T,T,..] [REPEATS] | stream [REPEATS]]`: every
 //! matmul kernel this CPU runs, side by side in one process, on SmolLM2-135M's shapes.
 //!
 //! - `tile`: one parallel task's tile (8 weight rows against `T` input rows) with everything in
@@ -8,10 +8,16 @@
 //!   down, then the LM head; 538 MB of random f32 weights, far past the caches) at `T` rows each,
 //!   on the model's rayon threads, best of `REPEATS`: decode and chunk cost as the model sees them.
 //!
+//! - `stream [REPEATS]`: what bounds a decode step's products from above: the same 538 MB read
+//!   as one buffer in 256 KiB tasks (what `m2r2 bench` probes), then matrix by matrix with one
+//!   parallel section per matrix and 8 rows per task (the products' structure, with a plain sum
+//!   for arithmetic), then the decode products themselves; the three alternate `REPEATS` times and
+//!   each keeps its best.
+//!
 //! Compare ratios within one run: the development machines are shared and noisy.
 
 use ndarray::Array2;
-use reference::base::matmul::{cache_aligned, kernel::Kernel, linear_with};
+use reference::base::matmul::{LANES, cache_aligned, kernel::Kernel, linear_with};
 use std::time::Instant;
 
 const D: usize = 576;
@@ -70,7 +76,8 @@ fn tile() {
     }
 }
 
-fn model(rows: &[usize], repeats: usize) {
+/// SmolLM2-135M's 210 layer weights (30 layers of q, k, v, o, gate, up, down) and its head.
+fn smollm2_weights() -> (Vec<Array2<f32>>, Array2<f32>) {
     let shapes = [
         (D, D),
         (D / 3, D),
@@ -88,7 +95,11 @@ fn model(rows: &[usize], repeats: usize) {
                 .map(move |(i, &(o, inner))| matrix(o, inner, (l * 10 + i) as u64))
         })
         .collect();
-    let head = matrix(VOCAB, D, 999);
+    (weights, matrix(VOCAB, D, 999))
+}
+
+fn model(rows: &[usize], repeats: usize) {
+    let (weights, head) = smollm2_weights();
     let bytes: usize = weights.iter().map(|w| w.len() * 4).sum::<usize>() + head.len() * 4;
     println!(
         "SmolLM2's products of one token ({:.1} MB of f32 weights), {} rayon threads, best of {repeats}",
@@ -125,6 +136,67 @@ fn model(rows: &[usize], repeats: usize) {
     }
 }
 
+/// Sum with 16 independent accumulators, limited by loads (as `m2r2 bench`'s probe).
+fn sum_lanes(x: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    for c in x.chunks_exact(LANES) {
+        for j in 0..LANES {
+            lanes[j] += c[j];
+        }
+    }
+    lanes.iter().sum::<f32>() + x.chunks_exact(LANES).remainder().iter().sum::<f32>()
+}
+
+fn stream(repeats: usize) {
+    use rayon::prelude::*;
+    let (weights, head) = smollm2_weights();
+    let all: Vec<&Array2<f32>> = weights.iter().chain([&head]).collect();
+    let bytes: usize = all.iter().map(|w| w.len() * 4).sum();
+    let one: Vec<f32> = all.iter().flat_map(|w| w.iter().copied()).collect();
+    let x = matrix(1, D, 7);
+    let xf = matrix(1, FFN, 8);
+    let ways: [(&str, &dyn Fn()); 3] = [
+        ("one buffer, 256 KiB tasks (the bench probe)", &|| {
+            std::hint::black_box(one.par_chunks(1 << 16).map(sum_lanes).sum::<f32>());
+        }),
+        ("matrix by matrix, 8 rows per task, sums", &|| {
+            for w in &all {
+                let rows = w.as_slice().unwrap().par_chunks(8 * w.ncols());
+                std::hint::black_box(rows.map(sum_lanes).sum::<f32>());
+            }
+        }),
+        ("matrix by matrix, the decode products", &|| {
+            for w in &all {
+                let x = if w.ncols() == D { &x } else { &xf };
+                std::hint::black_box(linear_with(Kernel::best(), x.view(), w.view(), None));
+            }
+        }),
+    ];
+    let mut best = [f64::MAX; 3];
+    for _ in 0..repeats {
+        for (i, (_, run)) in ways.iter().enumerate() {
+            let start = Instant::now();
+            run();
+            best[i] = best[i].min(start.elapsed().as_secs_f64());
+        }
+    }
+    println!(
+        "reading SmolLM2's {:.1} MB of f32 weights, {} rayon threads, best of {repeats} alternating rounds",
+        bytes as f64 / 1e6,
+        rayon::current_num_threads()
+    );
+    println!("| read | ms | GB/s | of the one-buffer rate |");
+    println!("|---|---|---|---|");
+    for (i, (name, _)) in ways.iter().enumerate() {
+        println!(
+            "| {name} | {:.2} | {:.1} | {:.0} % |",
+            best[i] * 1e3,
+            bytes as f64 / best[i] / 1e9,
+            100.0 * best[0] / best[i]
+        );
+    }
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; the words after `--` choose what to run.
     let args: Vec<String> = std::env::args()
@@ -133,6 +205,7 @@ fn main() {
         .collect();
     match args.first().map(String::as_str) {
         Some("tile") => tile(),
+        Some("stream") => stream(args.get(1).map_or(9, |s| s.parse().expect("REPEATS"))),
         Some("model") | None => {
             let rows = args
                 .get(1)
@@ -141,6 +214,8 @@ fn main() {
             let repeats = args.get(2).map_or(5, |s| s.parse().expect("REPEATS"));
             model(&rows, repeats);
         }
-        Some(other) => eprintln!("unknown bench '{other}': tile or model [T,T,..] [REPEATS]"),
+        Some(other) => {
+            eprintln!("unknown bench '{other}': tile, model [T,T,..] [REPEATS] or stream [REPEATS]")
+        }
     }
 }
