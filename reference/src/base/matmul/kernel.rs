@@ -135,6 +135,66 @@ impl Kernel {
     }
 }
 
+impl Kernel {
+    /// `y += a[j] * x_j` for `j = 0, 1, ...` in turn: per element, each product rounded, then
+    /// added to `y` and rounded (no fused multiply-add), so every kernel gives the plain loop's
+    /// bits; the SIMD ones only carry more elements per instruction. Attention's weighted sum of
+    /// values.
+    ///
+    /// # Panics
+    /// If `a` and `xs` differ in length, an `x_j` and `y` differ in length, or the kernel is not
+    /// [available](Kernel::available).
+    pub fn axpys(self, a: &[f32], xs: &[&[f32]], y: &mut [f32]) {
+        assert_eq!(a.len(), xs.len(), "axpys: one factor per row");
+        assert!(
+            xs.iter().all(|x| x.len() == y.len()),
+            "axpys: rows as long as y"
+        );
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                assert!(std::arch::is_x86_feature_detected!("avx2"), "no AVX2 here");
+                // SAFETY: AVX2 is present (checked above).
+                unsafe { axpys_avx2(a, xs, y) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => {
+                assert!(
+                    std::arch::is_x86_feature_detected!("avx512f"),
+                    "no AVX-512 here"
+                );
+                // SAFETY: AVX-512F is present (checked above).
+                unsafe { axpys_avx512(a, xs, y) }
+            }
+            // NEON is baseline on aarch64: the compiler already vectorises the loop there.
+            _ => axpys_loop(a, xs, y),
+        }
+    }
+}
+
+/// The definition of [`Kernel::axpys`]; the SIMD variants compile this same loop with wider
+/// vectors enabled.
+#[inline(always)]
+fn axpys_loop(a: &[f32], xs: &[&[f32]], y: &mut [f32]) {
+    for (&a, x) in a.iter().zip(xs) {
+        for (y, &x) in y.iter_mut().zip(x.iter()) {
+            *y += a * x;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn axpys_avx2(a: &[f32], xs: &[&[f32]], y: &mut [f32]) {
+    axpys_loop(a, xs, y);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn axpys_avx512(a: &[f32], xs: &[&[f32]], y: &mut [f32]) {
+    axpys_loop(a, xs, y);
+}
+
 /// The definition, pair by pair.
 fn portable(x: &[f32], width: usize, w: &[&[f32]], out: &mut [f32]) {
     let t_rows = out.len() / w.len().max(1);
