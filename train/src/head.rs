@@ -38,8 +38,11 @@ pub struct HeadTape<F> {
 /// Loss of one batch: mean KL and top-1 agreement.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct KlStats {
-    /// `tau^2 * mean_r KL(p_t || p_s)`
+    /// The objective: `tau^2 * mean_r [KL(p_t || p_s) + w * CE(argmax p_t, p_s)]` (`w`: the
+    /// hard-label weight; 0 gives the KL alone).
     pub loss: f64,
+    /// `tau^2 * mean_r KL(p_t || p_s)`, what validation and early stopping compare.
+    pub kl: f64,
     /// Rows whose argmax equals the teacher's argmax.
     pub agree: usize,
     pub rows: usize,
@@ -114,7 +117,11 @@ fn softmax_and_log<F: Real>(x: ArrayView1<F>, tau: F) -> (Array1<F>, Array1<F>) 
     (e / sum, x.mapv(|v| v / tau - log_sum))
 }
 
-/// KL distillation loss and its gradient with respect to the student logits.
+/// KL distillation loss and its gradient with respect to the student logits, plus, with weight
+/// `hard`, the cross-entropy of the student on the teacher's argmax (the token greedy decoding
+/// emits, which a draft must match to be accepted): per row
+/// `tau^2 * [KL(p_t || p_s) - hard * ln p_s(y)]`, `p = softmax(z / tau)`, `y = argmax z_t`, whose
+/// gradient is `tau * [(p_s - p_t) + hard * (p_s - e_y)]`; both averaged over the rows.
 ///
 /// # Shapes
 /// - `student`, `teacher`: `[R, V]` -> (stats, `dlogits` `[R, V]`)
@@ -122,11 +129,12 @@ pub fn kl_loss<F: Real>(
     student: ArrayView2<F>,
     teacher: ArrayView2<F>,
     tau: F,
+    hard: F,
 ) -> (KlStats, Array2<F>) {
     let rows = student.nrows();
     let r = F::c(rows as f64);
     let mut dlogits = Array2::zeros(student.raw_dim());
-    let per_row: Vec<(f64, bool)> = dlogits
+    let per_row: Vec<(f64, f64, bool)> = dlogits
         .axis_iter_mut(Axis(0))
         .into_par_iter()
         .enumerate()
@@ -140,14 +148,25 @@ pub fn kl_loss<F: Real>(
                 }
                 d[v] = tau / r * (ps[v] - pt[v]);
             }
-            let agree = reference::base::ops::argmax(&student.row(t).mapv(F::lower).to_vec())
-                == reference::base::ops::argmax(&teacher.row(t).mapv(F::lower).to_vec());
-            ((tau * tau * kl).to_f64().unwrap_or(f64::NAN), agree)
+            let own = reference::base::ops::argmax(&student.row(t).mapv(F::lower).to_vec());
+            let y = reference::base::ops::argmax(&teacher.row(t).mapv(F::lower).to_vec());
+            let mut ce = F::zero();
+            if hard != F::zero() {
+                ce = -ls[y];
+                for v in 0..ls.len() {
+                    let e_y = if v == y { F::one() } else { F::zero() };
+                    d[v] += tau / r * hard * (ps[v] - e_y);
+                }
+            }
+            let f = |x: F| (tau * tau * x).to_f64().unwrap_or(f64::NAN);
+            (f(kl + hard * ce), f(kl), own == y)
         })
         .collect();
+    let mean = |x: f64| x / rows.max(1) as f64;
     let stats = KlStats {
-        loss: per_row.iter().map(|p| p.0).sum::<f64>() / rows.max(1) as f64,
-        agree: per_row.iter().filter(|p| p.1).count(),
+        loss: mean(per_row.iter().map(|p| p.0).sum()),
+        kl: mean(per_row.iter().map(|p| p.1).sum()),
+        agree: per_row.iter().filter(|p| p.2).count(),
         rows,
     };
     (stats, dlogits)
@@ -165,19 +184,23 @@ mod tests {
     #[test]
     fn kl_hand_computed() {
         let t = array![[0.0f64, 0.0]];
-        let (s, d) = kl_loss(t.view(), t.view(), 1.0);
+        let (s, d) = kl_loss(t.view(), t.view(), 1.0, 0.0);
         assert_eq!(s.loss, 0.0);
         assert!(d.iter().all(|&v| v == 0.0));
         // p_t = [1/2, 1/2], p_s = softmax([ln 3, 0]) = [3/4, 1/4]:
         // KL = 1/2 ln(2/3) + 1/2 ln(2) = 0.1438410
         let s = array![[3f64.ln(), 0.0]];
-        let (stats, _) = kl_loss(s.view(), t.view(), 1.0);
-        approx::assert_abs_diff_eq!(
-            stats.loss,
-            0.5 * (2.0f64 / 3.0).ln() + 0.5 * 2f64.ln(),
-            epsilon = 1e-12
-        );
+        let (stats, _) = kl_loss(s.view(), t.view(), 1.0, 0.0);
+        let kl = 0.5 * (2.0f64 / 3.0).ln() + 0.5 * 2f64.ln();
+        approx::assert_abs_diff_eq!(stats.loss, kl, epsilon = 1e-12);
+        assert_eq!(stats.kl, stats.loss);
         assert_eq!(stats.agree, 1); // ties: both argmax 0
+        // With the hard label (y = 0, the teacher's tie goes to the first): + 2 * -ln(3/4).
+        let (stats, d) = kl_loss(s.view(), t.view(), 1.0, 2.0);
+        approx::assert_abs_diff_eq!(stats.kl, kl, epsilon = 1e-12);
+        approx::assert_abs_diff_eq!(stats.loss, kl - 2.0 * 0.75f64.ln(), epsilon = 1e-12);
+        // d = (p_s - p_t) + 2 (p_s - e_0) = [1/4, -1/4] + 2 [-1/4, 1/4]
+        approx::assert_abs_diff_eq!(d, array![[-0.25, 0.25]], epsilon = 1e-12);
     }
 
     /// The stacked product gives, bit for bit, the logits and tape of two separate forwards (f32,
@@ -201,13 +224,13 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(16))]
         /// d loss / d u through the KL, the LM head and the final RMSNorm.
         #[test]
-        fn backward_matches_finite_differences(rows in 1usize..4, d in 2usize..6, v in 2usize..9, tau in 0.5f64..3.0, seed in 0u64..1000) {
+        fn backward_matches_finite_differences(rows in 1usize..4, d in 2usize..6, v in 2usize..9, tau in 0.5f64..3.0, hard in prop_oneof![Just(0.0f64), 0.1f64..2.0], seed in 0u64..1000) {
             let head = Head { norm: vector::<f64>(d, seed), w: matrix(v, d, seed + 1), eps: 1e-5 };
             let u = matrix::<f64>(rows, d, seed + 2);
             let teacher = matrix::<f64>(rows, v, seed + 3) * 2.0;
-            let loss = |u: ArrayView2<f64>| kl_loss(head.forward(u).0.view(), teacher.view(), tau).0.loss;
+            let loss = |u: ArrayView2<f64>| kl_loss(head.forward(u).0.view(), teacher.view(), tau, hard).0.loss;
             let (logits, tape) = head.forward(u.view());
-            let (_, dlogits) = kl_loss(logits.view(), teacher.view(), tau);
+            let (_, dlogits) = kl_loss(logits.view(), teacher.view(), tau, hard);
             let du = head.backward(dlogits.view(), &tape);
             let n = numeric_gradient(u.view().into_dyn(), |p| loss(p.view().into_dimensionality().unwrap()));
             let r = compare("du", du.view().into_dyn(), n.view(), 1e-7, 1e-5);

@@ -51,6 +51,10 @@ pub struct TrainOptions {
     pub clip: f64,
     /// Distillation temperature tau.
     pub temperature: f64,
+    /// Weight of the cross-entropy on the teacher's argmax beside the KL ([`kl_loss`]); 0: the
+    /// KL alone.
+    #[serde(default)]
+    pub hard_label_weight: f64,
     /// Optional alignment of the exit state with `s_N`, and its weight.
     pub align: Option<AlignKind>,
     pub align_weight: f64,
@@ -97,6 +101,12 @@ impl TrainOptions {
             || self.clip.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
         {
             return bad("temperature and clip must be positive".into());
+        }
+        if !(self.hard_label_weight >= 0.0 && self.hard_label_weight.is_finite()) {
+            return bad(format!(
+                "the hard-label weight must be finite and >= 0 (got {})",
+                self.hard_label_weight
+            ));
         }
         if self.align_intermediate && self.align.is_none() {
             return bad(
@@ -430,10 +440,11 @@ impl Trainer {
         let (logits, head_tape, teacher) =
             self.base.head.forward_with_teacher(u.view(), target.view());
         let tau = self.options.temperature as f32;
-        let (kl, dlogits) = kl_loss(logits.view(), teacher.view(), tau);
+        let hard = self.options.hard_label_weight as f32;
+        let (kl, dlogits) = kl_loss(logits.view(), teacher.view(), tau, hard);
         let mut stats = GateStats {
             gate: g.gate,
-            kl: kl.loss,
+            kl: kl.kl,
             align: 0.0,
             agree: kl.agree,
             rows: kl.rows,

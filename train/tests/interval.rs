@@ -180,9 +180,14 @@ fn whole_interval_gradients_match_finite_differences() {
             },
             f,
         );
-        kl_loss(base.head.forward(u.view()).0.view(), teacher.view(), tau)
-            .0
-            .loss
+        kl_loss(
+            base.head.forward(u.view()).0.view(),
+            teacher.view(),
+            tau,
+            0.0,
+        )
+        .0
+        .loss
     };
     // analytic
     let f = fast_stream::start_states(
@@ -203,7 +208,7 @@ fn whole_interval_gradients_match_finite_differences() {
         f,
     );
     let (logits, head_tape) = base.head.forward(u.view());
-    let (_, dlogits) = kl_loss(logits.view(), teacher.view(), tau);
+    let (_, dlogits) = kl_loss(logits.view(), teacher.view(), tau, 0.0);
     let du = base.head.backward(dlogits.view(), &head_tape);
     let mut grads = adapters.zeros_like();
     fast_stream::backward(
@@ -326,7 +331,7 @@ fn intermediate_alignment_gradients_match_finite_differences() {
             let f = fast_stream::start_states(batch, 0);
             let (u, tape) = fast_stream::forward(&base, a, layers.clone(), batch, f);
             let (logits, head_tape) = base.head.forward(u.view());
-            let (kl, dlogits) = kl_loss(logits.view(), teacher.view(), 1.0);
+            let (kl, dlogits) = kl_loss(logits.view(), teacher.view(), 1.0, 0.0);
             let (exit, du_exit) = align_loss(kind, u.view(), last.view(), w);
             let mut total = kl.loss + exit;
             let mut d_inner = Vec::new();

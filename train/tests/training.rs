@@ -53,6 +53,7 @@ fn options(steps: usize) -> TrainOptions {
         weight_decay: 0.0,
         clip: 1.0,
         temperature: 1.0,
+        hard_label_weight: 0.0,
         align: None,
         align_weight: 0.0,
         align_intermediate: false,
@@ -220,6 +221,37 @@ fn intermediate_alignment_trains_and_needs_a_kind() {
     let after = trainer.evaluate_training_rows();
     println!("align {} -> {}", before[0].align, after[0].align);
     assert!(after[0].align < before[0].align);
+}
+
+/// The hard-label term (cross-entropy on the teacher's argmax): refused when negative; it leaves
+/// the reported KL alone (evaluation is the same KL with or without it), changes the update, and
+/// the step stays deterministic. Its gradient is checked by finite differences in `head.rs`.
+#[test]
+fn hard_label_term_changes_the_update_not_the_reported_kl() {
+    let model = builtin("tiny").unwrap();
+    let train_data = data(&model, 8, 7);
+    let weights = || initial_weights(&model, config(&model), 3).unwrap();
+    let with = |w: f64| TrainOptions {
+        hard_label_weight: w,
+        ..options(4)
+    };
+    let err = new_trainer(&model, weights(), &train_data, with(-1.0))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("hard-label weight"), "{err}");
+    let mut kl_only = new_trainer(&model, weights(), &train_data, with(0.0)).unwrap();
+    let mut hard = new_trainer(&model, weights(), &train_data, with(1.0)).unwrap();
+    assert_eq!(
+        hard.evaluate_training_rows(),
+        kl_only.evaluate_training_rows()
+    );
+    let first = hard.train_step();
+    assert_eq!(first, kl_only.train_step(), "the same KL at the first step");
+    assert_ne!(hard.weights(), kl_only.weights(), "a different update");
+    let mut again = new_trainer(&model, weights(), &train_data, with(1.0)).unwrap();
+    again.train_step();
+    assert_eq!(again.weights(), hard.weights(), "deterministic");
 }
 
 /// A trainer whose slow stream was read from `--slow-cache` trains the same adapters, bit for bit,

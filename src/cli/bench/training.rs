@@ -58,6 +58,7 @@ pub fn training_speed(
         weight_decay: 0.0,
         clip: 1.0,
         temperature: 1.0,
+        hard_label_weight: 0.0,
         align: None,
         align_weight: 0.0,
         align_intermediate: false,

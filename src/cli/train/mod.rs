@@ -71,6 +71,10 @@ pub struct Args {
     /// Distillation temperature tau of the KL loss
     #[arg(long, value_name = "T", default_value_t = 1.0)]
     pub temperature: f64,
+    /// Weight of a cross-entropy term on the teacher's argmax (the token greedy decoding emits)
+    /// beside the KL; 0 trains on the KL alone
+    #[arg(long, value_name = "W", default_value_t = 0.0)]
+    pub hard_label_weight: f64,
     /// Alignment of the exit state with the final slow residual: cosine | mse
     #[arg(long, value_name = "KIND")]
     pub align: Option<AlignKind>,
@@ -236,6 +240,7 @@ pub fn run(args: &Args) -> Result<()> {
                 weight_decay: args.weight_decay,
                 clip: args.clip,
                 temperature: args.temperature,
+                hard_label_weight: args.hard_label_weight,
                 align: args.align,
                 align_weight: args.align_weight,
                 align_intermediate: args.align_intermediate,
