@@ -312,6 +312,20 @@ fn distill_train_resume_generate() {
             "--model",
             "tiny",
             "--data",
+            &p("data"),
+            "--hard-label-weight",
+            "-1",
+            "--out",
+            &p("ck-hard"),
+        ],
+        &["the hard-label weight (--hard-label-weight) must be finite and >= 0 (got -1)"],
+    );
+    fails(
+        &[
+            "train",
+            "--model",
+            "tiny",
+            "--data",
             &p("dev"),
             "--resume",
             &ck,

@@ -104,7 +104,7 @@ impl TrainOptions {
         }
         if !(self.hard_label_weight >= 0.0 && self.hard_label_weight.is_finite()) {
             return bad(format!(
-                "the hard-label weight must be finite and >= 0 (got {})",
+                "the hard-label weight (--hard-label-weight) must be finite and >= 0 (got {})",
                 self.hard_label_weight
             ));
         }

@@ -239,7 +239,7 @@ fn hard_label_term_changes_the_update_not_the_reported_kl() {
         .err()
         .expect("refused")
         .to_string();
-    assert!(err.contains("hard-label weight"), "{err}");
+    assert!(err.contains("--hard-label-weight"), "{err}");
     let mut kl_only = new_trainer(&model, weights(), &train_data, with(0.0)).unwrap();
     let mut hard = new_trainer(&model, weights(), &train_data, with(1.0)).unwrap();
     assert_eq!(

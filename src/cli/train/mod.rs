@@ -73,7 +73,12 @@ pub struct Args {
     pub temperature: f64,
     /// Weight of a cross-entropy term on the teacher's argmax (the token greedy decoding emits)
     /// beside the KL; 0 trains on the KL alone
-    #[arg(long, value_name = "W", default_value_t = 0.0)]
+    #[arg(
+        long,
+        value_name = "W",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
     pub hard_label_weight: f64,
     /// Alignment of the exit state with the final slow residual: cosine | mse
     #[arg(long, value_name = "KIND")]
