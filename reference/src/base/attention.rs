@@ -8,7 +8,7 @@
 //! Two implementations, tested bitwise equal: [`attend_naive`], the definition head by head with
 //! one [`dot`] per key, and [`attend`], which computes the same dots for all query heads of a
 //! key/value head at once with the SIMD tile of the linear layers ([`Kernel::tile`]) and the
-//! weighted sum of values with [`Kernel::axpy`], in the definition's order. Attention is a few
+//! weighted sum of values with [`Kernel::axpys`], in the definition's order. Attention is a few
 //! percent of a decode step, but an eighth of a batched step of 16 sequences, where every row
 //! attends to its own cache.
 
