@@ -17,7 +17,8 @@
 //! Compare ratios within one run: the development machines are shared and noisy.
 
 use ndarray::Array2;
-use reference::base::matmul::{LANES, cache_aligned, kernel::Kernel, linear_with};
+use reference::base::bandwidth::{streaming_read, sum_lanes};
+use reference::base::matmul::{cache_aligned, kernel::Kernel, linear_with};
 use std::time::Instant;
 
 const D: usize = 576;
@@ -136,17 +137,6 @@ fn model(rows: &[usize], repeats: usize) {
     }
 }
 
-/// Sum with 16 independent accumulators, limited by loads (as `m2r2 bench`'s probe).
-fn sum_lanes(x: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; LANES];
-    for c in x.chunks_exact(LANES) {
-        for j in 0..LANES {
-            lanes[j] += c[j];
-        }
-    }
-    lanes.iter().sum::<f32>() + x.chunks_exact(LANES).remainder().iter().sum::<f32>()
-}
-
 fn stream(repeats: usize) {
     use rayon::prelude::*;
     let (weights, head) = smollm2_weights();
@@ -157,7 +147,7 @@ fn stream(repeats: usize) {
     let xf = matrix(1, FFN, 8);
     let ways: [(&str, &dyn Fn()); 3] = [
         ("one buffer, 256 KiB tasks (the bench probe)", &|| {
-            std::hint::black_box(one.par_chunks(1 << 16).map(sum_lanes).sum::<f32>());
+            std::hint::black_box(streaming_read(&one));
         }),
         ("matrix by matrix, 8 rows per task, sums", &|| {
             for w in &all {

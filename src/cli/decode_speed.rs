@@ -7,13 +7,11 @@
 use crate::cli::args::bench::Sizes;
 use crate::cli::common;
 use anyhow::{Result, bail};
-use rayon::prelude::*;
 use reference::ModelConfig;
+use reference::base::bandwidth::memory_read_bandwidth;
 use reference::base::generate::{GenerateOptions, generate};
 use reference::io::load::LoadedModel;
 use serde::Serialize;
-use std::hint::black_box;
-use std::time::Instant;
 
 /// The largest buffer the bandwidth probe may allocate (16 GiB).
 const MAX_BANDWIDTH_MIB: usize = 16 << 10;
@@ -249,40 +247,6 @@ pub fn median(xs: &[f64]) -> f64 {
     } else {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
-}
-
-/// Best bytes/s of `runs` parallel streaming reads (sums) over a buffer of `bytes`, on rayon's global
-/// pool (the threads the model uses). The buffer is written first so every page is really mapped.
-pub fn memory_read_bandwidth(bytes: usize, runs: usize) -> f64 {
-    const CHUNK: usize = 1 << 16; // floats per rayon task: 256 KiB
-    let n = bytes / 4;
-    let mut buffer = vec![0.0f32; n];
-    buffer
-        .par_chunks_mut(CHUNK)
-        .enumerate()
-        .for_each(|(i, c)| c.fill(1.0 + i as f32 * 1e-6));
-    let mut best = 0.0f64;
-    for _ in 0..runs {
-        let start = Instant::now();
-        let total: f32 = buffer.par_chunks(CHUNK).map(sum_lanes).sum();
-        let seconds = start.elapsed().as_secs_f64();
-        black_box(total);
-        best = best.max((n * 4) as f64 / seconds);
-    }
-    best
-}
-
-/// Sum with 16 independent accumulators, so the loop is limited by loads, not by one add chain.
-fn sum_lanes(x: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 16];
-    let chunks = x.chunks_exact(16);
-    let tail: f32 = chunks.remainder().iter().sum();
-    for c in chunks {
-        for j in 0..16 {
-            lanes[j] += c[j];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
 }
 
 /// The CPU's model name from `/proc/cpuinfo`.

@@ -2,6 +2,7 @@
 //! (spec section 0). Nothing here knows about M2R2, decoding modes or files.
 
 pub mod attention;
+pub mod bandwidth;
 pub mod batch;
 pub mod config;
 pub mod generate;

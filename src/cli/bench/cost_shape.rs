@@ -11,9 +11,10 @@
 
 use crate::cli::args::bench::Sizes;
 use crate::cli::bench::training::TrainingSpeed;
-use crate::cli::decode_speed::{DecodeWeights, memory_read_bandwidth};
+use crate::cli::decode_speed::DecodeWeights;
 use crate::cli::step_times::{bench_prompt, time_steps};
 use anyhow::{Result, bail};
+use reference::base::bandwidth::memory_read_bandwidth;
 use reference::base::batch::{BatchRequest, generate_batch};
 use reference::base::generate::ReferenceGreedy;
 use reference::base::generate::{GenerateOptions, GreedyBackend};
