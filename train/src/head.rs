@@ -141,23 +141,20 @@ pub fn kl_loss<F: Real>(
         .map(|(t, mut d)| {
             let (ps, ls) = softmax_and_log(student.row(t), tau);
             let (pt, lt) = softmax_and_log(teacher.row(t), tau);
+            let own = reference::base::ops::argmax(&student.row(t).mapv(F::lower).to_vec());
+            let y = reference::base::ops::argmax(&teacher.row(t).mapv(F::lower).to_vec());
             let mut kl = F::zero();
             for v in 0..ls.len() {
                 if pt[v] > F::zero() {
                     kl += pt[v] * (lt[v] - ls[v]);
                 }
                 d[v] = tau / r * (ps[v] - pt[v]);
-            }
-            let own = reference::base::ops::argmax(&student.row(t).mapv(F::lower).to_vec());
-            let y = reference::base::ops::argmax(&teacher.row(t).mapv(F::lower).to_vec());
-            let mut ce = F::zero();
-            if hard != F::zero() {
-                ce = -ls[y];
-                for v in 0..ls.len() {
+                if hard != F::zero() {
                     let e_y = if v == y { F::one() } else { F::zero() };
                     d[v] += tau / r * hard * (ps[v] - e_y);
                 }
             }
+            let ce = if hard != F::zero() { -ls[y] } else { F::zero() };
             let f = |x: F| (tau * tau * x).to_f64().unwrap_or(f64::NAN);
             (f(kl + hard * ce), f(kl), own == y)
         })
