@@ -109,6 +109,11 @@ impl Lora {
         &self.b
     }
 
+    /// Number of parameters: all entries of `A` and `B`.
+    pub fn parameter_count(&self) -> usize {
+        self.a.len() + self.b.len()
+    }
+
     /// Replace `A` and `B` (same shapes; the transpose follows, alpha stays).
     ///
     /// # Panics
@@ -208,11 +213,10 @@ impl Accelerator {
 
     /// Number of adapter parameters (all A and B entries).
     pub fn parameter_count(&self) -> usize {
-        let per_lora = |l: &Lora| l.a.len() + l.b.len();
         self.layers
             .iter()
             .flatten()
-            .map(|la| la.loras.values().map(per_lora).sum::<usize>())
+            .map(|la| la.loras.values().map(Lora::parameter_count).sum::<usize>())
             .sum()
     }
 

@@ -30,7 +30,7 @@ pub fn describe(weights: &M2r2Weights, source: &str) -> Value {
                 "ranks": ranks,
                 "alphas": reals(&|l| l.alpha()),
                 "scales": reals(&|l| acc.scale(l)),
-                "adapter_parameters": loras.iter().map(|l| l.a().len() + l.b().len()).sum::<usize>(),
+                "adapter_parameters": loras.iter().map(|l| l.parameter_count()).sum::<usize>(),
             })
         })
         .collect();
