@@ -7,6 +7,7 @@ use proptest::prelude::*;
 use reference::Model;
 use reference::decode::speculative::DraftLength;
 use reference::io::builtin::random_model;
+use reference::m2r2::bridge::{BridgeConfig, BridgeSite};
 use reference::m2r2::config::M2r2Config;
 use reference::m2r2::draft_head::DraftHead;
 use reference::m2r2::weights::M2r2Weights;
@@ -83,32 +84,53 @@ pub struct DraftSettings {
     pub draft: DraftLength,
     /// Token ids of a pruned draft head, or the full head.
     pub head: Option<Vec<u32>>,
+    /// The bridge's sites (rank 3, random nonzero maps), or none.
+    pub bridge: Option<Vec<BridgeSite>>,
 }
 
 impl DraftSettings {
     /// Any of the first three gates, drafts of up to `max_draft - 1` tokens
-    /// ([`draft_length_strategy`]), and a pruned head of 1 to 19 tokens below `vocab` half the time.
+    /// ([`draft_length_strategy`]), a pruned head of 1 to 19 tokens below `vocab` half the time,
+    /// and a bridge (entry, gate or both) half the time.
     pub fn strategy(max_draft: usize, vocab: u32) -> impl Strategy<Value = DraftSettings> {
         (
             0usize..3,
             draft_length_strategy(max_draft),
             prop::option::of(prop::collection::btree_set(0u32..vocab, 1..20)),
+            prop::option::of(prop::sample::select(vec![
+                vec![BridgeSite::Entry],
+                vec![BridgeSite::Gate],
+                vec![BridgeSite::Entry, BridgeSite::Gate],
+            ])),
         )
-            .prop_map(|(draft_gate, draft, head)| DraftSettings {
+            .prop_map(|(draft_gate, draft, head, bridge)| DraftSettings {
                 draft_gate,
                 draft,
                 head: head.map(|h| h.into_iter().collect()),
+                bridge,
             })
     }
 
-    /// Put the pruned head (if any) on `weights` of `model` and return the 1-based draft gate.
+    /// Put the pruned head and the bridge (if any) on `weights` of `model` and return the 1-based
+    /// draft gate.
     pub fn apply(&self, model: &Model, weights: &mut M2r2Weights) -> usize {
         let vocab = model.config.vocab_size;
         weights.draft_head = self
             .head
             .clone()
             .map(|t| DraftHead::new(t, vocab, "test").unwrap());
-        1 + self.draft_gate % weights.config.num_gates()
+        let draft_gate = 1 + self.draft_gate % weights.config.num_gates();
+        if let Some(sites) = &self.bridge {
+            let config = BridgeConfig {
+                rank: 3,
+                sites: sites.clone(),
+            };
+            *weights = weights
+                .clone()
+                .with_bridge(&model.config, config, 0xb41d6e, 0.5)
+                .unwrap();
+        }
+        draft_gate
     }
 }
 

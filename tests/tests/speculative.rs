@@ -4,7 +4,8 @@
 //! - afterwards the KV cache equals the one plain decoding builds for the same tokens, bit for bit;
 //! - speculative sampling preserves the base model's distribution (chi-square test);
 //! - all of it also with a pruned draft head (spec section 7): drafts come from its subset only, the
-//!   output is unchanged, and the counted draft work shrinks by `V - K` head rows per proposal.
+//!   output is unchanged, and the counted draft work shrinks by `V - K` head rows per proposal;
+//! - and with a bridge from the verified slow state into the draft (entry, gate or both).
 
 use m2r2_tests::{DecodeProblem, DraftSettings, small_config};
 use proptest::prelude::*;
@@ -44,9 +45,8 @@ fn problem_strategy() -> impl Strategy<Value = Problem> {
 
 impl Problem {
     fn check(&self) -> Result<(), TestCaseError> {
-        let (base, full) = self.base.setup(0x55);
+        let (base, mut weights) = self.base.setup(0x55);
         let config = base.config.clone();
-        let mut weights = full.clone();
         let draft_gate = self.drafting.apply(&base, &mut weights);
         let (prompt, new_tokens, draft) = (
             &self.base.prompt,
@@ -106,7 +106,11 @@ impl Problem {
         // Drafts come from the pruned head's subset, and each proposal counts K head rows, not V:
         // the work of the full-head cost model for these rounds, less (V - K) rows per proposal.
         // (The full-head run's own rounds differ, so the cost model stands in for it.)
-        let full_cost = CostModel::new(&config, Some(&full)).speculative(
+        let full_head = M2r2Weights {
+            draft_head: None,
+            ..weights.clone()
+        };
+        let full_cost = CostModel::new(&config, Some(&full_head)).speculative(
             &got.rounds,
             draft_gate,
             gate == Some(GateKind::Arla),

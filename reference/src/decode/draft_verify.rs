@@ -8,17 +8,22 @@
 //!   M2R2 weights carry one ([`crate::m2r2::draft_head`]; drop it from the weights for the full head).
 //!   The fast stream runs only in the interval ending at `g_d`, or in all of them when ARLA needs
 //!   `u_1..u_gd`.
-//! - verify: the kept residuals of all drafted positions through layers `e_gd+1..=N` as one chunk.
+//!   With a bridge ([`crate::m2r2::bridge`]) the proposal also reads the state before it: the
+//!   final slow residual of the previous position when it is verified, else the previous draft's
+//!   exit state.
+//! - verify: the kept residuals of all drafted positions through layers `e_gd+1..=N` as one chunk;
+//!   its final residuals are kept for the bridge.
 //! - rollback: truncate the cache; kept residuals of dropped positions are forgotten.
 
 use crate::base::kv_cache::KvCache;
 use crate::base::model::Output;
 use crate::base::work::Work;
+use crate::decode::bridge_state::BridgeMemory;
 use crate::decode::speculative::{Draft, SpeculativeBackend};
 use crate::error::Result;
 use crate::m2r2::exit_gate::{GateKind, gate_score};
 use crate::m2r2::fast_stream::M2r2;
-use ndarray::{Array1, Array2, ArrayView1};
+use ndarray::{Array1, Array2, ArrayView1, Axis};
 
 pub struct ReferenceSpeculation<'a> {
     m2r2: M2r2<'a>,
@@ -29,6 +34,9 @@ pub struct ReferenceSpeculation<'a> {
     gate: Option<GateKind>,
     /// `[D]` slow residuals at `e_gd` of positions `verified..len`
     kept: Vec<Array1<f32>>,
+    /// What the bridge reads: the last verified chunk's final residuals and this round's exit
+    /// states.
+    bridge_memory: BridgeMemory,
     /// Positions complete in every layer.
     verified: usize,
     /// Positions fed (verified plus drafted).
@@ -64,6 +72,7 @@ impl<'a> ReferenceSpeculation<'a> {
             draft_gate,
             gate,
             kept: Vec::new(),
+            bridge_memory: BridgeMemory::default(),
             verified: 0,
             len: 0,
             work: Work::default(),
@@ -92,10 +101,21 @@ impl SpeculativeBackend for ReferenceSpeculation<'_> {
 
     fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         debug_assert!(self.kept.is_empty(), "prefill after an unverified draft");
-        let logits = self.m2r2.model.forward(tokens, &mut self.cache)?.logits;
+        let model = self.m2r2.model;
+        let pos0 = self.cache.len();
+        model.check_input(tokens, pos0, &self.cache)?;
+        // Model::forward's layers, kept open for the final residuals (the bridge reads them)
+        let mut s = model.embed(tokens);
+        for l in 0..model.config.num_hidden_layers {
+            model.layer_forward(l, &mut s, pos0, &mut self.cache);
+        }
+        self.cache.set_len(pos0 + tokens.len());
+        let last = s.nrows() - 1;
+        let logits = model.head(s.slice(ndarray::s![last.., ..])).logits;
+        self.bridge_memory.verified(pos0, s);
         self.len = self.cache.len();
         self.verified = self.len;
-        Ok(logits.row(logits.nrows() - 1).to_vec())
+        Ok(logits.row(0).to_vec())
     }
 
     fn draft(&mut self, token: u32, propose: bool) -> Result<Option<Draft>> {
@@ -105,24 +125,42 @@ impl SpeculativeBackend for ReferenceSpeculation<'_> {
         let mut s = model.embed(&[token]); // [1, D]
         self.work += Work::read(model.config.hidden_size);
         let all_states = self.gate == Some(GateKind::Arla);
+        // the bridge's terms from h_{p-1} (proposing steps only)
+        let (mut entry, mut at_gate) = (None, None);
+        if let Some(bridge) = self.m2r2.weights.bridge.as_ref().filter(|_| propose)
+            && let Some(h) = self.bridge_memory.state(p, self.verified)?
+        {
+            self.work += bridge.work(model.config.hidden_size);
+            (entry, at_gate) = self.m2r2.bridge_terms(h.insert_axis(Axis(0)));
+        }
         let mut exit_states: Vec<Array1<f32>> = Vec::new();
         for j in 0..self.draft_gate {
-            let fast = propose && (all_states || j + 1 == self.draft_gate);
+            let last = j + 1 == self.draft_gate;
+            let fast = propose && (all_states || last);
             let slots: &[usize] = if fast { &[0] } else { &[] };
-            let out = self.m2r2.run_interval(j, &mut s, p, &mut self.cache, slots);
+            let from = entry.as_ref().filter(|_| fast && last);
+            let out = self
+                .m2r2
+                .run_interval_from(j, &mut s, p, &mut self.cache, slots, from);
             self.work += out.work;
             if fast {
-                exit_states.push(out.exit_states.row(0).to_owned());
+                let mut u = out.exit_states.row(0).to_owned();
+                if last && let Some(t) = &at_gate {
+                    u += &t.row(0);
+                }
+                exit_states.push(u);
             }
         }
         self.kept.push(s.row(0).to_owned());
         self.len += 1;
         if !propose {
+            self.bridge_memory.drafted(None);
             return Ok(None);
         }
         let u = exit_states
             .last()
             .expect("the draft gate's interval ran with a fast row");
+        self.bridge_memory.drafted(Some(u.clone()));
         let u_row = u.view().insert_axis(ndarray::Axis(0)); // [1, D]
         let Output { logits, work: head } = match &self.m2r2.weights.draft_head {
             Some(pruned) => pruned.exit_logits(model, u_row),
@@ -160,11 +198,13 @@ impl SpeculativeBackend for ReferenceSpeculation<'_> {
                 .layer_forward(l, &mut chunk, self.verified, &mut self.cache)
                 .work;
         }
+        let start = self.verified;
         self.verified += self.kept.len();
         self.kept.clear();
         self.cache.set_len(self.verified);
         let Output { logits, work: head } = model.head(chunk.view());
         self.work += head;
+        self.bridge_memory.verified(start, chunk);
         Ok(logits)
     }
 
@@ -172,6 +212,7 @@ impl SpeculativeBackend for ReferenceSpeculation<'_> {
         self.len = self.len.min(len);
         self.verified = self.verified.min(self.len);
         self.kept.truncate(self.len - self.verified);
+        self.bridge_memory.truncate(self.len, self.verified);
         self.cache.truncate(self.verified);
     }
 }

@@ -1,6 +1,7 @@
 //! The decoding modes on top of the base model and M2R2 (spec sections 4 and 5): early exit and
 //! lossless self-speculative decoding, with the reference's speculative backend.
 
+pub mod bridge_state;
 pub mod draft_sim;
 pub mod draft_verify;
 pub mod early_exit;

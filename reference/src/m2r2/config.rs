@@ -17,6 +17,7 @@
 use crate::base::config::ModelConfig;
 use crate::base::weight_names::Target;
 use crate::error::{Error, Result};
+use crate::m2r2::bridge::BridgeConfig;
 use crate::m2r2::exit_gate::GateKind;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::ops::Range;
@@ -105,6 +106,10 @@ pub struct M2r2Config {
     /// `None`: speculative decoding drafts `draft_len` tokens per verification.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dynamic_draft: Option<DynamicDraftConfig>,
+    /// The bridge from the last verified slow state into the draft ([`crate::m2r2::bridge`]);
+    /// `None`: drafts read only their own token (weights folders from before the bridge).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bridge: Option<BridgeConfig>,
     /// The seed `init-m2r2` drew the weights from (informational; `None` for trained weights).
     #[serde(default)]
     pub seed: Option<u64>,
@@ -165,6 +170,7 @@ impl M2r2Config {
                 threshold: DEFAULT_THRESHOLD,
             },
             dynamic_draft: None,
+            bridge: None,
             seed: None,
         }
     }
@@ -263,6 +269,9 @@ impl M2r2Config {
                 "`dynamic_draft.threshold` must be a finite number, got {}",
                 d.threshold
             ));
+        }
+        if let Some(b) = &self.bridge {
+            b.validate(model.hidden_size).or_else(bad)?;
         }
         Ok(())
     }

@@ -136,6 +136,11 @@ impl<'a> CostModel<'a> {
         }
         if propose {
             w += self.draft_head(1);
+            if let Some(bridge) = self.m2r2.and_then(|m| m.bridge.as_ref())
+                && p > 0
+            {
+                w += bridge.work(self.model.hidden_size);
+            }
         }
         w
     }
@@ -292,7 +297,20 @@ mod tests {
             ),
             ..plain.clone()
         };
-        for weights in [&plain, &pruned] {
+        // And with a bridge at both sites: its norm and products are counted per proposal.
+        let bridged = plain
+            .clone()
+            .with_bridge(
+                &model.config,
+                crate::m2r2::bridge::BridgeConfig {
+                    rank: 2,
+                    sites: crate::m2r2::bridge::BridgeSite::ALL.to_vec(),
+                },
+                5,
+                0.5,
+            )
+            .unwrap();
+        for weights in [&plain, &pruned, &bridged] {
             speculative_counts_for(&model, weights);
         }
     }

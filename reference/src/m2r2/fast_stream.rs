@@ -16,6 +16,7 @@ use crate::base::layer::FastRows;
 use crate::base::model::Model;
 use crate::base::moe::Routing;
 use crate::base::work::Work;
+use crate::m2r2::bridge::BridgeSite;
 use crate::m2r2::weights::M2r2Weights;
 use ndarray::{Array2, ArrayView2, Axis};
 
@@ -62,8 +63,28 @@ impl<'a> M2r2<'a> {
         cache: &mut KvCache,
         slots: &[usize],
     ) -> IntervalOutput {
+        self.run_interval_from(j, s, pos0, cache, slots, None)
+    }
+
+    /// [`run_interval`](Self::run_interval) with `entry` added to the fast rows' starting states
+    /// (the bridge's entry term, [`crate::m2r2::bridge`]): `f <- s_{e_j} + entry`.
+    ///
+    /// # Shapes
+    /// - `entry`: `[slots.len(), D]`
+    pub fn run_interval_from(
+        &self,
+        j: usize,
+        s: &mut Array2<f32>,
+        pos0: usize,
+        cache: &mut KvCache,
+        slots: &[usize],
+        entry: Option<&Array2<f32>>,
+    ) -> IntervalOutput {
         // f <- s_{e_j}: the fast stream restarts from the slow residual at every gate.
         let mut f = s.select(Axis(0), slots);
+        if let Some(e) = entry {
+            f += e;
+        }
         let mut routing = Vec::new();
         let mut work = Work::default();
         for l in self.weights.config.interval_layers(j) {
@@ -81,6 +102,23 @@ impl<'a> M2r2<'a> {
             routing,
             work,
         }
+    }
+
+    /// The bridge's terms (entry, gate) for draft rows whose previous states are `h`
+    /// ([`crate::m2r2::bridge`]): `x̂ = FinalNorm(h)`, then each site's `B A x̂`. Both `None`
+    /// without a bridge.
+    ///
+    /// # Shapes
+    /// - `h`: `[R, D]` -> (`[R, D]`, `[R, D]`)
+    pub fn bridge_terms(&self, h: ArrayView2<f32>) -> (Option<Array2<f32>>, Option<Array2<f32>>) {
+        let Some(bridge) = &self.weights.bridge else {
+            return (None, None);
+        };
+        let xhat = self.model.final_norm(h);
+        (
+            bridge.term(BridgeSite::Entry, xhat.view()),
+            bridge.term(BridgeSite::Gate, xhat.view()),
+        )
     }
 
     /// Exit logits `LMHead(FinalNorm(u))` of fast exit states.

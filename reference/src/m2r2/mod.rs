@@ -4,6 +4,7 @@
 
 pub mod accelerator;
 pub mod arla;
+pub mod bridge;
 pub mod config;
 pub mod cost;
 pub mod draft_head;

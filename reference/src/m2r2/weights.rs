@@ -7,6 +7,7 @@
 //! | `adapter_model.safetensors` | PEFT LoRA tensors of the accelerator        | yes      |
 //! | `arla.safetensors`          | ARLA weights (see [`crate::m2r2::arla`])          | no       |
 //! | `draft_head.json`           | pruned draft head (see [`crate::m2r2::draft_head`]) | no     |
+//! | `bridge.safetensors`        | the bridge (see [`crate::m2r2::bridge`]); exactly when the config names one | no |
 //!
 //! `rank`, `alpha` and `targets` appear in both `m2r2_config.json` and `adapter_config.json`; they
 //! must agree. `use_rslora` is taken from `adapter_config.json` alone.
@@ -17,6 +18,7 @@ use crate::io::builtin::BUILTIN_NAMES;
 use crate::io::peft::ADAPTER_CONFIG_FILE;
 use crate::m2r2::accelerator::Accelerator;
 use crate::m2r2::arla::{ARLA_FILE, Arla};
+use crate::m2r2::bridge::{BRIDGE_FILE, Bridge, BridgeConfig};
 use crate::m2r2::config::{M2R2_CONFIG_FILE, M2r2Config};
 use crate::m2r2::draft_head::{DRAFT_HEAD_FILE, DraftHead};
 use crate::m2r2::shipped::{ShippedWeights, shipped_for};
@@ -37,6 +39,8 @@ pub struct M2r2Weights {
     pub arla: Option<Arla>,
     /// `None` when the folder has no `draft_head.json`: drafts score the whole vocabulary.
     pub draft_head: Option<DraftHead>,
+    /// `Some` exactly when `config.bridge` is: drafts read the last verified slow state.
+    pub bridge: Option<Bridge>,
 }
 
 impl M2r2Weights {
@@ -95,11 +99,36 @@ impl M2r2Weights {
         } else {
             None
         };
+        let bridge_path = dir.join(BRIDGE_FILE);
+        let bridge = match (&config.bridge, bridge_path.is_file()) {
+            (Some(b), true) => Some(Bridge::load(&bridge_path, model.hidden_size, b)?),
+            (Some(_), false) => {
+                return Err(Error::config(
+                    &m2r2_file,
+                    format!(
+                        "names a bridge (`bridge`) but {} does not exist",
+                        bridge_path.display()
+                    ),
+                ));
+            }
+            (None, true) => {
+                return Err(Error::config(
+                    &m2r2_file,
+                    format!(
+                        "names no bridge, but {} exists: add the `bridge` settings it was \
+                         trained with, or remove the file",
+                        bridge_path.display()
+                    ),
+                ));
+            }
+            (None, false) => None,
+        };
         Ok(M2r2Weights {
             config,
             accelerator,
             arla,
             draft_head,
+            bridge,
         })
     }
 
@@ -116,8 +145,12 @@ impl M2r2Weights {
             None => remove_stale(&arla_path)?,
         }
         match &self.draft_head {
-            Some(head) => head.save(dir),
-            None => remove_stale(&dir.join(DRAFT_HEAD_FILE)),
+            Some(head) => head.save(dir)?,
+            None => remove_stale(&dir.join(DRAFT_HEAD_FILE))?,
+        }
+        match &self.bridge {
+            Some(bridge) => bridge.save(&dir.join(BRIDGE_FILE)),
+            None => remove_stale(&dir.join(BRIDGE_FILE)),
         }
     }
 
@@ -131,6 +164,7 @@ impl M2r2Weights {
             accelerator,
             arla: None,
             draft_head: None,
+            bridge: None,
         }
     }
 
@@ -171,6 +205,7 @@ impl M2r2Weights {
             accelerator,
             arla: Some(arla),
             draft_head: None,
+            bridge: None,
         })
     }
 
@@ -186,6 +221,26 @@ impl M2r2Weights {
         } else {
             Ok(Self::zeros(model))
         }
+    }
+}
+
+impl M2r2Weights {
+    /// These weights with a bridge of `config` (replacing any), its maps from
+    /// [`Bridge::drawn`] with `seed` and `B ~ N(0, b_std^2)`: `b_std = 0` is the untrained bridge,
+    /// which changes nothing.
+    pub fn with_bridge(
+        mut self,
+        model: &ModelConfig,
+        config: BridgeConfig,
+        seed: u64,
+        b_std: f32,
+    ) -> Result<Self> {
+        config
+            .validate(model.hidden_size)
+            .map_err(|m| Error::Invalid(format!("bridge settings: {m}")))?;
+        self.bridge = Some(Bridge::drawn(model.hidden_size, &config, seed, b_std));
+        self.config.bridge = Some(config);
+        Ok(self)
     }
 }
 
