@@ -1,12 +1,14 @@
 //! The trainable parameters: the LoRA pairs of the accelerator adapters of some layers, converted
 //! from and back to the reference's [`Accelerator`] (so checkpoints are the PEFT layout and load
-//! through `M2r2Weights::load_dir` unchanged).
+//! through `M2r2Weights::load_dir` unchanged), and the draft gate's bridge maps when it has them
+//! ([`crate::bridge`]).
 
 use crate::linear::LoraPair;
 use crate::real::{Real, lift};
 use ndarray::Array2;
 use reference::base::weight_names::Target;
 use reference::m2r2::accelerator::{Accelerator, Lora};
+use reference::m2r2::bridge::{Bridge, BridgeSite};
 use std::collections::BTreeMap;
 
 /// LoRA pairs keyed by (code layer, target); also used for their gradients (same shapes).
@@ -16,6 +18,8 @@ pub struct Adapters<F> {
     /// alpha (PEFT's `rank_pattern` / `alpha_pattern`). Fixed, not trained.
     pub scales: BTreeMap<(usize, Target), F>,
     pub pairs: BTreeMap<(usize, Target), LoraPair<F>>,
+    /// The bridge's map per site (`A: [r, D]`, `B: [D, r]`, no scale); empty for gates without one.
+    pub bridge: BTreeMap<BridgeSite, LoraPair<F>>,
 }
 
 impl<F: Real> Adapters<F> {
@@ -37,7 +41,41 @@ impl<F: Real> Adapters<F> {
                 );
             }
         }
-        Adapters { scales, pairs }
+        Adapters {
+            scales,
+            pairs,
+            bridge: BTreeMap::new(),
+        }
+    }
+
+    /// These pairs plus `bridge`'s maps (trained with them).
+    pub fn with_bridge(mut self, bridge: &Bridge) -> Self {
+        self.bridge = bridge
+            .maps
+            .iter()
+            .map(|(&site, lora)| {
+                let pair = LoraPair {
+                    a: lift(lora.a().view()),
+                    b: lift(lora.b().view()),
+                };
+                (site, pair)
+            })
+            .collect();
+        self
+    }
+
+    /// Write the bridge maps (as f32) into `bridge`.
+    ///
+    /// # Panics
+    /// If `bridge` lacks one of these sites (it was built from the same config).
+    pub fn write_bridge(&self, bridge: &mut Bridge) {
+        for (site, pair) in &self.bridge {
+            bridge
+                .maps
+                .get_mut(site)
+                .expect("bridge built from the same config")
+                .set(pair.a.mapv(F::lower), pair.b.mapv(F::lower));
+        }
     }
 
     /// Write these pairs into `acc` (as f32), leaving its other layers as they are.
@@ -76,10 +114,15 @@ impl<F: Real> Adapters<F> {
                 .iter()
                 .map(|(&k, p)| (k, p.zeros_like()))
                 .collect(),
+            bridge: self
+                .bridge
+                .iter()
+                .map(|(&k, p)| (k, p.zeros_like()))
+                .collect(),
         }
     }
 
-    /// The pairs of the layers `keep` accepts.
+    /// The pairs of the layers `keep` accepts, and the bridge.
     pub fn subset(&self, keep: impl Fn(usize) -> bool) -> Self {
         Adapters {
             scales: self
@@ -94,17 +137,25 @@ impl<F: Real> Adapters<F> {
                 .filter(|((l, _), _)| keep(*l))
                 .map(|(&k, p)| (k, p.clone()))
                 .collect(),
+            bridge: self.bridge.clone(),
         }
     }
 
-    /// Every parameter tensor in a fixed order (layer, target, A then B).
+    /// Every parameter tensor in a fixed order (layer, target, A then B; then the bridge's sites,
+    /// A then B).
     pub fn tensors(&self) -> impl Iterator<Item = &Array2<F>> {
-        self.pairs.values().flat_map(|p| [&p.a, &p.b])
+        self.pairs
+            .values()
+            .chain(self.bridge.values())
+            .flat_map(|p| [&p.a, &p.b])
     }
 
     /// Mutable twin of [`tensors`](Self::tensors), same order.
     pub fn tensors_mut(&mut self) -> impl Iterator<Item = &mut Array2<F>> {
-        self.pairs.values_mut().flat_map(|p| [&mut p.a, &mut p.b])
+        self.pairs
+            .values_mut()
+            .chain(self.bridge.values_mut())
+            .flat_map(|p| [&mut p.a, &mut p.b])
     }
 
     /// Number of scalar parameters.

@@ -284,9 +284,10 @@ pub fn forward<F: Real>(
 /// Gradients of the interval's adapters from `du` (the gradient of the exit states) and
 /// `d_inner` (gradients of the [inner states](IntervalTape::inner_states), in their order, or
 /// none), accumulated into `grads` (which holds zeros or earlier gradients for every trained pair).
+/// Returns the gradient of the interval's starting states (what the bridge's entry term gets).
 ///
 /// # Shapes
-/// - `du`: `[R, D]`, `d_inner`: `k_j - 1` or 0 of `[R, D]`
+/// - `du`: `[R, D]`, `d_inner`: `k_j - 1` or 0 of `[R, D]` -> `[R, D]`
 #[allow(clippy::too_many_arguments)]
 pub fn backward<F: Real>(
     base: &FrozenBase<F>,
@@ -297,7 +298,7 @@ pub fn backward<F: Real>(
     du: Array2<F>,
     d_inner: &[Array2<F>],
     grads: &mut Adapters<F>,
-) {
+) -> Array2<F> {
     let Batch { samples, rows } = batch;
     let positions: Vec<usize> = rows.iter().map(|r| r.pos).collect();
     assert!(
@@ -365,4 +366,5 @@ pub fn backward<F: Real>(
             + back(V, dv.view(), t.h1.view());
         dx = &dx1 + &rmsnorm::backward(dh1.view(), t.x.view(), w.attn_norm.view(), t.inv1.view()).0;
     }
+    dx
 }

@@ -19,6 +19,7 @@ pub mod align;
 pub mod arla;
 pub mod arla_trainer;
 pub mod attention;
+pub mod bridge;
 pub mod checkpoint;
 pub mod data;
 pub mod distill;

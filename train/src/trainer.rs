@@ -11,6 +11,7 @@
 use crate::adamw::{AdamW, AdamWConfig, clip_grad_norm};
 use crate::adapters::Adapters;
 use crate::align::{AlignKind, align_loss};
+use crate::bridge;
 use crate::data::DistillSample;
 use crate::error::{Error, Result};
 use crate::fast_stream::{self, Batch, FrozenBase, Row};
@@ -18,11 +19,13 @@ use crate::head::kl_loss;
 use crate::schedule::Schedule;
 use crate::slow_cache::{SlowKey, SlowPass};
 use crate::slow_stream::SlowSample;
+use ndarray::Array2;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 use reference::Model;
 use reference::m2r2::accelerator::Accelerator;
+use reference::m2r2::bridge::BridgeSite;
 use reference::m2r2::config::M2r2Config;
 use reference::m2r2::weights::M2r2Weights;
 use serde::{Deserialize, Serialize};
@@ -262,8 +265,12 @@ impl Trainer {
             .iter()
             .map(|&g| {
                 let range = config.interval_layers(g - 1);
-                let adapters =
+                let mut adapters =
                     Adapters::from_accelerator(&weights.accelerator, |l| range.contains(&l));
+                // the bridge belongs to the draft gate and is trained with its adapters
+                if let Some(bridge) = weights.bridge.as_ref().filter(|_| g == config.draft_gate) {
+                    adapters = adapters.with_bridge(bridge);
+                }
                 let opt = AdamW::new(
                     AdamWConfig {
                         weight_decay: options.weight_decay,
@@ -307,6 +314,9 @@ impl Trainer {
         let mut w = self.template.clone();
         for g in &self.gates {
             g.adapters.write_into(&mut w.accelerator);
+            if let Some(bridge) = w.bridge.as_mut() {
+                g.adapters.write_bridge(bridge);
+            }
         }
         w
     }
@@ -433,8 +443,24 @@ impl Trainer {
         let j = g.gate - 1;
         let layers = self.template.config.interval_layers(j);
         let batch = Batch { samples, rows };
-        let f = fast_stream::start_states(batch, j);
-        let (u, tape) = fast_stream::forward(&self.base, &g.adapters, layers.clone(), batch, f);
+        let mut f = fast_stream::start_states(batch, j);
+        // the bridge (draft gate only): x̂ of each row, the entry term on f, the gate term on u
+        let bridge = &g.adapters.bridge;
+        let xhat = (!bridge.is_empty()).then(|| bridge::inputs(&self.base, batch));
+        let site = |s: BridgeSite| {
+            bridge
+                .get(&s)
+                .zip(xhat.as_ref())
+                .map(|(pair, x)| bridge::forward(pair, x.view()))
+        };
+        let (entry, at_gate) = (site(BridgeSite::Entry), site(BridgeSite::Gate));
+        if let Some((term, _)) = &entry {
+            f += term;
+        }
+        let (mut u, tape) = fast_stream::forward(&self.base, &g.adapters, layers.clone(), batch, f);
+        if let Some((term, _)) = &at_gate {
+            u += term;
+        }
         // teacher: the base model's final distribution, from s_N
         let target = fast_stream::gather(batch, |s| &s.last);
         let (logits, head_tape, teacher) =
@@ -475,7 +501,18 @@ impl Trainer {
             if let Some(d) = du_align {
                 du += &d;
             }
-            fast_stream::backward(
+            let bridge_grad =
+                |grads: &mut Adapters<f32>, s: BridgeSite, xa: &Array2<f32>, dy: &Array2<f32>| {
+                    let x = xhat.as_ref().expect("a bridge term has its input");
+                    let grad = bridge::backward(&bridge[&s], x.view(), xa.view(), dy.view());
+                    let acc = grads.bridge.get_mut(&s).expect("gradient slot");
+                    acc.a += &grad.a;
+                    acc.b += &grad.b;
+                };
+            if let Some((_, xa)) = &at_gate {
+                bridge_grad(&mut grads, BridgeSite::Gate, xa, &du);
+            }
+            let df = fast_stream::backward(
                 &self.base,
                 &g.adapters,
                 layers,
@@ -485,6 +522,9 @@ impl Trainer {
                 &d_inner,
                 &mut grads,
             );
+            if let Some((_, xa)) = &entry {
+                bridge_grad(&mut grads, BridgeSite::Entry, xa, &df);
+            }
         }
         (stats, grads)
     }

@@ -10,6 +10,8 @@ use crate::cli::common;
 use crate::cli::progress;
 use anyhow::{Context, Result, bail};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use reference::Model;
+use reference::m2r2::bridge::{BridgeConfig, BridgeSite};
 use reference::m2r2::config::{M2r2Config, parse_gates};
 use reference::m2r2::weights::M2r2Weights;
 use start::{default_rank, per_gate, starting_weights};
@@ -92,6 +94,16 @@ pub struct Args {
     /// Seed of the adapter initialisation and of the row sampling
     #[arg(long, value_name = "S", default_value_t = 0)]
     pub seed: u64,
+    /// Add a bridge of this rank (docs/m2r2/bridge.md): the draft gate's fast stream also reads the
+    /// last verified final slow state, through low-rank maps trained with that gate's adapters
+    /// (the draft gate must be among --train-gates). With --init, a folder that has a bridge keeps
+    /// training it
+    #[arg(long, value_name = "R")]
+    pub bridge_rank: Option<usize>,
+    /// Where the bridge's term joins the draft: `entry` (the start of the draft gate's interval),
+    /// `gate` (the exit state), or both
+    #[arg(long, value_name = "SITES", value_delimiter = ',', num_args = 1.., default_value = "entry", requires = "bridge_rank")]
+    pub bridge_sites: Vec<String>,
     /// Output folder (checkpoint: M2R2 weights + optimizer state)
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
@@ -130,6 +142,38 @@ pub struct Args {
     /// Print one line per N steps on stderr (always when stderr is not a terminal)
     #[arg(long, value_name = "N", default_value_t = 50)]
     pub log_every: usize,
+}
+
+/// `weights` with a fresh bridge (`A` random from `seed`, `B = 0`) of `rank` at `sites`; refused
+/// when they carry a bridge of other settings already (`--init` of a bridged folder keeps its own).
+fn add_bridge(
+    model: &Model,
+    weights: M2r2Weights,
+    rank: usize,
+    sites: &[String],
+    seed: u64,
+) -> Result<M2r2Weights> {
+    let sites = sites
+        .iter()
+        .map(|s| BridgeSite::parse(s.trim()))
+        .collect::<reference::Result<Vec<_>>>()
+        .context("--bridge-sites")?;
+    let config = BridgeConfig { rank, sites };
+    if let Some(have) = &weights.config.bridge {
+        if *have != config {
+            bail!(
+                "--bridge-rank {rank} --bridge-sites {:?}: the --init folder has a bridge of rank \
+                 {} at {:?} already; leave out --bridge-rank to keep training it",
+                config.sites,
+                have.rank,
+                have.sites
+            );
+        }
+        return Ok(weights);
+    }
+    weights
+        .with_bridge(&model.config, config, seed.wrapping_add(0xb41d6e), 0.0)
+        .context("--bridge-rank")
 }
 
 fn gate_summary(stats: &[GateStats]) -> String {
@@ -251,9 +295,19 @@ pub fn run(args: &Args) -> Result<()> {
                 align_intermediate: args.align_intermediate,
                 seed: args.seed,
             };
-            let weights =
+            let mut weights =
                 starting_weights(model, config, init, &ranks, &options.train_gates, args.seed)
                     .with_context(|| format!("invalid M2R2 settings for {}", loaded.name))?;
+            if let Some(rank) = args.bridge_rank {
+                weights = add_bridge(model, weights, rank, &args.bridge_sites, args.seed)?;
+            }
+            if weights.bridge.is_some() && !options.train_gates.contains(&weights.config.draft_gate)
+            {
+                bail!(
+                    "the bridge trains with the draft gate's adapters: add gate {} to --train-gates",
+                    weights.config.draft_gate
+                );
+            }
             Trainer::new(model, weights, &data, options, &mut slow)?
         }
     };

@@ -1,0 +1,115 @@
+//! The bridge ([`reference::m2r2::bridge`]) in training: its input per fast row, its two sites'
+//! terms and their gradients.
+//!
+//! In training every earlier position is verified, so the row at position `p` reads the final slow
+//! residual of `p - 1` from its sample (teacher forcing: the first draft of every round sees
+//! exactly this; later drafts read the draft's own estimate instead). The input is detached (the
+//! base model is frozen), so only the maps get gradients:
+//! ```text
+//! x̂  = RMSNorm_final(s_N[p-1])   (zeros at p = 0)            [R, D]
+//! xa = x̂ A^T                                                  [R, r]
+//! y  = xa B^T                                                 [R, D]  added at the entry or the gate
+//! dB = dy^T xa                                                [D, r]
+//! dA = (dy B)^T x̂                                             [r, D]
+//! ```
+
+use crate::fast_stream::{Batch, FrozenBase};
+use crate::linear::LoraPair;
+use crate::real::Real;
+use crate::rmsnorm;
+use ndarray::{Array2, ArrayView2};
+
+/// `x̂` of every row of the batch: the final norm of the previous position's final slow residual,
+/// zeros for a row at position 0.
+///
+/// # Shapes
+/// -> `[R, D]`
+pub fn inputs<F: Real>(base: &FrozenBase<F>, batch: Batch<'_, F>) -> Array2<F> {
+    let Batch { samples, rows } = batch;
+    let d = base.config.hidden_size;
+    let mut h = Array2::zeros((rows.len(), d));
+    for (mut dst, row) in h.rows_mut().into_iter().zip(rows) {
+        if let Some(prev) = row.pos.checked_sub(1) {
+            dst.assign(&samples[row.sample].last.row(prev));
+        }
+    }
+    let (mut xhat, _) = rmsnorm::forward(h.view(), base.head.norm.view(), base.eps);
+    // RMSNorm of a zero row is zero already; keep it exactly zero whatever eps does
+    for (mut dst, row) in xhat.rows_mut().into_iter().zip(rows) {
+        if row.pos == 0 {
+            dst.fill(F::zero());
+        }
+    }
+    xhat
+}
+
+/// The term `x̂ A^T B^T` and `xa = x̂ A^T` (kept for [`backward`]).
+///
+/// # Shapes
+/// - `xhat`: `[R, D]` -> (`[R, D]`, `[R, r]`)
+pub fn forward<F: Real>(pair: &LoraPair<F>, xhat: ArrayView2<F>) -> (Array2<F>, Array2<F>) {
+    let xa = xhat.dot(&pair.a.t());
+    (xa.dot(&pair.b.t()), xa)
+}
+
+/// The map's gradient from `dy`, the gradient of the state the term was added to.
+///
+/// # Shapes
+/// - `dy`, `xhat`: `[R, D]`, `xa`: `[R, r]` -> (`[r, D]`, `[D, r]`)
+pub fn backward<F: Real>(
+    pair: &LoraPair<F>,
+    xhat: ArrayView2<F>,
+    xa: ArrayView2<F>,
+    dy: ArrayView2<F>,
+) -> LoraPair<F> {
+    let dyb = dy.dot(&pair.b); // [R, r]
+    LoraPair {
+        a: dyb.t().dot(&xhat),
+        b: dy.t().dot(&xa),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grad_check::{compare, numeric_gradient};
+    use crate::test_util::matrix;
+    use proptest::prelude::*;
+
+    /// The term equals the reference's `Bridge::term` (one `Lora::delta` at scale 1).
+    #[test]
+    fn forward_equals_reference() {
+        let pair = LoraPair::<f32> {
+            a: matrix(3, 8, 1),
+            b: matrix(8, 3, 2),
+        };
+        let xhat = matrix::<f32>(4, 8, 3);
+        let (y, _) = forward(&pair, xhat.view());
+        let lora = reference::m2r2::accelerator::Lora::new(pair.a.clone(), pair.b.clone(), 3.0);
+        approx::assert_abs_diff_eq!(y, lora.delta(xhat.view(), 1.0), epsilon = 1e-5);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        /// dA, dB against central differences of `sum(c * y)`.
+        #[test]
+        fn backward_matches_finite_differences(rows in 1usize..4, d in 1usize..7, r in 1usize..4, seed in 0u64..1000) {
+            let pair = LoraPair::<f64> { a: matrix(r, d, seed), b: matrix(d, r, seed + 1) };
+            let xhat = matrix::<f64>(rows, d, seed + 2);
+            let c = matrix::<f64>(rows, d, seed + 3);
+            let loss = |p: &LoraPair<f64>| (&forward(p, xhat.view()).0 * &c).sum();
+            let (_, xa) = forward(&pair, xhat.view());
+            let g = backward(&pair, xhat.view(), xa.view(), c.view());
+            let nda = numeric_gradient(pair.a.view().into_dyn(), |a| {
+                loss(&LoraPair { a: a.clone().into_dimensionality().unwrap(), b: pair.b.clone() })
+            });
+            let ndb = numeric_gradient(pair.b.view().into_dyn(), |b| {
+                loss(&LoraPair { a: pair.a.clone(), b: b.clone().into_dimensionality().unwrap() })
+            });
+            for (name, a, n) in [("dA", g.a.into_dyn(), nda), ("dB", g.b.into_dyn(), ndb)] {
+                let r = compare(name, a.view(), n.view(), 1e-7, 1e-6);
+                prop_assert!(r.ok, "{}", r);
+            }
+        }
+    }
+}
