@@ -7,8 +7,8 @@
 //! | graph           | compared with the reference                                          |
 //! |-----------------|----------------------------------------------------------------------|
 //! | `model.onnx`    | `logits` of each chunk (`Model::forward`), final `present.*` (`KvCache`) |
-//! | `draft.onnx`    | `draft_logits` (a pruned draft head: its `[T, K]` `subset_logits`), `exit_prob`, `hidden_states` of each chunk (`M2r2::run_interval` with a fast row per position, `Arla::exit_prob`), final `present.*` |
-//! | `verifier.onnx` | `logits` of each chunk from the reference `hidden_states`, final `present.*` |
+//! | `draft.onnx`    | `draft_logits` (a pruned draft head: its `[T, K]` `subset_logits`), `exit_prob`, `hidden_states` of each chunk (`M2r2::run_interval` with a fast row per position, `Arla::exit_prob`), final `present.*`; with a bridge, fed the reference's final residual of each row's previous position as `bridge_states`, also `exit_states` |
+//! | `verifier.onnx` | `logits` of each chunk from the reference `hidden_states`, final `present.*`; with a bridge, `final_states` |
 //! | draft -> verifier | `logits` of `verifier.onnx` fed with `draft.onnx`'s `hidden_states` vs `model.onnx`'s |
 //!
 //! Tolerance ([`TOLERANCE`]): f32 on the CPU, the same operations in a different summation order
@@ -19,8 +19,8 @@
 
 use crate::error::{Error, Result};
 use crate::graphs::{
-    self, ATTENTION_MASK, DRAFT_LOGITS, EXIT_PROB, GraphKind, HIDDEN_STATES, INPUT_IDS, LOGITS,
-    POSITION_IDS,
+    self, ATTENTION_MASK, BRIDGE_STATES, DRAFT_LOGITS, EXIT_PROB, EXIT_STATES, FINAL_STATES,
+    GraphKind, HIDDEN_STATES, INPUT_IDS, LOGITS, POSITION_IDS,
 };
 use half::f16;
 use ndarray::{Array, Dimension};
@@ -99,6 +99,13 @@ struct ReferenceRun {
     exit_prob: Vec<Option<Vec<f32>>>,
     /// per chunk `[T_c, D]` slow residual at `e`
     hidden: Vec<Array2<f32>>,
+    /// per chunk `[T_c, D]` the final slow residual `s_N`
+    finals: Vec<Array2<f32>>,
+    /// per chunk `[T_c, D]` what the bridge reads: `s_N` of each row's previous position (zeros
+    /// at position 0)
+    bridge_states: Vec<Array2<f32>>,
+    /// per chunk `[T_c, D]` the draft gate's exit state `u_{g_d}` (with the bridge's terms)
+    exit_states: Vec<Array2<f32>>,
     /// the base model's cache after the probe (all layers)
     cache: KvCache,
     /// the cache written by the draft's slow rows (layers `0..e`)
@@ -121,23 +128,50 @@ fn reference_run(
         draft_logits: vec![],
         exit_prob: vec![],
         hidden: vec![],
+        finals: vec![],
+        bridge_states: vec![],
+        exit_states: vec![],
         cache: model.new_cache(0)?,
         draft_cache: model.new_cache(0)?,
     };
+    // s_N of every position, teacher forced: what the bridge reads when all earlier positions are
+    // verified
+    let finals = m.all_exit_states_and_final(&chunks.concat())?.1;
+    let d = model.config.hidden_size;
     for chunk in chunks {
         run.logits.push(model.forward(chunk, &mut cache)?.logits);
         let pos0 = draft_cache.len();
         model.check_input(chunk, pos0, &draft_cache)?;
         let mut s = model.embed(chunk);
         let slots: Vec<usize> = (0..chunk.len()).collect();
+        let mut h = Array2::zeros((chunk.len(), d));
+        for (t, mut row) in h.rows_mut().into_iter().enumerate() {
+            if let Some(prev) = (pos0 + t).checked_sub(1) {
+                row.assign(&finals.row(prev));
+            }
+        }
+        let (entry, at_gate) = m.bridge_terms(h.view());
         let mut exits = Vec::new();
         for j in 0..draft_gate {
-            exits.push(
-                m.run_interval(j, &mut s, pos0, &mut draft_cache, &slots)
-                    .exit_states,
-            );
+            let last = j + 1 == draft_gate;
+            let from = entry.as_ref().filter(|_| last);
+            let mut u = m
+                .run_interval_from(j, &mut s, pos0, &mut draft_cache, &slots, from)
+                .exit_states;
+            if last && let Some(t) = &at_gate {
+                u += t;
+            }
+            exits.push(u);
         }
         draft_cache.set_len(pos0 + chunk.len());
+        run.finals.push(
+            finals
+                .slice(ndarray::s![pos0..pos0 + chunk.len(), ..])
+                .to_owned(),
+        );
+        run.bridge_states.push(h);
+        run.exit_states
+            .push(exits.last().expect("draft_gate >= 1").clone());
         let u = exits.last().expect("draft_gate >= 1");
         run.draft_logits.push(match &m2r2.draft_head {
             // draft.onnx outputs the subset's K scores only
@@ -177,12 +211,14 @@ impl Feeder {
         }
     }
 
-    /// Run one chunk: `rows` is `input_ids` (ints) or `hidden_states` (floats).
+    /// Run one chunk: `rows` is `input_ids` (ints) or `hidden_states` (floats); `extra`, another
+    /// float input (draft.onnx's `bridge_states`).
     fn run(
         &mut self,
         session: &mut OnnxSession,
         rows: Rows<'_>,
         t: usize,
+        extra: Option<(&str, &ArrayD<f32>)>,
     ) -> Result<onnx_runner::session::Outputs> {
         let total = self.past_len + t;
         let mask = ArrayD::<i64>::ones(vec![1, total]);
@@ -195,6 +231,9 @@ impl Feeder {
         match &rows {
             Rows::Ids(ids) => inputs.push((INPUT_IDS, Input::I64(ids.view()))),
             Rows::Hidden(h) => inputs.push((HIDDEN_STATES, Input::F32(h.view()))),
+        }
+        if let Some((name, x)) = extra {
+            inputs.push((name, Input::F32(x.view())));
         }
         for ((k, v), (pk, pv)) in names.iter().zip(&self.past) {
             inputs.push((k, Input::F32(pk.view())));
@@ -308,11 +347,17 @@ pub fn check_folder(
             let logits = batch1(reference.logits[c].view());
             match kind {
                 GraphKind::Model => {
-                    let out = feeder.run(&mut session, Rows::Ids(ids(chunk)), chunk.len())?;
+                    let out = feeder.run(&mut session, Rows::Ids(ids(chunk)), chunk.len(), None)?;
                     model_logits.push(checked(&out, LOGITS, &logits)?);
                 }
                 GraphKind::Draft => {
-                    let out = feeder.run(&mut session, Rows::Ids(ids(chunk)), chunk.len())?;
+                    let bridge = batch1(reference.bridge_states[c].view());
+                    let extra = m2r2.bridge.as_ref().map(|_| (BRIDGE_STATES, &bridge));
+                    let out =
+                        feeder.run(&mut session, Rows::Ids(ids(chunk)), chunk.len(), extra)?;
+                    if m2r2.bridge.is_some() {
+                        checked(&out, EXIT_STATES, &batch1(reference.exit_states[c].view()))?;
+                    }
                     let draft_logits = batch1(reference.draft_logits[c].view());
                     checked(&out, DRAFT_LOGITS, &draft_logits)?;
                     if let Some(p) = &reference.exit_prob[c] {
@@ -323,12 +368,15 @@ pub fn check_folder(
                     draft_hidden.push(checked(&out, HIDDEN_STATES, &hidden)?);
                 }
                 GraphKind::Feed => {
-                    let out = feeder.run(&mut session, Rows::Ids(ids(chunk)), chunk.len())?;
+                    let out = feeder.run(&mut session, Rows::Ids(ids(chunk)), chunk.len(), None)?;
                     feed_hidden.push(checked(&out, HIDDEN_STATES, &hidden)?);
                 }
                 GraphKind::Verifier => {
-                    let out = feeder.run(&mut session, Rows::Hidden(&hidden), chunk.len())?;
+                    let out = feeder.run(&mut session, Rows::Hidden(&hidden), chunk.len(), None)?;
                     checked(&out, LOGITS, &logits)?;
+                    if m2r2.bridge.is_some() {
+                        checked(&out, FINAL_STATES, &batch1(reference.finals[c].view()))?;
+                    }
                 }
             }
         }
@@ -349,7 +397,7 @@ pub fn check_folder(
         let mut session = load(GraphKind::Verifier)?;
         let mut feeder = Feeder::new(model, GraphKind::Verifier.layers(n, e));
         for (c, chunk) in chunks.iter().enumerate() {
-            let out = feeder.run(&mut session, Rows::Hidden(&hidden[c]), chunk.len())?;
+            let out = feeder.run(&mut session, Rows::Hidden(&hidden[c]), chunk.len(), None)?;
             rows.push(compare(
                 chain,
                 &format!("logits vs model.onnx (chunk {})", c + 1),
@@ -425,6 +473,14 @@ pub fn rounded_to_f16(model: &Model, m2r2: &M2r2Weights) -> (Model, M2r2Weights)
     let mut m = m2r2.clone();
     for la in m.accelerator.layers.iter_mut().flatten() {
         for lora in la.loras.values_mut() {
+            let (mut a, mut b) = (lora.a().clone(), lora.b().clone());
+            round_f16(&mut a);
+            round_f16(&mut b);
+            lora.set(a, b);
+        }
+    }
+    if let Some(bridge) = &mut m.bridge {
+        for lora in bridge.maps.values_mut() {
             let (mut a, mut b) = (lora.a().clone(), lora.b().clone());
             round_f16(&mut a);
             round_f16(&mut b);

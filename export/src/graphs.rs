@@ -11,6 +11,10 @@
 //! pruned draft head (`draft_head.json` in the M2R2 weights) `draft_logits` is `[B, T, K]`: the
 //! scores of the head's `K` token ids (written beside the graphs), not of the whole vocabulary.
 //!
+//! With a bridge (`bridge.safetensors` in the M2R2 weights) draft.onnx also takes `bridge_states`
+//! `[B, T, D]` and gives `exit_states` `[B, T, D]`, and verifier.onnx also gives `final_states`
+//! `[B, T, D]` (what the runner feeds back into `bridge_states`).
+//!
 //! `feed.onnx` is `draft.onnx` without its fast rows and heads: the slow stream of the draft layers
 //! alone, for the positions the speculative loop feeds without proposing from them (the last draft
 //! of a round, the prompt). Its outputs are `draft.onnx`'s `hidden_states` and present KV.
@@ -37,6 +41,13 @@ pub const LOGITS: &str = "logits";
 pub const DRAFT_LOGITS: &str = "draft_logits";
 pub const EXIT_PROB: &str = "exit_prob";
 pub const HIDDEN_STATES: &str = "hidden_states";
+/// draft.onnx with a bridge: the state before each row (the final slow residual of a verified
+/// position, or the previous draft's `exit_states`).
+pub const BRIDGE_STATES: &str = "bridge_states";
+/// draft.onnx with a bridge: the draft gate's exit state `u_{g_d}` of each row.
+pub const EXIT_STATES: &str = "exit_states";
+/// verifier.onnx with a bridge: the final slow residual `s_N` (before the final norm) of each row.
+pub const FINAL_STATES: &str = "final_states";
 
 /// `past_key_values.{i}.key` / `.value` (global layer index).
 pub fn past_names(i: usize) -> (String, String) {
@@ -277,11 +288,26 @@ pub fn build(
             let (s, presents) = slow_layers(&mut b, &cx, layers.clone(), s, &past);
             let logits = logits(&mut b, &cx, &s);
             b.output(LOGITS, &logits, Elem::F32, &[BATCH, SEQ, Dim::Fixed(v)]);
+            if kind == GraphKind::Verifier && m2r2.bridge.is_some() {
+                b.output(FINAL_STATES, &s, Elem::F32, &[BATCH, SEQ, Dim::Fixed(d)]);
+            }
             presents
         }
         GraphKind::Draft => {
             let s = embed(&mut b, &cx, &rows_input);
-            let out = draft(&mut b, &cx, m2r2, options.draft_gate, s, &past);
+            let bridge_states = m2r2
+                .bridge
+                .as_ref()
+                .map(|_| b.input(BRIDGE_STATES, Elem::F32, &[BATCH, SEQ, Dim::Fixed(d)]));
+            let out = draft(
+                &mut b,
+                &cx,
+                m2r2,
+                options.draft_gate,
+                s,
+                &past,
+                bridge_states.as_deref(),
+            );
             // [B, T, K] with a pruned draft head (its token ids: draft_head.json in the folder)
             let scored = m2r2.draft_head.as_ref().map_or(v, |h| h.len());
             b.output(
@@ -299,6 +325,14 @@ pub fn build(
                 Elem::F32,
                 &[BATCH, SEQ, Dim::Fixed(d)],
             );
+            if m2r2.bridge.is_some() {
+                b.output(
+                    EXIT_STATES,
+                    &out.exit_state,
+                    Elem::F32,
+                    &[BATCH, SEQ, Dim::Fixed(d)],
+                );
+            }
             out.presents
         }
         GraphKind::Feed => {

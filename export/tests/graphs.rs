@@ -13,6 +13,7 @@ use export::folder::{ExportRequest, export};
 use export::graphs::{ExportOptions, GraphKind};
 use proptest::prelude::*;
 use reference::base::model::Model;
+use reference::m2r2::bridge::{BridgeConfig, BridgeSite};
 use reference::m2r2::config::M2r2Config;
 use reference::m2r2::draft_head::DraftHead;
 use reference::m2r2::weights::M2r2Weights;
@@ -69,8 +70,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
 
     /// Random small dense / MoE models (biases, sliding window, GQA from the small config), random
-    /// M2R2 weights with or without a pruned draft head, every draft gate, random tokens split into
-    /// two chunks.
+    /// M2R2 weights with or without a pruned draft head and a bridge, every draft gate, random tokens
+    /// split into two chunks.
     #[test]
     fn random_models_match_reference(
         moe in any::<bool>(),
@@ -82,6 +83,11 @@ proptest! {
         tokens in prop::collection::vec(0u32..40, 3..9),
         split_pick in 0usize..100,
         head in prop::option::of(prop::collection::btree_set(0u32..40, 1..20)),
+        bridge in prop::option::of(prop::sample::select(vec![
+            vec![BridgeSite::Entry],
+            vec![BridgeSite::Gate],
+            BridgeSite::ALL.to_vec(),
+        ])),
     ) {
         let mut config = m2r2_tests::small_config(layers, moe, 40);
         config.qkv_bias = qkv_bias;
@@ -91,6 +97,10 @@ proptest! {
         let mut m2r2 = M2r2Weights::random(c, M2r2Config::default_for(c), seed + 1).unwrap();
         // A pruned draft head: draft_logits [1, T, K] against the reference's subset logits.
         m2r2.draft_head = head.map(|h| DraftHead::new(h.into_iter().collect(), 40, "test").unwrap());
+        // A bridge: draft.onnx reads bridge_states, gives exit_states; verifier.onnx final_states.
+        if let Some(sites) = bridge {
+            m2r2 = m2r2.with_bridge(c, BridgeConfig { rank: 3, sites }, seed + 2, 0.5).unwrap();
+        }
         let draft_gate = 1 + gate_pick % m2r2.config.num_gates();
         let split = 1 + split_pick % (tokens.len() - 1);
         let dir = tempfile::tempdir().unwrap();
@@ -114,8 +124,8 @@ fn zero_adapters_without_arla_match_reference() {
     assert_all_ok(&rows);
 }
 
-/// f16 weights with casts: equal to the reference run on the f16-rounded weights (tiny-moe with a
-/// pruned draft head, whose `draft_head.weight` is f16 too).
+/// f16 weights with casts: equal to the reference run on the f16-rounded weights (tiny with a
+/// bridge, tiny-moe with a pruned draft head, whose `draft_head.weight` is f16 too).
 #[test]
 fn f16_flavour_matches_reference_with_rounded_weights() {
     for name in ["tiny", "tiny-moe"] {
@@ -124,6 +134,13 @@ fn f16_flavour_matches_reference_with_rounded_weights() {
         if name == "tiny-moe" {
             m2r2.draft_head =
                 Some(DraftHead::new(vec![1, 2, 3, 50, 99], model.config.vocab_size, "t").unwrap());
+        } else {
+            // the bridge's maps are f16 initializers too
+            let config = BridgeConfig {
+                rank: 4,
+                sites: BridgeSite::ALL.to_vec(),
+            };
+            m2r2 = m2r2.with_bridge(&model.config, config, 9, 0.3).unwrap();
         }
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("export");

@@ -14,6 +14,9 @@
 //!   exactly as the reference's pruned draft step.
 //! - verify: the kept residuals of all drafted positions through verifier.onnx as one chunk.
 //! - rollback: truncate both stores along the sequence axis and forget kept residuals.
+//! - bridge (exports of M2R2 weights with one): draft.onnx reads `bridge_states`, the state before
+//!   the row, chosen by the reference's own [`BridgeMemory`] from verifier.onnx's `final_states`
+//!   and draft.onnx's earlier `exit_states`.
 
 use crate::ep::EpConfig;
 use crate::error::{Error, Result, into_reference};
@@ -22,8 +25,16 @@ use crate::kv_store::{Kv, KvStore};
 use crate::manifest::{ExportDir, GraphKind};
 use crate::session::{Input, OnnxSession};
 use crate::step::{StepInputs, check_tokens};
+
+/// draft.onnx's input with a bridge: the state before each row.
+pub const BRIDGE_STATES: &str = "bridge_states";
+/// draft.onnx's output with a bridge: the draft gate's exit state of each row.
+pub const EXIT_STATES: &str = "exit_states";
+/// verifier.onnx's output with a bridge: the final slow residual of each row.
+pub const FINAL_STATES: &str = "final_states";
 use ndarray::{Array1, Array2, Array3, Axis};
 use reference::ModelConfig;
+use reference::decode::bridge_state::BridgeMemory;
 use reference::decode::speculative::{Draft, SpeculativeBackend};
 use reference::m2r2::draft_head::DraftHead;
 use reference::m2r2::exit_gate::{GateKind, gate_score};
@@ -50,6 +61,10 @@ pub struct OnnxSpeculation {
     upper: Kv,
     /// `[D]` slow residuals `s_e` of positions `verified..len`
     kept: Vec<Array1<f32>>,
+    /// The export's M2R2 weights have a bridge: draft.onnx takes `bridge_states`.
+    bridge: bool,
+    /// What the bridge reads (the reference's rule).
+    bridge_memory: BridgeMemory,
     verified: usize,
     len: usize,
     /// Rows per run at most (TensorRT's profile); a longer prompt is prefilled in chunks.
@@ -83,6 +98,30 @@ impl OnnxSpeculation {
         check_lower(&draft)?;
         crate::kv_store::check_layers(&verifier, &(e..c.num_hidden_layers))?;
         crate::kv_store::check_width(&verifier, "logits", c.vocab_size, "vocab_size")?;
+        let bridge = m.m2r2.bridge.is_some();
+        if bridge {
+            // the manifest's M2R2 settings name a bridge: its tensors must be in the graphs
+            let inputs = |s: &OnnxSession| s.inputs().iter().map(|t| t.name.clone()).collect();
+            let outputs = |s: &OnnxSession| s.outputs().iter().map(|t| t.name.clone()).collect();
+            for (session, tensor, names) in [
+                (&draft, BRIDGE_STATES, inputs(&draft)),
+                (&draft, EXIT_STATES, outputs(&draft)),
+                (&verifier, FINAL_STATES, outputs(&verifier)),
+            ] {
+                let names: Vec<String> = names;
+                if !names.iter().any(|n| n == tensor) {
+                    return Err(Error::Export {
+                        file: session.file().to_string(),
+                        msg: format!(
+                            "m2r2_export.json's M2R2 settings name a bridge, but the graph has \
+                             no `{tensor}` (export the folder again)"
+                        ),
+                    });
+                }
+            }
+            crate::kv_store::check_width(&draft, EXIT_STATES, c.hidden_size, "hidden_size")?;
+            crate::kv_store::check_width(&verifier, FINAL_STATES, c.hidden_size, "hidden_size")?;
+        }
         let feed = if export.has(GraphKind::Feed) {
             let feed = OnnxSession::load(&export.graph(GraphKind::Feed)?, ep)?;
             check_lower(&feed)?;
@@ -118,6 +157,8 @@ impl OnnxSpeculation {
             draft_head: export.draft_head.clone(),
             gate,
             kept: Vec::new(),
+            bridge,
+            bridge_memory: BridgeMemory::default(),
             verified: 0,
             len: 0,
             max_rows: ep.tensorrt.ranges.as_ref().map(|r| r.sequence.2),
@@ -159,22 +200,37 @@ impl OnnxSpeculation {
         self.rollback(0);
     }
 
-    /// Run draft.onnx on `tokens` at the next positions: `(draft_logits [T, V] (or [T, K] with a
-    /// pruned draft head), exit_prob [T] when exported, hidden_states [T, D])`; the lower store
-    /// grows by `T`.
+    /// Run draft.onnx on `tokens` at the next positions, with `bridge_states` `[T, D]` when the
+    /// export has a bridge (zeros where nothing is read): `(draft_logits [T, V] (or [T, K] with a
+    /// pruned draft head), exit_prob [T] when exported, hidden_states [T, D], exit_states [T, D]
+    /// with a bridge)`; the lower store grows by `T`.
     #[allow(clippy::type_complexity)]
     fn run_draft(
         &mut self,
         tokens: &[u32],
-    ) -> Result<(Array2<f32>, Option<Array1<f32>>, Array2<f32>)> {
+        bridge_states: Option<Array2<f32>>,
+    ) -> Result<(
+        Array2<f32>,
+        Option<Array1<f32>>,
+        Array2<f32>,
+        Option<Array2<f32>>,
+    )> {
         let past = self.lower.len();
         check_tokens(&self.config, tokens, past)?;
-        let step = StepInputs::new(tokens, past);
-        let inputs = step.with_ids();
-        let mut out = self.lower.run(&mut self.draft, &inputs, tokens.len())?;
-        let file = self.draft.file().to_string();
         let t = tokens.len();
         let c = &self.config;
+        let step = StepInputs::new(tokens, past);
+        let mut inputs = step.with_ids().to_vec();
+        let bridge_states: Option<Array3<f32>> = self.bridge.then(|| {
+            bridge_states
+                .unwrap_or_else(|| Array2::zeros((t, c.hidden_size)))
+                .insert_axis(Axis(0)) // [1, T, D]
+        });
+        if let Some(b) = &bridge_states {
+            inputs.push((BRIDGE_STATES, Input::F32(b.view().into_dyn())));
+        }
+        let mut out = self.lower.run(&mut self.draft, &inputs, t)?;
+        let file = self.draft.file().to_string();
         let scored = self
             .draft_head
             .as_ref()
@@ -187,6 +243,16 @@ impl OnnxSpeculation {
             &file,
             "hidden_states",
         )?;
+        let exit_states = match self.bridge {
+            true => Some(logits_rows(
+                out.take(EXIT_STATES)?,
+                t,
+                c.hidden_size,
+                &file,
+                EXIT_STATES,
+            )?),
+            false => None,
+        };
         let exit_prob = if self.has_arla {
             let p = out.take("exit_prob")?;
             if p.shape() != [1, t] {
@@ -205,7 +271,7 @@ impl OnnxSpeculation {
         } else {
             None
         };
-        Ok((logits, exit_prob, hidden))
+        Ok((logits, exit_prob, hidden, exit_states))
     }
 
     /// The slow residuals `[T, D]` at the draft gate of `tokens` at the next positions, through
@@ -213,7 +279,7 @@ impl OnnxSpeculation {
     /// lower store grows by `T`.
     fn run_feed(&mut self, tokens: &[u32]) -> Result<Array2<f32>> {
         let Some(feed) = &mut self.feed else {
-            return Ok(self.run_draft(tokens)?.2);
+            return Ok(self.run_draft(tokens, None)?.2);
         };
         let past = self.lower.len();
         check_tokens(&self.config, tokens, past)?;
@@ -229,11 +295,13 @@ impl OnnxSpeculation {
         )
     }
 
-    /// Run verifier.onnx on slow residuals `[m, D]` after the verified positions: logits `[m, V]`;
-    /// the upper store grows by `m`.
+    /// Run verifier.onnx on slow residuals `[m, D]` after the verified positions: logits `[m, V]`,
+    /// and with a bridge the final residuals (`final_states`, `[m, D]`) handed to the bridge's
+    /// memory; the upper store grows by `m`.
     fn run_verifier(&mut self, hidden: Array2<f32>) -> Result<Array2<f32>> {
         let m = hidden.nrows();
-        let step = StepInputs::rows(m, self.upper.len());
+        let start = self.upper.len();
+        let step = StepInputs::rows(m, start);
         let hidden: Array3<f32> = hidden.insert_axis(Axis(0)); // [1, m, D]
         let inputs = [
             ("hidden_states", Input::F32(hidden.view().into_dyn())),
@@ -255,6 +323,11 @@ impl OnnxSpeculation {
             &file,
             "logits",
         )?;
+        if self.bridge {
+            let d = self.config.hidden_size;
+            let finals = logits_rows(out.take(FINAL_STATES)?, m, d, &file, FINAL_STATES)?;
+            self.bridge_memory.verified(start, finals);
+        }
         Ok(logits)
     }
 }
@@ -284,9 +357,21 @@ impl SpeculativeBackend for OnnxSpeculation {
 
     fn draft(&mut self, token: u32, propose: bool) -> reference::Result<Option<Draft>> {
         let (proposal, hidden) = if propose {
-            let (logits, exit_prob, hidden) = self.run_draft(&[token]).map_err(into_reference)?;
+            let bridge_states = match self.bridge {
+                true => self
+                    .bridge_memory
+                    .state(self.len, self.verified)?
+                    .map(|h| h.to_owned().insert_axis(Axis(0))), // [1, D]
+                false => None,
+            };
+            let (logits, exit_prob, hidden, exits) = self
+                .run_draft(&[token], bridge_states)
+                .map_err(into_reference)?;
+            self.bridge_memory
+                .drafted(exits.map(|u| u.row(0).to_owned()));
             (Some((logits, exit_prob)), hidden)
         } else {
+            self.bridge_memory.drafted(None);
             (None, self.run_feed(&[token]).map_err(into_reference)?)
         };
         self.kept.push(hidden.row(0).to_owned());
@@ -331,6 +416,7 @@ impl SpeculativeBackend for OnnxSpeculation {
         self.len = self.len.min(len);
         self.verified = self.verified.min(self.len);
         self.kept.truncate(self.len - self.verified);
+        self.bridge_memory.truncate(self.len, self.verified);
         self.lower.truncate(self.len);
         self.upper.truncate(self.verified);
     }

@@ -261,6 +261,37 @@ fn check_decoding(
     Ok(())
 }
 
+/// A bridge at both sites on the built-in tiny model (the property test draws one half the time):
+/// draft.onnx reads the states the reference's draft reads, round by round.
+#[test]
+fn bridged_drafts_decode_like_the_reference() {
+    let base = reference::io::builtin::builtin("tiny").unwrap();
+    let config = reference::m2r2::bridge::BridgeConfig {
+        rank: 4,
+        sites: reference::m2r2::bridge::BridgeSite::ALL.to_vec(),
+    };
+    let weights = M2r2Weights::builtin_for("tiny", &base.config)
+        .unwrap()
+        .with_bridge(&base.config, config, 3, 0.5)
+        .unwrap();
+    for draft_gate in [1, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        let exported = export_graphs(&base, &weights, draft_gate, dir.path(), &GraphKind::ALL);
+        for draft in [DraftLength::Fixed(3), DraftLength::Fixed(1)] {
+            check_decoding(
+                &base,
+                &weights,
+                &exported,
+                &EpConfig::cpu(),
+                &[5, 9, 14, 3],
+                12,
+                &draft,
+            )
+            .unwrap();
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(12))]
     #[test]

@@ -6,8 +6,10 @@
 
 use crate::builder::GraphBuilder;
 use crate::emit::arla::exit_prob;
+use crate::emit::bridge;
 use crate::emit::layer::{LayerContext, LayerInput, decoder_layer};
 use crate::emit::model::{logits, pruned_logits};
+use reference::m2r2::bridge::BridgeSite;
 use reference::m2r2::weights::M2r2Weights;
 
 /// What the draft graph computes.
@@ -19,11 +21,16 @@ pub struct Draft {
     pub exit_prob: Option<String>,
     /// `[B, T, D]` slow residual `s_{e_{g_d}}`
     pub hidden_states: String,
+    /// `[B, T, D]` the exit state `u_{g_d}` (with the bridge's gate term), what the bridge reads
+    /// for the next draft row
+    pub exit_state: String,
     /// present key / value of layers `0..e_{g_d}`
     pub presents: Vec<(String, String)>,
 }
 
 /// Intervals `0..draft_gate` on the embedded rows `s` with caches `past` (layer `i` at index `i`).
+/// With a bridge, `bridge_states` (`[B, T, D]`, the state before each row) feeds its terms into
+/// the draft gate's interval.
 pub fn draft(
     b: &mut GraphBuilder,
     cx: &LayerContext<'_>,
@@ -31,13 +38,25 @@ pub fn draft(
     draft_gate: usize,
     mut s: String,
     past: &[(String, String)],
+    bridge_states: Option<&str>,
 ) -> Draft {
     let eps = cx.model.config.rms_norm_eps as f32;
     let mut presents = Vec::new();
     let mut exit_states = Vec::with_capacity(draft_gate);
+    let bridge = m2r2.bridge.as_ref().zip(bridge_states);
+    let xhat = bridge.map(|(_, h)| bridge::input(b, cx, h));
+    let term = |b: &mut GraphBuilder, site: BridgeSite| {
+        bridge
+            .zip(xhat.as_ref())
+            .and_then(|((bridge, _), x)| bridge::term(b, bridge, site, x))
+    };
     for j in 0..draft_gate {
-        // f <- s_{e_j}
+        let at_gate = j + 1 == draft_gate;
+        // f <- s_{e_j} (+ the bridge's entry term in the draft gate's interval)
         let mut f = s.clone();
+        if at_gate && let Some(t) = term(b, BridgeSite::Entry) {
+            f = b.binary("Add", &f, &t);
+        }
         for l in m2r2.config.interval_layers(j) {
             let out = decoder_layer(
                 b,
@@ -54,6 +73,9 @@ pub fn draft(
             f = out.f.expect("fast rows were given");
             presents.push((out.present_key, out.present_value));
         }
+        if at_gate && let Some(t) = term(b, BridgeSite::Gate) {
+            f = b.binary("Add", &f, &t);
+        }
         exit_states.push(f); // u_{j+1}
     }
     let u = exit_states.last().expect("draft_gate >= 1").clone();
@@ -69,6 +91,7 @@ pub fn draft(
         draft_logits,
         exit_prob,
         hidden_states: s,
+        exit_state: u,
         presents,
     }
 }

@@ -8,6 +8,7 @@
 pub mod accelerator;
 pub mod arla;
 pub mod attention;
+pub mod bridge;
 pub mod fast_stream;
 pub mod layer;
 pub mod mlp;

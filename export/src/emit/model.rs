@@ -70,7 +70,7 @@ pub fn pruned_logits(
 ///
 /// # Shapes
 /// - `s`: `[B, T, D]` -> `[B, T, D]`
-fn final_norm(b: &mut GraphBuilder, cx: &LayerContext<'_>, s: &str) -> String {
+pub fn final_norm(b: &mut GraphBuilder, cx: &LayerContext<'_>, s: &str) -> String {
     let config = &cx.model.config;
     let norm = b.weight(
         &WeightId::FinalNorm.onnx_name(),
