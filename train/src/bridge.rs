@@ -13,11 +13,14 @@
 //! dA = (dy B)^T x̂                                             [r, D]
 //! ```
 
-use crate::fast_stream::{Batch, FrozenBase};
+use crate::adapters::Adapters;
+use crate::fast_stream::{self, Batch, FrozenBase, IntervalTape};
 use crate::linear::LoraPair;
 use crate::real::Real;
 use crate::rmsnorm;
 use ndarray::{Array2, ArrayView2};
+use reference::m2r2::bridge::BridgeSite;
+use std::ops::Range;
 
 /// `x̂` of every row of the batch: the final norm of the previous position's final slow residual,
 /// zeros for a row at position 0.
@@ -66,6 +69,93 @@ pub fn backward<F: Real>(
     LoraPair {
         a: dyb.t().dot(&xhat),
         b: dy.t().dot(&xa),
+    }
+}
+
+/// What [`interval_forward`] keeps for [`interval_backward`].
+pub struct BridgedTape<F> {
+    pub interval: IntervalTape<F>,
+    /// `[R, D]` x̂, when `adapters` has bridge maps
+    xhat: Option<Array2<F>>,
+    /// `x̂ A^T` of the entry and gate sites that exist
+    entry_xa: Option<Array2<F>>,
+    gate_xa: Option<Array2<F>>,
+}
+
+/// Interval `j` (`layers`) on the batch's fast rows from their starting states `s_{e_j}`, with the
+/// bridge's terms when `adapters` carries its maps (the draft gate's interval): the exit states
+/// `u` and the tape.
+///
+/// # Shapes
+/// -> `[R, D]`
+pub fn interval_forward<F: Real>(
+    base: &FrozenBase<F>,
+    adapters: &Adapters<F>,
+    j: usize,
+    layers: Range<usize>,
+    batch: Batch<'_, F>,
+) -> (Array2<F>, BridgedTape<F>) {
+    let mut f = fast_stream::start_states(batch, j);
+    let xhat = (!adapters.bridge.is_empty()).then(|| inputs(base, batch));
+    let site = |s: BridgeSite| {
+        adapters
+            .bridge
+            .get(&s)
+            .zip(xhat.as_ref())
+            .map(|(pair, x)| forward(pair, x.view()))
+    };
+    let (entry, gate) = (site(BridgeSite::Entry), site(BridgeSite::Gate));
+    if let Some((term, _)) = &entry {
+        f += term;
+    }
+    let (mut u, interval) = fast_stream::forward(base, adapters, layers, batch, f);
+    if let Some((term, _)) = &gate {
+        u += term;
+    }
+    let tape = BridgedTape {
+        interval,
+        xhat,
+        entry_xa: entry.map(|e| e.1),
+        gate_xa: gate.map(|g| g.1),
+    };
+    (u, tape)
+}
+
+/// The gradients of [`interval_forward`]'s adapters and bridge maps from `du` (and `d_inner`,
+/// as [`fast_stream::backward`]), accumulated into `grads`.
+#[allow(clippy::too_many_arguments)]
+pub fn interval_backward<F: Real>(
+    base: &FrozenBase<F>,
+    adapters: &Adapters<F>,
+    layers: Range<usize>,
+    batch: Batch<'_, F>,
+    tape: &BridgedTape<F>,
+    du: Array2<F>,
+    d_inner: &[Array2<F>],
+    grads: &mut Adapters<F>,
+) {
+    let add = |grads: &mut Adapters<F>, s: BridgeSite, xa: &Array2<F>, dy: &Array2<F>| {
+        let x = tape.xhat.as_ref().expect("a bridge term has its input");
+        let g = backward(&adapters.bridge[&s], x.view(), xa.view(), dy.view());
+        let acc = grads.bridge.get_mut(&s).expect("gradient slot");
+        acc.a += &g.a;
+        acc.b += &g.b;
+    };
+    if let Some(xa) = &tape.gate_xa {
+        add(grads, BridgeSite::Gate, xa, &du);
+    }
+    let df = fast_stream::backward(
+        base,
+        adapters,
+        layers,
+        batch,
+        &tape.interval,
+        du,
+        d_inner,
+        grads,
+    );
+    if let Some(xa) = &tape.entry_xa {
+        add(grads, BridgeSite::Entry, xa, &df);
     }
 }
 

@@ -19,13 +19,11 @@ use crate::head::kl_loss;
 use crate::schedule::Schedule;
 use crate::slow_cache::{SlowKey, SlowPass};
 use crate::slow_stream::SlowSample;
-use ndarray::Array2;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 use reference::Model;
 use reference::m2r2::accelerator::Accelerator;
-use reference::m2r2::bridge::BridgeSite;
 use reference::m2r2::config::M2r2Config;
 use reference::m2r2::weights::M2r2Weights;
 use serde::{Deserialize, Serialize};
@@ -443,24 +441,7 @@ impl Trainer {
         let j = g.gate - 1;
         let layers = self.template.config.interval_layers(j);
         let batch = Batch { samples, rows };
-        let mut f = fast_stream::start_states(batch, j);
-        // the bridge (draft gate only): x̂ of each row, the entry term on f, the gate term on u
-        let bridge = &g.adapters.bridge;
-        let xhat = (!bridge.is_empty()).then(|| bridge::inputs(&self.base, batch));
-        let site = |s: BridgeSite| {
-            bridge
-                .get(&s)
-                .zip(xhat.as_ref())
-                .map(|(pair, x)| bridge::forward(pair, x.view()))
-        };
-        let (entry, at_gate) = (site(BridgeSite::Entry), site(BridgeSite::Gate));
-        if let Some((term, _)) = &entry {
-            f += term;
-        }
-        let (mut u, tape) = fast_stream::forward(&self.base, &g.adapters, layers.clone(), batch, f);
-        if let Some((term, _)) = &at_gate {
-            u += term;
-        }
+        let (u, tape) = bridge::interval_forward(&self.base, &g.adapters, j, layers.clone(), batch);
         // teacher: the base model's final distribution, from s_N
         let target = fast_stream::gather(batch, |s| &s.last);
         let (logits, head_tape, teacher) =
@@ -484,7 +465,7 @@ impl Trainer {
             stats.align = loss as f64;
             du_align = Some(du);
             if self.options.align_intermediate {
-                for (i, state) in tape.inner_states().enumerate() {
+                for (i, state) in tape.interval.inner_states().enumerate() {
                     let target = fast_stream::gather(batch, |s| {
                         &s.aligned[j]
                             .as_ref()
@@ -501,18 +482,7 @@ impl Trainer {
             if let Some(d) = du_align {
                 du += &d;
             }
-            let bridge_grad =
-                |grads: &mut Adapters<f32>, s: BridgeSite, xa: &Array2<f32>, dy: &Array2<f32>| {
-                    let x = xhat.as_ref().expect("a bridge term has its input");
-                    let grad = bridge::backward(&bridge[&s], x.view(), xa.view(), dy.view());
-                    let acc = grads.bridge.get_mut(&s).expect("gradient slot");
-                    acc.a += &grad.a;
-                    acc.b += &grad.b;
-                };
-            if let Some((_, xa)) = &at_gate {
-                bridge_grad(&mut grads, BridgeSite::Gate, xa, &du);
-            }
-            let df = fast_stream::backward(
+            bridge::interval_backward(
                 &self.base,
                 &g.adapters,
                 layers,
@@ -522,9 +492,6 @@ impl Trainer {
                 &d_inner,
                 &mut grads,
             );
-            if let Some((_, xa)) = &entry {
-                bridge_grad(&mut grads, BridgeSite::Entry, xa, &df);
-            }
         }
         (stats, grads)
     }
