@@ -1,6 +1,6 @@
 //! `m2r2 info`'s M2R2 section: the gates and their intervals, each gate's adapter ranks, alphas
 //! and scales (PEFT `rank_pattern` / `alpha_pattern` give a pair its own), the drafting policy,
-//! ARLA and the pruned draft head of the M2R2 weights a decoding command would use.
+//! ARLA, the pruned draft head and the bridge of the M2R2 weights a decoding command would use.
 
 use crate::cli::common;
 use reference::m2r2::accelerator::Lora;
@@ -58,6 +58,11 @@ pub fn describe(weights: &M2r2Weights, source: &str) -> Value {
             "latent": config.arla.latent,
             "threshold": real(config.arla.threshold),
         },
+        "bridge": weights.bridge.as_ref().map(|b| json!({
+            "rank": b.rank(),
+            "sites": b.maps.keys().map(|s| s.name()).collect::<Vec<_>>(),
+            "parameters": b.parameter_count(),
+        })),
     })
 }
 
@@ -120,6 +125,16 @@ pub fn print_text(m: &Value) {
         arla["latent"],
         arla["threshold"]
     );
+    let bridge = &m["bridge"];
+    match bridge.as_object() {
+        Some(b) => println!(
+            "bridge        rank {} at {}, {} parameters: drafts read the last verified final state",
+            b["rank"],
+            list(&b["sites"]),
+            common::count(n(&b["parameters"]))
+        ),
+        None => println!("bridge        none: drafts read only their own token"),
+    }
     println!();
     println!(
         "{:<5} {:<11} {:<9} {:<6} {:<10} {:<10} {:<12} {:>12}",

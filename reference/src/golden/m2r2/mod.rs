@@ -16,7 +16,8 @@
 //! | `speculative` | `round_scores`     | F32   | `[R, M+1]` | draft gate scores (dynamic drafting), NaN pad   |
 //!
 //! Metadata of both modes: `m2r2_config` (the [`M2r2Config`](crate::m2r2::config::M2r2Config) as
-//! JSON), `m2r2_hash` ([`weights_hash`]). Early exit: `gate`, `threshold`, `kv_policy`.
+//! JSON, with its `bridge` entry when the drafts read the verified state), `m2r2_hash`
+//! ([`weights_hash`], the bridge's maps included). Early exit: `gate`, `threshold`, `kv_policy`.
 //! Speculative: `draft_gate` (1-based), `gate` (scored at each proposal, or `none`),
 //! `draft_length` (`fixed` or `dynamic`), `draft_max`, and `draft_threshold` when dynamic.
 //!
@@ -149,6 +150,13 @@ pub fn weights_hash(weights: &M2r2Weights) -> String {
         tensor("arla.wv", &mut arla.wv.iter());
         tensor("arla.wo", &mut arla.wo.iter());
         tensor("arla.bo", &mut std::iter::once(&arla.bo));
+    }
+    if let Some(bridge) = &weights.bridge {
+        // The bridge changes the drafts; weights without one hash as they always did.
+        for (site, lora) in &bridge.maps {
+            tensor(&format!("bridge.{}.a", site.name()), &mut lora.a().iter());
+            tensor(&format!("bridge.{}.b", site.name()), &mut lora.b().iter());
+        }
     }
     if let Some(head) = &weights.draft_head {
         // The pruned draft head changes the drafts (and so the rounds) of speculative decoding.

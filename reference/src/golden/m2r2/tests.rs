@@ -290,6 +290,66 @@ fn other_m2r2_weights_are_refused() {
     );
 }
 
+/// A bridged golden records the bridge (its config in `m2r2_config`, its maps in the hash), checks
+/// with the same weights through a file round trip, and is refused by the weights without it;
+/// the weights without a bridge keep the hash they always had.
+#[test]
+fn bridged_goldens_record_what_the_draft_read() {
+    let (model, weights) = setup("tiny");
+    let plain_hash = super::weights_hash(&weights);
+    let bridged = weights
+        .clone()
+        .with_bridge(
+            &model.config,
+            crate::m2r2::bridge::BridgeConfig {
+                rank: 4,
+                sites: crate::m2r2::bridge::BridgeSite::ALL.to_vec(),
+            },
+            2,
+            0.5,
+        )
+        .unwrap();
+    assert_ne!(super::weights_hash(&bridged), plain_hash);
+    assert_eq!(super::weights_hash(&weights), plain_hash);
+    let g = Golden::record_speculative(
+        M2r2::new(&model, &bridged),
+        "tiny",
+        &[1, 7],
+        8,
+        1,
+        None,
+        &spec_options(DraftLength::Fixed(3)),
+    )
+    .unwrap();
+    let record = g.m2r2.as_ref().unwrap();
+    assert!(
+        record.config_json.contains("\"bridge\""),
+        "{}",
+        record.config_json
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bridged.safetensors");
+    g.write(&path).unwrap();
+    let back = Golden::read(&path).unwrap();
+    let read = back.m2r2.as_ref().unwrap();
+    assert_eq!(
+        (&read.config_json, &read.weights_hash),
+        (&record.config_json, &record.weights_hash)
+    );
+    assert!(
+        back.check_m2r2(M2r2::new(&model, &bridged), DEFAULT_ATOL)
+            .unwrap()
+            .ok()
+    );
+    let err = back
+        .check_m2r2(M2r2::new(&model, &weights), DEFAULT_ATOL)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("not the ones this golden"),
+        "{err}"
+    );
+}
+
 /// A version-1 greedy file (as older m2r2 wrote it) still reads and checks.
 #[test]
 fn version_1_greedy_files_still_read_and_check() {
