@@ -66,6 +66,10 @@ pub struct TrainOptions {
     pub align_intermediate: bool,
     /// Seed of the row sampling (and of the adapters' initialisation, see [`initial_weights`]).
     pub seed: u64,
+    /// Train only the bridge's maps: the adapters stay as given (so early exit, which never reads
+    /// the bridge, is unchanged).
+    #[serde(default)]
+    pub bridge_only: bool,
 }
 
 impl TrainOptions {
@@ -223,6 +227,18 @@ impl Trainer {
     ) -> Result<Self> {
         let config = &weights.config;
         options.validate(config)?;
+        if options.bridge_only && weights.bridge.is_none() {
+            return Err(Error::Invalid(
+                "training only the bridge needs one: the weights have no bridge".into(),
+            ));
+        }
+        if options.bridge_only && options.weight_decay != 0.0 {
+            return Err(Error::Invalid(
+                "training only the bridge keeps the adapters as they are, which weight decay \
+                 would shrink: use weight decay 0"
+                    .into(),
+            ));
+        }
         let intervals: Vec<usize> = options.train_gates.iter().map(|g| g - 1).collect();
         let layers: Vec<usize> = intervals
             .iter()
@@ -336,6 +352,13 @@ impl Trainer {
             let gate = self.gates[i].gate;
             let rows = self.draw_rows(self.step, gate);
             let (s, mut grads) = self.gradient(i, &rows);
+            if self.options.bridge_only {
+                // zero gradients leave AdamW's moments, and so the adapters, at zero change
+                grads.pairs.values_mut().for_each(|p| {
+                    p.a.fill(0.0);
+                    p.b.fill(0.0);
+                });
+            }
             clip_grad_norm(grads.tensors_mut(), self.options.clip);
             let g = &mut self.gates[i];
             g.opt.step(lr, g.adapters.tensors_mut(), grads.tensors());

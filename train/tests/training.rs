@@ -58,6 +58,7 @@ fn options(steps: usize) -> TrainOptions {
         align_weight: 0.0,
         align_intermediate: false,
         seed: 1,
+        bridge_only: false,
     }
 }
 
@@ -284,4 +285,81 @@ fn training_from_a_read_slow_cache_is_the_same_training() {
         adapters.push(bits);
     }
     assert_eq!(adapters[0], adapters[1]);
+}
+
+/// A bridge trained jointly with gate 1's adapters lowers the training loss, its checkpoint loads
+/// with the bridge and resumes exactly; with `bridge_only` the adapters stay bit for bit as given
+/// while the bridge moves; a bridge-only run without a bridge, or with weight decay, is refused.
+#[test]
+fn bridge_trains_checkpoints_and_freezes_adapters_when_asked() {
+    use reference::m2r2::bridge::{BridgeConfig, BridgeSite};
+    let model = builtin("tiny").unwrap();
+    let train_data = data(&model, 12, 6);
+    let bridge = BridgeConfig {
+        rank: 4,
+        sites: BridgeSite::ALL.to_vec(),
+    };
+    let start = || {
+        initial_weights(&model, config(&model), 7)
+            .unwrap()
+            .with_bridge(&model.config, bridge.clone(), 8, 0.0)
+            .unwrap()
+    };
+    let mut opts = options(16);
+    opts.train_gates = vec![1];
+    let mut trainer = new_trainer(&model, start(), &train_data, opts.clone()).unwrap();
+    let before = trainer.evaluate_training_rows()[0];
+    for _ in 0..8 {
+        trainer.train_step();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    checkpoint::save(&trainer, dir.path()).unwrap();
+    let loaded = M2r2Weights::load_dir(dir.path(), &model.config).unwrap();
+    assert_eq!(loaded.config.bridge.as_ref(), Some(&bridge));
+    let trained = loaded.bridge.as_ref().unwrap();
+    assert!(
+        trained.maps.values().all(|l| !l.is_zero()),
+        "B moved off zero"
+    );
+    let mut resumed = checkpoint::resume(
+        &model,
+        dir.path(),
+        &train_data,
+        None,
+        &mut SlowPass::default(),
+    )
+    .unwrap();
+    for _ in 8..16 {
+        trainer.train_step();
+        resumed.train_step();
+    }
+    assert_eq!(
+        resumed.weights(),
+        trainer.weights(),
+        "resume continues exactly"
+    );
+    let after = trainer.evaluate_training_rows()[0];
+    assert!(after.kl < before.kl, "KL {} -> {}", before.kl, after.kl);
+
+    // bridge only: the adapters are those given, bit for bit
+    let given = trainer.weights();
+    let mut frozen = opts.clone();
+    frozen.bridge_only = true;
+    let mut only = new_trainer(&model, given.clone(), &train_data, frozen.clone()).unwrap();
+    for _ in 0..4 {
+        only.train_step();
+    }
+    let w = only.weights();
+    assert_eq!(w.accelerator, given.accelerator);
+    assert_ne!(w.bridge, given.bridge);
+    let no_bridge = initial_weights(&model, config(&model), 7).unwrap();
+    let err = new_trainer(&model, no_bridge, &train_data, frozen.clone())
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("no bridge"), "{err}");
+    frozen.weight_decay = 0.1;
+    let err = new_trainer(&model, given, &train_data, frozen)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("weight decay"), "{err}");
 }

@@ -63,6 +63,7 @@ pub fn training_speed(
         align_weight: 0.0,
         align_intermediate: false,
         seed: 0,
+        bridge_only: false,
     };
     let start = initial_weights(model, weights.config.clone(), 0)
         .context("the M2R2 settings of the training bench")?;

@@ -104,6 +104,11 @@ pub struct Args {
     /// `gate` (the exit state), or both
     #[arg(long, value_name = "SITES", value_delimiter = ',', num_args = 1.., default_value = "entry", requires = "bridge_rank")]
     pub bridge_sites: Vec<String>,
+    /// Train only the bridge's maps, keeping the adapters as they are (early exit, which never
+    /// reads the bridge, is then unchanged); needs a bridge (--bridge-rank, or an --init folder
+    /// with one)
+    #[arg(long)]
+    pub bridge_only: bool,
     /// Output folder (checkpoint: M2R2 weights + optimizer state)
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
@@ -294,6 +299,7 @@ pub fn run(args: &Args) -> Result<()> {
                 align_weight: args.align_weight,
                 align_intermediate: args.align_intermediate,
                 seed: args.seed,
+                bridge_only: args.bridge_only,
             };
             let mut weights =
                 starting_weights(model, config, init, &ranks, &options.train_gates, args.seed)
