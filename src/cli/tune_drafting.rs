@@ -20,7 +20,7 @@ use anyhow::{Context, Result, bail};
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::speculation::OnnxSpeculation;
 use reference::base::generate::ReferenceGreedy;
-use reference::decode::draft_sim::{DraftPoint, Policy, Simulated, StepCosts, simulate, trace};
+use reference::decode::draft_sim::{Policy, Simulated, StepCosts, Trace, simulate, trace};
 use reference::decode::draft_verify::ReferenceSpeculation;
 use reference::io::load::LoadedModel;
 use reference::m2r2::config::{DynamicDraftConfig, M2r2Config};
@@ -91,8 +91,11 @@ struct GateTrace {
     agreement: f64,
     points: usize,
     seconds: f64,
+    /// Drafts traced per round start: 1, or with a bridge the longest draft (later drafts of a
+    /// round read the draft's own state, not the verified one).
+    depth: usize,
     #[serde(skip)]
-    samples: Vec<Vec<DraftPoint>>,
+    samples: Vec<Trace>,
 }
 
 /// One engine's step costs at one draft gate.
@@ -200,7 +203,7 @@ pub fn run(args: &Args) -> Result<()> {
 
     let traces = gates
         .iter()
-        .map(|&g| trace_gate(&loaded, &weights, g, &data))
+        .map(|&g| trace_gate(&loaded, &weights, g, &data, args.max_draft))
         .collect::<Result<Vec<_>>>()?;
     let mut costs = Vec::new();
     for &g in &gates {
@@ -296,7 +299,14 @@ fn trace_gate(
     weights: &M2r2Weights,
     gate: usize,
     data: &[train::data::DistillSample],
+    max_draft: usize,
 ) -> Result<GateTrace> {
+    // without a bridge a draft depends only on the true prefix, so one per position is exact
+    let depth = if weights.bridge.is_some() {
+        max_draft.max(1)
+    } else {
+        1
+    };
     let start = Instant::now();
     let mut counter = progress::Counter::new(format!("trace gate {gate}"), data.len(), 0);
     let arla = weights.arla.is_some().then_some(GateKind::Arla);
@@ -306,20 +316,26 @@ fn trace_gate(
         let (prompt, response) = d.tokens.split_at(d.prompt_len);
         let m2r2 = M2r2::new(&loaded.model, weights);
         let mut backend = ReferenceSpeculation::new(m2r2, gate, arla, d.tokens.len() + 1)?;
-        let points = trace(&mut backend, prompt, response)
+        let points = trace(&mut backend, prompt, response, depth)
             .with_context(|| format!("sample {} (prompt {})", i + 1, d.prompt_id))?;
         tokens += d.tokens.len();
         samples.push(points);
         counter.update(i + 1, tokens);
     }
     counter.finish();
+    // agreement of the first draft after each true prefix (what every round's first draft reads)
     let points: usize = samples.iter().map(Vec::len).sum();
-    let agreeing = samples.iter().flatten().filter(|p| p.agrees).count();
+    let agreeing = samples
+        .iter()
+        .flatten()
+        .filter(|round| round[0].agrees)
+        .count();
     Ok(GateTrace {
         gate,
         agreement: agreeing as f64 / points.max(1) as f64,
         points,
         seconds: start.elapsed().as_secs_f64(),
+        depth,
         samples,
     })
 }

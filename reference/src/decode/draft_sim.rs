@@ -23,6 +23,12 @@
 //! round see a wrong prefix, so dynamic drafting's *number of proposals* after the first wrong one
 //! uses the scores after the true prefix instead (those drafts are rejected either way; only their
 //! cost is estimated). Tested against [`speculative_generate`](crate::decode::speculative) rounds.
+//!
+//! With a bridge ([`crate::m2r2::bridge`]) a draft also depends on where its round began: the
+//! first draft reads the verified state before it, the next ones the previous draft's exit state.
+//! So the trace keeps, per position `i`, the drafts of a round starting there, to a depth
+//! ([`trace`]'s `depth`): point `(i, k)` is the `k`-th draft of that round. Without a bridge point
+//! `(i, k)` equals `(i + k, 0)`, and depth 1 is exact.
 
 use crate::base::ops::argmax;
 use crate::decode::speculative::SpeculativeBackend;
@@ -53,23 +59,32 @@ impl DraftPoint {
     }
 }
 
-/// Trace `response`, the greedy continuation of `prompt`: prefill the prompt, then feed each
-/// response token but the last through the draft step and verify it. Point `i` is the draft
-/// proposed after feeding `response[i]`, compared with `response[i + 1]`. `backend` scores with
-/// ARLA when it should record ARLA's score ([`DraftPoint::arla`]); the confidence and entropy
-/// scores are computed from the draft logits here.
+/// The drafts after each position of a greedy continuation: `points[i][k]` is the `k`-th draft of
+/// a round that starts by feeding response token `i` (so it proposes after token `i + k`), for
+/// `k < depth` where the response allows.
+pub type Trace = Vec<Vec<DraftPoint>>;
+
+/// Trace `response`, the greedy continuation of `prompt`: prefill the prompt, then for each
+/// response token `i` but the last, draft a round of up to `depth` proposals from it along the true
+/// tokens, verify it and keep only token `i`. Point `(i, k)` is the draft proposed after feeding
+/// `response[i + k]`, compared with `response[i + k + 1]`. `backend` scores with ARLA when it
+/// should record ARLA's score ([`DraftPoint::arla`]); the confidence and entropy scores are
+/// computed from the draft logits here.
 ///
 /// # Errors
-/// An empty prompt or response, or a response that is not the backend's greedy continuation
-/// (named by position), or a backend error.
+/// An empty prompt or response, a depth of 0, or a response that is not the backend's greedy
+/// continuation (named by position), or a backend error.
 pub fn trace(
     backend: &mut dyn SpeculativeBackend,
     prompt: &[u32],
     response: &[u32],
-) -> Result<Vec<DraftPoint>> {
-    if prompt.is_empty() || response.is_empty() {
+    depth: usize,
+) -> Result<Trace> {
+    if prompt.is_empty() || response.is_empty() || depth == 0 {
         return Err(Error::Invalid(
-            "tracing drafts needs a prompt and a response of at least one token each".into(),
+            "tracing drafts needs a prompt and a response of at least one token each, and a \
+             depth of at least 1"
+                .into(),
         ));
     }
     let not_greedy = |i: usize, got: usize| {
@@ -83,23 +98,31 @@ pub fn trace(
     if first as u32 != response[0] {
         return Err(not_greedy(0, first));
     }
-    let mut points = Vec::with_capacity(response.len() - 1);
-    for i in 0..response.len() - 1 {
-        let draft = backend
-            .draft(response[i], true)?
-            .ok_or_else(|| Error::Invalid("the draft step proposed nothing".into()))?;
+    let last = response.len() - 1;
+    let mut points = Vec::with_capacity(last);
+    for i in 0..last {
+        let start = backend.len();
+        let mut round = Vec::new();
+        for k in 0..depth.min(last - i) {
+            let draft = backend
+                .draft(response[i + k], true)?
+                .ok_or_else(|| Error::Invalid("the draft step proposed nothing".into()))?;
+            let score = |kind| gate_score(kind, None, &[], &draft.logits, 0.0);
+            round.push(DraftPoint {
+                agrees: argmax(&draft.logits) as u32 == response[i + k + 1],
+                confidence: score(GateKind::Confidence)?,
+                entropy: score(GateKind::Entropy)?,
+                arla: draft.score,
+            });
+        }
         let base = backend.verify()?;
         let next = argmax(&base.row(0).to_vec());
         if next as u32 != response[i + 1] {
             return Err(not_greedy(i + 1, next));
         }
-        let score = |kind| gate_score(kind, None, &[], &draft.logits, 0.0);
-        points.push(DraftPoint {
-            agrees: argmax(&draft.logits) as u32 == response[i + 1],
-            confidence: score(GateKind::Confidence)?,
-            entropy: score(GateKind::Entropy)?,
-            arla: draft.score,
-        });
+        // keep token i, verified; the rest of the round is dropped
+        backend.rollback(start + 1);
+        points.push(round);
     }
     Ok(points)
 }
@@ -189,13 +212,13 @@ impl Simulated {
     }
 }
 
-/// Replay the speculative loop on one sample's trace (`points[i]`: the draft after feeding
-/// response token `i`, so a sample of `R` response tokens has `R - 1` points and its rounds emit
-/// `R - 1` tokens). A dynamic policy needs its gate's scores in the points.
+/// Replay the speculative loop on one sample's [`Trace`] (`points[i]`: the drafts of a round that
+/// starts by feeding response token `i`, so a sample of `R` response tokens has `R - 1` positions
+/// and its rounds emit `R - 1` tokens). A dynamic policy needs its gate's scores in the points.
 ///
 /// # Errors
 /// A policy proposing nothing (`Fixed(0)`, `max == 0`), or ARLA scores missing.
-pub fn simulate(points: &[DraftPoint], policy: Policy) -> Result<Simulated> {
+pub fn simulate(points: &[Vec<DraftPoint>], policy: Policy) -> Result<Simulated> {
     let max = match policy {
         Policy::Fixed(k) => k,
         Policy::Dynamic { max, .. } => max,
@@ -206,12 +229,20 @@ pub fn simulate(points: &[DraftPoint], policy: Policy) -> Result<Simulated> {
         ));
     }
     if let Policy::Dynamic { gate, .. } = policy
-        && points.iter().any(|p| p.score(gate).is_none())
+        && points.iter().flatten().any(|p| p.score(gate).is_none())
     {
         return Err(Error::Invalid(format!(
             "dynamic drafting with the {gate} gate needs its scores, and the trace has none"
         )));
     }
+    // the k-th draft of a round starting at i: traced to that depth, or (exact without a
+    // bridge) the first draft of a round starting at i + k
+    let point = |i: usize, k: usize| {
+        points
+            .get(i)
+            .and_then(|r| r.get(k))
+            .or_else(|| points.get(i + k).and_then(|r| r.first()))
+    };
     let mut sim = Simulated {
         verifies: vec![0; max + 2],
         ..Simulated::default()
@@ -236,7 +267,7 @@ pub fn simulate(points: &[DraftPoint], policy: Policy) -> Result<Simulated> {
                     }
                     sim.propose_steps += 1;
                     // Past the trace's end the decoder stops anyway: count the step, stop there.
-                    let score = points.get(i + n).and_then(|p| p.score(gate));
+                    let score = point(i, n).and_then(|p| p.score(gate));
                     if score.is_none_or(|s| s < threshold) {
                         break;
                     }
@@ -246,9 +277,8 @@ pub fn simulate(points: &[DraftPoint], policy: Policy) -> Result<Simulated> {
                 n
             }
         };
-        let accepted = points[i..]
-            .iter()
-            .take(proposed)
+        let accepted = (0..proposed)
+            .map_while(|k| point(i, k))
             .take_while(|p| p.agrees)
             .count();
         sim.accepted.push(accepted);

@@ -8,15 +8,18 @@ use crate::io::builtin;
 use crate::m2r2::fast_stream::M2r2;
 use crate::m2r2::weights::M2r2Weights;
 
-fn points(agrees: &[bool], confidence: &[f32]) -> Vec<DraftPoint> {
+/// A depth-1 trace (exact without a bridge).
+fn points(agrees: &[bool], confidence: &[f32]) -> Trace {
     agrees
         .iter()
         .zip(confidence)
-        .map(|(&agrees, &confidence)| DraftPoint {
-            agrees,
-            confidence,
-            entropy: 0.0,
-            arla: None,
+        .map(|(&agrees, &confidence)| {
+            vec![DraftPoint {
+                agrees,
+                confidence,
+                entropy: 0.0,
+                arla: None,
+            }]
         })
         .collect()
 }
@@ -97,12 +100,26 @@ fn hand_computed_rounds() {
 
 /// The simulation predicts the rounds `speculative_generate` really runs: the same accepted count
 /// in every round (the last one aside: past the end of the trace the decoder still drafts), and
-/// the same proposals where they do not depend on a wrong prefix.
+/// the same proposals where they do not depend on a wrong prefix. Depth-1 traces without a
+/// bridge; with a bridge (both sites), traces as deep as the longest policy.
 #[test]
 fn predicts_the_speculative_loop() {
-    for name in builtin::BUILTIN_NAMES {
+    let bridge = crate::m2r2::bridge::BridgeConfig {
+        rank: 4,
+        sites: crate::m2r2::bridge::BridgeSite::ALL.to_vec(),
+    };
+    for (name, bridged) in builtin::BUILTIN_NAMES
+        .iter()
+        .flat_map(|&n| [(n, false), (n, true)])
+    {
         let model = builtin::builtin(name).unwrap();
-        let weights = M2r2Weights::builtin_for(name, &model.config).unwrap();
+        let mut weights = M2r2Weights::builtin_for(name, &model.config).unwrap();
+        if bridged {
+            weights = weights
+                .with_bridge(&model.config, bridge.clone(), 11, 0.5)
+                .unwrap();
+        }
+        let depth = if bridged { 4 } else { 1 };
         let m2r2 = M2r2::new(&model, &weights);
         let prompt = [5, 17, 3, 9];
         let greedy_options = GenerateOptions {
@@ -120,9 +137,10 @@ fn predicts_the_speculative_loop() {
             let mut backend =
                 ReferenceSpeculation::new(m2r2, draft_gate, Some(GateKind::Arla), capacity)
                     .unwrap();
-            let trace = trace(&mut backend, &prompt, &response).unwrap();
+            let trace = trace(&mut backend, &prompt, &response, depth).unwrap();
             assert_eq!(trace.len(), response.len() - 1);
-            let mut confidences: Vec<f32> = trace.iter().map(|p| p.confidence).collect();
+            assert!(trace.iter().all(|r| r.len() <= depth));
+            let mut confidences: Vec<f32> = trace.iter().map(|p| p[0].confidence).collect();
             confidences.sort_by(f32::total_cmp);
             let median = confidences[confidences.len() / 2];
             let mut policies: Vec<Policy> = (1..=4).map(Policy::Fixed).collect();
@@ -163,7 +181,7 @@ fn predicts_the_speculative_loop() {
                 let real = speculative_generate(&mut backend, &prompt, &options).unwrap();
                 assert_eq!(real.tokens, response);
                 let sim = simulate(&trace, policy).unwrap();
-                let context = format!("{name}, gate {draft_gate}, {policy:?}");
+                let context = format!("{name} (bridge {bridged}), gate {draft_gate}, {policy:?}");
                 assert_eq!(sim.rounds, real.rounds.len(), "{context}");
                 assert_eq!(sim.emitted, response.len() - 1, "{context}");
                 let last = real.rounds.len() - 1;
@@ -201,9 +219,10 @@ fn trace_refuses_a_response_that_is_not_greedy() {
         .unwrap()
         .tokens;
     response[3] = (response[3] + 1) % model.config.vocab_size as u32;
-    let err = trace(&mut backend, &[1, 2], &response)
+    let err = trace(&mut backend, &[1, 2], &response, 1)
         .unwrap_err()
         .to_string();
     assert!(err.contains("response token 3"), "{err}");
-    assert!(trace(&mut backend, &[], &response).is_err());
+    assert!(trace(&mut backend, &[], &response, 1).is_err());
+    assert!(trace(&mut backend, &[1, 2], &response, 0).is_err());
 }
