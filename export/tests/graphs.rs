@@ -99,7 +99,7 @@ proptest! {
         m2r2.draft_head = head.map(|h| DraftHead::new(h.into_iter().collect(), 40, "test").unwrap());
         // A bridge: draft.onnx reads bridge_states, gives exit_states; verifier.onnx final_states.
         if let Some(sites) = bridge {
-            m2r2 = m2r2.with_bridge(c, BridgeConfig { rank: 3, sites }, seed + 2, 0.5).unwrap();
+            m2r2 = m2r2.with_bridge(c, BridgeConfig { rank: 3, scales: [(BridgeSite::Gate, 0.5)].into_iter().filter(|(s, _)| sites.contains(s)).collect(), sites }, seed + 2, 0.5).unwrap();
         }
         let draft_gate = 1 + gate_pick % m2r2.config.num_gates();
         let split = 1 + split_pick % (tokens.len() - 1);
@@ -139,6 +139,7 @@ fn f16_flavour_matches_reference_with_rounded_weights() {
             let config = BridgeConfig {
                 rank: 4,
                 sites: BridgeSite::ALL.to_vec(),
+                scales: Default::default(),
             };
             m2r2 = m2r2.with_bridge(&model.config, config, 9, 0.3).unwrap();
         }

@@ -269,6 +269,7 @@ fn bridged_drafts_decode_like_the_reference() {
     let config = reference::m2r2::bridge::BridgeConfig {
         rank: 4,
         sites: reference::m2r2::bridge::BridgeSite::ALL.to_vec(),
+        scales: Default::default(),
     };
     let weights = M2r2Weights::builtin_for("tiny", &base.config)
         .unwrap()

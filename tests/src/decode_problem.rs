@@ -124,6 +124,12 @@ impl DraftSettings {
             let config = BridgeConfig {
                 rank: 3,
                 sites: sites.clone(),
+                // a scale other than 1 where the entry is used
+                scales: sites
+                    .iter()
+                    .filter(|&&s| s == BridgeSite::Entry)
+                    .map(|&s| (s, 0.5))
+                    .collect(),
             };
             *weights = weights
                 .clone()

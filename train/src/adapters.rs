@@ -18,8 +18,10 @@ pub struct Adapters<F> {
     /// alpha (PEFT's `rank_pattern` / `alpha_pattern`). Fixed, not trained.
     pub scales: BTreeMap<(usize, Target), F>,
     pub pairs: BTreeMap<(usize, Target), LoraPair<F>>,
-    /// The bridge's map per site (`A: [r, D]`, `B: [D, r]`, no scale); empty for gates without one.
+    /// The bridge's map per site (`A: [r, D]`, `B: [D, r]`); empty for gates without one.
     pub bridge: BTreeMap<BridgeSite, LoraPair<F>>,
+    /// Each bridge site's fixed scale `c`. Not trained.
+    pub bridge_scales: BTreeMap<BridgeSite, F>,
 }
 
 impl<F: Real> Adapters<F> {
@@ -45,6 +47,7 @@ impl<F: Real> Adapters<F> {
             scales,
             pairs,
             bridge: BTreeMap::new(),
+            bridge_scales: BTreeMap::new(),
         }
     }
 
@@ -60,6 +63,11 @@ impl<F: Real> Adapters<F> {
                 };
                 (site, pair)
             })
+            .collect();
+        self.bridge_scales = bridge
+            .maps
+            .iter()
+            .map(|(&site, lora)| (site, F::lift(lora.scale(false))))
             .collect();
         self
     }
@@ -119,6 +127,7 @@ impl<F: Real> Adapters<F> {
                 .iter()
                 .map(|(&k, p)| (k, p.zeros_like()))
                 .collect(),
+            bridge_scales: self.bridge_scales.clone(),
         }
     }
 
@@ -138,6 +147,7 @@ impl<F: Real> Adapters<F> {
                 .map(|(&k, p)| (k, p.clone()))
                 .collect(),
             bridge: self.bridge.clone(),
+            bridge_scales: self.bridge_scales.clone(),
         }
     }
 

@@ -8,9 +8,9 @@
 //! ```text
 //! x̂  = RMSNorm_final(s_N[p-1])   (zeros at p = 0)            [R, D]
 //! xa = x̂ A^T                                                  [R, r]
-//! y  = xa B^T                                                 [R, D]  added at the entry or the gate
-//! dB = dy^T xa                                                [D, r]
-//! dA = (dy B)^T x̂                                             [r, D]
+//! y  = c xa B^T                                               [R, D]  added at the entry or the gate
+//! dB = c dy^T xa                                              [D, r]
+//! dA = c (dy B)^T x̂                                           [r, D]
 //! ```
 
 use crate::adapters::Adapters;
@@ -46,13 +46,13 @@ pub fn inputs<F: Real>(base: &FrozenBase<F>, batch: Batch<'_, F>) -> Array2<F> {
     xhat
 }
 
-/// The term `x̂ A^T B^T` and `xa = x̂ A^T` (kept for [`backward`]).
+/// The term `c x̂ A^T B^T` and `xa = x̂ A^T` (kept for [`backward`]).
 ///
 /// # Shapes
 /// - `xhat`: `[R, D]` -> (`[R, D]`, `[R, r]`)
-pub fn forward<F: Real>(pair: &LoraPair<F>, xhat: ArrayView2<F>) -> (Array2<F>, Array2<F>) {
+pub fn forward<F: Real>(pair: &LoraPair<F>, c: F, xhat: ArrayView2<F>) -> (Array2<F>, Array2<F>) {
     let xa = xhat.dot(&pair.a.t());
-    (xa.dot(&pair.b.t()), xa)
+    (xa.dot(&pair.b.t()) * c, xa)
 }
 
 /// The map's gradient from `dy`, the gradient of the state the term was added to.
@@ -61,14 +61,15 @@ pub fn forward<F: Real>(pair: &LoraPair<F>, xhat: ArrayView2<F>) -> (Array2<F>, 
 /// - `dy`, `xhat`: `[R, D]`, `xa`: `[R, r]` -> (`[r, D]`, `[D, r]`)
 pub fn backward<F: Real>(
     pair: &LoraPair<F>,
+    c: F,
     xhat: ArrayView2<F>,
     xa: ArrayView2<F>,
     dy: ArrayView2<F>,
 ) -> LoraPair<F> {
-    let dyb = dy.dot(&pair.b); // [R, r]
+    let dyb = dy.dot(&pair.b) * c; // [R, r]: c dy B
     LoraPair {
         a: dyb.t().dot(&xhat),
-        b: dy.t().dot(&xa),
+        b: dy.t().dot(&xa) * c,
     }
 }
 
@@ -102,7 +103,7 @@ pub fn interval_forward<F: Real>(
             .bridge
             .get(&s)
             .zip(xhat.as_ref())
-            .map(|(pair, x)| forward(pair, x.view()))
+            .map(|(pair, x)| forward(pair, adapters.bridge_scales[&s], x.view()))
     };
     let (entry, gate) = (site(BridgeSite::Entry), site(BridgeSite::Gate));
     if let Some((term, _)) = &entry {
@@ -136,7 +137,8 @@ pub fn interval_backward<F: Real>(
 ) {
     let add = |grads: &mut Adapters<F>, s: BridgeSite, xa: &Array2<F>, dy: &Array2<F>| {
         let x = tape.xhat.as_ref().expect("a bridge term has its input");
-        let g = backward(&adapters.bridge[&s], x.view(), xa.view(), dy.view());
+        let c = adapters.bridge_scales[&s];
+        let g = backward(&adapters.bridge[&s], c, x.view(), xa.view(), dy.view());
         let acc = grads.bridge.get_mut(&s).expect("gradient slot");
         acc.a += &g.a;
         acc.b += &g.b;
@@ -174,9 +176,9 @@ mod tests {
             b: matrix(8, 3, 2),
         };
         let xhat = matrix::<f32>(4, 8, 3);
-        let (y, _) = forward(&pair, xhat.view());
-        let lora = reference::m2r2::accelerator::Lora::new(pair.a.clone(), pair.b.clone(), 3.0);
-        approx::assert_abs_diff_eq!(y, lora.delta(xhat.view(), 1.0), epsilon = 1e-5);
+        let (y, _) = forward(&pair, 0.5, xhat.view());
+        let lora = reference::m2r2::accelerator::Lora::new(pair.a.clone(), pair.b.clone(), 1.5);
+        approx::assert_abs_diff_eq!(y, lora.delta(xhat.view(), 0.5), epsilon = 1e-5);
     }
 
     proptest! {
@@ -187,9 +189,10 @@ mod tests {
             let pair = LoraPair::<f64> { a: matrix(r, d, seed), b: matrix(d, r, seed + 1) };
             let xhat = matrix::<f64>(rows, d, seed + 2);
             let c = matrix::<f64>(rows, d, seed + 3);
-            let loss = |p: &LoraPair<f64>| (&forward(p, xhat.view()).0 * &c).sum();
-            let (_, xa) = forward(&pair, xhat.view());
-            let g = backward(&pair, xhat.view(), xa.view(), c.view());
+            let scale = 0.7;
+            let loss = |p: &LoraPair<f64>| (&forward(p, scale, xhat.view()).0 * &c).sum();
+            let (_, xa) = forward(&pair, scale, xhat.view());
+            let g = backward(&pair, scale, xhat.view(), xa.view(), c.view());
             let nda = numeric_gradient(pair.a.view().into_dyn(), |a| {
                 loss(&LoraPair { a: a.clone().into_dimensionality().unwrap(), b: pair.b.clone() })
             });

@@ -309,6 +309,7 @@ fn bridged_interval_gradients_match_finite_differences() {
     let bridge = BridgeConfig {
         rank: 2,
         sites: BridgeSite::ALL.to_vec(),
+        scales: [(BridgeSite::Entry, 0.3)].into(),
     };
     let weights = M2r2Weights::random(&model.config, config, 9)
         .unwrap()
@@ -364,6 +365,7 @@ fn bridged_forward_equals_reference() {
     let config = BridgeConfig {
         rank: 4,
         sites: BridgeSite::ALL.to_vec(),
+        scales: [(BridgeSite::Gate, 2.0)].into(),
     };
     let weights = M2r2Weights::builtin_for("tiny", &model.config)
         .unwrap()

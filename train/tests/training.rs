@@ -298,6 +298,7 @@ fn bridge_trains_checkpoints_and_freezes_adapters_when_asked() {
     let bridge = BridgeConfig {
         rank: 4,
         sites: BridgeSite::ALL.to_vec(),
+        scales: Default::default(),
     };
     let start = || {
         initial_weights(&model, config(&model), 7)

@@ -1,5 +1,5 @@
 //! The bridge (reference `m2r2/bridge.rs`): `x̂ = RMSNorm_final(h)` of the state before each draft
-//! row (the graph input `bridge_states`) and each site's term `(x̂ A^T) B^T`.
+//! row (the graph input `bridge_states`) and each site's term `c (x̂ A^T) B^T`.
 
 use crate::builder::GraphBuilder;
 use crate::emit::layer::LayerContext;
@@ -27,7 +27,9 @@ pub fn term(b: &mut GraphBuilder, bridge: &Bridge, site: BridgeSite, xhat: &str)
             let a = b.weight(&a_name, lora.a().view().into_dyn());
             let bw = b.weight(&b_name, lora.b().view().into_dyn());
             let h = linear(b, xhat, &a, None); // [B, T, r]
-            linear(b, &h, &bw, None) // [B, T, D]
+            let y = linear(b, &h, &bw, None); // [B, T, D]
+            let c = b.scalar_f32(lora.scale(false));
+            b.binary("Mul", &c, &y)
         })
     }))
 }

@@ -8,11 +8,14 @@
 //! h_{p-1} = s_N[p-1]            when position p-1 is verified (the first draft of a round)
 //!         = u_gd[p-1]           otherwise: the draft's own estimate of s_N there (its exit state)
 //! x̂       = FinalNorm(h_{p-1})                       [D]   the state the LM head reads, no weight of its own
-//! entry:  f[p] <- s_{e_{gd-1}}[p] + B_e A_e x̂        the fast stream of the draft gate's interval starts shifted
-//! gate:   u_gd[p] <- f[p] + B_g A_g x̂                 added to the exit state at the draft gate
+//! entry:  f[p] <- s_{e_{gd-1}}[p] + c_e B_e A_e x̂    the fast stream of the draft gate's interval starts shifted
+//! gate:   u_gd[p] <- f[p] + c_g B_g A_g x̂             added to the exit state at the draft gate
 //! ```
 //!
-//! `A: [r, D]`, `B: [D, r]`, no scale (`alpha = r`). With `B = 0` the bridge changes nothing.
+//! `A: [r, D]`, `B: [D, r]`, `c` a fixed scale per site (`"scales"` in the config, 1 when not
+//! given): `x̂` is about 20 times the size of SmolLM2's token embeddings, so the entry's term is
+//! scaled down to the size of the state it joins (what `train --bridge-rank` sets, see
+//! [`BridgeConfig::matched_scales`]). With `B = 0` the bridge changes nothing.
 //! At position 0 there is no earlier state and the bridge adds nothing. The bridge acts only at
 //! the draft gate, only in speculative drafting: early exit and the other gates never read it.
 //!
@@ -93,9 +96,32 @@ pub struct BridgeConfig {
     pub rank: usize,
     /// Where the term joins (one map per site), each listed once.
     pub sites: Vec<BridgeSite>,
+    /// `c` per site (a listed site without an entry: 1).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub scales: BTreeMap<BridgeSite, f32>,
 }
 
 impl BridgeConfig {
+    /// `c` of `site`.
+    pub fn scale(&self, site: BridgeSite) -> f32 {
+        self.scales.get(&site).copied().unwrap_or(1.0)
+    }
+
+    /// Scales that make each site's term start at the size of the state it joins. `x̂`'s size is
+    /// about that of the final norm's weight (`x̂ = w * h / rms(h)`); the entry joins the slow
+    /// residual entering the draft gate's interval, of RMS `entry_rms` when known (the embeddings'
+    /// for the first gate; other sites and unknown sizes keep 1); the gate joins the exit state,
+    /// whose size the final norm removes (1).
+    pub fn matched_scales(&mut self, final_norm_rms: f32, entry_rms: Option<f32>) {
+        if let Some(rms) = entry_rms
+            && self.sites.contains(&BridgeSite::Entry)
+            && final_norm_rms > 0.0
+            && rms > 0.0
+        {
+            self.scales.insert(BridgeSite::Entry, rms / final_norm_rms);
+        }
+    }
+
     /// Refuse settings that cannot describe a bridge on a model of width `d`.
     pub fn validate(&self, d: usize) -> std::result::Result<(), String> {
         if self.rank == 0 || self.rank > d {
@@ -112,6 +138,20 @@ impl BridgeConfig {
                 return Err(format!("bridge site `{}` is listed twice", s.name()));
             }
         }
+        for (site, &c) in &self.scales {
+            if !self.sites.contains(site) {
+                return Err(format!(
+                    "`bridge.scales` names `{}`, which is not among the sites",
+                    site.name()
+                ));
+            }
+            if !(c.is_finite() && c > 0.0) {
+                return Err(format!(
+                    "`bridge.scales.{}` must be a positive number, got {c}",
+                    site.name()
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -123,6 +163,11 @@ pub struct Bridge {
 }
 
 impl Bridge {
+    /// `c` of `site` (its map's `alpha / r`).
+    pub fn scale(&self, site: BridgeSite) -> Option<f32> {
+        self.maps.get(&site).map(|l| l.scale(false))
+    }
+
     /// `A ~ N(0, 1/D)` from `seed` (sites in [`BridgeSite::ALL`] order, one ChaCha8 stream) and
     /// `B = 0`: a bridge that changes nothing until trained.
     pub fn initial(d: usize, config: &BridgeConfig, seed: u64) -> Self {
@@ -139,18 +184,20 @@ impl Bridge {
             let a = Array2::from_shape_simple_fn((r, d), || a_std * standard_normal(&mut rng));
             let b = Array2::from_shape_simple_fn((d, r), || b_std * standard_normal(&mut rng));
             if config.sites.contains(&site) {
-                maps.insert(site, Lora::new(a, b, r as f32));
+                maps.insert(site, Lora::new(a, b, config.scale(site) * r as f32));
             }
         }
         Bridge { maps }
     }
 
-    /// The term `x̂ A^T B^T` of `site` (`None` when the bridge has no map there).
+    /// The term `c x̂ A^T B^T` of `site` (`None` when the bridge has no map there).
     ///
     /// # Shapes
     /// - `xhat`: `[T, D]` (`FinalNorm` of the states read) -> `[T, D]`
     pub fn term(&self, site: BridgeSite, xhat: ArrayView2<f32>) -> Option<Array2<f32>> {
-        self.maps.get(&site).map(|lora| lora.delta(xhat, 1.0))
+        self.maps
+            .get(&site)
+            .map(|lora| lora.delta(xhat, lora.scale(false)))
     }
 
     /// Work of the bridge for one draft row: the final norm's weight and each site's two
@@ -231,7 +278,10 @@ impl Bridge {
             let [a_name, b_name] = site.tensor_names();
             let a = read(&a_name, &[config.rank, d])?;
             let b = read(&b_name, &[d, config.rank])?;
-            maps.insert(site, Lora::new(a, b, config.rank as f32));
+            maps.insert(
+                site,
+                Lora::new(a, b, config.scale(site) * config.rank as f32),
+            );
         }
         Ok(Bridge { maps })
     }
@@ -259,19 +309,23 @@ mod tests {
         BridgeConfig {
             rank: 1,
             sites: sites.to_vec(),
+            scales: BTreeMap::new(),
         }
     }
 
-    /// `x̂ A^T B^T` by hand: A = [1, 2], B = [3; -1], x̂ = [1, 1] -> (1 + 2) * [3, -1] = [9, -3].
+    /// `c x̂ A^T B^T` by hand: A = [1, 2], B = [3; -1], x̂ = [1, 1], c = 0.5 ->
+    /// 0.5 (1 + 2) [3, -1] = [4.5, -1.5].
     #[test]
     fn term_hand_computed() {
-        let mut bridge = Bridge::initial(2, &config(&[BridgeSite::Gate]), 0);
+        let mut c = config(&[BridgeSite::Gate]);
+        c.scales.insert(BridgeSite::Gate, 0.5);
+        let mut bridge = Bridge::initial(2, &c, 0);
         let lora = bridge.maps.get_mut(&BridgeSite::Gate).unwrap();
         lora.set(array![[1.0, 2.0]], array![[3.0], [-1.0]]);
         let t = bridge
             .term(BridgeSite::Gate, array![[1.0f32, 1.0]].view())
             .unwrap();
-        assert_eq!(t, array![[9.0, -3.0]]);
+        assert_eq!(t, array![[4.5, -1.5]]);
         assert!(
             bridge
                 .term(BridgeSite::Entry, array![[1.0f32, 1.0]].view())
@@ -313,7 +367,25 @@ mod tests {
         let wide = BridgeConfig {
             rank: 5,
             sites: vec![BridgeSite::Entry],
+            scales: BTreeMap::new(),
         };
         assert!(wide.validate(4).unwrap_err().contains("1..=4"));
+        let mut scaled = config(&[BridgeSite::Entry]);
+        scaled.scales.insert(BridgeSite::Gate, 0.5);
+        assert!(
+            scaled
+                .validate(4)
+                .unwrap_err()
+                .contains("not among the sites")
+        );
+        scaled.scales = BTreeMap::from([(BridgeSite::Entry, -1.0)]);
+        assert!(scaled.validate(4).unwrap_err().contains("positive"));
+        scaled.scales = BTreeMap::from([(BridgeSite::Entry, 0.5)]);
+        assert!(scaled.validate(4).is_ok());
+        let json = serde_json::to_string(&scaled).unwrap();
+        assert_eq!(
+            json,
+            r#"{"rank":1,"sites":["entry"],"scales":{"entry":0.5}}"#
+        );
     }
 }

@@ -305,6 +305,7 @@ mod tests {
                 crate::m2r2::bridge::BridgeConfig {
                     rank: 2,
                     sites: crate::m2r2::bridge::BridgeSite::ALL.to_vec(),
+                    scales: Default::default(),
                 },
                 5,
                 0.5,

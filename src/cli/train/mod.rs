@@ -163,7 +163,21 @@ fn add_bridge(
         .map(|s| BridgeSite::parse(s.trim()))
         .collect::<reference::Result<Vec<_>>>()
         .context("--bridge-sites")?;
-    let config = BridgeConfig { rank, sites };
+    let mut config = BridgeConfig {
+        rank,
+        sites,
+        scales: Default::default(),
+    };
+    // each site's term starts at the size of the state it joins (docs/m2r2/bridge.md)
+    let rms = |x: &[f32]| (x.iter().map(|v| v * v).sum::<f32>() / x.len().max(1) as f32).sqrt();
+    let w = &model.weights;
+    let first = weights.config.boundary(weights.config.draft_gate - 1);
+    // the draft gate's interval starts at the embeddings for gate 1: their mean row RMS
+    let entry_rms = (first == 0).then(|| {
+        let rows = w.embed.rows().into_iter();
+        rows.map(|r| rms(&r.to_vec())).sum::<f32>() / w.embed.nrows() as f32
+    });
+    config.matched_scales(rms(&w.final_norm.to_vec()), entry_rms);
     if let Some(have) = &weights.config.bridge {
         if *have != config {
             bail!(

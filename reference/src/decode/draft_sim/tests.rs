@@ -107,6 +107,7 @@ fn predicts_the_speculative_loop() {
     let bridge = crate::m2r2::bridge::BridgeConfig {
         rank: 4,
         sites: crate::m2r2::bridge::BridgeSite::ALL.to_vec(),
+        scales: Default::default(),
     };
     for (name, bridged) in builtin::BUILTIN_NAMES
         .iter()

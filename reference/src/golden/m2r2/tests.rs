@@ -304,6 +304,7 @@ fn bridged_goldens_record_what_the_draft_read() {
             crate::m2r2::bridge::BridgeConfig {
                 rank: 4,
                 sites: crate::m2r2::bridge::BridgeSite::ALL.to_vec(),
+                scales: Default::default(),
             },
             2,
             0.5,
