@@ -109,16 +109,26 @@ impl BridgeConfig {
 
     /// Scales that make each site's term start at the size of the state it joins. `x̂`'s size is
     /// about that of the final norm's weight (`x̂ = w * h / rms(h)`); the entry joins the slow
-    /// residual entering the draft gate's interval, of RMS `entry_rms` when known (the embeddings'
-    /// for the first gate; other sites and unknown sizes keep 1); the gate joins the exit state,
-    /// whose size the final norm removes (1).
-    pub fn matched_scales(&mut self, final_norm_rms: f32, entry_rms: Option<f32>) {
-        if let Some(rms) = entry_rms
-            && self.sites.contains(&BridgeSite::Entry)
-            && final_norm_rms > 0.0
-            && rms > 0.0
-        {
-            self.scales.insert(BridgeSite::Entry, rms / final_norm_rms);
+    /// residual entering the draft gate's interval (RMS `entry_rms`: the embeddings' for the first
+    /// gate), the gate joins the exit state, an estimate of `s_N` (RMS `final_rms`, measured on
+    /// data). A size not given leaves that site's scale at 1.
+    pub fn matched_scales(
+        &mut self,
+        final_norm_rms: f32,
+        entry_rms: Option<f32>,
+        final_rms: Option<f32>,
+    ) {
+        for (site, rms) in [
+            (BridgeSite::Entry, entry_rms),
+            (BridgeSite::Gate, final_rms),
+        ] {
+            if let Some(rms) = rms
+                && self.sites.contains(&site)
+                && final_norm_rms > 0.0
+                && rms > 0.0
+            {
+                self.scales.insert(site, rms / final_norm_rms);
+            }
         }
     }
 

@@ -61,6 +61,7 @@ pub fn describe(weights: &M2r2Weights, source: &str) -> Value {
         "bridge": weights.bridge.as_ref().map(|b| json!({
             "rank": b.rank(),
             "sites": b.maps.keys().map(|s| s.name()).collect::<Vec<_>>(),
+            "scales": b.maps.keys().map(|&s| real(b.scale(s).unwrap_or(1.0))).collect::<Vec<_>>(),
             "parameters": b.parameter_count(),
         })),
     })
@@ -128,9 +129,11 @@ pub fn print_text(m: &Value) {
     let bridge = &m["bridge"];
     match bridge.as_object() {
         Some(b) => println!(
-            "bridge        rank {} at {}, {} parameters: drafts read the last verified final state",
+            "bridge        rank {} at {} (scales {}), {} parameters: drafts read the last verified \
+             final state",
             b["rank"],
             list(&b["sites"]),
+            list(&b["scales"]),
             common::count(n(&b["parameters"]))
         ),
         None => println!("bridge        none: drafts read only their own token"),

@@ -157,12 +157,24 @@ fn add_bridge(
     rank: usize,
     sites: &[String],
     seed: u64,
+    sample: Option<&[u32]>,
 ) -> Result<M2r2Weights> {
     let sites = sites
         .iter()
         .map(|s| BridgeSite::parse(s.trim()))
         .collect::<reference::Result<Vec<_>>>()
         .context("--bridge-sites")?;
+    if let Some(have) = &weights.config.bridge {
+        if have.rank != rank || have.sites != sites {
+            bail!(
+                "--bridge-rank {rank} --bridge-sites {sites:?}: the --init folder has a bridge of \
+                 rank {} at {:?} already; leave out --bridge-rank to keep training it",
+                have.rank,
+                have.sites
+            );
+        }
+        return Ok(weights);
+    }
     let mut config = BridgeConfig {
         rank,
         sites,
@@ -177,19 +189,19 @@ fn add_bridge(
         let rows = w.embed.rows().into_iter();
         rows.map(|r| rms(&r.to_vec())).sum::<f32>() / w.embed.nrows() as f32
     });
-    config.matched_scales(rms(&w.final_norm.to_vec()), entry_rms);
-    if let Some(have) = &weights.config.bridge {
-        if *have != config {
-            bail!(
-                "--bridge-rank {rank} --bridge-sites {:?}: the --init folder has a bridge of rank \
-                 {} at {:?} already; leave out --bridge-rank to keep training it",
-                config.sites,
-                have.rank,
-                have.sites
-            );
+    // the gate joins the exit state, an estimate of s_N: its RMS on the first data sample
+    let final_rms = match sample {
+        Some(tokens) => {
+            let zeros = M2r2Weights::zeros(&model.config);
+            let (_, last) = reference::m2r2::fast_stream::M2r2::new(model, &zeros)
+                .all_exit_states_and_final(tokens)
+                .context("the bridge's scale: the slow stream of the first sample")?;
+            let rows = last.rows().into_iter();
+            Some(rows.map(|r| rms(&r.to_vec())).sum::<f32>() / last.nrows() as f32)
         }
-        return Ok(weights);
-    }
+        None => None,
+    };
+    config.matched_scales(rms(&w.final_norm.to_vec()), entry_rms, final_rms);
     weights
         .with_bridge(&model.config, config, seed.wrapping_add(0xb41d6e), 0.0)
         .context("--bridge-rank")
@@ -319,7 +331,8 @@ pub fn run(args: &Args) -> Result<()> {
                 starting_weights(model, config, init, &ranks, &options.train_gates, args.seed)
                     .with_context(|| format!("invalid M2R2 settings for {}", loaded.name))?;
             if let Some(rank) = args.bridge_rank {
-                weights = add_bridge(model, weights, rank, &args.bridge_sites, args.seed)?;
+                let sample = data.first().map(|d| d.tokens.as_slice());
+                weights = add_bridge(model, weights, rank, &args.bridge_sites, args.seed, sample)?;
             }
             if weights.bridge.is_some() && !options.train_gates.contains(&weights.config.draft_gate)
             {
