@@ -90,6 +90,7 @@ fn ids(v: &Value) -> Vec<u64> {
 
 mod analyze;
 mod arguments;
+mod bridge;
 mod draft_head;
 mod export;
 mod generate;
