@@ -4,13 +4,15 @@
 use crate::error::{Error, Result};
 use reference::io::peft::ADAPTER_WEIGHTS_FILE;
 use reference::m2r2::arla::ARLA_FILE;
+use reference::m2r2::bridge::BRIDGE_FILE;
 use safetensors::{Dtype, SafeTensors};
 use std::path::Path;
 
-/// Rewrite every f32 tensor of `adapter_model.safetensors` and `arla.safetensors` (when present)
-/// in `dir` as f16 (round to nearest), keeping names, shapes and metadata.
+/// Rewrite every f32 tensor of `adapter_model.safetensors`, `arla.safetensors` and
+/// `bridge.safetensors` (when present) in `dir` as f16 (round to nearest), keeping names, shapes
+/// and metadata.
 pub fn to_f16_in_place(dir: &Path) -> Result<()> {
-    for name in [ADAPTER_WEIGHTS_FILE, ARLA_FILE] {
+    for name in [ADAPTER_WEIGHTS_FILE, ARLA_FILE, BRIDGE_FILE] {
         let path = dir.join(name);
         if !path.is_file() {
             continue;
@@ -68,7 +70,15 @@ mod tests {
     #[test]
     fn f16_folder_loads_and_rounds() {
         let model = tiny_config();
-        let weights = M2r2Weights::random(&model, M2r2Config::default_for(&model), 3).unwrap();
+        let bridge = reference::m2r2::bridge::BridgeConfig {
+            rank: 4,
+            sites: vec![reference::m2r2::bridge::BridgeSite::Gate],
+            scales: Default::default(),
+        };
+        let weights = M2r2Weights::random(&model, M2r2Config::default_for(&model), 3)
+            .unwrap()
+            .with_bridge(&model, bridge, 4, 0.5)
+            .unwrap();
         let dir = tempfile::tempdir().unwrap();
         weights.save_dir(dir.path()).unwrap();
         let size = |d: &Path| {
@@ -92,6 +102,10 @@ mod tests {
             a_layers.iter().flatten().count(),
             b_layers.iter().flatten().count()
         );
+        let (a, b) = (weights.bridge.unwrap(), back.bridge.unwrap());
+        for (site, lora) in &a.maps {
+            assert_eq!(lora.b().mapv(round), *b.maps[site].b(), "bridge {site:?}");
+        }
         let (a, b) = (weights.arla.unwrap(), back.arla.unwrap());
         assert_eq!(a.proj.mapv(round), b.proj);
         assert_eq!(round(a.bo), b.bo);
