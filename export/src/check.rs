@@ -150,7 +150,7 @@ fn reference_run(
                 row.assign(&finals.row(prev));
             }
         }
-        let (entry, at_gate) = m.bridge_terms(h.view());
+        let (entry, at_gate) = m.bridge_terms(draft_gate, h.view());
         let mut exits = Vec::new();
         for j in 0..draft_gate {
             let last = j + 1 == draft_gate;
@@ -352,10 +352,11 @@ pub fn check_folder(
                 }
                 GraphKind::Draft => {
                     let bridge = batch1(reference.bridge_states[c].view());
-                    let extra = m2r2.bridge.as_ref().map(|_| (BRIDGE_STATES, &bridge));
+                    let bridged = m2r2.bridge_at(draft_gate).is_some();
+                    let extra = bridged.then_some((BRIDGE_STATES, &bridge));
                     let out =
                         feeder.run(&mut session, Rows::Ids(ids(chunk)), chunk.len(), extra)?;
-                    if m2r2.bridge.is_some() {
+                    if bridged {
                         checked(&out, EXIT_STATES, &batch1(reference.exit_states[c].view()))?;
                     }
                     let draft_logits = batch1(reference.draft_logits[c].view());
@@ -374,7 +375,7 @@ pub fn check_folder(
                 GraphKind::Verifier => {
                     let out = feeder.run(&mut session, Rows::Hidden(&hidden), chunk.len(), None)?;
                     checked(&out, LOGITS, &logits)?;
-                    if m2r2.bridge.is_some() {
+                    if m2r2.bridge_at(draft_gate).is_some() {
                         checked(&out, FINAL_STATES, &batch1(reference.finals[c].view()))?;
                     }
                 }

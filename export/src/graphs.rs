@@ -11,7 +11,8 @@
 //! pruned draft head (`draft_head.json` in the M2R2 weights) `draft_logits` is `[B, T, K]`: the
 //! scores of the head's `K` token ids (written beside the graphs), not of the whole vocabulary.
 //!
-//! With a bridge (`bridge.safetensors` in the M2R2 weights) draft.onnx also takes `bridge_states`
+//! With a bridge read at the export's draft gate (`bridge.safetensors` in the M2R2 weights,
+//! trained at that gate) draft.onnx also takes `bridge_states`
 //! `[B, T, D]` and gives `exit_states` `[B, T, D]`, and verifier.onnx also gives `final_states`
 //! `[B, T, D]` (what the runner feeds back into `bridge_states`).
 //!
@@ -288,7 +289,7 @@ pub fn build(
             let (s, presents) = slow_layers(&mut b, &cx, layers.clone(), s, &past);
             let logits = logits(&mut b, &cx, &s);
             b.output(LOGITS, &logits, Elem::F32, &[BATCH, SEQ, Dim::Fixed(v)]);
-            if kind == GraphKind::Verifier && m2r2.bridge.is_some() {
+            if kind == GraphKind::Verifier && m2r2.bridge_at(options.draft_gate).is_some() {
                 b.output(FINAL_STATES, &s, Elem::F32, &[BATCH, SEQ, Dim::Fixed(d)]);
             }
             presents
@@ -325,7 +326,7 @@ pub fn build(
                 Elem::F32,
                 &[BATCH, SEQ, Dim::Fixed(d)],
             );
-            if m2r2.bridge.is_some() {
+            if m2r2.bridge_at(options.draft_gate).is_some() {
                 b.output(
                     EXIT_STATES,
                     &out.exit_state,

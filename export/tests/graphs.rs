@@ -97,11 +97,11 @@ proptest! {
         let mut m2r2 = M2r2Weights::random(c, M2r2Config::default_for(c), seed + 1).unwrap();
         // A pruned draft head: draft_logits [1, T, K] against the reference's subset logits.
         m2r2.draft_head = head.map(|h| DraftHead::new(h.into_iter().collect(), 40, "test").unwrap());
+        let draft_gate = 1 + gate_pick % m2r2.config.num_gates();
         // A bridge: draft.onnx reads bridge_states, gives exit_states; verifier.onnx final_states.
         if let Some(sites) = bridge {
-            m2r2 = m2r2.with_bridge(c, BridgeConfig { rank: 3, scales: [(BridgeSite::Gate, 0.5)].into_iter().filter(|(s, _)| sites.contains(s)).collect(), sites }, seed + 2, 0.5).unwrap();
+            m2r2 = m2r2.with_bridge(c, BridgeConfig { gate: draft_gate, rank: 3, scales: [(BridgeSite::Gate, 0.5)].into_iter().filter(|(s, _)| sites.contains(s)).collect(), sites }, seed + 2, 0.5).unwrap();
         }
-        let draft_gate = 1 + gate_pick % m2r2.config.num_gates();
         let split = 1 + split_pick % (tokens.len() - 1);
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("export");
@@ -137,6 +137,7 @@ fn f16_flavour_matches_reference_with_rounded_weights() {
         } else {
             // the bridge's maps are f16 initializers too
             let config = BridgeConfig {
+                gate: 1,
                 rank: 4,
                 sites: BridgeSite::ALL.to_vec(),
                 scales: Default::default(),

@@ -98,7 +98,12 @@ impl OnnxSpeculation {
         check_lower(&draft)?;
         crate::kv_store::check_layers(&verifier, &(e..c.num_hidden_layers))?;
         crate::kv_store::check_width(&verifier, "logits", c.vocab_size, "vocab_size")?;
-        let bridge = m.m2r2.bridge.is_some();
+        // the bridge is read when the export's draft gate is the one it was trained at
+        let bridge = m
+            .m2r2
+            .bridge
+            .as_ref()
+            .is_some_and(|b| b.gate == m.draft_gate);
         if bridge {
             // the manifest's M2R2 settings name a bridge: its tensors must be in the graphs
             let inputs = |s: &OnnxSession| s.inputs().iter().map(|t| t.name.clone()).collect();

@@ -266,16 +266,17 @@ fn check_decoding(
 #[test]
 fn bridged_drafts_decode_like_the_reference() {
     let base = reference::io::builtin::builtin("tiny").unwrap();
-    let config = reference::m2r2::bridge::BridgeConfig {
-        rank: 4,
-        sites: reference::m2r2::bridge::BridgeSite::ALL.to_vec(),
-        scales: Default::default(),
-    };
-    let weights = M2r2Weights::builtin_for("tiny", &base.config)
-        .unwrap()
-        .with_bridge(&base.config, config, 3, 0.5)
-        .unwrap();
     for draft_gate in [1, 2] {
+        let config = reference::m2r2::bridge::BridgeConfig {
+            gate: draft_gate,
+            rank: 4,
+            sites: reference::m2r2::bridge::BridgeSite::ALL.to_vec(),
+            scales: Default::default(),
+        };
+        let weights = M2r2Weights::builtin_for("tiny", &base.config)
+            .unwrap()
+            .with_bridge(&base.config, config, 3, 0.5)
+            .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let exported = export_graphs(&base, &weights, draft_gate, dir.path(), &GraphKind::ALL);
         for draft in [DraftLength::Fixed(3), DraftLength::Fixed(1)] {

@@ -302,7 +302,7 @@ fn trace_gate(
     max_draft: usize,
 ) -> Result<GateTrace> {
     // without a bridge a draft depends only on the true prefix, so one per position is exact
-    let depth = if weights.bridge.is_some() {
+    let depth = if weights.bridge_at(gate).is_some() {
         max_draft.max(1)
     } else {
         1

@@ -45,7 +45,7 @@ fn trained_bridge_decodes_everywhere() {
     assert_eq!(bridge["sites"], serde_json::json!(["entry", "gate"]));
     let text = ok(&["info", "--model", "tiny", "--m2r2", &w]).stdout;
     assert!(
-        text.contains("bridge        rank 8 at entry, gate"),
+        text.contains("bridge        gate 1, rank 8 at entry, gate"),
         "{text}"
     );
 

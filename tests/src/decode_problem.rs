@@ -122,6 +122,7 @@ impl DraftSettings {
         let draft_gate = 1 + self.draft_gate % weights.config.num_gates();
         if let Some(sites) = &self.bridge {
             let config = BridgeConfig {
+                gate: draft_gate,
                 rank: 3,
                 sites: sites.clone(),
                 // a scale other than 1 where the entry is used

@@ -277,3 +277,37 @@ fn sampling_preserves_the_distribution(config: &ModelConfig, weights: &M2r2Weigh
         "chi-square {x2:.2} / {x3:.2} above the 0.001 critical value 20.515"
     );
 }
+
+/// A bridge is read only when drafting at the gate it was trained at: at another draft gate the
+/// rounds are those of the same weights without it; at its own gate the drafts change.
+#[test]
+fn a_bridge_is_read_only_at_its_gate() {
+    use reference::m2r2::bridge::{BridgeConfig, BridgeSite};
+    let model = reference::io::builtin::builtin("tiny").unwrap();
+    let plain = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
+    let config = BridgeConfig {
+        gate: 1,
+        rank: 4,
+        sites: BridgeSite::ALL.to_vec(),
+        scales: Default::default(),
+    };
+    let bridged = plain
+        .clone()
+        .with_bridge(&model.config, config, 6, 2.0)
+        .unwrap();
+    let rounds = |weights: &M2r2Weights, gate: usize| {
+        let mut backend =
+            ReferenceSpeculation::new(M2r2::new(&model, weights), gate, None, 64).unwrap();
+        let options = SpeculativeOptions {
+            max_new_tokens: 24,
+            stop_tokens: vec![],
+            draft_length: DraftLength::Fixed(3),
+            sampling: None,
+        };
+        speculative_generate(&mut backend, &[4, 8, 15], &options)
+            .unwrap()
+            .rounds
+    };
+    assert_eq!(rounds(&bridged, 2), rounds(&plain, 2));
+    assert_ne!(rounds(&bridged, 1), rounds(&plain, 1));
+}

@@ -71,6 +71,7 @@ mod tests {
     fn f16_folder_loads_and_rounds() {
         let model = tiny_config();
         let bridge = reference::m2r2::bridge::BridgeConfig {
+            gate: 1,
             rank: 4,
             sites: vec![reference::m2r2::bridge::BridgeSite::Gate],
             scales: Default::default(),

@@ -282,7 +282,7 @@ impl Trainer {
                 let mut adapters =
                     Adapters::from_accelerator(&weights.accelerator, |l| range.contains(&l));
                 // the bridge belongs to the draft gate and is trained with its adapters
-                if let Some(bridge) = weights.bridge.as_ref().filter(|_| g == config.draft_gate) {
+                if let Some(bridge) = weights.bridge_at(g) {
                     adapters = adapters.with_bridge(bridge);
                 }
                 let opt = AdamW::new(

@@ -307,6 +307,7 @@ fn bridged_interval_gradients_match_finite_differences() {
     config.rank = 2;
     config.alpha = 3.0;
     let bridge = BridgeConfig {
+        gate: 1,
         rank: 2,
         sites: BridgeSite::ALL.to_vec(),
         scales: [(BridgeSite::Entry, 0.3)].into(),
@@ -363,6 +364,7 @@ fn bridged_interval_gradients_match_finite_differences() {
 fn bridged_forward_equals_reference() {
     let model = builtin("tiny").unwrap();
     let config = BridgeConfig {
+        gate: 1,
         rank: 4,
         sites: BridgeSite::ALL.to_vec(),
         scales: [(BridgeSite::Gate, 2.0)].into(),
@@ -391,7 +393,7 @@ fn bridged_forward_equals_reference() {
     let mut cache = model.new_cache(TOKENS.len()).unwrap();
     let mut s = model.embed(&TOKENS);
     let prev = finals.slice(ndarray::s![..TOKENS.len() - 1, ..]);
-    let (entry, gate) = m2r2.bridge_terms(prev);
+    let (entry, gate) = m2r2.bridge_terms(1, prev);
     let mut entry_all = Array2::zeros(s.raw_dim());
     entry_all
         .slice_mut(ndarray::s![1.., ..])

@@ -296,6 +296,7 @@ fn bridge_trains_checkpoints_and_freezes_adapters_when_asked() {
     let model = builtin("tiny").unwrap();
     let train_data = data(&model, 12, 6);
     let bridge = BridgeConfig {
+        gate: 1,
         rank: 4,
         sites: BridgeSite::ALL.to_vec(),
         scales: Default::default(),

@@ -43,7 +43,7 @@ pub fn draft(
     let eps = cx.model.config.rms_norm_eps as f32;
     let mut presents = Vec::new();
     let mut exit_states = Vec::with_capacity(draft_gate);
-    let bridge = m2r2.bridge.as_ref().zip(bridge_states);
+    let bridge = m2r2.bridge_at(draft_gate).zip(bridge_states);
     let xhat = bridge.map(|(_, h)| bridge::input(b, cx, h));
     let term = |b: &mut GraphBuilder, site: BridgeSite| {
         bridge

@@ -127,11 +127,14 @@ impl SpeculativeBackend for ReferenceSpeculation<'_> {
         let all_states = self.gate == Some(GateKind::Arla);
         // the bridge's terms from h_{p-1} (proposing steps only)
         let (mut entry, mut at_gate) = (None, None);
-        if let Some(bridge) = self.m2r2.weights.bridge.as_ref().filter(|_| propose)
+        if let Some(bridge) = self.m2r2.weights.bridge_at(self.draft_gate)
+            && propose
             && let Some(h) = self.bridge_memory.state(p, self.verified)?
         {
             self.work += bridge.work(model.config.hidden_size);
-            (entry, at_gate) = self.m2r2.bridge_terms(h.insert_axis(Axis(0)));
+            (entry, at_gate) = self
+                .m2r2
+                .bridge_terms(self.draft_gate, h.insert_axis(Axis(0)));
         }
         let mut exit_states: Vec<Array1<f32>> = Vec::new();
         for j in 0..self.draft_gate {

@@ -16,8 +16,9 @@
 //! given): `x̂` is about 20 times the size of SmolLM2's token embeddings, so the entry's term is
 //! scaled down to the size of the state it joins (what `train --bridge-rank` sets, see
 //! [`BridgeConfig::matched_scales`]). With `B = 0` the bridge changes nothing.
-//! At position 0 there is no earlier state and the bridge adds nothing. The bridge acts only at
-//! the draft gate, only in speculative drafting: early exit and the other gates never read it.
+//! At position 0 there is no earlier state and the bridge adds nothing. The bridge acts only
+//! in speculative drafting at the draft gate it was trained at (`gate` in its config): early exit,
+//! the other gates and drafting at another gate never read it.
 //!
 //! Weights: `bridge.safetensors` in the M2R2 folder, present exactly when `m2r2_config.json` has a
 //! `"bridge"` entry:
@@ -92,6 +93,9 @@ impl BridgeSite {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BridgeConfig {
+    /// The draft gate (1-based) whose drafts read the bridge, the one it was trained at; drafting
+    /// at another gate ignores it.
+    pub gate: usize,
     /// r: rank of each site's map.
     pub rank: usize,
     /// Where the term joins (one map per site), each listed once.
@@ -317,6 +321,7 @@ mod tests {
 
     fn config(sites: &[BridgeSite]) -> BridgeConfig {
         BridgeConfig {
+            gate: 1,
             rank: 1,
             sites: sites.to_vec(),
             scales: BTreeMap::new(),
@@ -375,6 +380,7 @@ mod tests {
                 .is_err()
         );
         let wide = BridgeConfig {
+            gate: 1,
             rank: 5,
             sites: vec![BridgeSite::Entry],
             scales: BTreeMap::new(),
@@ -395,7 +401,7 @@ mod tests {
         let json = serde_json::to_string(&scaled).unwrap();
         assert_eq!(
             json,
-            r#"{"rank":1,"sites":["entry"],"scales":{"entry":0.5}}"#
+            r#"{"gate":1,"rank":1,"sites":["entry"],"scales":{"entry":0.5}}"#
         );
     }
 }

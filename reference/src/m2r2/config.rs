@@ -272,6 +272,12 @@ impl M2r2Config {
         }
         if let Some(b) = &self.bridge {
             b.validate(model.hidden_size).or_else(bad)?;
+            if b.gate == 0 || b.gate > j {
+                return bad(format!(
+                    "`bridge.gate` = {} is out of range: gates are numbered 1..={j}",
+                    b.gate
+                ));
+            }
         }
         Ok(())
     }

@@ -136,7 +136,7 @@ impl<'a> CostModel<'a> {
         }
         if propose {
             w += self.draft_head(1);
-            if let Some(bridge) = self.m2r2.and_then(|m| m.bridge.as_ref())
+            if let Some(bridge) = self.m2r2.and_then(|m| m.bridge_at(draft_gate))
                 && p > 0
             {
                 w += bridge.work(self.model.hidden_size);
@@ -303,6 +303,7 @@ mod tests {
             .with_bridge(
                 &model.config,
                 crate::m2r2::bridge::BridgeConfig {
+                    gate: 1,
                     rank: 2,
                     sites: crate::m2r2::bridge::BridgeSite::ALL.to_vec(),
                     scales: Default::default(),

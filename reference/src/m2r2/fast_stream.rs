@@ -104,14 +104,18 @@ impl<'a> M2r2<'a> {
         }
     }
 
-    /// The bridge's terms (entry, gate) for draft rows whose previous states are `h`
-    /// ([`crate::m2r2::bridge`]): `x̂ = FinalNorm(h)`, then each site's `B A x̂`. Both `None`
-    /// without a bridge.
+    /// The bridge's terms (entry, gate) for rows drafting at `draft_gate` whose previous states
+    /// are `h` ([`crate::m2r2::bridge`]): `x̂ = FinalNorm(h)`, then each site's `c B A x̂`. Both
+    /// `None` without a bridge read at that gate.
     ///
     /// # Shapes
     /// - `h`: `[R, D]` -> (`[R, D]`, `[R, D]`)
-    pub fn bridge_terms(&self, h: ArrayView2<f32>) -> (Option<Array2<f32>>, Option<Array2<f32>>) {
-        let Some(bridge) = &self.weights.bridge else {
+    pub fn bridge_terms(
+        &self,
+        draft_gate: usize,
+        h: ArrayView2<f32>,
+    ) -> (Option<Array2<f32>>, Option<Array2<f32>>) {
+        let Some(bridge) = self.weights.bridge_at(draft_gate) else {
             return (None, None);
         };
         let xhat = self.model.final_norm(h);

@@ -225,6 +225,12 @@ impl M2r2Weights {
 }
 
 impl M2r2Weights {
+    /// The bridge, when drafting at `draft_gate` reads it (the gate it was trained at).
+    pub fn bridge_at(&self, draft_gate: usize) -> Option<&Bridge> {
+        let gate = self.config.bridge.as_ref().map(|b| b.gate);
+        self.bridge.as_ref().filter(|_| gate == Some(draft_gate))
+    }
+
     /// These weights with a bridge of `config` (replacing any), its maps from
     /// [`Bridge::drawn`] with `seed` and `B ~ N(0, b_std^2)`: `b_std = 0` is the untrained bridge,
     /// which changes nothing.
@@ -238,6 +244,13 @@ impl M2r2Weights {
         config
             .validate(model.hidden_size)
             .map_err(|m| Error::Invalid(format!("bridge settings: {m}")))?;
+        if config.gate == 0 || config.gate > self.config.num_gates() {
+            return Err(Error::Invalid(format!(
+                "bridge settings: gate {} does not exist (gates 1..={})",
+                config.gate,
+                self.config.num_gates()
+            )));
+        }
         self.bridge = Some(Bridge::drawn(model.hidden_size, &config, seed, b_std));
         self.config.bridge = Some(config);
         Ok(self)

@@ -59,6 +59,7 @@ pub fn describe(weights: &M2r2Weights, source: &str) -> Value {
             "threshold": real(config.arla.threshold),
         },
         "bridge": weights.bridge.as_ref().map(|b| json!({
+            "gate": config.bridge.as_ref().map(|c| c.gate),
             "rank": b.rank(),
             "sites": b.maps.keys().map(|s| s.name()).collect::<Vec<_>>(),
             "scales": b.maps.keys().map(|&s| real(b.scale(s).unwrap_or(1.0))).collect::<Vec<_>>(),
@@ -129,8 +130,9 @@ pub fn print_text(m: &Value) {
     let bridge = &m["bridge"];
     match bridge.as_object() {
         Some(b) => println!(
-            "bridge        rank {} at {} (scales {}), {} parameters: drafts read the last verified \
-             final state",
+            "bridge        gate {}, rank {} at {} (scales {}), {} parameters: drafts read the last \
+             verified final state",
+            b["gate"],
             b["rank"],
             list(&b["sites"]),
             list(&b["scales"]),

@@ -176,6 +176,7 @@ fn add_bridge(
         return Ok(weights);
     }
     let mut config = BridgeConfig {
+        gate: weights.config.draft_gate,
         rank,
         sites,
         scales: Default::default(),

@@ -105,6 +105,7 @@ fn hand_computed_rounds() {
 #[test]
 fn predicts_the_speculative_loop() {
     let bridge = crate::m2r2::bridge::BridgeConfig {
+        gate: 1,
         rank: 4,
         sites: crate::m2r2::bridge::BridgeSite::ALL.to_vec(),
         scales: Default::default(),

@@ -302,6 +302,7 @@ fn bridged_goldens_record_what_the_draft_read() {
         .with_bridge(
             &model.config,
             crate::m2r2::bridge::BridgeConfig {
+                gate: 1,
                 rank: 4,
                 sites: crate::m2r2::bridge::BridgeSite::ALL.to_vec(),
                 scales: Default::default(),
