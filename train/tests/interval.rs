@@ -229,66 +229,39 @@ fn whole_interval_gradients_match_finite_differences() {
     assert_gradients_match(&adapters, &grads, loss);
 }
 
-/// Every coordinate of every adapter tensor: `grads` against finite differences of `loss`.
+/// Every coordinate of every adapter and bridge tensor: `grads` against finite differences of
+/// `loss` (tensors in `Adapters::tensors` order).
 fn assert_gradients_match(
     adapters: &Adapters<f64>,
     grads: &Adapters<f64>,
     loss: impl Fn(&Adapters<f64>) -> f64,
 ) {
+    let pairs = adapters
+        .pairs
+        .keys()
+        .map(|(l, t)| format!("layer {l} {t}"));
+    let sites = adapters.bridge.keys().map(|s| format!("bridge {}", s.name()));
+    let names: Vec<String> = pairs
+        .chain(sites)
+        .flat_map(|k| [format!("{k} A"), format!("{k} B")])
+        .collect();
     let mut all_ok = true;
-    for (key, pair) in &adapters.pairs {
-        for (part, tensor) in [("A", &pair.a), ("B", &pair.b)] {
-            let numeric: ArrayD<f64> = numeric_gradient(tensor.view().into_dyn(), |p| {
-                let mut probe = adapters.clone();
-                let slot = probe.pairs.get_mut(key).unwrap();
-                let t = if part == "A" {
-                    &mut slot.a
-                } else {
-                    &mut slot.b
-                };
-                t.assign(&p.view().into_dimensionality::<ndarray::Ix2>().unwrap());
-                loss(&probe)
-            });
-            let g = &grads.pairs[key];
-            let analytic = if part == "A" { &g.a } else { &g.b };
-            let name = format!("layer {} {} {part}", key.0, key.1);
-            let report = compare(
-                &name,
-                analytic.view().into_dyn(),
-                numeric.view(),
-                1e-8,
-                1e-5,
-            );
-            println!("{report}");
-            all_ok &= report.ok;
-        }
-    }
-    for (site, pair) in &adapters.bridge {
-        for (part, tensor) in [("A", &pair.a), ("B", &pair.b)] {
-            let numeric: ArrayD<f64> = numeric_gradient(tensor.view().into_dyn(), |p| {
-                let mut probe = adapters.clone();
-                let slot = probe.bridge.get_mut(site).unwrap();
-                let t = if part == "A" {
-                    &mut slot.a
-                } else {
-                    &mut slot.b
-                };
-                t.assign(&p.view().into_dimensionality::<ndarray::Ix2>().unwrap());
-                loss(&probe)
-            });
-            let g = &grads.bridge[site];
-            let analytic = if part == "A" { &g.a } else { &g.b };
-            let name = format!("bridge {} {part}", site.name());
-            let report = compare(
-                &name,
-                analytic.view().into_dyn(),
-                numeric.view(),
-                1e-8,
-                1e-5,
-            );
-            println!("{report}");
-            all_ok &= report.ok;
-        }
+    for (i, (tensor, analytic)) in adapters.tensors().zip(grads.tensors()).enumerate() {
+        let numeric: ArrayD<f64> = numeric_gradient(tensor.view().into_dyn(), |p| {
+            let mut probe = adapters.clone();
+            let t = probe.tensors_mut().nth(i).unwrap();
+            t.assign(&p.view().into_dimensionality::<ndarray::Ix2>().unwrap());
+            loss(&probe)
+        });
+        let report = compare(
+            &names[i],
+            analytic.view().into_dyn(),
+            numeric.view(),
+            1e-8,
+            1e-5,
+        );
+        println!("{report}");
+        all_ok &= report.ok;
     }
     assert!(
         all_ok,
