@@ -4,7 +4,7 @@
 //! runner's backend), so they cannot read different states.
 //!
 //! ```text
-//! h_{p-1} = s_N[p-1]     p-1 verified: a row of the last prefill or verify chunk
+//! h_{p-1} = s_N[p-1]     p-1 verified: kept from the prefill or verify chunk that gave it
 //!         = u_gd[p-1]    p-1 drafted in this round: that draft's exit state
 //!         = none         p = 0
 //! ```
@@ -12,13 +12,11 @@
 use crate::error::{Error, Result};
 use ndarray::{Array1, Array2, ArrayView1};
 
-/// The final slow residuals of the last verified chunk and the exit states of this round's drafts.
+/// The final slow residuals of the verified positions and the exit states of this round's drafts.
 #[derive(Clone, Debug, Default)]
 pub struct BridgeMemory {
-    /// First position of `finals`.
-    start: usize,
-    /// `[m, D]` the final slow residuals `s_N` of the last prefill or verify chunk
-    finals: Array2<f32>,
+    /// `[D]` per verified position: its final slow residual `s_N` (`None` where no chunk gave it)
+    finals: Vec<Option<Array1<f32>>>,
     /// `[D]` per position `verified..len`: the draft gate's exit state, `None` where the step did
     /// not propose
     exits: Vec<Option<Array1<f32>>>,
@@ -26,10 +24,13 @@ pub struct BridgeMemory {
 
 impl BridgeMemory {
     /// A prefill or verify chunk finished at positions `start..start + m`: its final residuals
-    /// `[m, D]`; this round's drafts are forgotten (they are verified now).
+    /// `[m, D]` (later positions are forgotten); this round's drafts are forgotten (they are
+    /// verified now).
     pub fn verified(&mut self, start: usize, finals: Array2<f32>) {
-        self.start = start;
-        self.finals = finals;
+        self.finals.truncate(start);
+        self.finals.resize(start, None);
+        self.finals
+            .extend(finals.rows().into_iter().map(|r| Some(r.to_owned())));
         self.exits.clear();
     }
 
@@ -39,8 +40,9 @@ impl BridgeMemory {
         self.exits.push(exit_state);
     }
 
-    /// Keep the drafts of positions `verified..len` only (a rollback).
+    /// Keep the first `len` positions, `verified` of them verified (a rollback).
     pub fn truncate(&mut self, len: usize, verified: usize) {
+        self.finals.truncate(verified);
         self.exits.truncate(len.saturating_sub(verified));
     }
 
@@ -58,16 +60,11 @@ impl BridgeMemory {
                 ))),
             };
         }
-        match prev
-            .checked_sub(self.start)
-            .filter(|&i| i < self.finals.nrows())
-        {
-            Some(i) => Ok(Some(self.finals.row(i))),
-            None => Err(Error::Invalid(format!(
-                "the bridge needs the final state of position {prev}, which the last verified \
-                 chunk (positions {}..{}) does not hold",
-                self.start,
-                self.start + self.finals.nrows()
+        match self.finals.get(prev) {
+            Some(Some(h)) => Ok(Some(h.view())),
+            _ => Err(Error::Invalid(format!(
+                "the bridge needs the final state of position {prev}, which no verified chunk \
+                 gave"
             ))),
         }
     }
@@ -94,6 +91,15 @@ mod tests {
         m.verified(2, array![[3.0, 3.0], [4.0, 4.0]]);
         m.truncate(4, 4);
         assert_eq!(m.state(4, 4).unwrap().unwrap(), array![4.0, 4.0]);
-        assert!(m.state(1, 4).is_err(), "position 0 is no longer held");
+        assert_eq!(m.state(1, 4).unwrap().unwrap(), array![1.0, 1.0]);
+        // a rollback before the last chunk (as a timing loop does) still finds s_N[1]
+        m.truncate(2, 2);
+        assert_eq!(m.state(2, 2).unwrap().unwrap(), array![2.0, 2.0]);
+        assert!(m.state(3, 2).is_err(), "position 2 is no longer verified");
+        // a chunk after a gap: the positions before it are unknown
+        let mut gap = BridgeMemory::default();
+        gap.verified(3, array![[7.0, 7.0]]);
+        assert!(gap.state(3, 4).is_err());
+        assert_eq!(gap.state(4, 4).unwrap().unwrap(), array![7.0, 7.0]);
     }
 }
