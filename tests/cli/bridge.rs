@@ -93,6 +93,38 @@ fn trained_bridge_decodes_everywhere() {
         run["rounds"], spec["rounds"],
         "same rounds as the reference"
     );
+
+    // tune-drafting prices the bridged drafts on both engines (its timing loops roll back before
+    // the last verified chunk) and traces gate 1 a round deep
+    let data = dir.path().join("data").display().to_string();
+    let tuned = ok(&[
+        "tune-drafting",
+        "--model",
+        "tiny",
+        "--m2r2",
+        &w,
+        "--data",
+        &data,
+        "--limit",
+        "2",
+        "--max-draft",
+        "3",
+        "--thresholds",
+        "0.5",
+        "--onnx",
+        &export,
+        "--repeats",
+        "1",
+        "--json",
+    ])
+    .json();
+    let traces = tuned["traces"].as_array().unwrap();
+    assert_eq!(traces[0]["gate"], 1);
+    assert_eq!(
+        traces[0]["depth"], 3,
+        "gate 1 reads the bridge: traced 3 deep"
+    );
+    assert_eq!(traces[1]["depth"], 1, "gate 2 does not");
 }
 
 #[test]

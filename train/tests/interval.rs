@@ -236,11 +236,11 @@ fn assert_gradients_match(
     grads: &Adapters<f64>,
     loss: impl Fn(&Adapters<f64>) -> f64,
 ) {
-    let pairs = adapters
-        .pairs
+    let pairs = adapters.pairs.keys().map(|(l, t)| format!("layer {l} {t}"));
+    let sites = adapters
+        .bridge
         .keys()
-        .map(|(l, t)| format!("layer {l} {t}"));
-    let sites = adapters.bridge.keys().map(|s| format!("bridge {}", s.name()));
+        .map(|s| format!("bridge {}", s.name()));
     let names: Vec<String> = pairs
         .chain(sites)
         .flat_map(|k| [format!("{k} A"), format!("{k} B")])

@@ -2,7 +2,7 @@
 //! speculatively with trained adapters, ARLA and a pruned draft head without a download.
 //!
 //! The files are an ordinary M2R2 weights folder (`m2r2_config.json`, PEFT adapter, `arla.safetensors`,
-//! `draft_head.json`; table in [`crate::m2r2::weights`]) committed under `reference/assets/` in f16
+//! `draft_head.json`, `bridge.safetensors`; table in [`crate::m2r2::weights`]) committed under `reference/assets/` in f16
 //! and compiled into the binary with `include_bytes!`. This file only holds the bytes;
 //! `M2r2Weights::load_shipped` writes them into a temporary folder and reads it with
 //! `M2r2Weights::load_dir`, so shipped weights go through exactly the validation of a user's folder. `reference/assets/smollm2-m2r2/README.md` gives the command,
@@ -32,8 +32,8 @@ macro_rules! shipped_file {
     };
 }
 
-/// SmolLM2-135M-Instruct: draft-gate adapters, ARLA and a pruned draft head trained on its own
-/// responses (docs/TRAINING.md).
+/// SmolLM2-135M-Instruct: draft-gate adapters, ARLA, a pruned draft head and the bridge trained on
+/// its own responses (docs/TRAINING.md).
 pub const SMOLLM2: ShippedWeights = ShippedWeights {
     model: "smollm2",
     path: "reference/assets/smollm2-m2r2",
@@ -43,6 +43,7 @@ pub const SMOLLM2: ShippedWeights = ShippedWeights {
         shipped_file!("smollm2-m2r2", "adapter_model.safetensors"),
         shipped_file!("smollm2-m2r2", "arla.safetensors"),
         shipped_file!("smollm2-m2r2", "draft_head.json"),
+        shipped_file!("smollm2-m2r2", "bridge.safetensors"),
     ],
 };
 
