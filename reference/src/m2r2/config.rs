@@ -17,7 +17,7 @@
 use crate::base::config::ModelConfig;
 use crate::base::weight_names::Target;
 use crate::error::{Error, Result};
-use crate::m2r2::bridge::BridgeConfig;
+use crate::m2r2::bridge_config::BridgeConfig;
 use crate::m2r2::exit_gate::GateKind;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::ops::Range;

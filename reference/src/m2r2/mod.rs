@@ -5,6 +5,7 @@
 pub mod accelerator;
 pub mod arla;
 pub mod bridge;
+pub mod bridge_config;
 pub mod config;
 pub mod cost;
 pub mod draft_head;
