@@ -248,6 +248,16 @@ fn m2r2_files(draft_head: bool) -> Vec<(String, Vec<u8>)> {
     if draft_head {
         weights.draft_head =
             Some(DraftHead::new(vec![1, 2, 3, 5, 8, 13], BUILTIN_VOCAB, "seed").expect("a head"));
+        // and a bridge, so bridge.safetensors and the config's "bridge" entry are fuzzed too
+        let bridge = reference::m2r2::bridge::BridgeConfig {
+            gate: 1,
+            rank: 2,
+            sites: reference::m2r2::bridge::BridgeSite::ALL.to_vec(),
+            scales: [(reference::m2r2::bridge::BridgeSite::Gate, 3.0)].into(),
+        };
+        weights = weights
+            .with_bridge(&model.config, bridge, 5, 0.5)
+            .expect("a bridge");
     }
     let dir = tempfile::tempdir().expect("a temporary folder");
     weights.save_dir(dir.path()).expect("the weights save");
