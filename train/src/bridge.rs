@@ -123,7 +123,9 @@ pub fn interval_forward<F: Real>(
 }
 
 /// The gradients of [`interval_forward`]'s adapters and bridge maps from `du` (and `d_inner`,
-/// as [`fast_stream::backward`]), accumulated into `grads`.
+/// as [`fast_stream::backward`]), accumulated into `grads`. With `bridge_only` the adapters'
+/// gradients are not wanted: when no entry term needs the gradient of the interval's start, the
+/// backward through the interval is skipped (their slots keep what they held).
 #[allow(clippy::too_many_arguments)]
 pub fn interval_backward<F: Real>(
     base: &FrozenBase<F>,
@@ -134,6 +136,7 @@ pub fn interval_backward<F: Real>(
     du: Array2<F>,
     d_inner: &[Array2<F>],
     grads: &mut Adapters<F>,
+    bridge_only: bool,
 ) {
     let add = |grads: &mut Adapters<F>, s: BridgeSite, xa: &Array2<F>, dy: &Array2<F>| {
         let x = tape.xhat.as_ref().expect("a bridge term has its input");
@@ -145,6 +148,9 @@ pub fn interval_backward<F: Real>(
     };
     if let Some(xa) = &tape.gate_xa {
         add(grads, BridgeSite::Gate, xa, &du);
+    }
+    if bridge_only && tape.entry_xa.is_none() {
+        return;
     }
     let df = fast_stream::backward(
         base,

@@ -514,6 +514,7 @@ impl Trainer {
                 du,
                 &d_inner,
                 &mut grads,
+                self.options.bridge_only,
             );
         }
         (stats, grads)

@@ -325,8 +325,40 @@ fn bridged_interval_gradients_match_finite_differences() {
         du,
         &[],
         &mut grads,
+        false,
     );
     assert_eq!(grads.bridge.len(), 2);
+    // bridge only, gate site only: the interval's backward is skipped, the gate's map gets the
+    // same gradient
+    let gate_only = Adapters {
+        bridge: adapters
+            .bridge
+            .iter()
+            .filter(|(s, _)| **s == BridgeSite::Gate)
+            .map(|(&s, p)| (s, p.clone()))
+            .collect(),
+        ..adapters.clone()
+    };
+    let (u, gate_tape) = bridge::interval_forward(&base, &gate_only, 0, layers.clone(), batch);
+    let (logits, head_tape) = base.head.forward(u.view());
+    let (_, dlogits) = kl_loss(logits.view(), teacher.view(), tau, 0.0);
+    let du = base.head.backward(dlogits.view(), &head_tape);
+    let (mut full, mut only) = (gate_only.zeros_like(), gate_only.zeros_like());
+    for (out, skip) in [(&mut full, false), (&mut only, true)] {
+        bridge::interval_backward(
+            &base,
+            &gate_only,
+            layers.clone(),
+            batch,
+            &gate_tape,
+            du.clone(),
+            &[],
+            out,
+            skip,
+        );
+    }
+    assert_eq!(only.bridge, full.bridge);
+    assert!(only.pairs.values().all(|p| p.a.iter().all(|&v| v == 0.0)));
     assert_gradients_match(&adapters, &grads, loss);
 }
 
