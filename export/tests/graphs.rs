@@ -136,12 +136,7 @@ fn f16_flavour_matches_reference_with_rounded_weights() {
                 Some(DraftHead::new(vec![1, 2, 3, 50, 99], model.config.vocab_size, "t").unwrap());
         } else {
             // the bridge's maps are f16 initializers too
-            let config = BridgeConfig {
-                gate: 1,
-                rank: 4,
-                sites: BridgeSite::ALL.to_vec(),
-                scales: Default::default(),
-            };
+            let config = BridgeConfig::new(1, 4, BridgeSite::ALL.to_vec());
             m2r2 = m2r2.with_bridge(&model.config, config, 9, 0.3).unwrap();
         }
         let dir = tempfile::tempdir().unwrap();

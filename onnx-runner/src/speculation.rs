@@ -106,15 +106,12 @@ impl OnnxSpeculation {
             .is_some_and(|b| b.gate == m.draft_gate);
         if bridge {
             // the manifest's M2R2 settings name a bridge: its tensors must be in the graphs
-            let inputs = |s: &OnnxSession| s.inputs().iter().map(|t| t.name.clone()).collect();
-            let outputs = |s: &OnnxSession| s.outputs().iter().map(|t| t.name.clone()).collect();
             for (session, tensor, names) in [
-                (&draft, BRIDGE_STATES, inputs(&draft)),
-                (&draft, EXIT_STATES, outputs(&draft)),
-                (&verifier, FINAL_STATES, outputs(&verifier)),
+                (&draft, BRIDGE_STATES, draft.inputs()),
+                (&draft, EXIT_STATES, draft.outputs()),
+                (&verifier, FINAL_STATES, verifier.outputs()),
             ] {
-                let names: Vec<String> = names;
-                if !names.iter().any(|n| n == tensor) {
+                if !names.iter().any(|t| t.name == tensor) {
                     return Err(Error::Export {
                         file: session.file().to_string(),
                         msg: format!(
@@ -372,11 +369,15 @@ impl SpeculativeBackend for OnnxSpeculation {
             let (logits, exit_prob, hidden, exits) = self
                 .run_draft(&[token], bridge_states)
                 .map_err(into_reference)?;
-            self.bridge_memory
-                .drafted(exits.map(|u| u.row(0).to_owned()));
+            if self.bridge {
+                self.bridge_memory
+                    .drafted(exits.map(|u| u.row(0).to_owned()));
+            }
             (Some((logits, exit_prob)), hidden)
         } else {
-            self.bridge_memory.drafted(None);
+            if self.bridge {
+                self.bridge_memory.drafted(None);
+            }
             (None, self.run_feed(&[token]).map_err(into_reference)?)
         };
         self.kept.push(hidden.row(0).to_owned());

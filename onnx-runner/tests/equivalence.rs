@@ -267,12 +267,11 @@ fn check_decoding(
 fn bridged_drafts_decode_like_the_reference() {
     let base = reference::io::builtin::builtin("tiny").unwrap();
     for draft_gate in [1, 2] {
-        let config = reference::m2r2::bridge::BridgeConfig {
-            gate: draft_gate,
-            rank: 4,
-            sites: reference::m2r2::bridge::BridgeSite::ALL.to_vec(),
-            scales: Default::default(),
-        };
+        let config = reference::m2r2::bridge::BridgeConfig::new(
+            draft_gate,
+            4,
+            reference::m2r2::bridge::BridgeSite::ALL.to_vec(),
+        );
         let weights = M2r2Weights::builtin_for("tiny", &base.config)
             .unwrap()
             .with_bridge(&base.config, config, 3, 0.5)

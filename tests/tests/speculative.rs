@@ -285,12 +285,7 @@ fn a_bridge_is_read_only_at_its_gate() {
     use reference::m2r2::bridge::{BridgeConfig, BridgeSite};
     let model = reference::io::builtin::builtin("tiny").unwrap();
     let plain = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
-    let config = BridgeConfig {
-        gate: 1,
-        rank: 4,
-        sites: BridgeSite::ALL.to_vec(),
-        scales: Default::default(),
-    };
+    let config = BridgeConfig::new(1, 4, BridgeSite::ALL.to_vec());
     let bridged = plain
         .clone()
         .with_bridge(&model.config, config, 6, 2.0)

@@ -70,12 +70,11 @@ mod tests {
     #[test]
     fn f16_folder_loads_and_rounds() {
         let model = tiny_config();
-        let bridge = reference::m2r2::bridge::BridgeConfig {
-            gate: 1,
-            rank: 4,
-            sites: vec![reference::m2r2::bridge::BridgeSite::Gate],
-            scales: Default::default(),
-        };
+        let bridge = reference::m2r2::bridge::BridgeConfig::new(
+            1,
+            4,
+            vec![reference::m2r2::bridge::BridgeSite::Gate],
+        );
         let weights = M2r2Weights::random(&model, M2r2Config::default_for(&model), 3)
             .unwrap()
             .with_bridge(&model, bridge, 4, 0.5)

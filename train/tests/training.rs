@@ -295,12 +295,7 @@ fn bridge_trains_checkpoints_and_freezes_adapters_when_asked() {
     use reference::m2r2::bridge::{BridgeConfig, BridgeSite};
     let model = builtin("tiny").unwrap();
     let train_data = data(&model, 12, 6);
-    let bridge = BridgeConfig {
-        gate: 1,
-        rank: 4,
-        sites: BridgeSite::ALL.to_vec(),
-        scales: Default::default(),
-    };
+    let bridge = BridgeConfig::new(1, 4, BridgeSite::ALL.to_vec());
     let start = || {
         initial_weights(&model, config(&model), 7)
             .unwrap()

@@ -34,8 +34,8 @@ pub struct ReferenceSpeculation<'a> {
     gate: Option<GateKind>,
     /// `[D]` slow residuals at `e_gd` of positions `verified..len`
     kept: Vec<Array1<f32>>,
-    /// What the bridge reads: the last verified chunk's final residuals and this round's exit
-    /// states.
+    /// What the bridge reads: the verified positions' final residuals and this round's exit
+    /// states (kept only when drafting at this gate reads a bridge).
     bridge_memory: BridgeMemory,
     /// Positions complete in every layer.
     verified: usize,
@@ -88,6 +88,11 @@ impl<'a> ReferenceSpeculation<'a> {
     pub fn cache(&self) -> &KvCache {
         &self.cache
     }
+
+    /// Drafting at this gate reads a bridge.
+    fn bridged(&self) -> bool {
+        self.m2r2.weights.bridge_at(self.draft_gate).is_some()
+    }
 }
 
 impl SpeculativeBackend for ReferenceSpeculation<'_> {
@@ -112,7 +117,9 @@ impl SpeculativeBackend for ReferenceSpeculation<'_> {
         self.cache.set_len(pos0 + tokens.len());
         let last = s.nrows() - 1;
         let logits = model.head(s.slice(ndarray::s![last.., ..])).logits;
-        self.bridge_memory.verified(pos0, s);
+        if self.bridged() {
+            self.bridge_memory.verified(pos0, s);
+        }
         self.len = self.cache.len();
         self.verified = self.len;
         Ok(logits.row(0).to_vec())
@@ -157,13 +164,17 @@ impl SpeculativeBackend for ReferenceSpeculation<'_> {
         self.kept.push(s.row(0).to_owned());
         self.len += 1;
         if !propose {
-            self.bridge_memory.drafted(None);
+            if self.bridged() {
+                self.bridge_memory.drafted(None);
+            }
             return Ok(None);
         }
         let u = exit_states
             .last()
             .expect("the draft gate's interval ran with a fast row");
-        self.bridge_memory.drafted(Some(u.clone()));
+        if self.bridged() {
+            self.bridge_memory.drafted(Some(u.clone()));
+        }
         let u_row = u.view().insert_axis(ndarray::Axis(0)); // [1, D]
         let Output { logits, work: head } = match &self.m2r2.weights.draft_head {
             Some(pruned) => pruned.exit_logits(model, u_row),
@@ -207,7 +218,9 @@ impl SpeculativeBackend for ReferenceSpeculation<'_> {
         self.cache.set_len(self.verified);
         let Output { logits, work: head } = model.head(chunk.view());
         self.work += head;
-        self.bridge_memory.verified(start, chunk);
+        if self.bridged() {
+            self.bridge_memory.verified(start, chunk);
+        }
         Ok(logits)
     }
 

@@ -197,20 +197,11 @@ mod tests {
     use super::*;
     use ndarray::array;
 
-    fn config(sites: &[BridgeSite]) -> BridgeConfig {
-        BridgeConfig {
-            gate: 1,
-            rank: 1,
-            sites: sites.to_vec(),
-            scales: BTreeMap::new(),
-        }
-    }
-
     /// `c x̂ A^T B^T` by hand: A = [1, 2], B = [3; -1], x̂ = [1, 1], c = 0.5 ->
     /// 0.5 (1 + 2) [3, -1] = [4.5, -1.5].
     #[test]
     fn term_hand_computed() {
-        let mut c = config(&[BridgeSite::Gate]);
+        let mut c = BridgeConfig::new(1, 1, vec![BridgeSite::Gate]);
         c.scales.insert(BridgeSite::Gate, 0.5);
         let mut bridge = Bridge::initial(2, &c, 0);
         let lora = bridge.maps.get_mut(&BridgeSite::Gate).unwrap();
@@ -228,7 +219,7 @@ mod tests {
 
     #[test]
     fn initial_bridge_is_zero_and_round_trips() {
-        let c = config(&[BridgeSite::Entry, BridgeSite::Gate]);
+        let c = BridgeConfig::new(1, 1, vec![BridgeSite::Entry, BridgeSite::Gate]);
         let zero = Bridge::initial(8, &c, 3);
         assert!(zero.maps.values().all(Lora::is_zero));
         let drawn = Bridge::drawn(8, &c, 3, 0.5);
@@ -241,7 +232,7 @@ mod tests {
         let err = Bridge::load(&path, 4, &c).unwrap_err().to_string();
         assert!(err.contains("bridge.entry.lora_A.weight") && err.contains(BRIDGE_FILE));
         // a config with one site: the other site's tensors are unknown
-        let err = Bridge::load(&path, 8, &config(&[BridgeSite::Entry]))
+        let err = Bridge::load(&path, 8, &BridgeConfig::new(1, 1, vec![BridgeSite::Entry]))
             .unwrap_err()
             .to_string();
         assert!(err.contains("unknown tensor `bridge.gate"), "{err}");

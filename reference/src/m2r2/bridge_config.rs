@@ -64,6 +64,16 @@ pub struct BridgeConfig {
 }
 
 impl BridgeConfig {
+    /// A bridge read at draft gate `gate`, of rank `rank` at `sites`, every scale 1.
+    pub fn new(gate: usize, rank: usize, sites: Vec<BridgeSite>) -> Self {
+        BridgeConfig {
+            gate,
+            rank,
+            sites,
+            scales: BTreeMap::new(),
+        }
+    }
+
     /// `c` of `site`.
     pub fn scale(&self, site: BridgeSite) -> f32 {
         self.scales.get(&site).copied().unwrap_or(1.0)
@@ -132,32 +142,22 @@ impl BridgeConfig {
 mod tests {
     use super::*;
 
-    fn config(sites: &[BridgeSite]) -> BridgeConfig {
-        BridgeConfig {
-            gate: 1,
-            rank: 1,
-            sites: sites.to_vec(),
-            scales: BTreeMap::new(),
-        }
-    }
-
     #[test]
     fn config_validation() {
-        assert!(config(&[BridgeSite::Entry]).validate(4).is_ok());
-        assert!(config(&[]).validate(4).is_err());
         assert!(
-            config(&[BridgeSite::Gate, BridgeSite::Gate])
+            BridgeConfig::new(1, 1, vec![BridgeSite::Entry])
+                .validate(4)
+                .is_ok()
+        );
+        assert!(BridgeConfig::new(1, 1, vec![]).validate(4).is_err());
+        assert!(
+            BridgeConfig::new(1, 1, vec![BridgeSite::Gate, BridgeSite::Gate])
                 .validate(4)
                 .is_err()
         );
-        let wide = BridgeConfig {
-            gate: 1,
-            rank: 5,
-            sites: vec![BridgeSite::Entry],
-            scales: BTreeMap::new(),
-        };
+        let wide = BridgeConfig::new(1, 5, vec![BridgeSite::Entry]);
         assert!(wide.validate(4).unwrap_err().contains("1..=4"));
-        let mut scaled = config(&[BridgeSite::Entry]);
+        let mut scaled = BridgeConfig::new(1, 1, vec![BridgeSite::Entry]);
         scaled.scales.insert(BridgeSite::Gate, 0.5);
         assert!(
             scaled

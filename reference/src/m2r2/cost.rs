@@ -302,12 +302,11 @@ mod tests {
             .clone()
             .with_bridge(
                 &model.config,
-                crate::m2r2::bridge::BridgeConfig {
-                    gate: 1,
-                    rank: 2,
-                    sites: crate::m2r2::bridge::BridgeSite::ALL.to_vec(),
-                    scales: Default::default(),
-                },
+                crate::m2r2::bridge::BridgeConfig::new(
+                    1,
+                    2,
+                    crate::m2r2::bridge::BridgeSite::ALL.to_vec(),
+                ),
                 5,
                 0.5,
             )

@@ -241,18 +241,11 @@ impl M2r2Weights {
         seed: u64,
         b_std: f32,
     ) -> Result<Self> {
-        config
-            .validate(model.hidden_size)
-            .map_err(|m| Error::Invalid(format!("bridge settings: {m}")))?;
-        if config.gate == 0 || config.gate > self.config.num_gates() {
-            return Err(Error::Invalid(format!(
-                "bridge settings: gate {} does not exist (gates 1..={})",
-                config.gate,
-                self.config.num_gates()
-            )));
-        }
-        self.bridge = Some(Bridge::drawn(model.hidden_size, &config, seed, b_std));
+        // the M2R2 settings' own check (the bridge's rank, sites, scales and gate) before drawing
         self.config.bridge = Some(config);
+        self.config.validate(model, "M2R2 settings with a bridge")?;
+        let config = self.config.bridge.as_ref().expect("just set");
+        self.bridge = Some(Bridge::drawn(model.hidden_size, config, seed, b_std));
         Ok(self)
     }
 }

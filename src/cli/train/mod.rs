@@ -175,12 +175,7 @@ fn add_bridge(
         }
         return Ok(weights);
     }
-    let mut config = BridgeConfig {
-        gate: weights.config.draft_gate,
-        rank,
-        sites,
-        scales: Default::default(),
-    };
+    let mut config = BridgeConfig::new(weights.config.draft_gate, rank, sites);
     // each site's term starts at the size of the state it joins (docs/m2r2/bridge.md)
     let rms = |x: &[f32]| (x.iter().map(|v| v * v).sum::<f32>() / x.len().max(1) as f32).sqrt();
     let w = &model.weights;
@@ -335,11 +330,13 @@ pub fn run(args: &Args) -> Result<()> {
                 let sample = data.first().map(|d| d.tokens.as_slice());
                 weights = add_bridge(model, weights, rank, &args.bridge_sites, args.seed, sample)?;
             }
-            if weights.bridge.is_some() && !options.train_gates.contains(&weights.config.draft_gate)
+            // the bridge trains with the adapters of the gate it is read at
+            if let Some(b) = &weights.config.bridge
+                && !options.train_gates.contains(&b.gate)
             {
                 bail!(
-                    "the bridge trains with the draft gate's adapters: add gate {} to --train-gates",
-                    weights.config.draft_gate
+                    "the bridge trains with its draft gate's adapters: add gate {} to --train-gates",
+                    b.gate
                 );
             }
             Trainer::new(model, weights, &data, options, &mut slow)?

@@ -104,12 +104,8 @@ fn hand_computed_rounds() {
 /// bridge; with a bridge (both sites), traces as deep as the longest policy.
 #[test]
 fn predicts_the_speculative_loop() {
-    let bridge = crate::m2r2::bridge::BridgeConfig {
-        gate: 1,
-        rank: 4,
-        sites: crate::m2r2::bridge::BridgeSite::ALL.to_vec(),
-        scales: Default::default(),
-    };
+    let bridge =
+        crate::m2r2::bridge::BridgeConfig::new(1, 4, crate::m2r2::bridge::BridgeSite::ALL.to_vec());
     for (name, bridged) in builtin::BUILTIN_NAMES
         .iter()
         .flat_map(|&n| [(n, false), (n, true)])

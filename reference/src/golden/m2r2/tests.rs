@@ -301,12 +301,11 @@ fn bridged_goldens_record_what_the_draft_read() {
         .clone()
         .with_bridge(
             &model.config,
-            crate::m2r2::bridge::BridgeConfig {
-                gate: 1,
-                rank: 4,
-                sites: crate::m2r2::bridge::BridgeSite::ALL.to_vec(),
-                scales: Default::default(),
-            },
+            crate::m2r2::bridge::BridgeConfig::new(
+                1,
+                4,
+                crate::m2r2::bridge::BridgeSite::ALL.to_vec(),
+            ),
             2,
             0.5,
         )
