@@ -4,6 +4,8 @@
 
 pub mod decode_problem;
 pub mod hostile;
+/// Sabotaged copies of an export folder (one initializer of one graph scaled or a column zeroed).
+pub mod sabotage;
 pub use decode_problem::{DecodeProblem, DraftSettings, draft_length_strategy, small_config};
 
 use ndarray::{Array2, ArrayView2};
