@@ -4,7 +4,7 @@
 //! Everything is written into a temporary sibling folder (`.<name>.partial-<pid>`), which replaces
 //! the target only when complete; on any error it is removed. A folder with a manifest is therefore
 //! always a finished export. An existing target is replaced only when it is empty or an earlier
-//! export (it has a manifest); anything else is refused.
+//! export (it has a manifest); anything else is refused. Missing parent folders are created.
 
 use crate::error::{Error, Result};
 use crate::graphs::{self, ExportOptions, GraphKind};
@@ -87,14 +87,32 @@ fn temp_sibling(out: &Path) -> Result<PathBuf> {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    if !parent.is_dir() {
-        return Err(Error::Invalid(format!(
-            "output folder {}: its parent {} does not exist",
+    create_parent(out, &parent)?;
+    Ok(parent.join(format!(".{name}.partial-{}", std::process::id())))
+}
+
+/// Create `out`'s missing parent folders (like `mkdir -p`), naming an ancestor that is a file.
+fn create_parent(out: &Path, parent: &Path) -> Result<()> {
+    if parent.is_dir() {
+        return Ok(());
+    }
+    let cannot = |why: String| {
+        Error::Invalid(format!(
+            "output folder {}: cannot create its parent {}: {why}",
             out.display(),
             parent.display()
+        ))
+    };
+    if let Some(file) = parent
+        .ancestors()
+        .find(|a| !a.as_os_str().is_empty() && a.exists() && !a.is_dir())
+    {
+        return Err(cannot(format!(
+            "{} exists and is not a folder",
+            file.display()
         )));
     }
-    Ok(parent.join(format!(".{name}.partial-{}", std::process::id())))
+    std::fs::create_dir_all(parent).map_err(|e| cannot(e.to_string()))
 }
 
 /// An existing `out` may be replaced only when it is an empty folder or an earlier export.

@@ -319,14 +319,20 @@ fn clear_errors_for_what_cannot_be_exported() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("head_dim 15 is odd"), "{err}");
+    // missing parents are created, but not through a file
+    let file = dir.path().join("file");
+    std::fs::write(&file, "x").unwrap();
     let err = export(
         &request(&model, &m2r2, options(17, WeightsDtype::F32), false),
-        Path::new("/nonexistent-parent/x"),
+        &file.join("a").join("x"),
         &mut |_| {},
     )
     .unwrap_err()
     .to_string();
-    assert!(err.contains("does not exist"), "{err}");
+    assert!(
+        err.contains(&format!("{} exists and is not a folder", file.display())),
+        "{err}"
+    );
     assert!(!dir.path().join("x").exists());
 }
 

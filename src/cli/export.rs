@@ -22,7 +22,7 @@ pub struct Args {
     /// ARLA; default: the model's built-in M2R2 weights
     #[arg(long = "m2r2", value_name = "DIR|none")]
     pub m2r2: Option<String>,
-    /// Folder to write (replaced only if empty or an earlier export)
+    /// Folder to write, created with its parents (replaced only if empty or an earlier export)
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
     /// Graphs to write, comma-separated (feed: the draft layers' slow stream alone, which

@@ -120,16 +120,6 @@ fn failures_are_clear_and_leave_no_export() {
         ],
         &["unknown weights dtype `bf16`"],
     );
-    fails(
-        &[
-            "export",
-            "--model",
-            "tiny",
-            "--out",
-            "/nonexistent-m2r2-parent/x",
-        ],
-        &["does not exist"],
-    );
     assert!(!out.exists());
     std::fs::create_dir(&out).unwrap();
     std::fs::write(out.join("keep.txt"), "x").unwrap();
@@ -144,4 +134,34 @@ fn failures_are_clear_and_leave_no_export() {
         1,
         "no partial folder left"
     );
+}
+
+#[test]
+fn missing_parents_are_created_and_a_file_parent_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out").join("a").join("b");
+    let out_s = out.to_str().unwrap();
+    ok(&["export", "--model", "tiny", "--out", out_s, "--check"]);
+    assert!(out.join("m2r2_export.json").is_file());
+    assert_eq!(
+        std::fs::read_dir(out.parent().unwrap()).unwrap().count(),
+        1,
+        "no partial folder left beside the export"
+    );
+
+    // a parent that is a regular file: a clear error naming it, nothing written
+    let file = dir.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    let out = file.join("a").join("b");
+    let out_s = out.to_str().unwrap();
+    let file_s = file.display().to_string();
+    let run = fails(
+        &["export", "--model", "tiny", "--out", out_s],
+        &[
+            "cannot create its parent",
+            &format!("{file_s} exists and is not a folder"),
+        ],
+    );
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
 }
