@@ -1,7 +1,7 @@
-//! The Python package `python/` (issue 15): it pip-installs, its unit tests pass on goldens the
-//! reference wrote, and a golden it writes from ONNX Runtime's Python API (the example script on
-//! an export of `tiny`) passes `m2r2 golden compare` against the reference's, while a perturbed one
-//! fails naming the perturbed logit.
+//! The Python package `python/` (issue 15): it pip-installs without writing into `python/` (issue
+//! 34), its unit tests pass on goldens the reference wrote, and a golden it writes from ONNX
+//! Runtime's Python API (the example script on an export of `tiny`) passes `m2r2 golden compare`
+//! against the reference's, while a perturbed one fails naming the perturbed logit.
 //!
 //! Needs `M2R2_PYTHON`: a Python with the packages of scripts/onnx-check/requirements.txt
 //! (onnxruntime, numpy, safetensors, setuptools), set up by scripts/test.sh.
@@ -44,24 +44,33 @@ fn run_python(args: &[&OsStr], env: &[(&str, &OsStr)]) -> String {
     text
 }
 
-/// Copy the package's sources to `to`, leaving out what a build or a run left in the checkout.
-fn copy_sources(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let name = entry.file_name();
-        let name_str = name.to_string_lossy();
-        if ["build", "dist", "__pycache__"].contains(&name_str.as_ref())
-            || name_str.ends_with(".egg-info")
-        {
-            continue;
-        }
-        if entry.file_type().unwrap().is_dir() {
-            copy_sources(&entry.path(), &to.join(&name));
-        } else {
-            std::fs::copy(entry.path(), to.join(&name)).unwrap();
+/// Every path under `dir`, relative and sorted: the source tree a build must leave as it found it.
+fn listing(dir: &Path) -> Vec<PathBuf> {
+    let mut paths = Vec::new();
+    let mut folders = vec![dir.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap() {
+            let entry = entry.unwrap();
+            if entry.file_type().unwrap().is_dir() {
+                folders.push(entry.path());
+            }
+            paths.push(entry.path().strip_prefix(dir).unwrap().to_path_buf());
         }
     }
+    paths.sort();
+    paths
+}
+
+/// Fail naming what appeared in or vanished from `dir` since `before` was listed.
+fn assert_unchanged(dir: &Path, before: &[PathBuf], when: &str) {
+    let after = listing(dir);
+    let added: Vec<_> = after.iter().filter(|p| !before.contains(p)).collect();
+    let removed: Vec<_> = before.iter().filter(|p| !after.contains(p)).collect();
+    assert!(
+        added.is_empty() && removed.is_empty(),
+        "{when} changed {}: added {added:?}, removed {removed:?}",
+        dir.display()
+    );
 }
 
 #[test]
@@ -70,10 +79,10 @@ fn python_package_writes_goldens_that_compare() {
     let p = |name: &str| dir.path().join(name);
     let s = |name: &str| p(name).display().to_string();
 
-    // pip-installable: built from a copy of python/ (setuptools builds in the source tree) into a
-    // target folder, leaving the venv as it is
-    let pkg = p("pkg");
-    copy_sources(&Path::new(env!("CARGO_MANIFEST_DIR")).join("python"), &pkg);
+    // pip-installable straight from python/ into a target folder, leaving the venv as it is, and
+    // out of tree (python/setup.py): the source folder gains no build/ or *.egg-info
+    let pkg = Path::new(env!("CARGO_MANIFEST_DIR")).join("python");
+    let sources = listing(&pkg);
     let site = p("site");
     run_python(
         &[
@@ -88,12 +97,13 @@ fn python_package_writes_goldens_that_compare() {
             "--disable-pip-version-check",
             "--target",
             s("site").as_str(),
-            s("pkg").as_str(),
+            pkg.to_str().expect("a UTF-8 path"),
         ]
         .map(OsStr::new),
         &[],
     );
     assert!(site.join("m2r2_golden").join("__init__.py").is_file());
+    assert_unchanged(&pkg, &sources, "pip install");
     let with_site = [("PYTHONPATH", site.as_os_str())];
 
     // the reference's goldens and the export
@@ -139,7 +149,7 @@ fn python_package_writes_goldens_that_compare() {
     ]);
     ok(&["export", "--model", "tiny", "--out", &onnx]);
 
-    // the package's unit tests, on the installed copy
+    // the package's unit tests (from python/tests, no bytecode written there), on the installed copy
     let tests = pkg.join("tests");
     let report = run_python(
         &[
@@ -249,4 +259,5 @@ fn python_package_writes_goldens_that_compare() {
     for other in &report["entries"].as_array().unwrap()[..2] {
         assert_eq!(other["ok"], true, "{report}");
     }
+    assert_unchanged(&pkg, &sources, "the package's tests and example");
 }
