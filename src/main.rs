@@ -2,7 +2,8 @@
 //!
 //! Conventions shared by every command: results go to stdout (`--json` prints exactly one JSON
 //! object), diagnostics, progress and timings to stderr; any error prints `error: <message with its
-//! causes>` and exits 1; usage errors exit 2 (clap's default).
+//! causes>` and exits 1; usage errors exit 2 (clap's default); `golden check` / `compare` exit 2
+//! when a golden could not be checked (docs/GOLDEN.md).
 
 mod cli;
 
@@ -108,7 +109,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {}", cli::common::error_chain(&error));
-            ExitCode::FAILURE
+            match error.downcast_ref::<cli::common::Exit>() {
+                Some(exit) => ExitCode::from(exit.code),
+                None => ExitCode::FAILURE,
+            }
         }
     }
 }

@@ -65,6 +65,22 @@ pub fn prompt_tokens_with(
 }
 
 /// `error` and its causes, `: `-separated, skipping a cause whose text the message already holds.
+/// An error that exits with its own code instead of 1 (`golden check`: 2 when a golden could not
+/// be checked at all, as opposed to 1 for a mismatch).
+#[derive(Debug)]
+pub struct Exit {
+    pub code: u8,
+    pub message: String,
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Exit {}
+
 pub fn error_chain(error: &anyhow::Error) -> String {
     let mut text = error.to_string();
     for cause in error.chain().skip(1) {

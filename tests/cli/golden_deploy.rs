@@ -36,13 +36,18 @@ fn check_on_onnx_runtime_and_compare_files() {
     );
     let report: Value = serde_json::from_str(&run.stdout).unwrap();
     assert_eq!(report["ok"], true, "{report}");
+    // the report names the runtime and its provider
     assert!(
         report["model"]
             .as_str()
             .unwrap()
-            .contains("onnxruntime-cpu"),
+            .contains("on ONNX Runtime 1."),
         "{report}"
     );
+    assert_eq!(report["execution_provider"], "cpu", "{report}");
+    assert!(report["onnxruntime"].as_str().unwrap().starts_with("1."));
+    assert_eq!(report["entries"][0]["graph"], "model.onnx", "{report}");
+    assert_eq!(report["tolerance_reason"], "f32 export default", "{report}");
     let logits = &report["entries"][0];
     assert_eq!(logits["name"], "logits");
     assert!(logits["max_abs"].as_f64().unwrap() < 1e-4, "{report}");
@@ -50,11 +55,17 @@ fn check_on_onnx_runtime_and_compare_files() {
     // an impossible tolerance fails, naming the worst position
     let run = fails(
         &["golden", "check", &g, "--onnx", &onnx, "--atol", "0"],
-        &["NOT OK", "golden check of export"],
+        &["model.onnx logits NOT OK", "on export"],
     );
     if !run.stdout.contains("max abs diff 0.000e0") {
         assert!(
-            run.stdout.contains("logits           NOT OK"),
+            run.stdout
+                .contains("model.onnx               logits         NOT OK"),
+            "{}",
+            run.stdout
+        );
+        assert!(
+            run.stdout.contains("tolerance: atol 0e0 (--atol)"),
             "{}",
             run.stdout
         );
@@ -116,7 +127,10 @@ fn check_on_onnx_runtime_and_compare_files() {
         "{xml}"
     );
     assert!(xml.contains("<testcase name=\"logits\""), "{xml}");
-    assert!(xml.contains("<failure message=\"logits NOT OK\""), "{xml}");
+    assert!(
+        xml.contains("<failure message=\"logits NOT OK: first over tolerance at step 2; 1 of 6 steps and 1 values over"),
+        "{xml}"
+    );
     let report: Value = serde_json::from_str(&run.stdout).unwrap();
     assert_eq!(report["ok"], false);
     assert_eq!(
@@ -250,10 +264,14 @@ fn suites_of_goldens() {
     assert!(xml.contains("failures=\"1\""), "{xml}");
     // a missing member, a file against a folder, an empty folder
     std::fs::remove_file(dir.path().join("copy/a_1.golden.safetensors")).unwrap();
-    fails(
+    let run = fails(
         &["golden", "compare", &suite, &copy],
-        &["the suites differ", "a_1.golden.safetensors"],
+        &[
+            "a_1.golden.safetensors has no counterpart",
+            "b.golden.safetensors",
+        ],
     );
+    assert_eq!(run.code, Some(2), "a member not compared: {}", run.stderr);
     fails(
         &["golden", "compare", &suite, &p("copy/b.golden.safetensors")],
         &["a folder with a folder"],
@@ -337,7 +355,7 @@ fn hand_edited_goldens_and_unavailable_providers() {
     }
     for ep in ["cuda", "tensorrt"] {
         let run = m2r2(&["golden", "check", &g, "--onnx", &onnx, "--ep", ep]);
-        assert_eq!(run.code, Some(1), "--ep {ep}:\n{}", run.stderr);
+        assert_eq!(run.code, Some(2), "--ep {ep}:\n{}", run.stderr);
         assert!(
             run.stderr.to_lowercase().contains(ep) && !run.stdout.contains("OK"),
             "--ep {ep}:\n{}{}",

@@ -95,10 +95,11 @@ fn tampered_m2r2_goldens_fail_where_they_differ() {
     let line = run
         .stdout
         .lines()
-        .find(|l| l.starts_with("exit_gate"))
+        .find(|l| l.starts_with("reference") && l.contains("exit_gate"))
         .unwrap();
     assert!(
-        line.contains("NOT OK") && line.contains(&format!("[{step}]")),
+        line.contains("NOT OK")
+            && line.contains(&format!("first divergence at step {step}: exit gate")),
         "{}",
         run.stdout
     );
@@ -121,13 +122,19 @@ fn tampered_m2r2_goldens_fail_where_they_differ() {
     let accepted = read_i64(&path, "round_accepted");
     set_i64(&path, "round_accepted", 1, accepted[1] + 1);
     let run = super::fails(&["golden", "check", file], &["NOT OK"]);
+    // one line for the rounds, at the first that differs
     let line = run
         .stdout
         .lines()
-        .find(|l| l.starts_with("round_accepted"))
+        .find(|l| l.starts_with("reference") && l.contains(" rounds "))
         .unwrap();
     assert!(
-        line.contains("NOT OK") && line.contains("[1]"),
+        line.contains("NOT OK")
+            && line.contains(&format!(
+                "first divergence at round 1: accepted golden {} vs recomputed {}",
+                accepted[1] + 1,
+                accepted[1]
+            )),
         "{}",
         run.stdout
     );

@@ -39,20 +39,33 @@ fn speculative_goldens_on_onnx_runtime() {
         assert_eq!(
             names,
             [
-                "logits",
                 "tokens",
-                "round_drafted",
-                "round_accepted",
-                "round_base_token",
+                "rounds",
+                "logits",
+                "verify_logits",
+                "draft_logits",
                 "round_scores"
             ]
         );
-        assert!(
-            report["model"]
-                .as_str()
-                .unwrap()
-                .contains("onnxruntime-cpu")
+        // each line names the graph that recomputed it
+        let graphs: Vec<&str> = report["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["graph"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            graphs,
+            [
+                "feed+draft+verifier.onnx",
+                "feed+draft+verifier.onnx",
+                "model.onnx",
+                "verifier.onnx",
+                "draft.onnx",
+                "draft.onnx"
+            ]
         );
+        assert_eq!(report["execution_provider"], "cpu", "{report}");
     }
 
     // a golden whose third round was edited: reported at that round, the rest OK
@@ -77,13 +90,21 @@ fn speculative_goldens_on_onnx_runtime() {
             "--onnx",
             &onnx,
         ],
-        &["round_base_token NOT OK"],
+        &["feed+draft+verifier.onnx rounds NOT OK"],
     );
     assert!(
-        run.stdout.contains("at [2]: golden"),
+        run.stdout
+            .contains("first divergence at round 2: base token golden"),
         "the round is named:\n{}",
         run.stdout
     );
+    // the graphs' own outputs along the recorded rounds are untouched by the edit
+    for graph in [
+        "verifier.onnx            verify_logits  OK",
+        "draft.onnx               draft_logits   OK",
+    ] {
+        assert!(run.stdout.contains(graph), "{graph}:\n{}", run.stdout);
+    }
 
     // refusals, each naming what is missing
     let early = p("early.safetensors");
@@ -186,11 +207,15 @@ fn smollm2_walk_through() {
         );
     }
     let run = real(&["golden", "check", &spec, "--onnx", &onnx]);
-    assert!(
-        run.stdout.contains("round_accepted   OK") && run.stdout.contains("overall: OK"),
-        "{}",
-        run.stdout
-    );
+    for line in [
+        "feed+draft+verifier.onnx rounds         OK",
+        "verifier.onnx            verify_logits  OK",
+        "draft.onnx               draft_logits   OK",
+        "draft.onnx               round_scores   OK",
+        "overall: OK",
+    ] {
+        assert!(run.stdout.contains(line), "{line}:\n{}", run.stdout);
+    }
 }
 
 /// A manifest that claims more layers than its graphs take (issue 16: the runner sizes its KV

@@ -3,19 +3,22 @@
 //! written by a deployment's own harness).
 
 use super::Golden;
-use super::check::{
-    CheckReport, TensorCheck, Tolerance, compare_ints, compare_within, token_ids as ids,
-};
-use super::m2r2::M2r2Record;
+use super::check::token_ids as ids;
+use super::m2r2::{M2r2Record, compare_rounds, compare_scores};
 use super::record::replay_on;
+use super::report::{
+    CheckReport, TensorCheck, Tolerance, compare_int_rows, compare_rows, compare_stops,
+};
 use crate::base::config::ModelConfig;
 use crate::base::generate::GreedyBackend;
 use crate::error::{Error, Result};
+use ndarray::s;
 
 impl Golden {
-    /// Replay this greedy golden on `backend`, an engine running the model of `config`: the prompt,
-    /// then the **recorded** tokens (teacher forcing), and compare each step's logits within `tol`
-    /// and each step's argmax with the recorded token.
+    /// Replay this greedy golden on `backend`, an engine running the model of `config` (called
+    /// `graph` in the report, e.g. `model.onnx`): the prompt, then the **recorded** tokens
+    /// (teacher forcing), and compare each step's logits within `tol` and each step's argmax with
+    /// the recorded token.
     ///
     /// # Errors
     /// Another model config than recorded; an M2R2 golden (early-exit and speculative goldens need
@@ -25,6 +28,7 @@ impl Golden {
         backend: &mut dyn GreedyBackend,
         config: &ModelConfig,
         tol: Tolerance,
+        graph: &str,
     ) -> Result<CheckReport> {
         if self.m2r2.is_some() {
             return Err(Error::Invalid(format!(
@@ -41,22 +45,38 @@ impl Golden {
             &self.prompt_tokens,
             self.tokens.len(),
             Some(&self.tokens),
+            &[],
         )?;
         Ok(CheckReport {
             entries: vec![
-                compare_within("logits", self.logits.view(), logits.view(), tol),
-                compare_ints("tokens", &ids(&self.tokens), &ids(&greedy), 1),
+                compare_rows(
+                    "logits",
+                    graph,
+                    self.logits.view(),
+                    logits.view(),
+                    tol,
+                    false,
+                ),
+                compare_int_rows("tokens", graph, &ids(&self.tokens), &ids(&greedy), 1, true),
             ],
         })
     }
 
     /// Compare `actual` (for example a deployment's own recording) with this golden, tensor by
-    /// tensor: the prompt and tokens exactly, logits within `tol`, and the M2R2 records (exits and
-    /// gate scores, or rounds) where both have them.
+    /// tensor: the prompt exactly; the tokens and logits over the steps both recorded, and where
+    /// each stopped (`stop`: OK when one stopped at an end-of-turn token where the other, recorded
+    /// without stopping, ran on); the M2R2 records (exits and gate scores, or rounds and what the
+    /// verifier and the draft produced up to the first round that differs) where both have them.
+    /// `text` names tokens in the report.
     ///
     /// # Errors
     /// Goldens of different model configs, modes or M2R2 weights (nothing to compare).
-    pub fn compare_to(&self, actual: &Golden, tol: Tolerance) -> Result<CheckReport> {
+    pub fn compare_to(
+        &self,
+        actual: &Golden,
+        tol: Tolerance,
+        text: &dyn Fn(i64) -> Option<String>,
+    ) -> Result<CheckReport> {
         if actual.config_hash != self.config_hash {
             return Err(Error::Invalid(format!(
                 "the goldens were recorded with different model configs (hash {} of `{}` vs {} of \
@@ -70,16 +90,66 @@ impl Golden {
                 self.mode, actual.mode
             )));
         }
+        // The header of a comparison names both files; its lines name no graph.
+        const ACTUAL: &str = "";
         let mut entries = vec![
-            compare_ints(
+            compare_int_rows(
                 "prompt_tokens",
+                ACTUAL,
                 &ids(&self.prompt_tokens),
                 &ids(&actual.prompt_tokens),
                 1,
+                true,
             ),
-            compare_ints("tokens", &ids(&self.tokens), &ids(&actual.tokens), 1),
-            compare_within("logits", self.logits.view(), actual.logits.view(), tol),
+            compare_int_rows(
+                "tokens",
+                ACTUAL,
+                &ids(&self.tokens),
+                &ids(&actual.tokens),
+                1,
+                true,
+            ),
         ];
+        if self.prompt_tokens.len() != actual.prompt_tokens.len() {
+            let prompt = entries.first_mut().expect("pushed above");
+            prompt.ok = false;
+            prompt.note = format!(
+                "prompts of {} and {} tokens",
+                self.prompt_tokens.len(),
+                actual.prompt_tokens.len()
+            );
+        }
+        // Where the decodes stop: the stop tokens either recorded, else the model's EOS.
+        let mut stops: Vec<i64> = ids(self.stops());
+        stops.extend(ids(actual.stops()));
+        if stops.is_empty() {
+            stops = self
+                .config()
+                .map(|c| ids(&c.eos_token_ids))
+                .unwrap_or_default();
+        }
+        let (want_stops, got_stops) = (!self.stops().is_empty(), !actual.stops().is_empty());
+        let longer_stopped = if self.tokens.len() > actual.tokens.len() {
+            want_stops
+        } else {
+            got_stops
+        };
+        entries.extend(compare_stops(
+            ACTUAL,
+            &ids(&self.tokens),
+            &ids(&actual.tokens),
+            &stops,
+            longer_stopped,
+            text,
+        ));
+        entries.push(compare_rows(
+            "logits",
+            ACTUAL,
+            self.logits.view(),
+            actual.logits.view(),
+            tol,
+            false,
+        ));
         if let (Some(want), Some(got)) = (&self.m2r2, &actual.m2r2) {
             if want.weights_hash != got.weights_hash {
                 return Err(Error::Invalid(format!(
@@ -98,8 +168,7 @@ fn compare_records(
     got: &M2r2Record,
     tol: Tolerance,
 ) -> Result<Vec<TensorCheck>> {
-    use super::check::compare_padded;
-    let tol_abs = tol.atol.max(0.0);
+    const ACTUAL: &str = "";
     match (want, got) {
         (
             M2r2Record::EarlyExit {
@@ -112,19 +181,31 @@ fn compare_records(
                 gate_scores: sb,
                 ..
             },
-        ) => Ok(vec![
-            compare_ints("exit_gate", a, b, 1),
-            compare_padded("gate_scores", sa.view(), sb.view(), tol_abs),
-        ]),
+        ) => {
+            let common = sa.nrows().min(sb.nrows());
+            Ok(vec![
+                compare_int_rows("exit_gate", ACTUAL, a, b, 1, false),
+                compare_rows(
+                    "gate_scores",
+                    ACTUAL,
+                    sa.slice(s![..common, ..]),
+                    sb.slice(s![..common, ..]),
+                    tol,
+                    true,
+                ),
+            ])
+        }
         (
             M2r2Record::Speculative {
                 rounds: a,
                 draft_length: la,
+                graphs: ga,
                 ..
             },
             M2r2Record::Speculative {
                 rounds: b,
                 draft_length: lb,
+                graphs: gb,
                 ..
             },
         ) => {
@@ -133,14 +214,58 @@ fn compare_records(
                     "the goldens record different draft lengths ({la:?} vs {lb:?})"
                 )));
             }
-            let cols = a.drafted.ncols();
-            let flat = |x: &ndarray::Array2<i64>| x.iter().copied().collect::<Vec<_>>();
-            Ok(vec![
-                compare_ints("round_drafted", &flat(&a.drafted), &flat(&b.drafted), cols),
-                compare_ints("round_accepted", &a.accepted, &b.accepted, 1),
-                compare_ints("round_base_token", &a.base_token, &b.base_token, 1),
-                compare_padded("round_scores", a.scores.view(), b.scores.view(), tol_abs),
-            ])
+            let rounds = compare_rounds(ACTUAL, a, b);
+            // Rows are comparable up to the first round that differs.
+            let same = rounds.first_row.unwrap_or(a.len().min(b.len()));
+            let before = |of_row: Vec<Option<usize>>| {
+                of_row
+                    .iter()
+                    .take_while(|r| r.is_none_or(|r| r < same))
+                    .count()
+            };
+            let scores = compare_scores(
+                ACTUAL,
+                &a.scores.slice(s![..same, ..]).to_owned(),
+                &b.scores.slice(s![..same, ..]).to_owned(),
+                tol,
+            );
+            let mut entries = vec![rounds, scores];
+            match (ga, gb) {
+                (Some(ga), Some(gb)) => {
+                    let (v, d) = (before(a.verify_rounds()), before(a.proposal_rounds()));
+                    let rows = |x: &ndarray::Array2<f32>, k: usize| {
+                        x.slice(s![..k.min(x.nrows()), ..]).to_owned()
+                    };
+                    entries.push(
+                        compare_rows(
+                            "verify_logits",
+                            ACTUAL,
+                            rows(&ga.verify_logits, v).view(),
+                            rows(&gb.verify_logits, v).view(),
+                            tol,
+                            false,
+                        )
+                        .in_rounds("verified row", &a.verify_rounds()),
+                    );
+                    entries.push(
+                        compare_rows(
+                            "draft_logits",
+                            ACTUAL,
+                            rows(&ga.draft_logits, d).view(),
+                            rows(&gb.draft_logits, d).view(),
+                            tol,
+                            false,
+                        )
+                        .in_rounds("proposal", &a.proposal_rounds()),
+                    );
+                }
+                _ => {
+                    let why = "not recorded in both files (format version 3 records them)";
+                    entries.push(TensorCheck::skipped("verify_logits", ACTUAL, why));
+                    entries.push(TensorCheck::skipped("draft_logits", ACTUAL, why));
+                }
+            }
+            Ok(entries)
         }
         _ => Err(Error::Invalid(
             "the goldens record different M2R2 modes".into(),
@@ -162,17 +287,22 @@ mod tests {
         let tol = Tolerance::absolute(DEFAULT_ATOL);
         // the reference as "another engine": bit for bit
         let report = g
-            .check_on(&mut ReferenceGreedy::new(&model), &model.config, tol)
+            .check_on(
+                &mut ReferenceGreedy::new(&model),
+                &model.config,
+                tol,
+                "reference",
+            )
             .unwrap();
         assert!(report.ok(), "{report:?}");
         assert_eq!(report.entries[0].max_abs, 0.0);
-        assert!(g.compare_to(&g, tol).unwrap().ok());
+        assert!(g.compare_to(&g, tol, &|_| None).unwrap().ok());
 
         // a perturbed copy: logits beyond atol at [2, 9]; within rtol when the logit is large
         let mut other = g.clone();
         let want = g.logits[[2, 9]];
         other.logits[[2, 9]] = want + 0.01;
-        let report = g.compare_to(&other, tol).unwrap();
+        let report = g.compare_to(&other, tol, &|_| None).unwrap();
         assert!(!report.ok());
         let logits = &report.entries[2];
         assert_eq!(
@@ -183,17 +313,22 @@ mod tests {
             atol: 0.0,
             rtol: 0.011 / want.abs().max(1e-3),
         };
-        assert!(g.compare_to(&other, loose).unwrap().entries[2].ok);
+        assert!(g.compare_to(&other, loose, &|_| None).unwrap().entries[2].ok);
         // a token that differs: the first step named
         other.tokens[4] = other.tokens[4].wrapping_add(1) % model.config.vocab_size as u32;
-        let report = g.compare_to(&other, loose).unwrap();
+        let report = g.compare_to(&other, loose, &|_| None).unwrap();
         assert_eq!(report.entries[1].at, vec![4]);
         assert!(!report.entries[1].ok);
 
         // refusals: another model, another mode, an M2R2 golden on another engine
         let moe = builtin::builtin("tiny-moe").unwrap();
         let err = g
-            .check_on(&mut ReferenceGreedy::new(&moe), &moe.config, tol)
+            .check_on(
+                &mut ReferenceGreedy::new(&moe),
+                &moe.config,
+                tol,
+                "reference",
+            )
             .unwrap_err()
             .to_string();
         assert!(
@@ -201,32 +336,15 @@ mod tests {
             "{err}"
         );
         let h = Golden::record_greedy(&moe, "tiny-moe", &[1, 2, 3], 6).unwrap();
-        let err = g.compare_to(&h, tol).unwrap_err().to_string();
+        let err = g.compare_to(&h, tol, &|_| None).unwrap_err().to_string();
         assert!(err.contains("different model configs"), "{err}");
         let mut spec = g.clone();
         spec.mode = "speculative".into();
         assert!(
-            g.compare_to(&spec, tol)
+            g.compare_to(&spec, tol, &|_| None)
                 .unwrap_err()
                 .to_string()
                 .contains("different modes")
         );
-    }
-
-    #[test]
-    fn tolerance_follows_onnx_runtimes_convention() {
-        let t = Tolerance {
-            atol: 1e-3,
-            rtol: 1e-2,
-        };
-        // |got - want| <= atol + rtol |want|
-        assert!(t.excess(100.0, 101.0) <= 1.0); // 1 <= 0.001 + 1
-        assert!(t.excess(100.0, 101.1) > 1.0);
-        assert!(t.excess(0.0, 0.0009) <= 1.0);
-        assert!(t.excess(0.0, 0.0011) > 1.0);
-        assert_eq!(t.excess(1.0, f32::NAN), f32::INFINITY);
-        let exact = Tolerance::absolute(0.0);
-        assert_eq!(exact.excess(2.0, 2.0), 0.0);
-        assert_eq!(exact.excess(2.0, 2.0 + 1e-6), f32::INFINITY);
     }
 }

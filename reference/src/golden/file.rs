@@ -1,7 +1,7 @@
 //! The golden file on disk (safetensors): writing a [`Golden`] and reading one back, with errors
 //! naming the file, the tensor and the metadata key.
 
-use super::{GOLDEN_FORMAT, GOLDEN_FORMAT_VERSION, Golden, M2r2Golden};
+use super::{GOLDEN_FORMAT, GOLDEN_FORMAT_VERSION, Golden, M2r2Golden, Pins};
 use crate::error::{Error, Result};
 use ndarray::Array2;
 use safetensors::{Dtype, SafeTensors};
@@ -47,6 +47,23 @@ impl Golden {
                 env!("CARGO_PKG_VERSION").to_string(),
             ),
         ]);
+        if self.version >= 3 {
+            let stops = self.stop_tokens.as_deref().unwrap_or(&[]);
+            metadata.insert("stop_tokens".into(), format!("{stops:?}"));
+            let steps = self.max_steps.unwrap_or(self.tokens.len());
+            metadata.insert("max_steps".into(), steps.to_string());
+            // f32's Display is the shortest text that parses back to the same value.
+            let pins = &self.pins;
+            for (key, value) in [
+                ("atol", pins.atol.map(|x| x.to_string())),
+                ("rtol", pins.rtol.map(|x| x.to_string())),
+                ("expect_dtype", pins.expect_dtype.clone()),
+            ] {
+                if let Some(value) = value {
+                    metadata.insert(key.into(), value);
+                }
+            }
+        }
         if let Some(m2r2) = &self.m2r2 {
             tensors.extend(m2r2.tensors());
             metadata.extend(m2r2.metadata());
@@ -88,7 +105,7 @@ impl Golden {
         let version = file.field("format_version")?;
         let mode = file.field("mode")?;
         match (version.as_str(), mode.as_str()) {
-            ("1", "greedy") | ("2", _) => {}
+            ("1", "greedy") | ("2" | "3", _) => {}
             ("1", other) => {
                 return Err(Error::format(
                     &label,
@@ -99,7 +116,8 @@ impl Golden {
                 return Err(Error::format(
                     &label,
                     format!(
-                        "golden format version {version} is not supported (this m2r2 reads 1 and {GOLDEN_FORMAT_VERSION})"
+                        "golden format version {version} is not supported (this m2r2 reads 1 to \
+                         {GOLDEN_FORMAT_VERSION}; a newer m2r2 wrote it?)"
                     ),
                 ));
             }
@@ -120,9 +138,22 @@ impl Golden {
         let logits = Array2::from_shape_vec((shape[0], shape[1]), data).map_err(|e| {
             Error::format(&label, format!("tensor `logits` of shape {shape:?}: {e}"))
         })?;
+        let version: u32 = version.parse().expect("matched above");
         let m2r2 = match mode.as_str() {
             "greedy" => None,
-            _ => Some(M2r2Golden::read(&file, &mode, tokens.len())?),
+            _ => Some(M2r2Golden::read(&file, &mode, tokens.len(), version)?),
+        };
+        let (stop_tokens, max_steps, pins) = match version {
+            3.. => (
+                Some(file.id_list("stop_tokens")?),
+                Some(file.number::<usize>("max_steps")?),
+                Pins {
+                    atol: file.optional_number("atol")?,
+                    rtol: file.optional_number("rtol")?,
+                    expect_dtype: file.meta.get("expect_dtype").cloned(),
+                },
+            ),
+            _ => (None, None, Pins::default()),
         };
         Ok(Golden {
             model: file.field("model")?,
@@ -134,6 +165,10 @@ impl Golden {
             logits,
             m2r2,
             writer: file.meta.get("m2r2_version").cloned(),
+            stop_tokens,
+            max_steps,
+            pins,
+            version,
         })
     }
 }
@@ -153,6 +188,36 @@ impl GoldenFile<'_> {
                 format!("not a golden file: metadata `{key}` is missing"),
             )
         })
+    }
+
+    /// Metadata `key` parsed as a number.
+    pub(in crate::golden) fn number<T: std::str::FromStr>(&self, key: &str) -> Result<T> {
+        let value = self.field(key)?;
+        value.parse().map_err(|_| self.bad(key, &value))
+    }
+
+    /// Optional metadata `key` parsed as a finite number >= 0 (a tolerance).
+    pub(in crate::golden) fn optional_number(&self, key: &str) -> Result<Option<f32>> {
+        match self.meta.get(key) {
+            None => Ok(None),
+            Some(value) => match value.parse::<f32>() {
+                Ok(x) if x.is_finite() && x >= 0.0 => Ok(Some(x)),
+                _ => Err(self.bad(key, value)),
+            },
+        }
+    }
+
+    /// Metadata `key` as a JSON list of token ids.
+    pub(in crate::golden) fn id_list(&self, key: &str) -> Result<Vec<u32>> {
+        let value = self.field(key)?;
+        serde_json::from_str(&value).map_err(|_| self.bad(key, &value))
+    }
+
+    pub(in crate::golden) fn bad(&self, key: &str, value: &str) -> Error {
+        Error::format(
+            &self.label,
+            format!("metadata `{key}` = `{value}` is not valid"),
+        )
     }
 
     pub(in crate::golden) fn raw(&self, name: &str, dtype: Dtype) -> Result<(Vec<usize>, &[u8])> {

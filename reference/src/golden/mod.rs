@@ -8,10 +8,17 @@
 //! - metadata: `format = "m2r2-golden"`, `format_version`, `model` (name as given), `config_hash`
 //!   ([`ModelConfig::hash`]), `config` (the config as JSON), `mode`, `m2r2_version`.
 //!
-//! `mode = greedy` files are format version 1 (unchanged since version 1, so older readers keep
-//! reading them). The M2R2 modes (`early-exit`, `speculative`) are format version 2: their extra
-//! tensors and metadata are listed in [`m2r2`]. A version-1 reader refuses them instead of checking
-//! them as greedy decodes.
+//! Format versions. Version 1: greedy only. Version 2: the M2R2 modes (`early-exit`,
+//! `speculative`), their extra tensors and metadata listed in [`m2r2`]. Version 3 (everything
+//! written now) adds what a deployment's check needs:
+//! - metadata `stop_tokens` (JSON ids the decode stopped at, `[]` when it ran the whole budget)
+//!   and `max_steps` (the budget); older files ran the whole budget and do not say so;
+//! - optional pins of the suite: `atol`, `rtol`, `expect_dtype` (the export precision it is for);
+//! - speculative files: `verify_logits` and `draft_logits`, what the verifier and the draft
+//!   produced along the recorded rounds ([`m2r2`]), so that each graph is checked on its own.
+//!
+//! A reader of an older version refuses a newer file by its version; this one reads all three,
+//! and a check of an older file reports what it lacks as skipped.
 
 use crate::base::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -22,17 +29,22 @@ mod compare;
 mod file;
 mod m2r2;
 mod record;
+mod report;
 
-pub use check::{
-    CheckReport, TensorCheck, Tolerance, compare, compare_ints, compare_padded, compare_within,
+pub use m2r2::{
+    EngineGraphs, GraphOutputs, M2r2Golden, M2r2Record, RoundTensors, SpeculativeEngine,
+    early_exit_logits, weights_hash,
 };
-pub use m2r2::{M2r2Golden, M2r2Record, SpeculativeEngine, early_exit_logits, weights_hash};
+pub use report::{
+    CheckReport, Divergence, TensorCheck, Tolerance, compare, compare_int_rows, compare_ints,
+    compare_padded, compare_rows, compare_stops, compare_within,
+};
 
 pub const GOLDEN_FORMAT: &str = "m2r2-golden";
-/// The newest format version this reads and writes (greedy files are still written as version 1).
-pub const GOLDEN_FORMAT_VERSION: u32 = 2;
-/// The format version of `mode = greedy` files.
-pub const GREEDY_FORMAT_VERSION: u32 = 1;
+/// The newest format version this reads, and the one it writes.
+pub const GOLDEN_FORMAT_VERSION: u32 = 3;
+/// The format version that introduced the M2R2 modes.
+pub const M2R2_FORMAT_VERSION: u32 = 2;
 /// Default tolerance of `golden check` on logits: f32 through a different but valid reduction order
 /// (another BLAS, another runtime) moves logits by about 1e-5 on the small models; 1e-4 leaves room.
 pub const DEFAULT_ATOL: f32 = 1e-4;
@@ -53,16 +65,38 @@ pub struct Golden {
     /// writes (and for a golden just recorded), `m2r2-golden-python X` for the Python package's;
     /// `None` for a file without the field.
     pub writer: Option<String>,
+    /// `stop_tokens`: the ids the decode stopped at (end of turn); `[]` when it ran the whole
+    /// budget (`golden write --ignore-eos`); `None` for files before format version 3, which ran
+    /// the whole budget without saying so.
+    pub stop_tokens: Option<Vec<u32>>,
+    /// `max_steps`: the token budget asked for (`None` before format version 3).
+    pub max_steps: Option<usize>,
+    /// The tolerance and precision the suite pins (format version 3).
+    pub pins: Pins,
+    /// The format version of the file it was read from; [`GOLDEN_FORMAT_VERSION`] for a golden
+    /// just recorded. Written back as the same version.
+    pub version: u32,
+}
+
+/// What a suite pins in its goldens so that a check does not take it from the thing under test
+/// (metadata `atol`, `rtol`, `expect_dtype`; format version 3).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Pins {
+    pub atol: Option<f32>,
+    pub rtol: Option<f32>,
+    /// The weights precision of the export the golden is for (`f32`, `f16`).
+    pub expect_dtype: Option<String>,
 }
 
 impl Golden {
-    /// The format version this golden is written as.
+    /// The format version this golden is written as (the one it was read from).
     pub fn format_version(&self) -> u32 {
-        if self.m2r2.is_some() {
-            GOLDEN_FORMAT_VERSION
-        } else {
-            GREEDY_FORMAT_VERSION
-        }
+        self.version
+    }
+
+    /// The tokens a decode of this golden stops at (none for files before version 3).
+    pub fn stops(&self) -> &[u32] {
+        self.stop_tokens.as_deref().unwrap_or(&[])
     }
 
     /// The config recorded in the file.

@@ -1,16 +1,16 @@
-//! `golden check --onnx DIR`: replay goldens on an export through ONNX Runtime. Greedy goldens by
-//! teacher forcing `model.onnx`; speculative goldens by running the runner's speculative loop over
-//! `draft.onnx` / `verifier.onnx` (tokens, drafts, accepted counts and base tokens round by round)
-//! with the logits teacher-forced on `model.onnx`. Early-exit goldens are refused: the runner has
-//! no early-exit decoding.
+//! `golden check --onnx DIR`: replay goldens on an export through ONNX Runtime, every graph
+//! checked on its own. Greedy goldens by teacher forcing `model.onnx`; speculative goldens by the
+//! runner's speculative loop (tokens and rounds), the recorded rounds replayed on `draft.onnx` /
+//! `verifier.onnx` (their logits and gate scores row by row) and `model.onnx` teacher-forced
+//! (logits). Early-exit goldens are refused: the runner has no early-exit decoding.
 
-use super::CheckArgs;
+use super::{CheckArgs, ChosenTolerance};
 use anyhow::{Context, Result, bail};
 use onnx_runner::ep::EpConfig;
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::manifest::ExportDir;
 use onnx_runner::speculation::OnnxSpeculation;
-use reference::golden::{CheckReport, Golden, SpeculativeEngine, Tolerance};
+use reference::golden::{CheckReport, EngineGraphs, Golden, SpeculativeEngine};
 use reference::io::tokenizer::Tokenizer;
 use reference::m2r2::exit_gate::GateKind;
 use std::path::Path;
@@ -22,6 +22,14 @@ const F16_EXPORT_ATOL: f32 = 5e-2;
 /// SmolLM2's logits by up to 7.7e-5 (docs/GOLDEN.md); 2.6 times that.
 const F32_EXPORT_ATOL: f32 = 2e-4;
 
+/// What the report calls the export's graphs.
+const GRAPHS: EngineGraphs<'static> = EngineGraphs {
+    greedy: "model.onnx",
+    draft: "draft.onnx",
+    verify: "verifier.onnx",
+    decode: "feed+draft+verifier.onnx",
+};
+
 /// The ONNX Runtime side of `check --onnx`: the export and its sessions, opened once for every
 /// file of a suite (the draft and verifier graphs when the first speculative golden needs them).
 pub(super) struct OnnxEngine {
@@ -30,26 +38,27 @@ pub(super) struct OnnxEngine {
     model: OnnxModel,
     /// The speculative graphs, loaded for the gate they score (ARLA, confidence, entropy or none).
     speculation: Option<(Option<GateKind>, OnnxSpeculation)>,
+    /// `export DIR (f32 weights) on ONNX Runtime 1.31.1, cpu execution provider`
     pub(super) name: String,
     pub(super) tokenizer: Option<Tokenizer>,
-    pub(super) tol: Tolerance,
+    /// The export's weights precision (`f32`, `f16`).
+    pub(super) dtype: String,
+    pub(super) ort_version: String,
+    pub(super) ep_name: String,
 }
 
 impl OnnxEngine {
     pub(super) fn open(args: &CheckArgs, dir: &Path) -> Result<Self> {
         let export = ExportDir::open(dir)?;
-        let default_atol = match export.manifest.weights_dtype.as_str() {
-            "f16" => F16_EXPORT_ATOL,
-            _ => F32_EXPORT_ATOL,
-        };
-        let tol = args.tol.get(default_atol)?;
-        onnx_runner::runtime::init()?;
+        let runtime = onnx_runner::runtime::init()?;
         let ep = args.ep.config(&export, export.manifest.m2r2.draft_len);
         let model = OnnxModel::load(&export, &ep)?;
+        let ep_name = model.session().ep_used().name().to_string();
+        let dtype = export.manifest.weights_dtype.clone();
         let name = format!(
-            "export {} on onnxruntime-{}",
+            "export {} ({dtype} weights) on ONNX Runtime {}, {ep_name} execution provider",
             dir.display(),
-            model.session().ep_used().name()
+            runtime.version,
         );
         let tokenizer = export.tokenizer()?;
         Ok(OnnxEngine {
@@ -59,12 +68,22 @@ impl OnnxEngine {
             speculation: None,
             name,
             tokenizer,
-            tol,
+            dtype,
+            ort_version: runtime.version.clone(),
+            ep_name,
         })
     }
 
+    /// The tolerance this export gets when neither the command line nor the golden pins one.
+    pub(super) fn default_atol(&self) -> (f32, &'static str) {
+        match self.dtype.as_str() {
+            "f16" => (F16_EXPORT_ATOL, "f16 export default"),
+            _ => (F32_EXPORT_ATOL, "f32 export default"),
+        }
+    }
+
     /// Replay `golden` in its recorded mode.
-    pub(super) fn check(&mut self, golden: &Golden) -> Result<CheckReport> {
+    pub(super) fn check(&mut self, golden: &Golden, tol: &ChosenTolerance) -> Result<CheckReport> {
         let manifest = &self.export.manifest;
         let dir = self.export.dir.display();
         let Some((draft_gate, gate)) = golden.speculative_gates() else {
@@ -76,7 +95,12 @@ impl OnnxEngine {
                     golden.mode
                 );
             }
-            return Ok(golden.check_on(&mut self.model, &manifest.config, self.tol)?);
+            return Ok(golden.check_on(
+                &mut self.model,
+                &manifest.config,
+                tol.tol,
+                GRAPHS.greedy,
+            )?);
         };
         let Some(hash) = manifest.m2r2_hash.clone() else {
             bail!(
@@ -106,7 +130,8 @@ impl OnnxEngine {
             config: &manifest.config,
             weights_hash: Some(&hash),
             draft_gate: manifest.draft_gate,
+            graphs: GRAPHS,
         };
-        Ok(golden.check_speculative_on(engine, self.tol)?)
+        Ok(golden.check_speculative_on(engine, tol.tol)?)
     }
 }

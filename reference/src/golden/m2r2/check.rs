@@ -1,7 +1,10 @@
-//! Checking the M2R2 modes' goldens: recompute with the recorded settings and compare every recorded
-//! tensor (logits and scores within a tolerance, tokens, exits and rounds exactly).
+//! Checking the M2R2 modes' goldens: recompute with the recorded settings and compare every
+//! recorded tensor (logits and scores within a tolerance, tokens, exits and rounds exactly), each
+//! against the graph (or engine part) that recomputed it.
 
-use super::record::{early_exit_logits, golden_early_exit_options, run_speculative_on};
+use super::record::{
+    early_exit_logits, golden_early_exit_options, replay_rounds, run_speculative_on,
+};
 use super::{M2r2Record, RoundTensors, weights_hash};
 use crate::base::config::ModelConfig;
 use crate::base::generate::{GreedyBackend, ReferenceGreedy};
@@ -10,13 +13,17 @@ use crate::decode::early_exit::{EarlyExitOptions, early_exit_generate};
 use crate::decode::speculative::{SpeculativeBackend, SpeculativeOptions};
 use crate::error::{Error, Result};
 use crate::golden::Golden;
-use crate::golden::check::{
-    CheckReport, Tolerance, compare, compare_ints, compare_padded, compare_within, token_ids,
-};
+use crate::golden::check::token_ids;
 use crate::golden::record::replay_on;
+use crate::golden::report::{
+    CheckReport, Divergence, TensorCheck, Tolerance, compare_int_rows, compare_rows, compare_stops,
+};
 use crate::m2r2::exit_gate::GateKind;
 use crate::m2r2::fast_stream::M2r2;
-use ndarray::Array2;
+use ndarray::{Array2, s};
+
+/// The name the reference goes by in reports.
+pub const REFERENCE: &str = "reference";
 
 impl Golden {
     /// Recompute this golden with `m2r2` in its recorded mode and settings and compare every
@@ -37,8 +44,8 @@ impl Golden {
                 recorded.weights_hash
             )));
         }
+        let tol = Tolerance::absolute(atol);
         let n = self.tokens.len();
-        let mut entries = Vec::new();
         match &recorded.record {
             M2r2Record::EarlyExit {
                 gate,
@@ -49,7 +56,7 @@ impl Golden {
             } => {
                 let options = EarlyExitOptions {
                     max_new_tokens: n,
-                    stop_tokens: vec![],
+                    stop_tokens: self.stops().to_vec(),
                     gate: *gate,
                     threshold: *threshold,
                     kv_policy: *kv_policy,
@@ -72,20 +79,40 @@ impl Golden {
                         got_scores[[i, g]] = s;
                     }
                 }
-                entries.push(compare("logits", self.logits.view(), logits.view(), atol));
-                entries.push(compare_ints(
-                    "tokens",
-                    &token_ids(&self.tokens),
-                    &token_ids(&out.tokens),
-                    1,
-                ));
-                entries.push(compare_ints("exit_gate", exit_gate, &got_gates, 1));
-                entries.push(compare_padded(
+                let mut exits =
+                    compare_int_rows("exit_gate", REFERENCE, exit_gate, &got_gates, 1, false);
+                if let Some(d) = &mut exits.divergence {
+                    d.what = "exit gate".into();
+                }
+                let mut entries = vec![
+                    compare_rows(
+                        "logits",
+                        REFERENCE,
+                        self.logits.view(),
+                        logits.view(),
+                        tol,
+                        false,
+                    ),
+                    compare_int_rows(
+                        "tokens",
+                        REFERENCE,
+                        &token_ids(&self.tokens),
+                        &token_ids(&out.tokens),
+                        1,
+                        true,
+                    ),
+                ];
+                entries.extend(self.stop_check(REFERENCE, &out.tokens));
+                entries.push(exits);
+                entries.push(compare_rows(
                     "gate_scores",
+                    REFERENCE,
                     gate_scores.view(),
                     got_scores.view(),
-                    atol,
+                    tol,
+                    true,
                 ));
+                Ok(CheckReport { entries })
             }
             M2r2Record::Speculative {
                 draft_gate, gate, ..
@@ -99,11 +126,11 @@ impl Golden {
                     config: &m2r2.model.config,
                     weights_hash: Some(&hash),
                     draft_gate: *draft_gate,
+                    graphs: EngineGraphs::REFERENCE,
                 };
-                return self.check_speculative_on(engine, Tolerance::absolute(atol));
+                self.check_speculative_on(engine, tol)
             }
         }
-        Ok(CheckReport { entries })
     }
 
     /// The draft gate (1-based) and the scored gate of a speculative golden, to build the engine
@@ -125,13 +152,33 @@ impl Golden {
         }
     }
 
+    /// The `stop` verdict when a decode by `graph` emitted another number of tokens than
+    /// recorded (both stop at the golden's stop tokens).
+    pub(in crate::golden) fn stop_check(&self, graph: &str, got: &[u32]) -> Option<TensorCheck> {
+        let stops = token_ids(self.stops());
+        compare_stops(
+            graph,
+            &token_ids(&self.tokens),
+            &token_ids(got),
+            &stops,
+            true,
+            &|_| None,
+        )
+    }
+
     /// Replay this speculative golden on `engine` (the reference, or an ONNX Runtime deployment's
-    /// draft and verifier graphs): run its speculative loop with the recorded draft length for
-    /// the recorded number of tokens and compare tokens, drafts, accepted counts and base tokens
-    /// round by round exactly, the draft-gate scores within `tol.atol`; the logits are
-    /// recomputed on `engine.greedy` along the recorded tokens (teacher forcing, so they stay
-    /// comparable after a divergence; speculation is lossless, so the verify logits are the base
-    /// model's) and compared within `tol`.
+    /// draft and verifier graphs) and check every graph on its own:
+    /// - `tokens`, `stop` and `rounds`: the engine's own speculative loop for the recorded budget
+    ///   and stop tokens, its first divergence from the recorded rounds (drafts, accepted counts,
+    ///   base tokens) reported once;
+    /// - `logits`: the base model's logits recomputed on `engine.greedy` along the recorded tokens
+    ///   (teacher forcing; speculation is lossless, so the verify logits are the base model's);
+    /// - `verify_logits`, `draft_logits`, `round_scores`: the recorded rounds replayed with the
+    ///   recorded tokens fed (see `replay_rounds`), so what the verifier and the draft produce is
+    ///   compared row by row even after the engine's own decode has parted from the recording.
+    ///
+    /// Floats within `tol`, integers exactly. Files before format version 3 do not record the
+    /// verifier's and the draft's logits: those lines are skipped, saying so.
     ///
     /// # Errors
     /// Not a speculative golden; another model config, other M2R2 weights (or an engine that
@@ -150,6 +197,7 @@ impl Golden {
         let M2r2Record::Speculative {
             draft_length,
             rounds,
+            graphs: recorded_graphs,
             ..
         } = &recorded.record
         else {
@@ -179,50 +227,189 @@ impl Golden {
                 engine.draft_gate
             )));
         }
+        let graphs = engine.graphs;
         let n = self.tokens.len();
         let options = SpeculativeOptions {
             max_new_tokens: n,
-            stop_tokens: vec![],
+            stop_tokens: self.stops().to_vec(),
             draft_length: draft_length.clone(),
             sampling: None,
         };
-        let (out, _) = run_speculative_on(engine.speculation, &self.prompt_tokens, n, &options)?;
-        let got = RoundTensors::from_output(&out, draft_length.max());
+        // the engine's own decode
+        let run = run_speculative_on(engine.speculation, &self.prompt_tokens, n, &options)?;
+        let got = RoundTensors::from_output(&run.out, draft_length.max());
+        let step_rounds = rounds.step_rounds(n);
+        let mut entries = vec![
+            compare_int_rows(
+                "tokens",
+                graphs.decode,
+                &token_ids(&self.tokens),
+                &token_ids(&run.out.tokens),
+                1,
+                true,
+            )
+            .in_rounds("step", &step_rounds),
+        ];
+        entries.extend(self.stop_check(graphs.decode, &run.out.tokens));
+        entries.push(compare_rounds(graphs.decode, rounds, &got));
+
+        // the base model along the recorded tokens
         let (_, logits) = replay_on(
             engine.greedy,
             self.logits.ncols(),
             &self.prompt_tokens,
             n,
             Some(&self.tokens),
+            &[],
         )?;
-        let cols = draft_length.max();
-        let flat = |a: &Array2<i64>| a.iter().copied().collect::<Vec<i64>>();
-        Ok(CheckReport {
-            entries: vec![
-                compare_within("logits", self.logits.view(), logits.view(), tol),
-                compare_ints(
-                    "tokens",
-                    &token_ids(&self.tokens),
-                    &token_ids(&out.tokens),
-                    1,
-                ),
-                compare_ints(
-                    "round_drafted",
-                    &flat(&rounds.drafted),
-                    &flat(&got.drafted),
-                    cols,
-                ),
-                compare_ints("round_accepted", &rounds.accepted, &got.accepted, 1),
-                compare_ints("round_base_token", &rounds.base_token, &got.base_token, 1),
-                compare_padded(
-                    "round_scores",
-                    rounds.scores.view(),
-                    got.scores.view(),
-                    tol.atol,
-                ),
-            ],
-        })
+        entries.push(
+            compare_rows(
+                "logits",
+                graphs.greedy,
+                self.logits.view(),
+                logits.view(),
+                tol,
+                false,
+            )
+            .in_rounds("step", &step_rounds),
+        );
+
+        // the verifier and the draft along the recorded rounds
+        engine.speculation.rollback(0);
+        let (replayed, scores) = replay_rounds(
+            engine.speculation,
+            &self.prompt_tokens,
+            &self.tokens,
+            rounds,
+        )?;
+        match recorded_graphs {
+            Some(want) => {
+                entries.push(
+                    compare_rows(
+                        "verify_logits",
+                        graphs.verify,
+                        want.verify_logits.view(),
+                        replayed.verify_logits.view(),
+                        tol,
+                        false,
+                    )
+                    .in_rounds("verified row", &rounds.verify_rounds()),
+                );
+                entries.push(
+                    compare_rows(
+                        "draft_logits",
+                        graphs.draft,
+                        want.draft_logits.view(),
+                        replayed.draft_logits.view(),
+                        tol,
+                        false,
+                    )
+                    .in_rounds("proposal", &rounds.proposal_rounds()),
+                );
+            }
+            None => {
+                let why = format!(
+                    "not recorded: the golden is format version {} (the verifier's and the \
+                     draft's logits are recorded from version 3 on; write it again to check them)",
+                    self.version
+                );
+                entries.push(TensorCheck::skipped("verify_logits", graphs.verify, &why));
+                entries.push(TensorCheck::skipped("draft_logits", graphs.draft, &why));
+            }
+        }
+        entries.push(compare_scores(graphs.draft, &rounds.scores, &scores, tol));
+        Ok(CheckReport { entries })
     }
+}
+
+/// The draft gate's scores of the recorded rounds (rows: rounds) against the replay's; skipped
+/// when none were recorded (fixed-length drafts score nothing).
+pub(in crate::golden) fn compare_scores(
+    graph: &str,
+    want: &Array2<f32>,
+    got: &Array2<f32>,
+    tol: Tolerance,
+) -> TensorCheck {
+    if want.iter().all(|s| s.is_nan()) && got.iter().all(|s| s.is_nan()) {
+        return TensorCheck::skipped(
+            "round_scores",
+            graph,
+            "no scores recorded (fixed-length drafts score no gate)",
+        );
+    }
+    let rounds: Vec<Option<usize>> = (0..want.nrows()).map(Some).collect();
+    let common = want.nrows().min(got.nrows());
+    compare_rows(
+        "round_scores",
+        graph,
+        want.slice(s![..common, ..]),
+        got.slice(s![..common, ..]),
+        tol,
+        true,
+    )
+    .in_rounds("round", &rounds)
+}
+
+/// The rounds of two speculative decodes, round by round: the first round whose drafts,
+/// accepted count or base token differ is the divergence (every later round follows from it and
+/// is not reported again); padding is never shown.
+pub(in crate::golden) fn compare_rounds(
+    graph: &str,
+    want: &RoundTensors,
+    got: &RoundTensors,
+) -> TensorCheck {
+    let common = want.len().min(got.len());
+    let mut first: Option<Divergence> = None;
+    let mut rows_over = 0;
+    for r in 0..common {
+        let (dw, dg) = (want.drafted_in(r), got.drafted_in(r));
+        let parts = [
+            ("drafted", dw, dg, true),
+            (
+                "accepted",
+                vec![want.accepted[r]],
+                vec![got.accepted[r]],
+                false,
+            ),
+            (
+                "base token",
+                vec![want.base_token[r]],
+                vec![got.base_token[r]],
+                true,
+            ),
+        ];
+        let Some((what, golden, recomputed, tokens)) =
+            parts.into_iter().find(|(_, w, g, _)| w != g)
+        else {
+            continue;
+        };
+        rows_over += 1;
+        first.get_or_insert(Divergence {
+            row: r,
+            what: what.into(),
+            golden,
+            recomputed,
+            tokens,
+        });
+    }
+    if first.is_none() && want.len() != got.len() {
+        // the same rounds as far as both go, then one decode has more
+        let extra = |t: &RoundTensors| (common < t.len()).then(|| t.drafted_in(common));
+        first = Some(Divergence {
+            row: common,
+            what: "drafted".into(),
+            golden: extra(want).unwrap_or_default(),
+            recomputed: extra(got).unwrap_or_default(),
+            tokens: true,
+        });
+        rows_over = 1;
+    }
+    let note = if first.is_none() {
+        format!("{} rounds equal", want.len())
+    } else {
+        format!("golden {} rounds, recomputed {}", want.len(), got.len())
+    };
+    TensorCheck::exact("rounds", graph, "round", first, rows_over, note)
 }
 
 /// An engine a speculative golden is replayed on, and what it was built from (checked against
@@ -237,4 +424,29 @@ pub struct SpeculativeEngine<'a> {
     pub weights_hash: Option<&'a str>,
     /// The gate it drafts at, 1-based.
     pub draft_gate: usize,
+    /// What the engine calls the parts that recompute each tensor.
+    pub graphs: EngineGraphs<'a>,
+}
+
+/// What an engine calls the parts that recompute a golden's tensors, named on every report line
+/// (an export: its graph files).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EngineGraphs<'a> {
+    /// The base model alone (greedy logits).
+    pub greedy: &'a str,
+    /// The draft (its logits and gate scores).
+    pub draft: &'a str,
+    /// The verifier (verified rows, and the prompt's row).
+    pub verify: &'a str,
+    /// The whole speculative loop (tokens, rounds).
+    pub decode: &'a str,
+}
+
+impl EngineGraphs<'static> {
+    pub const REFERENCE: EngineGraphs<'static> = EngineGraphs {
+        greedy: REFERENCE,
+        draft: REFERENCE,
+        verify: REFERENCE,
+        decode: REFERENCE,
+    };
 }

@@ -14,6 +14,15 @@
 //! | `speculative` | `round_accepted`   | I64   | `[R]`      | drafted tokens accepted                         |
 //! | `speculative` | `round_base_token` | I64   | `[R]`      | the base token after them (correction or bonus) |
 //! | `speculative` | `round_scores`     | F32   | `[R, M+1]` | draft gate scores (dynamic drafting), NaN pad   |
+//! | `speculative` | `verify_logits`    | F32   | `[T, V]`   | every verified row (format 3), see below        |
+//! | `speculative` | `draft_logits`     | F32   | `[Q, V]`   | the draft's logits at every proposal (format 3) |
+//!
+//! `verify_logits` holds the prompt's last row, then round by round every row the verifier
+//! finished (the round's first token and each drafted one, accepted or not): `T = 1 + Σ_r
+//! (d_r + 1)` with `d_r` the drafts of round r. `draft_logits` holds the draft's exit logits at
+//! every proposal, round by round: `Q = Σ_r p_r`, `p_r` the larger of `d_r` and the scores of
+//! round r (a dynamic draft stops at a proposal whose score is under the threshold). With a
+//! pruned draft head the draft's logits are `-inf` outside its tokens.
 //!
 //! Metadata of both modes: `m2r2_config` (the [`M2r2Config`](crate::m2r2::config::M2r2Config) as
 //! JSON, with its `bridge` entry when the drafts read the verified state), `m2r2_hash`
@@ -39,7 +48,8 @@ mod record;
 #[cfg(test)]
 mod tests;
 
-pub use check::SpeculativeEngine;
+pub use check::{EngineGraphs, REFERENCE, SpeculativeEngine};
+pub(super) use check::{compare_rounds, compare_scores};
 pub use record::early_exit_logits;
 
 /// What an M2R2 golden records besides the greedy fields.
@@ -70,7 +80,19 @@ pub enum M2r2Record {
         gate: Option<GateKind>,
         draft_length: DraftLength,
         rounds: RoundTensors,
+        /// What the verifier and the draft produced along the rounds; `None` in files before
+        /// format version 3.
+        graphs: Option<Box<GraphOutputs>>,
     },
+}
+
+/// What each graph of a speculative deployment produced along the recorded rounds (module docs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GraphOutputs {
+    /// `[T, V]`: the prompt's last row, then every verified row, round by round
+    pub verify_logits: Array2<f32>,
+    /// `[Q, V]`: the draft's logits at every proposal, round by round
+    pub draft_logits: Array2<f32>,
 }
 
 /// The speculative rounds as padded tensors.
@@ -87,6 +109,58 @@ pub struct RoundTensors {
 }
 
 impl RoundTensors {
+    /// Rounds recorded.
+    pub fn len(&self) -> usize {
+        self.accepted.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.accepted.is_empty()
+    }
+
+    /// The tokens round `r` drafted (its row of `drafted` without the padding).
+    pub fn drafted_in(&self, r: usize) -> Vec<i64> {
+        self.drafted
+            .row(r)
+            .iter()
+            .copied()
+            .filter(|&t| t >= 0)
+            .collect()
+    }
+
+    /// Proposals the draft made in round `r`: its drafts, or one more where a dynamic draft
+    /// stopped at a score under the threshold.
+    pub fn proposals(&self, r: usize) -> usize {
+        let scored = self.scores.row(r).iter().filter(|s| !s.is_nan()).count();
+        self.drafted_in(r).len().max(scored)
+    }
+
+    /// The round of each row of `verify_logits` (`None` for the prompt's row).
+    pub fn verify_rounds(&self) -> Vec<Option<usize>> {
+        let mut rows = vec![None];
+        for r in 0..self.len() {
+            rows.extend(std::iter::repeat_n(Some(r), self.drafted_in(r).len() + 1));
+        }
+        rows
+    }
+
+    /// The round of each row of `draft_logits`.
+    pub fn proposal_rounds(&self) -> Vec<Option<usize>> {
+        (0..self.len())
+            .flat_map(|r| std::iter::repeat_n(Some(r), self.proposals(r)))
+            .collect()
+    }
+
+    /// The round that emitted each of `n` tokens (`None` for the first, from the prompt's row).
+    pub fn step_rounds(&self, n: usize) -> Vec<Option<usize>> {
+        let mut steps = vec![None; n.min(1)];
+        for (r, &accepted) in self.accepted.iter().enumerate() {
+            let emitted = (accepted.max(0) as usize + 1).min(n.saturating_sub(steps.len()));
+            steps.extend(std::iter::repeat_n(Some(r), emitted));
+        }
+        steps
+    }
+
     fn from_output(out: &SpeculativeOutput, max: usize) -> RoundTensors {
         let r = out.rounds.len();
         let mut drafted = Array2::from_elem((r, max), -1i64);
@@ -194,7 +268,7 @@ impl M2r2Golden {
                     f32_bytes(gate_scores.iter()),
                 ),
             ],
-            M2r2Record::Speculative { rounds, .. } => vec![
+            M2r2Record::Speculative { rounds, graphs, .. } => vec![
                 (
                     "round_drafted".into(),
                     Dtype::I64,
@@ -219,7 +293,25 @@ impl M2r2Golden {
                     rounds.scores.shape().to_vec(),
                     f32_bytes(rounds.scores.iter()),
                 ),
-            ],
+            ]
+            .into_iter()
+            .chain(graphs.iter().flat_map(|g| {
+                [
+                    (
+                        "verify_logits".to_string(),
+                        Dtype::F32,
+                        g.verify_logits.shape().to_vec(),
+                        f32_bytes(g.verify_logits.iter()),
+                    ),
+                    (
+                        "draft_logits".to_string(),
+                        Dtype::F32,
+                        g.draft_logits.shape().to_vec(),
+                        f32_bytes(g.draft_logits.iter()),
+                    ),
+                ]
+            }))
+            .collect(),
         }
     }
 
@@ -263,7 +355,12 @@ impl M2r2Golden {
     }
 
     /// Read the mode's tensors and metadata; `n` is the number of tokens.
-    pub(super) fn read(file: &GoldenFile<'_>, mode: &str, n: usize) -> Result<M2r2Golden> {
+    pub(super) fn read(
+        file: &GoldenFile<'_>,
+        mode: &str,
+        n: usize,
+        version: u32,
+    ) -> Result<M2r2Golden> {
         let bad = |key: &str, value: &str| {
             Error::format(
                 &file.label,
@@ -338,19 +435,35 @@ impl M2r2Golden {
                 file.expect_shape("round_drafted", &shape, &[r, max])?;
                 let (shape, scores) = file.f32s("round_scores")?;
                 file.expect_shape("round_scores", &shape, &[r, max + 1])?;
+                // Shapes checked against the file's, whose element counts safetensors
+                // checked against its bytes (and `max + 1 <= isize::MAX` when `r` is 0).
+                let rounds = RoundTensors {
+                    drafted: Array2::from_shape_vec((r, max), drafted).expect("shape checked"),
+                    accepted,
+                    base_token,
+                    scores: Array2::from_shape_vec((r, max + 1), scores).expect("shape checked"),
+                };
+                let graphs = match version {
+                    3.. => Some(Box::new(GraphOutputs {
+                        verify_logits: logits_rows(
+                            file,
+                            "verify_logits",
+                            rounds.verify_rounds().len(),
+                        )?,
+                        draft_logits: logits_rows(
+                            file,
+                            "draft_logits",
+                            rounds.proposal_rounds().len(),
+                        )?,
+                    })),
+                    _ => None,
+                };
                 M2r2Record::Speculative {
                     draft_gate,
                     gate,
                     draft_length,
-                    // Shapes checked against the file's, whose element counts safetensors
-                    // checked against its bytes (and `max + 1 <= isize::MAX` when `r` is 0).
-                    rounds: RoundTensors {
-                        drafted: Array2::from_shape_vec((r, max), drafted).expect("shape checked"),
-                        accepted,
-                        base_token,
-                        scores: Array2::from_shape_vec((r, max + 1), scores)
-                            .expect("shape checked"),
-                    },
+                    rounds,
+                    graphs,
                 }
             }
             other => {
@@ -366,4 +479,18 @@ impl M2r2Golden {
             record,
         })
     }
+}
+
+/// An F32 tensor `name` of `rows` rows of logits, read from `file` (any width: a logits tensor's
+/// width is checked against the golden's `logits` where it is compared).
+fn logits_rows(file: &GoldenFile<'_>, name: &str, rows: usize) -> Result<Array2<f32>> {
+    let (shape, values) = file.f32s(name)?;
+    let width = shape.get(1).copied().unwrap_or(0);
+    file.expect_shape(name, &shape, &[rows, width])?;
+    Array2::from_shape_vec((rows, width), values).map_err(|e| {
+        Error::format(
+            &file.label,
+            format!("tensor `{name}` of shape {shape:?}: {e}"),
+        )
+    })
 }

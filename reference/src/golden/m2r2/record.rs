@@ -1,7 +1,7 @@
 //! Recording the M2R2 modes' goldens: decode early-exit or self-speculatively with the reference and
 //! keep every step's decisions and the logits each token was emitted from.
 
-use super::{M2r2Golden, M2r2Record, RoundTensors, weights_hash};
+use super::{GraphOutputs, M2r2Golden, M2r2Record, RoundTensors, weights_hash};
 use crate::base::ops::argmax;
 use crate::decode::draft_verify::ReferenceSpeculation;
 use crate::decode::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
@@ -12,11 +12,11 @@ use crate::error::{Error, Result};
 use crate::golden::Golden;
 use crate::m2r2::exit_gate::GateKind;
 use crate::m2r2::fast_stream::M2r2;
-use ndarray::{Array2, Axis};
+use ndarray::{Array2, ArrayView1, Axis};
 
 impl Golden {
-    /// Record `steps` greedy early-exit tokens after `prompt` with the gate, threshold and KV
-    /// policy of `options` (its token budget and stop tokens are replaced by `steps` and none).
+    /// Record up to `steps` greedy early-exit tokens after `prompt` with the gate, threshold, KV
+    /// policy and stop tokens of `options` (its token budget is replaced by `steps`).
     ///
     /// # Errors
     /// Sampling (goldens are greedy), the `fast-kv` policy (see [`early_exit_logits`]), and what
@@ -30,6 +30,7 @@ impl Golden {
     ) -> Result<Golden> {
         let options = golden_early_exit_options(options, steps)?;
         let out = early_exit_generate(m2r2, prompt, &options)?;
+        let stops = options.stop_tokens.clone();
         let exit_gate: Vec<i64> = out
             .trace
             .iter()
@@ -51,7 +52,7 @@ impl Golden {
                 out.tokens[i]
             )));
         }
-        Ok(m2r2_golden(
+        let mut golden = m2r2_golden(
             m2r2,
             name,
             "early-exit",
@@ -65,13 +66,17 @@ impl Golden {
                 exit_gate,
                 gate_scores,
             },
-        ))
+        );
+        golden.stop_tokens = Some(stops);
+        golden.max_steps = Some(steps);
+        Ok(golden)
     }
 
-    /// Record `steps` greedy self-speculative tokens after `prompt`, drafting at `draft_gate`
-    /// (1-based) and scoring `gate` at each proposal, with the draft length of `options` (its token
-    /// budget and stop tokens are replaced by `steps` and none). `logits` holds the verify logits
-    /// each token was emitted from.
+    /// Record up to `steps` greedy self-speculative tokens after `prompt`, drafting at
+    /// `draft_gate` (1-based) and scoring `gate` at each proposal, with the draft length and stop
+    /// tokens of `options` (its token budget is replaced by `steps`). `logits` holds the verify
+    /// logits each token was emitted from; `verify_logits` and `draft_logits` every verified row
+    /// and every proposal's logits.
     ///
     /// # Errors
     /// Sampling, and what [`ReferenceSpeculation::new`] and [`speculative_generate`] refuse.
@@ -84,22 +89,26 @@ impl Golden {
         gate: Option<GateKind>,
         options: &SpeculativeOptions,
     ) -> Result<Golden> {
-        let (out, logits) = run_speculative(m2r2, prompt, steps, draft_gate, gate, options)?;
-        let rounds = RoundTensors::from_output(&out, options.draft_length.max());
-        Ok(m2r2_golden(
+        let run = run_speculative(m2r2, prompt, steps, draft_gate, gate, options)?;
+        let rounds = RoundTensors::from_output(&run.out, options.draft_length.max());
+        let mut golden = m2r2_golden(
             m2r2,
             name,
             "speculative",
             prompt,
-            out.tokens,
-            logits,
+            run.out.tokens,
+            run.logits,
             M2r2Record::Speculative {
                 draft_gate,
                 gate,
                 draft_length: options.draft_length.clone(),
                 rounds,
+                graphs: Some(Box::new(run.graphs)),
             },
-        ))
+        );
+        golden.stop_tokens = Some(options.stop_tokens.clone());
+        golden.max_steps = Some(steps);
+        Ok(golden)
     }
 }
 
@@ -127,10 +136,14 @@ fn m2r2_golden(
             record,
         }),
         writer: Some(env!("CARGO_PKG_VERSION").into()),
+        stop_tokens: Some(vec![]),
+        max_steps: None,
+        pins: Default::default(),
+        version: crate::golden::GOLDEN_FORMAT_VERSION,
     }
 }
 
-/// The options a golden decodes with: `steps` tokens, no stop tokens, greedy, `exact` KV.
+/// The options a golden decodes with: up to `steps` tokens, greedy, `exact` KV.
 pub(super) fn golden_early_exit_options(
     options: &EarlyExitOptions,
     steps: usize,
@@ -149,7 +162,6 @@ pub(super) fn golden_early_exit_options(
     }
     Ok(EarlyExitOptions {
         max_new_tokens: steps,
-        stop_tokens: vec![],
         ..options.clone()
     })
 }
@@ -213,8 +225,16 @@ pub fn early_exit_logits(
     Ok(logits)
 }
 
-/// Run greedy speculative decoding with the reference and collect the logits each token was
-/// emitted from: [`run_speculative_on`] over a [`ReferenceSpeculation`].
+/// A speculative decode and what each graph produced along it.
+pub(super) struct SpeculativeRun {
+    pub(super) out: SpeculativeOutput,
+    /// `[n, V]` the logits each token was emitted from
+    pub(super) logits: Array2<f32>,
+    pub(super) graphs: GraphOutputs,
+}
+
+/// Run greedy speculative decoding with the reference: [`run_speculative_on`] over a
+/// [`ReferenceSpeculation`].
 fn run_speculative(
     m2r2: M2r2<'_>,
     prompt: &[u32],
@@ -222,21 +242,22 @@ fn run_speculative(
     draft_gate: usize,
     gate: Option<GateKind>,
     options: &SpeculativeOptions,
-) -> Result<(SpeculativeOutput, Array2<f32>)> {
+) -> Result<SpeculativeRun> {
     let capacity = prompt.len() + steps + options.draft_length.max() + 1;
     let mut backend = ReferenceSpeculation::new(m2r2, draft_gate, gate, capacity)?;
     run_speculative_on(&mut backend, prompt, steps, options)
 }
 
-/// Run greedy speculative decoding on any engine for exactly `steps` tokens (no stop tokens) and
-/// collect the logits each token was emitted from: the prompt's last row, then per round the
-/// verify rows of its emitted tokens.
+/// Run greedy speculative decoding on any engine for up to `steps` tokens (stopping at the stop
+/// tokens of `options`) and collect the logits each token was emitted from (the prompt's last
+/// row, then per round the verify rows of its emitted tokens), every verified row and every
+/// proposal's logits.
 pub(super) fn run_speculative_on(
     backend: &mut dyn SpeculativeBackend,
     prompt: &[u32],
     steps: usize,
     options: &SpeculativeOptions,
-) -> Result<(SpeculativeOutput, Array2<f32>)> {
+) -> Result<SpeculativeRun> {
     if options.sampling.is_some() {
         return Err(Error::Invalid(
             "golden files record greedy decodes: drop the sampling settings".into(),
@@ -244,7 +265,6 @@ pub(super) fn run_speculative_on(
     }
     let options = SpeculativeOptions {
         max_new_tokens: steps,
-        stop_tokens: vec![],
         ..options.clone()
     };
     let vocab = backend.vocab_size();
@@ -252,14 +272,15 @@ pub(super) fn run_speculative_on(
         inner: backend,
         prefill: vec![],
         verified: vec![],
+        drafts: vec![],
     };
     let out = speculative_generate(&mut backend, prompt, &options)?;
     let mut logits = Array2::zeros((out.tokens.len(), vocab));
     if !out.tokens.is_empty() {
         logits.row_mut(0).assign(&ndarray::aview1(&backend.prefill));
     }
-    // Round r emits its accepted drafts and the base token (cut at the budget), from verify rows
-    // 0..=accepted.
+    // Round r emits its accepted drafts and the base token (cut at the budget or a stop token),
+    // from verify rows 0..=accepted.
     let mut row = 1;
     for (round, verified) in out.rounds.iter().zip(&backend.verified) {
         let emitted = (round.accepted + 1).min(out.tokens.len() - row);
@@ -269,16 +290,111 @@ pub(super) fn run_speculative_on(
         row += emitted;
     }
     debug_assert_eq!(row, out.tokens.len().max(1));
-    Ok((out, logits))
+    let graphs = backend.graph_outputs(vocab)?;
+    Ok(SpeculativeRun {
+        out,
+        logits,
+        graphs,
+    })
 }
 
-/// A speculative engine that keeps the prefill and verify logits it returns.
+/// Replay recorded rounds on `backend` with the recorded tokens fed (teacher forcing): the
+/// prompt, then per round the round's first token and its recorded drafts, proposing exactly as
+/// often as the round did, verifying, and keeping what the round emitted. What the engine's
+/// graphs produce along the way is comparable with the recording even after the engine's own
+/// decode has parted from it. Returns `(graphs, scores [R, M+1])`.
+///
+/// # Errors
+/// An engine error, or an engine that verifies another number of rows than were fed.
+pub(in crate::golden) fn replay_rounds(
+    backend: &mut dyn SpeculativeBackend,
+    prompt: &[u32],
+    tokens: &[u32],
+    rounds: &RoundTensors,
+) -> Result<(GraphOutputs, Array2<f32>)> {
+    let vocab = backend.vocab_size();
+    let mut recording = Recording {
+        inner: backend,
+        prefill: vec![],
+        verified: vec![],
+        drafts: vec![],
+    };
+    let mut scores = Array2::from_elem(rounds.scores.dim(), f32::NAN);
+    recording.prefill(prompt)?;
+    let (mut last, mut row) = (tokens.first().copied(), 1);
+    for r in 0..rounds.len() {
+        let Some(first) = last else { break };
+        let start = recording.len();
+        let drafted = rounds.drafted_in(r);
+        let proposals = rounds.proposals(r);
+        let (mut feed, mut fed_drafts, mut proposed) = (first, 0, 0);
+        while let Some(draft) = recording.draft(feed, proposed < proposals)? {
+            if let Some(score) = draft.score {
+                scores[[r, proposed]] = score;
+            }
+            proposed += 1;
+            match drafted.get(fed_drafts) {
+                Some(&token) => {
+                    feed = u32::try_from(token)
+                        .map_err(|_| Error::Invalid(format!("round {r} drafted token {token}")))?;
+                    fed_drafts += 1;
+                }
+                None => break,
+            }
+        }
+        let verified = recording.verify()?.nrows();
+        if verified != drafted.len() + 1 {
+            return Err(Error::Invalid(format!(
+                "round {r}: the engine verified {verified} rows for {} fed tokens",
+                drafted.len() + 1
+            )));
+        }
+        let emitted = (rounds.accepted[r].max(0) as usize + 1).min(tokens.len() - row);
+        recording.rollback(start + emitted);
+        last = tokens
+            .get(row + emitted - 1)
+            .copied()
+            .filter(|_| emitted > 0);
+        row += emitted;
+    }
+    Ok((recording.graph_outputs(vocab)?, scores))
+}
+
+/// A speculative engine that keeps the prefill, verify and draft logits it returns.
 struct Recording<'a> {
     inner: &'a mut dyn SpeculativeBackend,
     /// `[V]`
     prefill: Vec<f32>,
     /// One `[m, V]` per verify.
     verified: Vec<Array2<f32>>,
+    /// One `[V]` per proposal.
+    drafts: Vec<Vec<f32>>,
+}
+
+impl Recording<'_> {
+    /// Everything recorded, as [`GraphOutputs`] of `vocab` columns.
+    fn graph_outputs(&self, vocab: usize) -> Result<GraphOutputs> {
+        let rows: Vec<ArrayView1<f32>> = std::iter::once(ArrayView1::from(&self.prefill[..]))
+            .chain(self.verified.iter().flat_map(|v| v.rows()))
+            .collect();
+        let drafts: Vec<ArrayView1<f32>> = self
+            .drafts
+            .iter()
+            .map(|d| ArrayView1::from(&d[..]))
+            .collect();
+        let stacked = |rows: &[ArrayView1<f32>], what: &str| -> Result<Array2<f32>> {
+            if rows.is_empty() {
+                return Ok(Array2::zeros((0, vocab)));
+            }
+            ndarray::stack(Axis(0), rows).map_err(|_| {
+                Error::Invalid(format!("the engine's {what} rows are not all {vocab} wide"))
+            })
+        };
+        Ok(GraphOutputs {
+            verify_logits: stacked(&rows, "verify logits")?,
+            draft_logits: stacked(&drafts, "draft logits")?,
+        })
+    }
 }
 
 impl SpeculativeBackend for Recording<'_> {
@@ -296,7 +412,11 @@ impl SpeculativeBackend for Recording<'_> {
     }
 
     fn draft(&mut self, token: u32, propose: bool) -> Result<Option<Draft>> {
-        self.inner.draft(token, propose)
+        let draft = self.inner.draft(token, propose)?;
+        if let Some(d) = &draft {
+            self.drafts.push(d.logits.clone());
+        }
+        Ok(draft)
     }
 
     fn verify(&mut self) -> Result<Array2<f32>> {

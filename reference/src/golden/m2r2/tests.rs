@@ -5,7 +5,7 @@ use super::*;
 use crate::base::model::Model;
 use crate::decode::early_exit::{EarlyExitOptions, early_exit_generate};
 use crate::decode::speculative::SpeculativeOptions;
-use crate::golden::{DEFAULT_ATOL, Golden};
+use crate::golden::{DEFAULT_ATOL, Golden, TensorCheck, Tolerance};
 use crate::io::builtin;
 use crate::m2r2::exit_gate::gate_score;
 use crate::m2r2::fast_stream::M2r2;
@@ -73,7 +73,7 @@ fn early_exit_round_trip_and_self_check() {
         let prompt = [1, 2, 3];
         let tau = mixed_threshold(m2r2, &prompt);
         let g = Golden::record_early_exit(m2r2, name, &prompt, 12, &ee_options(tau)).unwrap();
-        assert_eq!(g.format_version(), 2);
+        assert_eq!(g.format_version(), 3);
         let back = round_trip(&g);
         let M2r2Record::EarlyExit { exit_gate, .. } = &back.m2r2.as_ref().unwrap().record else {
             unreachable!()
@@ -224,138 +224,155 @@ fn tampered_accepted_count_is_reported_at_its_round() {
     assert!(rounds.accepted.len() >= 3);
     rounds.accepted[2] += 1;
     let report = g.check_m2r2(m2r2, DEFAULT_ATOL).unwrap();
-    let entry = report
-        .entries
-        .iter()
-        .find(|e| e.name == "round_accepted")
-        .unwrap();
-    assert!(!entry.ok && entry.at == vec![2], "{entry:?}");
-    let others_ok = report
-        .entries
-        .iter()
-        .filter(|e| e.name != "round_accepted")
-        .all(|e| e.ok);
-    assert!(others_ok, "{report:?}");
+    let entry = |name: &str| report.entries.iter().find(|e| e.name == name).unwrap();
+    // one line: the first divergence, at round 2, what differs and both values
+    let rounds = entry("rounds");
+    let d = rounds.divergence.as_ref().unwrap();
+    assert!(
+        !rounds.ok && d.row == 2 && d.what == "accepted",
+        "{rounds:?}"
+    );
+    assert_eq!(d.golden, vec![d.recomputed[0] + 1]);
+    assert_eq!(rounds.first_round, Some(2));
+    // the decode's tokens and the base model's logits are untouched
+    assert!(entry("tokens").ok && entry("logits").ok, "{report:?}");
 }
 
+/// A golden whose file is older than a tensor reports that tensor as skipped, saying why, and
+/// checks the rest: a speculative golden of format version 2 has no verifier or draft logits.
 #[test]
-fn other_m2r2_weights_are_refused() {
+fn version_2_speculative_files_check_what_they_have() {
     let (model, weights) = setup("tiny");
-    let g = Golden::record_speculative(
-        M2r2::new(&model, &weights),
-        "tiny",
-        &[1],
-        4,
-        1,
-        None,
-        &spec_options(DraftLength::Fixed(2)),
-    )
-    .unwrap();
-    let zeros = M2r2Weights::zeros(&model.config);
-    let err = g
-        .check_m2r2(M2r2::new(&model, &zeros), DEFAULT_ATOL)
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("not the ones this golden"),
-        "{err}"
-    );
-    // The same weights with a pruned draft head draft differently: a golden of its own, which
-    // checks with that head and is refused without it.
-    let head = crate::m2r2::draft_head::DraftHead::new(vec![1, 2, 3, 5, 8], 320, "t").unwrap();
-    let pruned = M2r2Weights {
-        draft_head: Some(head),
-        ..weights.clone()
+    let m2r2 = M2r2::new(&model, &weights);
+    let options = spec_options(DraftLength::Fixed(2));
+    let mut g = Golden::record_speculative(m2r2, "tiny", &[1, 2], 10, 1, None, &options).unwrap();
+    g.version = 2;
+    g.stop_tokens = None;
+    g.max_steps = None;
+    if let Some(M2r2Golden {
+        record: M2r2Record::Speculative { graphs, .. },
+        ..
+    }) = &mut g.m2r2
+    {
+        *graphs = None;
+    }
+    let back = round_trip(&g);
+    assert_eq!((back.version, back.stop_tokens.clone()), (2, None));
+    let report = back.check_m2r2(m2r2, DEFAULT_ATOL).unwrap();
+    assert!(report.ok(), "{report:?}");
+    let skipped: Vec<&str> = report
+        .entries
+        .iter()
+        .filter(|e| e.skipped.is_some())
+        .map(|e| e.name.as_str())
+        .collect();
+    assert_eq!(skipped, ["verify_logits", "draft_logits", "round_scores"]);
+    let why = report
+        .entries
+        .iter()
+        .find(|e| e.name == "verify_logits")
+        .unwrap();
+    assert!(why.note.contains("format version 2"), "{why:?}");
+}
+
+/// Every graph's own output is checked: logits of a verified row or a proposal that were never
+/// emitted (a rejected draft) are compared too, and reported at their row and round.
+#[test]
+fn every_verified_row_and_proposal_is_checked() {
+    let (model, weights) = setup("tiny");
+    let m2r2 = M2r2::new(&model, &weights);
+    let options = spec_options(DraftLength::Fixed(3));
+    let g = Golden::record_speculative(m2r2, "tiny", &[1, 2], 12, 1, None, &options).unwrap();
+    let Some(M2r2Record::Speculative { rounds, graphs, .. }) = g.m2r2.as_ref().map(|m| &m.record)
+    else {
+        unreachable!()
     };
-    let gp = Golden::record_speculative(
-        M2r2::new(&model, &pruned),
-        "tiny",
-        &[1],
-        4,
-        1,
-        None,
-        &spec_options(DraftLength::Fixed(2)),
-    )
-    .unwrap();
-    assert_eq!(gp.tokens, g.tokens, "lossless");
-    let report = gp
-        .check_m2r2(M2r2::new(&model, &pruned), DEFAULT_ATOL)
-        .unwrap();
-    assert!(report.ok());
-    let err = gp
-        .check_m2r2(M2r2::new(&model, &weights), DEFAULT_ATOL)
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("not the ones this golden"),
-        "{err}"
-    );
+    let graphs = graphs.as_ref().unwrap();
+    // one row per fed token, the prompt's first; one per proposal
+    let fed: usize = (0..rounds.len())
+        .map(|r| rounds.drafted_in(r).len() + 1)
+        .sum();
+    assert_eq!(graphs.verify_logits.nrows(), 1 + fed);
+    assert_eq!(graphs.draft_logits.nrows(), rounds.proposal_rounds().len());
+    // the prompt's row and each emitted row are the logits the tokens came from
+    assert_eq!(graphs.verify_logits.row(0), g.logits.row(0));
+    for (name, row) in [("verify_logits", 1 + fed - 1), ("draft_logits", 1)] {
+        let mut tampered = g.clone();
+        let Some(M2r2Golden {
+            record: M2r2Record::Speculative { graphs, .. },
+            ..
+        }) = &mut tampered.m2r2
+        else {
+            unreachable!()
+        };
+        let graphs = graphs.as_mut().unwrap();
+        let target = match name {
+            "verify_logits" => &mut graphs.verify_logits,
+            _ => &mut graphs.draft_logits,
+        };
+        target[[row, 5]] += 0.5;
+        let report = tampered.check_m2r2(m2r2, DEFAULT_ATOL).unwrap();
+        let bad: Vec<&TensorCheck> = report.entries.iter().filter(|e| !e.ok).collect();
+        assert_eq!(bad.len(), 1, "{report:?}");
+        let e = bad[0];
+        assert_eq!(
+            (e.name.as_str(), e.first_row, e.rows_over),
+            (name, Some(row), 1)
+        );
+        assert_eq!(e.graph, "reference");
+        let round_of = match name {
+            "verify_logits" => rounds.verify_rounds()[row],
+            _ => rounds.proposal_rounds()[row],
+        };
+        assert_eq!(e.first_round, round_of);
+        assert!((e.row_max_abs[row] - 0.5).abs() < 1e-4, "{e:?}");
+    }
 }
 
-/// A bridged golden records the bridge (its config in `m2r2_config`, its maps in the hash), checks
-/// with the same weights through a file round trip, and is refused by the weights without it;
-/// the weights without a bridge keep the hash they always had.
+/// With stop tokens, a golden stops after the first one, as a deployment does, records which,
+/// and checks along what it recorded.
 #[test]
-fn bridged_goldens_record_what_the_draft_read() {
+fn goldens_stop_at_end_of_turn() {
     let (model, weights) = setup("tiny");
-    let plain_hash = super::weights_hash(&weights);
-    let bridged = weights
-        .clone()
-        .with_bridge(
-            &model.config,
-            crate::m2r2::bridge::BridgeConfig::new(
-                1,
-                4,
-                crate::m2r2::bridge::BridgeSite::ALL.to_vec(),
-            ),
-            2,
-            0.5,
-        )
-        .unwrap();
-    assert_ne!(super::weights_hash(&bridged), plain_hash);
-    assert_eq!(super::weights_hash(&weights), plain_hash);
-    let g = Golden::record_speculative(
-        M2r2::new(&model, &bridged),
-        "tiny",
-        &[1, 7],
-        8,
-        1,
-        None,
-        &spec_options(DraftLength::Fixed(3)),
-    )
-    .unwrap();
-    let record = g.m2r2.as_ref().unwrap();
-    assert!(
-        record.config_json.contains("\"bridge\""),
-        "{}",
-        record.config_json
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bridged.safetensors");
-    g.write(&path).unwrap();
-    let back = Golden::read(&path).unwrap();
-    let read = back.m2r2.as_ref().unwrap();
+    let m2r2 = M2r2::new(&model, &weights);
+    let free = Golden::record_greedy(&model, "tiny", &[1, 2], 12).unwrap();
+    // stop at the fifth token the model emits
+    let stop = free.tokens[4];
+    let first = free.tokens.iter().position(|&t| t == stop).unwrap();
+    let g = Golden::record_greedy_until(&model, "tiny", &[1, 2], 12, &[stop]).unwrap();
+    assert_eq!(g.tokens, free.tokens[..=first]);
     assert_eq!(
-        (&read.config_json, &read.weights_hash),
-        (&record.config_json, &record.weights_hash)
+        (g.stop_tokens.clone(), g.max_steps),
+        (Some(vec![stop]), Some(12))
     );
-    assert!(
-        back.check_m2r2(M2r2::new(&model, &bridged), DEFAULT_ATOL)
-            .unwrap()
-            .ok()
+    let back = round_trip(&g);
+    assert_eq!(back, g);
+    assert!(back.check(&model, DEFAULT_ATOL).unwrap().ok());
+    let mut options = spec_options(DraftLength::Fixed(2));
+    options.stop_tokens = vec![stop];
+    let s = Golden::record_speculative(m2r2, "tiny", &[1, 2], 12, 1, None, &options).unwrap();
+    assert_eq!(
+        s.tokens, g.tokens,
+        "speculation is lossless, stops included"
     );
-    let err = back
-        .check_m2r2(M2r2::new(&model, &weights), DEFAULT_ATOL)
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("not the ones this golden"),
-        "{err}"
-    );
+    let report = round_trip(&s).check_m2r2(m2r2, DEFAULT_ATOL).unwrap();
+    assert!(report.ok(), "{report:?}");
+    // the golden that ran on, compared with the one that stopped: the common tokens, and a stop
+    // line that is OK (the longer one was recorded without stopping)
+    let report = free
+        .compare_to(&g, Tolerance::absolute(0.0), &|_| None)
+        .unwrap();
+    let stop_line = report.entries.iter().find(|e| e.name == "stop").unwrap();
+    assert!(report.ok() && stop_line.ok, "{report:?}");
 }
 
 /// A version-1 greedy file (as older m2r2 wrote it) still reads and checks.
 #[test]
 fn version_1_greedy_files_still_read_and_check() {
     let (model, weights) = setup("tiny");
-    let g = Golden::record_greedy(&model, "tiny", &[3, 1, 4], 5).unwrap();
+    let mut g = Golden::record_greedy(&model, "tiny", &[3, 1, 4], 5).unwrap();
+    // as older m2r2 wrote it: no stop tokens, budget or pins
+    (g.version, g.stop_tokens, g.max_steps) = (1, None, None);
     assert_eq!(g.format_version(), 1);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("v1.safetensors");
@@ -392,6 +409,7 @@ fn speculative_engine_refusals() {
             config: &model.config,
             weights_hash: hash,
             draft_gate,
+            graphs: EngineGraphs::REFERENCE,
         };
         g.check_speculative_on(engine, Tolerance::absolute(DEFAULT_ATOL))
     };
@@ -413,6 +431,7 @@ fn speculative_engine_refusals() {
         config: &model.config,
         weights_hash: Some(&hash),
         draft_gate: 1,
+        graphs: EngineGraphs::REFERENCE,
     };
     let err = greedy
         .check_speculative_on(engine, Tolerance::absolute(DEFAULT_ATOL))

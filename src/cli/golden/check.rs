@@ -1,0 +1,319 @@
+//! `m2r2 golden check | compare`: every golden of a suite checked (recomputed by the reference
+//! or replayed on an export) or compared file to file, each ending in an [`Outcome`]: a report,
+//! or the reason it could not be checked. Nothing here stops the suite early.
+
+use super::onnx::OnnxEngine;
+use super::report::{Checked, Outcome, report_all};
+use super::{CheckArgs, CompareArgs, SUITE_SUFFIX, settings_line, stop_line};
+use crate::cli::args::m2r2::M2r2Args;
+use crate::cli::common;
+use anyhow::{Context, Result, bail};
+use reference::base::generate::ReferenceGreedy;
+use reference::golden::{DEFAULT_ATOL, Golden};
+use reference::io::load::LoadedModel;
+use reference::io::tokenizer::Tokenizer;
+use reference::m2r2::fast_stream::M2r2;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// What `check` runs the goldens on: an export (opened once; the reason when it cannot be), or
+/// the reference models the files name (each loaded once, kept while consecutive files name the
+/// same one).
+struct Engine {
+    onnx: Option<std::result::Result<OnnxEngine, String>>,
+    reference: Option<(String, LoadedModel)>,
+}
+
+/// The files of a suite folder (`*.golden.safetensors`, sorted), refused when there are none.
+fn suite_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(SUITE_SUFFIX))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        bail!("{} holds no golden files (*{SUITE_SUFFIX})", dir.display());
+    }
+    Ok(files)
+}
+
+/// The text of a token id, when a tokenizer has one.
+fn token_text(tokenizer: Option<&Tokenizer>) -> impl Fn(i64) -> Option<String> + '_ {
+    move |id| tokenizer?.decode(&[u32::try_from(id).ok()?], false).ok()
+}
+
+pub(super) fn check(args: &CheckArgs) -> Result<()> {
+    let suite = args.file.is_dir();
+    let files = match suite {
+        true => suite_files(&args.file),
+        false => Ok(vec![args.file.clone()]),
+    };
+    let files = match files {
+        Ok(files) => files,
+        Err(e) => {
+            let outcome = Outcome::error(&args.file, "golden check", &e);
+            return report_all(&[outcome], args.json, args.junit.as_deref(), suite);
+        }
+    };
+    let mut engine = Engine {
+        onnx: args.onnx.as_ref().map(|dir| {
+            OnnxEngine::open(args, dir)
+                .with_context(|| format!("cannot open export {}", dir.display()))
+                .map_err(|e| common::error_chain(&e))
+        }),
+        reference: None,
+    };
+    let outcomes: Vec<Outcome> = files
+        .iter()
+        .map(|f| check_file(args, &mut engine, f))
+        .collect();
+    report_all(&outcomes, args.json, args.junit.as_deref(), suite)
+}
+
+fn check_file(args: &CheckArgs, engine: &mut Engine, file: &Path) -> Outcome {
+    let start = Instant::now();
+    let golden = match Golden::read(file)
+        .with_context(|| format!("cannot read golden {}", file.display()))
+    {
+        Ok(golden) => golden,
+        Err(e) => return Outcome::error(file, "golden check", &e),
+    };
+    let mut header = vec![format!(
+        "golden {} (recorded with {}, {}; format {}, {}): {} prompt tokens, {} steps",
+        file.display(),
+        golden.model,
+        settings_line(&golden),
+        golden.format_version(),
+        stop_line(&golden),
+        golden.prompt_tokens.len(),
+        golden.tokens.len(),
+    )];
+    let mut fields = json!({
+        "file": file.display().to_string(),
+        "golden_model": golden.model,
+        "mode": golden.mode,
+        "format_version": golden.format_version(),
+        "stop_tokens": golden.stop_tokens,
+    });
+    let result = (|| -> Result<Checked> {
+        match &mut engine.onnx {
+            Some(Err(reason)) => bail!("{reason}"),
+            Some(Ok(onnx)) => {
+                let (expected, from) = match (&args.expect_dtype, &golden.pins.expect_dtype) {
+                    (Some(d), _) => (Some(d), "--expect-dtype"),
+                    (None, Some(d)) => (Some(d), "pinned in the golden"),
+                    (None, None) => (None, ""),
+                };
+                if let Some(want) = expected
+                    && *want != onnx.dtype
+                {
+                    bail!(
+                        "the export holds {} weights, the suite expects {want} ({from}): not \
+                         checked (export with --weights-dtype {want}, or pass --expect-dtype {} \
+                         and a tolerance for it)",
+                        onnx.dtype,
+                        onnx.dtype
+                    );
+                }
+                let tol = args.tol.choose(&golden.pins, onnx.default_atol())?;
+                fields["model"] = json!(onnx.name);
+                fields["onnxruntime"] = json!(onnx.ort_version);
+                fields["execution_provider"] = json!(onnx.ep_name);
+                fields["export_dtype"] = json!(onnx.dtype);
+                header.push(format!("checking {}", onnx.name));
+                let report = onnx
+                    .check(&golden, &tol)
+                    .with_context(|| format!("golden check on {}", onnx.name))?;
+                Ok(Checked::new(
+                    tol,
+                    report,
+                    &token_text(onnx.tokenizer.as_ref()),
+                ))
+            }
+            None => {
+                let spec = args.model.as_deref().unwrap_or(&golden.model);
+                let loaded = match &mut engine.reference {
+                    Some((name, loaded)) if name == spec => loaded,
+                    slot => &mut slot.insert((spec.to_string(), common::load(spec)?)).1,
+                };
+                let tol = args
+                    .tol
+                    .choose(&golden.pins, (DEFAULT_ATOL, "reference default"))?;
+                fields["model"] = json!(loaded.name);
+                header.push(format!("checking the reference on {}", loaded.name));
+                let report = if golden.m2r2.is_some() {
+                    if tol.tol.rtol != 0.0 {
+                        bail!("--rtol is for greedy goldens; M2R2 goldens are checked with --atol");
+                    }
+                    let choice = M2r2Args::weights_only(args.m2r2.clone());
+                    let weights = choice.weights(loaded)?;
+                    golden
+                        .check_m2r2(M2r2::new(&loaded.model, &weights), tol.tol.atol)
+                        .with_context(|| format!("M2R2 weights: {}", choice.source(loaded)))?
+                } else {
+                    golden.check_on(
+                        &mut ReferenceGreedy::new(&loaded.model),
+                        &loaded.model.config,
+                        tol.tol,
+                        "reference",
+                    )?
+                };
+                Ok(Checked::new(
+                    tol,
+                    report,
+                    &token_text(loaded.tokenizer().ok()),
+                ))
+            }
+        }
+    })();
+    let label = match &args.onnx {
+        Some(dir) => format!(
+            "golden check of {} on export {}",
+            file.display(),
+            dir.display()
+        ),
+        None => format!("golden check of {} on the reference", file.display()),
+    };
+    Outcome::new(label, header, fields, result, start)
+}
+
+pub(super) fn compare(args: &CompareArgs) -> Result<()> {
+    let suite = args.expected.is_dir() || args.actual.is_dir();
+    let pairs = match compare_pairs(args, suite) {
+        Ok(pairs) => pairs,
+        Err(e) => {
+            let outcome = Outcome::error(&args.actual, "golden compare", &e);
+            return report_all(&[outcome], args.json, args.junit.as_deref(), suite);
+        }
+    };
+    let outcomes: Vec<Outcome> = pairs
+        .iter()
+        .map(|(e, a)| match (e, a) {
+            (Some(e), Some(a)) => compare_files(args, e, a),
+            (Some(e), None) => Outcome::error(
+                e,
+                "golden compare",
+                &anyhow::anyhow!(
+                    "{} has no counterpart in {}",
+                    e.display(),
+                    args.actual.display()
+                ),
+            ),
+            (None, Some(a)) => Outcome::error(
+                a,
+                "golden compare",
+                &anyhow::anyhow!(
+                    "{} has no counterpart in {}",
+                    a.display(),
+                    args.expected.display()
+                ),
+            ),
+            (None, None) => unreachable!("a pair has a side"),
+        })
+        .collect();
+    report_all(&outcomes, args.json, args.junit.as_deref(), suite)
+}
+
+/// The (expected, actual) files to compare; a file of a suite without its counterpart is a pair
+/// with one side (reported as not checked).
+fn compare_pairs(
+    args: &CompareArgs,
+    suite: bool,
+) -> Result<Vec<(Option<PathBuf>, Option<PathBuf>)>> {
+    if !suite {
+        return Ok(vec![(
+            Some(args.expected.clone()),
+            Some(args.actual.clone()),
+        )]);
+    }
+    if !(args.expected.is_dir() && args.actual.is_dir()) {
+        bail!("compare a folder with a folder, or a file with a file");
+    }
+    let name = |f: &PathBuf| f.file_name().map(|n| n.to_string_lossy().into_owned());
+    let expected = suite_files(&args.expected)?;
+    let actual = suite_files(&args.actual)?;
+    let mut names: Vec<String> = expected.iter().chain(&actual).filter_map(name).collect();
+    names.sort();
+    names.dedup();
+    Ok(names
+        .iter()
+        .map(|n| {
+            let side = |dir: &Path, files: &[PathBuf]| {
+                files
+                    .iter()
+                    .any(|f| name(f).as_ref() == Some(n))
+                    .then(|| dir.join(n))
+            };
+            (side(&args.expected, &expected), side(&args.actual, &actual))
+        })
+        .collect())
+}
+
+fn compare_files(args: &CompareArgs, expected_path: &Path, actual_path: &Path) -> Outcome {
+    let start = Instant::now();
+    let read = |path: &Path| {
+        Golden::read(path).with_context(|| format!("cannot read golden {}", path.display()))
+    };
+    let (expected, actual) = match (read(expected_path), read(actual_path)) {
+        (Ok(e), Ok(a)) => (e, a),
+        (Err(e), _) | (_, Err(e)) => return Outcome::error(actual_path, "golden compare", &e),
+    };
+    let header = vec![format!(
+        "golden {} (recorded with {}, {}; written by {}; {}) against {} (recorded with {}; \
+         written by {}; {}): {} prompt tokens, {} steps",
+        expected_path.display(),
+        expected.model,
+        settings_line(&expected),
+        writer(&expected),
+        stop_line(&expected),
+        actual_path.display(),
+        actual.model,
+        writer(&actual),
+        stop_line(&actual),
+        expected.prompt_tokens.len(),
+        expected.tokens.len(),
+    )];
+    let fields = json!({
+        "expected": expected_path.display().to_string(),
+        "actual": actual_path.display().to_string(),
+        "mode": expected.mode,
+        "golden_model": expected.model,
+        "expected_writer": writer(&expected),
+        "actual_writer": writer(&actual),
+    });
+    let result = (|| -> Result<Checked> {
+        let tol = args.tol.choose(&expected.pins, (DEFAULT_ATOL, "default"))?;
+        // Token text from the model the golden names, when it loads without a download.
+        let loaded = common::load(&expected.model).ok();
+        let tokenizer = loaded.as_ref().and_then(|l| l.tokenizer().ok());
+        let text = token_text(tokenizer);
+        let report = expected
+            .compare_to(&actual, tol.tol, &text)
+            .with_context(|| {
+                format!(
+                    "cannot compare {} with {}",
+                    expected_path.display(),
+                    actual_path.display()
+                )
+            })?;
+        Ok(Checked::new(tol, report, &text))
+    })();
+    let label = format!(
+        "golden compare of {} against {}",
+        actual_path.display(),
+        expected_path.display()
+    );
+    Outcome::new(label, header, fields, result, start)
+}
+
+/// Who wrote a golden file, from its `m2r2_version`: the reference records its bare version
+/// (`0.1.0` -> `m2r2 0.1.0`), other writers their own name (`m2r2-golden-python 0.1.0`).
+fn writer(golden: &Golden) -> String {
+    match golden.writer.as_deref() {
+        Some(v) if v.starts_with(|c: char| c.is_ascii_digit()) => format!("m2r2 {v}"),
+        Some(v) => v.to_string(),
+        None => "an unknown writer (no m2r2_version)".into(),
+    }
+}

@@ -1,0 +1,203 @@
+//! `m2r2 golden write`: record a golden (or a suite, one per prompt) with the reference, stopping
+//! at the model's end-of-turn tokens unless `--ignore-eos`, with the suite's pinned tolerance and
+//! precision.
+
+use super::{SUITE_SUFFIX, WriteArgs};
+use crate::cli::args::model::PromptArgs;
+use crate::cli::common;
+use anyhow::{Context, Result, bail};
+use reference::decode::early_exit::{EarlyExitOptions, KvPolicy};
+use reference::decode::mode::Mode;
+use reference::decode::speculative::{DraftLength, SpeculativeOptions};
+use reference::golden::{Golden, Pins};
+use reference::io::load::LoadedModel;
+use reference::m2r2::fast_stream::M2r2;
+use serde_json::json;
+use std::path::PathBuf;
+
+/// The file name of a suite member: the prompt id with anything but `[A-Za-z0-9._-]` replaced.
+fn suite_file(id: &str) -> String {
+    let safe: String = id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{safe}{SUITE_SUFFIX}")
+}
+
+pub(super) fn write(args: &WriteArgs) -> Result<()> {
+    for (name, x) in [("--atol", args.atol), ("--rtol", args.rtol)] {
+        if let Some(x) = x
+            && !(x >= 0.0 && x.is_finite())
+        {
+            bail!("{name} must be a finite number >= 0, got {x}");
+        }
+    }
+    let loaded = common::load(&args.model.model)?;
+    // (output path, prompt arguments) of every golden to write
+    let jobs: Vec<(PathBuf, PromptArgs)> = match &args.prompts {
+        Some(file) => {
+            let prompts = common::read_prompts(file)?;
+            std::fs::create_dir_all(&args.out)
+                .with_context(|| format!("cannot create {}", args.out.display()))?;
+            let mut seen = std::collections::HashSet::new();
+            let mut jobs = Vec::new();
+            for (id, text) in prompts {
+                let name = suite_file(&id);
+                if !seen.insert(name.clone()) {
+                    bail!(
+                        "{}: two prompts map to the file name {name}",
+                        file.display()
+                    );
+                }
+                let prompt = PromptArgs {
+                    prompt: Some(text),
+                    chat: args.chat,
+                    tokens: None,
+                };
+                jobs.push((args.out.join(name), prompt));
+            }
+            jobs
+        }
+        None => {
+            if args.prompt.is_none() && args.tokens.is_none() {
+                bail!("give a prompt: --prompt TEXT, --tokens IDS or --prompts FILE.jsonl");
+            }
+            if args.chat && args.prompt.is_none() {
+                bail!("--chat needs --prompt or --prompts");
+            }
+            let prompt = PromptArgs {
+                prompt: args.prompt.clone(),
+                chat: args.chat,
+                tokens: args.tokens.clone(),
+            };
+            vec![(args.out.clone(), prompt)]
+        }
+    };
+    let mut written = Vec::new();
+    for (out, prompt) in &jobs {
+        let tokens = common::prompt_tokens(&loaded, prompt)?;
+        let golden = record(args, &loaded, &tokens)?;
+        if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        golden
+            .write(out)
+            .with_context(|| format!("cannot write golden {}", out.display()))?;
+        if !args.json {
+            println!(
+                "wrote {}: {} {} steps of {} after {} prompt tokens ({}; logits [{}, {}], config {})",
+                out.display(),
+                golden.tokens.len(),
+                golden.mode,
+                golden.model,
+                golden.prompt_tokens.len(),
+                super::stop_line(&golden),
+                golden.logits.nrows(),
+                golden.logits.ncols(),
+                golden.config_hash
+            );
+        }
+        written.push(json!({
+            "file": out.display().to_string(),
+            "model": golden.model,
+            "config_hash": golden.config_hash,
+            "mode": golden.mode,
+            "format_version": golden.format_version(),
+            "prompt_tokens": golden.prompt_tokens,
+            "tokens": golden.tokens,
+            "stop_tokens": golden.stop_tokens,
+            "max_steps": golden.max_steps,
+            "logits_shape": golden.logits.shape(),
+        }));
+    }
+    if args.json {
+        match &args.prompts {
+            Some(_) => common::print_json(&json!({ "files": written }))?,
+            None => common::print_json(&written[0])?,
+        }
+    }
+    Ok(())
+}
+
+/// Record up to `args.steps` tokens in `args.m2r2.mode` (greedy), stopping at the model's
+/// end-of-turn tokens unless `--ignore-eos`, with the pins of the command line.
+fn record(args: &WriteArgs, loaded: &LoadedModel, prompt: &[u32]) -> Result<Golden> {
+    let model = &loaded.model;
+    let stops = if args.ignore_eos {
+        vec![]
+    } else {
+        loaded.stop_tokens()
+    };
+    let mut golden = match Mode::from(args.m2r2.mode) {
+        Mode::Greedy => {
+            Golden::record_greedy_until(model, &loaded.name, prompt, args.steps, &stops)?
+        }
+        _ => record_m2r2(args, loaded, prompt, stops)?,
+    };
+    golden.pins = Pins {
+        atol: args.atol,
+        rtol: args.rtol,
+        expect_dtype: args.expect_dtype.clone(),
+    };
+    Ok(golden)
+}
+
+fn record_m2r2(
+    args: &WriteArgs,
+    loaded: &LoadedModel,
+    prompt: &[u32],
+    stop_tokens: Vec<u32>,
+) -> Result<Golden> {
+    let weights = args.m2r2.weights(loaded)?;
+    let settings = args.m2r2.settings(loaded, &weights)?;
+    let m2r2 = M2r2::new(&loaded.model, &weights);
+    let golden = match settings.mode {
+        Mode::Greedy => unreachable!("recorded by the caller"),
+        Mode::EarlyExit => {
+            if settings.kv_policy != KvPolicy::Exact {
+                bail!(
+                    "early-exit goldens need --kv-policy exact: with {} the cache is approximate \
+                     and the exit logits cannot be recomputed independently of the decoder",
+                    settings.kv_policy
+                );
+            }
+            let options = EarlyExitOptions {
+                max_new_tokens: args.steps,
+                stop_tokens,
+                gate: settings.gate,
+                threshold: settings.threshold,
+                kv_policy: settings.kv_policy,
+                sampling: None,
+            };
+            Golden::record_early_exit(m2r2, &loaded.name, prompt, args.steps, &options)?
+        }
+        Mode::Speculative => {
+            // The draft gate's score is recorded when it decides the draft length.
+            let gate = matches!(settings.draft_length, DraftLength::Dynamic { .. })
+                .then_some(settings.gate);
+            let options = SpeculativeOptions {
+                max_new_tokens: args.steps,
+                stop_tokens,
+                draft_length: settings.draft_length.clone(),
+                sampling: None,
+            };
+            Golden::record_speculative(
+                m2r2,
+                &loaded.name,
+                prompt,
+                args.steps,
+                settings.draft_gate,
+                gate,
+                &options,
+            )?
+        }
+    };
+    Ok(golden)
+}
