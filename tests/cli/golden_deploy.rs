@@ -190,7 +190,7 @@ fn check_on_onnx_runtime_and_compare_files() {
     let bytes = std::fs::read(&g).unwrap();
     std::fs::write(p("cut.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
     let run = m2r2(&["golden", "compare", &g, &p("cut.safetensors")]);
-    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert_eq!(run.code, Some(2), "could not compare: {}", run.stderr);
     assert!(run.stderr.contains("cut.safetensors"), "{}", run.stderr);
 }
 
