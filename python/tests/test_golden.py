@@ -1,9 +1,11 @@
 """Tests of m2r2_golden (stdlib unittest), run by tests/cli/golden_python.rs.
 
 Goldens written by the reference come in by environment variable (the Rust test writes them with
-`m2r2 golden write`): M2R2_GOLDEN_GREEDY (tiny, greedy), M2R2_GOLDEN_SPECULATIVE (tiny, the same
-prompt and steps, `--mode speculative --draft-len 2`) and M2R2_GOLDEN_EARLY_EXIT (the same,
-`--mode early-exit`). A missing variable fails the tests that need it; nothing is skipped.
+`m2r2 golden write`, format version 3, stopping at end of turn): M2R2_GOLDEN_GREEDY (tiny, prompt
+1,2,3, 6 steps, greedy), M2R2_GOLDEN_SPECULATIVE (the same prompt and steps, `--mode speculative
+--draft-len 2`) and M2R2_GOLDEN_EARLY_EXIT (the same, `--mode early-exit`). Files of versions 1
+and 2 are made from them by dropping what those versions lack. A missing variable fails the tests
+that need it; nothing is skipped.
 """
 
 import json
@@ -28,10 +30,20 @@ def reference_golden(var: str) -> str:
     return path
 
 
+GREEDY_TENSORS = ("prompt_tokens", "tokens", "logits")
+ROUNDS = m2r2_golden.golden.M2R2_TENSORS["speculative"]
+GRAPHS = m2r2_golden.golden.GRAPH_TENSORS["speculative"]
+V3_METADATA = ("stop_tokens", "max_steps", "atol", "rtol", "expect_dtype")
+
+
+def arrays(g: m2r2_golden.Golden, names) -> dict:
+    return {name: getattr(g, name) for name in names}
+
+
 class ReadReferenceGoldens(unittest.TestCase):
     def test_greedy(self):
         g = m2r2_golden.read(reference_golden("M2R2_GOLDEN_GREEDY"))
-        self.assertEqual((g.format_version, g.mode, g.model), (1, "greedy", "tiny"))
+        self.assertEqual((g.format_version, g.mode, g.model), (3, "greedy", "tiny"))
         self.assertEqual(g.prompt_tokens.dtype, np.int64)
         self.assertEqual(g.prompt_tokens.tolist(), [1, 2, 3])
         self.assertEqual(g.tokens.dtype, np.int64)
@@ -43,10 +55,16 @@ class ReadReferenceGoldens(unittest.TestCase):
         self.assertEqual(g.logits.argmax(axis=1).tolist(), g.tokens.tolist())
         self.assertIsNone(g.m2r2_config)
         self.assertEqual(g.m2r2_tensors(), {})
+        # written stopping at the model's end-of-turn tokens (tiny has some), none reached in 6
+        self.assertEqual(g.max_steps, 6)
+        self.assertTrue(g.stop_tokens)
+        self.assertTrue(all(type(t) is int and 0 <= t < g.vocab_size for t in g.stop_tokens))
+        self.assertFalse(set(g.tokens.tolist()) & set(g.stop_tokens))
+        self.assertEqual((g.atol, g.rtol, g.expect_dtype), (None, None, None))
 
     def test_speculative(self):
         g = m2r2_golden.read(reference_golden("M2R2_GOLDEN_SPECULATIVE"))
-        self.assertEqual((g.format_version, g.mode), (2, "speculative"))
+        self.assertEqual((g.format_version, g.mode), (3, "speculative"))
         self.assertEqual(g.metadata["draft_max"], "2")
         self.assertRegex(g.m2r2_hash, r"^[0-9a-f]{16}$")
         self.assertIn("gates", g.m2r2_config)
@@ -56,27 +74,63 @@ class ReadReferenceGoldens(unittest.TestCase):
         self.assertEqual(g.round_base_token.shape, (r,))
         self.assertEqual(g.round_scores.shape, (r, 3))
         self.assertEqual(g.round_scores.dtype, np.float32)
-        names = m2r2_golden.golden.M2R2_TENSORS["speculative"]
-        self.assertEqual(sorted(g.m2r2_tensors()), sorted(names))
+        self.assertEqual(sorted(g.m2r2_tensors()), sorted(ROUNDS + GRAPHS))
         # every round emits its accepted drafts and one base token; the last may be cut at n
         self.assertGreaterEqual(int((g.round_accepted + 1).sum()), len(g.tokens))
         # lossless: self-speculative decoding emits the greedy tokens
         greedy = m2r2_golden.read(reference_golden("M2R2_GOLDEN_GREEDY"))
         self.assertEqual(g.tokens.tolist(), greedy.tokens.tolist())
         self.assertEqual(g.config_hash, greedy.config_hash)
+        self.assertEqual((g.stop_tokens, g.max_steps), (greedy.stop_tokens, 6))
+
+    def test_speculative_graph_tensors(self):
+        """verify_logits [T, V] and draft_logits [Q, V], row by row as the module docs say."""
+        g = m2r2_golden.read(reference_golden("M2R2_GOLDEN_SPECULATIVE"))
+        v = g.vocab_size
+        rows = m2r2_golden.verify_rounds(g.round_drafted)
+        proposals = m2r2_golden.proposal_rounds(g.round_drafted, g.round_scores)
+        drafts = [(g.round_drafted[r] >= 0).sum() for r in range(len(g.round_accepted))]
+        self.assertEqual(len(rows), 1 + sum(d + 1 for d in drafts))
+        self.assertEqual(g.verify_logits.shape, (len(rows), v))
+        self.assertEqual(g.draft_logits.shape, (len(proposals), v))
+        self.assertEqual(g.verify_logits.dtype, np.float32)
+        # row 0: the prompt's last position, which token 0 was chosen from
+        np.testing.assert_array_equal(g.verify_logits[0], g.logits[0])
+        step = 1
+        for r, accepted in enumerate(g.round_accepted.tolist()):
+            first = rows.index(r)  # the round's first verified row
+            emitted = min(accepted + 1, len(g.tokens) - step)
+            # the tokens the round emitted were chosen from its first verified rows
+            np.testing.assert_array_equal(
+                g.logits[step : step + emitted], g.verify_logits[first : first + emitted]
+            )
+            # greedy: the base token is the verifier's argmax after the accepted drafts
+            self.assertEqual(
+                int(g.verify_logits[first + accepted].argmax()), int(g.round_base_token[r])
+            )
+            # greedy drafts: each drafted token is the argmax of the draft's logits
+            mine = [k for k, q in enumerate(proposals) if q == r][: drafts[r]]
+            self.assertEqual(
+                g.draft_logits[mine].argmax(axis=1).tolist(),
+                g.round_drafted[r, : drafts[r]].tolist(),
+            )
+            step += emitted
+        self.assertEqual(step, len(g.tokens))
 
     def test_early_exit(self):
         g = m2r2_golden.read(reference_golden("M2R2_GOLDEN_EARLY_EXIT"))
-        self.assertEqual((g.format_version, g.mode), (2, "early-exit"))
+        self.assertEqual((g.format_version, g.mode), (3, "early-exit"))
         n, j = len(g.tokens), len(g.m2r2_config["gates"])
         self.assertEqual(g.exit_gate.shape, (n,))
         self.assertEqual(g.gate_scores.shape, (n, j))
         self.assertTrue(((g.exit_gate >= 0) & (g.exit_gate <= j)).all())
         self.assertIn(g.metadata["kv_policy"], ("exact", "fast-kv"))
         self.assertIsNone(g.round_drafted)
+        self.assertIsNone(g.verify_logits)
+        self.assertEqual(g.max_steps, 6)
 
 
-class Write(unittest.TestCase):
+class TempDir(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.TemporaryDirectory()
         self.addCleanup(self.dir.cleanup)
@@ -84,6 +138,8 @@ class Write(unittest.TestCase):
     def path(self, name: str) -> str:
         return str(Path(self.dir.name) / name)
 
+
+class Write(TempDir):
     def test_round_trip_like_a_reference_golden(self):
         ref = m2r2_golden.read(reference_golden("M2R2_GOLDEN_GREEDY"))
         out = self.path("mine.golden.safetensors")
@@ -97,7 +153,7 @@ class Write(unittest.TestCase):
         )
         back = m2r2_golden.read(out)
         for g in (written, back):
-            self.assertEqual((g.format_version, g.mode, g.model), (1, "greedy", ref.model))
+            self.assertEqual((g.format_version, g.mode, g.model), (3, "greedy", ref.model))
             # copied verbatim, never re-serialised
             self.assertEqual(g.config_json, ref.config_json)
             self.assertEqual(g.config_hash, ref.config_hash)
@@ -107,6 +163,41 @@ class Write(unittest.TestCase):
             np.testing.assert_array_equal(g.logits, logits.astype(np.float32))
             self.assertEqual(g.logits.dtype, np.float32)
             self.assertTrue(g.logits.flags.c_contiguous)
+            # defaults: no stop tokens, the budget is the tokens written, nothing pinned
+            self.assertEqual((g.stop_tokens, g.max_steps), ([], 6))
+            self.assertEqual(g.metadata["stop_tokens"], "[]")
+            self.assertEqual((g.atol, g.rtol, g.expect_dtype), (None, None, None))
+            self.assertFalse({"atol", "rtol", "expect_dtype"} & set(g.metadata))
+        self.assertEqual(back.metadata, written.metadata)
+
+    def test_stops_and_pins_round_trip(self):
+        ref = m2r2_golden.read(reference_golden("M2R2_GOLDEN_GREEDY"))
+        v = ref.vocab_size
+        # three steps of a budget of 6, the last an end-of-turn token the first two are not
+        stop = next(t for t in range(v - 1, 0, -1) if t not in ref.tokens[:2])
+        tokens = [*ref.tokens[:2].tolist(), stop]
+        out = self.path("stopped.golden.safetensors")
+        written = m2r2_golden.write(
+            out,
+            prompt_tokens=ref.prompt_tokens,
+            tokens=np.array(tokens, dtype=np.uint32),
+            logits=ref.logits[:3],
+            like=ref,
+            stop_tokens=np.array([stop, 0]),
+            max_steps=6,
+            atol=np.float32(2e-4),
+            rtol=0,
+            expect_dtype="f16",
+        )
+        back = m2r2_golden.read(out)
+        for g in (written, back):
+            self.assertEqual(g.format_version, 3)
+            self.assertEqual(g.tokens.tolist(), tokens)
+            self.assertEqual((g.stop_tokens, g.max_steps), ([stop, 0], 6))
+            self.assertEqual((g.atol, g.rtol, g.expect_dtype), (2e-4, 0.0, "f16"))
+            # as the reference writes them: Rust's `{:?}` of the ids, f32 shortest text
+            self.assertEqual(g.metadata["stop_tokens"], f"[{stop}, 0]")
+            self.assertEqual((g.metadata["atol"], g.metadata["rtol"]), ("0.0002", "0"))
         self.assertEqual(back.metadata, written.metadata)
 
     def test_like_a_speculative_golden_writes_greedy(self):
@@ -116,9 +207,10 @@ class Write(unittest.TestCase):
             out, prompt_tokens=spec.prompt_tokens, tokens=spec.tokens, logits=spec.logits, like=spec
         )
         back = m2r2_golden.read(out)
-        self.assertEqual((back.format_version, back.mode), (1, "greedy"))
+        self.assertEqual((back.format_version, back.mode), (3, "greedy"))
         self.assertNotIn("m2r2_hash", back.metadata)
         self.assertIsNone(back.round_drafted)
+        self.assertIsNone(back.verify_logits)
 
     def test_write_greedy_with_explicit_metadata(self):
         config = '{"vocab_size":4,"rms_norm_eps":0.00001}'
@@ -131,17 +223,21 @@ class Write(unittest.TestCase):
             model="mine",
             config_json=config,
             config_hash="0123456789abcdef",
+            stop_tokens=[3],
+            max_steps=10,
         )
         back = m2r2_golden.read(out)
         self.assertEqual(back.config_json, config)
         self.assertEqual(back.config, {"vocab_size": 4, "rms_norm_eps": 1e-5})
         self.assertEqual(back.prompt_tokens.dtype, np.int64)
         self.assertEqual(back.logits.shape, (1, 4))
+        self.assertEqual((back.stop_tokens, back.max_steps), ([3], 10))
 
     def test_refuses_inputs_that_do_not_fit(self):
         ref = m2r2_golden.read(reference_golden("M2R2_GOLDEN_GREEDY"))
         out = self.path("bad.safetensors")
         good = dict(prompt_tokens=ref.prompt_tokens, tokens=ref.tokens, logits=ref.logits)
+        first = int(ref.tokens[0])
         cases = [
             (dict(tokens=ref.tokens[None]), "`tokens` must be 1-D"),
             (dict(tokens=ref.tokens.astype(np.float32)), "`tokens` must hold integers"),
@@ -150,6 +246,24 @@ class Write(unittest.TestCase):
             (dict(logits=ref.logits[0]), "`logits` must be 2-D"),
             (dict(logits=ref.logits.astype(np.int64)), "`logits` must hold floats"),
             (dict(logits=np.pad(ref.logits, ((0, 0), (0, 64)))), "vocab_size"),
+            # stops and budget
+            (dict(stop_tokens=[-1]), "`stop_tokens` holds token id -1"),
+            (dict(stop_tokens=[1.5]), "`stop_tokens` must hold integers"),
+            (dict(stop_tokens=[[1]]), "`stop_tokens` must be 1-D"),
+            (dict(stop_tokens=[first]), f"holds stop token {first} at step 0 of 6"),
+            (dict(max_steps=5), "`max_steps` = 5 is less than the 6 tokens"),
+            (dict(max_steps="6"), "`max_steps` must be an integer"),
+            (dict(max_steps=True), "`max_steps` must be an integer"),
+            (dict(max_steps=8), "6 of max_steps = 8 steps"),
+            (dict(max_steps=8, stop_tokens=[0]), "not a stop token (stop_tokens = [0])"),
+            # pins
+            (dict(atol=-1e-4), "`atol` must be a finite number >= 0"),
+            (dict(atol=float("inf")), "`atol` must be a finite number >= 0"),
+            (dict(atol=1e39), "`atol` must be a finite number >= 0 (an f32)"),
+            (dict(atol="1e-4"), "`atol` must be a finite number >= 0"),
+            (dict(atol=True), "`atol` must be a finite number >= 0"),
+            (dict(rtol=float("nan")), "`rtol` must be a finite number >= 0"),
+            (dict(expect_dtype="bf16"), "`expect_dtype` = 'bf16' is not valid (f32, f16)"),
         ]
         for change, needle in cases:
             with self.subTest(needle=needle):
@@ -168,24 +282,122 @@ class Write(unittest.TestCase):
         self.assertFalse(Path(out).exists())
 
 
-class ReadRefusals(unittest.TestCase):
+class WriteSpeculative(TempDir):
+    def setUp(self):
+        super().setUp()
+        self.spec = m2r2_golden.read(reference_golden("M2R2_GOLDEN_SPECULATIVE"))
+        self.rounds = arrays(self.spec, GREEDY_TENSORS + ROUNDS)
+        self.graphs = arrays(self.spec, GRAPHS)
+
+    def test_round_trip_of_a_reference_golden(self):
+        spec = self.spec
+        out = self.path("spec.golden.safetensors")
+        written = m2r2_golden.write_speculative(
+            out,
+            like=reference_golden("M2R2_GOLDEN_SPECULATIVE"),
+            stop_tokens=spec.stop_tokens,
+            max_steps=spec.max_steps,
+            **self.rounds,
+            **{k: v.astype(np.float64) for k, v in self.graphs.items()},
+        )
+        back = m2r2_golden.read(out)
+        for g in (written, back):
+            self.assertEqual((g.format_version, g.mode), (3, "speculative"))
+            # every metadata string as the reference wrote it, but the writer's
+            mine = {k: v for k, v in g.metadata.items() if k != "m2r2_version"}
+            self.assertEqual(mine, {k: v for k, v in spec.metadata.items() if k != "m2r2_version"})
+            for name in GREEDY_TENSORS + ROUNDS + GRAPHS:
+                want, got = getattr(spec, name), getattr(g, name)
+                self.assertEqual(got.dtype, want.dtype, name)
+                np.testing.assert_array_equal(got, want, err_msg=name)  # NaN equals NaN here
+        self.assertEqual(back.metadata, written.metadata)
+
+    def test_without_the_graphs_logits_writes_version_2(self):
+        out = self.path("rounds-only.golden.safetensors")
+        written = m2r2_golden.write_speculative(out, like=self.spec, **self.rounds)
+        back = m2r2_golden.read(out)
+        for g in (written, back):
+            self.assertEqual((g.format_version, g.mode), (2, "speculative"))
+            self.assertFalse(set(V3_METADATA) & set(g.metadata))
+            self.assertEqual((g.stop_tokens, g.max_steps), (None, None))
+            self.assertIsNone(g.verify_logits)
+            self.assertEqual(sorted(g.m2r2_tensors()), sorted(ROUNDS))
+        # version 2 records no stop, budget or pin: asking for one is refused, not dropped
+        for change, needle in [
+            (dict(stop_tokens=self.spec.stop_tokens), "cannot record `stop_tokens`"),
+            (dict(max_steps=7), "cannot record `max_steps`"),
+            (dict(atol=1e-4, expect_dtype="f32"), "cannot record `atol`, `expect_dtype`"),
+        ]:
+            with self.subTest(needle=needle):
+                with self.assertRaisesRegex(ValueError, needle):
+                    m2r2_golden.write_speculative(out, like=self.spec, **self.rounds, **change)
+        # max_steps = n says nothing version 2 does not
+        m2r2_golden.write_speculative(out, like=self.spec, max_steps=6, **self.rounds)
+
+    def test_refuses_inputs_that_do_not_fit(self):
+        spec = self.spec
+        out = self.path("bad.golden.safetensors")
+        t, q, v = spec.verify_logits.shape[0], spec.draft_logits.shape[0], spec.vocab_size
+        r = spec.round_accepted.shape[0]
+        base = spec.round_base_token.copy()
+        base[0] = (base[0] + 1) % v
+        padded = spec.round_drafted.copy()
+        padded[0, 0] = -1
+        too_many = spec.round_accepted.copy()
+        too_many[0] = 3
+        # round 0 emits its accepted drafts and a base token: the tokens of a decode that ended
+        # there leave round 1 nothing to emit; without round 1, the tokens after round 0 none
+        k, n = 1 + int(spec.round_accepted[0]) + 1, len(spec.tokens)
+        self.assertEqual(r, 2)
+        fewer = {name: getattr(spec, name)[:1] for name in ROUNDS}
+        cases = [
+            (dict(verify_logits=None), "`draft_logits` without `verify_logits`"),
+            (dict(draft_logits=None), "`verify_logits` without `draft_logits`"),
+            (
+                dict(verify_logits=spec.verify_logits[:-1]),
+                f"`verify_logits` has shape [{t - 1}, {v}], the rounds give [{t}, {v}]",
+            ),
+            (
+                dict(draft_logits=spec.draft_logits[:, :-1]),
+                f"`draft_logits` has shape [{q}, {v - 1}], the rounds give [{q}, {v}]",
+            ),
+            (dict(draft_logits=spec.draft_logits[0]), "`draft_logits` must be 2-D floats"),
+            (dict(round_base_token=base), "round 0 emits"),
+            (dict(round_drafted=padded), "`round_drafted` row 0 is [-1, "),
+            (dict(round_accepted=too_many), "`round_accepted` of round 0 is 3"),
+            (dict(round_accepted=spec.round_accepted[:-1]), f"`round_base_token` has shape [{r}]"),
+            (dict(round_scores=spec.round_scores[:, :2]), "`round_scores` has shape"),
+            (dict(round_drafted=spec.round_drafted.astype(np.float32)), "must hold integers"),
+            (dict(tokens=spec.tokens[:k], logits=spec.logits[:k]), f"round 1 of {r} emits no"),
+            (fewer, f"the rounds emit {k} tokens (the first from the prompt), `tokens` holds {n}"),
+            (dict(stop_tokens=[int(spec.tokens[0])]), "holds stop token"),
+        ]
+        good = {**self.rounds, **self.graphs}
+        for change, needle in cases:
+            with self.subTest(needle=needle):
+                with self.assertRaises(ValueError) as e:
+                    m2r2_golden.write_speculative(out, like=spec, **{**good, **change})
+                self.assertIn(needle, str(e.exception))
+                self.assertIn(out, str(e.exception))
+        greedy = reference_golden("M2R2_GOLDEN_GREEDY")
+        with self.assertRaisesRegex(ValueError, "records mode `greedy`"):
+            m2r2_golden.write_speculative(out, like=greedy, **good)
+        self.assertFalse(Path(out).exists())
+
+
+class ReadRefusals(TempDir):
     """Files that are not valid goldens: a ValueError naming the file and the tensor or key."""
 
     def setUp(self):
-        self.dir = tempfile.TemporaryDirectory()
-        self.addCleanup(self.dir.cleanup)
+        super().setUp()
         self.ref = m2r2_golden.read(reference_golden("M2R2_GOLDEN_GREEDY"))
 
     def save(self, tensors=None, **metadata) -> str:
         """The reference golden with some tensors and metadata replaced (None removes one)."""
-        t = {
-            "prompt_tokens": self.ref.prompt_tokens,
-            "tokens": self.ref.tokens,
-            "logits": self.ref.logits,
-        }
+        t = arrays(self.ref, GREEDY_TENSORS)
         t.update(tensors or {})
         m = {**self.ref.metadata, **metadata}
-        path = str(Path(self.dir.name) / "bad.golden.safetensors")
+        path = self.path("bad.golden.safetensors")
         save_file(
             {k: v for k, v in t.items() if v is not None},
             path,
@@ -206,11 +418,58 @@ class ReadRefusals(unittest.TestCase):
         self.assertRefused(self.save(config="{oops"), "metadata `config` is not valid JSON")
 
     def test_unsupported_versions_and_modes(self):
-        self.assertRefused(self.save(format_version="3"), "format version 3 is not supported")
-        self.assertRefused(self.save(mode="speculative"), "version 1 has no mode `speculative`")
+        self.assertRefused(self.save(format_version="4"), "format version 4 is not supported")
+        self.assertRefused(self.save(format_version="03"), "format version 03 is not supported")
         self.assertRefused(
-            self.save(format_version="2", mode="sampled"), "unknown golden mode `sampled`"
+            self.save(format_version="1", mode="speculative"), "version 1 has no mode `speculative`"
         )
+        self.assertRefused(self.save(mode="sampled"), "unknown golden mode `sampled`")
+
+    def test_older_versions_still_read(self):
+        # version 1: greedy, no stop tokens, budget or pins (and none read where a file has them)
+        old = {key: None for key in V3_METADATA}
+        for version in ("1", "2"):
+            with self.subTest(version=version):
+                g = m2r2_golden.read(self.save(format_version=version, **old))
+                self.assertEqual(g.format_version, int(version))
+                self.assertEqual((g.stop_tokens, g.max_steps, g.atol), (None, None, None))
+                np.testing.assert_array_equal(g.logits, self.ref.logits)
+                g = m2r2_golden.read(self.save(format_version=version, atol="x", stop_tokens="x"))
+                self.assertEqual((g.stop_tokens, g.atol), (None, None))
+        # version 2 speculative: the rounds, without the graphs' logits
+        spec = m2r2_golden.read(reference_golden("M2R2_GOLDEN_SPECULATIVE"))
+        self.ref = spec
+        g = m2r2_golden.read(self.save(arrays(spec, ROUNDS), format_version="2", **old))
+        self.assertEqual((g.format_version, g.mode, g.stop_tokens), (2, "speculative", None))
+        self.assertIsNone(g.verify_logits)
+        self.assertEqual(sorted(g.m2r2_tensors()), sorted(ROUNDS))
+        np.testing.assert_array_equal(g.round_drafted, spec.round_drafted)
+
+    def test_stops_budget_and_pins(self):
+        self.assertRefused(self.save(stop_tokens=None), "metadata `stop_tokens` is missing")
+        self.assertRefused(self.save(max_steps=None), "metadata `max_steps` is missing")
+        for bad in ("[1, -2]", "256", "[1.0]", "[true]", "[4294967296]", "[1,", "null"):
+            with self.subTest(stop_tokens=bad):
+                self.assertRefused(
+                    self.save(stop_tokens=bad),
+                    f"metadata `stop_tokens` = `{bad}` is not valid (a JSON list of token ids)",
+                )
+        for bad in ("six", "-1", "6.0", ""):
+            with self.subTest(max_steps=bad):
+                self.assertRefused(self.save(max_steps=bad), f"metadata `max_steps` = `{bad}`")
+        for key in ("atol", "rtol"):
+            for bad in ("-1e-4", "nan", "inf", "1e39", " 1", "1_0", "0x1", ""):
+                with self.subTest(key=key, value=bad):
+                    self.assertRefused(
+                        self.save(**{key: bad}),
+                        f"metadata `{key}` = `{bad}` is not valid (a finite number >= 0)",
+                    )
+        self.assertRefused(self.save(expect_dtype="bf16"), "metadata `expect_dtype` = `bf16`")
+        g = m2r2_golden.read(
+            self.save(stop_tokens="[ 2,0 ]", atol="1e-4", rtol=".5", expect_dtype="f32")
+        )
+        pins = (g.stop_tokens, g.atol, g.rtol, g.expect_dtype)
+        self.assertEqual(pins, ([2, 0], 1e-4, 0.5, "f32"))
 
     def test_wrong_dtype(self):
         self.assertRefused(
@@ -244,6 +503,36 @@ class ReadRefusals(unittest.TestCase):
         )
         self.assertRefused(self.save(rounds, m2r2_hash=None), "metadata `m2r2_hash` is missing")
         self.assertRefused(self.save(rounds, gate="arl"), "metadata `gate` = `arl` is not valid")
+        no_rounds = {name: rounds[name][:0] for name in ROUNDS}
+        self.assertRefused(
+            self.save({**rounds, **no_rounds}), "tensor `round_accepted` has no rounds for 6 tokens"
+        )
+
+    def test_speculative_graph_tensors(self):
+        spec = m2r2_golden.read(reference_golden("M2R2_GOLDEN_SPECULATIVE"))
+        self.ref = spec
+        rounds = spec.m2r2_tensors()
+        (t, v), q = spec.verify_logits.shape, spec.draft_logits.shape[0]
+        for name in GRAPHS:
+            with self.subTest(name=name):
+                self.assertRefused(self.save({**rounds, name: None}), f"tensor `{name}` is missing")
+                wide = getattr(spec, name).astype(np.float64)
+                self.assertRefused(self.save({**rounds, name: wide}), f"`{name}`", "dtype F64")
+        self.assertRefused(
+            self.save({**rounds, "verify_logits": spec.verify_logits[1:]}),
+            f"tensor `verify_logits` has shape [{t - 1}, {v}], expected [{t}, {v}]",
+        )
+        self.assertRefused(
+            self.save({**rounds, "draft_logits": spec.draft_logits.reshape(-1)}),
+            f"tensor `draft_logits` has shape [{q * v}], expected [{q}, V]",
+        )
+        # the rows follow the rounds: one draft fewer in round 0 is one row fewer of each
+        drafted = spec.round_drafted.copy()
+        drafted[0, -1] = -1
+        self.assertRefused(
+            self.save({**rounds, "round_drafted": drafted}),
+            f"tensor `verify_logits` has shape [{t}, {v}], expected [{t - 1}, {v}]",
+        )
 
     def test_early_exit_shapes(self):
         exits = m2r2_golden.read(reference_golden("M2R2_GOLDEN_EARLY_EXIT"))

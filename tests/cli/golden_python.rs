@@ -1,7 +1,8 @@
 //! The Python package `python/` (issue 15): it pip-installs without writing into `python/` (issue
-//! 34), its unit tests pass on goldens the reference wrote, and a golden it writes from ONNX
-//! Runtime's Python API (the example script on an export of `tiny`) passes `m2r2 golden compare`
-//! against the reference's, while a perturbed one fails naming the perturbed logit.
+//! 34), its unit tests pass on goldens the reference wrote (format version 3), a golden it writes
+//! from ONNX Runtime's Python API (the example script on an export of `tiny`) passes `m2r2 golden
+//! compare` against the reference's, while a perturbed one fails naming the perturbed logit, and
+//! a speculative golden it writes compares with the reference's.
 //!
 //! Needs `M2R2_PYTHON`: a Python with the packages of scripts/onnx-check/requirements.txt
 //! (onnxruntime, numpy, safetensors, setuptools), set up by scripts/test.sh.
@@ -11,6 +12,22 @@ use serde_json::Value;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// Rewrites the reference's speculative golden (argv 1) with the package, as a deployment's harness
+/// would record it: format 3 with the graphs' logits (argv 2), format 2 with the rounds alone
+/// (argv 3).
+const WRITE_SPECULATIVE: &str = "\
+import sys
+import m2r2_golden
+ref, v3, v2 = sys.argv[1:]
+g = m2r2_golden.read(ref)
+rounds = {k: getattr(g, k) for k in ('prompt_tokens', 'tokens', 'logits', 'round_drafted',
+                                     'round_accepted', 'round_base_token', 'round_scores')}
+m2r2_golden.write_speculative(v3, like=g, verify_logits=g.verify_logits,
+                              draft_logits=g.draft_logits, stop_tokens=g.stop_tokens,
+                              max_steps=g.max_steps, **rounds)
+m2r2_golden.write_speculative(v2, like=g, **rounds)
+";
 
 /// The interpreter with the pinned packages (`M2R2_PYTHON`, set by scripts/test.sh).
 fn python() -> PathBuf {
@@ -201,7 +218,7 @@ fn python_package_writes_goldens_that_compare() {
         .filter(|l| {
             ["prompt_tokens ", "tokens ", "logits "]
                 .iter()
-                .any(|t| l.starts_with(t))
+                .any(|t| l.trim_start().starts_with(t))
         })
         .collect();
     assert_eq!(lines.len(), 3, "{}", run.stdout);
@@ -216,8 +233,7 @@ fn python_package_writes_goldens_that_compare() {
     // the header says who wrote each file
     let version = env!("CARGO_PKG_VERSION");
     assert!(
-        run.stdout
-            .contains(&format!("written by m2r2 {version}) against"))
+        run.stdout.contains(&format!("written by m2r2 {version}; "))
             && run.stdout.contains("written by m2r2-golden-python "),
         "{}",
         run.stdout
@@ -235,7 +251,7 @@ fn python_package_writes_goldens_that_compare() {
     let logits = run
         .stdout
         .lines()
-        .find(|l| l.starts_with("logits "))
+        .find(|l| l.trim_start().starts_with("logits "))
         .unwrap_or_else(|| panic!("no logits line:\n{}", run.stdout));
     assert!(
         logits.contains("NOT OK") && logits.contains("at [1, 7]"),
@@ -258,6 +274,32 @@ fn python_package_writes_goldens_that_compare() {
     assert!((max_abs - 1e-2).abs() < 2e-4, "{report}");
     for other in &report["entries"].as_array().unwrap()[..2] {
         assert_eq!(other["ok"], true, "{report}");
+    }
+
+    // a speculative golden the package writes compares with the reference's round by round and
+    // graph by graph; without the graphs' logits (format 2) the graphs' lines are skipped
+    let (spec_v3, spec_v2) = (
+        s("py-spec.golden.safetensors"),
+        s("py-spec-v2.golden.safetensors"),
+    );
+    run_python(
+        &["-c", WRITE_SPECULATIVE, &speculative, &spec_v3, &spec_v2].map(OsStr::new),
+        &with_site,
+    );
+    for (file, graphs) in [(&spec_v3, " OK "), (&spec_v2, " SKIPPED ")] {
+        let run = ok(&["golden", "compare", &speculative, file]);
+        let line = |name: &str| {
+            let found = run
+                .stdout
+                .lines()
+                .find(|l| l.trim_start().starts_with(name));
+            found.unwrap_or_else(|| panic!("no {name}line:\n{}", run.stdout))
+        };
+        assert!(line("rounds ").contains(" OK "), "{}", run.stdout);
+        for name in ["verify_logits ", "draft_logits "] {
+            assert!(line(name).contains(graphs), "{}", run.stdout);
+        }
+        assert!(run.stdout.contains("overall: OK"), "{}", run.stdout);
     }
     assert_unchanged(&pkg, &sources, "the package's tests and example");
 }

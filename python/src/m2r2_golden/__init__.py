@@ -2,26 +2,43 @@
 
     import m2r2_golden
     ref = m2r2_golden.read("ref.golden.safetensors")       # written by `m2r2 golden write`
-    tokens, logits = my_engine_greedy(ref.prompt_tokens, steps=len(ref.tokens))
+    tokens, logits = my_engine_greedy(ref.prompt_tokens, steps=ref.max_steps, stop=EOS_IDS)
     m2r2_golden.write("mine.golden.safetensors", prompt_tokens=ref.prompt_tokens,
-                      tokens=tokens, logits=logits, like=ref)
+                      tokens=tokens, logits=logits, like=ref,
+                      stop_tokens=EOS_IDS, max_steps=ref.max_steps)
     # then: m2r2 golden compare ref.golden.safetensors mine.golden.safetensors --atol 2e-4
+
+Reads format versions 1, 2 and 3; writes version 3 (a speculative golden without the graphs'
+logits: version 2).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-from .golden import FORMAT, FORMAT_VERSION, GREEDY_FORMAT_VERSION, MODES, Golden
+from .golden import (
+    FORMAT,
+    FORMAT_VERSION,
+    GREEDY_FORMAT_VERSION,
+    M2R2_FORMAT_VERSION,
+    MODES,
+    Golden,
+    proposal_rounds,
+    verify_rounds,
+)
 from .reader import read
-from .writer import WRITER, write, write_greedy
+from .writer import WRITER, write, write_greedy, write_speculative
 
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
     "GREEDY_FORMAT_VERSION",
+    "M2R2_FORMAT_VERSION",
     "MODES",
     "WRITER",
     "Golden",
+    "proposal_rounds",
     "read",
+    "verify_rounds",
     "write",
     "write_greedy",
+    "write_speculative",
 ]

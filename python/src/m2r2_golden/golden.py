@@ -1,28 +1,71 @@
 """The golden file's contents (docs/GOLDEN.md): tensors, metadata and the format's constants.
 
 Dimensions: P prompt tokens, n emitted tokens, V vocabulary, J gates, R speculative rounds,
-M = draft_max.
+M = draft_max, T verified rows, Q draft proposals.
+
+Format versions (the reference's reader, reference/src/golden/file.rs, reads all three):
+1 greedy only; 2 adds the M2R2 modes (early-exit, speculative); 3, written for every mode now, adds
+the metadata `stop_tokens` and `max_steps`, the optional pins `atol`, `rtol`, `expect_dtype`, and
+the speculative tensors `verify_logits` and `draft_logits`.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 FORMAT = "m2r2-golden"
-# Greedy files are version 1; the M2R2 modes (early-exit, speculative) are version 2.
+# The version files are written as (every mode), and the newest one read.
+FORMAT_VERSION = 3
+# The version of files before the M2R2 modes: greedy only.
 GREEDY_FORMAT_VERSION = 1
-FORMAT_VERSION = 2
+# The version that introduced the M2R2 modes; a speculative golden without the graphs' logits is
+# still written as this one (writer.write_speculative).
+M2R2_FORMAT_VERSION = 2
+READ_VERSIONS = (GREEDY_FORMAT_VERSION, M2R2_FORMAT_VERSION, FORMAT_VERSION)
 MODES = ("greedy", "early-exit", "speculative")
+# The export precisions a golden can pin (metadata `expect_dtype`).
+DTYPES = ("f32", "f16")
 
-# The extra tensors of each version-2 mode, in the order docs/GOLDEN.md lists them.
+# The extra tensors of each M2R2 mode since version 2, in the order docs/GOLDEN.md lists them.
 M2R2_TENSORS = {
     "early-exit": ("exit_gate", "gate_scores"),
     "speculative": ("round_drafted", "round_accepted", "round_base_token", "round_scores"),
 }
+# What each graph of a speculative deployment produced along the rounds (version 3).
+GRAPH_TENSORS = {"speculative": ("verify_logits", "draft_logits")}
+
+
+def drafted_in(round_drafted: np.ndarray, r: int) -> np.ndarray:
+    """The tokens round ``r`` drafted: its row of ``round_drafted`` [R, M] without the -1 pad."""
+    row = np.asarray(round_drafted)[r]
+    return row[row >= 0]
+
+
+def proposals(round_drafted: np.ndarray, round_scores: np.ndarray, r: int) -> int:
+    """Proposals the draft made in round ``r``: its drafts, or one more where a dynamic draft
+    stopped at a score under the threshold (the non-NaN entries of ``round_scores`` [R, M + 1])."""
+    scored = int(np.count_nonzero(~np.isnan(np.asarray(round_scores)[r])))
+    return max(len(drafted_in(round_drafted, r)), scored)
+
+
+def verify_rounds(round_drafted: np.ndarray) -> List[Optional[int]]:
+    """The round of each row of ``verify_logits``: ``None`` for the prompt's last row, then round
+    ``r`` once for its first token and once per drafted token (``T = 1 + sum_r (d_r + 1)`` rows)."""
+    rows: List[Optional[int]] = [None]
+    for r in range(np.asarray(round_drafted).shape[0]):
+        rows.extend([r] * (len(drafted_in(round_drafted, r)) + 1))
+    return rows
+
+
+def proposal_rounds(round_drafted: np.ndarray, round_scores: np.ndarray) -> List[int]:
+    """The round of each row of ``draft_logits``: round ``r`` once per proposal
+    (``Q = sum_r p_r`` rows, :func:`proposals`)."""
+    rounds = range(np.asarray(round_drafted).shape[0])
+    return [r for r in rounds for _ in range(proposals(round_drafted, round_scores, r))]
 
 
 @dataclass(eq=False)
@@ -46,6 +89,9 @@ class Golden:
     round_accepted: Optional[np.ndarray] = None  # int64 [R]
     round_base_token: Optional[np.ndarray] = None  # int64 [R]: correction or bonus token
     round_scores: Optional[np.ndarray] = None  # float32 [R, M + 1]: NaN padded
+    # speculative (format version 3): rows in the order of verify_rounds / proposal_rounds
+    verify_logits: Optional[np.ndarray] = None  # float32 [T, V]: the prompt's row, verified rows
+    draft_logits: Optional[np.ndarray] = None  # float32 [Q, V]: the draft's, at every proposal
     # the file it was read from or written to, for messages
     path: Optional[str] = None
 
@@ -80,7 +126,7 @@ class Golden:
 
     @property
     def m2r2_config(self) -> Optional[Dict[str, Any]]:
-        """The M2R2 settings of a version-2 golden, parsed; ``None`` for greedy."""
+        """The M2R2 settings of an early-exit or speculative golden, parsed; ``None`` for greedy."""
         text = self.metadata.get("m2r2_config")
         return None if text is None else json.loads(text)
 
@@ -89,10 +135,47 @@ class Golden:
         return self.metadata.get("m2r2_hash")
 
     @property
+    def stop_tokens(self) -> Optional[List[int]]:
+        """The end-of-turn ids the decode stops at (after the first one it emits; the set, whether
+        one was reached or not): ``[]`` when it decoded without stopping, the whole ``max_steps``
+        budget; ``None`` for files before version 3, which ran the whole budget."""
+        if self.format_version < 3:
+            return None
+        return [int(t) for t in json.loads(self.metadata["stop_tokens"])]
+
+    @property
+    def max_steps(self) -> Optional[int]:
+        """The token budget of the decode (``len(tokens)`` or more when it stopped at a stop
+        token); ``None`` for files before version 3."""
+        return None if self.format_version < 3 else int(self.metadata["max_steps"])
+
+    @property
+    def atol(self) -> Optional[float]:
+        """The absolute tolerance the suite pins (version 3), or ``None``."""
+        return _pin(self, "atol")
+
+    @property
+    def rtol(self) -> Optional[float]:
+        """The relative tolerance the suite pins (version 3), or ``None``."""
+        return _pin(self, "rtol")
+
+    @property
+    def expect_dtype(self) -> Optional[str]:
+        """The export precision the suite pins (``f32`` or ``f16``; version 3), or ``None``."""
+        return self.metadata.get("expect_dtype") if self.format_version >= 3 else None
+
+    @property
     def vocab_size(self) -> int:
         return int(self.logits.shape[1])
 
     def m2r2_tensors(self) -> Dict[str, np.ndarray]:
-        """The version-2 tensors this golden holds, by name (empty for greedy)."""
-        names = M2R2_TENSORS.get(self.mode, ())
-        return {name: getattr(self, name) for name in names}
+        """The mode's tensors this golden holds, by name: version 2's, and for a version-3
+        speculative golden ``verify_logits`` and ``draft_logits`` (empty for greedy)."""
+        names = M2R2_TENSORS.get(self.mode, ()) + GRAPH_TENSORS.get(self.mode, ())
+        tensors = {name: getattr(self, name) for name in names}
+        return {name: t for name, t in tensors.items() if t is not None}
+
+
+def _pin(golden: Golden, key: str) -> Optional[float]:
+    text = golden.metadata.get(key)
+    return None if text is None or golden.format_version < 3 else float(text)

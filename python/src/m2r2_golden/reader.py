@@ -1,17 +1,27 @@
-"""Reading a golden file, validated as docs/GOLDEN.md specifies and as the reference's reader does
-(reference/src/golden/file.rs): every error is a ValueError naming the file and the tensor or
-metadata key."""
+"""Reading a golden file of format version 1, 2 or 3, validated as docs/GOLDEN.md specifies and as
+the reference's reader does (reference/src/golden/file.rs, reference/src/golden/m2r2/mod.rs): every
+error is a ValueError naming the file and the tensor or metadata key."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Dict, List, Tuple, Union
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from .golden import FORMAT, FORMAT_VERSION, GREEDY_FORMAT_VERSION, Golden
+from .golden import (
+    DTYPES,
+    FORMAT,
+    FORMAT_VERSION,
+    GREEDY_FORMAT_VERSION,
+    READ_VERSIONS,
+    Golden,
+    proposal_rounds,
+    verify_rounds,
+)
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -21,6 +31,8 @@ _U32_MAX = 2**32 - 1
 # the values of the M2R2 metadata keys that name something (reference: GateKind, KvPolicy)
 _GATES = ("arla", "confidence", "entropy")
 _KV_POLICIES = ("exact", "fast-kv")
+# A decimal number as Rust's `f32::from_str` reads it (no spaces or `_`, which Python's float takes)
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
 def read(path: PathLike) -> Golden:
@@ -76,6 +88,34 @@ class _File:
         except ValueError:
             raise self.error(f"metadata `{key}` = `{value}` is not valid (a number)") from None
 
+    def id_list(self, key: str) -> List[int]:
+        """A JSON list of token ids (each in ``0..=u32::MAX``), as ``stop_tokens`` holds."""
+        value = self.field(key)
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, list) or not all(
+            type(t) is int and 0 <= t <= _U32_MAX for t in parsed
+        ):
+            raise self.error(
+                f"metadata `{key}` = `{value}` is not valid (a JSON list of token ids)"
+            )
+        return parsed
+
+    def tolerance(self, key: str) -> None:
+        """Optional ``key``: a finite number >= 0 that fits an f32, as the reference reads a pin."""
+        value = self.metadata.get(key)
+        if value is None:
+            return
+        ok = _DECIMAL.fullmatch(value) is not None
+        if ok:
+            with np.errstate(over="ignore"):
+                x = np.float32(float(value))
+            ok = bool(np.isfinite(x)) and x >= 0
+        if not ok:
+            raise self.error(f"metadata `{key}` = `{value}` is not valid (a finite number >= 0)")
+
     def json_object(self, key: str) -> dict:
         value = self.field(key)
         try:
@@ -126,14 +166,23 @@ def _read(file: _File) -> Golden:
             raise file.error(
                 f"golden format version 1 has no mode `{mode}` (only greedy; metadata `mode`)"
             )
-    elif version != str(FORMAT_VERSION):
+    elif version not in [str(v) for v in READ_VERSIONS]:
         raise file.error(
             f"golden format version {version} is not supported (metadata `format_version`; "
-            f"this reader reads {GREEDY_FORMAT_VERSION} and {FORMAT_VERSION})"
+            f"this reader reads {GREEDY_FORMAT_VERSION} to {FORMAT_VERSION})"
         )
+    v = int(version)
     for key in ("model", "config_hash"):
         file.field(key)
     file.json_object("config")
+    if v >= 3:
+        # stop_tokens (the end-of-turn ids it stops at, [] for none), max_steps, optional pins
+        file.id_list("stop_tokens")
+        file.integer("max_steps")
+        file.tolerance("atol")
+        file.tolerance("rtol")
+        if "expect_dtype" in file.metadata:
+            file.choice("expect_dtype", DTYPES)
 
     # prompt_tokens [P], tokens [n], logits [n, V]
     prompt_tokens = file.ids("prompt_tokens")
@@ -149,7 +198,7 @@ def _read(file: _File) -> Golden:
     if mode == "early-exit":
         extra = _early_exit(file, n)
     elif mode == "speculative":
-        extra = _speculative(file)
+        extra = _speculative(file, n, v)
     elif mode != "greedy":
         raise file.error(f"unknown golden mode `{mode}` (greedy, early-exit, speculative)")
     return Golden(
@@ -183,8 +232,11 @@ def _early_exit(file: _File, n: int) -> Dict[str, np.ndarray]:
     return {"exit_gate": exit_gate, "gate_scores": gate_scores}
 
 
-def _speculative(file: _File) -> Dict[str, np.ndarray]:
-    """round_drafted [R, M], round_accepted [R], round_base_token [R], round_scores [R, M + 1]."""
+def _speculative(file: _File, n: int, version: int) -> Dict[str, np.ndarray]:
+    """round_drafted [R, M], round_accepted [R], round_base_token [R], round_scores [R, M + 1];
+    from version 3 also verify_logits [T, V'] and draft_logits [Q, V'] with T and Q the rows the
+    rounds imply (golden.verify_rounds, golden.proposal_rounds). As in the reference's reader,
+    their width is not checked here: a comparison checks it against the other file's."""
     _m2r2_common(file)
     file.integer("draft_gate")
     gate = file.choice("gate", ("none",) + _GATES)
@@ -201,15 +253,33 @@ def _speculative(file: _File) -> Dict[str, np.ndarray]:
         shape = _shape(accepted.shape)
         raise file.error(f"tensor `round_accepted` has shape {shape}, expected [R]")
     r = accepted.shape[0]
+    if r == 0 and n > 1:
+        # every token after the first comes from a round
+        raise file.error(f"tensor `round_accepted` has no rounds for {n} tokens")
     base_token = file.tensor("round_base_token", "I64")
     file.expect_shape("round_base_token", base_token, (r,))
     drafted = file.tensor("round_drafted", "I64")
     file.expect_shape("round_drafted", drafted, (r, m))
     scores = file.tensor("round_scores", "F32")
     file.expect_shape("round_scores", scores, (r, m + 1))
-    return {
+    tensors = {
         "round_drafted": drafted,
         "round_accepted": accepted,
         "round_base_token": base_token,
         "round_scores": scores,
     }
+    if version >= 3:
+        rows = {
+            "verify_logits": (len(verify_rounds(drafted)), "the prompt's row, per round 1 + drafts"),
+            "draft_logits": (len(proposal_rounds(drafted, scores)), "one per proposal"),
+        }
+        for name, (count, why) in rows.items():
+            values = file.tensor(name, "F32")
+            width = values.shape[1] if values.ndim == 2 else "V"
+            if values.ndim != 2 or values.shape[0] != count:
+                raise file.error(
+                    f"tensor `{name}` has shape {_shape(values.shape)}, expected "
+                    f"[{count}, {width}] ({why})"
+                )
+            tensors[name] = values
+    return tensors
