@@ -72,6 +72,12 @@ pub struct OnnxSpeculation {
 }
 
 impl OnnxSpeculation {
+    /// Whether draft.onnx reads the verified state (`bridge_states`, from verifier.onnx's
+    /// `final_states`): then a verifier that is off moves the drafts too.
+    pub fn has_bridge(&self) -> bool {
+        self.bridge
+    }
+
     /// Load draft.onnx and verifier.onnx of an export on `ep`. `gate` as in
     /// [`ReferenceSpeculation::new`](reference::decode::draft_verify::ReferenceSpeculation::new); the draft
     /// gate is the one the export was split at.
