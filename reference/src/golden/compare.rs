@@ -136,6 +136,7 @@ impl Golden {
         };
         entries.extend(compare_stops(
             ACTUAL,
+            "actual",
             &ids(&self.tokens),
             &ids(&actual.tokens),
             &stops,
@@ -158,6 +159,9 @@ impl Golden {
                 )));
             }
             entries.extend(compare_records(&want.record, &got.record, tol)?);
+        }
+        for e in &mut entries {
+            e.against = "actual";
         }
         Ok(CheckReport { entries })
     }

@@ -144,15 +144,23 @@ impl Golden {
             _ => Some(M2r2Golden::read(&file, &mode, tokens.len(), version)?),
         };
         let (stop_tokens, max_steps, pins) = match version {
-            3.. => (
-                Some(file.id_list("stop_tokens")?),
-                Some(file.number::<usize>("max_steps")?),
-                Pins {
+            3.. => {
+                let stops = file.id_list("stop_tokens")?;
+                let steps = file.count("max_steps")?;
+                file.check_stop(&tokens, &stops, steps)?;
+                let expect_dtype = file.meta.get("expect_dtype").cloned();
+                if let Some(dtype) = &expect_dtype
+                    && !["f32", "f16"].contains(&dtype.as_str())
+                {
+                    return Err(file.bad("expect_dtype", dtype));
+                }
+                let pins = Pins {
                     atol: file.optional_number("atol")?,
                     rtol: file.optional_number("rtol")?,
-                    expect_dtype: file.meta.get("expect_dtype").cloned(),
-                },
-            ),
+                    expect_dtype,
+                };
+                (Some(stops), Some(steps), pins)
+            }
             _ => (None, None, Pins::default()),
         };
         Ok(Golden {
@@ -190,10 +198,46 @@ impl GoldenFile<'_> {
         })
     }
 
-    /// Metadata `key` parsed as a number.
-    pub(in crate::golden) fn number<T: std::str::FromStr>(&self, key: &str) -> Result<T> {
+    /// Metadata `key` as a count: decimal digits only.
+    pub(in crate::golden) fn count(&self, key: &str) -> Result<usize> {
         let value = self.field(key)?;
-        value.parse().map_err(|_| self.bad(key, &value))
+        value
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| value.parse().ok())
+            .flatten()
+            .ok_or_else(|| self.bad(key, &value))
+    }
+
+    /// The tokens agree with where the decode stops: within the budget, no stop token before the
+    /// last, and fewer tokens than the budget only when the last is a stop token.
+    fn check_stop(&self, tokens: &[u32], stops: &[u32], steps: usize) -> Result<()> {
+        let n = tokens.len();
+        let early = tokens
+            .iter()
+            .take(n.saturating_sub(1))
+            .position(|t| stops.contains(t));
+        let problem = if n > steps {
+            Some(format!("{n} tokens for `max_steps` = {steps}"))
+        } else if let Some(i) = early {
+            Some(format!(
+                "stop token {} at step {i}, before the last",
+                tokens[i]
+            ))
+        } else if n < steps && !tokens.last().is_some_and(|t| stops.contains(t)) {
+            Some(format!(
+                "{n} tokens for `max_steps` = {steps}, the last not a stop token"
+            ))
+        } else {
+            None
+        };
+        match problem {
+            Some(p) => Err(Error::format(
+                &self.label,
+                format!("`tokens` do not agree with `stop_tokens` and `max_steps`: {p}"),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Optional metadata `key` parsed as a finite number >= 0 (a tolerance).
@@ -315,6 +359,40 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("missing.safetensors"), "{err}");
+    }
+
+    /// Format 3's metadata must agree with itself and with the tokens; each refusal names the
+    /// file and the key.
+    #[test]
+    fn stops_budgets_and_pins_are_validated() {
+        let model = crate::io::builtin::builtin("tiny").unwrap();
+        let g = Golden::record_greedy(&model, "tiny", &[1, 2], 4).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.safetensors");
+        let refused = |edit: &dyn Fn(&mut Golden), needle: &str| {
+            let mut bad = g.clone();
+            edit(&mut bad);
+            bad.write(&path).unwrap();
+            let err = Golden::read(&path).unwrap_err().to_string();
+            assert!(err.contains("g.safetensors") && err.contains(needle), "{err}");
+        };
+        refused(&|b| b.max_steps = Some(3), "4 tokens for `max_steps` = 3");
+        refused(&|b| b.max_steps = Some(9), "the last not a stop token");
+        let second = g.tokens[1];
+        let first = g.tokens.iter().position(|&t| t == second).unwrap();
+        refused(
+            &|b| b.stop_tokens = Some(vec![second]),
+            &format!("stop token {second} at step {first}, before the last"),
+        );
+        refused(&|b| b.pins.expect_dtype = Some("f64".into()), "`expect_dtype` = `f64`");
+        refused(&|b| b.pins.atol = Some(-1.0), "`atol` = `-1`");
+        // a golden that stopped early at its stop token reads back
+        let mut stopped = g.clone();
+        (stopped.max_steps, stopped.stop_tokens) = (Some(9), Some(vec![g.tokens[3]]));
+        if !g.tokens[..3].contains(&g.tokens[3]) {
+            stopped.write(&path).unwrap();
+            assert_eq!(Golden::read(&path).unwrap().max_steps, Some(9));
+        }
     }
 
     /// No tokens, and logits `[0, 2^63]`: zero bytes, so safetensors accepts the shape, but no

@@ -11,8 +11,10 @@
 //! Format versions. Version 1: greedy only. Version 2: the M2R2 modes (`early-exit`,
 //! `speculative`), their extra tensors and metadata listed in [`m2r2`]. Version 3 (everything
 //! written now) adds what a deployment's check needs:
-//! - metadata `stop_tokens` (JSON ids the decode stopped at, `[]` when it ran the whole budget)
-//!   and `max_steps` (the budget); older files ran the whole budget and do not say so;
+//! - metadata `stop_tokens` (JSON ids the decode stops after, the model's end-of-turn tokens;
+//!   `[]` when it was to run the whole budget, `--ignore-eos`) and `max_steps` (the budget); a
+//!   file has fewer tokens than its budget only when the last is a stop token; older files ran
+//!   the whole budget and do not say so;
 //! - optional pins of the suite: `atol`, `rtol`, `expect_dtype` (the export precision it is for);
 //! - speculative files: `verify_logits` and `draft_logits`, what the verifier and the draft
 //!   produced along the recorded rounds ([`m2r2`]), so that each graph is checked on its own.
@@ -65,9 +67,9 @@ pub struct Golden {
     /// writes (and for a golden just recorded), `m2r2-golden-python X` for the Python package's;
     /// `None` for a file without the field.
     pub writer: Option<String>,
-    /// `stop_tokens`: the ids the decode stopped at (end of turn); `[]` when it ran the whole
-    /// budget (`golden write --ignore-eos`); `None` for files before format version 3, which ran
-    /// the whole budget without saying so.
+    /// `stop_tokens`: the ids the decode stops after (the model's end-of-turn tokens); `[]` when
+    /// it was to run the whole budget (`golden write --ignore-eos`); `None` for files before
+    /// format version 3, which ran the whole budget without saying so.
     pub stop_tokens: Option<Vec<u32>>,
     /// `max_steps`: the token budget asked for (`None` before format version 3).
     pub max_steps: Option<usize>,

@@ -37,6 +37,8 @@ pub struct TensorCheck {
     /// The first divergence of an integer tensor (tokens, drafts, rounds).
     pub divergence: Option<Divergence>,
     pub note: String,
+    /// What the golden is compared with, in words: `recomputed`, or `actual` for another file.
+    pub against: &'static str,
 }
 
 /// Where two integer records first part: what differs there, both sides' values (never padding).
@@ -70,6 +72,7 @@ impl TensorCheck {
             row_max_abs: vec![],
             divergence: None,
             note: String::new(),
+            against: "recomputed",
         }
     }
 
@@ -182,9 +185,10 @@ impl TensorCheck {
                 String::new()
             };
             return format!(
-                "first divergence at {at}: {} golden {} vs recomputed {}{more}{}",
+                "first divergence at {at}: {} golden {} vs {} {}{more}{}",
                 d.what,
                 show(&d.golden),
+                self.against,
                 show(&d.recomputed),
                 if self.note.is_empty() {
                     String::new()
@@ -425,6 +429,7 @@ pub fn compare_padded(
 /// - `want`, `got`: the emitted tokens of the golden and of the recomputation
 pub fn compare_stops(
     graph: &str,
+    against: &'static str,
     want: &[i64],
     got: &[i64],
     stops: &[i64],
@@ -437,7 +442,7 @@ pub fn compare_stops(
     let (short, long, short_side) = if want.len() < got.len() {
         (want, got, "the golden")
     } else {
-        (got, want, "the recomputation")
+        (got, want, against)
     };
     let ended_on = short.last().copied();
     let name = |id: Option<i64>| match id {
@@ -451,7 +456,7 @@ pub fn compare_stops(
         && long.get(short.len() - 1).copied() == ended_on;
     let ok = shared_end && !longer_stopped;
     let note = format!(
-        "golden {} tokens, recomputed {}: {short_side} stopped after {} at {}{}",
+        "golden {} tokens, {against} {}: {short_side} stopped after {} at {}{}",
         want.len(),
         got.len(),
         short.len(),
@@ -464,6 +469,7 @@ pub fn compare_stops(
         }
     );
     let mut check = TensorCheck::verdict("stop", graph, ok, note);
+    check.against = against;
     check.first_row = (!ok).then_some(short.len().saturating_sub(1));
     Some(check)
 }
@@ -535,15 +541,16 @@ mod tests {
     fn stops_at_end_of_turn_against_a_golden_that_ran_on() {
         let none = |_: i64| None;
         // the golden ran on past end of turn (2); the deployment stopped there
-        let c = compare_stops("", &[4, 2, 9, 9], &[4, 2], &[2], false, &none).unwrap();
+        let c =
+            compare_stops("", "recomputed", &[4, 2, 9, 9], &[4, 2], &[2], false, &none).unwrap();
         assert!(c.ok, "{c:?}");
         // both stop at end of turn but at different places
-        let c = compare_stops("", &[4, 2], &[4, 5, 2], &[2], true, &none).unwrap();
+        let c = compare_stops("", "recomputed", &[4, 2], &[4, 5, 2], &[2], true, &none).unwrap();
         assert!(
             !c.ok && c.note.contains("golden 2 tokens, recomputed 3"),
             "{c:?}"
         );
-        assert!(compare_stops("", &[1], &[1], &[2], true, &none).is_none());
+        assert!(compare_stops("", "recomputed", &[1], &[1], &[2], true, &none).is_none());
     }
 
     #[test]

@@ -158,6 +158,7 @@ impl Golden {
         let stops = token_ids(self.stops());
         compare_stops(
             graph,
+            "recomputed",
             &token_ids(&self.tokens),
             &token_ids(got),
             &stops,
