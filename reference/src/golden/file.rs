@@ -374,7 +374,10 @@ mod tests {
             edit(&mut bad);
             bad.write(&path).unwrap();
             let err = Golden::read(&path).unwrap_err().to_string();
-            assert!(err.contains("g.safetensors") && err.contains(needle), "{err}");
+            assert!(
+                err.contains("g.safetensors") && err.contains(needle),
+                "{err}"
+            );
         };
         refused(&|b| b.max_steps = Some(3), "4 tokens for `max_steps` = 3");
         refused(&|b| b.max_steps = Some(9), "the last not a stop token");
@@ -384,7 +387,10 @@ mod tests {
             &|b| b.stop_tokens = Some(vec![second]),
             &format!("stop token {second} at step {first}, before the last"),
         );
-        refused(&|b| b.pins.expect_dtype = Some("f64".into()), "`expect_dtype` = `f64`");
+        refused(
+            &|b| b.pins.expect_dtype = Some("f64".into()),
+            "`expect_dtype` = `f64`",
+        );
         refused(&|b| b.pins.atol = Some(-1.0), "`atol` = `-1`");
         // a golden that stopped early at its stop token reads back
         let mut stopped = g.clone();

@@ -140,6 +140,10 @@ impl TensorCheck {
             Some(round) if self.row_name != "round" => {
                 format!("{} {row} (round {round})", self.row_name)
             }
+            // the verifier's first row is the prompt's last position, before any round
+            None if self.row_name == "verified row" && row == 0 => {
+                "verified row 0 (the prompt's)".into()
+            }
             _ => format!("{} {row}", self.row_name),
         })
     }

@@ -110,9 +110,9 @@ fn check_file(args: &CheckArgs, engine: &mut Engine, file: &Path) -> Outcome {
                     && *want != onnx.dtype
                 {
                     bail!(
-                        "the export holds {} weights, the suite expects {want} ({from}): not \
-                         checked (export with --weights-dtype {want}, or pass --expect-dtype {} \
-                         and a tolerance for it)",
+                        "the export holds {} weights, the suite expects {want} ({from}); \
+                         export with --weights-dtype {want}, or pass --expect-dtype {} and a \
+                         tolerance for it",
                         onnx.dtype,
                         onnx.dtype
                     );

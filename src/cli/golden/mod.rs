@@ -26,10 +26,11 @@ pub enum Command {
     /// Record `--steps` tokens of `--mode` and the logits each was chosen from (M2R2 modes: also the
     /// gate scores, exits, drafts and accepted counts)
     Write(WriteArgs),
-    /// Recompute a golden file and compare; exits 1 when a tensor differs beyond the tolerance
+    /// Recompute a golden file (or every one of a suite folder) and compare, graph by graph; exits
+    /// 1 when a tensor differs beyond the tolerance, 2 when a golden could not be checked
     Check(CheckArgs),
     /// Compare two golden files tensor by tensor (e.g. one written by a deployment's own harness);
-    /// exits 1 when a tensor differs beyond the tolerance
+    /// exits 1 when a tensor differs beyond the tolerance, 2 when a pair could not be compared
     Compare(CompareArgs),
 }
 
