@@ -14,6 +14,7 @@ use reference::io::load::LoadedModel;
 use reference::io::tokenizer::Tokenizer;
 use reference::m2r2::fast_stream::M2r2;
 use serde_json::json;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -188,10 +189,13 @@ pub(super) fn compare(args: &CompareArgs) -> Result<()> {
             return report_all(&[outcome], args.json, args.junit.as_deref(), suite);
         }
     };
+    // Token text from the model each golden names, loaded once (when it loads without a
+    // download; ids alone otherwise).
+    let mut tokenizers: HashMap<String, Option<Tokenizer>> = HashMap::new();
     let outcomes: Vec<Outcome> = pairs
         .iter()
         .map(|(e, a)| match (e, a) {
-            (Some(e), Some(a)) => compare_files(args, e, a),
+            (Some(e), Some(a)) => compare_files(args, e, a, &mut tokenizers),
             (Some(e), None) => Outcome::error(
                 e,
                 "golden compare",
@@ -251,7 +255,12 @@ fn compare_pairs(
         .collect())
 }
 
-fn compare_files(args: &CompareArgs, expected_path: &Path, actual_path: &Path) -> Outcome {
+fn compare_files(
+    args: &CompareArgs,
+    expected_path: &Path,
+    actual_path: &Path,
+    tokenizers: &mut HashMap<String, Option<Tokenizer>>,
+) -> Outcome {
     let start = Instant::now();
     let read = |path: &Path| {
         Golden::read(path).with_context(|| format!("cannot read golden {}", path.display()))
@@ -285,10 +294,12 @@ fn compare_files(args: &CompareArgs, expected_path: &Path, actual_path: &Path) -
     });
     let result = (|| -> Result<Checked> {
         let tol = args.tol.choose(&expected.pins, (DEFAULT_ATOL, "default"))?;
-        // Token text from the model the golden names, when it loads without a download.
-        let loaded = common::load(&expected.model).ok();
-        let tokenizer = loaded.as_ref().and_then(|l| l.tokenizer().ok());
-        let text = token_text(tokenizer);
+        let tokenizer = tokenizers.entry(expected.model.clone()).or_insert_with(|| {
+            reference::io::load::load_model(&expected.model)
+                .ok()
+                .and_then(|l| l.tokenizer)
+        });
+        let text = token_text(tokenizer.as_ref());
         let report = expected
             .compare_to(&actual, tol.tol, &text)
             .with_context(|| {
