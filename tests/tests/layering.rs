@@ -2,7 +2,8 @@
 //! and `#[cfg(test)]` modules left out: tests may use anything) and fails naming the file and the
 //! import that breaks the rule:
 //! - `reference/src`: the folders are layers: a folder imports only from folders before it in
-//!   reading order, and no two files import each other, directly or round a cycle;
+//!   reading order, and no two files import each other, directly or round a cycle (imports are
+//!   `crate::`, `super::` and `self::` paths, in `use` or in code);
 //! - `src/cli`: a command imports only the shared modules (flags, loading, reports), never another
 //!   command.
 
@@ -150,7 +151,33 @@ fn sources() -> Vec<Source> {
         .map(|(file, module)| {
             let text = std::fs::read_to_string(file).unwrap();
             let mut imports = BTreeSet::new();
-            for segs in crate_paths(&code(&text)) {
+            // `super::` and `self::` paths too, made absolute: a file's parent module is its
+            // folder's (`base/matmul/avx2.rs` -> `base::matmul`), a `mod.rs`'s the folder above.
+            let is_mod = file
+                .file_name()
+                .is_some_and(|n| n == "mod.rs" || n == "lib.rs");
+            let parent: Vec<String> = {
+                let mut segs: Vec<String> = module.split("::").map(str::to_string).collect();
+                if !is_mod {
+                    segs.pop();
+                }
+                segs
+            };
+            let own: Vec<String> = module.split("::").map(str::to_string).collect();
+            let relative = |prefix: &str, base: &[String]| -> Vec<Vec<String>> {
+                paths_after(&code(&text), prefix)
+                    .into_iter()
+                    .map(|segs| base.iter().cloned().chain(segs).collect())
+                    .collect()
+            };
+            let mut all = crate_paths(&code(&text));
+            let parent_of_mod = match is_mod {
+                true => own[..own.len().saturating_sub(1)].to_vec(),
+                false => parent.clone(),
+            };
+            all.extend(relative("super::", &parent_of_mod));
+            all.extend(relative("self::", if is_mod { &own } else { &parent }));
+            for segs in all {
                 // the longest prefix that names a module
                 for n in (1..=segs.len()).rev() {
                     let candidate = segs[..n].join("::");

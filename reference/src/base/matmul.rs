@@ -25,6 +25,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 pub mod kernel;
+mod lanes;
 pub mod narrow;
 #[cfg(target_arch = "aarch64")]
 mod neon;

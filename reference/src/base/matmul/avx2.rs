@@ -3,7 +3,7 @@
 //! separate multiply and add (never FMA), so each lane sees the same roundings as the definition.
 
 use super::LANES;
-use super::kernel::{add_lanes, tail};
+use super::lanes::{add_lanes, tail};
 use std::arch::x86_64::{__m256, _mm256_add_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_setzero_ps};
 
 /// `out[r * T + t] = dot(w[r], x_t)`, one weight row at a time against tiles of 4 input rows (then

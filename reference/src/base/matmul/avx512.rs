@@ -11,7 +11,7 @@
 //! has nothing to share and streams one weight row at a time.
 
 use super::LANES;
-use super::kernel::{add_lanes, tail};
+use super::lanes::{add_lanes, tail};
 use std::arch::x86_64::{
     __m512, _MM_HINT_T1, _mm_prefetch, _mm512_add_ps, _mm512_loadu_ps, _mm512_mul_ps,
     _mm512_setzero_ps,

@@ -4,7 +4,7 @@
 //! `vaddq`, never `vfmaq`), so each lane sees the same roundings as the definition.
 
 use super::LANES;
-use super::kernel::{add_lanes, tail};
+use super::lanes::{add_lanes, tail};
 use std::arch::aarch64::{float32x4_t, vaddq_f32, vdupq_n_f32, vld1q_f32, vmulq_f32, vst1q_f32};
 
 /// `out[r * T + t] = dot(w[r], x_t)` in tiles of 2 weight rows x 2 input rows, with 1-wide tiles for
