@@ -219,7 +219,7 @@ pub struct TracedDecode {
     pub tokens: Vec<u32>,
     /// The logits each token was chosen from: `steps + 1` rows of `[V]`.
     pub logits: Vec<Vec<f32>>,
-    /// Per layer, the mean wall-clock seconds of one decode step's `decoder_layer` call on this
+    /// Per layer, the mean wall-clock seconds of one decode step's `DecoderLayer::forward_batch` call on this
     /// machine (with the fast row in the gated intervals). Not part of the trace: it varies run to run.
     pub layer_seconds: Vec<f64>,
 }
