@@ -1,5 +1,6 @@
 //! Causal grouped-query self-attention (HF `LlamaAttention`, eager): the per-row kernel. The block
-//! around it (projections, RoPE, cache writes) is [`DecoderLayer::forward_batch`](super::layer::DecoderLayer::forward_batch).
+//! around it (projections, RoPE, cache writes) is
+//! [`DecoderLayer::forward_batch`](super::layer::DecoderLayer::forward_batch).
 //!
 //! Row `t` of a chunk sits at absolute position `p = pos0 + t` and attends to cached positions
 //! `lo..=p`, where `lo = 0`, or `p + 1 - w` with a sliding window `w` (Mistral: key `j` is visible

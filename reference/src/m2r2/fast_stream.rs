@@ -7,8 +7,8 @@
 //! `e_{j+1} - e_j` layers: the fast stream's rate is `(J+1)x` in the first interval, `2x` in the last
 //! gated one.
 //!
-//! The fast rows ride in the same `DecoderLayer::forward_batch` calls as the slow rows (one weight read), read the
-//! slow KV cache and never write it (spec section 2). They run only when their output is consumed
+//! The fast rows ride in the same `DecoderLayer::forward_batch` calls as the slow rows (one weight
+//! read), read the slow KV cache and never write it (spec section 2). They run only when their output is consumed
 //! (spec section 7): callers pass the slots that need a fast row.
 
 use crate::base::kv_cache::KvCache;
