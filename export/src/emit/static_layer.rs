@@ -190,12 +190,13 @@ pub fn static_decoder_layer(
             };
             let q = rope(b, &q);
             let k = rope(b, &k);
-            // this run's rows written into the fixed buffers at write_indices, along L (axis 2)
+            // this run's rows written into the fixed buffers at write_indices, along L: axis -2
+            // (= 2 here; written -2, the only axis TensorRT's parser takes)
             let scatter = |b: &mut GraphBuilder, past: &str, rows: &str| {
                 b.node(
                     "TensorScatter",
                     &[past, rows, cx.write_indices],
-                    vec![("axis", Attr::Int(2)), ("mode", Attr::Str("linear"))],
+                    vec![("axis", Attr::Int(-2)), ("mode", Attr::Str("linear"))],
                 )
             };
             let present_key = scatter(b, past_key, &k);
