@@ -202,7 +202,11 @@ pub fn measure(
         if model.static_l_max().is_some() {
             name.push_str(" static");
         }
-        if results.iter().any(|e| e.engine == name) {
+        let taken = |name: &str| results.iter().any(|e| e.engine == name);
+        if let Some(l_max) = model.static_l_max().filter(|_| taken(&name)) {
+            name = format!("{name} L={l_max}");
+        }
+        if taken(&name) {
             name = format!("{name} #{}", results.len());
         }
         let mut engine = summarise(name, runs);
@@ -406,12 +410,12 @@ pub fn print_table(r: &OnnxBenchResult) {
 /// The engines' table rows and the legend.
 pub fn print_engines(engines: &[EngineResult]) {
     println!(
-        "  {:<22} {:>14} {:>14} {:>10} {:>12} {:>13} {:>9}",
+        "  {:<30} {:>14} {:>14} {:>10} {:>12} {:>13} {:>9}",
         "engine", "greedy tok/s", "spec tok/s", "accepted", "ms/draft", "ms/verify", "lossless"
     );
     for e in engines {
         println!(
-            "  {:<22} {:>14.1} {:>14.1} {:>10.2} {:>12.2} {:>13.2} {:>9}",
+            "  {:<30} {:>14.1} {:>14.1} {:>10.2} {:>12.2} {:>13.2} {:>9}",
             e.engine,
             e.greedy_tokens_per_second,
             e.speculative_tokens_per_second,
