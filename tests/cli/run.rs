@@ -335,6 +335,14 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
         .json();
         assert_eq!(got["tokens"], want["tokens"], "{mode}");
     }
+    // a greedy golden of the reference, checked on the static model.onnx
+    let golden = dir.path().join("g.golden.safetensors");
+    let g = golden.to_str().unwrap();
+    super::ok(&[
+        "golden", "write", "--model", "tiny", "--tokens", "1,2,3", "--steps", "8", "--out", g,
+    ]);
+    let checked = super::ok(&["golden", "check", g, "--onnx", s]);
+    assert!(checked.stdout.contains("overall: OK"), "{}", checked.stdout);
     super::fails(
         &[
             "run",
