@@ -10,7 +10,7 @@
 //! - greedy decoding gives the reference's tokens, and speculative decoding on a static folder
 //!   (draft / verifier / feed keep the dynamic interface) gives them too.
 //!
-//! On tiny (and with a sliding window), tiny-moe and SmolLM2-135M-Instruct.
+//! On tiny (also with a sliding window, and with every bias), tiny-moe and SmolLM2-135M-Instruct.
 
 use export::check::TOLERANCE;
 use export::folder::{ExportRequest, export};
@@ -175,6 +175,19 @@ fn tiny_with_a_sliding_window_equals_the_reference() {
     let model = Model::new(config, tiny.weights.clone());
     let weights = M2r2Weights::builtin_for("tiny", &tiny.config).unwrap();
     tiny_case("tiny, sliding window 4", &model, &weights, 20);
+}
+
+/// Biases on q/k/v (Qwen2), o and the MLP (Llama `attention_bias`, `mlp_bias`): stored head-major
+/// for q/k/v, added after the head sum for o.
+#[test]
+fn tiny_with_every_bias_equals_the_reference() {
+    let mut config = builtin::tiny_config();
+    config.qkv_bias = true;
+    config.o_bias = true;
+    config.mlp_bias = true;
+    let model = builtin::random_model(config, 7).unwrap();
+    let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
+    tiny_case("tiny with biases", &model, &weights, 24);
 }
 
 #[test]
