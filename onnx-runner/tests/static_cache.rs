@@ -16,7 +16,7 @@ use export::check::TOLERANCE;
 use export::folder::{ExportRequest, export};
 use export::graphs::{ExportOptions, GraphKind};
 use ndarray::{ArrayView2, Axis};
-use onnx_runner::ep::EpConfig;
+use onnx_runner::ep::{Ep, EpConfig};
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::manifest::ExportDir;
 use onnx_runner::speculation::OnnxSpeculation;
@@ -149,9 +149,14 @@ fn check_full(name: &str, onnx: &mut OnnxModel) {
 }
 
 fn tiny_case(name: &str, model: &Model, weights: &M2r2Weights, l_max: usize) {
+    tiny_case_on(name, model, weights, l_max, &EpConfig::cpu());
+}
+
+fn tiny_case_on(name: &str, model: &Model, weights: &M2r2Weights, l_max: usize, ep: &EpConfig) {
     let dir = tempfile::tempdir().unwrap();
     let exported = export_static(model, weights, l_max, &[GraphKind::Model], dir.path());
-    let mut onnx = OnnxModel::load(&exported, &EpConfig::cpu()).unwrap();
+    let mut onnx = OnnxModel::load(&exported, ep).unwrap();
+    assert_eq!(onnx.session().ep_used(), ep.ep, "{name}: no fallback");
     check_steps(name, model, &mut onnx, &[3, 1, 4, 1, 5, 9, 2, 6], 6);
     // the same folder again from an empty cache: the buffers are reused, stale rows hidden
     onnx.reset();
@@ -235,6 +240,25 @@ fn static_folder_decodes_greedy_and_speculative_like_the_reference() {
     };
     let err = onnx.generate(&prompt, &long, &mut |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("--static-cache"), "{err}");
+}
+
+/// The same checks on ONNX Runtime's CUDA provider: the buffers in GPU memory from the session's
+/// allocator, zeroed by a copy, written in place (docs/GPU.md runs it with scripts/gpu/).
+#[test]
+#[ignore = "needs an NVIDIA GPU and ORT_DYLIB_PATH at an onnxruntime-gpu library (docs/GPU.md)"]
+fn ort_cuda_static_export_equals_the_reference() {
+    let ep = EpConfig::new(Ep::Cuda);
+    for name in ["tiny", "tiny-moe"] {
+        let model = builtin::builtin(name).unwrap();
+        let weights = M2r2Weights::builtin_for(name, &model.config).unwrap();
+        tiny_case_on(&format!("{name} on CUDA"), &model, &weights, 24, &ep);
+    }
+    let mut config = builtin::tiny_config();
+    config.sliding_window = Some(4);
+    config.qkv_bias = true;
+    let model = builtin::random_model(config, 7).unwrap();
+    let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
+    tiny_case_on("tiny, window 4, biases, on CUDA", &model, &weights, 20, &ep);
 }
 
 /// SmolLM2-135M-Instruct (`m2r2 fetch smollm2`): prefill and decode steps, buffers, the full
