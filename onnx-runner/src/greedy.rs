@@ -99,6 +99,10 @@ impl OnnxModel {
     /// - returns `[T, V]`
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Array2<f32>> {
         check_tokens(&self.config, tokens, self.len())?;
+        if let Cache::Static(kv) = &self.cache {
+            // all or nothing: a prompt fed in chunks (TensorRT) must fit before the first one
+            kv.check_room(self.session.file(), tokens.len())?;
+        }
         let chunk = self.max_rows.unwrap_or(tokens.len()).max(1);
         let mut rows = Vec::new();
         for part in tokens.chunks(chunk) {

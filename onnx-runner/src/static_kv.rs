@@ -158,18 +158,25 @@ impl StaticKv {
         self.len = self.len.min(len);
     }
 
-    /// Feed `tokens` at positions `len..len + T`; the buffers then hold them. Returns the
-    /// graph's other outputs (`logits`) on the host. A step past `L` is refused before running.
-    pub fn run(&mut self, session: &mut OnnxSession, tokens: &[u32]) -> Result<Outputs> {
-        let t = tokens.len();
-        let needed = self.len + t;
+    /// `rows` more positions fit in the buffers, else [`Error::StaticCacheFull`] naming `file`.
+    pub fn check_room(&self, file: &str, rows: usize) -> Result<()> {
+        let needed = self.len + rows;
         if needed > self.l_max {
             return Err(Error::StaticCacheFull {
-                file: session.file().to_string(),
+                file: file.to_string(),
                 l_max: self.l_max,
                 needed,
             });
         }
+        Ok(())
+    }
+
+    /// Feed `tokens` at positions `len..len + T`; the buffers then hold them. Returns the
+    /// graph's other outputs (`logits`) on the host. A step past `L` is refused before running.
+    pub fn run(&mut self, session: &mut OnnxSession, tokens: &[u32]) -> Result<Outputs> {
+        self.check_room(session.file(), tokens.len())?;
+        let t = tokens.len();
+        let needed = self.len + t;
         let input_ids = Array2::from_shape_fn((1, t), |(_, i)| i64::from(tokens[i]));
         let position_ids = Array2::from_shape_fn((1, t), |(_, i)| (self.len + i) as i64);
         let write_indices = Array1::from_elem(1, self.len as i64);
