@@ -129,6 +129,9 @@ pub fn measure(
     if ep_args.ort_compare.is_some() {
         bail!("--ort-compare needs --cost-shape (it compares step costs)");
     }
+    if dirs.is_empty() {
+        bail!("bench on ONNX Runtime needs at least one --onnx DIR");
+    }
     let exports = dirs
         .iter()
         .map(|dir| open_export(loaded, dir))
