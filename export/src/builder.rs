@@ -24,13 +24,19 @@ use std::collections::{HashMap, HashSet};
 pub const MIN_OPSET: i64 = 17;
 pub const MAX_OPSET: i64 = 21;
 pub const DEFAULT_OPSET: i64 = 17;
+/// The opset of static-cache graphs (`export --static-cache`): `RMSNormalization` and
+/// `RotaryEmbedding` (23), `Attention` and `TensorScatter` (24), `Swish` (24).
+pub const STATIC_OPSET: i64 = 24;
 
-/// The IR version that goes with an opset (onnx's VERSION_TABLE).
+/// The IR version that goes with an opset (onnx's VERSION_TABLE): at most 12, below the 13 that
+/// ONNX Runtime 1.31 reads (it refuses 14, what onnx 1.23's `make_model` writes by default).
 pub fn ir_version(opset: i64) -> i64 {
     match opset {
         ..=18 => 8,
         19 | 20 => 9,
-        _ => 10,
+        21 | 22 => 10,
+        23 => 11,
+        _ => 12,
     }
 }
 
@@ -114,6 +120,8 @@ impl Elem {
 /// An attribute of a node.
 pub enum Attr {
     Int(i64),
+    /// A string attribute (`TensorScatter`'s `mode`).
+    Str(&'static str),
     Ints(Vec<i64>),
     Float(f32),
     /// A tensor attribute (`ConstantOfShape` value): one f32.
@@ -461,6 +469,10 @@ fn attribute(name: &str, attr: Attr) -> AttributeProto {
             a.i = Some(i);
             a.r#type = Some(AttributeType::Int as i32);
         }
+        Attr::Str(v) => {
+            a.s = Some(v.as_bytes().to_vec());
+            a.r#type = Some(AttributeType::String as i32);
+        }
         Attr::Ints(v) => {
             a.ints = v;
             a.r#type = Some(AttributeType::Ints as i32);
@@ -560,5 +572,6 @@ mod tests {
             check_opset(opset).unwrap();
         }
         assert_eq!((ir_version(17), ir_version(19), ir_version(21)), (8, 9, 10));
+        assert_eq!(ir_version(STATIC_OPSET), 12);
     }
 }

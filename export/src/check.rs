@@ -11,6 +11,11 @@
 //! | `verifier.onnx` | `logits` of each chunk from the reference `hidden_states`, final `present.*`; with a bridge, `final_states` |
 //! | draft -> verifier | `logits` of `verifier.onnx` fed with `draft.onnx`'s `hidden_states` vs `model.onnx`'s |
 //!
+//! A static `model.onnx` (`--static-cache`) is run by the runner's own loop
+//! ([`onnx_runner::greedy::OnnxModel`], buffers bound in place): the first chunk as a prefill, then
+//! the second one token per step, each step's `logits` against the reference's step, then the
+//! filled positions of every layer's buffers against the reference's cache.
+//!
 //! Tolerance ([`TOLERANCE`]): f32 on the CPU, the same operations in a different summation order
 //! (ORT's blocked GEMMs and vectorised exp / sigmoid against the reference's sequential sums), so
 //! differences are rounding: about 1e-6 relative per operation, accumulated over the layers. A
@@ -330,7 +335,18 @@ pub fn check_folder(
     let mut model_logits = Vec::new();
     let mut draft_hidden = Vec::new();
     let mut feed_hidden = Vec::new();
-    for &kind in kinds {
+    let export = onnx_runner::manifest::ExportDir::open(dir).map_err(runner_error)?;
+    let static_model = export
+        .static_l_max(onnx_runner::manifest::GraphKind::Model)
+        .is_some()
+        && kinds.contains(&GraphKind::Model);
+    if static_model {
+        model_logits = check_static_model(&export, model, &chunks, &mut rows)?;
+    }
+    for &kind in kinds
+        .iter()
+        .filter(|&&k| !(static_model && k == GraphKind::Model))
+    {
         let mut session = load(kind)?;
         let name = kind.file_name();
         let mut feeder = Feeder::new(model, kind.layers(n, e));
@@ -408,6 +424,68 @@ pub fn check_folder(
         }
     }
     Ok(rows)
+}
+
+/// A static model.onnx through the runner: `chunks[0]` as one run, then each token of the later
+/// chunks as a run of its own, each against the reference's same step; then the buffers' filled
+/// positions against the reference's cache. Returns the logits per chunk (`[1, T_c, V]`).
+fn check_static_model(
+    export: &onnx_runner::manifest::ExportDir,
+    model: &Model,
+    chunks: &[&[u32]],
+    rows: &mut Vec<Comparison>,
+) -> Result<Vec<ArrayD<f32>>> {
+    let graph = "model.onnx (static)";
+    let mut onnx =
+        onnx_runner::greedy::OnnxModel::load(export, &EpConfig::cpu()).map_err(runner_error)?;
+    let total: usize = chunks.iter().map(|c| c.len()).sum();
+    let mut cache = model.new_cache(total)?;
+    let mut per_chunk = Vec::new();
+    for (c, chunk) in chunks.iter().enumerate() {
+        let steps: Vec<&[u32]> = if c == 0 {
+            vec![chunk]
+        } else {
+            chunk.chunks(1).collect()
+        };
+        let mut got_rows = Vec::new();
+        for step in steps {
+            let pos = cache.len();
+            let want = model.forward(step, &mut cache)?.logits;
+            let got = onnx.forward(step).map_err(runner_error)?;
+            let tag = format!("{LOGITS} (positions {pos}..{})", pos + step.len());
+            rows.push(compare(
+                graph,
+                &tag,
+                &batch1(got.view()),
+                &batch1(want.view()),
+            ));
+            got_rows.push(got);
+        }
+        let views: Vec<_> = got_rows.iter().map(|r| r.view()).collect();
+        let logits = ndarray::concatenate(Axis(0), &views).expect("same vocab in every step");
+        per_chunk.push(batch1(logits.view()));
+    }
+    let kv = onnx.kv().map_err(runner_error)?;
+    let c = &model.config;
+    for l in 0..c.num_hidden_layers {
+        let (k, v) = cache.layer(l, total);
+        let (ok, ov) = kv.layer(l);
+        let (kn, vn) = graphs::present_names(l);
+        let filled = format!("filled positions 0..{total}");
+        rows.push(compare(
+            graph,
+            &format!("{kn} ({filled})"),
+            &ok.clone().into_dyn(),
+            &kv_layout(k, c.num_key_value_heads, c.head_dim),
+        ));
+        rows.push(compare(
+            graph,
+            &format!("{vn} ({filled})"),
+            &ov.clone().into_dyn(),
+            &kv_layout(v, c.num_key_value_heads, c.head_dim),
+        ));
+    }
+    Ok(per_chunk)
 }
 
 /// The probe `--check` feeds: a short English sentence when the model has a tokenizer, else fixed

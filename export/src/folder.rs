@@ -54,6 +54,11 @@ pub fn export(
                 .into(),
         ));
     }
+    if request.options.static_cache.is_some() && !request.graphs.contains(&GraphKind::Model) {
+        return Err(Error::Invalid(
+            "--static-cache makes model.onnx static: --graphs must include model".into(),
+        ));
+    }
     check_replaceable(out)?;
     let temp = temp_sibling(out)?;
     std::fs::create_dir(&temp).map_err(|e| {
@@ -165,7 +170,11 @@ fn write_all(
         progress(Event::Done(&summary));
         summaries.push(summary);
     }
-    write_json(&dir.join("genai_config.json"), &genai_config(request))?;
+    // onnxruntime-genai drives model.onnx through `attention_mask` and growing past / present
+    // tensors: a static model.onnx has neither, so a static folder has no genai_config.json.
+    if request.options.static_cache.is_none() {
+        write_json(&dir.join("genai_config.json"), &genai_config(request))?;
+    }
     if let Some(head) = &request.m2r2.draft_head {
         head.save(dir)?;
     }
@@ -190,7 +199,7 @@ pub fn manifest(request: &ExportRequest<'_>) -> Value {
         .iter()
         .map(|k| (k.name().to_string(), json!(k.file_name())))
         .collect();
-    json!({
+    let mut manifest = json!({
         "format_version": FORMAT_VERSION,
         "exporter_version": graphs::EXPORTER_VERSION,
         "model_name": o.model_name,
@@ -207,7 +216,17 @@ pub fn manifest(request: &ExportRequest<'_>) -> Value {
         "opset": o.opset,
         "weights_dtype": o.weights_dtype.name(),
         "graphs": graphs,
-    })
+    });
+    // Only static exports have the key. `graphs`: those with the fixed buffers (opset 24, see
+    // static_graph.rs); the others keep the dynamic interface and `opset`.
+    if let Some(l_max) = o.static_cache {
+        manifest["static_cache"] = json!({
+            "l_max": l_max,
+            "opset": crate::builder::STATIC_OPSET,
+            "graphs": [GraphKind::Model.name()],
+        });
+    }
+    manifest
 }
 
 /// `genai_config.json` for onnxruntime-genai, pointing at `model.onnx`.

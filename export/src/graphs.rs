@@ -132,11 +132,17 @@ pub struct ExportOptions {
     pub weights_dtype: WeightsDtype,
     /// `g_d` (1-based) the draft / verifier split is made at.
     pub draft_gate: usize,
+    /// `Some(L)`: `model.onnx` keeps its KV cache in fixed buffers of `L` positions updated in
+    /// place (opset 24, [`crate::static_graph`]); the other graphs stay as without it.
+    pub static_cache: Option<usize>,
 }
 
 /// Refuse what the graphs cannot express, before building anything.
 pub fn check(model: &Model, m2r2: &M2r2Weights, options: &ExportOptions) -> Result<()> {
     check_opset(options.opset)?;
+    if let Some(l_max) = options.static_cache {
+        crate::static_graph::check_l_max(model, l_max)?;
+    }
     let config = &model.config;
     m2r2.config.validate(config, "M2R2 settings")?;
     let j = m2r2.config.num_gates();
@@ -229,6 +235,9 @@ pub fn build(
     options: &ExportOptions,
 ) -> Result<ModelProto> {
     check(model, m2r2, options)?;
+    if let (GraphKind::Model, Some(l_max)) = (kind, options.static_cache) {
+        return crate::static_graph::build_static_model(model, m2r2, options, l_max);
+    }
     let config = &model.config;
     let (n, d, v) = (
         config.num_hidden_layers,

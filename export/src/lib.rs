@@ -9,7 +9,8 @@
 //! Layout: [`proto`] (generated protobuf types, apart), [`builder`] (a small graph builder),
 //! [`emit`] (one emitter per reference module, same file names), [`graphs`] (the three graphs and
 //! their interfaces), [`write`] (protobuf files, external data), [`folder`] (the export folder:
-//! manifest, onnxruntime-genai config, tokenizer files), [`summary`] (per-graph statistics), [`check`] (the graphs under ONNX Runtime against the
+//! manifest, onnxruntime-genai config, tokenizer files), [`static_graph`] (`model.onnx` with a
+//! fixed KV buffer updated in place, `--static-cache`), [`summary`] (per-graph statistics), [`check`] (the graphs under ONNX Runtime against the
 //! reference).
 
 pub mod builder;
@@ -19,6 +20,7 @@ pub mod error;
 pub mod folder;
 pub mod graphs;
 pub mod proto;
+pub mod static_graph;
 pub mod summary;
 pub mod write;
 

@@ -21,6 +21,7 @@ fn options(opset: i64, dtype: WeightsDtype) -> ExportOptions {
         opset,
         weights_dtype: dtype,
         draft_gate: 1,
+        static_cache: None,
     }
 }
 

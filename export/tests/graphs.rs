@@ -36,6 +36,7 @@ fn export_all(
             opset: 17,
             weights_dtype: dtype,
             draft_gate,
+            static_cache: None,
         },
         graphs: GraphKind::ALL.to_vec(),
         external_data: false,

@@ -131,7 +131,7 @@ impl DeviceKv {
 
 /// The first `len` positions (all when `None`) of a KV tensor `[1, Hkv, S, Dh]`, copied to the
 /// host: one copy from CPU memory, a device copy first from GPU memory.
-fn host_array(t: &DynTensor, len: Option<usize>) -> Result<Array4<f32>> {
+pub(crate) fn host_array(t: &DynTensor, len: Option<usize>) -> Result<Array4<f32>> {
     let err = |e: ort::Error| Error::Runtime(format!("cannot copy the KV cache to the host: {e}"));
     let on_device;
     let host = if t.memory_info().is_cpu_accessible() {

@@ -72,6 +72,17 @@ pub enum Error {
         actual: Vec<usize>,
     },
 
+    /// A step that would write past the end of a static export's fixed KV buffers.
+    #[error(
+        "{file}: the static cache holds {l_max} positions and this step needs {needed}; \
+         export with a larger --static-cache"
+    )]
+    StaticCacheFull {
+        file: String,
+        l_max: usize,
+        needed: usize,
+    },
+
     /// An export folder that does not follow the contract (docs/ONNX.md).
     #[error("{file}: {msg}")]
     Export { file: String, msg: String },

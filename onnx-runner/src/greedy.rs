@@ -6,6 +6,7 @@ use crate::error::{Error, Result, into_reference};
 use crate::kv_store::{Kv, KvStore};
 use crate::manifest::{ExportDir, GraphKind};
 use crate::session::OnnxSession;
+use crate::static_kv::StaticKv;
 use crate::step::{StepInputs, check_tokens};
 use ndarray::{Array2, Axis, Ix3};
 use reference::ModelConfig;
@@ -16,8 +17,7 @@ use reference::base::work::Work;
 pub struct OnnxModel {
     session: OnnxSession,
     config: ModelConfig,
-    /// ONNX Runtime values between runs (IoBinding; on the device for GPU providers).
-    kv: Kv,
+    cache: Cache,
     /// Rows per run at most (TensorRT's profile); longer prompts are fed in chunks.
     max_rows: Option<usize>,
 }
@@ -30,16 +30,19 @@ impl OnnxModel {
         let config = export.manifest.config.clone();
         crate::kv_store::check_layers(&session, &(0..config.num_hidden_layers))?;
         crate::kv_store::check_width(&session, "logits", config.vocab_size, "vocab_size")?;
-        let kv = Kv::new(
-            0..config.num_hidden_layers,
-            config.num_key_value_heads,
-            config.head_dim,
-            ep.binds_kv(session.ep_used()),
-        )?;
+        let cache = match export.static_l_max(GraphKind::Model) {
+            Some(l_max) => Cache::Static(StaticKv::new(&session, &config, l_max)?),
+            None => Cache::Dynamic(Kv::new(
+                0..config.num_hidden_layers,
+                config.num_key_value_heads,
+                config.head_dim,
+                ep.binds_kv(session.ep_used()),
+            )?),
+        };
         Ok(OnnxModel {
             session,
             config,
-            kv,
+            cache,
             max_rows: ep.tensorrt.ranges.as_ref().map(|r| r.sequence.2),
         })
     }
@@ -53,14 +56,41 @@ impl OnnxModel {
         &mut self.session
     }
 
-    /// The KV cache of every layer, on the host (a copy when it lives on the device).
+    /// The KV cache of every layer, on the host (a copy when it lives on the device; the filled
+    /// positions of a static export's buffers).
     pub fn kv(&mut self) -> Result<KvStore> {
-        self.kv.to_host()
+        match &mut self.cache {
+            Cache::Dynamic(kv) => kv.to_host(),
+            Cache::Static(kv) => kv.to_host(),
+        }
+    }
+
+    /// `L` of a static export's buffers; `None` for a dynamic export.
+    pub fn static_l_max(&self) -> Option<usize> {
+        match &self.cache {
+            Cache::Dynamic(_) => None,
+            Cache::Static(kv) => Some(kv.l_max()),
+        }
+    }
+
+    /// Positions cached.
+    pub fn len(&self) -> usize {
+        match &self.cache {
+            Cache::Dynamic(kv) => kv.len(),
+            Cache::Static(kv) => kv.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Forget the cache.
     pub fn reset(&mut self) {
-        self.kv.truncate(0);
+        match &mut self.cache {
+            Cache::Dynamic(kv) => kv.truncate(0),
+            Cache::Static(kv) => kv.truncate(0),
+        }
     }
 
     /// Feed `tokens` after the cached positions; logits of every row.
@@ -68,7 +98,11 @@ impl OnnxModel {
     /// # Shapes
     /// - returns `[T, V]`
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Array2<f32>> {
-        check_tokens(&self.config, tokens, self.kv.len())?;
+        check_tokens(&self.config, tokens, self.len())?;
+        if let Cache::Static(kv) = &self.cache {
+            // all or nothing: a prompt fed in chunks (TensorRT) must fit before the first one
+            kv.check_room(self.session.file(), tokens.len())?;
+        }
         let chunk = self.max_rows.unwrap_or(tokens.len()).max(1);
         let mut rows = Vec::new();
         for part in tokens.chunks(chunk) {
@@ -79,9 +113,13 @@ impl OnnxModel {
     }
 
     fn forward_chunk(&mut self, tokens: &[u32]) -> Result<Array2<f32>> {
-        let step = StepInputs::new(tokens, self.kv.len());
-        let inputs = step.with_ids();
-        let mut out = self.kv.run(&mut self.session, &inputs, tokens.len())?;
+        let mut out = match &mut self.cache {
+            Cache::Dynamic(kv) => {
+                let step = StepInputs::new(tokens, kv.len());
+                kv.run(&mut self.session, &step.with_ids(), tokens.len())?
+            }
+            Cache::Static(kv) => kv.run(&mut self.session, tokens)?,
+        };
         let file = self.session.file().to_string();
         let logits = logits_rows(
             out.take("logits")?,
@@ -103,6 +141,14 @@ impl OnnxModel {
     ) -> Result<Generation> {
         Ok(generate_with(self, prompt, options, on_token)?)
     }
+}
+
+/// Where model.onnx's cache lives between runs.
+enum Cache {
+    /// `past_key_values` in, `present` out, growing by the step's rows.
+    Dynamic(Kv),
+    /// A static export's fixed buffers, written in place.
+    Static(StaticKv),
 }
 
 impl GreedyBackend for OnnxModel {

@@ -10,7 +10,8 @@
 //! - [`runtime`]: find, provision ([`provision`]) and load libonnxruntime (once per process).
 //! - [`ep`]: which execution provider, registered fail-fast.
 //! - [`session`]: one graph, inputs checked by name, dtype and rank.
-//! - [`manifest`]: the export folder; [`kv_store`]: the KV cache on the runner side.
+//! - [`manifest`]: the export folder; [`kv_store`]: the KV cache on the runner side;
+//!   [`static_kv`]: the fixed buffers of a static export (`export --static-cache`), written in place.
 //!
 //! Dimension legend as in the reference: `V` vocab, `D` hidden, `Hkv` key/value heads, `Dh` head
 //! dim, `T` rows fed in one run, `S` cached positions.
@@ -25,6 +26,7 @@ pub mod provision;
 pub mod runtime;
 pub mod session;
 pub mod speculation;
+pub mod static_kv;
 pub mod step;
 
 pub use error::{Error, Result};

@@ -71,6 +71,21 @@ pub struct Manifest {
     pub weights_dtype: String,
     /// graph kind name -> file name in the folder
     pub graphs: BTreeMap<String, String>,
+    /// `export --static-cache L`: which graphs keep their KV cache in fixed buffers of `l_max`
+    /// positions ([`crate::static_kv`]). Absent: every graph has the dynamic interface.
+    #[serde(default)]
+    pub static_cache: Option<StaticCache>,
+}
+
+/// The `static_cache` entry of a static export's manifest.
+#[derive(Clone, Debug, Deserialize)]
+pub struct StaticCache {
+    /// `L`: positions each layer's key / value buffer holds.
+    pub l_max: usize,
+    /// The opset of those graphs (24).
+    pub opset: i64,
+    /// Graph kind names with fixed buffers (this version: `model`).
+    pub graphs: Vec<String>,
 }
 
 /// An export folder: its manifest and where it lies.
@@ -142,6 +157,16 @@ impl ExportDir {
                 ));
             }
         };
+        if let Some(sc) = &manifest.static_cache {
+            if sc.l_max == 0 {
+                return Err(bad("static_cache.l_max is 0".into()));
+            }
+            if let Some(g) = sc.graphs.iter().find(|g| *g != GraphKind::Model.name()) {
+                return Err(bad(format!(
+                    "static_cache.graphs names `{g}`: this runner runs only a static model graph"
+                )));
+            }
+        }
         for (kind, name) in &manifest.graphs {
             sibling(dir, name).map_err(|e| bad(format!("graphs.{kind}: {e}")))?;
         }
@@ -150,6 +175,15 @@ impl ExportDir {
             manifest,
             draft_head,
         })
+    }
+
+    /// `L` when graph `kind` keeps its cache in fixed buffers (`export --static-cache`).
+    pub fn static_l_max(&self, kind: GraphKind) -> Option<usize> {
+        self.manifest
+            .static_cache
+            .as_ref()
+            .filter(|sc| sc.graphs.iter().any(|g| g == kind.name()))
+            .map(|sc| sc.l_max)
     }
 
     /// Whether the export has graph `kind`.

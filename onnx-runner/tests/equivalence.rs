@@ -77,6 +77,7 @@ pub fn export_graphs(
             opset: 17,
             weights_dtype: export::builder::WeightsDtype::F32,
             draft_gate,
+            static_cache: None,
         },
         graphs: graphs.to_vec(),
         external_data: false,

@@ -36,6 +36,7 @@ fn export_tiny(opset: i64, dir: &Path) {
             opset,
             weights_dtype: export::builder::WeightsDtype::F32,
             draft_gate: weights.config.draft_gate,
+            static_cache: None,
         },
         graphs: GraphKind::ALL.to_vec(),
         external_data: false,

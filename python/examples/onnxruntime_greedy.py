@@ -46,6 +46,12 @@ def load_export(folder: Path, provider: str) -> Tuple[ort.InferenceSession, dict
     if not manifest_path.is_file():
         raise SystemExit(f"{folder}: not an m2r2 export (no m2r2_export.json)")
     manifest = json.loads(manifest_path.read_text())
+    if manifest.get("static_cache") is not None:
+        raise SystemExit(
+            f"{folder}: a static export (--static-cache): its model.onnx takes attn_mask and "
+            "write_indices and fixed KV buffers, which this example does not drive; use an export "
+            "without --static-cache"
+        )
     graph = manifest.get("graphs", {}).get("model")
     if graph is None:
         raise SystemExit(f"{folder}: the export has no model.onnx (export it with --graphs model)")

@@ -5,6 +5,7 @@
 #   bash scripts/gpu/device.sh stash PACK          # keep the chunks present in PACK (one call each)
 #   bash scripts/gpu/device.sh run PACK RESULTS    # unpack, then run every check; logs in RESULTS
 #   bash scripts/gpu/device.sh quick PACK RESULTS  # the CUDA checks only, and the baseline comparison
+#   bash scripts/gpu/device.sh static PACK RESULTS # static-cache exports only (docs/ONNX.md)
 set -uo pipefail
 ACTION=$1
 PACK=$(cd "$2" && pwd)
@@ -13,7 +14,7 @@ mkdir -p $G/parts
 for c in "$PACK"/c[0-9]*; do [ -f "$c" ] && cp "$c" $G/parts/; done
 ls $G/parts
 [ "$ACTION" = stash ] && exit 0
-case "$ACTION" in run | quick) ;; *) echo "usage: device.sh stash|run|quick PACK [RESULTS]" >&2; exit 2 ;; esac
+case "$ACTION" in run | quick | static) ;; *) echo "usage: device.sh stash|run|quick|static PACK [RESULTS]" >&2; exit 2 ;; esac
 full() { [ "$ACTION" = run ]; }
 RESULTS=$3
 R=$(pwd)
@@ -41,6 +42,24 @@ ldd $G/libonnxruntime_providers_cuda.so | grep -E 'not found|cublas|cudnn|cudart
 export ORT_DYLIB_PATH=$G/libonnxruntime.so.$ORT_GPU_VERSION M2R2_CACHE=$G/cache
 M=$G/m2r2
 P="Explain how a refrigerator works."
+
+if [ "$ACTION" = static ]; then
+  step "static exports on CUDA: buffers in GPU memory, written in place (onnx-runner/tests/static_cache.rs)"
+  timeout 180 $G/static_cache --ignored --nocapture --test-threads 1 ort_cuda > "$RESULTS/static_cuda.log" 2>&1
+  echo "static cuda exit $?"; grep -cE '^OK ' "$RESULTS/static_cuda.log"
+  grep -E 'NOT OK|test result|panicked|error' "$RESULTS/static_cuda.log" | head -5
+  grep -E '^OK ' "$RESULTS/static_cuda.log" | sort -t= -k2 -g | tail -2
+  step "SmolLM2: today's export and a static one (L=256), greedy on CUDA"
+  timeout 120 $M export --model smollm2 --out $G/exp > /dev/null && echo "dynamic written"
+  timeout 120 $M export --model smollm2 --out $G/exp-static --static-cache 256 > /dev/null && echo "static written"
+  for e in exp exp-static; do
+    timeout 60 $M run --onnx $G/$e --ep cuda --chat --prompt "$P" --max-new-tokens 24 --json > "$RESULTS/$e.json" 2>&1
+    echo "$e exit $?: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["ep_used"], r["tokens"])' "$RESULTS/$e.json" 2>&1 | cut -c1-200)"
+  done
+  timeout 200 $M bench --model smollm2 --onnx $G/exp --onnx $G/exp-static --ep cuda --repeats 3 --decode-tokens 64 2>&1 | tail -9
+  step end
+  exit 0
+fi
 
 step "equivalence: random tiny models, reference against CUDA and TensorRT (6 cases each)"
 timeout 240 $G/equivalence --ignored --nocapture --test-threads 1 ort_cuda > "$RESULTS/equivalence_cuda.log" 2>&1

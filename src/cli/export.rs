@@ -39,9 +39,14 @@ pub struct Args {
     /// config's draft_gate)
     #[arg(long, value_name = "G")]
     pub draft_gate: Option<usize>,
-    /// ONNX opset (17..=21)
+    /// ONNX opset (17..=21) of the dynamic graphs (a static model.onnx is always opset 24)
     #[arg(long, value_name = "N", default_value_t = DEFAULT_OPSET)]
     pub opset: i64,
+    /// Write model.onnx with a static KV cache of L_MAX positions per layer (opset 24:
+    /// RMSNormalization, RotaryEmbedding, TensorScatter, Attention), updated in place by the
+    /// runner; draft, verifier and feed keep today's form (docs/ONNX.md, "Static exports")
+    #[arg(long, value_name = "L_MAX")]
+    pub static_cache: Option<usize>,
     /// Weight storage: f32, or f16 with a Cast to f32 after each weight (inputs and outputs stay f32)
     #[arg(long, value_name = "f32|f16", default_value = "f32")]
     pub weights_dtype: WeightsDtype,
@@ -75,6 +80,7 @@ pub fn run(args: &Args) -> Result<()> {
         opset: args.opset,
         weights_dtype: args.weights_dtype,
         draft_gate: args.draft_gate.unwrap_or(m2r2.config.draft_gate),
+        static_cache: args.static_cache,
     };
     let request = ExportRequest {
         model: &loaded.model,
@@ -103,6 +109,19 @@ pub fn run(args: &Args) -> Result<()> {
         request.options.draft_gate,
         args.out.display()
     );
+    if let Some(l_max) = args.static_cache {
+        eprintln!(
+            "model.onnx is static: opset 24, a KV buffer of {l_max} positions per layer written in \
+             place (no genai_config.json: onnxruntime-genai cannot drive it); {} dynamic",
+            request
+                .graphs
+                .iter()
+                .filter(|k| **k != GraphKind::Model)
+                .map(|k| k.file_name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     print_table(&summaries);
     if args.check {
         check(&loaded, &m2r2, &request, &args.out)?;

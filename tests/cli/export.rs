@@ -165,3 +165,71 @@ fn missing_parents_are_created_and_a_file_parent_is_named() {
     assert_eq!(run.code, Some(1), "{}", run.stderr);
     assert_eq!(std::fs::read(&file).unwrap(), b"x");
 }
+
+/// `export --static-cache L --check` on tiny and tiny-moe: the static model.onnx (opset 24,
+/// RMSNormalization / RotaryEmbedding / TensorScatter / Attention) checked step by step against the
+/// reference beside the dynamic graphs; no genai_config.json; a probe longer than L is refused by
+/// name.
+#[test]
+fn static_cache_export_with_check() {
+    let dir = tempfile::tempdir().unwrap();
+    for model in ["tiny", "tiny-moe"] {
+        let out = dir.path().join(model);
+        let o = out.to_str().unwrap();
+        let run = ok(&[
+            "export",
+            "--model",
+            model,
+            "--out",
+            o,
+            "--static-cache",
+            "64",
+            "--check",
+        ]);
+        for op in [
+            "RMSNormalization",
+            "RotaryEmbedding",
+            "TensorScatter",
+            "Attention",
+        ] {
+            assert!(run.stdout.contains(op), "{model}: {op}\n{}", run.stdout);
+        }
+        assert!(run.stdout.contains("model.onnx (static)"), "{}", run.stdout);
+        assert!(!run.stdout.contains("NOT OK"), "{}", run.stdout);
+        assert!(run.stderr.contains("check passed"), "{}", run.stderr);
+        assert!(
+            run.stderr.contains("model.onnx is static"),
+            "{}",
+            run.stderr
+        );
+        assert!(!out.join("genai_config.json").exists());
+        assert!(out.join("draft.onnx").is_file());
+    }
+    // the probe of tiny's tokenizer is 36 tokens: a buffer of 16 cannot hold it
+    let out = dir.path().join("short");
+    fails(
+        &[
+            "export",
+            "--model",
+            "tiny",
+            "--out",
+            out.to_str().unwrap(),
+            "--static-cache",
+            "16",
+            "--check",
+        ],
+        &["static cache holds 16 positions", "--static-cache"],
+    );
+    fails(
+        &[
+            "export",
+            "--model",
+            "tiny",
+            "--out",
+            out.to_str().unwrap(),
+            "--static-cache",
+            "0",
+        ],
+        &["--static-cache 0"],
+    );
+}

@@ -291,3 +291,106 @@ fn bench_onnx_compares_both_engines() {
         &["different model", "--model"],
     );
 }
+
+/// A static export (`export --static-cache`) through `m2r2 run` (greedy: the reference's tokens;
+/// speculative through its dynamic draft / verifier), a run past its buffers refused by name, and
+/// `bench --onnx` with a dynamic and the static export side by side (speeds printed, never
+/// asserted).
+#[test]
+fn static_export_runs_and_benches_beside_a_dynamic_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (dynamic, fixed) = (dir.path().join("dynamic"), dir.path().join("static"));
+    let (d, s) = (dynamic.to_str().unwrap(), fixed.to_str().unwrap());
+    super::ok(&["export", "--model", "tiny", "--out", d]);
+    super::ok(&[
+        "export",
+        "--model",
+        "tiny",
+        "--out",
+        s,
+        "--static-cache",
+        "40",
+    ]);
+    let want = super::generate_json(&[
+        "--model",
+        "tiny",
+        "--tokens",
+        "1,2,3",
+        "--max-new-tokens",
+        "12",
+    ]);
+    for mode in ["greedy", "speculative"] {
+        let got = super::ok(&[
+            "run",
+            "--onnx",
+            s,
+            "--tokens",
+            "1,2,3",
+            "--max-new-tokens",
+            "12",
+            "--mode",
+            mode,
+            "--json",
+        ])
+        .json();
+        assert_eq!(got["tokens"], want["tokens"], "{mode}");
+    }
+    // a greedy golden of the reference, checked on the static model.onnx
+    let golden = dir.path().join("g.golden.safetensors");
+    let g = golden.to_str().unwrap();
+    super::ok(&[
+        "golden", "write", "--model", "tiny", "--tokens", "1,2,3", "--steps", "8", "--out", g,
+    ]);
+    let checked = super::ok(&["golden", "check", g, "--onnx", s]);
+    assert!(checked.stdout.contains("overall: OK"), "{}", checked.stdout);
+    super::fails(
+        &[
+            "run",
+            "--onnx",
+            s,
+            "--tokens",
+            "1,2,3",
+            "--max-new-tokens",
+            "60",
+        ],
+        &[
+            "static cache holds 40 positions",
+            "export with a larger --static-cache",
+        ],
+    );
+    let report = super::ok(&[
+        "bench",
+        "--model",
+        "tiny",
+        "--onnx",
+        d,
+        "--onnx",
+        s,
+        "--json",
+        "--prompt-len",
+        "8",
+        "--decode-tokens",
+        "8",
+        "--repeats",
+        "1",
+        "--bandwidth-mib",
+        "16",
+    ])
+    .json();
+    assert_eq!(report["tokens_equal_reference"], true);
+    assert!(report["memory_read_bytes_per_second"].as_f64().unwrap() > 0.0);
+    let engines = report["engines"].as_array().unwrap();
+    let names: Vec<&str> = engines
+        .iter()
+        .map(|e| e["engine"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["reference", "onnxruntime-cpu", "onnxruntime-cpu static"]
+    );
+    assert_eq!(engines[2]["static_cache"], 40);
+    for e in engines {
+        assert_eq!(e["speculative_equals_greedy"], true, "{e}");
+        assert!(e["greedy_tokens_per_second"].as_f64().unwrap() > 0.0, "{e}");
+    }
+}

@@ -31,6 +31,7 @@ fn export_tiny(weights_dtype: WeightsDtype, external_data: bool) -> tempfile::Te
             opset: 17,
             weights_dtype,
             draft_gate: m2r2.config.draft_gate,
+            static_cache: None,
         },
         graphs: GraphKind::ALL.to_vec(),
         external_data,

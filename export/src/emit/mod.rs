@@ -16,3 +16,4 @@ pub mod model;
 pub mod moe;
 pub mod ops;
 pub mod rope;
+pub mod static_layer;

@@ -31,9 +31,10 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Also run this ONNX export (of --model) on ONNX Runtime: greedy and speculative against the
-    /// reference (see `--ep`)
+    /// reference (see `--ep`). Repeat it to measure several exports side by side in one run (e.g.
+    /// a dynamic and a `--static-cache` export), their runs alternating
     #[arg(long, value_name = "DIR")]
-    pub onnx: Option<std::path::PathBuf>,
+    pub onnx: Vec<std::path::PathBuf>,
     #[command(flatten)]
     pub ep: crate::cli::args::onnx::EpArgs,
     /// With --onnx or --speculative: the reference's M2R2 weights, as in `generate --m2r2` (with
@@ -61,12 +62,12 @@ pub fn run(args: &Args) -> Result<()> {
     if args.cost_shape {
         return cost_shape(&loaded, args);
     }
-    if let Some(dir) = &args.onnx {
+    if !args.onnx.is_empty() {
         return onnx::run(
             &loaded,
             args.m2r2.clone(),
             args.draft_head,
-            dir,
+            &args.onnx,
             &args.ep,
             &args.sizes,
             args.json,
@@ -172,7 +173,10 @@ fn cost_shape(loaded: &LoadedModel, args: &Args) -> Result<()> {
         cost_shape::reference_shape(loaded, &mut spec, &args.sizes, bandwidth)?;
     let training = training::training_speed(loaded, &weights, draft_gate, args.sizes.repeats)?;
     let mut engines = vec![reference];
-    if let Some(dir) = &args.onnx {
+    if args.onnx.len() > 1 {
+        bail!("--cost-shape takes one --onnx export (--ort-compare compares session options)");
+    }
+    if let Some(dir) = args.onnx.first() {
         engines.extend(onnx::cost_shape_engines(
             loaded,
             &weights,

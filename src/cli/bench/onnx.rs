@@ -1,7 +1,10 @@
 //! `m2r2 bench --onnx DIR --ep E`: greedy and self-speculative decoding on ONNX Runtime against the
 //! reference on the same machine, the same prompt and the same M2R2 weights: decode tokens/s, mean
 //! accepted length, and milliseconds per draft step and per verify step (medians over `--repeats`
-//! timed runs after one warm-up run of each, which also builds TensorRT engines).
+//! timed runs after one warm-up run of each, which also builds TensorRT engines). `--onnx` given
+//! several times measures each export as its own engine, their runs alternating within each
+//! repeat (a dynamic and a static export of one model side by side), with the machine's memory
+//! read bandwidth.
 
 use crate::cli::args::bench::Sizes;
 use crate::cli::args::m2r2::{M2r2Args, OnOff};
@@ -30,8 +33,12 @@ use std::time::Instant;
 /// One engine's medians.
 #[derive(Clone, Debug, Serialize)]
 pub struct EngineResult {
-    /// `reference` or `onnxruntime-<ep>`
+    /// `reference` or `onnxruntime-<ep>` (`onnxruntime-<ep> static` for a `--static-cache` export)
     pub engine: String,
+    /// The export folder (ONNX Runtime engines).
+    pub onnx: Option<String>,
+    /// `L` of a static export's KV buffers.
+    pub static_cache: Option<usize>,
     pub greedy_tokens_per_second: f64,
     pub speculative_tokens_per_second: f64,
     pub mean_accepted_length: f64,
@@ -44,6 +51,7 @@ pub struct EngineResult {
 #[derive(Clone, Debug, Serialize)]
 pub struct OnnxBenchResult {
     pub model: String,
+    /// The export folders, comma-separated, in `--onnx` order.
     pub onnx: String,
     pub ep: String,
     pub ep_used: String,
@@ -57,8 +65,10 @@ pub struct OnnxBenchResult {
     pub prompt_len: usize,
     pub decode_tokens: usize,
     pub repeats: usize,
+    /// The machine's memory read bandwidth (bytes/s), measured before the engines run.
+    pub memory_read_bytes_per_second: f64,
     pub engines: Vec<EngineResult>,
-    /// ONNX Runtime's greedy tokens equal the reference's.
+    /// ONNX Runtime's greedy tokens equal the reference's (every export's).
     pub tokens_equal_reference: bool,
 }
 
@@ -105,80 +115,130 @@ pub fn cost_shape_engines(
     Ok(engines)
 }
 
-/// Time both engines. `m2r2` names the reference's M2R2 weights (as `--m2r2`; they must be those
-/// the export was made with), `draft_head` is `--draft-head` (it must match the export's).
+/// Time the reference and each export in `dirs`. `m2r2` names the reference's M2R2 weights (as
+/// `--m2r2`; they must be those the exports were made with), `draft_head` is `--draft-head` (it
+/// must match the exports').
 pub fn measure(
     loaded: &LoadedModel,
     m2r2: Option<String>,
     draft_head: Option<OnOff>,
-    dir: &Path,
+    dirs: &[std::path::PathBuf],
     ep_args: &EpArgs,
     sizes: &Sizes,
 ) -> Result<OnnxBenchResult> {
     if ep_args.ort_compare.is_some() {
         bail!("--ort-compare needs --cost-shape (it compares step costs)");
     }
-    let export = open_export(loaded, dir)?;
-    let manifest = &export.manifest;
-    check_draft_head(&export, draft_head)?;
+    if dirs.is_empty() {
+        bail!("bench on ONNX Runtime needs at least one --onnx DIR");
+    }
+    let exports = dirs
+        .iter()
+        .map(|dir| open_export(loaded, dir))
+        .collect::<Result<Vec<_>>>()?;
     let args = M2r2Args {
         draft_head,
         ..M2r2Args::weights_only(m2r2.clone())
     };
     let weights: M2r2Weights = args.weights(loaded)?;
-    if weights.draft_head != export.draft_head {
-        bail!(
-            "the reference's M2R2 weights ({}) and the export {} have different draft heads; \
-             pass the --m2r2 folder the export was made from",
-            args.source(loaded),
-            dir.display()
-        );
+    let first = &exports[0].manifest;
+    for (export, dir) in exports.iter().zip(dirs) {
+        check_draft_head(export, draft_head)?;
+        if weights.draft_head != export.draft_head {
+            bail!(
+                "the reference's M2R2 weights ({}) and the export {} have different draft heads; \
+                 pass the --m2r2 folder the export was made from",
+                args.source(loaded),
+                dir.display()
+            );
+        }
+        let m = &export.manifest;
+        if m.draft_gate != first.draft_gate || m.m2r2.draft_len != first.m2r2.draft_len {
+            bail!(
+                "the exports draft differently ({} at gate {}, {} at gate {}): bench exports made \
+                 with the same M2R2 settings",
+                dirs[0].display(),
+                first.draft_gate,
+                dir.display(),
+                m.draft_gate
+            );
+        }
     }
-    let draft_len = manifest.m2r2.draft_len.max(1);
-    let bench = SpecBench::new(loaded, manifest.draft_gate, draft_len, sizes)?;
+    let draft_len = first.m2r2.draft_len.max(1);
+    let bench = SpecBench::new(loaded, first.draft_gate, draft_len, sizes)?;
+    let bandwidth = cost_shape::bandwidth(sizes);
     let runtime = onnx_runner::runtime::init()?;
-    let ep = ep_args.config(&export, draft_len);
 
     let reference_runs = bench.reference_runs(&weights)?;
     let (prompt, greedy_options, spec_options) =
         (&bench.prompt, &bench.greedy_options, &bench.spec_options);
     let reference_tokens = generate(&loaded.model, prompt, greedy_options, &mut |_, _| {})?.tokens;
 
-    // ONNX Runtime
-    let mut onnx_model = OnnxModel::load(&export, &ep)?;
-    let mut onnx_spec = OnnxSpeculation::load(&export, &ep, None)?;
-    let ep_used = onnx_model.session().ep_used();
-    let mut onnx_runs = Vec::new();
-    let mut onnx_tokens = Vec::new();
+    // ONNX Runtime: every export loaded, then their runs alternating within each repeat
+    let mut engines = Vec::new();
+    for export in &exports {
+        let ep = ep_args.config(export, draft_len);
+        engines.push((
+            OnnxModel::load(export, &ep)?,
+            OnnxSpeculation::load(export, &ep, None)?,
+            Vec::new(),
+            Vec::new(),
+        ));
+    }
+    let ep_used = engines[0].0.session().ep_used();
     for i in 0..=sizes.repeats {
-        let g = onnx_model.generate(prompt, greedy_options, &mut |_, _| {})?;
-        onnx_spec.reset();
-        let run = timed_speculative(&mut onnx_spec, prompt, spec_options, &g.tokens)?;
-        if i > 0 {
-            onnx_runs.push((g.decode_tokens_per_second(), run));
+        for (model, spec, runs, tokens) in &mut engines {
+            let g = model.generate(prompt, greedy_options, &mut |_, _| {})?;
+            spec.reset();
+            let run = timed_speculative(spec, prompt, spec_options, &g.tokens)?;
+            if i > 0 {
+                runs.push((g.decode_tokens_per_second(), run));
+            }
+            *tokens = g.tokens;
         }
-        onnx_tokens = g.tokens;
     }
 
+    let mut results = vec![summarise("reference".into(), &reference_runs)];
+    let mut tokens_equal_reference = true;
+    for ((model, _, runs, tokens), dir) in engines.iter().zip(dirs) {
+        let mut name = format!("onnxruntime-{}", model.session().ep_used().name());
+        if model.static_l_max().is_some() {
+            name.push_str(" static");
+        }
+        let taken = |name: &str| results.iter().any(|e| e.engine == name);
+        if let Some(l_max) = model.static_l_max().filter(|_| taken(&name)) {
+            name = format!("{name} L={l_max}");
+        }
+        if taken(&name) {
+            name = format!("{name} #{}", results.len());
+        }
+        let mut engine = summarise(name, runs);
+        engine.onnx = Some(dir.display().to_string());
+        engine.static_cache = model.static_l_max();
+        results.push(engine);
+        tokens_equal_reference &= *tokens == reference_tokens;
+    }
     Ok(OnnxBenchResult {
         model: loaded.name.clone(),
-        onnx: dir.display().to_string(),
+        onnx: dirs
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
         ep: ep_args.ep.name().into(),
         ep_used: ep_used.name().into(),
         onnxruntime: runtime.version.clone(),
         cpu: cpu_model(),
         m2r2: args.source(loaded),
-        draft_gate: manifest.draft_gate,
+        draft_gate: first.draft_gate,
         draft_len,
-        draft_head_tokens: manifest.draft_head_tokens,
+        draft_head_tokens: first.draft_head_tokens,
         prompt_len: sizes.prompt_len,
         decode_tokens: sizes.decode_tokens,
         repeats: sizes.repeats,
-        engines: vec![
-            summarise("reference".into(), &reference_runs),
-            summarise(format!("onnxruntime-{}", ep_used.name()), &onnx_runs),
-        ],
-        tokens_equal_reference: onnx_tokens == reference_tokens,
+        memory_read_bytes_per_second: bandwidth,
+        engines: results,
+        tokens_equal_reference,
     })
 }
 
@@ -297,6 +357,8 @@ fn summarise(engine: String, runs: &[(f64, SpecRun)]) -> EngineResult {
     let m = |f: &dyn Fn(&(f64, SpecRun)) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
     EngineResult {
         engine,
+        onnx: None,
+        static_cache: None,
         greedy_tokens_per_second: m(&|r| r.0),
         speculative_tokens_per_second: m(&|r| r.1.tokens_per_second),
         mean_accepted_length: m(&|r| r.1.mean_accepted_length),
@@ -322,8 +384,11 @@ pub fn print_table(r: &OnnxBenchResult) {
         r.model, r.onnxruntime, r.ep, r.ep_used
     );
     println!(
-        "cpu: {}; export {}; M2R2 weights: {}",
-        r.cpu, r.onnx, r.m2r2
+        "cpu: {}; memory read bandwidth {:.1} GB/s; export {}; M2R2 weights: {}",
+        r.cpu,
+        r.memory_read_bytes_per_second / 1e9,
+        r.onnx,
+        r.m2r2
     );
     println!(
         "prompt {} tokens, decode {} tokens, draft gate {}, {} drafts per round, {}; median of {} runs after 1 warm-up",
@@ -348,12 +413,12 @@ pub fn print_table(r: &OnnxBenchResult) {
 /// The engines' table rows and the legend.
 pub fn print_engines(engines: &[EngineResult]) {
     println!(
-        "  {:<22} {:>14} {:>14} {:>10} {:>12} {:>13} {:>9}",
+        "  {:<30} {:>14} {:>14} {:>10} {:>12} {:>13} {:>9}",
         "engine", "greedy tok/s", "spec tok/s", "accepted", "ms/draft", "ms/verify", "lossless"
     );
     for e in engines {
         println!(
-            "  {:<22} {:>14.1} {:>14.1} {:>10.2} {:>12.2} {:>13.2} {:>9}",
+            "  {:<30} {:>14.1} {:>14.1} {:>10.2} {:>12.2} {:>13.2} {:>9}",
             e.engine,
             e.greedy_tokens_per_second,
             e.speculative_tokens_per_second,
@@ -378,12 +443,12 @@ pub fn run(
     loaded: &LoadedModel,
     m2r2: Option<String>,
     draft_head: Option<OnOff>,
-    dir: &Path,
+    dirs: &[std::path::PathBuf],
     ep: &EpArgs,
     sizes: &Sizes,
     json: bool,
 ) -> Result<()> {
-    let result = measure(loaded, m2r2, draft_head, dir, ep, sizes)?;
+    let result = measure(loaded, m2r2, draft_head, dirs, ep, sizes)?;
     if json {
         common::print_json(&result)?;
     } else {

@@ -44,6 +44,7 @@ pub fn tour(
             opset: 17,
             weights_dtype: export::builder::WeightsDtype::F32,
             draft_gate,
+            static_cache: None,
         },
         graphs: GraphKind::ALL.to_vec(),
         external_data: false,

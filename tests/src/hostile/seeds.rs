@@ -334,6 +334,7 @@ fn export_folder() -> Base {
             opset: 17,
             weights_dtype: export::builder::WeightsDtype::F32,
             draft_gate: 1,
+            static_cache: None,
         },
         graphs: vec![export::graphs::GraphKind::Model],
         external_data: false,

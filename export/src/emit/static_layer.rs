@@ -1,0 +1,295 @@
+//! One decoder layer of a static-cache graph (`export --static-cache L`, docs/ONNX.md "Static
+//! exports"): the reference's `layer::decoder_layer` on slow rows only, written with the opset-23/24
+//! LLM operators so that a step is about 19 nodes per layer and the cache is a fixed buffer written
+//! in place.
+//!
+//! ```text
+//! h      = RMSNormalization(s)                               [B, 1, T, D]
+//! q,k,v  = h @ W_heads (+ b)                                 [B, H|Hkv, T, Dh]
+//! q,k    = RotaryEmbedding(q|k, cos, sin, position_ids)
+//! K,V    = TensorScatter(past, k|v, write_indices)           [B, Hkv, L, Dh]  (the layer's present)
+//! y      = Attention(q, K, V, attn_mask)                     [B, H, T, Dh]    (GQA: head i reads i / G)
+//! s     += ReduceSum_heads(y @ Wo_heads) (+ b_o)             [B, 1, T, D]
+//! s     += FFN(RMSNormalization(s))                          (SwiGLU with Swish; MoE as moe.rs)
+//! ```
+//!
+//! The residual stream is 4-D, `[B, 1, T, D]`, so each projection broadcasts over the heads of a
+//! weight stored head-major (`[H, D, Dh]`): no `Reshape` / `Transpose` between the projections and
+//! the 4-D `Attention` (the form TensorRT's parser maps onto its attention layer). Weights are
+//! stored in the layouts the `MatMul`s read, under their name plus a suffix ([`HEADS`],
+//! [`TRANSPOSED`]), so the written graph has no weight-side nodes either.
+
+use crate::builder::{Attr, GraphBuilder};
+use crate::emit::moe::moe_block;
+use ndarray::{Array1, Array2, Array3, ArrayD};
+use reference::base::config::ModelConfig;
+use reference::base::model::Model;
+use reference::base::weight_names::{AttnProj, MlpProj, WeightId};
+use reference::base::weights::{FeedForward, Linear};
+
+/// Suffix of a head-major projection weight: q/k/v `[H, D, Dh]`, o `[H, Dh, D]`.
+pub const HEADS: &str = ".heads";
+/// Suffix of a transposed projection weight `W^T` (`[in, out]`): the MLP's.
+pub const TRANSPOSED: &str = ".transposed";
+
+/// What every layer of a static graph shares.
+pub struct StaticContext<'a> {
+    pub model: &'a Model,
+    /// f32 `[L, Dh/2]` each: `cos` / `sin` of `p * inv_freq` for positions `0..L`
+    pub cos_cache: &'a str,
+    pub sin_cache: &'a str,
+    /// int64 `[B, T]`
+    pub position_ids: &'a str,
+    /// f32 `[B, 1, T, L]`, additive: 0 where a row sees a key, `f32::MIN` elsewhere
+    pub attn_mask: &'a str,
+    /// int64 `[B]`: the cache position of each batch row's first row in this run
+    pub write_indices: &'a str,
+}
+
+/// What a static layer produced.
+pub struct StaticLayerOutput {
+    /// `[B, 1, T, D]`
+    pub s: String,
+    /// `[B, Hkv, L, Dh]`: the past buffers with this run's rows written (TensorScatter's outputs)
+    pub present_key: String,
+    pub present_value: String,
+}
+
+/// `W [n*Dh, D]` (q/k/v) as `[n, D, Dh]`, so `h [B, 1, T, D] @ W` is `[B, n, T, Dh]`.
+fn heads_in(w: &Array2<f32>, heads: usize, dh: usize) -> ArrayD<f32> {
+    let d = w.ncols();
+    let w3: Array3<f32> = w
+        .to_owned()
+        .into_shape_with_order((heads, dh, d))
+        .expect("rows = heads * Dh");
+    w3.permuted_axes([0, 2, 1])
+        .as_standard_layout()
+        .to_owned()
+        .into_dyn()
+}
+
+/// `W_o [D, H*Dh]` as `[H, Dh, D]`, so `y [B, H, T, Dh] @ W` summed over heads is `y W_o^T`.
+fn heads_out(w: &Array2<f32>, heads: usize, dh: usize) -> ArrayD<f32> {
+    let d = w.nrows();
+    w.t()
+        .as_standard_layout()
+        .to_owned()
+        .into_shape_with_order((heads, dh, d))
+        .expect("columns = heads * Dh")
+        .into_dyn()
+}
+
+/// A bias `[n*Dh]` as `[n, 1, Dh]` (added to `[B, n, T, Dh]`).
+fn heads_bias(b: &Array1<f32>, heads: usize, dh: usize) -> ArrayD<f32> {
+    b.to_owned()
+        .into_shape_with_order((heads, 1, dh))
+        .expect("length = heads * Dh")
+        .into_dyn()
+}
+
+/// `h @ W_heads (+ b)` for q, k or v of layer `l`: `[B, 1, T, D]` -> `[B, n, T, Dh]`.
+fn project_heads(
+    b: &mut GraphBuilder,
+    config: &ModelConfig,
+    l: usize,
+    p: AttnProj,
+    lin: &Linear,
+    h: &str,
+) -> String {
+    let heads = match p {
+        AttnProj::Q => config.num_attention_heads,
+        _ => config.num_key_value_heads,
+    };
+    let dh = config.head_dim;
+    b.scoped(p.module(), |b| {
+        let name = WeightId::Attn(l, p).onnx_name() + HEADS;
+        let w = b.weight(&name, heads_in(&lin.w, heads, dh).view());
+        let y = b.binary("MatMul", h, &w);
+        match &lin.b {
+            Some(bias) => {
+                let name = WeightId::AttnBias(l, p).onnx_name() + HEADS;
+                let bias = b.weight(&name, heads_bias(bias, heads, dh).view());
+                b.binary("Add", &y, &bias)
+            }
+            None => y,
+        }
+    })
+}
+
+/// `x W^T (+ b)` with `W^T` stored transposed (no `Transpose` node): `[..., in]` -> `[..., out]`.
+fn project_mlp(b: &mut GraphBuilder, l: usize, p: MlpProj, lin: &Linear, x: &str) -> String {
+    b.scoped(p.module(), |b| {
+        let name = WeightId::Mlp(l, p).onnx_name() + TRANSPOSED;
+        let wt = lin.w.t().as_standard_layout().to_owned().into_dyn();
+        let w = b.weight(&name, wt.view());
+        let y = b.binary("MatMul", x, &w);
+        match &lin.b {
+            Some(bias) => {
+                let bias = b.weight(&WeightId::MlpBias(l, p).onnx_name(), bias.view().into_dyn());
+                b.binary("Add", &y, &bias)
+            }
+            None => y,
+        }
+    })
+}
+
+/// `RMSNormalization` (opset 23) over the last axis: `w * x / sqrt(mean(x^2) + eps)`.
+///
+/// # Shapes
+/// - `x`: `[..., D]`, `w`: `[D]` -> `[..., D]`
+pub fn rms_normalization(b: &mut GraphBuilder, x: &str, w: &str, eps: f32) -> String {
+    b.node(
+        "RMSNormalization",
+        &[x, w],
+        vec![("axis", Attr::Int(-1)), ("epsilon", Attr::Float(eps))],
+    )
+}
+
+/// Layer `l` in the scope `layers.{l}`.
+///
+/// # Shapes
+/// - `s`: `[B, 1, T, D]`, `past_*`: `[B, Hkv, L, Dh]` -> `s` `[B, 1, T, D]`, presents `[B, Hkv, L, Dh]`
+pub fn static_decoder_layer(
+    b: &mut GraphBuilder,
+    cx: &StaticContext<'_>,
+    l: usize,
+    s: &str,
+    past_key: &str,
+    past_value: &str,
+) -> StaticLayerOutput {
+    let config = &cx.model.config;
+    let layer = &cx.model.weights.layers[l];
+    let eps = config.rms_norm_eps as f32;
+    b.scoped(&format!("layers.{l}"), |b| {
+        let attn_norm = b.weight(
+            &WeightId::AttnNorm(l).onnx_name(),
+            layer.attn_norm.view().into_dyn(),
+        );
+        let mlp_norm = b.weight(
+            &WeightId::MlpNorm(l).onnx_name(),
+            layer.mlp_norm.view().into_dyn(),
+        );
+        let a = &layer.attn;
+
+        // attention
+        let (s, present_key, present_value) = b.scoped("attn", |b| {
+            let h = b.scoped("input_layernorm", |b| {
+                rms_normalization(b, s, &attn_norm, eps)
+            });
+            let q = project_heads(b, config, l, AttnProj::Q, &a.q, &h); // [B, H, T, Dh]
+            let k = project_heads(b, config, l, AttnProj::K, &a.k, &h); // [B, Hkv, T, Dh]
+            let v = project_heads(b, config, l, AttnProj::V, &a.v, &h);
+            let rope = |b: &mut GraphBuilder, x: &str| {
+                b.scoped("rope", |b| {
+                    b.node(
+                        "RotaryEmbedding",
+                        &[x, cx.cos_cache, cx.sin_cache, cx.position_ids],
+                        vec![("interleaved", Attr::Int(0))],
+                    )
+                })
+            };
+            let q = rope(b, &q);
+            let k = rope(b, &k);
+            // this run's rows written into the fixed buffers at write_indices, along L: axis -2
+            // (= 2 here; written -2, the only axis TensorRT's parser takes)
+            let scatter = |b: &mut GraphBuilder, past: &str, rows: &str| {
+                b.node(
+                    "TensorScatter",
+                    &[past, rows, cx.write_indices],
+                    vec![("axis", Attr::Int(-2)), ("mode", Attr::Str("linear"))],
+                )
+            };
+            let present_key = scatter(b, past_key, &k);
+            let present_value = scatter(b, past_value, &v);
+            let y = b.node(
+                "Attention",
+                &[&q, &present_key, &present_value, cx.attn_mask],
+                vec![
+                    ("q_num_heads", Attr::Int(config.num_attention_heads as i64)),
+                    ("kv_num_heads", Attr::Int(config.num_key_value_heads as i64)),
+                ],
+            ); // [B, H, T, Dh]
+            let o = b.scoped(AttnProj::O.module(), |b| {
+                let name = WeightId::Attn(l, AttnProj::O).onnx_name() + HEADS;
+                let w = heads_out(&a.o.w, config.num_attention_heads, config.head_dim);
+                let w = b.weight(&name, w.view());
+                let per_head = b.binary("MatMul", &y, &w); // [B, H, T, D]
+                let axis1 = b.const_i64(&[1]);
+                let o = b.node(
+                    "ReduceSum",
+                    &[&per_head, &axis1],
+                    vec![("keepdims", Attr::Int(1))],
+                ); // [B, 1, T, D]
+                match &a.o.b {
+                    Some(bias) => {
+                        let bias = b.weight(
+                            &WeightId::AttnBias(l, AttnProj::O).onnx_name(),
+                            bias.view().into_dyn(),
+                        );
+                        b.binary("Add", &o, &bias)
+                    }
+                    None => o,
+                }
+            });
+            (b.binary("Add", s, &o), present_key, present_value)
+        });
+
+        // feed-forward
+        let h = b.scoped("post_attention_layernorm", |b| {
+            rms_normalization(b, &s, &mlp_norm, eps)
+        });
+        let y = match &layer.ffn {
+            FeedForward::Dense(m) => b.scoped("mlp", |b| {
+                let gate = project_mlp(b, l, MlpProj::Gate, &m.gate, &h);
+                let up = project_mlp(b, l, MlpProj::Up, &m.up, &h);
+                // silu(gate) = gate * sigmoid(gate): Swish (opset 24) with alpha 1
+                let silu = b.node("Swish", &[&gate], vec![("alpha", Attr::Float(1.0))]);
+                let act = b.binary("Mul", &silu, &up);
+                project_mlp(b, l, MlpProj::Down, &m.down, &act)
+            }),
+            FeedForward::Moe(moe) => moe_block(b, moe, l, config.hidden_size, &h, None).0,
+        };
+        StaticLayerOutput {
+            s: b.binary("Add", &s, &y),
+            present_key,
+            present_value,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::{Array, arr1};
+
+    /// `h @ heads_in(W)` per head equals the head's slice of `h W^T`.
+    #[test]
+    fn head_major_layouts_compute_the_same_products() {
+        let (heads, dh, d) = (2, 3, 4);
+        let w = Array::from_shape_fn((heads * dh, d), |(i, j)| (i * 7 + j * 3) as f32 % 5.0 - 2.0);
+        let h = arr1(&[1.0f32, -2.0, 0.5, 3.0]);
+        let full = w.dot(&h); // [heads * dh]
+        let wh = heads_in(&w, heads, dh);
+        for n in 0..heads {
+            for k in 0..dh {
+                let got: f32 = (0..d).map(|j| h[j] * wh[[n, j, k]]).sum();
+                assert_eq!(got, full[n * dh + k]);
+            }
+        }
+        // o: y [heads * dh] -> W_o y, summed over heads of y_n @ heads_out(W_o)[n]
+        let wo = Array::from_shape_fn((d, heads * dh), |(i, j)| (i + 2 * j) as f32 % 3.0 - 1.0);
+        let y = Array::from_shape_fn(heads * dh, |i| i as f32 - 2.5);
+        let want = wo.dot(&y);
+        let who = heads_out(&wo, heads, dh);
+        for out in 0..d {
+            let got: f32 = (0..heads)
+                .map(|n| {
+                    (0..dh)
+                        .map(|k| y[n * dh + k] * who[[n, k, out]])
+                        .sum::<f32>()
+                })
+                .sum();
+            assert_eq!(got, want[out]);
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! The KV cache of a static export (`m2r2 export --static-cache L`): one key and one value buffer
+//! per layer, `[1, Hkv, L, Dh]`, allocated once where the provider computes (ONNX Runtime's CPU
+//! allocator, or the GPU's memory for CUDA / TensorRT) and zeroed, then bound with IoBinding as
+//! both the layer's `past_key_values.{i}.*` input and its `present.{i}.*` output. The graph's
+//! `TensorScatter` writes the step's rows into the buffer it was given, so ONNX Runtime updates
+//! the cache in place: no per-step copy of the cache and the same addresses every step (without
+//! the output binding ONNX Runtime warns "in-place optimization not activated, copying past_cache
+//! to present_cache" and copies every buffer each step).
+//!
+//! Per step the runner feeds `input_ids`, `position_ids`, `write_indices` (the first row's
+//! position) and `attn_mask`, additive `[1, 1, T, L]`: row `t` at position `p` sees keys `0..=p`
+//! (the last `sliding_window` of them when the config has one), every other key gets
+//! [`HIDDEN`]. Positions past the filled ones hold zeros or stale rows of a rolled-back draft and
+//! are always hidden, so rollback only moves the length, as in llama2.c.
+//!
+//! # Shapes
+//! - buffers: `[1, Hkv, L, Dh]` per layer; the first `len` positions are the cache.
+
+use crate::device_kv::host_array;
+use crate::error::{Error, Result};
+use crate::kv_store::{KvStore, past_names, present_names};
+use crate::session::{Dim, Input, OnnxSession, Outputs};
+use ndarray::{Array1, Array2, Array4};
+use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
+use ort::value::{DynTensor, Tensor};
+use reference::ModelConfig;
+
+/// The mask value of a hidden key (the exporter's `static_graph::HIDDEN`).
+pub const HIDDEN: f32 = f32::MIN;
+/// The graph inputs a static model.onnx takes besides ids, positions and the buffers.
+pub const ATTN_MASK: &str = "attn_mask";
+pub const WRITE_INDICES: &str = "write_indices";
+
+/// The fixed buffers of every layer of one graph.
+pub struct StaticKv {
+    l_max: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    sliding_window: Option<usize>,
+    past: Vec<(String, String)>,
+    present: Vec<(String, String)>,
+    /// (key, value) per layer, `[1, Hkv, L, Dh]`, allocated once
+    buffers: Vec<(DynTensor, DynTensor)>,
+    /// Positions filled.
+    len: usize,
+}
+
+/// The additive mask of `rows` rows at positions `pos0..pos0 + rows` over `l_max` keys.
+///
+/// # Shapes
+/// - returns `[1, 1, rows, l_max]`
+pub fn attn_mask(
+    pos0: usize,
+    rows: usize,
+    l_max: usize,
+    sliding_window: Option<usize>,
+) -> Array4<f32> {
+    Array4::from_shape_fn((1, 1, rows, l_max), |(_, _, t, j)| {
+        let p = pos0 + t;
+        let visible = j <= p && sliding_window.is_none_or(|w| p - j < w);
+        if visible { 0.0 } else { HIDDEN }
+    })
+}
+
+impl StaticKv {
+    /// Zeroed buffers for `layers` layers of `session`, whose past inputs must be `[.., L, ..]`
+    /// with `L = l_max` (the manifest's `static_cache.l_max`).
+    pub fn new(session: &OnnxSession, config: &ModelConfig, l_max: usize) -> Result<Self> {
+        let layers = config.num_hidden_layers;
+        let (kv_heads, head_dim) = (config.num_key_value_heads, config.head_dim);
+        let file = session.file().to_string();
+        let (k0, _) = past_names(0);
+        let fixed = session
+            .inputs()
+            .iter()
+            .find(|i| i.name == k0)
+            .and_then(|i| i.dims.get(2))
+            .cloned();
+        if fixed != Some(Dim::Fixed(l_max)) {
+            return Err(Error::Export {
+                file,
+                msg: format!(
+                    "m2r2_export.json says static_cache.l_max = {l_max}, but the graph's `{k0}` \
+                     has {fixed:?} positions (the manifest and the graph disagree: export the \
+                     folder again)"
+                ),
+            });
+        }
+        for name in [ATTN_MASK, WRITE_INDICES] {
+            if !session.inputs().iter().any(|i| i.name == name) {
+                return Err(Error::Export {
+                    file,
+                    msg: format!(
+                        "m2r2_export.json says model.onnx is static, but it has no `{name}` \
+                         input (export the folder again)"
+                    ),
+                });
+            }
+        }
+        let err = |e: ort::Error| Error::ort(&file, format!("cannot allocate the KV buffers: {e}"));
+        let gpu = session.ep_used().is_gpu();
+        let allocator = if gpu {
+            let memory = MemoryInfo::new(
+                AllocationDevice::CUDA,
+                session.device_id,
+                AllocatorType::Device,
+                MemoryType::Default,
+            )
+            .map_err(err)?;
+            Allocator::new(&session.session, memory).map_err(err)?
+        } else {
+            Allocator::default()
+        };
+        let shape = [1, kv_heads, l_max, head_dim];
+        let zeros = Tensor::from_array(Array4::<f32>::zeros(shape)).map_err(err)?;
+        let buffer = || -> Result<DynTensor> {
+            let mut t = Tensor::<f32>::new(&allocator, shape).map_err(err)?;
+            // Uninitialised memory could hold NaN, which a hidden key's zero weight would not
+            // cancel (0 * NaN): every buffer starts as zeros.
+            if t.memory_info().is_cpu_accessible() {
+                t.extract_tensor_mut().1.fill(0.0);
+            } else {
+                zeros.copy_into(&mut t).map_err(err)?;
+            }
+            Ok(t.upcast())
+        };
+        let buffers = (0..layers)
+            .map(|_| Ok((buffer()?, buffer()?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(StaticKv {
+            l_max,
+            kv_heads,
+            head_dim,
+            sliding_window: config.sliding_window,
+            past: (0..layers).map(past_names).collect(),
+            present: (0..layers).map(present_names).collect(),
+            buffers,
+            len: 0,
+        })
+    }
+
+    /// Positions filled.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// `L`, the positions each buffer holds.
+    pub fn l_max(&self) -> usize {
+        self.l_max
+    }
+
+    /// Forget every position from `len` on (they stay in the buffers, hidden by the mask).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// `rows` more positions fit in the buffers, else [`Error::StaticCacheFull`] naming `file`.
+    pub fn check_room(&self, file: &str, rows: usize) -> Result<()> {
+        let needed = self.len + rows;
+        if needed > self.l_max {
+            return Err(Error::StaticCacheFull {
+                file: file.to_string(),
+                l_max: self.l_max,
+                needed,
+            });
+        }
+        Ok(())
+    }
+
+    /// Feed `tokens` at positions `len..len + T`; the buffers then hold them. Returns the
+    /// graph's other outputs (`logits`) on the host. A step past `L` is refused before running.
+    pub fn run(&mut self, session: &mut OnnxSession, tokens: &[u32]) -> Result<Outputs> {
+        self.check_room(session.file(), tokens.len())?;
+        let t = tokens.len();
+        let needed = self.len + t;
+        let input_ids = Array2::from_shape_fn((1, t), |(_, i)| i64::from(tokens[i]));
+        let position_ids = Array2::from_shape_fn((1, t), |(_, i)| (self.len + i) as i64);
+        let write_indices = Array1::from_elem(1, self.len as i64);
+        let mask = attn_mask(self.len, t, self.l_max, self.sliding_window);
+        let host = [
+            ("input_ids", Input::I64(input_ids.view().into_dyn())),
+            ("position_ids", Input::I64(position_ids.view().into_dyn())),
+            (ATTN_MASK, Input::F32(mask.view().into_dyn())),
+            (WRITE_INDICES, Input::I64(write_indices.view().into_dyn())),
+        ];
+        let outputs = session.run_in_place(&host, &self.past, &self.present, &mut self.buffers)?;
+        self.len = needed;
+        Ok(outputs)
+    }
+
+    /// The filled positions of every layer, copied to the host.
+    pub fn to_host(&self) -> Result<KvStore> {
+        let layers = self.buffers.len();
+        let mut store = KvStore::new(0..layers, self.kv_heads, self.head_dim);
+        let kept = self
+            .buffers
+            .iter()
+            .map(|(k, v)| {
+                Ok((
+                    host_array(k, Some(self.len))?,
+                    host_array(v, Some(self.len))?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        store.replace(kept);
+        Ok(store)
+    }
+}
+
+impl OnnxSession {
+    /// Run with IoBinding, each of `buffers` bound as the input named in `past` AND the output
+    /// named in `present` (the graph writes it in place); `host` inputs are checked and copied in,
+    /// every other f32 output comes back to the host.
+    pub fn run_in_place(
+        &mut self,
+        host: &[(&str, Input<'_>)],
+        past: &[(String, String)],
+        present: &[(String, String)],
+        buffers: &mut [(DynTensor, DynTensor)],
+    ) -> Result<Outputs> {
+        let file = self.file.clone();
+        let err = |e: ort::Error| Error::ort(&file, e);
+        self.check_host_inputs(host)?;
+        let given = |name: &str| {
+            host.iter().any(|(n, _)| *n == name) || past.iter().any(|(k, v)| k == name || v == name)
+        };
+        if let Some(missing) = self.inputs.iter().find(|i| !given(&i.name)) {
+            return Err(Error::MissingInput {
+                file,
+                name: missing.name.clone(),
+            });
+        }
+        let host_memory = MemoryInfo::new(
+            AllocationDevice::CPU,
+            0,
+            AllocatorType::Device,
+            MemoryType::CPUOutput,
+        )
+        .map_err(err)?;
+        let mut binding = self.session.create_binding().map_err(err)?;
+        for (name, input) in host {
+            let tensor: DynTensor = match input {
+                Input::F32(a) => Tensor::from_array(a.as_standard_layout().into_owned())
+                    .map_err(err)?
+                    .upcast(),
+                Input::I64(a) => Tensor::from_array(a.as_standard_layout().into_owned())
+                    .map_err(err)?
+                    .upcast(),
+            };
+            binding.bind_input(*name, &tensor).map_err(err)?;
+        }
+        for (((pk, pv), (ok, ov)), (k, v)) in past.iter().zip(present).zip(buffers.iter_mut()) {
+            binding.bind_input(pk.as_str(), &*k).map_err(err)?;
+            binding.bind_input(pv.as_str(), &*v).map_err(err)?;
+            binding.bind_output(ok.as_str(), k).map_err(err)?;
+            binding.bind_output(ov.as_str(), v).map_err(err)?;
+        }
+        let bound = |name: &str| present.iter().any(|(k, v)| k == name || v == name);
+        for info in self.outputs.iter().filter(|o| !bound(&o.name)) {
+            binding
+                .bind_output_to_device(info.name.as_str(), &host_memory)
+                .map_err(err)?;
+        }
+        let outputs = self.session.run_binding(&binding).map_err(err)?;
+        let mut tensors = Vec::new();
+        for info in self.outputs.iter().filter(|o| !bound(&o.name)) {
+            if let Some(value) = outputs.get(&info.name) {
+                let array = value
+                    .try_extract_array::<f32>()
+                    .map_err(|e| Error::ort(&file, format!("output `{}`: {e}", info.name)))?;
+                tensors.push((info.name.clone(), array.to_owned()));
+            }
+        }
+        Ok(Outputs { file, tensors })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows at positions 2 and 3 of a buffer of 5; with a window of 2, position 3 no longer sees
+    /// key 1.
+    #[test]
+    fn mask_is_causal_from_the_rows_positions_and_slides() {
+        let m = attn_mask(2, 2, 5, None);
+        let seen = |m: &Array4<f32>, t: usize| -> Vec<bool> {
+            (0..5).map(|j| m[[0, 0, t, j]] == 0.0).collect()
+        };
+        assert_eq!(seen(&m, 0), [true, true, true, false, false]);
+        assert_eq!(seen(&m, 1), [true, true, true, true, false]);
+        let w = attn_mask(2, 2, 5, Some(2));
+        assert_eq!(seen(&w, 0), [false, true, true, false, false]);
+        assert_eq!(seen(&w, 1), [false, false, true, true, false]);
+        assert_eq!(w[[0, 0, 0, 0]], HIDDEN);
+    }
+}
