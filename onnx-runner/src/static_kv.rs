@@ -17,8 +17,9 @@
 //! decode step runs as a CUDA graph: its inputs and `logits` live in device buffers allocated
 //! once and bound once (ONNX Runtime replays a graph on the addresses it captured), each step
 //! copies the new ids, position, write index and mask row into those buffers, and the run says
-//! `gpu_graph_id` = 1 (ONNX Runtime runs it once normally, captures it on the next such run and
-//! replays it from then on). Every other run (the prefill, `T > 1`) says `gpu_graph_id` = -1: not
+//! `gpu_graph_id` = 1 (ONNX Runtime runs it normally until its warm-up count is reached, one or two
+//! runs by version and possibly inside the first call, then captures it and replays it from then
+//! on). Every other run (the prefill, `T > 1`) says `gpu_graph_id` = -1: not
 //! captured.
 //!
 //! # Shapes
@@ -65,8 +66,9 @@ pub const NO_GRAPH_ID: &str = "-1";
 
 /// How the runs of a CUDA-graph session went, counted after ONNX Runtime returned success: what
 /// this runner asked for, not an observation of the GPU. ONNX Runtime's CUDA provider runs the
-/// first `gpu_graph_id` = 1 run normally, captures on the second and replays from then on (read
-/// from its source); `ORT_LOG=info` makes ONNX Runtime log its capture and each replay.
+/// first `gpu_graph_id` = 1 runs normally (one or two by version), then captures and replays from
+/// then on (read from its source); `ORT_LOG=info` makes ONNX Runtime log each replay ("Replaying
+/// the captured ... CUDA Graph"), the observation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GraphRuns {
     /// Runs with `gpu_graph_id` = -1 (prefills): never captured.

@@ -73,11 +73,11 @@ if [ "$ACTION" = static ]; then
     grep -iE 'error|refused' "$RESULTS/$tag.err" | head -3 | cut -c1-400
   done
   echo "graphs off (expect no capture, no replay):"; graphlog "$RESULTS/exp-static-off.err"
-  echo "graphs on (expect 1 capture, about 22 replays for 23 decode steps):"; graphlog "$RESULTS/exp-static-on.err"
+  echo "graphs on (expect about 20-23 replay lines for 23 decode steps):"; graphlog "$RESULTS/exp-static-on.err"
   python3 -c 'import json,sys; t=[json.load(open(f))["tokens"] for f in sys.argv[1:]]; print("tokens dynamic = static off = static on:", t[0] == t[1] == t[2])' \
     "$RESULTS/exp.json" "$RESULTS/exp-static-off.json" "$RESULTS/exp-static-on.json" 2>&1 | tail -1
   step "bench: dynamic, static without and with CUDA graphs (greedy tok/s, alternating)"
-  timeout 150 $M bench --model smollm2 --onnx $G/exp --onnx $G/exp-static --ep cuda --cuda-graph both --repeats 3 \
+  timeout 180 $M bench --model smollm2 --onnx $G/exp --onnx $G/exp-static --ep cuda --cuda-graph both --repeats 3 \
     --decode-tokens 64 2>&1 | tail -10
   if [ $SECONDS -lt 170 ]; then
     step "bench --cost-shape of the static export: CUDA graphs on (default) and off"
