@@ -246,7 +246,10 @@ impl OnnxSession {
             Err(BuildError::Other(msg)) if cuda_graph => {
                 return Err(Error::CudaGraph {
                     file,
-                    reason: format!("ONNX Runtime refused a session with CUDA graphs: {msg}"),
+                    reason: format!(
+                        "ONNX Runtime refused a session with CUDA graphs: {msg} (`--cuda-graph \
+                         off` runs without them)"
+                    ),
                 });
             }
             Err(e) => return Err(build_error(&file, ep.ep, e)),

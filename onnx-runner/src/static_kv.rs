@@ -365,7 +365,8 @@ impl StaticKv {
         g.host_mask
             .copy_into(&mut g.attn_mask)
             .map_err(err(copy_in))?;
-        let replay = "ONNX Runtime failed the decode step with gpu_graph_id 1 (capture or replay)";
+        let replay = "ONNX Runtime failed the decode step with gpu_graph_id 1 (capture or replay; \
+                      `--cuda-graph off` runs without)";
         drop(
             session
                 .session
