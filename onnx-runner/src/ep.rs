@@ -185,6 +185,10 @@ pub struct EpConfig {
     /// Save the graph as ONNX Runtime optimised it (its fusions, e.g. the exported RMSNorm as one
     /// `SimplifiedLayerNormalization`) to this file when the session is built.
     pub optimized_model: Option<PathBuf>,
+    /// Run a static export's one-row decode step as a CUDA graph (`--cuda-graph`): `Some(true)`
+    /// asks for it (refused where it cannot apply), `Some(false)` never, `None` where it applies
+    /// (a static export on the CUDA provider). See [`EpConfig::resolve_cuda_graph`].
+    pub cuda_graph: Option<bool>,
 }
 
 /// ONNX Runtime's graph optimisation levels.
@@ -253,6 +257,7 @@ impl EpConfig {
             host_kv: false,
             profile: None,
             optimized_model: None,
+            cuda_graph: None,
         }
     }
 
@@ -266,20 +271,53 @@ impl EpConfig {
         ep_used.is_gpu() || !self.host_kv
     }
 
+    /// Whether model.onnx of an export (`static_export`: made with `--static-cache`) runs its
+    /// decode step as a CUDA graph: [`cuda_graph`](Self::cuda_graph) resolved, on by default for a
+    /// static export on the CUDA provider. Asking for it elsewhere is [`Error::CudaGraph`] naming
+    /// why: the graph needs fixed shapes (a dynamic export's cache grows every step) and the CUDA
+    /// provider's `enable_cuda_graph` (TensorRT has its own, not wired here; the CPU has none).
+    pub fn resolve_cuda_graph(&self, file: &str, static_export: bool) -> Result<bool> {
+        let refuse = |reason: String| {
+            Err(Error::CudaGraph {
+                file: file.into(),
+                reason,
+            })
+        };
+        match self.cuda_graph {
+            Some(false) => Ok(false),
+            None => Ok(self.ep == Ep::Cuda && static_export),
+            Some(true) if self.ep != Ep::Cuda => refuse(format!(
+                "CUDA graphs need the CUDA execution provider (--ep cuda), not {}",
+                self.ep
+            )),
+            Some(true) if !static_export => refuse(
+                "CUDA graphs need fixed shapes and addresses, and this is a dynamic export (its                  cache grows every step): export with `m2r2 export --static-cache L`"
+                    .into(),
+            ),
+            Some(true) => Ok(true),
+        }
+    }
+
     /// The providers to register for a graph with these inputs, most preferred first, each failing
-    /// loudly (empty for the CPU, which ONNX Runtime always has).
+    /// loudly (empty for the CPU, which ONNX Runtime always has). `cuda_graph`: the CUDA
+    /// provider's `enable_cuda_graph` (every run must then say its `gpu_graph_id`).
     pub(crate) fn dispatches(
         &self,
         file: &str,
         inputs: &[TensorInfo],
+        cuda_graph: bool,
     ) -> Result<Vec<ExecutionProviderDispatch>> {
         let cuda = || {
             // f32 stays f32 (TF32 matmuls would move logits by ~1e-3, past the equivalence tolerance).
-            ep::CUDA::default()
+            let cuda = ep::CUDA::default()
                 .with_device_id(self.device_id)
-                .with_tf32(false)
-                .build()
-                .error_on_failure()
+                .with_tf32(false);
+            let cuda = if cuda_graph {
+                cuda.with_cuda_graph(true)
+            } else {
+                cuda
+            };
+            cuda.build().error_on_failure()
         };
         Ok(match self.ep {
             Ep::Cpu => Vec::new(),
@@ -354,6 +392,39 @@ mod tests {
                 .unwrap_err()
                 .contains("cpu, cuda or tensorrt")
         );
+    }
+
+    #[test]
+    fn cuda_graph_is_on_by_default_only_for_static_exports_on_cuda() {
+        let with = |ep: Ep, choice: Option<bool>| EpConfig {
+            cuda_graph: choice,
+            ..EpConfig::new(ep)
+        };
+        for ep in Ep::ALL {
+            assert_eq!(
+                with(ep, None).resolve_cuda_graph("m.onnx", true).unwrap(),
+                ep == Ep::Cuda
+            );
+            assert!(!with(ep, None).resolve_cuda_graph("m.onnx", false).unwrap());
+            assert!(
+                !with(ep, Some(false))
+                    .resolve_cuda_graph("m.onnx", true)
+                    .unwrap()
+            );
+        }
+        assert!(
+            with(Ep::Cuda, Some(true))
+                .resolve_cuda_graph("m.onnx", true)
+                .unwrap()
+        );
+        let err = with(Ep::Cpu, Some(true))
+            .resolve_cuda_graph("m.onnx", true)
+            .unwrap_err();
+        assert!(err.to_string().contains("--ep cuda), not cpu"), "{err}");
+        let err = with(Ep::Cuda, Some(true))
+            .resolve_cuda_graph("m.onnx", false)
+            .unwrap_err();
+        assert!(err.to_string().contains("--static-cache"), "{err}");
     }
 
     #[test]

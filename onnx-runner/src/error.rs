@@ -86,6 +86,9 @@ pub enum Error {
     /// An export folder that does not follow the contract (docs/ONNX.md).
     #[error("{file}: {msg}")]
     Export { file: String, msg: String },
+    /// `--cuda-graph on` where it cannot apply, or a capture ONNX Runtime refused.
+    #[error("{file}: --cuda-graph: {reason}")]
+    CudaGraph { file: String, reason: String },
 
     #[error(transparent)]
     Reference(#[from] reference::Error),

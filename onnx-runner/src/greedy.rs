@@ -26,12 +26,21 @@ impl OnnxModel {
     /// Load model.onnx of an export on `ep`.
     pub fn load(export: &ExportDir, ep: &EpConfig) -> Result<OnnxModel> {
         let path = export.graph(GraphKind::Model)?;
-        let session = OnnxSession::load(&path, ep)?;
+        let l_max = export.static_l_max(GraphKind::Model);
+        let cuda_graph = ep.resolve_cuda_graph(&path.display().to_string(), l_max.is_some())?;
+        let session = OnnxSession::load_with_cuda_graph(&path, ep, cuda_graph)?;
         let config = export.manifest.config.clone();
         crate::kv_store::check_layers(&session, &(0..config.num_hidden_layers))?;
         crate::kv_store::check_width(&session, "logits", config.vocab_size, "vocab_size")?;
-        let cache = match export.static_l_max(GraphKind::Model) {
-            Some(l_max) => Cache::Static(StaticKv::new(&session, &config, l_max)?),
+        let cache = match l_max {
+            Some(l_max) => {
+                let mut kv = StaticKv::new(&session, &config, l_max)?;
+                // --ep-fallback onto the CPU: the session was built without graphs
+                if cuda_graph && session.ep_used() == crate::ep::Ep::Cuda {
+                    kv.enable_cuda_graph(&session, config.vocab_size)?;
+                }
+                Cache::Static(kv)
+            }
             None => Cache::Dynamic(Kv::new(
                 0..config.num_hidden_layers,
                 config.num_key_value_heads,
@@ -70,6 +79,15 @@ impl OnnxModel {
         match &self.cache {
             Cache::Dynamic(_) => None,
             Cache::Static(kv) => Some(kv.l_max()),
+        }
+    }
+
+    /// Runs of the decode step as a CUDA graph and of the uncaptured prefills, when the decode
+    /// step is a CUDA graph (`--cuda-graph`); `None` otherwise.
+    pub fn cuda_graph_runs(&self) -> Option<crate::static_kv::GraphRuns> {
+        match &self.cache {
+            Cache::Dynamic(_) => None,
+            Cache::Static(kv) => kv.graph_runs(),
         }
     }
 

@@ -196,6 +196,18 @@ impl OnnxSession {
     /// [`Error::ExecutionProvider`] with its own reason, unless `ep.fallback`: then the graph runs
     /// on the CPU and [`ep_used`](Self::ep_used) says so (with a warning on stderr).
     pub fn load(path: &Path, ep: &EpConfig) -> Result<OnnxSession> {
+        Self::load_with_cuda_graph(path, ep, false)
+    }
+
+    /// [`load`](Self::load), with the CUDA provider's `enable_cuda_graph` when `cuda_graph` (then
+    /// every run must set `gpu_graph_id`, see `static_kv.rs`). A session ONNX Runtime refuses to
+    /// build that way (e.g. nodes it did not place on CUDA) is [`Error::CudaGraph`] with its
+    /// reason.
+    pub fn load_with_cuda_graph(
+        path: &Path,
+        ep: &EpConfig,
+        cuda_graph: bool,
+    ) -> Result<OnnxSession> {
         let file = path.display().to_string();
         if !path.is_file() {
             return Err(Error::Ort {
@@ -219,7 +231,7 @@ impl OnnxSession {
         } else {
             Vec::new()
         };
-        let dispatches = ep.dispatches(&file, &inputs_for_profile)?;
+        let dispatches = ep.dispatches(&file, &inputs_for_profile, cuda_graph)?;
         let (session, ep_used) = match build(path, ep, &dispatches) {
             Ok(session) => (session, ep.ep),
             Err(BuildError::Provider(reason)) if ep.fallback => {
@@ -230,6 +242,15 @@ impl OnnxSession {
                 );
                 let session = build(path, ep, &[]).map_err(|e| build_error(&file, Ep::Cpu, e))?;
                 (session, Ep::Cpu)
+            }
+            Err(BuildError::Other(msg)) if cuda_graph => {
+                return Err(Error::CudaGraph {
+                    file,
+                    reason: format!(
+                        "ONNX Runtime refused a session with CUDA graphs: {msg} (`--cuda-graph \
+                         off` runs without them)"
+                    ),
+                });
             }
             Err(e) => return Err(build_error(&file, ep.ep, e)),
         };

@@ -13,8 +13,19 @@
 //! [`HIDDEN`]. Positions past the filled ones hold zeros or stale rows of a rolled-back draft and
 //! are always hidden, so rollback only moves the length, as in llama2.c.
 //!
+//! With [`StaticKv::enable_cuda_graph`] (the CUDA provider's `enable_cuda_graph`), the one-row
+//! decode step runs as a CUDA graph: its inputs and `logits` live in device buffers allocated
+//! once and bound once (ONNX Runtime replays a graph on the addresses it captured), each step
+//! copies the new ids, position, write index and mask row into those buffers, and the run says
+//! `gpu_graph_id` = 1 (ONNX Runtime runs it normally until its warm-up count is reached, one or two
+//! runs by version and possibly inside the first call, then captures it and replays it from then
+//! on). Every other run (the prefill, `T > 1`) says `gpu_graph_id` = -1: not
+//! captured.
+//!
 //! # Shapes
 //! - buffers: `[1, Hkv, L, Dh]` per layer; the first `len` positions are the cache.
+//! - decode step on the graph: `input_ids`, `position_ids` `[1, 1]`, `write_indices` `[1]`,
+//!   `attn_mask` `[1, 1, 1, L]`, `logits` `[1, 1, V]`.
 
 use crate::device_kv::host_array;
 use crate::error::{Error, Result};
@@ -22,6 +33,7 @@ use crate::kv_store::{KvStore, past_names, present_names};
 use crate::session::{Dim, Input, OnnxSession, Outputs};
 use ndarray::{Array1, Array2, Array4};
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
+use ort::session::{IoBinding, RunOptions};
 use ort::value::{DynTensor, Tensor};
 use reference::ModelConfig;
 
@@ -43,6 +55,50 @@ pub struct StaticKv {
     buffers: Vec<(DynTensor, DynTensor)>,
     /// Positions filled.
     len: usize,
+    /// The decode step as a CUDA graph, when enabled (boxed: most caches have none).
+    graph: Option<Box<GraphStep>>,
+}
+
+/// The `gpu_graph_id` of the captured one-row decode step.
+pub const DECODE_GRAPH_ID: &str = "1";
+/// The `gpu_graph_id` of runs ONNX Runtime must not capture.
+pub const NO_GRAPH_ID: &str = "-1";
+
+/// How the runs of a CUDA-graph session went, counted after ONNX Runtime returned success: what
+/// this runner asked for, not an observation of the GPU. ONNX Runtime's CUDA provider runs the
+/// first `gpu_graph_id` = 1 runs normally (one or two by version), then captures and replays from
+/// then on (read from its source); `ORT_LOG=info` makes ONNX Runtime log each replay ("Replaying
+/// the captured ... CUDA Graph"), the observation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GraphRuns {
+    /// Runs with `gpu_graph_id` = -1 (prefills): never captured.
+    pub uncaptured: usize,
+    /// One-row decode steps with `gpu_graph_id` = 1 on the persistent device buffers.
+    pub graph: usize,
+}
+
+/// The persistent device buffers and binding of the decode step (one row).
+struct GraphStep {
+    /// `[1, 1]`, `[1, 1]`, `[1]`, `[1, 1, 1, L]` on the device, bound once
+    input_ids: Tensor<i64>,
+    position_ids: Tensor<i64>,
+    write_indices: Tensor<i64>,
+    attn_mask: Tensor<f32>,
+    /// `[1, 1, V]` on the device, bound once as the output
+    logits: Tensor<f32>,
+    /// host staging of the same shapes, rewritten every step
+    host_ids: Tensor<i64>,
+    host_positions: Tensor<i64>,
+    host_write: Tensor<i64>,
+    host_mask: Tensor<f32>,
+    host_logits: Tensor<f32>,
+    /// every input, output and KV buffer bound once
+    binding: IoBinding,
+    /// `gpu_graph_id` = 1
+    capture: RunOptions,
+    /// `gpu_graph_id` = -1, for every other run of the session
+    skip: RunOptions,
+    runs: GraphRuns,
 }
 
 /// The additive mask of `rows` rows at positions `pos0..pos0 + rows` over `l_max` keys.
@@ -98,19 +154,7 @@ impl StaticKv {
             }
         }
         let err = |e: ort::Error| Error::ort(&file, format!("cannot allocate the KV buffers: {e}"));
-        let gpu = session.ep_used().is_gpu();
-        let allocator = if gpu {
-            let memory = MemoryInfo::new(
-                AllocationDevice::CUDA,
-                session.device_id,
-                AllocatorType::Device,
-                MemoryType::Default,
-            )
-            .map_err(err)?;
-            Allocator::new(&session.session, memory).map_err(err)?
-        } else {
-            Allocator::default()
-        };
+        let allocator = session_allocator(session).map_err(err)?;
         let shape = [1, kv_heads, l_max, head_dim];
         let zeros = Tensor::from_array(Array4::<f32>::zeros(shape)).map_err(err)?;
         let buffer = || -> Result<DynTensor> {
@@ -136,7 +180,77 @@ impl StaticKv {
             present: (0..layers).map(present_names).collect(),
             buffers,
             len: 0,
+            graph: None,
         })
+    }
+
+    /// Run the one-row decode step as a CUDA graph from now on (the session must have been built
+    /// with the CUDA provider's `enable_cuda_graph`): allocate its inputs and `logits` (`V` =
+    /// `vocab` wide) on the device and bind them, with every KV buffer, once.
+    pub fn enable_cuda_graph(&mut self, session: &OnnxSession, vocab: usize) -> Result<()> {
+        let file = session.file().to_string();
+        let err = |e: ort::Error| Error::CudaGraph {
+            file: file.clone(),
+            reason: format!("cannot set up the decode step's device buffers: {e}"),
+        };
+        if !session.ep_used().is_gpu() {
+            return Err(Error::CudaGraph {
+                file,
+                reason: format!("the session runs on {}, not a GPU", session.ep_used()),
+            });
+        }
+        let device = session_allocator(session).map_err(err)?;
+        let host = Allocator::default();
+        let l = self.l_max;
+        let mut binding = session.session.create_binding().map_err(err)?;
+        let input_ids = Tensor::<i64>::new(&device, [1usize, 1]).map_err(err)?;
+        let position_ids = Tensor::<i64>::new(&device, [1usize, 1]).map_err(err)?;
+        let write_indices = Tensor::<i64>::new(&device, [1usize]).map_err(err)?;
+        let attn_mask = Tensor::<f32>::new(&device, [1usize, 1, 1, l]).map_err(err)?;
+        let mut logits = Tensor::<f32>::new(&device, [1usize, 1, vocab]).map_err(err)?;
+        binding.bind_input("input_ids", &input_ids).map_err(err)?;
+        binding
+            .bind_input("position_ids", &position_ids)
+            .map_err(err)?;
+        binding
+            .bind_input(WRITE_INDICES, &write_indices)
+            .map_err(err)?;
+        binding.bind_input(ATTN_MASK, &attn_mask).map_err(err)?;
+        binding.bind_output("logits", &mut logits).map_err(err)?;
+        let layers = self.past.iter().zip(&self.present);
+        for (((pk, pv), (ok, ov)), (k, v)) in layers.zip(self.buffers.iter_mut()) {
+            binding.bind_input(pk.as_str(), &*k).map_err(err)?;
+            binding.bind_input(pv.as_str(), &*v).map_err(err)?;
+            binding.bind_output(ok.as_str(), k).map_err(err)?;
+            binding.bind_output(ov.as_str(), v).map_err(err)?;
+        }
+        let graph_id = |id: &str| -> Result<RunOptions> {
+            let mut options = RunOptions::new().map_err(err)?;
+            options.set("gpu_graph_id", id).map_err(err)?;
+            Ok(options)
+        };
+        self.graph = Some(Box::new(GraphStep {
+            input_ids,
+            position_ids,
+            write_indices,
+            attn_mask,
+            logits,
+            host_ids: Tensor::<i64>::new(&host, [1usize, 1]).map_err(err)?,
+            host_positions: Tensor::<i64>::new(&host, [1usize, 1]).map_err(err)?,
+            host_write: Tensor::<i64>::new(&host, [1usize]).map_err(err)?,
+            host_mask: Tensor::<f32>::new(&host, [1usize, 1, 1, l]).map_err(err)?,
+            host_logits: Tensor::<f32>::new(&host, [1usize, 1, vocab]).map_err(err)?,
+            binding,
+            capture: graph_id(DECODE_GRAPH_ID)?,
+            skip: graph_id(NO_GRAPH_ID)?,
+            runs: GraphRuns::default(),
+        }));
+        Ok(())
+    }
+
+    /// The runs so far when the decode step is a CUDA graph; `None` otherwise.
+    pub fn graph_runs(&self) -> Option<GraphRuns> {
+        self.graph.as_ref().map(|g| g.runs)
     }
 
     /// Positions filled.
@@ -177,6 +291,11 @@ impl StaticKv {
         self.check_room(session.file(), tokens.len())?;
         let t = tokens.len();
         let needed = self.len + t;
+        if t == 1 && self.graph.is_some() {
+            let outputs = self.run_graph(session, tokens[0])?;
+            self.len = needed;
+            return Ok(outputs);
+        }
         let input_ids = Array2::from_shape_fn((1, t), |(_, i)| i64::from(tokens[i]));
         let position_ids = Array2::from_shape_fn((1, t), |(_, i)| (self.len + i) as i64);
         let write_indices = Array1::from_elem(1, self.len as i64);
@@ -187,9 +306,84 @@ impl StaticKv {
             (ATTN_MASK, Input::F32(mask.view().into_dyn())),
             (WRITE_INDICES, Input::I64(write_indices.view().into_dyn())),
         ];
-        let outputs = session.run_in_place(&host, &self.past, &self.present, &mut self.buffers)?;
+        let skip = self.graph.as_ref().map(|g| &g.skip);
+        let outputs =
+            session.run_in_place(&host, &self.past, &self.present, &mut self.buffers, skip)?;
+        if let Some(graph) = &mut self.graph {
+            graph.runs.uncaptured += 1;
+        }
         self.len = needed;
         Ok(outputs)
+    }
+
+    /// The one-row step at position `len` on the graph: the new values copied into the bound
+    /// device inputs, the run with `gpu_graph_id` = 1, `logits` copied back.
+    fn run_graph(&mut self, session: &mut OnnxSession, token: u32) -> Result<Outputs> {
+        let file = session.file().to_string();
+        let err = |what: &'static str| {
+            let file = file.clone();
+            move |e: ort::Error| Error::CudaGraph {
+                file,
+                reason: format!("{what}: {e}"),
+            }
+        };
+        let mask = attn_mask(self.len, 1, self.l_max, self.sliding_window);
+        let pos = self.len as i64;
+        let Some(g) = &mut self.graph else {
+            return Err(Error::CudaGraph {
+                file,
+                reason: "the decode step has no CUDA graph set up".into(),
+            });
+        };
+        let copy_in = "cannot copy the step's inputs to the device";
+        g.host_ids.try_extract_tensor_mut().map_err(err(copy_in))?.1[0] = i64::from(token);
+        g.host_positions
+            .try_extract_tensor_mut()
+            .map_err(err(copy_in))?
+            .1[0] = pos;
+        g.host_write
+            .try_extract_tensor_mut()
+            .map_err(err(copy_in))?
+            .1[0] = pos;
+        let host_mask = g
+            .host_mask
+            .try_extract_tensor_mut()
+            .map_err(err(copy_in))?
+            .1;
+        for (dst, src) in host_mask.iter_mut().zip(mask.iter()) {
+            *dst = *src;
+        }
+        g.host_ids
+            .copy_into(&mut g.input_ids)
+            .map_err(err(copy_in))?;
+        g.host_positions
+            .copy_into(&mut g.position_ids)
+            .map_err(err(copy_in))?;
+        g.host_write
+            .copy_into(&mut g.write_indices)
+            .map_err(err(copy_in))?;
+        g.host_mask
+            .copy_into(&mut g.attn_mask)
+            .map_err(err(copy_in))?;
+        let replay = "ONNX Runtime failed the decode step with gpu_graph_id 1 (capture or replay; \
+                      `--cuda-graph off` runs without)";
+        drop(
+            session
+                .session
+                .run_binding_with_options(&g.binding, &g.capture)
+                .map_err(err(replay))?,
+        );
+        g.binding.synchronize_outputs().map_err(err(replay))?;
+        g.runs.graph += 1;
+        let copy_out = "cannot copy the logits back to the host";
+        g.logits
+            .copy_into(&mut g.host_logits)
+            .map_err(err(copy_out))?;
+        let logits = g.host_logits.try_extract_array().map_err(err(copy_out))?;
+        Ok(Outputs {
+            file,
+            tensors: vec![("logits".to_string(), logits.to_owned())],
+        })
     }
 
     /// The filled positions of every layer, copied to the host.
@@ -221,6 +415,7 @@ impl OnnxSession {
         past: &[(String, String)],
         present: &[(String, String)],
         buffers: &mut [(DynTensor, DynTensor)],
+        options: Option<&RunOptions>,
     ) -> Result<Outputs> {
         let file = self.file.clone();
         let err = |e: ort::Error| Error::ort(&file, e);
@@ -265,7 +460,11 @@ impl OnnxSession {
                 .bind_output_to_device(info.name.as_str(), &host_memory)
                 .map_err(err)?;
         }
-        let outputs = self.session.run_binding(&binding).map_err(err)?;
+        let outputs = match options {
+            Some(options) => self.session.run_binding_with_options(&binding, options),
+            None => self.session.run_binding(&binding),
+        }
+        .map_err(err)?;
         let mut tensors = Vec::new();
         for info in self.outputs.iter().filter(|o| !bound(&o.name)) {
             if let Some(value) = outputs.get(&info.name) {
@@ -276,6 +475,22 @@ impl OnnxSession {
             }
         }
         Ok(Outputs { file, tensors })
+    }
+}
+
+/// ONNX Runtime's allocator where `session` computes: the GPU's memory for CUDA / TensorRT, else
+/// the CPU's.
+fn session_allocator(session: &OnnxSession) -> ort::Result<Allocator> {
+    if session.ep_used().is_gpu() {
+        let memory = MemoryInfo::new(
+            AllocationDevice::CUDA,
+            session.device_id,
+            AllocatorType::Device,
+            MemoryType::Default,
+        )?;
+        Allocator::new(&session.session, memory)
+    } else {
+        Ok(Allocator::default())
     }
 }
 

@@ -244,10 +244,14 @@ fn static_folder_decodes_greedy_and_speculative_like_the_reference() {
 
 /// The same checks on ONNX Runtime's CUDA provider: the buffers in GPU memory from the session's
 /// allocator, zeroed by a copy, written in place (docs/GPU.md runs it with scripts/gpu/).
+/// CUDA graphs off here (the next test turns them on).
 #[test]
 #[ignore = "needs an NVIDIA GPU and ORT_DYLIB_PATH at an onnxruntime-gpu library (docs/GPU.md)"]
 fn ort_cuda_static_export_equals_the_reference() {
-    let ep = EpConfig::new(Ep::Cuda);
+    let ep = EpConfig {
+        cuda_graph: Some(false),
+        ..EpConfig::new(Ep::Cuda)
+    };
     for name in ["tiny", "tiny-moe"] {
         let model = builtin::builtin(name).unwrap();
         let weights = M2r2Weights::builtin_for(name, &model.config).unwrap();
@@ -259,6 +263,93 @@ fn ort_cuda_static_export_equals_the_reference() {
     let model = builtin::random_model(config, 7).unwrap();
     let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
     tiny_case_on("tiny, window 4, biases, on CUDA", &model, &weights, 20, &ep);
+}
+
+/// The decode step as a CUDA graph (`--cuda-graph on`): the same checks against the reference
+/// (every one-row step runs with `gpu_graph_id` 1 on the persistent device buffers, the prefills
+/// with -1), then each step's logits and the greedy tokens equal those with graphs off.
+/// `ORT_LOG=info` makes ONNX Runtime log its capture and replays (scripts/gpu/device.sh counts
+/// them).
+#[test]
+#[ignore = "needs an NVIDIA GPU and ORT_DYLIB_PATH at an onnxruntime-gpu library (docs/GPU.md)"]
+fn ort_cuda_graph_static_export_equals_the_reference_and_graphs_off() {
+    let with = |cuda_graph| EpConfig {
+        cuda_graph: Some(cuda_graph),
+        ..EpConfig::new(Ep::Cuda)
+    };
+    let mut config = builtin::tiny_config();
+    config.sliding_window = Some(4);
+    config.qkv_bias = true;
+    let windowed = builtin::random_model(config, 7).unwrap();
+    let cases = [
+        ("tiny", builtin::builtin("tiny").unwrap()),
+        ("tiny-moe", builtin::builtin("tiny-moe").unwrap()),
+        ("tiny, window 4, biases", windowed),
+    ];
+    for (name, model) in &cases {
+        let weights_name = if *name == "tiny-moe" {
+            "tiny-moe"
+        } else {
+            "tiny"
+        };
+        let weights = M2r2Weights::builtin_for(weights_name, &model.config).unwrap();
+        let name = format!("{name} on CUDA, graph");
+        tiny_case_on(&name, model, &weights, 20, &with(true));
+
+        let dir = tempfile::tempdir().unwrap();
+        let exported = export_static(model, &weights, 20, &[GraphKind::Model], dir.path());
+        let mut on = OnnxModel::load(&exported, &with(true)).unwrap();
+        let mut off = OnnxModel::load(&exported, &with(false)).unwrap();
+        assert!(off.cuda_graph_runs().is_none(), "{name}: off means off");
+        let mut all_ok = true;
+        for round in 0..2 {
+            // a second round from an empty cache replays the graph captured in the first
+            on.reset();
+            off.reset();
+            let mut feed = vec![3, 1, 4, 1];
+            for step in 0..8 {
+                let got = on.forward(&feed).unwrap();
+                let want = off.forward(&feed).unwrap();
+                all_ok &= within(
+                    &format!("{name}: logits graph on = off (round {round}, step {step})"),
+                    got.view(),
+                    want.view(),
+                );
+                let last = want.index_axis(Axis(0), want.nrows() - 1);
+                let next = last
+                    .iter()
+                    .enumerate()
+                    .fold((0, f32::MIN), |b, (i, &v)| if v > b.1 { (i, v) } else { b })
+                    .0;
+                feed = vec![next as u32];
+            }
+        }
+        assert!(all_ok, "{name}: graphs on differ from graphs off");
+        let runs = on.cuda_graph_runs().expect("graphs on");
+        eprintln!(
+            "OK     {name}: {} decode steps with gpu_graph_id 1, {} uncaptured prefills",
+            runs.graph, runs.uncaptured
+        );
+        assert_eq!((runs.graph, runs.uncaptured), (14, 2), "{name}");
+        let options = GenerateOptions {
+            max_new_tokens: 12,
+            stop_tokens: vec![],
+            sampling: None,
+        };
+        let prompt = [5, 4, 3, 2];
+        let want = greedy(model, &prompt, 12, &[]).unwrap();
+        let got_on = on.generate(&prompt, &options, &mut |_, _| {}).unwrap();
+        let got_off = off.generate(&prompt, &options, &mut |_, _| {}).unwrap();
+        assert_eq!(
+            got_off.tokens, want,
+            "{name}: graphs off against the reference"
+        );
+        assert_eq!(
+            got_on.tokens, want,
+            "{name}: graphs on against the reference"
+        );
+        eprintln!("OK     {name}: greedy tokens graph on = off = reference");
+    }
 }
 
 /// SmolLM2-135M-Instruct (`m2r2 fetch smollm2`): prefill and decode steps, buffers, the full

@@ -5,7 +5,8 @@
 #   bash scripts/gpu/device.sh stash PACK          # keep the chunks present in PACK (one call each)
 #   bash scripts/gpu/device.sh run PACK RESULTS    # unpack, then run every check; logs in RESULTS
 #   bash scripts/gpu/device.sh quick PACK RESULTS  # the CUDA checks only, and the baseline comparison
-#   bash scripts/gpu/device.sh static PACK RESULTS # static-cache exports only (docs/ONNX.md)
+#   bash scripts/gpu/device.sh static PACK RESULTS # static-cache exports only, CUDA graphs off and on
+#                                                  # (docs/ONNX.md "Static exports"; about 4 minutes)
 set -uo pipefail
 ACTION=$1
 PACK=$(cd "$2" && pwd)
@@ -44,19 +45,47 @@ M=$G/m2r2
 P="Explain how a refrigerator works."
 
 if [ "$ACTION" = static ]; then
-  step "static exports on CUDA: buffers in GPU memory, written in place (onnx-runner/tests/static_cache.rs)"
-  timeout 180 $G/static_cache --ignored --nocapture --test-threads 1 ort_cuda > "$RESULTS/static_cuda.log" 2>&1
+  SECONDS=0
+  # ORT_LOG=info: ONNX Runtime logs its CUDA graph capture and every replay; the lines counted
+  # below are its own, the runner's counts (graph_runs) only say which gpu_graph_id each run set.
+  graphlog() { echo "ORT log lines: capture $(grep -ciE 'captur' "$1"), replay $(grep -ciE 'replay' "$1")"
+    grep -iE 'captur|replay|cuda graph|graph capture' "$1" | sort | uniq -c | sort -rn | head -6 | cut -c1-220; }
+  step "static exports on CUDA, graphs off: buffers in GPU memory, written in place (onnx-runner/tests/static_cache.rs)"
+  timeout 120 $G/static_cache --ignored --nocapture --test-threads 1 ort_cuda_static > "$RESULTS/static_cuda.log" 2>&1
   echo "static cuda exit $?"; grep -cE '^OK ' "$RESULTS/static_cuda.log"
   grep -E 'NOT OK|test result|panicked|error' "$RESULTS/static_cuda.log" | head -5
   grep -E '^OK ' "$RESULTS/static_cuda.log" | sort -t= -k2 -g | tail -2
-  step "SmolLM2: today's export and a static one (L=256), greedy on CUDA"
+  step "static exports on CUDA, decode step as a CUDA graph: against the reference and graphs off"
+  ORT_LOG=info timeout 120 $G/static_cache --ignored --nocapture --test-threads 1 ort_cuda_graph > "$RESULTS/static_cuda_graph.log" 2>&1
+  echo "static cuda graph exit $?"; grep -cE '^OK ' "$RESULTS/static_cuda_graph.log"
+  grep -E 'NOT OK|test result|panicked|cuda-graph|refused' "$RESULTS/static_cuda_graph.log" | head -6 | cut -c1-400
+  grep -E '^OK .*(decode steps|greedy tokens)' "$RESULTS/static_cuda_graph.log" | head -6
+  grep -E '^OK ' "$RESULTS/static_cuda_graph.log" | sort -t= -k2 -g | tail -2
+  graphlog "$RESULTS/static_cuda_graph.log"
+  step "SmolLM2: today's export and a static one (L=256), greedy on CUDA, graphs off and on"
   timeout 120 $M export --model smollm2 --out $G/exp > /dev/null && echo "dynamic written"
   timeout 120 $M export --model smollm2 --out $G/exp-static --static-cache 256 > /dev/null && echo "static written"
-  for e in exp exp-static; do
-    timeout 60 $M run --onnx $G/$e --ep cuda --chat --prompt "$P" --max-new-tokens 24 --json > "$RESULTS/$e.json" 2>&1
-    echo "$e exit $?: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["ep_used"], r["tokens"])' "$RESULTS/$e.json" 2>&1 | cut -c1-200)"
+  for r in "exp" "exp-static off" "exp-static on"; do
+    set -- $r; e=$1; cg=${2:+--cuda-graph $2}; tag=$e${2:+-$2}
+    ORT_LOG=${2:+info} timeout 60 $M run --onnx $G/$e --ep cuda $cg --chat --prompt "$P" --max-new-tokens 24 --json \
+      > "$RESULTS/$tag.json" 2> "$RESULTS/$tag.err"
+    echo "$tag exit $?: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["ep_used"], "cuda_graph", r.get("cuda_graph"), r["tokens"])' "$RESULTS/$tag.json" 2>&1 | cut -c1-260)"
+    grep -iE 'error|refused' "$RESULTS/$tag.err" | head -3 | cut -c1-400
   done
-  timeout 200 $M bench --model smollm2 --onnx $G/exp --onnx $G/exp-static --ep cuda --repeats 3 --decode-tokens 64 2>&1 | tail -9
+  echo "graphs off (expect no capture, no replay):"; graphlog "$RESULTS/exp-static-off.err"
+  echo "graphs on (expect about 20-23 replay lines for 23 decode steps):"; graphlog "$RESULTS/exp-static-on.err"
+  python3 -c 'import json,sys; t=[json.load(open(f))["tokens"] for f in sys.argv[1:]]; print("tokens dynamic = static off = static on:", t[0] == t[1] == t[2])' \
+    "$RESULTS/exp.json" "$RESULTS/exp-static-off.json" "$RESULTS/exp-static-on.json" 2>&1 | tail -1
+  step "bench: dynamic, static without and with CUDA graphs (greedy tok/s, alternating)"
+  timeout 180 $M bench --model smollm2 --onnx $G/exp --onnx $G/exp-static --ep cuda --cuda-graph both --repeats 3 \
+    --decode-tokens 64 2>&1 | tail -10
+  if [ $SECONDS -lt 170 ]; then
+    step "bench --cost-shape of the static export: CUDA graphs on (default) and off"
+    timeout 60 $M bench --model smollm2 --cost-shape --onnx $G/exp-static --ep cuda --repeats 3 --decode-tokens 16 \
+      --ort-compare "graph-off:cuda-graph=off" 2>&1 | tail -9
+  else
+    echo "(cost shape skipped: ${SECONDS}s used)"
+  fi
   step end
   exit 0
 fi

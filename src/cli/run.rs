@@ -14,6 +14,7 @@ use onnx_runner::ep::{Ep, EpConfig};
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::manifest::ExportDir;
 use onnx_runner::speculation::OnnxSpeculation;
+use onnx_runner::static_kv::GraphRuns;
 use reference::base::generate::GenerateOptions;
 use reference::base::work::Work;
 use reference::decode::early_exit::KvPolicy;
@@ -130,6 +131,8 @@ pub fn settings(
 pub struct OnnxRun {
     pub run: ModeRun,
     pub ep_used: Ep,
+    /// How the runs went when greedy's decode step was a CUDA graph.
+    pub cuda_graph: Option<GraphRuns>,
 }
 
 /// Decode `request` on the export in `settings.mode`; `record_scores` scores every proposal
@@ -157,9 +160,16 @@ pub fn decode(
             Ok(OnnxRun {
                 run: greedy_run(generation, steps, n),
                 ep_used: model.session().ep_used(),
+                cuda_graph: model.cuda_graph_runs(),
             })
         }
         Mode::Speculative => {
+            if ep.cuda_graph == Some(true) {
+                bail!(
+                    "--cuda-graph on: CUDA graphs are built for greedy decoding's one-row step \
+                     (--mode greedy); speculative decoding runs without them"
+                );
+            }
             let gate = (record_scores
                 || matches!(settings.draft_length, DraftLength::Dynamic { .. }))
             .then_some(settings.gate);
@@ -197,6 +207,7 @@ pub fn decode(
             Ok(OnnxRun {
                 run: speculative_run(out, n, prefill, seconds, Work::default()),
                 ep_used,
+                cuda_graph: None,
             })
         }
         Mode::EarlyExit => bail!("early exit is not exported; use greedy or speculative"),
@@ -224,6 +235,7 @@ pub fn run(args: &Args) -> Result<()> {
             "--ort-compare is for `m2r2 bench --cost-shape --onnx DIR`; `run` takes one set of options"
         );
     }
+    args.ep.check_single_cuda_graph("run")?;
     let ep = args.ep.config(&export, settings.draft_length.max());
     let runtime = onnx_runner::runtime::init()?;
     eprintln!(
@@ -239,7 +251,11 @@ pub fn run(args: &Args) -> Result<()> {
         stop_tokens: export.stop_tokens(tokenizer.as_ref()),
         sampling: None,
     };
-    let OnnxRun { run, ep_used } = decode(&export, &ep, &settings, &request, args.trace)
+    let OnnxRun {
+        run,
+        ep_used,
+        cuda_graph,
+    } = decode(&export, &ep, &settings, &request, args.trace)
         .with_context(|| format!("cannot decode with {}", export.dir.display()))?;
 
     if args.trace {
@@ -272,6 +288,14 @@ pub fn run(args: &Args) -> Result<()> {
         object.insert("ep".into(), json!(args.ep.ep.name()));
         object.insert("ep_used".into(), json!(ep_used.name()));
         object.insert("onnxruntime".into(), json!(runtime.version));
+        // Runs counted after ONNX Runtime returned success, by the gpu_graph_id each one set.
+        object.insert(
+            "cuda_graph".into(),
+            match cuda_graph {
+                Some(g) => json!({"graph_runs": g.graph, "uncaptured_runs": g.uncaptured}),
+                None => json!(null),
+            },
+        );
         common::print_json(&report)?;
     } else {
         match text {
@@ -290,6 +314,12 @@ pub fn run(args: &Args) -> Result<()> {
             "[execution provider: {} requested, {} ran]",
             args.ep.ep, ep_used
         );
+        if let Some(g) = cuda_graph {
+            eprintln!(
+                "[CUDA graph: {} decode steps with gpu_graph_id 1, {} uncaptured runs]",
+                g.graph, g.uncaptured
+            );
+        }
     }
     Ok(())
 }

@@ -394,3 +394,97 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
         assert!(e["greedy_tokens_per_second"].as_f64().unwrap() > 0.0, "{e}");
     }
 }
+
+/// `--cuda-graph`: `on` where a CUDA graph cannot apply (the CPU provider, a dynamic export,
+/// speculative decoding) and `both` outside `bench` are errors naming why, with no panic; the
+/// default on the CPU is off (`"cuda_graph": null`) and gives the same tokens as `off`.
+#[test]
+fn cuda_graph_is_refused_where_it_cannot_apply() {
+    let dir = tempfile::tempdir().unwrap();
+    let (dynamic, fixed) = (dir.path().join("dynamic"), dir.path().join("static"));
+    let (d, s) = (dynamic.to_str().unwrap(), fixed.to_str().unwrap());
+    super::ok(&["export", "--model", "tiny", "--out", d]);
+    let static_args = ["--out", s, "--static-cache", "24"];
+    super::ok(&[&["export", "--model", "tiny"][..], &static_args].concat());
+    let run = |dir: &str, more: &[&str]| -> Vec<String> {
+        let base = [
+            "run",
+            "--onnx",
+            dir,
+            "--tokens",
+            "1,2,3",
+            "--max-new-tokens",
+            "6",
+        ];
+        [&base[..], more]
+            .concat()
+            .iter()
+            .map(|a| a.to_string())
+            .collect()
+    };
+    let refused = |args: Vec<String>, needles: &[&str]| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        super::fails(&args, needles);
+    };
+    refused(
+        run(s, &["--cuda-graph", "on"]),
+        &[
+            "--cuda-graph",
+            "CUDA execution provider (--ep cuda), not cpu",
+        ],
+    );
+    // the export is looked at before the provider is registered
+    refused(
+        run(d, &["--ep", "cuda", "--cuda-graph", "on"]),
+        &["--cuda-graph", "dynamic export", "--static-cache L"],
+    );
+    refused(
+        run(s, &["--mode", "speculative", "--cuda-graph", "on"]),
+        &["--cuda-graph on", "--mode greedy"],
+    );
+    refused(
+        run(s, &["--cuda-graph", "both"]),
+        &["--cuda-graph both is for `bench --onnx`"],
+    );
+    super::fails(
+        &[
+            "golden",
+            "check",
+            "missing.golden.safetensors",
+            "--onnx",
+            s,
+            "--cuda-graph",
+            "maybe",
+        ],
+        &["invalid value 'maybe'"],
+    );
+    super::fails(
+        &[
+            "bench",
+            "--model",
+            "tiny",
+            "--onnx",
+            s,
+            "--cuda-graph",
+            "both",
+            "--prompt-len",
+            "4",
+            "--decode-tokens",
+            "4",
+            "--repeats",
+            "1",
+            "--bandwidth-mib",
+            "16",
+        ],
+        &["--cuda-graph", "not cpu"],
+    );
+    let json = |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        super::ok(&args).json()
+    };
+    let default = json(run(s, &["--json"]));
+    let off = json(run(s, &["--json", "--cuda-graph", "off"]));
+    assert_eq!(default["cuda_graph"], serde_json::Value::Null);
+    assert_eq!(default["tokens"], off["tokens"]);
+    assert_eq!(default["ep_used"], "cpu");
+}

@@ -52,6 +52,20 @@ pub struct EpArgs {
     /// own-pool, host-kv; see docs/ONNX.md)
     #[arg(long, value_name = "VARIANTS")]
     pub ort_compare: Option<String>,
+    /// Static exports on CUDA: run the one-row greedy decode step as a captured CUDA graph: on |
+    /// off | both (bench only: each static export twice, without and with) (default: on for a
+    /// static export on --ep cuda, off otherwise; `on` elsewhere is an error)
+    #[arg(long, value_enum, value_name = "ON|OFF|BOTH")]
+    pub cuda_graph: Option<CudaGraph>,
+}
+
+/// `--cuda-graph`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CudaGraph {
+    On,
+    Off,
+    /// `bench --onnx` only: each static export measured without and with.
+    Both,
 }
 
 impl EpArgs {
@@ -95,9 +109,10 @@ pub fn apply_session_options(base: &EpConfig, spec: &str) -> Result<EpConfig> {
             "opt" => ep.optimization = Some(value.parse().map_err(|e: String| anyhow::anyhow!(e))?),
             "own-pool" => ep.own_thread_pool = on_off(value)?,
             "host-kv" => ep.host_kv = on_off(value)?,
+            "cuda-graph" => ep.cuda_graph = Some(on_off(value)?),
             _ => bail!(
-                "unknown session option `{key}` (in `{spec}`): use threads, spinning, opt, own-pool \
-                 or host-kv"
+                "unknown session option `{key}` (in `{spec}`): use threads, spinning, opt, own-pool, \
+                 host-kv or cuda-graph"
             ),
         }
     }
@@ -105,7 +120,19 @@ pub fn apply_session_options(base: &EpConfig, spec: &str) -> Result<EpConfig> {
 }
 
 impl EpArgs {
+    /// `--cuda-graph both` is refused outside `bench` (`command` names the command).
+    pub fn check_single_cuda_graph(&self, command: &str) -> Result<()> {
+        if self.cuda_graph == Some(CudaGraph::Both) {
+            bail!(
+                "--cuda-graph both is for `bench --onnx` (it measures each static export without \
+                 and with CUDA graphs); `{command}` takes on or off"
+            );
+        }
+        Ok(())
+    }
+
     /// The provider config for an export; TensorRT profiles cover `1..=draft_len + 1` rows.
+    /// `--cuda-graph both` leaves the choice to the default (`bench` sets it per engine).
     pub fn config(&self, export: &ExportDir, draft_len: usize) -> EpConfig {
         let config = &export.manifest.config;
         EpConfig {
@@ -128,6 +155,11 @@ impl EpArgs {
             optimization: self.ort_opt,
             host_kv: self.ort_host_kv,
             profile: self.ort_profile.clone(),
+            cuda_graph: match self.cuda_graph {
+                Some(CudaGraph::On) => Some(true),
+                Some(CudaGraph::Off) => Some(false),
+                Some(CudaGraph::Both) | None => None,
+            },
             ..EpConfig::new(self.ep)
         }
     }
@@ -210,6 +242,8 @@ mod tests {
         assert_eq!(ep.optimization, Some(GraphOptimization::Basic));
         let ep = apply_session_options(&EpConfig::cpu(), "own-pool=on,host-kv=on").unwrap();
         assert!(ep.own_thread_pool && ep.host_kv);
+        let ep = apply_session_options(&EpConfig::cpu(), "cuda-graph=off").unwrap();
+        assert_eq!(ep.cuda_graph, Some(false));
         for (bad, says) in [
             ("threads", "not key=value"),
             ("threads=two", "takes a count"),

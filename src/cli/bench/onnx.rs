@@ -9,13 +9,15 @@
 use crate::cli::args::bench::Sizes;
 use crate::cli::args::m2r2::{M2r2Args, OnOff};
 use crate::cli::args::onnx::{
-    EpArgs, check_draft_head, head_words, open_export, open_matching_export,
+    CudaGraph, EpArgs, check_draft_head, head_words, open_export, open_matching_export,
 };
 use crate::cli::bench::cost_shape;
 use crate::cli::common;
 use crate::cli::decode_speed::{DecodeWeights, cpu_model};
 use anyhow::{Result, bail};
+use onnx_runner::ep::EpConfig;
 use onnx_runner::greedy::OnnxModel;
+use onnx_runner::manifest::GraphKind;
 use onnx_runner::speculation::OnnxSpeculation;
 use reference::base::generate::{GenerateOptions, generate};
 use reference::decode::draft_verify::ReferenceSpeculation;
@@ -175,19 +177,33 @@ pub fn measure(
     let reference_tokens = generate(&loaded.model, prompt, greedy_options, &mut |_, _| {})?.tokens;
 
     // ONNX Runtime: every export loaded, then their runs alternating within each repeat
+    // `--cuda-graph both`: a static export twice, without then with CUDA graphs
     let mut engines = Vec::new();
-    for export in &exports {
-        let ep = ep_args.config(export, draft_len);
-        engines.push((
-            OnnxModel::load(export, &ep)?,
-            OnnxSpeculation::load(export, &ep, None)?,
-            Vec::new(),
-            Vec::new(),
-        ));
+    for (export, dir) in exports.iter().zip(dirs) {
+        let base = ep_args.config(export, draft_len);
+        let both = ep_args.cuda_graph == Some(CudaGraph::Both);
+        let choices = match (both, export.static_l_max(GraphKind::Model)) {
+            (true, Some(_)) => vec![Some(false), Some(true)],
+            (true, None) => vec![Some(false)],
+            (false, _) => vec![base.cuda_graph],
+        };
+        for cuda_graph in choices {
+            let ep = EpConfig {
+                cuda_graph,
+                ..base.clone()
+            };
+            engines.push((
+                OnnxModel::load(export, &ep)?,
+                OnnxSpeculation::load(export, &ep, None)?,
+                Vec::new(),
+                Vec::new(),
+                dir,
+            ));
+        }
     }
     let ep_used = engines[0].0.session().ep_used();
     for i in 0..=sizes.repeats {
-        for (model, spec, runs, tokens) in &mut engines {
+        for (model, spec, runs, tokens, _) in &mut engines {
             let g = model.generate(prompt, greedy_options, &mut |_, _| {})?;
             spec.reset();
             let run = timed_speculative(spec, prompt, spec_options, &g.tokens)?;
@@ -200,10 +216,13 @@ pub fn measure(
 
     let mut results = vec![summarise("reference".into(), &reference_runs)];
     let mut tokens_equal_reference = true;
-    for ((model, _, runs, tokens), dir) in engines.iter().zip(dirs) {
+    for (model, _, runs, tokens, dir) in &engines {
         let mut name = format!("onnxruntime-{}", model.session().ep_used().name());
         if model.static_l_max().is_some() {
             name.push_str(" static");
+        }
+        if model.cuda_graph_runs().is_some() {
+            name.push_str(" cuda-graph");
         }
         let taken = |name: &str| results.iter().any(|e| e.engine == name);
         if let Some(l_max) = model.static_l_max().filter(|_| taken(&name)) {
