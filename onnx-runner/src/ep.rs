@@ -11,7 +11,7 @@
 //! [`DimRanges`] and [`ShapeProfile`].
 
 use crate::error::{Error, Result};
-use crate::session::{Dim, TensorInfo};
+use crate::tensor_info::{Dim, TensorInfo};
 use ort::ep::{self, ExecutionProvider, ExecutionProviderDispatch};
 use std::path::PathBuf;
 
@@ -376,7 +376,7 @@ mod tests {
     fn info(name: &str, dims: &[Dim]) -> TensorInfo {
         TensorInfo {
             name: name.into(),
-            dtype: crate::session::DType::F32,
+            dtype: crate::tensor_info::DType::F32,
             dims: dims.to_vec(),
         }
     }

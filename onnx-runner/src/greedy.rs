@@ -3,7 +3,8 @@
 
 use crate::ep::EpConfig;
 use crate::error::{Error, Result, into_reference};
-use crate::kv_store::{Kv, KvStore};
+use crate::kv::Kv;
+use crate::kv_store::KvStore;
 use crate::manifest::{ExportDir, GraphKind};
 use crate::session::OnnxSession;
 use crate::static_kv::StaticKv;
@@ -30,8 +31,8 @@ impl OnnxModel {
         let cuda_graph = ep.resolve_cuda_graph(&path.display().to_string(), l_max.is_some())?;
         let session = OnnxSession::load_with_cuda_graph(&path, ep, cuda_graph)?;
         let config = export.manifest.config.clone();
-        crate::kv_store::check_layers(&session, &(0..config.num_hidden_layers))?;
-        crate::kv_store::check_width(&session, "logits", config.vocab_size, "vocab_size")?;
+        crate::kv::check_layers(&session, &(0..config.num_hidden_layers))?;
+        crate::kv::check_width(&session, "logits", config.vocab_size, "vocab_size")?;
         let cache = match l_max {
             Some(l_max) => {
                 let mut kv = StaticKv::new(&session, &config, l_max)?;

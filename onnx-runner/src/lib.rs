@@ -9,9 +9,11 @@
 //!
 //! - [`runtime`]: find, provision ([`provision`]) and load libonnxruntime (once per process).
 //! - [`ep`]: which execution provider, registered fail-fast.
-//! - [`session`]: one graph, inputs checked by name, dtype and rank.
-//! - [`manifest`]: the export folder; [`kv_store`]: the KV cache on the runner side;
-//!   [`static_kv`]: the fixed buffers of a static export (`export --static-cache`), written in place.
+//! - [`session`]: one graph, inputs checked by name, dtype and rank ([`tensor_info`]: what its
+//!   inputs and outputs are).
+//! - [`manifest`]: the export folder; [`kv`]: the KV cache of one graph, on the host
+//!   ([`kv_store`]) or in ONNX Runtime values ([`device_kv`]); [`static_kv`]: the fixed buffers of a
+//!   static export (`export --static-cache`), written in place.
 //!
 //! Dimension legend as in the reference: `V` vocab, `D` hidden, `Hkv` key/value heads, `Dh` head
 //! dim, `T` rows fed in one run, `S` cached positions.
@@ -20,6 +22,7 @@ pub mod device_kv;
 pub mod ep;
 pub mod error;
 pub mod greedy;
+pub mod kv;
 pub mod kv_store;
 pub mod manifest;
 pub mod provision;
@@ -28,5 +31,6 @@ pub mod session;
 pub mod speculation;
 pub mod static_kv;
 pub mod step;
+pub mod tensor_info;
 
 pub use error::{Error, Result};

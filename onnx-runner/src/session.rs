@@ -5,95 +5,12 @@
 use crate::ep::{Ep, EpConfig};
 use crate::error::{Error, Result};
 use crate::runtime;
+pub use crate::tensor_info::{DType, Dim, TensorInfo};
 use ndarray::{ArrayD, ArrayViewD, CowArray, IxDyn};
 use ort::session::{Session, SessionInputValue};
-use ort::value::{TensorElementType, TensorRef, ValueType};
+use ort::value::TensorRef;
 use std::borrow::Cow;
 use std::path::Path;
-
-/// Element type of a graph input or output.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DType {
-    F32,
-    I64,
-    /// Anything else, as ONNX Runtime names it.
-    Other(String),
-}
-
-impl std::fmt::Display for DType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DType::F32 => f.write_str("f32"),
-            DType::I64 => f.write_str("i64"),
-            DType::Other(name) => f.write_str(name),
-        }
-    }
-}
-
-/// One dimension of a graph input or output.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Dim {
-    Fixed(usize),
-    /// A dynamic dimension (`batch`, `sequence_length`, ...; empty when the graph names none).
-    Symbolic(String),
-}
-
-/// Name, element type and dimensions of a graph input or output.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TensorInfo {
-    pub name: String,
-    pub dtype: DType,
-    pub dims: Vec<Dim>,
-}
-
-impl TensorInfo {
-    /// `f32 [batch, 2, past_sequence_length, 8]`
-    pub fn describe(&self) -> String {
-        let dims: Vec<String> = self
-            .dims
-            .iter()
-            .map(|d| match d {
-                Dim::Fixed(n) => n.to_string(),
-                Dim::Symbolic(s) if s.is_empty() => "?".into(),
-                Dim::Symbolic(s) => s.clone(),
-            })
-            .collect();
-        format!("{} [{}]", self.dtype, dims.join(", "))
-    }
-
-    fn from_outlet(outlet: &ort::value::Outlet) -> Self {
-        let (dtype, dims) = match outlet.dtype() {
-            ValueType::Tensor {
-                ty,
-                shape,
-                dimension_symbols,
-            } => {
-                let dtype = match ty {
-                    TensorElementType::Float32 => DType::F32,
-                    TensorElementType::Int64 => DType::I64,
-                    other => DType::Other(format!("{other:?}")),
-                };
-                let dims = shape
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &n)| match usize::try_from(n) {
-                        Ok(n) => Dim::Fixed(n),
-                        Err(_) => {
-                            Dim::Symbolic(dimension_symbols.get(i).cloned().unwrap_or_default())
-                        }
-                    })
-                    .collect();
-                (dtype, dims)
-            }
-            other => (DType::Other(format!("{other}")), Vec::new()),
-        };
-        TensorInfo {
-            name: outlet.name().to_string(),
-            dtype,
-            dims,
-        }
-    }
-}
 
 /// A graph input: f32 activations / KV, or int64 ids, positions and masks.
 #[derive(Clone, Debug)]

@@ -21,7 +21,8 @@
 use crate::ep::EpConfig;
 use crate::error::{Error, Result, into_reference};
 use crate::greedy::logits_rows;
-use crate::kv_store::{Kv, KvStore};
+use crate::kv::Kv;
+use crate::kv_store::KvStore;
 use crate::manifest::{ExportDir, GraphKind};
 use crate::session::{Input, OnnxSession};
 use crate::step::{StepInputs, check_tokens};
@@ -98,12 +99,12 @@ impl OnnxSpeculation {
         let (hkv, dh) = (c.num_key_value_heads, c.head_dim);
         // draft.onnx and feed.onnx both hold layers `0..e` and hand `s_e` to the verifier.
         let check_lower = |session: &OnnxSession| {
-            crate::kv_store::check_layers(session, &(0..e))?;
-            crate::kv_store::check_width(session, "hidden_states", c.hidden_size, "hidden_size")
+            crate::kv::check_layers(session, &(0..e))?;
+            crate::kv::check_width(session, "hidden_states", c.hidden_size, "hidden_size")
         };
         check_lower(&draft)?;
-        crate::kv_store::check_layers(&verifier, &(e..c.num_hidden_layers))?;
-        crate::kv_store::check_width(&verifier, "logits", c.vocab_size, "vocab_size")?;
+        crate::kv::check_layers(&verifier, &(e..c.num_hidden_layers))?;
+        crate::kv::check_width(&verifier, "logits", c.vocab_size, "vocab_size")?;
         // the bridge is read when the export's draft gate is the one it was trained at
         let bridge = m
             .m2r2
@@ -127,8 +128,8 @@ impl OnnxSpeculation {
                     });
                 }
             }
-            crate::kv_store::check_width(&draft, EXIT_STATES, c.hidden_size, "hidden_size")?;
-            crate::kv_store::check_width(&verifier, FINAL_STATES, c.hidden_size, "hidden_size")?;
+            crate::kv::check_width(&draft, EXIT_STATES, c.hidden_size, "hidden_size")?;
+            crate::kv::check_width(&verifier, FINAL_STATES, c.hidden_size, "hidden_size")?;
         }
         let feed = if export.has(GraphKind::Feed) {
             let feed = OnnxSession::load(&export.graph(GraphKind::Feed)?, ep)?;
