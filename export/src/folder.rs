@@ -8,6 +8,7 @@
 
 use crate::error::{Error, Result};
 use crate::graphs::{self, ExportOptions, GraphKind};
+use crate::static_graph;
 use crate::summary::{GraphSummary, summarize};
 use crate::write::write_graph;
 use reference::base::model::Model;
@@ -48,6 +49,9 @@ pub fn export(
     progress: &mut dyn FnMut(Event<'_>),
 ) -> Result<Vec<GraphSummary>> {
     graphs::check(request.model, request.m2r2, &request.options)?;
+    if let Some(l_max) = request.options.static_cache {
+        static_graph::check_l_max(request.model, l_max)?;
+    }
     if request.graphs.is_empty() {
         return Err(Error::Invalid(
             "no graphs to export: --graphs needs at least one of model, draft, verifier, feed"
@@ -161,7 +165,13 @@ fn write_all(
     let mut summaries = Vec::new();
     for &kind in &request.graphs {
         progress(Event::Building(kind));
-        let proto = graphs::build(kind, request.model, request.m2r2, &request.options)?;
+        let (model, m2r2, options) = (request.model, request.m2r2, &request.options);
+        let proto = match (kind, options.static_cache) {
+            (GraphKind::Model, Some(l_max)) => {
+                static_graph::build_static_model(model, m2r2, options, l_max)?
+            }
+            _ => graphs::build(kind, model, m2r2, options)?,
+        };
         let mut summary = summarize(kind, &proto);
         progress(Event::Writing(kind));
         let written = write_graph(proto, &dir.join(kind.file_name()), request.external_data)?;

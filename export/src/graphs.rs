@@ -133,16 +133,14 @@ pub struct ExportOptions {
     /// `g_d` (1-based) the draft / verifier split is made at.
     pub draft_gate: usize,
     /// `Some(L)`: `model.onnx` keeps its KV cache in fixed buffers of `L` positions updated in
-    /// place (opset 24, [`crate::static_graph`]); the other graphs stay as without it.
+    /// place (opset 24, built by `static_graph`, which [`crate::folder::export`] picks); the other
+    /// graphs stay as without it.
     pub static_cache: Option<usize>,
 }
 
 /// Refuse what the graphs cannot express, before building anything.
 pub fn check(model: &Model, m2r2: &M2r2Weights, options: &ExportOptions) -> Result<()> {
     check_opset(options.opset)?;
-    if let Some(l_max) = options.static_cache {
-        crate::static_graph::check_l_max(model, l_max)?;
-    }
     let config = &model.config;
     m2r2.config.validate(config, "M2R2 settings")?;
     let j = m2r2.config.num_gates();
@@ -235,8 +233,13 @@ pub fn build(
     options: &ExportOptions,
 ) -> Result<ModelProto> {
     check(model, m2r2, options)?;
-    if let (GraphKind::Model, Some(l_max)) = (kind, options.static_cache) {
-        return crate::static_graph::build_static_model(model, m2r2, options, l_max);
+    if let (GraphKind::Model, Some(_)) = (kind, options.static_cache) {
+        // The static model.onnx has its own builder, which builds on this module's names.
+        return Err(Error::Invalid(
+            "a static model.onnx is built by static_graph::build_static_model (folder::export \
+             picks the builder)"
+                .into(),
+        ));
     }
     let config = &model.config;
     let (n, d, v) = (
