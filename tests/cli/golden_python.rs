@@ -30,7 +30,7 @@ m2r2_golden.write_speculative(v2, like=g, **rounds)
 ";
 
 /// The interpreter with the pinned packages (`M2R2_PYTHON`, set by scripts/test.sh).
-fn python() -> PathBuf {
+pub(super) fn python() -> PathBuf {
     match std::env::var_os("M2R2_PYTHON") {
         Some(p) if !p.is_empty() => PathBuf::from(p),
         _ => panic!(

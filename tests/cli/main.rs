@@ -106,6 +106,7 @@ mod models;
 mod moe_sim;
 mod prompts;
 mod run;
+mod static_python;
 mod train;
 mod train_ranks;
 mod tune_drafting;

@@ -1,0 +1,112 @@
+//! The Python example for static exports (issue 31 item 3): python/examples/onnxruntime_static.py
+//! decodes `export --static-cache 64` folders of tiny and tiny-moe with ONNX Runtime's IoBinding,
+//! the KV buffers updated in place (no "in-place optimization not activated" warning), to the
+//! tokens of `m2r2 run --onnx`; it refuses a dynamic export and a decode past its buffers, naming
+//! why.
+//!
+//! Needs `M2R2_PYTHON` (numpy and onnxruntime; see golden_python.rs).
+
+use super::golden_python::python;
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// Run the example on `folder` with `args`.
+fn example(folder: &str, args: &[&str]) -> Output {
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("python/examples/onnxruntime_static.py");
+    Command::new(python())
+        .arg(script)
+        .arg(folder)
+        .args(args)
+        .env_remove("PYTHONPATH")
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PYTHONNOUSERSITE", "1")
+        .output()
+        .expect("M2R2_PYTHON runs")
+}
+
+/// Run the example, require failure and every `needle` in its stderr.
+fn refused(folder: &str, args: &[&str], needles: &[&str]) {
+    let out = example(folder, args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} on {folder} should fail");
+    for needle in needles {
+        assert!(
+            stderr.contains(needle),
+            "stderr lacks {needle:?}:\n{stderr}"
+        );
+    }
+    assert!(!stderr.contains("Traceback"), "{stderr}");
+}
+
+#[test]
+fn static_python_example_decodes_like_the_runner() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompt = ["--tokens", "1,2,3", "--max-new-tokens", "12"];
+    for model in ["tiny", "tiny-moe"] {
+        let out = dir.path().join(model);
+        let s = out.to_str().unwrap();
+        super::ok(&[
+            "export",
+            "--model",
+            model,
+            "--out",
+            s,
+            "--static-cache",
+            "64",
+        ]);
+        let want = super::ok(&[&["run", "--onnx", s, "--json"][..], &prompt].concat()).json();
+
+        let run = example(s, &[&prompt[..], &["--ignore-eos"]].concat());
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr),
+        );
+        assert!(
+            run.status.success(),
+            "{model}: the example failed:\n{stderr}"
+        );
+        let last = stdout.lines().last().unwrap_or_default();
+        let got: serde_json::Value = serde_json::from_str(last)
+            .unwrap_or_else(|e| panic!("{model}: last line is not JSON ({e}):\n{stdout}"));
+        assert_eq!(got, want["tokens"], "{model}");
+        assert_eq!(super::ids(&got).len(), 12, "{model}");
+        assert!(
+            !stderr.contains("in-place optimization not activated"),
+            "{model}: the KV buffers were copied, not updated in place:\n{stderr}"
+        );
+    }
+
+    // a decode past the buffers: 3 + 62 - 1 = 64 positions fit, 3 + 63 - 1 do not
+    let tiny = dir.path().join("tiny");
+    let t = tiny.to_str().unwrap();
+    let fits = example(
+        t,
+        &[
+            "--tokens",
+            "1,2,3",
+            "--max-new-tokens",
+            "62",
+            "--ignore-eos",
+        ],
+    );
+    assert!(
+        fits.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fits.stderr)
+    );
+    refused(
+        t,
+        &["--tokens", "1,2,3", "--max-new-tokens", "63"],
+        &[
+            "the static cache holds 64 positions and this decode needs 65",
+            "export with a larger --static-cache",
+        ],
+    );
+
+    // a dynamic export is refused by name
+    let dynamic = dir.path().join("dynamic");
+    let d = dynamic.to_str().unwrap();
+    super::ok(&["export", "--model", "tiny", "--out", d]);
+    refused(d, &prompt, &["not a static export", "--static-cache"]);
+}
