@@ -15,9 +15,9 @@
 
 use crate::error::{Error, Result};
 use crate::kv_store::{KvStore, past_names, present_names};
-use crate::session::{DType, Input, OnnxSession, Outputs, names};
+use crate::session::{DType, Input, OnnxSession, Outputs, host_outputs, names};
 use ndarray::{Array4, Ix4, s};
-use ort::memory::{AllocationDevice, AllocatorType, MemoryInfo, MemoryType};
+use ort::memory::AllocationDevice;
 use ort::value::{DynTensor, Tensor};
 use std::ops::Range;
 
@@ -196,40 +196,13 @@ impl OnnxSession {
         }
         self.check_host_inputs(host)?;
 
-        let device_memory = if self.ep_used().is_gpu() {
-            MemoryInfo::new(
-                AllocationDevice::CUDA,
-                self.device_id,
-                AllocatorType::Device,
-                MemoryType::Default,
-            )
-        } else {
-            MemoryInfo::new(
-                AllocationDevice::CPU,
-                0,
-                AllocatorType::Device,
-                MemoryType::Default,
-            )
-        }
-        .map_err(err)?;
-        let host_memory = MemoryInfo::new(
-            AllocationDevice::CPU,
-            0,
-            AllocatorType::Device,
-            MemoryType::CPUOutput,
-        )
-        .map_err(err)?;
+        let device_memory = self.device_memory().map_err(err)?;
+        let host_memory = OnnxSession::host_output_memory().map_err(err)?;
         let mut binding = self.session.create_binding().map_err(err)?;
         for (name, input) in host {
-            let tensor: DynTensor = match input {
-                Input::F32(a) => Tensor::from_array(a.as_standard_layout().into_owned())
-                    .map_err(err)?
-                    .upcast(),
-                Input::I64(a) => Tensor::from_array(a.as_standard_layout().into_owned())
-                    .map_err(err)?
-                    .upcast(),
-            };
-            binding.bind_input(*name, &tensor).map_err(err)?;
+            binding
+                .bind_input(*name, &input.to_tensor().map_err(err)?)
+                .map_err(err)?;
         }
         for (name, tensor) in device {
             binding.bind_input(*name, *tensor).map_err(err)?;
@@ -255,19 +228,9 @@ impl OnnxSession {
             let tensor: DynTensor = value.downcast().map_err(err)?;
             kept.push((name.to_string(), tensor));
         }
-        let mut tensors = Vec::new();
-        for info in self
-            .outputs
-            .iter()
-            .filter(|o| o.dtype == DType::F32 && !keep.contains(&o.name.as_str()))
-        {
-            if let Some(value) = outputs.get(&info.name) {
-                let array = value
-                    .try_extract_array::<f32>()
-                    .map_err(|e| Error::ort(&file, format!("output `{}`: {e}", info.name)))?;
-                tensors.push((info.name.clone(), array.to_owned()));
-            }
-        }
+        let tensors = host_outputs(&file, &self.outputs, &outputs, |o| {
+            o.dtype == DType::F32 && !keep.contains(&o.name.as_str())
+        })?;
         Ok((Outputs { file, tensors }, kept))
     }
 }

@@ -7,8 +7,9 @@ use crate::error::{Error, Result};
 use crate::runtime;
 pub use crate::tensor_info::{DType, Dim, TensorInfo};
 use ndarray::{ArrayD, ArrayViewD, CowArray, IxDyn};
-use ort::session::{Session, SessionInputValue};
-use ort::value::TensorRef;
+use ort::memory::{AllocationDevice, AllocatorType, MemoryInfo, MemoryType};
+use ort::session::{Session, SessionInputValue, SessionOutputs};
+use ort::value::{DynTensor, Tensor, TensorRef};
 use std::borrow::Cow;
 use std::path::Path;
 
@@ -20,6 +21,14 @@ pub enum Input<'a> {
 }
 
 impl Input<'_> {
+    /// An owned ONNX Runtime tensor of this input, for IoBinding.
+    pub(crate) fn to_tensor(&self) -> ort::Result<DynTensor> {
+        Ok(match self {
+            Input::F32(a) => Tensor::from_array(a.as_standard_layout().into_owned())?.upcast(),
+            Input::I64(a) => Tensor::from_array(a.as_standard_layout().into_owned())?.upcast(),
+        })
+    }
+
     /// The same input, borrowed for a shorter time.
     pub fn reborrow(&self) -> Input<'_> {
         match self {
@@ -282,6 +291,35 @@ impl OnnxSession {
         Ok(Outputs { file, tensors })
     }
 
+    /// Where IoBinding has ONNX Runtime put the outputs that come back to the host.
+    pub(crate) fn host_output_memory() -> ort::Result<MemoryInfo<'static>> {
+        MemoryInfo::new(
+            AllocationDevice::CPU,
+            0,
+            AllocatorType::Device,
+            MemoryType::CPUOutput,
+        )
+    }
+
+    /// The memory this session computes in: the GPU's for CUDA / TensorRT, else the CPU's.
+    pub(crate) fn device_memory(&self) -> ort::Result<MemoryInfo<'static>> {
+        if self.ep_used().is_gpu() {
+            MemoryInfo::new(
+                AllocationDevice::CUDA,
+                self.device_id,
+                AllocatorType::Device,
+                MemoryType::Default,
+            )
+        } else {
+            MemoryInfo::new(
+                AllocationDevice::CPU,
+                0,
+                AllocatorType::Device,
+                MemoryType::Default,
+            )
+        }
+    }
+
     fn tensor_error(&self, name: &str, e: impl std::fmt::Display) -> Error {
         Error::ort(&self.file, format!("input `{name}`: {e}"))
     }
@@ -404,4 +442,24 @@ fn build_error(file: &str, ep: Ep, error: BuildError) -> Error {
         },
         BuildError::Other(msg) => Error::ort(file, msg),
     }
+}
+
+/// The f32 values of the outputs of a bound run of graph `file` (its outputs `infos`) that
+/// `wanted` picks, copied to the host; an output ONNX Runtime did not return is left out.
+pub(crate) fn host_outputs(
+    file: &str,
+    infos: &[TensorInfo],
+    outputs: &SessionOutputs<'_>,
+    wanted: impl Fn(&TensorInfo) -> bool,
+) -> Result<Vec<(String, ArrayD<f32>)>> {
+    let mut tensors = Vec::new();
+    for info in infos.iter().filter(|o| wanted(o)) {
+        if let Some(value) = outputs.get(&info.name) {
+            let array = value
+                .try_extract_array::<f32>()
+                .map_err(|e| Error::ort(file, format!("output `{}`: {e}", info.name)))?;
+            tensors.push((info.name.clone(), array.to_owned()));
+        }
+    }
+    Ok(tensors)
 }

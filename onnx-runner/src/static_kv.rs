@@ -30,9 +30,9 @@
 use crate::device_kv::host_array;
 use crate::error::{Error, Result};
 use crate::kv_store::{KvStore, past_names, present_names};
-use crate::session::{Dim, Input, OnnxSession, Outputs};
+use crate::session::{Dim, Input, OnnxSession, Outputs, host_outputs};
 use ndarray::{Array1, Array2, Array4};
-use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
+use ort::memory::Allocator;
 use ort::session::{IoBinding, RunOptions};
 use ort::value::{DynTensor, Tensor};
 use reference::ModelConfig;
@@ -429,24 +429,12 @@ impl OnnxSession {
                 name: missing.name.clone(),
             });
         }
-        let host_memory = MemoryInfo::new(
-            AllocationDevice::CPU,
-            0,
-            AllocatorType::Device,
-            MemoryType::CPUOutput,
-        )
-        .map_err(err)?;
+        let host_memory = OnnxSession::host_output_memory().map_err(err)?;
         let mut binding = self.session.create_binding().map_err(err)?;
         for (name, input) in host {
-            let tensor: DynTensor = match input {
-                Input::F32(a) => Tensor::from_array(a.as_standard_layout().into_owned())
-                    .map_err(err)?
-                    .upcast(),
-                Input::I64(a) => Tensor::from_array(a.as_standard_layout().into_owned())
-                    .map_err(err)?
-                    .upcast(),
-            };
-            binding.bind_input(*name, &tensor).map_err(err)?;
+            binding
+                .bind_input(*name, &input.to_tensor().map_err(err)?)
+                .map_err(err)?;
         }
         for (((pk, pv), (ok, ov)), (k, v)) in past.iter().zip(present).zip(buffers.iter_mut()) {
             binding.bind_input(pk.as_str(), &*k).map_err(err)?;
@@ -465,15 +453,7 @@ impl OnnxSession {
             None => self.session.run_binding(&binding),
         }
         .map_err(err)?;
-        let mut tensors = Vec::new();
-        for info in self.outputs.iter().filter(|o| !bound(&o.name)) {
-            if let Some(value) = outputs.get(&info.name) {
-                let array = value
-                    .try_extract_array::<f32>()
-                    .map_err(|e| Error::ort(&file, format!("output `{}`: {e}", info.name)))?;
-                tensors.push((info.name.clone(), array.to_owned()));
-            }
-        }
+        let tensors = host_outputs(&file, &self.outputs, &outputs, |o| !bound(&o.name))?;
         Ok(Outputs { file, tensors })
     }
 }
@@ -482,13 +462,7 @@ impl OnnxSession {
 /// the CPU's.
 fn session_allocator(session: &OnnxSession) -> ort::Result<Allocator> {
     if session.ep_used().is_gpu() {
-        let memory = MemoryInfo::new(
-            AllocationDevice::CUDA,
-            session.device_id,
-            AllocatorType::Device,
-            MemoryType::Default,
-        )?;
-        Allocator::new(&session.session, memory)
+        Allocator::new(&session.session, session.device_memory()?)
     } else {
         Ok(Allocator::default())
     }
