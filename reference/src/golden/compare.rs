@@ -4,7 +4,7 @@
 
 use super::Golden;
 use super::check::token_ids as ids;
-use super::m2r2::{M2r2Record, compare_rounds, compare_scores};
+use super::m2r2::{M2r2Record, compare_graph_outputs, compare_rounds, compare_scores};
 use super::record::replay_on;
 use super::report::{
     CheckReport, TensorCheck, Tolerance, compare_int_rows, compare_rows, compare_stops,
@@ -221,12 +221,6 @@ fn compare_records(
             let rounds = compare_rounds(ACTUAL, a, b);
             // Rows are comparable up to the first round that differs.
             let same = rounds.first_row.unwrap_or(a.len().min(b.len()));
-            let before = |of_row: Vec<Option<usize>>| {
-                of_row
-                    .iter()
-                    .take_while(|r| r.is_none_or(|r| r < same))
-                    .count()
-            };
             let scores = compare_scores(
                 ACTUAL,
                 &a.scores.slice(s![..same, ..]).to_owned(),
@@ -235,34 +229,14 @@ fn compare_records(
             );
             let mut entries = vec![rounds, scores];
             match (ga, gb) {
-                (Some(ga), Some(gb)) => {
-                    let (v, d) = (before(a.verify_rounds()), before(a.proposal_rounds()));
-                    let rows = |x: &ndarray::Array2<f32>, k: usize| {
-                        x.slice(s![..k.min(x.nrows()), ..]).to_owned()
-                    };
-                    entries.push(
-                        compare_rows(
-                            "verify_logits",
-                            ACTUAL,
-                            rows(&ga.verify_logits, v).view(),
-                            rows(&gb.verify_logits, v).view(),
-                            tol,
-                            false,
-                        )
-                        .in_rounds("verified row", &a.verify_rounds()),
-                    );
-                    entries.push(
-                        compare_rows(
-                            "draft_logits",
-                            ACTUAL,
-                            rows(&ga.draft_logits, d).view(),
-                            rows(&gb.draft_logits, d).view(),
-                            tol,
-                            false,
-                        )
-                        .in_rounds("proposal", &a.proposal_rounds()),
-                    );
-                }
+                (Some(ga), Some(gb)) => entries.extend(compare_graph_outputs(
+                    (ACTUAL, ACTUAL),
+                    ga,
+                    gb,
+                    a,
+                    same,
+                    tol,
+                )),
                 _ => {
                     let why = "not recorded in both files (format version 3 records them)";
                     entries.push(TensorCheck::skipped("verify_logits", ACTUAL, why));

@@ -5,7 +5,7 @@
 use super::record::{
     early_exit_logits, golden_early_exit_options, replay_rounds, run_speculative_on,
 };
-use super::{M2r2Record, RoundTensors, weights_hash};
+use super::{GraphOutputs, M2r2Record, RoundTensors, weights_hash};
 use crate::base::config::ModelConfig;
 use crate::base::generate::{GreedyBackend, ReferenceGreedy};
 use crate::decode::draft_verify::ReferenceSpeculation;
@@ -284,30 +284,14 @@ impl Golden {
             rounds,
         )?;
         match recorded_graphs {
-            Some(want) => {
-                entries.push(
-                    compare_rows(
-                        "verify_logits",
-                        graphs.verify,
-                        want.verify_logits.view(),
-                        replayed.verify_logits.view(),
-                        tol,
-                        false,
-                    )
-                    .in_rounds("verified row", &rounds.verify_rounds()),
-                );
-                entries.push(
-                    compare_rows(
-                        "draft_logits",
-                        graphs.draft,
-                        want.draft_logits.view(),
-                        replayed.draft_logits.view(),
-                        tol,
-                        false,
-                    )
-                    .in_rounds("proposal", &rounds.proposal_rounds()),
-                );
-            }
+            Some(want) => entries.extend(compare_graph_outputs(
+                (graphs.verify, graphs.draft),
+                want,
+                &replayed,
+                rounds,
+                rounds.len(),
+                tol,
+            )),
             None => {
                 let why = format!(
                     "not recorded: the golden is format version {} (the verifier's and the \
@@ -321,6 +305,47 @@ impl Golden {
         entries.push(compare_scores(graphs.draft, &rounds.scores, &scores, tol));
         Ok(CheckReport { entries })
     }
+}
+
+/// `verify_logits` (recomputed by `graphs.0`) and `draft_logits` (by `graphs.1`) over the rows of
+/// the first `rounds_compared` of the recorded `rounds` (the prompt's verified row included), each
+/// row named by its round.
+pub(in crate::golden) fn compare_graph_outputs(
+    graphs: (&str, &str),
+    want: &GraphOutputs,
+    got: &GraphOutputs,
+    rounds: &RoundTensors,
+    rounds_compared: usize,
+    tol: Tolerance,
+) -> [TensorCheck; 2] {
+    let compare =
+        |name, graph, row_name, of_row: Vec<Option<usize>>, w: &Array2<f32>, g: &Array2<f32>| {
+            let rows = of_row
+                .iter()
+                .take_while(|r| r.is_none_or(|r| r < rounds_compared))
+                .count();
+            let head = |x: &Array2<f32>| x.slice(s![..rows.min(x.nrows()), ..]).to_owned();
+            compare_rows(name, graph, head(w).view(), head(g).view(), tol, false)
+                .in_rounds(row_name, &of_row)
+        };
+    [
+        compare(
+            "verify_logits",
+            graphs.0,
+            "verified row",
+            rounds.verify_rounds(),
+            &want.verify_logits,
+            &got.verify_logits,
+        ),
+        compare(
+            "draft_logits",
+            graphs.1,
+            "proposal",
+            rounds.proposal_rounds(),
+            &want.draft_logits,
+            &got.draft_logits,
+        ),
+    ]
 }
 
 /// The draft gate's scores of the recorded rounds (rows: rounds) against the replay's; skipped

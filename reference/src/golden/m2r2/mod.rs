@@ -49,7 +49,7 @@ mod record;
 mod tests;
 
 pub use check::{EngineGraphs, REFERENCE, SpeculativeEngine};
-pub(super) use check::{compare_rounds, compare_scores};
+pub(super) use check::{compare_graph_outputs, compare_rounds, compare_scores};
 pub use record::early_exit_logits;
 
 /// What an M2R2 golden records besides the greedy fields.
