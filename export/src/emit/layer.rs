@@ -22,7 +22,7 @@ use crate::emit::rope::RopeTables;
 use reference::base::model::Model;
 use reference::base::weight_names::Target;
 use reference::base::weight_names::{AttnProj, MlpProj, WeightId};
-use reference::base::weights::{FeedForward, Linear};
+use reference::base::weights::{FeedForward, Layer, Linear};
 use reference::m2r2::accelerator::Accelerator;
 
 /// What is shared by every layer of a graph.
@@ -53,6 +53,19 @@ pub struct LayerOutput {
 }
 
 /// The weight and bias names of one base projection of layer `l`.
+/// Layer `l`'s two RMSNorm weights as initializers: `(input_layernorm, post_attention_layernorm)`.
+pub fn norm_weights(b: &mut GraphBuilder, l: usize, layer: &Layer) -> (String, String) {
+    let attn_norm = b.weight(
+        &WeightId::AttnNorm(l).onnx_name(),
+        layer.attn_norm.view().into_dyn(),
+    );
+    let mlp_norm = b.weight(
+        &WeightId::MlpNorm(l).onnx_name(),
+        layer.mlp_norm.view().into_dyn(),
+    );
+    (attn_norm, mlp_norm)
+}
+
 fn weight_ids(l: usize, target: Target) -> (WeightId, WeightId) {
     match target {
         Target::Attn(p) => (WeightId::Attn(l, p), WeightId::AttnBias(l, p)),
@@ -155,14 +168,7 @@ pub fn decoder_layer(
         (f, acc, split, mask)
     });
     b.scoped(&format!("layers.{l}"), |b| {
-        let attn_norm = b.weight(
-            &WeightId::AttnNorm(l).onnx_name(),
-            layer.attn_norm.view().into_dyn(),
-        );
-        let mlp_norm = b.weight(
-            &WeightId::MlpNorm(l).onnx_name(),
-            layer.mlp_norm.view().into_dyn(),
-        );
+        let (attn_norm, mlp_norm) = norm_weights(b, l, layer);
         let a = &layer.attn;
         let lin = |p: AttnProj| match p {
             AttnProj::Q => &a.q,

@@ -20,6 +20,7 @@
 //! [`TRANSPOSED`]), so the written graph has no weight-side nodes either.
 
 use crate::builder::{Attr, GraphBuilder};
+use crate::emit::layer::norm_weights;
 use crate::emit::moe::moe_block;
 use ndarray::{Array1, Array2, Array3, ArrayD};
 use reference::base::config::ModelConfig;
@@ -161,14 +162,7 @@ pub fn static_decoder_layer(
     let layer = &cx.model.weights.layers[l];
     let eps = config.rms_norm_eps as f32;
     b.scoped(&format!("layers.{l}"), |b| {
-        let attn_norm = b.weight(
-            &WeightId::AttnNorm(l).onnx_name(),
-            layer.attn_norm.view().into_dyn(),
-        );
-        let mlp_norm = b.weight(
-            &WeightId::MlpNorm(l).onnx_name(),
-            layer.mlp_norm.view().into_dyn(),
-        );
+        let (attn_norm, mlp_norm) = norm_weights(b, l, layer);
         let a = &layer.attn;
 
         // attention
