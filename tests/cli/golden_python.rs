@@ -1,5 +1,5 @@
-//! The Python package `python/` (issue 15): it pip-installs without writing into `python/` (issue
-//! 34), its unit tests pass on goldens the reference wrote (format version 3), a golden it writes
+//! The Python package `python/`: it pip-installs without writing into `python/`, its unit tests
+//! pass on goldens the reference wrote (format version 3), a golden it writes
 //! from ONNX Runtime's Python API (the example script on an export of `tiny`) passes `m2r2 golden
 //! compare` against the reference's, while a perturbed one fails naming the perturbed logit, and
 //! a speculative golden it writes compares with the reference's.

@@ -1,4 +1,4 @@
-//! The five sabotages a golden check must catch (issue 34), on tiny and on SmolLM2: a scaled
+//! The five sabotages a golden check must catch, on tiny and on SmolLM2: a scaled
 //! weight in model.onnx, a zeroed column in verifier.onnx and in draft.onnx, an f16 export
 //! against a suite pinned to f32, and goldens of other M2R2 weights. Each ends in a report that
 //! names the graph, the first failing step and the size, with the JUnit and JSON reports written

@@ -1,4 +1,4 @@
-//! The Python example for static exports (issue 31 item 3): python/examples/onnxruntime_static.py
+//! The Python example for static exports: python/examples/onnxruntime_static.py
 //! decodes `export --static-cache 64` folders of tiny and tiny-moe with ONNX Runtime's IoBinding,
 //! the KV buffers updated in place (no "in-place optimization not activated" warning), to the
 //! tokens of `m2r2 run --onnx`; it refuses a dynamic export and a decode past its buffers, naming
