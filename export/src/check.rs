@@ -198,21 +198,35 @@ fn reference_run(
     Ok(run)
 }
 
-/// Feeds one chunk and carries the presents over as the next chunk's past.
+/// Feeds one chunk and carries the presents over as the next chunk's past: growing caches for a
+/// dynamic graph, or for a static one (`static_l`) fixed buffers of `L` positions fed as plain
+/// inputs (not in place: the check reads the graph, the runner's binding is checked by
+/// [`check_static_model`] and the runner's tests) with the masks the runner builds.
 struct Feeder {
     layers: std::ops::Range<usize>,
     past: Vec<(ArrayD<f32>, ArrayD<f32>)>,
     past_len: usize,
+    static_l: Option<usize>,
+    sliding_window: Option<usize>,
 }
 
 impl Feeder {
-    fn new(model: &Model, layers: std::ops::Range<usize>) -> Self {
+    fn new(model: &Model, layers: std::ops::Range<usize>, static_l: Option<usize>) -> Self {
         let c = &model.config;
-        let empty = || ArrayD::zeros(vec![1, c.num_key_value_heads, 0, c.head_dim]);
+        let empty = || {
+            ArrayD::zeros(vec![
+                1,
+                c.num_key_value_heads,
+                static_l.unwrap_or(0),
+                c.head_dim,
+            ])
+        };
         Feeder {
             past: layers.clone().map(|_| (empty(), empty())).collect(),
             layers,
             past_len: 0,
+            static_l,
+            sliding_window: c.sliding_window,
         }
     }
 
@@ -225,14 +239,30 @@ impl Feeder {
         t: usize,
         extra: Option<(&str, &ArrayD<f32>)>,
     ) -> Result<onnx_runner::session::Outputs> {
+        use onnx_runner::static_kv::{ATTN_MASK, FAST_ATTN_MASK, WRITE_INDICES};
         let total = self.past_len + t;
-        let mask = ArrayD::<i64>::ones(vec![1, total]);
         let positions = ArrayD::from_shape_fn(vec![1, t], |i| (self.past_len + i[1]) as i64);
         let names: Vec<(String, String)> = self.layers.clone().map(graphs::past_names).collect();
-        let mut inputs: Vec<(&str, Input<'_>)> = vec![
-            (ATTENTION_MASK, Input::I64(mask.view())),
-            (POSITION_IDS, Input::I64(positions.view())),
-        ];
+        let mut inputs: Vec<(&str, Input<'_>)> = vec![(POSITION_IDS, Input::I64(positions.view()))];
+        // dynamic: which cache positions are real; static: the masks and where to write
+        let (mask, attn_mask, fast_mask, write);
+        match self.static_l {
+            None => {
+                mask = ArrayD::<i64>::ones(vec![1, total]);
+                inputs.push((ATTENTION_MASK, Input::I64(mask.view())));
+            }
+            Some(l) => {
+                let (p, w) = (self.past_len, self.sliding_window);
+                attn_mask = onnx_runner::static_kv::attn_mask(p, t, l, w).into_dyn();
+                fast_mask = onnx_runner::static_kv::fast_attn_mask(p, t, l, w).into_dyn();
+                write = ArrayD::from_elem(vec![1], p as i64);
+                inputs.push((ATTN_MASK, Input::F32(attn_mask.view())));
+                inputs.push((WRITE_INDICES, Input::I64(write.view())));
+                if session.inputs().iter().any(|i| i.name == FAST_ATTN_MASK) {
+                    inputs.push((FAST_ATTN_MASK, Input::F32(fast_mask.view())));
+                }
+            }
+        }
         match &rows {
             Rows::Ids(ids) => inputs.push((INPUT_IDS, Input::I64(ids.view()))),
             Rows::Hidden(h) => inputs.push((HIDDEN_STATES, Input::F32(h.view()))),
@@ -255,11 +285,28 @@ impl Feeder {
         self.past_len = total;
         Ok(out)
     }
+
+    /// Layer `i`'s (index in `layers`) filled positions, `[1, Hkv, past_len, Dh]`.
+    fn filled(&self, i: usize) -> (ArrayD<f32>, ArrayD<f32>) {
+        let cut = |x: &ArrayD<f32>| x.slice_axis(Axis(2), (0..self.past_len).into()).to_owned();
+        (cut(&self.past[i].0), cut(&self.past[i].1))
+    }
 }
 
 enum Rows<'a> {
     Ids(ArrayD<i64>),
     Hidden(&'a ArrayD<f32>),
+}
+
+/// The runner's name for graph `kind`.
+fn runner_kind(kind: GraphKind) -> onnx_runner::manifest::GraphKind {
+    use onnx_runner::manifest::GraphKind as Runner;
+    match kind {
+        GraphKind::Model => Runner::Model,
+        GraphKind::Draft => Runner::Draft,
+        GraphKind::Verifier => Runner::Verifier,
+        GraphKind::Feed => Runner::Feed,
+    }
 }
 
 fn runner_error(e: onnx_runner::Error) -> Error {
@@ -290,7 +337,7 @@ fn compare_presents(
     for (i, l) in feeder.layers.clone().enumerate() {
         let (k, v) = cache.layer(l, feeder.past_len);
         let (kn, vn) = graphs::present_names(l);
-        let (ok, ov) = &feeder.past[i];
+        let (ok, ov) = &feeder.filled(i);
         rows.push(compare(
             graph,
             &kn,
@@ -349,7 +396,11 @@ pub fn check_folder(
     {
         let mut session = load(kind)?;
         let name = kind.file_name();
-        let mut feeder = Feeder::new(model, kind.layers(n, e));
+        let mut feeder = Feeder::new(
+            model,
+            kind.layers(n, e),
+            export.static_l_max(runner_kind(kind)),
+        );
         for (c, chunk) in chunks.iter().enumerate() {
             // Output `tensor` of this chunk's run against `want`: the row is kept, the output
             // returned.
@@ -412,7 +463,11 @@ pub fn check_folder(
             continue;
         }
         let mut session = load(GraphKind::Verifier)?;
-        let mut feeder = Feeder::new(model, GraphKind::Verifier.layers(n, e));
+        let mut feeder = Feeder::new(
+            model,
+            GraphKind::Verifier.layers(n, e),
+            export.static_l_max(runner_kind(GraphKind::Verifier)),
+        );
         for (c, chunk) in chunks.iter().enumerate() {
             let out = feeder.run(&mut session, Rows::Hidden(&hidden[c]), chunk.len(), None)?;
             rows.push(compare(

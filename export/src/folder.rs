@@ -58,11 +58,6 @@ pub fn export(
                 .into(),
         ));
     }
-    if request.options.static_cache.is_some() && !request.graphs.contains(&GraphKind::Model) {
-        return Err(Error::Invalid(
-            "--static-cache makes model.onnx static: --graphs must include model".into(),
-        ));
-    }
     check_replaceable(out)?;
     let temp = temp_sibling(out)?;
     std::fs::create_dir(&temp).map_err(|e| {
@@ -166,11 +161,9 @@ fn write_all(
     for &kind in &request.graphs {
         progress(Event::Building(kind));
         let (model, m2r2, options) = (request.model, request.m2r2, &request.options);
-        let proto = match (kind, options.static_cache) {
-            (GraphKind::Model, Some(l_max)) => {
-                static_graph::build_static_model(model, m2r2, options, l_max)?
-            }
-            _ => graphs::build(kind, model, m2r2, options)?,
+        let proto = match options.static_cache {
+            Some(l_max) => static_graph::build_static(kind, model, m2r2, options, l_max)?,
+            None => graphs::build(kind, model, m2r2, options)?,
         };
         let mut summary = summarize(kind, &proto);
         progress(Event::Writing(kind));
@@ -228,12 +221,14 @@ pub fn manifest(request: &ExportRequest<'_>) -> Value {
         "graphs": graphs,
     });
     // Only static exports have the key. `graphs`: those with the fixed buffers (opset 24, see
-    // static_graph.rs); the others keep the dynamic interface and `opset`.
+    // static_graph.rs): every graph of the folder. (Folders written before the static draft,
+    // verifier and feed existed list `model` alone; the runner reads both.)
     if let Some(l_max) = o.static_cache {
+        let names: Vec<&str> = request.graphs.iter().map(|k| k.name()).collect();
         manifest["static_cache"] = json!({
             "l_max": l_max,
             "opset": crate::builder::STATIC_OPSET,
-            "graphs": [GraphKind::Model.name()],
+            "graphs": names,
         });
     }
     manifest

@@ -132,9 +132,8 @@ pub struct ExportOptions {
     pub weights_dtype: WeightsDtype,
     /// `g_d` (1-based) the draft / verifier split is made at.
     pub draft_gate: usize,
-    /// `Some(L)`: `model.onnx` keeps its KV cache in fixed buffers of `L` positions updated in
-    /// place (opset 24, built by `static_graph`, which [`crate::folder::export`] picks); the other
-    /// graphs stay as without it.
+    /// `Some(L)`: every graph keeps its KV cache in fixed buffers of `L` positions updated in
+    /// place (opset 24, built by `static_graph`, which [`crate::folder::export`] picks).
     pub static_cache: Option<usize>,
 }
 
@@ -233,11 +232,11 @@ pub fn build(
     options: &ExportOptions,
 ) -> Result<ModelProto> {
     check(model, m2r2, options)?;
-    if let (GraphKind::Model, Some(_)) = (kind, options.static_cache) {
-        // The static model.onnx has its own builder, which builds on this module's names.
+    if options.static_cache.is_some() {
+        // Static graphs have their own builder, which builds on this module's names.
         return Err(Error::Invalid(
-            "a static model.onnx is built by static_graph::build_static_model (folder::export \
-             picks the builder)"
+            "static graphs are built by static_graph::build_static (folder::export picks the \
+             builder)"
                 .into(),
         ));
     }
@@ -299,7 +298,7 @@ pub fn build(
                 _ => rows_input.clone(),
             };
             let (s, presents) = slow_layers(&mut b, &cx, layers.clone(), s, &past);
-            let logits = logits(&mut b, &cx, &s);
+            let logits = logits(&mut b, model, &s);
             b.output(LOGITS, &logits, Elem::F32, &[BATCH, SEQ, Dim::Fixed(v)]);
             if kind == GraphKind::Verifier && m2r2.bridge_at(options.draft_gate).is_some() {
                 b.output(FINAL_STATES, &s, Elem::F32, &[BATCH, SEQ, Dim::Fixed(d)]);

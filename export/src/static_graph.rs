@@ -1,38 +1,52 @@
-//! `model.onnx` with a static KV cache (`m2r2 export --static-cache L`, docs/ONNX.md "Static
-//! exports"): the greedy base model in opset 24, each layer's keys and values in a fixed
-//! `[B, Hkv, L, Dh]` buffer that `TensorScatter` writes at `write_indices`, so a runner binds one
-//! buffer per layer as both the past input and the present output and ONNX Runtime updates it in
-//! place, and every step has the same input addresses (what CUDA graph capture needs).
+//! The graphs of a static-cache export (`m2r2 export --static-cache L`, docs/ONNX.md "Static
+//! exports"), in opset 24: each layer's keys and values in a fixed `[B, Hkv, L, Dh]` buffer that
+//! `TensorScatter` writes at `write_indices`, so a runner binds one buffer per layer as both the
+//! past input and the present output and ONNX Runtime updates it in place, and every step has the
+//! same input addresses (what CUDA graph capture needs). The four graphs split the layers as the
+//! dynamic ones do (`graphs.rs`), and share one set of buffers: a runner binds layer `i`'s buffers
+//! to whichever graph holds layer `i`.
 //!
-//! | input                         | dtype | shape                      | meaning |
-//! |-------------------------------|-------|----------------------------|---------|
-//! | `input_ids`                   | int64 | `[B, T]`                   | the step's tokens |
-//! | `position_ids`                | int64 | `[B, T]`                   | their positions (`< L`) |
-//! | `attn_mask`                   | f32   | `[B, 1, T, L]`             | additive: 0 where row `t` sees key `j`, `f32::MIN` elsewhere |
-//! | `write_indices`               | int64 | `[B]`                      | where the step's first row goes in the buffers |
-//! | `past_key_values.{i}.key/value` | f32 | `[B, Hkv, L, Dh]`          | layer `i`'s buffers |
+//! | input                         | dtype | shape              | graphs | meaning |
+//! |-------------------------------|-------|--------------------|--------|---------|
+//! | `input_ids`                   | int64 | `[B, T]`           | model, draft, feed | the step's tokens |
+//! | `hidden_states`               | f32   | `[B, T, D]`        | verifier | the slow residual `s_e` of the rows |
+//! | `position_ids`                | int64 | `[B, T]`           | all | their positions (`< L`) |
+//! | `attn_mask`                   | f32   | `[B, 1, T, L]`     | all | additive: 0 where row `t` sees key `j`, `f32::MIN` elsewhere |
+//! | `fast_attn_mask`              | f32   | `[B, 1, T, L + T]` | draft | the fast rows': buffer keys before the row's position, then its own key (column `L + t`) |
+//! | `write_indices`               | int64 | `[B]`              | all | where the step's first row goes in the buffers |
+//! | `bridge_states`               | f32   | `[B, T, D]`        | draft, with a bridge | as in the dynamic draft.onnx |
+//! | `past_key_values.{i}.key/value` | f32 | `[B, Hkv, L, Dh]`  | all | layer `i`'s buffers, for the graph's layers |
 //!
-//! Outputs: `logits` `[B, T, V]` and `present.{i}.key/value` `[B, Hkv, L, Dh]`, the buffers with the
-//! step's rows written (TensorScatter's outputs). The runner builds the mask: row `t` at position
-//! `p` sees keys `0..=p` (and only the last `sliding_window` of them when the config has one); it
-//! is explicit rather than `is_causal`, which ONNX aligns to the upper left (row 0 would see key 0
-//! only, whatever the cache holds).
+//! Outputs: those of the dynamic graph of the same name (`logits`, `draft_logits`, `exit_prob`,
+//! `hidden_states`, `exit_states`, `final_states`), and `present.{i}.key/value` `[B, Hkv, L, Dh]`,
+//! the buffers with the step's rows written (TensorScatter's outputs). The runner builds the
+//! masks: row `t` at position `p` sees keys `0..=p` (and only the last `sliding_window` of them
+//! when the config has one); they are explicit rather than `is_causal`, which ONNX aligns to the
+//! upper left (row 0 would see key 0 only, whatever the cache holds).
 
 use crate::builder::{Attr, Dim, Elem, GraphBuilder, STATIC_OPSET};
+use crate::emit::arla::exit_prob;
+use crate::emit::bridge;
+use crate::emit::model::{logits, pruned_logits};
 use crate::emit::ops::linear;
+use crate::emit::static_draft::static_draft_layer;
 use crate::emit::static_layer::{StaticContext, rms_normalization, static_decoder_layer};
 use crate::error::{Error, Result};
 use crate::graphs::{
-    self, ExportOptions, GraphKind, INPUT_IDS, LOGITS, POSITION_IDS, past_names, present_names,
+    self, BRIDGE_STATES, DRAFT_LOGITS, EXIT_PROB, EXIT_STATES, ExportOptions, FINAL_STATES,
+    GraphKind, HIDDEN_STATES, INPUT_IDS, LOGITS, POSITION_IDS, past_names, present_names,
 };
 use crate::proto::ModelProto;
 use reference::base::model::Model;
 use reference::base::rope::inverse_frequencies;
 use reference::base::weight_names::WeightId;
+use reference::m2r2::bridge::BridgeSite;
 use reference::m2r2::weights::M2r2Weights;
 
 /// The additive attention mask input, `[B, 1, T, L]`.
 pub const ATTN_MASK: &str = "attn_mask";
+/// draft.onnx's additive mask of the fast rows, `[B, 1, T, L + T]`.
+pub const FAST_ATTN_MASK: &str = "fast_attn_mask";
 /// Where each batch row's step is written in the buffers, `[B]`.
 pub const WRITE_INDICES: &str = "write_indices";
 /// The mask value of a hidden key (finite, as in the dynamic graphs: see `emit::attention`).
@@ -66,8 +80,9 @@ fn rope_caches(model: &Model, l_max: usize) -> (Vec<f32>, Vec<f32>) {
     )
 }
 
-/// Build the static `model.onnx` with buffers of `l_max` positions (after [`graphs::check`]).
-pub fn build_static_model(
+/// Build the static graph `kind` with buffers of `l_max` positions (after [`graphs::check`]).
+pub fn build_static(
+    kind: GraphKind,
     model: &Model,
     m2r2: &M2r2Weights,
     options: &ExportOptions,
@@ -75,24 +90,46 @@ pub fn build_static_model(
 ) -> Result<ModelProto> {
     check_l_max(model, l_max)?;
     let config = &model.config;
-    let (n, v) = (config.num_hidden_layers, config.vocab_size);
-    let mut b = GraphBuilder::new("model", STATIC_OPSET, options.weights_dtype);
+    let (n, d, v) = (
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.vocab_size,
+    );
+    let e = m2r2.config.gate_layer(options.draft_gate);
+    let layers = kind.layers(n, e);
+    let bridged = kind != GraphKind::Feed && m2r2.bridge_at(options.draft_gate).is_some();
+    let mut b = GraphBuilder::new(kind.name(), STATIC_OPSET, options.weights_dtype);
 
-    let input_ids = b.input(INPUT_IDS, Elem::I64, &[BATCH, SEQ]);
+    // inputs
+    let rows = match kind {
+        GraphKind::Verifier => b.input(HIDDEN_STATES, Elem::F32, &[BATCH, SEQ, Dim::Fixed(d)]),
+        _ => b.input(INPUT_IDS, Elem::I64, &[BATCH, SEQ]),
+    };
     let position_ids = b.input(POSITION_IDS, Elem::I64, &[BATCH, SEQ]);
     let attn_mask = b.input(
         ATTN_MASK,
         Elem::F32,
         &[BATCH, Dim::Fixed(1), SEQ, Dim::Fixed(l_max)],
     );
+    let fast_attn_mask = (kind == GraphKind::Draft).then(|| {
+        let keys = Dim::Named("buffer_plus_sequence_length");
+        b.input(
+            FAST_ATTN_MASK,
+            Elem::F32,
+            &[BATCH, Dim::Fixed(1), SEQ, keys],
+        )
+    });
     let write_indices = b.input(WRITE_INDICES, Elem::I64, &[BATCH]);
+    let bridge_states = (kind == GraphKind::Draft && bridged)
+        .then(|| b.input(BRIDGE_STATES, Elem::F32, &[BATCH, SEQ, Dim::Fixed(d)]));
     let kv_dims = [
         BATCH,
         Dim::Fixed(config.num_key_value_heads),
         Dim::Fixed(l_max),
         Dim::Fixed(config.head_dim),
     ];
-    let past: Vec<(String, String)> = (0..n)
+    let past: Vec<(String, String)> = layers
+        .clone()
         .map(|i| {
             let (k, v) = past_names(i);
             (
@@ -112,37 +149,105 @@ pub fn build_static_model(
         position_ids: &position_ids,
         attn_mask: &attn_mask,
         write_indices: &write_indices,
+        fast_attn_mask: fast_attn_mask.as_deref(),
     };
 
-    let s = b.scoped("embed_tokens", |b| {
+    // the residual stream is [B, 1, T, D] inside (static_layer.rs), [B, T, D] at the interface
+    let axis1 = b.const_i64(&[1]);
+    let s = match kind {
+        GraphKind::Verifier => rows.clone(),
+        _ => embed(&mut b, model, &rows),
+    };
+    let mut s = b.binary("Unsqueeze", &s, &axis1);
+    let mut presents = Vec::with_capacity(layers.len());
+    match kind {
+        GraphKind::Model | GraphKind::Verifier | GraphKind::Feed => {
+            for (l, (pk, pv)) in layers.clone().zip(&past) {
+                let out = static_decoder_layer(&mut b, &cx, l, &s, pk, pv);
+                s = out.s;
+                presents.push((out.present_key, out.present_value));
+            }
+            if kind == GraphKind::Feed {
+                let h = b.binary("Squeeze", &s, &axis1);
+                b.output(HIDDEN_STATES, &h, Elem::F32, &[BATCH, SEQ, Dim::Fixed(d)]);
+            } else {
+                let logits = lm_head(&mut b, model, &s, &axis1);
+                b.output(LOGITS, &logits, Elem::F32, &[BATCH, SEQ, Dim::Fixed(v)]);
+                if kind == GraphKind::Verifier && bridged {
+                    let h = b.binary("Squeeze", &s, &axis1);
+                    b.output(FINAL_STATES, &h, Elem::F32, &[BATCH, SEQ, Dim::Fixed(d)]);
+                }
+            }
+        }
+        GraphKind::Draft => {
+            let draft = draft(
+                &mut b,
+                &cx,
+                m2r2,
+                options.draft_gate,
+                s,
+                &past,
+                bridge_states.as_deref(),
+            );
+            presents = draft.presents;
+            let scored = m2r2.draft_head.as_ref().map_or(v, |h| h.len());
+            b.output(
+                DRAFT_LOGITS,
+                &draft.draft_logits,
+                Elem::F32,
+                &[BATCH, SEQ, Dim::Fixed(scored)],
+            );
+            if let Some(p) = &draft.exit_prob {
+                b.output(EXIT_PROB, p, Elem::F32, &[BATCH, SEQ]);
+            }
+            b.output(
+                HIDDEN_STATES,
+                &draft.hidden_states,
+                Elem::F32,
+                &[BATCH, SEQ, Dim::Fixed(d)],
+            );
+            if bridged {
+                b.output(
+                    EXIT_STATES,
+                    &draft.exit_state,
+                    Elem::F32,
+                    &[BATCH, SEQ, Dim::Fixed(d)],
+                );
+            }
+        }
+    }
+    for (i, (k, v)) in layers.zip(&presents) {
+        let (kn, vn) = present_names(i);
+        b.output(&kn, k, Elem::F32, &kv_dims);
+        b.output(&vn, v, Elem::F32, &kv_dims);
+    }
+    let mut metadata = graphs::metadata(kind, model, m2r2, options);
+    metadata.push(("m2r2.static_cache".into(), l_max.to_string()));
+    Ok(b.finish(&metadata))
+}
+
+/// `s_0 = Embed[input_ids]`: `[B, T]` -> `[B, T, D]`.
+fn embed(b: &mut GraphBuilder, model: &Model, input_ids: &str) -> String {
+    b.scoped("embed_tokens", |b| {
         let table = b.weight(
             &WeightId::Embed.onnx_name(),
             model.weights.embed.view().into_dyn(),
         );
-        b.node(
-            "Gather",
-            &[&table, &input_ids],
-            vec![("axis", Attr::Int(0))],
-        )
-    }); // [B, T, D]
-    let axis1 = b.const_i64(&[1]);
-    let mut s = b.binary("Unsqueeze", &s, &axis1); // [B, 1, T, D]
-    let mut presents = Vec::with_capacity(n);
-    for (l, (pk, pv)) in past.iter().enumerate() {
-        let out = static_decoder_layer(&mut b, &cx, l, &s, pk, pv);
-        s = out.s;
-        presents.push((out.present_key, out.present_value));
-    }
-    let h = {
-        let norm = b.weight(
-            &WeightId::FinalNorm.onnx_name(),
-            model.weights.final_norm.view().into_dyn(),
-        );
-        b.scoped("norm", |b| {
-            rms_normalization(b, &s, &norm, config.rms_norm_eps as f32)
-        })
-    };
-    let logits = b.scoped("lm_head", |b| {
+        b.node("Gather", &[&table, input_ids], vec![("axis", Attr::Int(0))])
+    })
+}
+
+/// `LMHead(RMSNormalization_final(s))`: `[B, 1, T, D]` -> `[B, T, V]`.
+fn lm_head(b: &mut GraphBuilder, model: &Model, s: &str, axis1: &str) -> String {
+    let config = &model.config;
+    let norm = b.weight(
+        &WeightId::FinalNorm.onnx_name(),
+        model.weights.final_norm.view().into_dyn(),
+    );
+    let h = b.scoped("norm", |b| {
+        rms_normalization(b, s, &norm, config.rms_norm_eps as f32)
+    });
+    b.scoped("lm_head", |b| {
         let id = if config.tie_word_embeddings {
             WeightId::Embed
         } else {
@@ -150,15 +255,78 @@ pub fn build_static_model(
         };
         let head = b.weight(&id.onnx_name(), model.weights.lm_head().view().into_dyn());
         let y = linear(b, &h, &head, None); // [B, 1, T, V]
-        b.binary("Squeeze", &y, &axis1)
-    });
-    b.output(LOGITS, &logits, Elem::F32, &[BATCH, SEQ, Dim::Fixed(v)]);
-    for (i, (k, v)) in presents.iter().enumerate() {
-        let (kn, vn) = present_names(i);
-        b.output(&kn, k, Elem::F32, &kv_dims);
-        b.output(&vn, v, Elem::F32, &kv_dims);
+        b.binary("Squeeze", &y, axis1)
+    })
+}
+
+/// What the static draft computes (the dynamic `fast_stream::Draft`, at the `[B, T, ...]`
+/// interface).
+struct StaticDraft {
+    draft_logits: String,
+    exit_prob: Option<String>,
+    hidden_states: String,
+    exit_state: String,
+    presents: Vec<(String, String)>,
+}
+
+/// The fast stream of `draft.onnx` (the dynamic graph's `fast_stream::draft`): for each interval
+/// `j < g_d` the fast rows restart from the slow residual `s_{e_j}` and run the interval's layers
+/// with the adapters beside the slow rows; `u_{j+1}` is their value at the interval end. The
+/// heads, ARLA and the bridge's input work on `[B, T, D]`, as in the dynamic graph.
+fn draft(
+    b: &mut GraphBuilder,
+    cx: &StaticContext<'_>,
+    m2r2: &M2r2Weights,
+    draft_gate: usize,
+    mut s: String,
+    past: &[(String, String)],
+    bridge_states: Option<&str>,
+) -> StaticDraft {
+    let model = cx.model;
+    let eps = model.config.rms_norm_eps as f32;
+    let axis1 = b.const_i64(&[1]);
+    let bridge = m2r2.bridge_at(draft_gate).zip(bridge_states);
+    let xhat = bridge.map(|(_, h)| bridge::input(b, model, h)); // [B, T, D]
+    // the bridge's term at `site`, as [B, 1, T, D]
+    let term = |b: &mut GraphBuilder, site: BridgeSite| {
+        let t = bridge
+            .zip(xhat.as_ref())
+            .and_then(|((bridge, _), x)| bridge::term(b, bridge, site, x))?;
+        Some(b.binary("Unsqueeze", &t, &axis1))
+    };
+    let mut presents = Vec::new();
+    let mut exit_states = Vec::with_capacity(draft_gate);
+    for j in 0..draft_gate {
+        let at_gate = j + 1 == draft_gate;
+        let mut f = s.clone();
+        if at_gate && let Some(t) = term(b, BridgeSite::Entry) {
+            f = b.binary("Add", &f, &t);
+        }
+        for l in m2r2.config.interval_layers(j) {
+            let (pk, pv) = &past[l];
+            let out = static_draft_layer(b, cx, l, (&s, &f), &m2r2.accelerator, (pk, pv));
+            (s, f) = (out.s, out.f);
+            presents.push((out.present_key, out.present_value));
+        }
+        if at_gate && let Some(t) = term(b, BridgeSite::Gate) {
+            f = b.binary("Add", &f, &t);
+        }
+        exit_states.push(b.binary("Squeeze", &f, &axis1)); // u_{j+1}, [B, T, D]
     }
-    let mut metadata = graphs::metadata(GraphKind::Model, model, m2r2, options);
-    metadata.push(("m2r2.static_cache".into(), l_max.to_string()));
-    Ok(b.finish(&metadata))
+    let u = exit_states.last().expect("draft_gate >= 1").clone();
+    let draft_logits = b.scoped("draft", |b| match &m2r2.draft_head {
+        Some(head) => pruned_logits(b, model, &u, head),
+        None => logits(b, model, &u),
+    });
+    let exit_prob = m2r2
+        .arla
+        .as_ref()
+        .map(|arla| exit_prob(b, arla, eps, &exit_states));
+    StaticDraft {
+        draft_logits,
+        exit_prob,
+        hidden_states: b.binary("Squeeze", &s, &axis1),
+        exit_state: u,
+        presents,
+    }
 }

@@ -61,11 +61,9 @@ fn ops(model: &ModelProto) -> BTreeMap<String, usize> {
     ops
 }
 
-/// Standard domain only, opset 24, IR version ONNX Runtime 1.31 reads, the LLM operators once or
-/// twice per layer, and the buffers' fixed shape. Returns nodes per decoder layer.
-fn check_written(name: &str, path: &Path, model: &Model, l_max: usize) -> f64 {
+/// Standard domain only, opset 24, an IR version ONNX Runtime 1.31 reads.
+fn check_standard(name: &str, path: &Path) -> ModelProto {
     let proto = read_graph(path).unwrap();
-    let n = model.config.num_hidden_layers;
     assert!(
         proto.ir_version.unwrap() <= 13,
         "{name}: ORT 1.31 reads IR <= 13"
@@ -83,6 +81,15 @@ fn check_written(name: &str, path: &Path, model: &Model, l_max: usize) -> f64 {
             node.name
         );
     }
+    proto
+}
+
+/// [`check_standard`], the LLM operators once or twice per layer, and the buffers' fixed shape.
+/// Returns nodes per decoder layer.
+fn check_written(name: &str, path: &Path, model: &Model, l_max: usize) -> f64 {
+    let proto = check_standard(name, path);
+    let n = model.config.num_hidden_layers;
+    let graph = proto.graph.as_ref().unwrap();
     let ops = ops(&proto);
     let count = |op: &str| ops.get(op).copied().unwrap_or(0);
     assert_eq!(count("RMSNormalization"), 2 * n + 1, "{name}: {ops:?}");
@@ -172,28 +179,32 @@ fn tiny_static_graph_is_standard_opset_24_within_20_nodes_per_layer() {
     let per_layer = check_written("tiny", &out.join("model.onnx"), &model, 48);
     assert!(per_layer <= 20.0, "tiny: {per_layer:.2} nodes per layer");
 
-    // the manifest says static, the others stay dynamic; no genai_config.json
+    for kind in [GraphKind::Draft, GraphKind::Verifier, GraphKind::Feed] {
+        check_standard(kind.name(), &out.join(kind.file_name()));
+    }
+
+    // the manifest says every graph is static; no genai_config.json
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join(MANIFEST_FILE)).unwrap()).unwrap();
     assert_eq!(manifest["static_cache"]["l_max"], 48);
     assert_eq!(manifest["static_cache"]["opset"], 24);
     assert_eq!(
         manifest["static_cache"]["graphs"],
-        serde_json::json!(["model"])
+        serde_json::json!(["model", "draft", "verifier", "feed"])
     );
-    assert_eq!(manifest["opset"], 17, "the dynamic graphs' opset");
     assert!(!out.join("genai_config.json").exists());
     let opened = onnx_runner::manifest::ExportDir::open(&out).unwrap();
-    assert_eq!(
-        opened.static_l_max(onnx_runner::manifest::GraphKind::Model),
-        Some(48)
-    );
-    assert_eq!(
-        opened.static_l_max(onnx_runner::manifest::GraphKind::Draft),
-        None
-    );
+    for kind in [
+        onnx_runner::manifest::GraphKind::Model,
+        onnx_runner::manifest::GraphKind::Draft,
+        onnx_runner::manifest::GraphKind::Verifier,
+        onnx_runner::manifest::GraphKind::Feed,
+    ] {
+        assert_eq!(opened.static_l_max(kind), Some(48), "{kind:?}");
+    }
 
-    // --check: the static model.onnx step by step, the dynamic graphs as always
+    // --check: the static model.onnx step by step through the runner, the others chunk by chunk
+    // with their buffers fed as inputs; draft and feed -> verifier against model.onnx
     let tokens = probe_tokens(&model, None).unwrap();
     let rows = check_folder(
         &out,
@@ -251,8 +262,8 @@ fn smollm2_static_graph_is_within_20_nodes_per_layer() {
     assert!(per_layer <= 20.0, "smollm2: {per_layer:.2} nodes per layer");
 }
 
-/// onnx.checker (full_check) with strict shape inference on the static graphs: dense f32 and
-/// f16, MoE.
+/// onnx.checker (full_check) with strict shape inference on the four static graphs: dense f32
+/// and f16, MoE.
 #[test]
 fn static_graphs_pass_onnx_checker() {
     let dir = tempfile::tempdir().unwrap();
@@ -267,11 +278,11 @@ fn static_graphs_pass_onnx_checker() {
     {
         let (model, m2r2) = builtin(name);
         let out = dir.path().join(format!("{i}-{name}"));
-        write(&model, &m2r2, options(16, dtype), &[GraphKind::Model], &out).unwrap();
+        write(&model, &m2r2, options(16, dtype), &GraphKind::ALL, &out).unwrap();
         if name == "tiny-moe" {
             check_written(name, &out.join("model.onnx"), &model, 16);
         }
-        paths.push(out.join("model.onnx"));
+        paths.extend(GraphKind::ALL.map(|k| out.join(k.file_name())));
     }
     common::onnx_check(&paths);
 }
@@ -293,7 +304,5 @@ fn clear_errors_for_static_lengths_and_graphs() {
         err.contains(&format!("1..={context}")) && err.contains("max_position_embeddings"),
         "{err}"
     );
-    let err = run(options(8, WeightsDtype::F32), &[GraphKind::Draft]);
-    assert!(err.contains("--graphs must include model"), "{err}");
     assert!(!dir.path().join("x").exists(), "nothing written");
 }

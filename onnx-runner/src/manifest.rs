@@ -161,9 +161,33 @@ impl ExportDir {
             if sc.l_max == 0 {
                 return Err(bad("static_cache.l_max is 0".into()));
             }
-            if let Some(g) = sc.graphs.iter().find(|g| *g != GraphKind::Model.name()) {
+            let kinds = [
+                GraphKind::Model,
+                GraphKind::Draft,
+                GraphKind::Verifier,
+                GraphKind::Feed,
+            ];
+            if let Some(g) = sc
+                .graphs
+                .iter()
+                .find(|g| kinds.iter().all(|k| k.name() != *g))
+            {
                 return Err(bad(format!(
-                    "static_cache.graphs names `{g}`: this runner runs only a static model graph"
+                    "static_cache.graphs names `{g}`: expected model, draft, verifier or feed"
+                )));
+            }
+            // draft, verifier and feed share one cache: all of them static, or none
+            let speculative = [GraphKind::Draft, GraphKind::Verifier, GraphKind::Feed]
+                .into_iter()
+                .filter(|k| manifest.graphs.contains_key(k.name()));
+            let (fixed, grown): (Vec<_>, Vec<_>) =
+                speculative.partition(|k| sc.graphs.iter().any(|g| g == k.name()));
+            if let (Some(f), Some(g)) = (fixed.first(), grown.first()) {
+                return Err(bad(format!(
+                    "static_cache.graphs names `{}` but not `{}`: the draft, verifier and feed \
+                     graphs share one KV cache, so they are all static or all dynamic",
+                    f.name(),
+                    g.name()
                 )));
             }
         }

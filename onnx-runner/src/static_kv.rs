@@ -36,12 +36,15 @@ use ort::memory::Allocator;
 use ort::session::{IoBinding, RunOptions};
 use ort::value::{DynTensor, Tensor};
 use reference::ModelConfig;
+use std::ops::Range;
 
 /// The mask value of a hidden key (the exporter's `static_graph::HIDDEN`).
 pub const HIDDEN: f32 = f32::MIN;
 /// The graph inputs a static model.onnx takes besides ids, positions and the buffers.
 pub const ATTN_MASK: &str = "attn_mask";
 pub const WRITE_INDICES: &str = "write_indices";
+/// A static draft.onnx's mask of its fast rows ([`fast_attn_mask`]).
+pub const FAST_ATTN_MASK: &str = "fast_attn_mask";
 
 /// The fixed buffers of every layer of one graph.
 pub struct StaticKv {
@@ -118,41 +121,40 @@ pub fn attn_mask(
     })
 }
 
+/// The additive mask of the fast rows of a static draft.onnx (`fast_attn_mask`): `rows` rows at
+/// positions `pos0..pos0 + rows` over the `l_max` buffer keys then the rows' own `rows` keys. Row
+/// `t` at position `p` sees buffer keys `0..p` (not its own position: the slow row's key there
+/// is not the fast row's), the last `sliding_window - 1` of them when the config has one, and
+/// its own key at column `l_max + t`, never another row's.
+///
+/// # Shapes
+/// - returns `[1, 1, rows, l_max + rows]`
+pub fn fast_attn_mask(
+    pos0: usize,
+    rows: usize,
+    l_max: usize,
+    sliding_window: Option<usize>,
+) -> Array4<f32> {
+    Array4::from_shape_fn((1, 1, rows, l_max + rows), |(_, _, t, j)| {
+        let p = pos0 + t;
+        let visible = match j.checked_sub(l_max) {
+            Some(own) => own == t,
+            None => j < p && sliding_window.is_none_or(|w| p - j < w),
+        };
+        if visible { 0.0 } else { HIDDEN }
+    })
+}
+
 impl StaticKv {
-    /// Zeroed buffers for `layers` layers of `session`, whose past inputs must be `[.., L, ..]`
-    /// with `L = l_max` (the manifest's `static_cache.l_max`).
+    /// Zeroed buffers for every layer of the model, allocated where `session` computes; its past
+    /// inputs must be `[.., L, ..]` with `L = l_max` (the manifest's `static_cache.l_max`), see
+    /// [`StaticKv::check_graph`]. The graphs that share the buffers (draft, verifier and feed)
+    /// each hold some of the layers.
     pub fn new(session: &OnnxSession, config: &ModelConfig, l_max: usize) -> Result<Self> {
         let layers = config.num_hidden_layers;
         let (kv_heads, head_dim) = (config.num_key_value_heads, config.head_dim);
+        Self::check_graph(session, l_max)?;
         let file = session.file().to_string();
-        let (k0, _) = past_names(0);
-        let fixed = session
-            .inputs()
-            .iter()
-            .find(|i| i.name == k0)
-            .and_then(|i| i.dims.get(2))
-            .cloned();
-        if fixed != Some(Dim::Fixed(l_max)) {
-            return Err(Error::Export {
-                file,
-                msg: format!(
-                    "m2r2_export.json says static_cache.l_max = {l_max}, but the graph's `{k0}` \
-                     has {fixed:?} positions (the manifest and the graph disagree: export the \
-                     folder again)"
-                ),
-            });
-        }
-        for name in [ATTN_MASK, WRITE_INDICES] {
-            if !session.inputs().iter().any(|i| i.name == name) {
-                return Err(Error::Export {
-                    file,
-                    msg: format!(
-                        "m2r2_export.json says model.onnx is static, but it has no `{name}` \
-                         input (export the folder again)"
-                    ),
-                });
-            }
-        }
         let err = |e: ort::Error| Error::ort(&file, format!("cannot allocate the KV buffers: {e}"));
         let allocator = session_allocator(session).map_err(err)?;
         let shape = [1, kv_heads, l_max, head_dim];
@@ -182,6 +184,40 @@ impl StaticKv {
             len: 0,
             graph: None,
         })
+    }
+
+    /// `session` is a static graph for buffers of `l_max` positions: its past inputs are
+    /// `[.., L, ..]` and it takes `attn_mask` and `write_indices`.
+    pub fn check_graph(session: &OnnxSession, l_max: usize) -> Result<()> {
+        let file = session.file().to_string();
+        let first_past = session
+            .inputs()
+            .iter()
+            .find(|i| i.name.starts_with("past_key_values."));
+        let fixed = first_past.and_then(|i| i.dims.get(2)).cloned();
+        if fixed != Some(Dim::Fixed(l_max)) {
+            let name = first_past.map_or("past_key_values.*", |i| i.name.as_str());
+            return Err(Error::Export {
+                file,
+                msg: format!(
+                    "m2r2_export.json says static_cache.l_max = {l_max}, but the graph's `{name}` \
+                     has {fixed:?} positions (the manifest and the graph disagree: export the \
+                     folder again)"
+                ),
+            });
+        }
+        for name in [ATTN_MASK, WRITE_INDICES] {
+            if !session.inputs().iter().any(|i| i.name == name) {
+                return Err(Error::Export {
+                    file,
+                    msg: format!(
+                        "m2r2_export.json says this graph is static, but it has no `{name}` \
+                         input (export the folder again)"
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Run the one-row decode step as a CUDA graph from now on (the session must have been built
@@ -274,7 +310,12 @@ impl StaticKv {
 
     /// `rows` more positions fit in the buffers, else [`Error::StaticCacheFull`] naming `file`.
     pub fn check_room(&self, file: &str, rows: usize) -> Result<()> {
-        let needed = self.len + rows;
+        self.check_fits(file, self.len, rows)
+    }
+
+    /// `rows` positions from `pos` on fit in the buffers, else [`Error::StaticCacheFull`].
+    pub fn check_fits(&self, file: &str, pos: usize, rows: usize) -> Result<()> {
+        let needed = pos + rows;
         if needed > self.l_max {
             return Err(Error::StaticCacheFull {
                 file: file.to_string(),
@@ -386,22 +427,38 @@ impl StaticKv {
         })
     }
 
+    /// Run `session`, a graph of `layers`, on `host` inputs (which say where it writes) with those
+    /// layers' buffers bound in place; no length is kept (the caller keeps its own: the draft and
+    /// verifier layers of a speculative loop fill up to different positions).
+    pub fn run_layers(
+        &mut self,
+        session: &mut OnnxSession,
+        layers: Range<usize>,
+        host: &[(&str, Input<'_>)],
+    ) -> Result<Outputs> {
+        let (past, present) = (&self.past[layers.clone()], &self.present[layers.clone()]);
+        session.run_in_place(host, past, present, &mut self.buffers[layers], None)
+    }
+
     /// The filled positions of every layer, copied to the host.
     pub fn to_host(&self) -> Result<KvStore> {
-        let layers = self.buffers.len();
-        let mut store = KvStore::new(0..layers, self.kv_heads, self.head_dim);
-        let kept = self
-            .buffers
+        self.layers_to_host(0..self.buffers.len(), self.len)
+    }
+
+    /// The first `len` positions of `layers`, copied to the host.
+    pub fn layers_to_host(&self, layers: Range<usize>, len: usize) -> Result<KvStore> {
+        let mut store = KvStore::new(layers.clone(), self.kv_heads, self.head_dim);
+        let kept = self.buffers[layers]
             .iter()
-            .map(|(k, v)| {
-                Ok((
-                    host_array(k, Some(self.len))?,
-                    host_array(v, Some(self.len))?,
-                ))
-            })
+            .map(|(k, v)| Ok((host_array(k, Some(len))?, host_array(v, Some(len))?)))
             .collect::<Result<Vec<_>>>()?;
         store.replace(kept);
         Ok(store)
+    }
+
+    /// The masks' sliding window (the config's).
+    pub fn sliding_window(&self) -> Option<usize> {
+        self.sliding_window
     }
 }
 
@@ -486,5 +543,21 @@ mod tests {
         assert_eq!(seen(&w, 0), [false, true, true, false, false]);
         assert_eq!(seen(&w, 1), [false, false, true, true, false]);
         assert_eq!(w[[0, 0, 0, 0]], HIDDEN);
+    }
+
+    /// Fast rows at positions 2 and 3 of a buffer of 5: buffer keys before their position, then
+    /// their own key among the two appended; with a window of 2, position 3 sees key 2 only.
+    #[test]
+    fn fast_mask_sees_earlier_buffer_keys_and_its_own_key() {
+        let seen = |m: &Array4<f32>, t: usize| -> Vec<bool> {
+            (0..7).map(|j| m[[0, 0, t, j]] == 0.0).collect()
+        };
+        let m = fast_attn_mask(2, 2, 5, None);
+        assert_eq!(m.shape(), [1, 1, 2, 7]);
+        assert_eq!(seen(&m, 0), [true, true, false, false, false, true, false]);
+        assert_eq!(seen(&m, 1), [true, true, true, false, false, false, true]);
+        let w = fast_attn_mask(2, 2, 5, Some(2));
+        assert_eq!(seen(&w, 0), [false, true, false, false, false, true, false]);
+        assert_eq!(seen(&w, 1), [false, false, true, false, false, false, true]);
     }
 }

@@ -39,12 +39,12 @@ pub struct Args {
     /// config's draft_gate)
     #[arg(long, value_name = "G")]
     pub draft_gate: Option<usize>,
-    /// ONNX opset (17..=21) of the dynamic graphs (a static model.onnx is always opset 24)
+    /// ONNX opset (17..=21) of the dynamic graphs (static graphs are always opset 24)
     #[arg(long, value_name = "N", default_value_t = DEFAULT_OPSET)]
     pub opset: i64,
-    /// Write model.onnx with a static KV cache of L_MAX positions per layer (opset 24:
+    /// Write every graph with a static KV cache of L_MAX positions per layer (opset 24:
     /// RMSNormalization, RotaryEmbedding, TensorScatter, Attention), updated in place by the
-    /// runner; draft, verifier and feed keep today's form (docs/ONNX.md, "Static exports")
+    /// runner; no genai_config.json (docs/ONNX.md, "Static exports")
     #[arg(long, value_name = "L_MAX")]
     pub static_cache: Option<usize>,
     /// Weight storage: f32, or f16 with a Cast to f32 after each weight (inputs and outputs stay f32)

@@ -2,17 +2,17 @@
 //! row (the graph input `bridge_states`) and each site's term `c (x̂ A^T) B^T`.
 
 use crate::builder::GraphBuilder;
-use crate::emit::layer::LayerContext;
 use crate::emit::model::final_norm;
 use crate::emit::ops::linear;
+use reference::base::model::Model;
 use reference::m2r2::bridge::{Bridge, BridgeSite};
 
 /// `x̂ = RMSNorm_final(h)` (the final norm's own weight, shared with the LM head's).
 ///
 /// # Shapes
 /// - `h`: `[B, T, D]` -> `[B, T, D]`
-pub fn input(b: &mut GraphBuilder, cx: &LayerContext<'_>, h: &str) -> String {
-    b.scoped("bridge", |b| final_norm(b, cx, h))
+pub fn input(b: &mut GraphBuilder, model: &Model, h: &str) -> String {
+    b.scoped("bridge", |b| final_norm(b, model, h))
 }
 
 /// The term of `site`, or `None` where the bridge has no map there.

@@ -44,7 +44,7 @@ pub fn draft(
     let mut presents = Vec::new();
     let mut exit_states = Vec::with_capacity(draft_gate);
     let bridge = m2r2.bridge_at(draft_gate).zip(bridge_states);
-    let xhat = bridge.map(|(_, h)| bridge::input(b, cx, h));
+    let xhat = bridge.map(|(_, h)| bridge::input(b, cx.model, h));
     let term = |b: &mut GraphBuilder, site: BridgeSite| {
         bridge
             .zip(xhat.as_ref())
@@ -80,8 +80,8 @@ pub fn draft(
     }
     let u = exit_states.last().expect("draft_gate >= 1").clone();
     let draft_logits = b.scoped("draft", |b| match &m2r2.draft_head {
-        Some(head) => pruned_logits(b, cx, &u, head),
-        None => logits(b, cx, &u),
+        Some(head) => pruned_logits(b, cx.model, &u, head),
+        None => logits(b, cx.model, &u),
     });
     let exit_prob = m2r2
         .arla

@@ -16,4 +16,5 @@ pub mod model;
 pub mod moe;
 pub mod ops;
 pub mod rope;
+pub mod static_draft;
 pub mod static_layer;

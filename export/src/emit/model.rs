@@ -5,6 +5,7 @@ use crate::builder::{Attr, GraphBuilder};
 use crate::emit::layer::{LayerContext, LayerInput, decoder_layer};
 use crate::emit::ops::{linear, rms_norm};
 use ndarray::Axis;
+use reference::base::model::Model;
 use reference::base::weight_names::WeightId;
 use reference::m2r2::draft_head::DraftHead;
 
@@ -31,9 +32,8 @@ pub fn embed(b: &mut GraphBuilder, cx: &LayerContext<'_>, input_ids: &str) -> St
 ///
 /// # Shapes
 /// - `s`: `[B, T, D]` -> `[B, T, V]`
-pub fn logits(b: &mut GraphBuilder, cx: &LayerContext<'_>, s: &str) -> String {
-    let model = cx.model;
-    let h = final_norm(b, cx, s);
+pub fn logits(b: &mut GraphBuilder, model: &Model, s: &str) -> String {
+    let h = final_norm(b, model, s);
     b.scoped("lm_head", |b| {
         let id = if model.config.tie_word_embeddings {
             WeightId::Embed
@@ -51,16 +51,11 @@ pub fn logits(b: &mut GraphBuilder, cx: &LayerContext<'_>, s: &str) -> String {
 ///
 /// # Shapes
 /// - `s`: `[B, T, D]` -> `[B, T, K]`
-pub fn pruned_logits(
-    b: &mut GraphBuilder,
-    cx: &LayerContext<'_>,
-    s: &str,
-    head: &DraftHead,
-) -> String {
-    let h = final_norm(b, cx, s);
+pub fn pruned_logits(b: &mut GraphBuilder, model: &Model, s: &str, head: &DraftHead) -> String {
+    let h = final_norm(b, model, s);
     b.scoped("draft_head", |b| {
         let rows: Vec<usize> = head.tokens.iter().map(|&t| t as usize).collect();
-        let w = cx.model.weights.lm_head().select(Axis(0), &rows); // [K, D]
+        let w = model.weights.lm_head().select(Axis(0), &rows); // [K, D]
         let w = b.weight(DRAFT_HEAD_WEIGHT, w.view().into_dyn());
         linear(b, &h, &w, None)
     })
@@ -70,11 +65,11 @@ pub fn pruned_logits(
 ///
 /// # Shapes
 /// - `s`: `[B, T, D]` -> `[B, T, D]`
-pub fn final_norm(b: &mut GraphBuilder, cx: &LayerContext<'_>, s: &str) -> String {
-    let config = &cx.model.config;
+pub fn final_norm(b: &mut GraphBuilder, model: &Model, s: &str) -> String {
+    let config = &model.config;
     let norm = b.weight(
         &WeightId::FinalNorm.onnx_name(),
-        cx.model.weights.final_norm.view().into_dyn(),
+        model.weights.final_norm.view().into_dyn(),
     );
     b.scoped("norm", |b| {
         rms_norm(b, s, &norm, config.rms_norm_eps as f32)

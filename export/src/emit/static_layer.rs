@@ -45,6 +45,9 @@ pub struct StaticContext<'a> {
     pub attn_mask: &'a str,
     /// int64 `[B]`: the cache position of each batch row's first row in this run
     pub write_indices: &'a str,
+    /// f32 `[B, 1, T, L + T]`, additive, draft.onnx only: the fast rows' view of the buffer and of
+    /// their own keys (`static_draft`)
+    pub fast_attn_mask: Option<&'a str>,
 }
 
 /// What a static layer produced.
@@ -57,7 +60,7 @@ pub struct StaticLayerOutput {
 }
 
 /// `W [n*Dh, D]` (q/k/v) as `[n, D, Dh]`, so `h [B, 1, T, D] @ W` is `[B, n, T, Dh]`.
-fn heads_in(w: &Array2<f32>, heads: usize, dh: usize) -> ArrayD<f32> {
+pub(crate) fn heads_in(w: &Array2<f32>, heads: usize, dh: usize) -> ArrayD<f32> {
     let d = w.ncols();
     let w3: Array3<f32> = w
         .to_owned()
@@ -70,7 +73,7 @@ fn heads_in(w: &Array2<f32>, heads: usize, dh: usize) -> ArrayD<f32> {
 }
 
 /// `W_o [D, H*Dh]` as `[H, Dh, D]`, so `y [B, H, T, Dh] @ W` summed over heads is `y W_o^T`.
-fn heads_out(w: &Array2<f32>, heads: usize, dh: usize) -> ArrayD<f32> {
+pub(crate) fn heads_out(w: &Array2<f32>, heads: usize, dh: usize) -> ArrayD<f32> {
     let d = w.nrows();
     w.t()
         .as_standard_layout()
@@ -81,7 +84,7 @@ fn heads_out(w: &Array2<f32>, heads: usize, dh: usize) -> ArrayD<f32> {
 }
 
 /// A bias `[n*Dh]` as `[n, 1, Dh]` (added to `[B, n, T, Dh]`).
-fn heads_bias(b: &Array1<f32>, heads: usize, dh: usize) -> ArrayD<f32> {
+pub(crate) fn heads_bias(b: &Array1<f32>, heads: usize, dh: usize) -> ArrayD<f32> {
     b.to_owned()
         .into_shape_with_order((heads, 1, dh))
         .expect("length = heads * Dh")
@@ -89,7 +92,7 @@ fn heads_bias(b: &Array1<f32>, heads: usize, dh: usize) -> ArrayD<f32> {
 }
 
 /// `h @ W_heads (+ b)` for q, k or v of layer `l`: `[B, 1, T, D]` -> `[B, n, T, Dh]`.
-fn project_heads(
+pub(crate) fn project_heads(
     b: &mut GraphBuilder,
     config: &ModelConfig,
     l: usize,
@@ -118,7 +121,13 @@ fn project_heads(
 }
 
 /// `x W^T (+ b)` with `W^T` stored transposed (no `Transpose` node): `[..., in]` -> `[..., out]`.
-fn project_mlp(b: &mut GraphBuilder, l: usize, p: MlpProj, lin: &Linear, x: &str) -> String {
+pub(crate) fn project_mlp(
+    b: &mut GraphBuilder,
+    l: usize,
+    p: MlpProj,
+    lin: &Linear,
+    x: &str,
+) -> String {
     b.scoped(p.module(), |b| {
         let name = WeightId::Mlp(l, p).onnx_name() + TRANSPOSED;
         let wt = lin.w.t().as_standard_layout().to_owned().into_dyn();
@@ -144,6 +153,98 @@ pub fn rms_normalization(b: &mut GraphBuilder, x: &str, w: &str, eps: f32) -> St
         &[x, w],
         vec![("axis", Attr::Int(-1)), ("epsilon", Attr::Float(eps))],
     )
+}
+
+/// `RotaryEmbedding` (opset 23, rotate-half) of `x` `[B, n, T, Dh]` at the graph's `position_ids`.
+pub(crate) fn rope(b: &mut GraphBuilder, cx: &StaticContext<'_>, x: &str) -> String {
+    b.scoped("rope", |b| {
+        b.node(
+            "RotaryEmbedding",
+            &[x, cx.cos_cache, cx.sin_cache, cx.position_ids],
+            vec![("interleaved", Attr::Int(0))],
+        )
+    })
+}
+
+/// This run's rows `[B, Hkv, T, Dh]` written into the fixed buffer `past` `[B, Hkv, L, Dh]` at
+/// `write_indices`, along `L`: axis -2 (= 2 here; written -2, the only axis TensorRT's parser
+/// takes). The result is the layer's present.
+pub(crate) fn scatter(
+    b: &mut GraphBuilder,
+    cx: &StaticContext<'_>,
+    past: &str,
+    rows: &str,
+) -> String {
+    b.node(
+        "TensorScatter",
+        &[past, rows, cx.write_indices],
+        vec![("axis", Attr::Int(-2)), ("mode", Attr::Str("linear"))],
+    )
+}
+
+/// `Attention` (opset 23/24) with grouped-query heads (head `i` reads `i / G`) and an additive
+/// mask; with `past` (`(key, value)` `[B, Hkv, L, Dh]`) the keys are `past ++ k` (`L + T` of
+/// them, what the fast rows read: the slow buffer, then their own keys).
+///
+/// # Shapes
+/// - `q` `[B, H, T, Dh]`, `k`, `v` `[B, Hkv, S, Dh]`, `mask` `[B, 1, T, S (+ L)]` -> `[B, H, T, Dh]`
+pub(crate) fn attention(
+    b: &mut GraphBuilder,
+    config: &ModelConfig,
+    q: &str,
+    k: &str,
+    v: &str,
+    mask: &str,
+    past: Option<(&str, &str)>,
+) -> String {
+    let heads = vec![
+        ("q_num_heads", Attr::Int(config.num_attention_heads as i64)),
+        ("kv_num_heads", Attr::Int(config.num_key_value_heads as i64)),
+    ];
+    match past {
+        None => b.node("Attention", &[q, k, v, mask], heads),
+        // ONNX Runtime's CPU kernel refuses a past without the present outputs (`past ++ k`,
+        // `past ++ v`), which nothing reads
+        Some((pk, pv)) => {
+            let mut outputs = b.node_n("Attention", &[q, k, v, mask, pk, pv], 3, heads);
+            outputs.swap_remove(0)
+        }
+    }
+}
+
+/// `o_proj`: each head's `y @ W_o[head]` summed over the heads (+ bias).
+///
+/// # Shapes
+/// - `y`: `[B, H, T, Dh]` -> `[B, 1, T, D]`
+pub(crate) fn project_o(
+    b: &mut GraphBuilder,
+    config: &ModelConfig,
+    l: usize,
+    o: &Linear,
+    y: &str,
+) -> String {
+    b.scoped(AttnProj::O.module(), |b| {
+        let name = WeightId::Attn(l, AttnProj::O).onnx_name() + HEADS;
+        let w = heads_out(&o.w, config.num_attention_heads, config.head_dim);
+        let w = b.weight(&name, w.view());
+        let per_head = b.binary("MatMul", y, &w); // [B, H, T, D]
+        let axis1 = b.const_i64(&[1]);
+        let summed = b.node(
+            "ReduceSum",
+            &[&per_head, &axis1],
+            vec![("keepdims", Attr::Int(1))],
+        ); // [B, 1, T, D]
+        match &o.b {
+            Some(bias) => {
+                let bias = b.weight(
+                    &WeightId::AttnBias(l, AttnProj::O).onnx_name(),
+                    bias.view().into_dyn(),
+                );
+                b.binary("Add", &summed, &bias)
+            }
+            None => summed,
+        }
+    })
 }
 
 /// Layer `l` in the scope `layers.{l}`.
@@ -173,58 +274,20 @@ pub fn static_decoder_layer(
             let q = project_heads(b, config, l, AttnProj::Q, &a.q, &h); // [B, H, T, Dh]
             let k = project_heads(b, config, l, AttnProj::K, &a.k, &h); // [B, Hkv, T, Dh]
             let v = project_heads(b, config, l, AttnProj::V, &a.v, &h);
-            let rope = |b: &mut GraphBuilder, x: &str| {
-                b.scoped("rope", |b| {
-                    b.node(
-                        "RotaryEmbedding",
-                        &[x, cx.cos_cache, cx.sin_cache, cx.position_ids],
-                        vec![("interleaved", Attr::Int(0))],
-                    )
-                })
-            };
-            let q = rope(b, &q);
-            let k = rope(b, &k);
-            // this run's rows written into the fixed buffers at write_indices, along L: axis -2
-            // (= 2 here; written -2, the only axis TensorRT's parser takes)
-            let scatter = |b: &mut GraphBuilder, past: &str, rows: &str| {
-                b.node(
-                    "TensorScatter",
-                    &[past, rows, cx.write_indices],
-                    vec![("axis", Attr::Int(-2)), ("mode", Attr::Str("linear"))],
-                )
-            };
-            let present_key = scatter(b, past_key, &k);
-            let present_value = scatter(b, past_value, &v);
-            let y = b.node(
-                "Attention",
-                &[&q, &present_key, &present_value, cx.attn_mask],
-                vec![
-                    ("q_num_heads", Attr::Int(config.num_attention_heads as i64)),
-                    ("kv_num_heads", Attr::Int(config.num_key_value_heads as i64)),
-                ],
-            ); // [B, H, T, Dh]
-            let o = b.scoped(AttnProj::O.module(), |b| {
-                let name = WeightId::Attn(l, AttnProj::O).onnx_name() + HEADS;
-                let w = heads_out(&a.o.w, config.num_attention_heads, config.head_dim);
-                let w = b.weight(&name, w.view());
-                let per_head = b.binary("MatMul", &y, &w); // [B, H, T, D]
-                let axis1 = b.const_i64(&[1]);
-                let o = b.node(
-                    "ReduceSum",
-                    &[&per_head, &axis1],
-                    vec![("keepdims", Attr::Int(1))],
-                ); // [B, 1, T, D]
-                match &a.o.b {
-                    Some(bias) => {
-                        let bias = b.weight(
-                            &WeightId::AttnBias(l, AttnProj::O).onnx_name(),
-                            bias.view().into_dyn(),
-                        );
-                        b.binary("Add", &o, &bias)
-                    }
-                    None => o,
-                }
-            });
+            let q = rope(b, cx, &q);
+            let k = rope(b, cx, &k);
+            let present_key = scatter(b, cx, past_key, &k);
+            let present_value = scatter(b, cx, past_value, &v);
+            let y = attention(
+                b,
+                config,
+                &q,
+                &present_key,
+                &present_value,
+                cx.attn_mask,
+                None,
+            );
+            let o = project_o(b, config, l, &a.o, &y);
             (b.binary("Add", s, &o), present_key, present_value)
         });
 
