@@ -28,6 +28,7 @@ pub mod manifest;
 pub mod provision;
 pub mod runtime;
 pub mod session;
+pub mod spec_cache;
 pub mod speculation;
 pub mod static_kv;
 pub mod step;

@@ -14,6 +14,8 @@
 //!   exactly as the reference's pruned draft step.
 //! - verify: the kept residuals of all drafted positions through verifier.onnx as one chunk.
 //! - rollback: truncate both stores along the sequence axis and forget kept residuals.
+//! - static exports (`export --static-cache`): the same runs on fixed buffers written in place
+//!   ([`SpecCache`]), with the masks and write positions as inputs; a rollback moves lengths only.
 //! - bridge (exports of M2R2 weights with one): draft.onnx reads `bridge_states`, the state before
 //!   the row, chosen by the reference's own [`BridgeMemory`] from verifier.onnx's `final_states`
 //!   and draft.onnx's earlier `exit_states`.
@@ -25,7 +27,9 @@ use crate::kv::Kv;
 use crate::kv_store::KvStore;
 use crate::manifest::{ExportDir, GraphKind};
 use crate::session::{Input, OnnxSession};
-use crate::step::{StepInputs, check_tokens};
+use crate::spec_cache::SpecCache;
+use crate::static_kv::StaticKv;
+use crate::step::check_tokens;
 
 /// draft.onnx's input with a bridge: the state before each row.
 pub const BRIDGE_STATES: &str = "bridge_states";
@@ -57,9 +61,9 @@ pub struct OnnxSpeculation {
     /// The gate scored at each proposal (dynamic drafting, `--trace`).
     gate: Option<GateKind>,
     /// KV of layers `0..e` (positions `0..len`) and `e..N` (positions `0..verified`): ONNX
-    /// Runtime values between runs (IoBinding; on the device for GPU providers).
-    lower: Kv,
-    upper: Kv,
+    /// Runtime values between runs (IoBinding; on the device for GPU providers), growing or in
+    /// fixed buffers.
+    cache: SpecCache,
     /// `[D]` slow residuals `s_e` of positions `verified..len`
     kept: Vec<Array1<f32>>,
     /// The export's M2R2 weights have a bridge: draft.onnx takes `bridge_states`.
@@ -149,14 +153,40 @@ impl OnnxSpeculation {
         } else {
             None
         };
+        let n = c.num_hidden_layers;
+        let cache = match export.static_l_max(GraphKind::Draft) {
+            // the manifest names draft, verifier and feed static together (ExportDir::open)
+            Some(l_max) => {
+                if verifier.ep_used() != draft.ep_used() {
+                    return Err(Error::Export {
+                        file: verifier.file().to_string(),
+                        msg: format!(
+                            "runs on {} and draft.onnx on {}: the two share one set of static \
+                             KV buffers and must run on one provider",
+                            verifier.ep_used(),
+                            draft.ep_used()
+                        ),
+                    });
+                }
+                let kv = StaticKv::new(&draft, c, l_max)?;
+                StaticKv::check_graph(&verifier, l_max)?;
+                if let Some(feed) = &feed {
+                    StaticKv::check_graph(feed, l_max)?;
+                }
+                SpecCache::Static {
+                    kv,
+                    split: (0..e, e..n),
+                    lower: 0,
+                    upper: 0,
+                }
+            }
+            None => SpecCache::Dynamic {
+                lower: Kv::new(0..e, hkv, dh, ep.binds_kv(draft.ep_used()))?,
+                upper: Kv::new(e..n, hkv, dh, ep.binds_kv(verifier.ep_used()))?,
+            },
+        };
         Ok(OnnxSpeculation {
-            lower: Kv::new(0..e, hkv, dh, ep.binds_kv(draft.ep_used()))?,
-            upper: Kv::new(
-                e..c.num_hidden_layers,
-                hkv,
-                dh,
-                ep.binds_kv(verifier.ep_used()),
-            )?,
+            cache,
             draft,
             verifier,
             feed,
@@ -192,7 +222,7 @@ impl OnnxSpeculation {
     /// KV of the draft layers and of the verifier layers, on the host (copies when they live on
     /// the device).
     pub fn kv(&mut self) -> Result<(KvStore, KvStore)> {
-        Ok((self.lower.to_host()?, self.upper.to_host()?))
+        self.cache.to_host()
     }
 
     pub fn draft_layers(&self) -> usize {
@@ -224,21 +254,19 @@ impl OnnxSpeculation {
         Array2<f32>,
         Option<Array2<f32>>,
     )> {
-        let past = self.lower.len();
-        check_tokens(&self.config, tokens, past)?;
+        check_tokens(&self.config, tokens, self.cache.lower_len())?;
         let t = tokens.len();
         let c = &self.config;
-        let step = StepInputs::new(tokens, past);
-        let mut inputs = step.with_ids().to_vec();
         let bridge_states: Option<Array3<f32>> = self.bridge.then(|| {
             bridge_states
                 .unwrap_or_else(|| Array2::zeros((t, c.hidden_size)))
                 .insert_axis(Axis(0)) // [1, T, D]
         });
-        if let Some(b) = &bridge_states {
-            inputs.push((BRIDGE_STATES, Input::F32(b.view().into_dyn())));
-        }
-        let mut out = self.lower.run(&mut self.draft, &inputs, t)?;
+        let extra: Vec<(&str, Input<'_>)> = bridge_states
+            .iter()
+            .map(|b| (BRIDGE_STATES, Input::F32(b.view().into_dyn())))
+            .collect();
+        let mut out = self.cache.run_lower(&mut self.draft, tokens, &extra)?;
         let file = self.draft.file().to_string();
         let scored = self
             .draft_head
@@ -290,10 +318,8 @@ impl OnnxSpeculation {
         let Some(feed) = &mut self.feed else {
             return Ok(self.run_draft(tokens, None)?.2);
         };
-        let past = self.lower.len();
-        check_tokens(&self.config, tokens, past)?;
-        let step = StepInputs::new(tokens, past);
-        let mut out = self.lower.run(feed, &step.with_ids(), tokens.len())?;
+        check_tokens(&self.config, tokens, self.cache.lower_len())?;
+        let mut out = self.cache.run_lower(feed, tokens, &[])?;
         let hidden = out.take("hidden_states")?;
         logits_rows(
             hidden,
@@ -309,21 +335,9 @@ impl OnnxSpeculation {
     /// memory; the upper store grows by `m`.
     fn run_verifier(&mut self, hidden: Array2<f32>) -> Result<Array2<f32>> {
         let m = hidden.nrows();
-        let start = self.upper.len();
-        let step = StepInputs::rows(m, start);
+        let start = self.cache.upper_len();
         let hidden: Array3<f32> = hidden.insert_axis(Axis(0)); // [1, m, D]
-        let inputs = [
-            ("hidden_states", Input::F32(hidden.view().into_dyn())),
-            (
-                "attention_mask",
-                Input::I64(step.attention_mask.view().into_dyn()),
-            ),
-            (
-                "position_ids",
-                Input::I64(step.position_ids.view().into_dyn()),
-            ),
-        ];
-        let mut out = self.upper.run(&mut self.verifier, &inputs, m)?;
+        let mut out = self.cache.run_upper(&mut self.verifier, hidden.view())?;
         let file = self.verifier.file().to_string();
         let logits = logits_rows(
             out.take("logits")?,
@@ -359,7 +373,7 @@ impl SpeculativeBackend for OnnxSpeculation {
             let logits = self.run_verifier(hidden).map_err(into_reference)?;
             last = logits.row(logits.nrows() - 1).to_vec();
         }
-        self.len = self.lower.len();
+        self.len = self.cache.lower_len();
         self.verified = self.len;
         Ok(last)
     }
@@ -430,7 +444,6 @@ impl SpeculativeBackend for OnnxSpeculation {
         self.verified = self.verified.min(self.len);
         self.kept.truncate(self.len - self.verified);
         self.bridge_memory.truncate(self.len, self.verified);
-        self.lower.truncate(self.len);
-        self.upper.truncate(self.verified);
+        self.cache.truncate(self.len, self.verified);
     }
 }

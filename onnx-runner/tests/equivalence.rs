@@ -4,7 +4,8 @@
 //! pruned draft head (draft.onnx then outputs its `K` columns), exported with `m2r2-export`:
 //! - greedy over model.onnx: every step's logits within [`LOGITS_TOL`] of the reference's
 //!   teacher-forced logits, the same tokens, and the final KV cache within [`KV_TOL`];
-//! - speculative over draft.onnx / verifier.onnx through the reference's own loop: the reference's
+//! - speculative over draft.onnx / verifier.onnx through the reference's own loop (dynamic exports
+//!   and static ones, `--static-cache`, with fixed buffers written in place): the reference's
 //!   greedy tokens, the same rounds (drafted tokens, accepted counts, base tokens; gate scores
 //!   within [`LOGITS_TOL`]) as the reference's speculative run, and both KV stores within
 //!   [`KV_TOL`] of the reference backend's cache.
@@ -57,16 +58,18 @@ pub fn export_all(
     draft_gate: usize,
     dir: &Path,
 ) -> ExportDir {
-    export_graphs(model, weights, draft_gate, dir, &GraphKind::ALL)
+    export_graphs(model, weights, draft_gate, dir, &GraphKind::ALL, None)
 }
 
-/// Export `graphs` of `model` with `weights`, split at `draft_gate`.
+/// Export `graphs` of `model` with `weights`, split at `draft_gate`; with `static_cache` `Some(L)`
+/// every graph keeps its cache in fixed buffers of `L` positions (`export --static-cache`).
 pub fn export_graphs(
     model: &Model,
     weights: &M2r2Weights,
     draft_gate: usize,
     dir: &Path,
     graphs: &[GraphKind],
+    static_cache: Option<usize>,
 ) -> ExportDir {
     let request = ExportRequest {
         model,
@@ -77,7 +80,7 @@ pub fn export_graphs(
             opset: 17,
             weights_dtype: export::builder::WeightsDtype::F32,
             draft_gate,
-            static_cache: None,
+            static_cache,
         },
         graphs: graphs.to_vec(),
         external_data: false,
@@ -116,14 +119,16 @@ fn kv_diff(store: &KvStore, cache: &KvCache, len: usize) -> f32 {
 }
 
 /// A decoding problem, how it drafts, (CPU) whether the KV cache stays in host arrays instead of
-/// ONNX Runtime values, and whether the export has feed.onnx (without it the runner feeds
-/// through draft.onnx, as for exports made before feed.onnx existed).
+/// ONNX Runtime values, whether the export has feed.onnx (without it the runner feeds
+/// through draft.onnx, as for exports made before feed.onnx existed), and whether it is static
+/// (`--static-cache`, fixed buffers with room for the run and `spare` more positions).
 #[derive(Debug, Clone)]
 struct Problem {
     base: DecodeProblem,
     drafting: DraftSettings,
     host_kv: bool,
     feed: bool,
+    spare: Option<usize>,
 }
 
 fn problem_strategy() -> impl Strategy<Value = Problem> {
@@ -132,12 +137,14 @@ fn problem_strategy() -> impl Strategy<Value = Problem> {
         DraftSettings::strategy(5, 40),
         any::<bool>(),
         any::<bool>(),
+        proptest::option::of(0..4usize),
     )
-        .prop_map(|(base, drafting, host_kv, feed)| Problem {
+        .prop_map(|(base, drafting, host_kv, feed, spare)| Problem {
             base,
             drafting,
             host_kv,
             feed,
+            spare,
         })
 }
 
@@ -150,8 +157,19 @@ impl Problem {
             .into_iter()
             .filter(|&k| self.feed || k != GraphKind::Feed)
             .collect();
-        let exported = export_graphs(&base, &weights, draft_gate, dir.path(), &graphs);
+        // a static buffer holds the prompt, the new tokens and the drafts past them
+        let needed = self.base.prompt.len() + self.base.new_tokens + self.drafting.draft.max() + 1;
+        let static_cache = self.spare.map(|spare| needed + spare);
+        let exported = export_graphs(
+            &base,
+            &weights,
+            draft_gate,
+            dir.path(),
+            &graphs,
+            static_cache,
+        );
         prop_assert_eq!(exported.has(OnnxGraph::Feed), self.feed);
+        prop_assert_eq!(exported.static_l_max(OnnxGraph::Draft), static_cache);
         check_decoding(
             &base,
             &weights,
@@ -277,19 +295,28 @@ fn bridged_drafts_decode_like_the_reference() {
             .unwrap()
             .with_bridge(&base.config, config, 3, 0.5)
             .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let exported = export_graphs(&base, &weights, draft_gate, dir.path(), &GraphKind::ALL);
-        for draft in [DraftLength::Fixed(3), DraftLength::Fixed(1)] {
-            check_decoding(
+        for static_cache in [None, Some(24)] {
+            let dir = tempfile::tempdir().unwrap();
+            let exported = export_graphs(
                 &base,
                 &weights,
-                &exported,
-                &EpConfig::cpu(),
-                &[5, 9, 14, 3],
-                12,
-                &draft,
-            )
-            .unwrap();
+                draft_gate,
+                dir.path(),
+                &GraphKind::ALL,
+                static_cache,
+            );
+            for draft in [DraftLength::Fixed(3), DraftLength::Fixed(1)] {
+                check_decoding(
+                    &base,
+                    &weights,
+                    &exported,
+                    &EpConfig::cpu(),
+                    &[5, 9, 14, 3],
+                    12,
+                    &draft,
+                )
+                .unwrap_or_else(|e| panic!("static cache {static_cache:?}: {e}"));
+            }
         }
     }
 }
@@ -335,8 +362,8 @@ fn ort_tensorrt_decodes_like_the_reference() {
 }
 
 /// SmolLM2-135M-Instruct (`m2r2 fetch smollm2`) with its shipped trained weights (adapters, ARLA,
-/// pruned draft head; `reference::m2r2::shipped`), exported once: greedy and speculative (fixed and
-/// ARLA-dynamic drafts) on two prompts.
+/// pruned draft head, bridge; `reference::m2r2::shipped`), exported dynamic and static: greedy
+/// and speculative (fixed and ARLA-dynamic drafts) on two prompts.
 #[test]
 fn smollm2_on_ort_cpu_decodes_like_the_reference() {
     let loaded =
@@ -350,6 +377,15 @@ fn smollm2_on_ort_cpu_decodes_like_the_reference() {
     let draft_gate = weights.config.draft_gate;
     let dir = tempfile::tempdir().unwrap();
     let exported = export_all(base, &weights, draft_gate, dir.path());
+    let static_dir = tempfile::tempdir().unwrap();
+    let static_export = export_graphs(
+        base,
+        &weights,
+        draft_gate,
+        static_dir.path(),
+        &GraphKind::ALL,
+        Some(64),
+    );
     let tokenizer = loaded.tokenizer().unwrap();
     let drafts = [
         DraftLength::Fixed(3),
@@ -364,15 +400,9 @@ fn smollm2_on_ort_cpu_decodes_like_the_reference() {
         .zip(&drafts)
     {
         let prompt = tokenizer.encode(text, true).unwrap();
-        check_decoding(
-            base,
-            &weights,
-            &exported,
-            &EpConfig::cpu(),
-            &prompt,
-            8,
-            draft,
-        )
-        .unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        for (export, kind) in [(&exported, "dynamic"), (&static_export, "static")] {
+            check_decoding(base, &weights, export, &EpConfig::cpu(), &prompt, 8, draft)
+                .unwrap_or_else(|e| panic!("{text:?} on the {kind} export: {e}"));
+        }
     }
 }

@@ -8,7 +8,9 @@
 //! - a step past `L` is an error naming the limit and `--static-cache`, not a panic, and the
 //!   buffers stay usable after it;
 //! - greedy decoding gives the reference's tokens, and speculative decoding on a static folder
-//!   (draft / verifier / feed keep the dynamic interface) gives them too.
+//!   (static draft / verifier / feed on one set of buffers) gives them too; a folder with a static
+//!   model.onnx beside dynamic speculative graphs (written before those had static forms) still
+//!   runs.
 //!
 //! On tiny (also with a sliding window, and with every bias), tiny-moe and SmolLM2-135M-Instruct.
 
@@ -203,7 +205,10 @@ fn tiny_moe_static_export_equals_the_reference() {
 }
 
 /// Greedy decoding over a static folder gives the reference's tokens, and speculative decoding on
-/// the same folder (dynamic draft / verifier / feed beside the static model.onnx) gives them too.
+/// the same folder (static draft / verifier / feed sharing one set of buffers) gives them too;
+/// both refuse to run past `L` with the limit named. (Round-by-round equality with the reference's
+/// speculative run, KV included, is `equivalence.rs`'s property test, static exports among its
+/// draws.)
 #[test]
 fn static_folder_decodes_greedy_and_speculative_like_the_reference() {
     let model = builtin::builtin("tiny").unwrap();
@@ -220,18 +225,14 @@ fn static_folder_decodes_greedy_and_speculative_like_the_reference() {
     let mut onnx = OnnxModel::load(&exported, &EpConfig::cpu()).unwrap();
     let got = onnx.generate(&prompt, &options, &mut |_, _| {}).unwrap();
     assert_eq!(got.tokens, want);
+    let spec_options = |max_new_tokens| SpeculativeOptions {
+        max_new_tokens,
+        stop_tokens: vec![],
+        draft_length: DraftLength::Fixed(3),
+        sampling: None,
+    };
     let mut spec = OnnxSpeculation::load(&exported, &EpConfig::cpu(), None).unwrap();
-    let out = speculative_generate(
-        &mut spec,
-        &prompt,
-        &SpeculativeOptions {
-            max_new_tokens: 16,
-            stop_tokens: vec![],
-            draft_length: DraftLength::Fixed(3),
-            sampling: None,
-        },
-    )
-    .unwrap();
+    let out = speculative_generate(&mut spec, &prompt, &spec_options(16)).unwrap();
     assert_eq!(out.tokens, want);
     // generation past L is refused with the same message, not a panic
     let long = GenerateOptions {
@@ -240,6 +241,77 @@ fn static_folder_decodes_greedy_and_speculative_like_the_reference() {
     };
     let err = onnx.generate(&prompt, &long, &mut |_, _| {}).unwrap_err();
     assert!(err.to_string().contains("--static-cache"), "{err}");
+    spec.reset();
+    let err = speculative_generate(&mut spec, &prompt, &spec_options(40))
+        .unwrap_err()
+        .to_string();
+    for want in ["static cache holds 32 positions", "--static-cache", ".onnx"] {
+        assert!(err.contains(want), "{err}");
+    }
+    // and the same session decodes again from the start
+    spec.reset();
+    let again = speculative_generate(&mut spec, &prompt, &spec_options(16)).unwrap();
+    assert_eq!(again.tokens, want);
+}
+
+/// A folder written before the speculative graphs had static forms (a static model.onnx beside
+/// dynamic draft / verifier / feed, its manifest listing `model` alone) still decodes
+/// speculatively, on growing caches; a manifest that makes only some of the three static is
+/// refused by name.
+#[test]
+fn static_model_beside_dynamic_speculative_graphs_still_runs() {
+    let model = builtin::builtin("tiny").unwrap();
+    let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mixed = dir.path().join("mixed");
+    export_static(&model, &weights, 32, &[GraphKind::Model], &mixed);
+    let dynamic = dir.path().join("dynamic");
+    let request = ExportRequest {
+        model: &model,
+        tokenizer: None,
+        m2r2: &weights,
+        options: ExportOptions {
+            model_name: "static".into(),
+            opset: 17,
+            weights_dtype: export::builder::WeightsDtype::F32,
+            draft_gate: weights.config.draft_gate,
+            static_cache: None,
+        },
+        graphs: vec![GraphKind::Draft, GraphKind::Verifier, GraphKind::Feed],
+        external_data: false,
+    };
+    export(&request, &dynamic, &mut |_| {}).unwrap();
+    let manifest_path = mixed.join(export::folder::MANIFEST_FILE);
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
+    for kind in [GraphKind::Draft, GraphKind::Verifier, GraphKind::Feed] {
+        std::fs::copy(dynamic.join(kind.file_name()), mixed.join(kind.file_name())).unwrap();
+        manifest["graphs"][kind.name()] = serde_json::json!(kind.file_name());
+    }
+    std::fs::write(&manifest_path, manifest.to_string()).unwrap();
+    let exported = ExportDir::open(&mixed).unwrap();
+    let prompt = [5, 4, 3, 2];
+    let want = greedy(&model, &prompt, 12, &[]).unwrap();
+    let mut spec = OnnxSpeculation::load(&exported, &EpConfig::cpu(), None).unwrap();
+    let options = SpeculativeOptions {
+        max_new_tokens: 12,
+        stop_tokens: vec![],
+        draft_length: DraftLength::Fixed(2),
+        sampling: None,
+    };
+    assert_eq!(
+        speculative_generate(&mut spec, &prompt, &options)
+            .unwrap()
+            .tokens,
+        want
+    );
+
+    manifest["static_cache"]["graphs"] = serde_json::json!(["model", "draft"]);
+    std::fs::write(&manifest_path, manifest.to_string()).unwrap();
+    let err = ExportDir::open(&mixed).unwrap_err().to_string();
+    for want in ["`draft`", "`verifier`", "all static or all dynamic"] {
+        assert!(err.contains(want), "{err}");
+    }
 }
 
 /// The same checks on ONNX Runtime's CUDA provider: the buffers in GPU memory from the session's

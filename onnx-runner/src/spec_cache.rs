@@ -1,0 +1,193 @@
+//! The KV cache of the speculative loop ([`OnnxSpeculation`](crate::speculation::OnnxSpeculation)):
+//! the draft layers `0..e` (draft.onnx and feed.onnx) filled up to the drafted length, the verifier
+//! layers `e..N` up to the verified one.
+//!
+//! - Dynamic exports: two growing caches, one per layer range ([`Kv`]); a rollback truncates them.
+//! - Static exports (`export --static-cache`): one set of fixed buffers for every layer
+//!   ([`StaticKv`]), each graph bound to its layers' buffers in place; a rollback only moves the
+//!   two lengths (the rows past them stay in the buffers, hidden by the masks).
+//!
+//! Either way a run feeds `T` rows at the next positions of its layer range and the range's
+//! length grows by `T`.
+
+use crate::error::Result;
+use crate::kv::Kv;
+use crate::kv_store::KvStore;
+use crate::session::{Input, OnnxSession, Outputs};
+use crate::static_kv::{
+    ATTN_MASK, FAST_ATTN_MASK, StaticKv, WRITE_INDICES, attn_mask, fast_attn_mask,
+};
+use crate::step::StepInputs;
+use ndarray::{Array1, Array2, ArrayView3};
+use std::ops::Range;
+
+pub enum SpecCache {
+    /// Growing caches of layers `0..e` and `e..N`.
+    Dynamic { lower: Kv, upper: Kv },
+    /// Fixed buffers of every layer; `lower` / `upper`: positions filled in `0..e` / `e..N`.
+    Static {
+        kv: StaticKv,
+        /// `0..e` and `e..N`
+        split: (Range<usize>, Range<usize>),
+        lower: usize,
+        upper: usize,
+    },
+}
+
+/// The inputs a static graph takes besides its rows and buffers, for `t` rows at `pos`.
+struct StaticStep {
+    position_ids: Array2<i64>,
+    write_indices: Array1<i64>,
+    attn_mask: ndarray::Array4<f32>,
+    /// draft.onnx only
+    fast_attn_mask: Option<ndarray::Array4<f32>>,
+}
+
+impl StaticStep {
+    fn new(kv: &StaticKv, session: &OnnxSession, pos: usize, t: usize) -> Result<Self> {
+        kv.check_fits(session.file(), pos, t)?;
+        let (l, w) = (kv.l_max(), kv.sliding_window());
+        let fast = session.inputs().iter().any(|i| i.name == FAST_ATTN_MASK);
+        Ok(StaticStep {
+            position_ids: Array2::from_shape_fn((1, t), |(_, i)| (pos + i) as i64),
+            write_indices: Array1::from_elem(1, pos as i64),
+            attn_mask: attn_mask(pos, t, l, w),
+            fast_attn_mask: fast.then(|| fast_attn_mask(pos, t, l, w)),
+        })
+    }
+
+    fn inputs(&self) -> Vec<(&'static str, Input<'_>)> {
+        let mut inputs = vec![
+            (
+                "position_ids",
+                Input::I64(self.position_ids.view().into_dyn()),
+            ),
+            (
+                WRITE_INDICES,
+                Input::I64(self.write_indices.view().into_dyn()),
+            ),
+            (ATTN_MASK, Input::F32(self.attn_mask.view().into_dyn())),
+        ];
+        if let Some(m) = &self.fast_attn_mask {
+            inputs.push((FAST_ATTN_MASK, Input::F32(m.view().into_dyn())));
+        }
+        inputs
+    }
+}
+
+impl SpecCache {
+    /// Positions filled in the draft layers.
+    pub fn lower_len(&self) -> usize {
+        match self {
+            SpecCache::Dynamic { lower, .. } => lower.len(),
+            SpecCache::Static { lower, .. } => *lower,
+        }
+    }
+
+    /// Positions filled in the verifier layers.
+    pub fn upper_len(&self) -> usize {
+        match self {
+            SpecCache::Dynamic { upper, .. } => upper.len(),
+            SpecCache::Static { upper, .. } => *upper,
+        }
+    }
+
+    /// Run `session` (draft.onnx or feed.onnx) on `tokens` at the next positions of the draft
+    /// layers, with `extra` inputs (`bridge_states`).
+    pub fn run_lower(
+        &mut self,
+        session: &mut OnnxSession,
+        tokens: &[u32],
+        extra: &[(&str, Input<'_>)],
+    ) -> Result<Outputs> {
+        let t = tokens.len();
+        match self {
+            SpecCache::Dynamic { lower, .. } => {
+                let step = StepInputs::new(tokens, lower.len());
+                let mut inputs = step.with_ids().to_vec();
+                inputs.extend(extra.iter().map(|(n, i)| (*n, i.reborrow())));
+                lower.run(session, &inputs, t)
+            }
+            SpecCache::Static {
+                kv, split, lower, ..
+            } => {
+                let step = StaticStep::new(kv, session, *lower, t)?;
+                let ids = Array2::from_shape_fn((1, t), |(_, i)| i64::from(tokens[i]));
+                let mut inputs = step.inputs();
+                inputs.push(("input_ids", Input::I64(ids.view().into_dyn())));
+                inputs.extend(extra.iter().map(|(n, i)| (*n, i.reborrow())));
+                let out = kv.run_layers(session, split.0.clone(), &inputs)?;
+                *lower += t;
+                Ok(out)
+            }
+        }
+    }
+
+    /// Run verifier.onnx on slow residuals `hidden` (`[1, m, D]`) at the next positions of the
+    /// verifier layers.
+    pub fn run_upper(
+        &mut self,
+        session: &mut OnnxSession,
+        hidden: ArrayView3<'_, f32>,
+    ) -> Result<Outputs> {
+        let m = hidden.shape()[1];
+        let rows = ("hidden_states", Input::F32(hidden.into_dyn()));
+        match self {
+            SpecCache::Dynamic { upper, .. } => {
+                let step = StepInputs::rows(m, upper.len());
+                let inputs = [
+                    rows,
+                    (
+                        "attention_mask",
+                        Input::I64(step.attention_mask.view().into_dyn()),
+                    ),
+                    (
+                        "position_ids",
+                        Input::I64(step.position_ids.view().into_dyn()),
+                    ),
+                ];
+                upper.run(session, &inputs, m)
+            }
+            SpecCache::Static {
+                kv, split, upper, ..
+            } => {
+                let step = StaticStep::new(kv, session, *upper, m)?;
+                let mut inputs = step.inputs();
+                inputs.push(rows);
+                let out = kv.run_layers(session, split.1.clone(), &inputs)?;
+                *upper += m;
+                Ok(out)
+            }
+        }
+    }
+
+    /// Keep the first `len` drafted and `verified` verified positions.
+    pub fn truncate(&mut self, len: usize, verified: usize) {
+        match self {
+            SpecCache::Dynamic { lower, upper } => {
+                lower.truncate(len);
+                upper.truncate(verified);
+            }
+            SpecCache::Static { lower, upper, .. } => {
+                *lower = (*lower).min(len);
+                *upper = (*upper).min(verified);
+            }
+        }
+    }
+
+    /// The draft layers' and the verifier layers' filled positions on the host.
+    pub fn to_host(&mut self) -> Result<(KvStore, KvStore)> {
+        match self {
+            SpecCache::Dynamic { lower, upper } => Ok((lower.to_host()?, upper.to_host()?)),
+            SpecCache::Static {
+                kv,
+                split,
+                lower,
+                upper,
+            } => Ok((
+                kv.layers_to_host(split.0.clone(), *lower)?,
+                kv.layers_to_host(split.1.clone(), *upper)?,
+            )),
+        }
+    }
+}
