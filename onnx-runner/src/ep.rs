@@ -291,7 +291,7 @@ impl EpConfig {
                 self.ep
             )),
             Some(true) if !static_export => refuse(
-                "CUDA graphs need fixed shapes and addresses, and this is a dynamic export (its                  cache grows every step): export with `m2r2 export --static-cache L`"
+                "CUDA graphs need fixed shapes and addresses, and this is a dynamic export (its cache grows every step): export with `m2r2 export --static-cache L`"
                     .into(),
             ),
             Some(true) => Ok(true),

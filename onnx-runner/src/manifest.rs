@@ -84,7 +84,8 @@ pub struct StaticCache {
     pub l_max: usize,
     /// The opset of those graphs (24).
     pub opset: i64,
-    /// Graph kind names with fixed buffers (this version: `model`).
+    /// Graph kind names with fixed buffers: every graph of the folder (folders written before
+    /// the speculative graphs had static forms: `model` alone).
     pub graphs: Vec<String>,
 }
 

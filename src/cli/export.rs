@@ -111,12 +111,11 @@ pub fn run(args: &Args) -> Result<()> {
     );
     if let Some(l_max) = args.static_cache {
         eprintln!(
-            "model.onnx is static: opset 24, a KV buffer of {l_max} positions per layer written in \
-             place (no genai_config.json: onnxruntime-genai cannot drive it); {} dynamic",
+            "static KV cache: {} in opset 24, each layer's keys and values in a buffer of {l_max} \
+             positions written in place (no genai_config.json: onnxruntime-genai cannot drive it)",
             request
                 .graphs
                 .iter()
-                .filter(|k| **k != GraphKind::Model)
                 .map(|k| k.file_name())
                 .collect::<Vec<_>>()
                 .join(", ")

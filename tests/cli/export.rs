@@ -166,9 +166,9 @@ fn missing_parents_are_created_and_a_file_parent_is_named() {
     assert_eq!(std::fs::read(&file).unwrap(), b"x");
 }
 
-/// `export --static-cache L --check` on tiny and tiny-moe: the static model.onnx (opset 24,
-/// RMSNormalization / RotaryEmbedding / TensorScatter / Attention) checked step by step against the
-/// reference beside the dynamic graphs; no genai_config.json; a probe longer than L is refused by
+/// `export --static-cache L --check` on tiny and tiny-moe: the four static graphs (opset 24,
+/// RMSNormalization / RotaryEmbedding / TensorScatter / Attention) checked against the reference;
+/// no genai_config.json; `info --onnx` describes the folder; a probe longer than L is refused by
 /// name.
 #[test]
 fn static_cache_export_with_check() {
@@ -197,13 +197,32 @@ fn static_cache_export_with_check() {
         assert!(run.stdout.contains("model.onnx (static)"), "{}", run.stdout);
         assert!(!run.stdout.contains("NOT OK"), "{}", run.stdout);
         assert!(run.stderr.contains("check passed"), "{}", run.stderr);
-        assert!(
-            run.stderr.contains("model.onnx is static"),
-            "{}",
-            run.stderr
-        );
+        assert!(run.stderr.contains("static KV cache"), "{}", run.stderr);
+        for graph in ["draft.onnx", "verifier.onnx", "feed.onnx"] {
+            assert!(
+                run.stdout.contains(&format!("{graph:<29}")),
+                "{model}: {graph} checked\n{}",
+                run.stdout
+            );
+        }
         assert!(!out.join("genai_config.json").exists());
-        assert!(out.join("draft.onnx").is_file());
+        // info --onnx describes the folder: every graph static, with L
+        let info = ok(&["info", "--onnx", o, "--json"]).json();
+        assert_eq!(info["static_cache"]["l_max"], 64);
+        assert_eq!(info["genai_config"], false);
+        let graphs = info["graphs"].as_array().unwrap();
+        assert_eq!(graphs.len(), 4);
+        for g in graphs {
+            assert_eq!(g["kv_cache"]["kind"], "static", "{g}");
+            assert_eq!(g["kv_cache"]["l_max"], 64, "{g}");
+            assert_eq!(g["opset"], 24, "{g}");
+        }
+        if model == "tiny" {
+            // (tiny-moe's MoE layers run every expert on every row: more nodes)
+            assert!(graphs[0]["nodes_per_layer"].as_f64().unwrap() <= 20.0);
+        }
+        let text = ok(&["info", "--onnx", o]).stdout;
+        assert!(text.contains("static, L = 64"), "{text}");
     }
     // the probe of tiny's tokenizer is 36 tokens: a buffer of 16 cannot hold it
     let out = dir.path().join("short");

@@ -292,8 +292,8 @@ fn bench_onnx_compares_both_engines() {
     );
 }
 
-/// A static export (`export --static-cache`) through `m2r2 run` (greedy: the reference's tokens;
-/// speculative through its dynamic draft / verifier), a run past its buffers refused by name, and
+/// A static export (`export --static-cache`) through `m2r2 run` (greedy and speculative, every
+/// graph static: the reference's tokens), a run past its buffers refused by name, and
 /// `bench --onnx` with a dynamic and the static export side by side (speeds printed, never
 /// asserted).
 #[test]

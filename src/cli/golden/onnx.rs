@@ -38,7 +38,8 @@ pub(super) struct OnnxEngine {
     model: OnnxModel,
     /// The speculative graphs, loaded for the gate they score (ARLA, confidence, entropy or none).
     speculation: Option<(Option<GateKind>, OnnxSpeculation)>,
-    /// `export DIR (f32 weights) on ONNX Runtime 1.31.1, cpu execution provider`
+    /// `export DIR (f32 weights) on ONNX Runtime 1.31.1, cpu execution provider` (with `, static
+    /// KV cache of L positions` after the weights for a static export)
     pub(super) name: String,
     pub(super) tokenizer: Option<Tokenizer>,
     /// The export's weights precision (`f32`, `f16`).
@@ -56,8 +57,12 @@ impl OnnxEngine {
         let model = OnnxModel::load(&export, &ep)?;
         let ep_name = model.session().ep_used().name().to_string();
         let dtype = export.manifest.weights_dtype.clone();
+        let cache = match &export.manifest.static_cache {
+            Some(sc) => format!(", static KV cache of {} positions", sc.l_max),
+            None => String::new(),
+        };
         let name = format!(
-            "export {} ({dtype} weights) on ONNX Runtime {}, {ep_name} execution provider",
+            "export {} ({dtype} weights{cache}) on ONNX Runtime {}, {ep_name} execution provider",
             dir.display(),
             runtime.version,
         );

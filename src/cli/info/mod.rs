@@ -1,6 +1,8 @@
 //! `m2r2 info`: what a model is: config, parameter count and size, one row per layer, context,
-//! tokenizer, and the M2R2 weights decoding would use with it (`m2r2.rs`).
+//! tokenizer, and the M2R2 weights decoding would use with it (`m2r2.rs`); with `--onnx DIR`,
+//! what an export folder holds (`export.rs`).
 
+mod export;
 mod m2r2;
 
 use crate::cli::args::m2r2::M2r2Args;
@@ -20,12 +22,24 @@ pub struct Args {
     /// (the shipped trained weights for smollm2), as the decoding commands use them
     #[arg(long = "m2r2", value_name = "DIR|none")]
     pub m2r2: Option<String>,
+    /// Describe an export folder written by `m2r2 export` instead: its graphs, their size and
+    /// node counts, the draft split, and whether the KV cache is static (`--static-cache`)
+    #[arg(long, value_name = "DIR", conflicts_with = "m2r2")]
+    pub onnx: Option<std::path::PathBuf>,
     /// Print one JSON object instead of tables
     #[arg(long)]
     pub json: bool,
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    if let Some(dir) = &args.onnx {
+        let info = export::describe(dir)?;
+        match args.json {
+            true => common::print_json(&info)?,
+            false => export::print_text(&info),
+        }
+        return Ok(());
+    }
     let loaded = common::load(&args.model.model)?;
     let mut info = describe(&loaded)?;
     let choice = M2r2Args::weights_only(args.m2r2.clone());

@@ -1,0 +1,171 @@
+//! `m2r2 info --onnx DIR`: what an export folder holds, read from its manifest and its graphs:
+//! the model and M2R2 settings it was written with, the draft split, and per graph its file,
+//! size, node count (per decoder layer), opset and whether its KV cache is static (fixed
+//! buffers of `L` positions written in place) or grows every step.
+
+use crate::cli::common;
+use anyhow::{Context, Result};
+use export::summary::is_constant;
+use onnx_runner::manifest::{ExportDir, GraphKind};
+use serde_json::{Value, json};
+use std::path::Path;
+
+const KINDS: [GraphKind; 4] = [
+    GraphKind::Model,
+    GraphKind::Draft,
+    GraphKind::Verifier,
+    GraphKind::Feed,
+];
+
+/// The `info --onnx --json` object.
+pub fn describe(dir: &Path) -> Result<Value> {
+    let export = ExportDir::open(dir)?;
+    let m = &export.manifest;
+    let c = &m.config;
+    let n = c.num_hidden_layers;
+    let e = m.draft_layers;
+    let mut graphs = Vec::new();
+    for kind in KINDS.into_iter().filter(|&k| export.has(k)) {
+        let path = export.graph(kind)?;
+        let proto = export::write::read_graph(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let graph = proto.graph.as_ref();
+        let nodes = graph.map_or(0, |g| g.node.len());
+        let weights = graph.map_or(0, |g| {
+            g.initializer
+                .iter()
+                .filter(|t| !is_constant(t.name.as_deref().unwrap_or("")))
+                .count()
+        });
+        let layers = match kind {
+            GraphKind::Model => 0..n,
+            GraphKind::Draft | GraphKind::Feed => 0..e,
+            GraphKind::Verifier => e..n,
+        };
+        let data = path.with_extension("onnx.data");
+        let bytes = file_size(&path) + file_size(&data);
+        let opset = proto
+            .opset_import
+            .iter()
+            .find(|o| o.domain.as_deref().unwrap_or("").is_empty())
+            .and_then(|o| o.version);
+        graphs.push(json!({
+            "graph": kind.name(),
+            "file": path.file_name().map(|f| f.to_string_lossy().to_string()),
+            "bytes": bytes,
+            "nodes": nodes,
+            "nodes_per_layer": (!layers.is_empty()).then(|| nodes as f64 / layers.len() as f64),
+            "weight_initializers": weights,
+            "opset": opset,
+            "layers": [layers.start, layers.end],
+            "kv_cache": match export.static_l_max(kind) {
+                Some(l) => json!({"kind": "static", "l_max": l}),
+                None => json!({"kind": "dynamic"}),
+            },
+        }));
+    }
+    Ok(json!({
+        "export": dir.display().to_string(),
+        "model_name": m.model_name,
+        "exporter_version": m.exporter_version,
+        "format_version": m.format_version,
+        "weights_dtype": m.weights_dtype,
+        "layers": n,
+        "hidden_size": c.hidden_size,
+        "vocab_size": c.vocab_size,
+        "draft_gate": m.draft_gate,
+        "draft_layers": e,
+        "arla": m.has_arla,
+        "bridge": m.m2r2.bridge.as_ref().is_some_and(|b| b.gate == m.draft_gate),
+        "draft_head_tokens": m.draft_head_tokens,
+        "m2r2_hash": m.m2r2_hash,
+        "static_cache": m.static_cache.as_ref().map(|s| json!({"l_max": s.l_max, "opset": s.opset})),
+        "genai_config": dir.join("genai_config.json").is_file(),
+        "graphs": graphs,
+    }))
+}
+
+fn file_size(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+pub fn print_text(info: &Value) {
+    let s = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "none".into(),
+        v => v.to_string(),
+    };
+    println!("export        {}", s(&info["export"]));
+    println!(
+        "model         {} ({} layers, hidden {}, vocab {}), {} weights",
+        s(&info["model_name"]),
+        info["layers"],
+        info["hidden_size"],
+        info["vocab_size"],
+        s(&info["weights_dtype"])
+    );
+    println!(
+        "written by    m2r2 {} (folder format {})",
+        s(&info["exporter_version"]),
+        info["format_version"]
+    );
+    println!(
+        "draft split   gate {}: draft and feed hold layers 0..{}, the verifier the rest",
+        info["draft_gate"], info["draft_layers"]
+    );
+    println!(
+        "M2R2          ARLA {}, bridge {}, pruned draft head {}",
+        yes_no(&info["arla"]),
+        yes_no(&info["bridge"]),
+        match info["draft_head_tokens"].as_u64() {
+            Some(k) => format!("of {k} tokens"),
+            None => "none".into(),
+        }
+    );
+    match info["static_cache"].as_object() {
+        Some(sc) => println!(
+            "KV cache      static: fixed buffers of {} positions, written in place (opset {})",
+            sc["l_max"], sc["opset"]
+        ),
+        None => println!("KV cache      dynamic: grows every step"),
+    }
+    println!(
+        "genai config  {}",
+        if info["genai_config"].as_bool() == Some(true) {
+            "genai_config.json (onnxruntime-genai loads model.onnx)"
+        } else {
+            "none"
+        }
+    );
+    println!();
+    println!(
+        "{:<9} {:<14} {:>10} {:>7} {:>11} {:>6} {:>8}  kv cache",
+        "graph", "file", "size", "nodes", "per layer", "opset", "layers"
+    );
+    for g in info["graphs"].as_array().into_iter().flatten() {
+        let kv = match g["kv_cache"]["l_max"].as_u64() {
+            Some(l) => format!("static, L = {l}"),
+            None => "dynamic".into(),
+        };
+        println!(
+            "{:<9} {:<14} {:>10} {:>7} {:>11} {:>6} {:>8}  {kv}",
+            s(&g["graph"]),
+            s(&g["file"]),
+            common::bytes(g["bytes"].as_f64().unwrap_or(0.0)),
+            g["nodes"].as_u64().unwrap_or(0),
+            g["nodes_per_layer"]
+                .as_f64()
+                .map_or("-".into(), |x| format!("{x:.1}")),
+            s(&g["opset"]),
+            format!("{}..{}", g["layers"][0], g["layers"][1]),
+        );
+    }
+}
+
+fn yes_no(v: &Value) -> &'static str {
+    if v.as_bool() == Some(true) {
+        "yes"
+    } else {
+        "no"
+    }
+}
