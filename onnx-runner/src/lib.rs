@@ -32,6 +32,7 @@ pub mod spec_cache;
 pub mod speculation;
 pub mod static_kv;
 pub mod step;
+pub mod step_binding;
 pub mod tensor_info;
 
 pub use error::{Error, Result};

@@ -9,6 +9,12 @@
 //!
 //! Either way a run feeds `T` rows at the next positions of its layer range and the range's
 //! length grows by `T`.
+//!
+//! On a static export the decode-time runs (a draft row, a fed row, a verify chunk of `m` rows:
+//! `bound`) go through a [`StepBinding`] per graph and step shape, created on first use, with
+//! every input and output bound once; with CUDA graphs (`--cuda-graph`, on by default for static
+//! exports on CUDA) each of those shapes is captured as a graph of its own (`gpu_graph_id` = `T`
+//! within its session) and replayed. The prefill is never captured (`gpu_graph_id` = -1).
 
 use crate::error::Result;
 use crate::kv::Kv;
@@ -17,8 +23,11 @@ use crate::session::{Input, OnnxSession, Outputs};
 use crate::static_kv::{
     ATTN_MASK, FAST_ATTN_MASK, StaticKv, WRITE_INDICES, attn_mask, fast_attn_mask,
 };
+use crate::static_kv::{GraphRuns, NO_GRAPH_ID};
 use crate::step::StepInputs;
+use crate::step_binding::StepBinding;
 use ndarray::{Array1, Array2, ArrayView3};
+use ort::session::RunOptions;
 use std::ops::Range;
 
 pub enum SpecCache {
@@ -31,7 +40,76 @@ pub enum SpecCache {
         split: (Range<usize>, Range<usize>),
         lower: usize,
         upper: usize,
+        bound: BoundSteps,
     },
+}
+
+/// The step bindings of a static export's speculative graphs, and whether they are CUDA graphs.
+pub struct BoundSteps {
+    /// ((graph file, rows), binding)
+    steps: Vec<((String, usize), StepBinding)>,
+    /// `gpu_graph_id` = -1 for the unbound runs when the sessions have CUDA graphs
+    skip: Option<RunOptions>,
+    uncaptured: usize,
+}
+
+impl BoundSteps {
+    /// No bindings yet; `cuda_graph`: the sessions were built with CUDA graphs.
+    pub fn new(cuda_graph: bool) -> Result<Self> {
+        let skip = match cuda_graph {
+            true => {
+                let mut options =
+                    RunOptions::new().map_err(|e| crate::error::Error::ort("ONNX Runtime", e))?;
+                options
+                    .set("gpu_graph_id", NO_GRAPH_ID)
+                    .map_err(|e| crate::error::Error::ort("ONNX Runtime", e))?;
+                Some(options)
+            }
+            false => None,
+        };
+        Ok(BoundSteps {
+            steps: Vec::new(),
+            skip,
+            uncaptured: 0,
+        })
+    }
+
+    /// Run `inputs` on `session`'s layers `layers` of `kv`: through the step's binding when
+    /// `bound` (created on first use), else as a plain in-place run.
+    fn run(
+        &mut self,
+        kv: &mut StaticKv,
+        session: &mut OnnxSession,
+        layers: Range<usize>,
+        inputs: &[(&str, Input<'_>)],
+        rows: usize,
+        bound: bool,
+    ) -> Result<Outputs> {
+        if !bound {
+            self.uncaptured += 1;
+            return kv.run_layers(session, layers, inputs, self.skip.as_ref());
+        }
+        let key = (session.file().to_string(), rows);
+        let at = match self.steps.iter().position(|(k, _)| *k == key) {
+            Some(at) => at,
+            None => {
+                let id = rows.to_string();
+                let graph_id = self.skip.is_some().then_some(id.as_str());
+                let step = kv.bind_step(session, layers, inputs, rows, graph_id)?;
+                self.steps.push((key, step));
+                self.steps.len() - 1
+            }
+        };
+        self.steps[at].1.run(session, inputs)
+    }
+
+    /// The runs so far, when the steps are CUDA graphs.
+    fn graph_runs(&self) -> Option<GraphRuns> {
+        self.skip.as_ref().map(|_| GraphRuns {
+            uncaptured: self.uncaptured,
+            graph: self.steps.iter().map(|(_, s)| s.runs).sum(),
+        })
+    }
 }
 
 /// The inputs a static graph takes besides its rows and buffers, for `t` rows at `pos`.
@@ -93,12 +171,14 @@ impl SpecCache {
     }
 
     /// Run `session` (draft.onnx or feed.onnx) on `tokens` at the next positions of the draft
-    /// layers, with `extra` inputs (`bridge_states`).
+    /// layers, with `extra` inputs (`bridge_states`); `bound`: a decode-time step (see the
+    /// module docs), not the prefill.
     pub fn run_lower(
         &mut self,
         session: &mut OnnxSession,
         tokens: &[u32],
         extra: &[(&str, Input<'_>)],
+        bound: bool,
     ) -> Result<Outputs> {
         let t = tokens.len();
         match self {
@@ -109,14 +189,18 @@ impl SpecCache {
                 lower.run(session, &inputs, t)
             }
             SpecCache::Static {
-                kv, split, lower, ..
+                kv,
+                split,
+                lower,
+                bound: steps,
+                ..
             } => {
                 let step = StaticStep::new(kv, session, *lower, t)?;
                 let ids = Array2::from_shape_fn((1, t), |(_, i)| i64::from(tokens[i]));
                 let mut inputs = step.inputs();
                 inputs.push(("input_ids", Input::I64(ids.view().into_dyn())));
                 inputs.extend(extra.iter().map(|(n, i)| (*n, i.reborrow())));
-                let out = kv.run_layers(session, split.0.clone(), &inputs)?;
+                let out = steps.run(kv, session, split.0.clone(), &inputs, t, bound)?;
                 *lower += t;
                 Ok(out)
             }
@@ -124,11 +208,12 @@ impl SpecCache {
     }
 
     /// Run verifier.onnx on slow residuals `hidden` (`[1, m, D]`) at the next positions of the
-    /// verifier layers.
+    /// verifier layers; `bound` as in [`run_lower`](Self::run_lower).
     pub fn run_upper(
         &mut self,
         session: &mut OnnxSession,
         hidden: ArrayView3<'_, f32>,
+        bound: bool,
     ) -> Result<Outputs> {
         let m = hidden.shape()[1];
         let rows = ("hidden_states", Input::F32(hidden.into_dyn()));
@@ -149,15 +234,27 @@ impl SpecCache {
                 upper.run(session, &inputs, m)
             }
             SpecCache::Static {
-                kv, split, upper, ..
+                kv,
+                split,
+                upper,
+                bound: steps,
+                ..
             } => {
                 let step = StaticStep::new(kv, session, *upper, m)?;
                 let mut inputs = step.inputs();
                 inputs.push(rows);
-                let out = kv.run_layers(session, split.1.clone(), &inputs)?;
+                let out = steps.run(kv, session, split.1.clone(), &inputs, m, bound)?;
                 *upper += m;
                 Ok(out)
             }
+        }
+    }
+
+    /// The runs so far when the static steps are CUDA graphs; `None` otherwise.
+    pub fn graph_runs(&self) -> Option<GraphRuns> {
+        match self {
+            SpecCache::Static { bound, .. } => bound.graph_runs(),
+            SpecCache::Dynamic { .. } => None,
         }
     }
 
@@ -184,6 +281,7 @@ impl SpecCache {
                 split,
                 lower,
                 upper,
+                ..
             } => Ok((
                 kv.layers_to_host(split.0.clone(), *lower)?,
                 kv.layers_to_host(split.1.clone(), *upper)?,

@@ -20,14 +20,14 @@
 //!   the row, chosen by the reference's own [`BridgeMemory`] from verifier.onnx's `final_states`
 //!   and draft.onnx's earlier `exit_states`.
 
-use crate::ep::EpConfig;
+use crate::ep::{Ep, EpConfig};
 use crate::error::{Error, Result, into_reference};
 use crate::greedy::logits_rows;
 use crate::kv::Kv;
 use crate::kv_store::KvStore;
 use crate::manifest::{ExportDir, GraphKind};
 use crate::session::{Input, OnnxSession};
-use crate::spec_cache::SpecCache;
+use crate::spec_cache::{BoundSteps, SpecCache};
 use crate::static_kv::StaticKv;
 use crate::step::check_tokens;
 
@@ -96,8 +96,15 @@ impl OnnxSpeculation {
             )
             .into());
         }
-        let draft = OnnxSession::load(&export.graph(GraphKind::Draft)?, ep)?;
-        let verifier = OnnxSession::load(&export.graph(GraphKind::Verifier)?, ep)?;
+        // CUDA graphs: on by default for a static export on CUDA, refused by name where they
+        // cannot apply (`EpConfig::resolve_cuda_graph`)
+        let static_l = export.static_l_max(GraphKind::Draft);
+        let draft_path = export.graph(GraphKind::Draft)?;
+        let cuda_graph =
+            ep.resolve_cuda_graph(&draft_path.display().to_string(), static_l.is_some())?;
+        let load = |kind| OnnxSession::load_with_cuda_graph(&export.graph(kind)?, ep, cuda_graph);
+        let draft = load(GraphKind::Draft)?;
+        let verifier = load(GraphKind::Verifier)?;
         let c = &m.config;
         let e = m.draft_layers;
         let (hkv, dh) = (c.num_key_value_heads, c.head_dim);
@@ -136,7 +143,7 @@ impl OnnxSpeculation {
             crate::kv::check_width(&verifier, FINAL_STATES, c.hidden_size, "hidden_size")?;
         }
         let feed = if export.has(GraphKind::Feed) {
-            let feed = OnnxSession::load(&export.graph(GraphKind::Feed)?, ep)?;
+            let feed = load(GraphKind::Feed)?;
             check_lower(&feed)?;
             if ep.binds_kv(feed.ep_used()) != ep.binds_kv(draft.ep_used()) {
                 return Err(Error::Export {
@@ -154,7 +161,7 @@ impl OnnxSpeculation {
             None
         };
         let n = c.num_hidden_layers;
-        let cache = match export.static_l_max(GraphKind::Draft) {
+        let cache = match static_l {
             // the manifest names draft, verifier and feed static together (ExportDir::open)
             Some(l_max) => {
                 if verifier.ep_used() != draft.ep_used() {
@@ -178,6 +185,8 @@ impl OnnxSpeculation {
                     split: (0..e, e..n),
                     lower: 0,
                     upper: 0,
+                    // --ep-fallback onto the CPU: the sessions were built without graphs
+                    bound: BoundSteps::new(cuda_graph && draft.ep_used() == Ep::Cuda)?,
                 }
             }
             None => SpecCache::Dynamic {
@@ -207,6 +216,12 @@ impl OnnxSpeculation {
     /// The graphs' sessions (draft, verifier), e.g. for `ep_used`.
     pub fn sessions(&self) -> (&OnnxSession, &OnnxSession) {
         (&self.draft, &self.verifier)
+    }
+
+    /// Runs of the decode-time steps as CUDA graphs (static exports on CUDA, `--cuda-graph`) and
+    /// of the uncaptured prefill runs; `None` when the steps are no CUDA graphs.
+    pub fn cuda_graph_runs(&self) -> Option<crate::static_kv::GraphRuns> {
+        self.cache.graph_runs()
     }
 
     /// feed.onnx's session, when the export has one.
@@ -248,6 +263,7 @@ impl OnnxSpeculation {
         &mut self,
         tokens: &[u32],
         bridge_states: Option<Array2<f32>>,
+        bound: bool,
     ) -> Result<(
         Array2<f32>,
         Option<Array1<f32>>,
@@ -266,7 +282,9 @@ impl OnnxSpeculation {
             .iter()
             .map(|b| (BRIDGE_STATES, Input::F32(b.view().into_dyn())))
             .collect();
-        let mut out = self.cache.run_lower(&mut self.draft, tokens, &extra)?;
+        let mut out = self
+            .cache
+            .run_lower(&mut self.draft, tokens, &extra, bound)?;
         let file = self.draft.file().to_string();
         let scored = self
             .draft_head
@@ -314,12 +332,12 @@ impl OnnxSpeculation {
     /// The slow residuals `[T, D]` at the draft gate of `tokens` at the next positions, through
     /// feed.onnx (or draft.onnx, whose other outputs are dropped, in an export without it); the
     /// lower store grows by `T`.
-    fn run_feed(&mut self, tokens: &[u32]) -> Result<Array2<f32>> {
+    fn run_feed(&mut self, tokens: &[u32], bound: bool) -> Result<Array2<f32>> {
         let Some(feed) = &mut self.feed else {
-            return Ok(self.run_draft(tokens, None)?.2);
+            return Ok(self.run_draft(tokens, None, bound)?.2);
         };
         check_tokens(&self.config, tokens, self.cache.lower_len())?;
-        let mut out = self.cache.run_lower(feed, tokens, &[])?;
+        let mut out = self.cache.run_lower(feed, tokens, &[], bound)?;
         let hidden = out.take("hidden_states")?;
         logits_rows(
             hidden,
@@ -333,11 +351,13 @@ impl OnnxSpeculation {
     /// Run verifier.onnx on slow residuals `[m, D]` after the verified positions: logits `[m, V]`,
     /// and with a bridge the final residuals (`final_states`, `[m, D]`) handed to the bridge's
     /// memory; the upper store grows by `m`.
-    fn run_verifier(&mut self, hidden: Array2<f32>) -> Result<Array2<f32>> {
+    fn run_verifier(&mut self, hidden: Array2<f32>, bound: bool) -> Result<Array2<f32>> {
         let m = hidden.nrows();
         let start = self.cache.upper_len();
         let hidden: Array3<f32> = hidden.insert_axis(Axis(0)); // [1, m, D]
-        let mut out = self.cache.run_upper(&mut self.verifier, hidden.view())?;
+        let mut out = self
+            .cache
+            .run_upper(&mut self.verifier, hidden.view(), bound)?;
         let file = self.verifier.file().to_string();
         let logits = logits_rows(
             out.take("logits")?,
@@ -369,8 +389,9 @@ impl SpeculativeBackend for OnnxSpeculation {
         let chunk = self.max_rows.unwrap_or(tokens.len()).max(1);
         let mut last = Vec::new();
         for part in tokens.chunks(chunk) {
-            let hidden = self.run_feed(part).map_err(into_reference)?;
-            let logits = self.run_verifier(hidden).map_err(into_reference)?;
+            // the prefill: never a bound (captured) step
+            let hidden = self.run_feed(part, false).map_err(into_reference)?;
+            let logits = self.run_verifier(hidden, false).map_err(into_reference)?;
             last = logits.row(logits.nrows() - 1).to_vec();
         }
         self.len = self.cache.lower_len();
@@ -388,7 +409,7 @@ impl SpeculativeBackend for OnnxSpeculation {
                 false => None,
             };
             let (logits, exit_prob, hidden, exits) = self
-                .run_draft(&[token], bridge_states)
+                .run_draft(&[token], bridge_states, true)
                 .map_err(into_reference)?;
             if self.bridge {
                 self.bridge_memory
@@ -399,7 +420,7 @@ impl SpeculativeBackend for OnnxSpeculation {
             if self.bridge {
                 self.bridge_memory.drafted(None);
             }
-            (None, self.run_feed(&[token]).map_err(into_reference)?)
+            (None, self.run_feed(&[token], true).map_err(into_reference)?)
         };
         self.kept.push(hidden.row(0).to_owned());
         self.len += 1;
@@ -433,7 +454,7 @@ impl SpeculativeBackend for OnnxSpeculation {
         for (row, state) in self.kept.iter().enumerate() {
             chunk.row_mut(row).assign(state);
         }
-        let logits = self.run_verifier(chunk).map_err(into_reference)?;
+        let logits = self.run_verifier(chunk, true).map_err(into_reference)?;
         self.verified += self.kept.len();
         self.kept.clear();
         Ok(logits)

@@ -31,6 +31,7 @@ use crate::device_kv::host_array;
 use crate::error::{Error, Result};
 use crate::kv_store::{KvStore, past_names, present_names};
 use crate::session::{Dim, Input, OnnxSession, Outputs, host_outputs};
+use crate::step_binding::StepBinding;
 use ndarray::{Array1, Array2, Array4};
 use ort::memory::Allocator;
 use ort::session::{IoBinding, RunOptions};
@@ -430,14 +431,35 @@ impl StaticKv {
     /// Run `session`, a graph of `layers`, on `host` inputs (which say where it writes) with those
     /// layers' buffers bound in place; no length is kept (the caller keeps its own: the draft and
     /// verifier layers of a speculative loop fill up to different positions).
+    ///
+    /// `options`: the run's (`gpu_graph_id` = -1 in a session with CUDA graphs).
     pub fn run_layers(
         &mut self,
         session: &mut OnnxSession,
         layers: Range<usize>,
         host: &[(&str, Input<'_>)],
+        options: Option<&RunOptions>,
     ) -> Result<Outputs> {
         let (past, present) = (&self.past[layers.clone()], &self.present[layers.clone()]);
-        session.run_in_place(host, past, present, &mut self.buffers[layers], None)
+        session.run_in_place(host, past, present, &mut self.buffers[layers], options)
+    }
+
+    /// A [`StepBinding`] of `rows` rows of `session`, a graph of `layers`, with inputs shaped as
+    /// `host` and those layers' buffers bound in place; `graph_id`: captured as that CUDA graph.
+    pub fn bind_step(
+        &mut self,
+        session: &OnnxSession,
+        layers: Range<usize>,
+        host: &[(&str, Input<'_>)],
+        rows: usize,
+        graph_id: Option<&str>,
+    ) -> Result<StepBinding> {
+        let kv = (
+            &self.past[layers.clone()],
+            &self.present[layers.clone()],
+            &mut self.buffers[layers],
+        );
+        StepBinding::new(session, host, rows, kv, graph_id)
     }
 
     /// The filled positions of every layer, copied to the host.
@@ -517,7 +539,7 @@ impl OnnxSession {
 
 /// ONNX Runtime's allocator where `session` computes: the GPU's memory for CUDA / TensorRT, else
 /// the CPU's.
-fn session_allocator(session: &OnnxSession) -> ort::Result<Allocator> {
+pub(crate) fn session_allocator(session: &OnnxSession) -> ort::Result<Allocator> {
     if session.ep_used().is_gpu() {
         Allocator::new(&session.session, session.device_memory()?)
     } else {

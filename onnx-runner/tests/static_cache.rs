@@ -26,6 +26,7 @@ use reference::Model;
 use reference::base::generate::{GenerateOptions, greedy};
 use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
 use reference::io::builtin;
+use reference::m2r2::exit_gate::GateKind;
 use reference::m2r2::weights::M2r2Weights;
 use std::path::Path;
 
@@ -421,6 +422,70 @@ fn ort_cuda_graph_static_export_equals_the_reference_and_graphs_off() {
             "{name}: graphs on against the reference"
         );
         eprintln!("OK     {name}: greedy tokens graph on = off = reference");
+    }
+}
+
+/// Speculative decoding on a static export on CUDA with CUDA graphs (the default there): every
+/// draft row, fed row and verify chunk of `m` rows is a step binding captured as a graph of its
+/// own (`gpu_graph_id` = rows), the prefill is not; the tokens equal the reference's greedy ones
+/// and the rounds (drafts, accepted counts) equal those with graphs off, for fixed and
+/// ARLA-dynamic drafts, twice from an empty cache (the second replays).
+#[test]
+#[ignore = "needs an NVIDIA GPU and ORT_DYLIB_PATH at an onnxruntime-gpu library (docs/GPU.md)"]
+fn ort_cuda_graph_speculative_static_export_equals_graphs_off() {
+    let with = |cuda_graph| EpConfig {
+        cuda_graph: Some(cuda_graph),
+        ..EpConfig::new(Ep::Cuda)
+    };
+    for name in ["tiny", "tiny-moe"] {
+        let model = builtin::builtin(name).unwrap();
+        let weights = M2r2Weights::builtin_for(name, &model.config).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let exported = export_static(&model, &weights, 48, &GraphKind::ALL, dir.path());
+        let prompt = [5, 4, 3, 2];
+        let want = greedy(&model, &prompt, 16, &[]).unwrap();
+        let drafts = [
+            (DraftLength::Fixed(3), None),
+            (
+                DraftLength::Dynamic {
+                    max: 4,
+                    gate: GateKind::Arla,
+                    threshold: 0.5,
+                },
+                Some(GateKind::Arla),
+            ),
+        ];
+        for (draft, gate) in drafts {
+            let options = SpeculativeOptions {
+                max_new_tokens: 16,
+                stop_tokens: vec![],
+                draft_length: draft.clone(),
+                sampling: None,
+            };
+            let mut on = OnnxSpeculation::load(&exported, &with(true), gate).unwrap();
+            let mut off = OnnxSpeculation::load(&exported, &with(false), gate).unwrap();
+            assert!(off.cuda_graph_runs().is_none(), "{name}: off means off");
+            let want_run = speculative_generate(&mut off, &prompt, &options).unwrap();
+            assert_eq!(want_run.tokens, want, "{name} {draft:?}: graphs off");
+            for round in 0..2 {
+                on.reset();
+                let got = speculative_generate(&mut on, &prompt, &options).unwrap();
+                assert_eq!(got.tokens, want, "{name} {draft:?} round {round}");
+                let shape = |r: &reference::decode::speculative::Round| {
+                    (r.start, r.drafted.clone(), r.accepted, r.base_token)
+                };
+                let got_rounds: Vec<_> = got.rounds.iter().map(shape).collect();
+                let want_rounds: Vec<_> = want_run.rounds.iter().map(shape).collect();
+                assert_eq!(got_rounds, want_rounds, "{name} {draft:?} round {round}");
+            }
+            let runs = on.cuda_graph_runs().expect("graphs on");
+            eprintln!(
+                "OK     {name} {draft:?}: {} bound steps with a gpu_graph_id, {} uncaptured \
+                 prefill runs; tokens and rounds graph on = off",
+                runs.graph, runs.uncaptured
+            );
+            assert!(runs.graph > 0 && runs.uncaptured == 4, "{name}: {runs:?}");
+        }
     }
 }
 

@@ -76,6 +76,16 @@ if [ "$ACTION" = static ]; then
   echo "graphs on (expect about 20-23 replay lines for 23 decode steps):"; graphlog "$RESULTS/exp-static-on.err"
   python3 -c 'import json,sys; t=[json.load(open(f))["tokens"] for f in sys.argv[1:]]; print("tokens dynamic = static off = static on:", t[0] == t[1] == t[2])' \
     "$RESULTS/exp.json" "$RESULTS/exp-static-off.json" "$RESULTS/exp-static-on.json" 2>&1 | tail -1
+  step "SmolLM2 speculative on the static export: every step shape a CUDA graph (on) against off"
+  for cg in off on; do
+    ORT_LOG=info timeout 60 $M run --onnx $G/exp-static --ep cuda --cuda-graph $cg --mode speculative --chat \
+      --prompt "$P" --max-new-tokens 24 --json > "$RESULTS/spec-static-$cg.json" 2> "$RESULTS/spec-static-$cg.err"
+    echo "spec static $cg exit $?: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["ep_used"], "cuda_graph", r.get("cuda_graph"), r["tokens"])' "$RESULTS/spec-static-$cg.json" 2>&1 | cut -c1-260)"
+    grep -iE 'error|refused' "$RESULTS/spec-static-$cg.err" | head -3 | cut -c1-400
+    graphlog "$RESULTS/spec-static-$cg.err"
+  done
+  python3 -c 'import json,sys; t=[json.load(open(f))["tokens"] for f in sys.argv[1:]]; print("tokens greedy = spec off = spec on:", t[0] == t[1] == t[2])' \
+    "$RESULTS/exp.json" "$RESULTS/spec-static-off.json" "$RESULTS/spec-static-on.json" 2>&1 | tail -1
   step "bench: dynamic, static without and with CUDA graphs (greedy tok/s, alternating)"
   timeout 180 $M bench --model smollm2 --onnx $G/exp --onnx $G/exp-static --ep cuda --cuda-graph both --repeats 3 \
     --decode-tokens 64 2>&1 | tail -10

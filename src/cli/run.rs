@@ -164,12 +164,6 @@ pub fn decode(
             })
         }
         Mode::Speculative => {
-            if ep.cuda_graph == Some(true) {
-                bail!(
-                    "--cuda-graph on: CUDA graphs are built for greedy decoding's one-row step \
-                     (--mode greedy); speculative decoding runs without them"
-                );
-            }
             let gate = (record_scores
                 || matches!(settings.draft_length, DraftLength::Dynamic { .. }))
             .then_some(settings.gate);
@@ -207,7 +201,7 @@ pub fn decode(
             Ok(OnnxRun {
                 run: speculative_run(out, n, prefill, seconds, Work::default()),
                 ep_used,
-                cuda_graph: None,
+                cuda_graph: backend.cuda_graph_runs(),
             })
         }
         Mode::EarlyExit => bail!("early exit is not exported; use greedy or speculative"),

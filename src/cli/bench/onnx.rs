@@ -192,9 +192,15 @@ pub fn measure(
                 cuda_graph,
                 ..base.clone()
             };
+            // a folder from before the speculative graphs had static forms: theirs grow, so no
+            // CUDA graphs for them
+            let spec_ep = EpConfig {
+                cuda_graph: cuda_graph.filter(|_| export.static_l_max(GraphKind::Draft).is_some()),
+                ..base.clone()
+            };
             engines.push((
                 OnnxModel::load(export, &ep)?,
-                OnnxSpeculation::load(export, &ep, None)?,
+                OnnxSpeculation::load(export, &spec_ep, None)?,
                 Vec::new(),
                 Vec::new(),
                 dir,
