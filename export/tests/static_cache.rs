@@ -61,7 +61,8 @@ fn ops(model: &ModelProto) -> BTreeMap<String, usize> {
     ops
 }
 
-/// Standard domain only, opset 24, an IR version ONNX Runtime 1.31 reads.
+/// Standard domain only, opset 24, an IR version ONNX Runtime 1.31 reads, `Attention` without
+/// past inputs or present outputs.
 fn check_standard(name: &str, path: &Path) -> ModelProto {
     let proto = read_graph(path).unwrap();
     assert!(
@@ -80,6 +81,11 @@ fn check_standard(name: &str, path: &Path) -> ModelProto {
             "{name}: node {:?} outside the standard domain",
             node.name
         );
+        // the form TensorRT's parser takes: 4-D Q, K, V and mask, no past inputs or presents
+        if node.op_type.as_deref() == Some("Attention") {
+            assert_eq!(node.input.len(), 4, "{name}: {:?}", node.name);
+            assert_eq!(node.output.len(), 1, "{name}: {:?}", node.name);
+        }
     }
     proto
 }

@@ -8,7 +8,7 @@
 //! q,k,v    = (h ++ h_f) @ W_heads, split; fast: + c (h_f A^T) B_heads
 //! K,V      = TensorScatter(past, k|v, write_indices)        slow rows write the buffer
 //! y        = Attention(q, K, V, attn_mask)                  slow: keys 0..=p
-//! y_f      = Attention(q_f, k_f, v_f, fast_attn_mask, past = K, V)
+//! y_f      = Attention(q_f, K ++ k_f, V ++ v_f, fast_attn_mask)
 //!                                                           fast: slow keys 0..p, then its own
 //! s | f   += o_proj(y ++ y_f), split; fast: + c (y_f A_heads summed over heads) B^T
 //! s | f   += FFN(RMSNormalization(.))                       (MoE: fast rows use the slow rows' experts)
@@ -16,8 +16,8 @@
 //!
 //! Every base projection runs on both kinds of rows as one `MatMul` over `2T` rows (slow first,
 //! joined along the row axis 2), so a draft step reads each weight once. The fast rows' keys and
-//! values are never written to the buffer: `Attention` appends them after the `L` buffer positions
-//! for this run only, and `fast_attn_mask` (`[B, 1, T, L + T]`) lets row `t` see buffer positions
+//! values are never written to the buffer: a `Concat` appends them after the `L` buffer positions
+//! for this run only (TensorRT's parser takes `Attention` without past inputs), and `fast_attn_mask` (`[B, 1, T, L + T]`) lets row `t` see buffer positions
 //! before its own and, of the appended keys, its own one (column `L + t`).
 //!
 //! Adapter weights are stored in the layouts the `MatMul`s read: `A^T` under the adapter's name plus
@@ -239,18 +239,21 @@ pub fn static_draft_layer(
             let (q_f, k_f) = b.scoped("fast", |b| (rope(b, cx, &q_f), rope(b, cx, &k_f)));
             let present_key = scatter(b, cx, past_key, &k);
             let present_value = scatter(b, cx, past_value, &v);
-            let y = attention(
-                b,
-                config,
-                &q,
-                &present_key,
-                &present_value,
-                cx.attn_mask,
-                None,
-            );
+            let y = attention(b, config, &q, &present_key, &present_value, cx.attn_mask);
+            // the fast rows' keys: the buffer's L, then their own T (a Concat, not Attention's
+            // past inputs: TensorRT's parser takes Attention without them)
             let y_f = b.scoped("fast", |b| {
-                let past = Some((present_key.as_str(), present_value.as_str()));
-                attention(b, config, &q_f, &k_f, &v_f, fast_mask, past)
+                let keys = b.node(
+                    "Concat",
+                    &[&present_key, &k_f],
+                    vec![("axis", Attr::Int(2))],
+                );
+                let values = b.node(
+                    "Concat",
+                    &[&present_value, &v_f],
+                    vec![("axis", Attr::Int(2))],
+                );
+                attention(b, config, &q_f, &keys, &values, fast_mask)
             });
             let ys = join(b, &y, &y_f);
             let o = project_o(b, config, l, &a.o, &ys);

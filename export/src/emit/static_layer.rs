@@ -183,11 +183,10 @@ pub(crate) fn scatter(
 }
 
 /// `Attention` (opset 23/24) with grouped-query heads (head `i` reads `i / G`) and an additive
-/// mask; with `past` (`(key, value)` `[B, Hkv, L, Dh]`) the keys are `past ++ k` (`L + T` of
-/// them, what the fast rows read: the slow buffer, then their own keys).
+/// mask, 4-D, no past inputs (the form TensorRT's parser takes).
 ///
 /// # Shapes
-/// - `q` `[B, H, T, Dh]`, `k`, `v` `[B, Hkv, S, Dh]`, `mask` `[B, 1, T, S (+ L)]` -> `[B, H, T, Dh]`
+/// - `q` `[B, H, T, Dh]`, `k`, `v` `[B, Hkv, S, Dh]`, `mask` `[B, 1, T, S]` -> `[B, H, T, Dh]`
 pub(crate) fn attention(
     b: &mut GraphBuilder,
     config: &ModelConfig,
@@ -195,21 +194,15 @@ pub(crate) fn attention(
     k: &str,
     v: &str,
     mask: &str,
-    past: Option<(&str, &str)>,
 ) -> String {
-    let heads = vec![
-        ("q_num_heads", Attr::Int(config.num_attention_heads as i64)),
-        ("kv_num_heads", Attr::Int(config.num_key_value_heads as i64)),
-    ];
-    match past {
-        None => b.node("Attention", &[q, k, v, mask], heads),
-        // ONNX Runtime's CPU kernel refuses a past without the present outputs (`past ++ k`,
-        // `past ++ v`), which nothing reads
-        Some((pk, pv)) => {
-            let mut outputs = b.node_n("Attention", &[q, k, v, mask, pk, pv], 3, heads);
-            outputs.swap_remove(0)
-        }
-    }
+    b.node(
+        "Attention",
+        &[q, k, v, mask],
+        vec![
+            ("q_num_heads", Attr::Int(config.num_attention_heads as i64)),
+            ("kv_num_heads", Attr::Int(config.num_key_value_heads as i64)),
+        ],
+    )
 }
 
 /// `o_proj`: each head's `y @ W_o[head]` summed over the heads (+ bias).
@@ -278,15 +271,7 @@ pub fn static_decoder_layer(
             let k = rope(b, cx, &k);
             let present_key = scatter(b, cx, past_key, &k);
             let present_value = scatter(b, cx, past_value, &v);
-            let y = attention(
-                b,
-                config,
-                &q,
-                &present_key,
-                &present_value,
-                cx.attn_mask,
-                None,
-            );
+            let y = attention(b, config, &q, &present_key, &present_value, cx.attn_mask);
             let o = project_o(b, config, l, &a.o, &y);
             (b.binary("Add", s, &o), present_key, present_value)
         });
