@@ -22,7 +22,7 @@
 
 use crate::builder::{Dim, Elem, GraphBuilder, WeightsDtype, check_opset};
 use crate::emit::attention::visibility;
-use crate::emit::fast_stream::draft;
+use crate::emit::fast_stream::{Draft, draft};
 use crate::emit::layer::LayerContext;
 use crate::emit::model::{embed, logits, slow_layers};
 use crate::emit::rope::tables;
@@ -224,6 +224,35 @@ pub fn metadata(
     .collect()
 }
 
+/// Declare draft.onnx's outputs (the dynamic graph's and the static one's): `draft_logits`
+/// `[B, T, V]` (`[B, T, K]` with a pruned draft head, its token ids in draft_head.json beside the
+/// graphs), `exit_prob` with ARLA, `hidden_states`, and `exit_states` with a bridge at the draft
+/// gate.
+pub(crate) fn draft_outputs(
+    b: &mut GraphBuilder,
+    m2r2: &M2r2Weights,
+    options: &ExportOptions,
+    config: &reference::base::config::ModelConfig,
+    out: &Draft,
+) {
+    let (d, v) = (config.hidden_size, config.vocab_size);
+    let scored = m2r2.draft_head.as_ref().map_or(v, |h| h.len());
+    b.output(
+        DRAFT_LOGITS,
+        &out.draft_logits,
+        Elem::F32,
+        &[BATCH, SEQ, Dim::Fixed(scored)],
+    );
+    if let Some(p) = &out.exit_prob {
+        b.output(EXIT_PROB, p, Elem::F32, &[BATCH, SEQ]);
+    }
+    let rows = [BATCH, SEQ, Dim::Fixed(d)];
+    b.output(HIDDEN_STATES, &out.hidden_states, Elem::F32, &rows);
+    if m2r2.bridge_at(options.draft_gate).is_some() {
+        b.output(EXIT_STATES, &out.exit_state, Elem::F32, &rows);
+    }
+}
+
 /// Build graph `kind` (after [`check`]).
 pub fn build(
     kind: GraphKind,
@@ -320,31 +349,7 @@ pub fn build(
                 &past,
                 bridge_states.as_deref(),
             );
-            // [B, T, K] with a pruned draft head (its token ids: draft_head.json in the folder)
-            let scored = m2r2.draft_head.as_ref().map_or(v, |h| h.len());
-            b.output(
-                DRAFT_LOGITS,
-                &out.draft_logits,
-                Elem::F32,
-                &[BATCH, SEQ, Dim::Fixed(scored)],
-            );
-            if let Some(p) = &out.exit_prob {
-                b.output(EXIT_PROB, p, Elem::F32, &[BATCH, SEQ]);
-            }
-            b.output(
-                HIDDEN_STATES,
-                &out.hidden_states,
-                Elem::F32,
-                &[BATCH, SEQ, Dim::Fixed(d)],
-            );
-            if m2r2.bridge_at(options.draft_gate).is_some() {
-                b.output(
-                    EXIT_STATES,
-                    &out.exit_state,
-                    Elem::F32,
-                    &[BATCH, SEQ, Dim::Fixed(d)],
-                );
-            }
+            draft_outputs(&mut b, m2r2, options, config, &out);
             out.presents
         }
         GraphKind::Feed => {

@@ -27,14 +27,15 @@
 use crate::builder::{Attr, Dim, Elem, GraphBuilder, STATIC_OPSET};
 use crate::emit::arla::exit_prob;
 use crate::emit::bridge;
+use crate::emit::fast_stream::Draft;
 use crate::emit::model::{logits, pruned_logits};
 use crate::emit::ops::linear;
 use crate::emit::static_draft::static_draft_layer;
 use crate::emit::static_layer::{StaticContext, rms_normalization, static_decoder_layer};
 use crate::error::{Error, Result};
 use crate::graphs::{
-    self, BRIDGE_STATES, DRAFT_LOGITS, EXIT_PROB, EXIT_STATES, ExportOptions, FINAL_STATES,
-    GraphKind, HIDDEN_STATES, INPUT_IDS, LOGITS, POSITION_IDS, past_names, present_names,
+    self, BRIDGE_STATES, ExportOptions, FINAL_STATES, GraphKind, HIDDEN_STATES, INPUT_IDS, LOGITS,
+    POSITION_IDS, past_names, present_names,
 };
 use crate::proto::ModelProto;
 use reference::base::model::Model;
@@ -189,31 +190,8 @@ pub fn build_static(
                 &past,
                 bridge_states.as_deref(),
             );
+            graphs::draft_outputs(&mut b, m2r2, options, config, &draft);
             presents = draft.presents;
-            let scored = m2r2.draft_head.as_ref().map_or(v, |h| h.len());
-            b.output(
-                DRAFT_LOGITS,
-                &draft.draft_logits,
-                Elem::F32,
-                &[BATCH, SEQ, Dim::Fixed(scored)],
-            );
-            if let Some(p) = &draft.exit_prob {
-                b.output(EXIT_PROB, p, Elem::F32, &[BATCH, SEQ]);
-            }
-            b.output(
-                HIDDEN_STATES,
-                &draft.hidden_states,
-                Elem::F32,
-                &[BATCH, SEQ, Dim::Fixed(d)],
-            );
-            if bridged {
-                b.output(
-                    EXIT_STATES,
-                    &draft.exit_state,
-                    Elem::F32,
-                    &[BATCH, SEQ, Dim::Fixed(d)],
-                );
-            }
         }
     }
     for (i, (k, v)) in layers.zip(&presents) {
@@ -259,16 +237,6 @@ fn lm_head(b: &mut GraphBuilder, model: &Model, s: &str, axis1: &str) -> String 
     })
 }
 
-/// What the static draft computes (the dynamic `fast_stream::Draft`, at the `[B, T, ...]`
-/// interface).
-struct StaticDraft {
-    draft_logits: String,
-    exit_prob: Option<String>,
-    hidden_states: String,
-    exit_state: String,
-    presents: Vec<(String, String)>,
-}
-
 /// The fast stream of `draft.onnx` (the dynamic graph's `fast_stream::draft`): for each interval
 /// `j < g_d` the fast rows restart from the slow residual `s_{e_j}` and run the interval's layers
 /// with the adapters beside the slow rows; `u_{j+1}` is their value at the interval end. The
@@ -281,7 +249,7 @@ fn draft(
     mut s: String,
     past: &[(String, String)],
     bridge_states: Option<&str>,
-) -> StaticDraft {
+) -> Draft {
     let model = cx.model;
     let eps = model.config.rms_norm_eps as f32;
     let axis1 = b.const_i64(&[1]);
@@ -322,7 +290,7 @@ fn draft(
         .arla
         .as_ref()
         .map(|arla| exit_prob(b, arla, eps, &exit_states));
-    StaticDraft {
+    Draft {
         draft_logits,
         exit_prob,
         hidden_states: b.binary("Squeeze", &s, &axis1),

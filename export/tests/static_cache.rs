@@ -1,7 +1,8 @@
-//! `export --static-cache L` (docs/ONNX.md, "Static exports"): the written model.onnx is standard
-//! opset 24 with at most 20 nodes per decoder layer on average (dense models), fixed `[B, Hkv, L,
-//! Dh]` buffers in and out, passes onnx.checker with strict shape inference, and `check_folder`
-//! (`--check`) passes on it; the manifest records `static_cache`; bad lengths are clear errors.
+//! `export --static-cache L` (docs/STATIC.md): the four written graphs are standard opset 24
+//! (`Attention` in the form TensorRT's parser takes), model.onnx with at most 20 nodes per decoder
+//! layer on average (dense models) and fixed `[B, Hkv, L, Dh]` buffers in and out; they pass
+//! onnx.checker with strict shape inference, and `check_folder` (`--check`) passes on them; the
+//! manifest records `static_cache`; bad lengths are clear errors.
 
 mod common;
 
