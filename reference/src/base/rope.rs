@@ -89,6 +89,11 @@ impl Rope {
         }
     }
 
+    /// `[Dh/2]` the frequencies `f_i` (what the naive layer rotates by, `base::layer_naive`).
+    pub fn frequencies(&self) -> &[f32] {
+        &self.inv
+    }
+
     /// Rotate every head of every row in place; row `t` is at absolute position `pos0 + t`.
     ///
     /// # Shapes
