@@ -11,6 +11,7 @@ pub mod cost;
 pub mod draft_head;
 pub mod exit_gate;
 pub mod fast_stream;
+pub mod fast_stream_naive;
 pub mod shipped;
 pub mod weight_names;
 pub mod weights;
