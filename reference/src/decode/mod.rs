@@ -8,4 +8,5 @@ pub mod early_exit;
 pub mod early_exit_naive;
 pub mod mode;
 pub mod speculative;
+pub mod speculative_naive;
 pub mod timed;
