@@ -359,8 +359,7 @@ impl CostModel<'_> {
     pub fn early_exit(&self, prompt_len: usize, trace: &[ExitTrace], kv_policy: KvPolicy) -> Work {
         let weights = self.m2r2.expect("early-exit cost needs the M2R2 weights");
         let m2r2 = &weights.config;
-        let c = self.model;
-        let n_layers = c.num_hidden_layers;
+        let n_layers = self.model.num_hidden_layers;
         // Pending groups (positions, frontier), oldest first, as in `early_exit.rs`.
         let mut pending: Vec<(Vec<usize>, usize)> = Vec::new();
         let mut w = Work::default();
@@ -389,13 +388,7 @@ impl CostModel<'_> {
                         }
                         pending.push((positions.clone(), exit_layer));
                     }
-                    KvPolicy::FastKv => {
-                        for _ in exit_layer..n_layers {
-                            w += Work::read(c.hidden_size)
-                                + Work::matmul(1, c.kv_dim(), c.hidden_size, c.qkv_bias)
-                                + Work::matmul(1, c.kv_dim(), c.hidden_size, c.qkv_bias);
-                        }
-                    }
+                    KvPolicy::FastKv => w += self.kv_fill(exit_layer..n_layers),
                 }
                 break;
             }
