@@ -9,6 +9,7 @@ pub mod generate;
 pub mod kv_cache;
 pub mod layer;
 pub mod layer_naive;
+pub mod layer_work;
 pub mod matmul;
 pub mod mlp;
 pub mod model;

@@ -4,12 +4,14 @@
 //! and the f32 weight bytes read from memory, each matrix counted once per call however many rows
 //! share it (that is the point of stacking slow and fast rows, and of verifying drafts in a chunk).
 //!
-//! [`CostModel`] predicts the work of each step from the config and a few facts about the step (rows,
-//! positions, which gate); the decoding modes report per-token FLOPs and bytes from it, so the
-//! reference and the ONNX runner report with the same formulas. The forward pass also counts the work
-//! it really does from the shapes it multiplies (`DecoderLayer::forward`, `Model::head`); the tests
-//! check that the two agree exactly (MoE expert bytes: the model counts `min(E, rows * k)` experts per
-//! call, an upper bound that is exact for one row).
+//! [`CostModel`] predicts the work of each step from the configs and a few facts about the step
+//! (rows, positions, which gate): this file is the one home of the arithmetic (`m2r2 bench`'s bytes
+//! per decode step and `moe_aot`'s layer times read it too). Beside the forward, not inside it,
+//! `base::layer_work` counts what each layer call really multiplied from the weights' own shapes
+//! (and `Model::head`, the embedding and the draft head count theirs); the decoding modes report
+//! that count, and the tests check that the two agree exactly (MoE expert bytes: the prediction is
+//! `min(E, rows * k)` experts per call, an upper bound that is exact for one row, where the count
+//! reads the experts the rows chose).
 //!
 //! Every decoding mode has its predictor: [`CostModel::greedy_step`], [`CostModel::speculative`]
 //! (from the rounds) and [`CostModel::early_exit`] (from the exit trace).
