@@ -1,4 +1,6 @@
-//! One decoder layer over a chunk of rows of both residual streams (spec sections 1, 2 and 7).
+//! One decoder layer over a chunk of rows of both residual streams (docs/m2r2/streams.md,
+//! shared_kv.md and cost.md). Its equations for one row are `base/layer_naive.rs` (tested bitwise
+//! equal); the work it reports is counted beside it, in `base/layer_work.rs`.
 //!
 //! Slow rows are the base model: `T` consecutive positions `pos0..pos0+T`, and they write their K/V
 //! into the cache. Fast rows (M2R2's accelerated stream) ride along: fast row `i` belongs to the token
@@ -6,9 +8,9 @@
 //! attends to the cached SLOW keys/values of earlier positions plus its own key/value; it never writes
 //! the cache. In MoE layers a fast row uses the experts its slow row chose.
 //!
-//! FLOPs-aware (spec section 7): slow and fast rows are stacked into one matrix, so each weight
-//! matrix is read once for both streams; adapter terms are computed for the fast rows only.
-//! With no fast rows this is exactly the base model's layer.
+//! FLOPs-aware: slow and fast rows are stacked into one matrix, so each weight matrix is read once
+//! for both streams; adapter terms are computed for the fast rows only. With no fast rows this is
+//! exactly the base model's layer.
 //!
 //! ```text
 //! h      = RMSNorm([s; f])                              [T+Tf, D]
@@ -200,7 +202,7 @@ impl DecoderLayer<'_> {
             self.rope.apply(q.slice_mut(rows), pos, config.head_dim);
             self.rope.apply(k.slice_mut(rows), pos, config.head_dim);
         }
-        // Only the slow stream writes the cache (spec section 2).
+        // Only the slow stream writes the cache; fast rows read it (docs/m2r2/shared_kv.md).
         let mut first = 0;
         for q in seqs.iter_mut() {
             let rows = s![first..first + q.rows, ..];

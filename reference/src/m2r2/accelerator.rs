@@ -1,5 +1,5 @@
-//! Accelerator adapters (spec section 1): LoRA terms on chosen linear maps of a layer that turn the
-//! base layer into a layer of the fast (rate-accelerated) residual stream.
+//! Accelerator adapters (docs/m2r2/accelerator.md): LoRA terms on chosen linear maps of a layer
+//! that turn the base layer into a layer of the fast (rate-accelerated) residual stream.
 //!
 //! ```text
 //! y = W x + scale * B (A x)        A: [r, in], B: [out, r]
@@ -190,7 +190,7 @@ impl Accelerator {
     }
 
     /// The adapter term `scale * B (A x)` on `target` of code layer `layer`, or `None` where that
-    /// map has no adapter (the fast row then uses the base weight alone). Spec section 1.
+    /// map has no adapter (the fast row then uses the base weight alone).
     ///
     /// # Shapes
     /// - `x`: `[T, in]` (the input of the base projection) -> `[T, out]`

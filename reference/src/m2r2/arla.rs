@@ -1,4 +1,4 @@
-//! ARLA, Accelerated Residual Latent Attention (spec section 3): the exit decision at gate `g`
+//! ARLA, Accelerated Residual Latent Attention (docs/m2r2/arla.md): the exit decision at gate `g`
 //! from the fast exit states `u_1..u_g` of one token, by attention in a small latent space.
 //!
 //! ```text
@@ -106,7 +106,7 @@ impl Arla {
     }
 
     /// `p_exit` at gate `g = exit_states.len()` (1-based) from the fast exit states `u_1..u_g`
-    /// of one token (spec section 3; equations in the module docs). `eps` is the base model's
+    /// of one token (equations in the module docs). `eps` is the base model's
     /// `rms_norm_eps`. Each `z_i` depends only on `u_i`, and every product goes through the
     /// batch-invariant [`linear`] / [`dot`], so the result does not depend on anything but the
     /// token's own states.

@@ -1,4 +1,4 @@
-//! One cost model: FLOPs and weight bytes read, for every decoding mode (spec section 7).
+//! One cost model: FLOPs and weight bytes read, for every decoding mode (docs/m2r2/cost.md).
 //!
 //! [`Work`] counts multiply-accumulates (MACs; FLOPs = 2 MACs) in weight products and in attention,
 //! and the f32 weight bytes read from memory, each matrix counted once per call however many rows

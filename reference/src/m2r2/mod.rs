@@ -1,4 +1,4 @@
-//! M2R2 itself (spec sections 1-4, 7): the fast residual stream with its accelerator adapters, the
+//! M2R2 itself (docs/m2r2/): the fast residual stream with its accelerator adapters, the
 //! ARLA exit gate and the other exit scores, the pruned draft head, the M2R2 config and weights
 //! folders, the shipped trained weights, and the cost model.
 
