@@ -14,6 +14,32 @@
 //! accelerator adapters, ARLA, exit gates, draft head, cost model); `decode` runs the decoding modes
 //! (greedy, early exit, self-speculation) on both; `golden`, `analyze` and `moe_aot` use all of it.
 //! A folder imports only from folders before it (`tests/tests/layering.rs` checks this).
+//!
+//! # The teaching core
+//!
+//! One token through the base model and M2R2, read in this order. Each `*_naive` file is the
+//! method's equations for one token of one sequence (no chunks, threads, SIMD or work counting);
+//! its fast twin beside it is what the decoding modes run, and a test next to the naive code checks
+//! that the two agree: bit for bit for the numbers (logits, hidden states, KV cache, exit states,
+//! ARLA and gate scores), token for token for the decoders.
+//!
+//! |  # | the equations                                       | the fast twin                       |
+//! |----|-----------------------------------------------------|-------------------------------------|
+//! |  1 | `base/config.rs`, `base/weights.rs` (shapes)        | (loaded and checked once)           |
+//! |  2 | `base/matmul.rs`: `dot`, `linear_naive`             | `linear` (SIMD tiles, threads)      |
+//! |  3 | `base/ops.rs`, `base/rope.rs`, `base/kv_cache.rs`   |                                     |
+//! |  4 | `base/attention.rs`: `attend_naive`                 | `attend`                            |
+//! |  5 | `base/layer_naive.rs`: one decoder layer            | `base/layer.rs` (chunks, fast rows) |
+//! |  6 | `base/model_naive.rs`: embed, N layers, head        | `base/model.rs`                     |
+//! |  7 | `m2r2/accelerator.rs`, `m2r2/fast_stream_naive.rs`  | `m2r2/fast_stream.rs`               |
+//! |  8 | `m2r2/arla.rs`: `exit_prob_naive`; `exit_gate.rs`   | `exit_prob`                         |
+//! |  9 | `decode/early_exit_naive.rs`                        | `decode/early_exit.rs`              |
+//! | 10 | `decode/speculative_naive.rs`                       | `speculative.rs`, `draft_verify.rs` |
+//! | 11 | `m2r2/cost.rs`: the cost model (predicted work)     | `base/layer_work.rs` (counted work) |
+//!
+//! Around the core, not inside it: loaders (`io`), the SIMD kernels (`base/matmul/`), batching
+//! (`base/batch.rs`), the bridge and the draft head (`m2r2/bridge.rs`, `m2r2/draft_head.rs`), and
+//! tooling (`golden`, `analyze`, `moe_aot`).
 
 pub mod error;
 

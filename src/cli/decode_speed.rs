@@ -10,7 +10,9 @@ use anyhow::{Result, bail};
 use reference::ModelConfig;
 use reference::base::bandwidth::memory_read_bandwidth;
 use reference::base::generate::{GenerateOptions, generate};
+use reference::base::work::Work;
 use reference::io::load::LoadedModel;
+use reference::m2r2::cost::CostModel;
 use serde::Serialize;
 
 /// The largest buffer the bandwidth probe may allocate (16 GiB).
@@ -34,26 +36,22 @@ pub struct DecodeWeights {
 }
 
 impl DecodeWeights {
+    /// The weight bytes of one greedy decode step in `m2r2::cost::CostModel`, split by kind.
     pub fn of(c: &ModelConfig) -> Self {
-        let (d, i, n) = (c.hidden_size, c.intermediate_size, c.num_hidden_layers);
-        let attention_bias = if c.qkv_bias {
-            c.q_dim() + 2 * c.kv_dim()
-        } else {
-            0
-        } + if c.o_bias { d } else { 0 };
-        let attention = 2 * d * c.q_dim() + 2 * d * c.kv_dim() + attention_bias;
-        let mlp = 3 * d * i + if c.mlp_bias { 2 * i + d } else { 0 };
+        let cost = CostModel::new(c, None);
+        let n = c.num_hidden_layers;
+        let floats = |w: Work| w.weight_bytes as usize / 4;
         let (routers, feed_forward) = match &c.moe {
-            None => (0, mlp),
-            Some(moe) => (moe.num_local_experts * d, moe.num_experts_per_tok * mlp),
+            None => (0, floats(cost.mlp(1))),
+            Some(_) => (floats(cost.router(1)), floats(cost.experts(1, 1))),
         };
         DecodeWeights {
-            embedding_row: d,
-            attention: n * attention,
-            norms: (2 * n + 1) * d,
+            embedding_row: floats(cost.embed(1)),
+            attention: n * floats(cost.attention_projections(1)),
+            norms: n * floats(cost.layer_norms()) + floats(cost.final_norm()),
             routers: n * routers,
             feed_forward: n * feed_forward,
-            head: c.vocab_size * d,
+            head: floats(cost.lm_head(1)),
         }
     }
 
@@ -286,6 +284,18 @@ mod tests {
         // Untied: the embedding is counted in the parameters in full, read as one row.
         let embedding_rest = (c.vocab_size - 1) * c.hidden_size;
         assert_eq!(w.floats(), c.parameter_count() - unused - embedding_rest);
+    }
+
+    /// The split adds up to the cost model's greedy decode step, dense and MoE.
+    #[test]
+    fn decode_weights_add_up_to_the_cost_models_greedy_step() {
+        for c in [
+            reference::io::builtin::tiny_config(),
+            reference::io::builtin::tiny_moe_config(),
+        ] {
+            let step = CostModel::new(&c, None).greedy_step(5);
+            assert_eq!(DecodeWeights::of(&c).bytes() as u64, step.weight_bytes);
+        }
     }
 
     #[test]

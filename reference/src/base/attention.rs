@@ -104,7 +104,7 @@ pub fn attend_with(
 
 /// The definition: `softmax(q.k_j / sqrt(Dh)) . v` per head, one [`dot`] per key, the values
 /// summed in key order; keys are `keys` rows followed by `own` (a row's own key/value when it is
-/// not in the cache: the fast stream of spec section 2).
+/// not in the cache: a fast row, which reads the slow stream's cache and never writes it).
 ///
 /// # Shapes
 /// As [`attend`].

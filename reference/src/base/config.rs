@@ -108,7 +108,7 @@ pub struct ModelConfig {
 
 /// The longest context a config may declare: 2^32 positions (the longest in use are about 10^7).
 /// Capacities are sums of the context, a request's tokens and a draft length; this keeps them
-/// far from overflowing (issue 16).
+/// far from overflowing (a file may claim any size; nothing is sized by a claim alone).
 pub const MAX_CONTEXT: usize = 1 << 32;
 
 impl ModelConfig {
@@ -165,7 +165,7 @@ impl ModelConfig {
         if self.vocab_size > u32::MAX as usize {
             return bad("vocab_size does not fit token ids of 32 bits".into());
         }
-        // Sizes are products and sums of these; a file may claim anything (issue 16).
+        // Sizes are products and sums of these, and a file may claim anything: bound them.
         if self
             .num_attention_heads
             .checked_mul(self.head_dim)

@@ -1,4 +1,6 @@
-//! One decoder layer over a chunk of rows of both residual streams (spec sections 1, 2 and 7).
+//! One decoder layer over a chunk of rows of both residual streams (docs/m2r2/streams.md,
+//! shared_kv.md and cost.md). Its equations for one row are `base/layer_naive.rs` (tested bitwise
+//! equal); the work it reports is counted beside it, in `base/layer_work.rs`.
 //!
 //! Slow rows are the base model: `T` consecutive positions `pos0..pos0+T`, and they write their K/V
 //! into the cache. Fast rows (M2R2's accelerated stream) ride along: fast row `i` belongs to the token
@@ -6,9 +8,9 @@
 //! attends to the cached SLOW keys/values of earlier positions plus its own key/value; it never writes
 //! the cache. In MoE layers a fast row uses the experts its slow row chose.
 //!
-//! FLOPs-aware (spec section 7): slow and fast rows are stacked into one matrix, so each weight
-//! matrix is read once for both streams; adapter terms are computed for the fast rows only.
-//! With no fast rows this is exactly the base model's layer.
+//! FLOPs-aware: slow and fast rows are stacked into one matrix, so each weight matrix is read once
+//! for both streams; adapter terms are computed for the fast rows only. With no fast rows this is
+//! exactly the base model's layer.
 //!
 //! ```text
 //! h      = RMSNorm([s; f])                              [T+Tf, D]
@@ -31,22 +33,20 @@ use crate::base::weights::{FeedForward, Layer, Linear, Moe};
 use crate::base::work::Work;
 use ndarray::{Array1, Array2, ArrayView2, Axis, concatenate, s};
 use rayon::prelude::*;
-use std::cell::Cell;
 
 /// Low-rank terms added to the fast rows' projections. M2R2's accelerator adapters
 /// (`m2r2::accelerator::Accelerator`) implement it; the base model never needs one.
 pub trait FastAdapter: Sync {
-    /// The term added to projection `target` of layer `layer` for the fast input rows `x`, and the
-    /// work it took; `None` where that projection has no adapter.
+    /// The term added to projection `target` of layer `layer` for the fast input rows `x`; `None`
+    /// where that projection has no adapter.
     ///
     /// # Shapes
     /// - `x`: `[Tf, in]` -> `[Tf, out]`
-    fn delta(
-        &self,
-        layer: usize,
-        target: Target,
-        x: ArrayView2<f32>,
-    ) -> Option<(Array2<f32>, Work)>;
+    fn delta(&self, layer: usize, target: Target, x: ArrayView2<f32>) -> Option<Array2<f32>>;
+
+    /// The rank `r` of that term (`x A^T` with `A: [r, in]`, then `B: [out, r]`), `None` where
+    /// there is none: what `base::layer_work` counts.
+    fn rank(&self, layer: usize, target: Target) -> Option<usize>;
 }
 
 /// The fast rows entering a layer together with the slow chunk.
@@ -64,7 +64,8 @@ pub struct FastRows<'a> {
 pub struct LayerOutput {
     /// The slow rows' expert routing (MoE layers).
     pub routing: Option<Vec<Routing>>,
-    /// The work done, counted from the shapes actually multiplied (checked against `m2r2::cost`).
+    /// The work done, counted from the shapes multiplied (`base::layer_work`; checked against
+    /// `m2r2::cost`).
     pub work: Work,
 }
 
@@ -77,24 +78,19 @@ pub struct DecoderLayer<'a> {
     pub rope: &'a Rope,
 }
 
-/// Multiplies `[slow; fast]` rows by a projection's weights and counts the work: the base weight on
-/// every row (one weight read for both streams), the adapter term on the fast rows only.
+/// Multiplies `[slow; fast]` rows by a projection's weights: the base weight on every row (one
+/// weight read for both streams), the adapter term on the fast rows only.
 struct Projector<'a> {
     layer: usize,
     /// Rows `..slow` are slow, the rest fast.
     slow: usize,
     adapter: Option<&'a dyn FastAdapter>,
-    work: Cell<Work>,
 }
 
 impl Projector<'_> {
-    fn count(&self, w: Work) {
-        self.work.set(self.work.get() + w);
-    }
-
     fn project(&self, lin: &Linear, target: Target, h: ArrayView2<f32>) -> Array2<f32> {
         let y = linear(h, lin.w.view(), lin.b.as_ref());
-        self.finish(lin, target, h, y)
+        self.finish(target, h, y)
     }
 
     /// [`Projector::project`] for several weights of the same rows in one parallel section
@@ -107,29 +103,15 @@ impl Projector<'_> {
         linear_many(h, &args)
             .into_iter()
             .zip(lins)
-            .map(|(y, &(lin, target))| self.finish(lin, target, h, y))
+            .map(|(y, &(_, target))| self.finish(target, h, y))
             .collect()
     }
 
-    /// Count the base product `y = h W^T` and add the adapter term to its fast rows.
-    fn finish(
-        &self,
-        lin: &Linear,
-        target: Target,
-        h: ArrayView2<f32>,
-        mut y: Array2<f32>,
-    ) -> Array2<f32> {
-        self.count(Work::matmul(
-            h.nrows(),
-            lin.w.nrows(),
-            lin.w.ncols(),
-            lin.b.is_some(),
-        ));
+    /// Add the adapter term to the fast rows of the base product `y = h W^T`.
+    fn finish(&self, target: Target, h: ArrayView2<f32>, mut y: Array2<f32>) -> Array2<f32> {
         if let Some(adapter) = self.adapter
-            && let Some((delta, work)) =
-                adapter.delta(self.layer, target, h.slice(s![self.slow.., ..]))
+            && let Some(delta) = adapter.delta(self.layer, target, h.slice(s![self.slow.., ..]))
         {
-            self.count(work);
             let mut fast_part = y.slice_mut(s![self.slow.., ..]);
             fast_part += &delta;
         }
@@ -189,7 +171,6 @@ impl DecoderLayer<'_> {
             layer: self.index,
             slow: ts,
             adapter,
-            work: Cell::new(Work::read(2 * config.hidden_size)), // the two norm weights
         };
         // (sequence, position) of each slow row; a fast row sits at its slow row's.
         let slow_at: Vec<(usize, usize)> = seqs
@@ -221,7 +202,7 @@ impl DecoderLayer<'_> {
             self.rope.apply(q.slice_mut(rows), pos, config.head_dim);
             self.rope.apply(k.slice_mut(rows), pos, config.head_dim);
         }
-        // Only the slow stream writes the cache (spec section 2).
+        // Only the slow stream writes the cache; fast rows read it (docs/m2r2/shared_kv.md).
         let mut first = 0;
         for q in seqs.iter_mut() {
             let rows = s![first..first + q.rows, ..];
@@ -263,10 +244,6 @@ impl DecoderLayer<'_> {
                 }
             })
             .collect();
-        for row in 0..ts + slot.len() {
-            let pos = at(row).1;
-            p.count(Work::attention(config, pos + 1 - window_start(config, pos)));
-        }
         let ctx = from_rows(&ctx_rows, config.q_dim()); // [T+Tf, H*Dh]
         let o = p.project(&attn.o, Target::Attn(AttnProj::O), ctx.view());
         *s += &o.slice(s![..ts, ..]);
@@ -286,24 +263,22 @@ impl DecoderLayer<'_> {
                 (y, None)
             }
             FeedForward::Moe(moe) => {
-                let (y, slow_routing, work) = moe_block(moe, h.view(), slot);
-                p.count(work);
+                let (y, slow_routing) = moe_block(moe, h.view(), slot);
                 (y, Some(slow_routing))
             }
         };
         *s += &y.slice(s![..ts, ..]);
         *f += &y.slice(s![ts.., ..]);
-        LayerOutput {
-            routing,
-            work: p.work.get(),
-        }
+        let slow_positions: Vec<usize> = slow_at.iter().map(|&(_, pos)| pos).collect();
+        let work = self.work(&slow_positions, slot, adapter, routing.as_deref());
+        LayerOutput { routing, work }
     }
 }
 
 /// The sparse MoE block on `[slow; fast]` rows: slow rows route themselves; fast row `i` uses the
 /// experts of slow row `slot[i]`, mixed by its own router probabilities renormalised over those
-/// experts (spec section 1). Returns the output, the slow rows' routing and the work.
-fn moe_block(moe: &Moe, h: ArrayView2<f32>, slot: &[usize]) -> (Array2<f32>, Vec<Routing>, Work) {
+/// experts (docs/m2r2/streams.md). Returns the output and the slow rows' routing.
+fn moe_block(moe: &Moe, h: ArrayView2<f32>, slot: &[usize]) -> (Array2<f32>, Vec<Routing>) {
     let ts = h.nrows() - slot.len();
     let slow_routing = route(moe, h.slice(s![..ts, ..]));
     let mut all = slow_routing.clone();
@@ -315,19 +290,7 @@ fn moe_block(moe: &Moe, h: ArrayView2<f32>, slot: &[usize]) -> (Array2<f32>, Vec
             all.push(top_k_of(p.as_slice().expect("contiguous"), chosen));
         }
     }
-    // Router on every row; each expert's weights read once if any row uses it.
-    let expert = &moe.experts[0];
-    let per_expert = expert.gate.w.len() + expert.up.w.len() + expert.down.w.len();
-    let used = (0..moe.experts.len())
-        .filter(|e| all.iter().any(|r| r.experts.contains(e)))
-        .count();
-    let assignments: usize = all.iter().map(|r| r.experts.len()).sum();
-    let work = Work::matmul(h.nrows(), moe.router.nrows(), moe.router.ncols(), false)
-        + Work {
-            weight_macs: (assignments * per_expert) as u64,
-            ..Work::read(used * per_expert)
-        };
-    (mix_experts(moe, h, &all), slow_routing, work)
+    (mix_experts(moe, h, &all), slow_routing)
 }
 
 /// `[a; b]` along rows.

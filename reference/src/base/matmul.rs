@@ -1,10 +1,11 @@
 //! The linear-layer kernel `Y = X W^T`, batch invariant by construction.
 //!
-//! Every output element `Y[t, o]` is one call of [`dot`] on row `t` of `X` and row `o` of `W`, with a
-//! fixed reduction order that does not depend on how many rows are computed together. So a position's
-//! logits are bitwise identical whether it is decoded alone or inside a prefill chunk, which is what
-//! makes greedy self-speculative decoding exactly lossless (spec section 5). A BLAS gemm would not
-//! give this: it picks different code paths (and summation orders) for one row and for many.
+//! Every output element `Y[t, o]` is one call of [`dot`] on row `t` of `X` and row `o` of `W`, with
+//! a fixed reduction order that does not depend on how many rows are computed together. So a
+//! position's logits are bitwise identical whether it is decoded alone or inside a prefill chunk,
+//! which is what makes greedy self-speculative decoding exactly lossless
+//! (docs/m2r2/speculative.md). A BLAS gemm would not give this: it picks different code paths (and
+//! summation orders) for one row and for many.
 //!
 //! Two kernels, tested bitwise equal:
 //! - [`linear_naive`]: the definition, one loop nest, one thread.

@@ -1,5 +1,5 @@
 //! The base model: M2R2's slow residual stream, exactly HF's Llama / Mistral / Qwen2 / Mixtral in f32
-//! (spec section 0). Nothing here knows about M2R2, decoding modes or files.
+//! (docs/m2r2/streams.md). Nothing here knows about M2R2, decoding modes or files.
 
 pub mod attention;
 pub mod bandwidth;
@@ -8,9 +8,12 @@ pub mod config;
 pub mod generate;
 pub mod kv_cache;
 pub mod layer;
+pub mod layer_naive;
+pub mod layer_work;
 pub mod matmul;
 pub mod mlp;
 pub mod model;
+pub mod model_naive;
 pub mod moe;
 pub mod ops;
 pub mod rope;

@@ -1,4 +1,4 @@
-//! The base model: the slow residual stream of M2R2 (spec section 0), exactly HF's
+//! The base model: the slow residual stream of M2R2 (docs/m2r2/streams.md), exactly HF's
 //! `LlamaForCausalLM` / `MistralForCausalLM` / `Qwen2ForCausalLM` / `MixtralForCausalLM` in f32.
 //!
 //! ```text

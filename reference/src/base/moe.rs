@@ -57,7 +57,7 @@ pub fn top_k_of(probs: &[f32], experts: &[usize]) -> Routing {
 }
 
 /// Mix the chosen experts' outputs for every row, given the routing (which may come from another
-/// stream: the fast stream reuses the slow row's experts, spec section 1).
+/// stream: a fast row reuses its slow row's experts, docs/m2r2/streams.md).
 ///
 /// # Shapes
 /// - `h`: `[T, D]`, `routing`: T entries -> `[T, D]`

@@ -9,18 +9,27 @@ use ndarray::{Array1, Array2, ArrayView2, ArrayViewMut1, Zip};
 /// - `x`: `[T, D]`, `w`: `[D]` -> `[T, D]`
 pub fn rms_norm(x: ArrayView2<f32>, w: &Array1<f32>, eps: f32) -> Array2<f32> {
     let mut y = x.to_owned();
-    for mut row in y.rows_mut() {
-        let mut sum_sq = 0.0f32;
-        for &v in row.iter() {
-            sum_sq += v * v;
-        }
-        // PyTorch: hidden * torch.rsqrt(variance + eps), then weight * hidden
-        let inv = 1.0 / (sum_sq / row.len() as f32 + eps).sqrt();
-        Zip::from(&mut row)
-            .and(w)
-            .for_each(|v, &wi| *v = wi * (*v * inv));
+    for row in y.rows_mut() {
+        rms_norm_inplace(row, w, eps);
     }
     y
+}
+
+/// [`rms_norm`] of one row, in place: the one definition both the chunked layers and the naive
+/// layer (`base::layer_naive`) use.
+///
+/// # Shapes
+/// - `x`: `[D]`, `w`: `[D]`
+pub fn rms_norm_inplace(mut x: ArrayViewMut1<f32>, w: &Array1<f32>, eps: f32) {
+    let mut sum_sq = 0.0f32;
+    for &v in x.iter() {
+        sum_sq += v * v;
+    }
+    // PyTorch: hidden * torch.rsqrt(variance + eps), then weight * hidden
+    let inv = 1.0 / (sum_sq / x.len() as f32 + eps).sqrt();
+    Zip::from(&mut x)
+        .and(w)
+        .for_each(|v, &wi| *v = wi * (*v * inv));
 }
 
 /// SiLU: `x * sigmoid(x)`.

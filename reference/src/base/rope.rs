@@ -61,7 +61,8 @@ pub fn inverse_frequencies(head_dim: usize, theta: f64, scaling: &RopeScaling) -
 
 /// Positions whose `cos` / `sin` are precomputed; later ones are computed when used (the same
 /// f32 expression, so the same bits). Bounds the table by a constant instead of by
-/// `max_position_embeddings`, which a 1 KB config could set to 2^40 (issue 16): 16384 positions
+/// `max_position_embeddings`, which a 1 KB config could set to 2^40 (a file may claim sizes it
+/// does not back, so nothing is sized by a claim alone): 16384 positions
 /// of `Dh / 2 = 64` frequencies are 8 MiB.
 pub const ROPE_TABLE_POSITIONS: usize = 16384;
 
@@ -87,6 +88,11 @@ impl Rope {
             sin: Array2::from_shape_fn((positions, inv.len()), |(p, i)| angle(p, i).sin()),
             inv,
         }
+    }
+
+    /// `[Dh/2]` the frequencies `f_i` (what the naive layer rotates by, `base::layer_naive`).
+    pub fn frequencies(&self) -> &[f32] {
+        &self.inv
     }
 
     /// Rotate every head of every row in place; row `t` is at absolute position `pos0 + t`.

@@ -219,7 +219,7 @@ impl WeightId {
 
     /// `WeightId::all(c).len()` without listing them, `None` when it overflows: the loaders
     /// compare it with the tensors a file has before listing anything (a config's counts come
-    /// from a file, and a 1 KB file may claim 2^40 layers; issue 16).
+    /// from a file, and a 1 KB file may claim 2^40 layers).
     pub fn count(c: &ModelConfig) -> Option<usize> {
         let bias = |b: bool| usize::from(b);
         let attn = 4 + 3 * bias(c.qkv_bias) + bias(c.o_bias);
@@ -234,7 +234,8 @@ impl WeightId {
     }
 }
 
-/// A linear map of a decoder layer (the seven projections an adapter may attach to, spec section 1).
+/// A linear map of a decoder layer (the seven projections an adapter may attach to,
+/// docs/m2r2/accelerator.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Target {
     Attn(AttnProj),
@@ -327,7 +328,7 @@ impl std::fmt::Display for Target {
 
 /// Refuse a config whose counts call for more tensors than `file` has (`present`), before
 /// anything is sized by them: the layer and expert counts come from the file's config, and are
-/// checked against the weights actually there (issue 16). The error names the first tensor the
+/// checked against the weights actually there, not trusted. The error names the first tensor the
 /// config calls for that `has` does not find (looked up one at a time, so at most `present + 1`
 /// lookups), as a missing tensor is the usual reason.
 ///

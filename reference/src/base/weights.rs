@@ -120,7 +120,8 @@ impl Weights {
     pub fn load(config: &ModelConfig, src: &dyn TensorSource) -> Result<Self> {
         let mut loader = Loader { config, src };
         // Grown layer by layer, not preallocated: the layer count comes from the file, and a
-        // count its tensors do not back fails at the first missing tensor (issue 16).
+        // count its tensors do not back fails at the first missing tensor, before anything is
+        // allocated for it.
         let mut layers = Vec::new();
         for l in 0..config.num_hidden_layers {
             let attn = Attention {

@@ -1,6 +1,6 @@
-//! The work counter: multiply-accumulates and weight bytes read, counted by the forward pass from
-//! the shapes it really multiplies (spec section 7). `m2r2::cost::CostModel` predicts the same
-//! numbers from the configs; the tests check that the two agree.
+//! The work counter: multiply-accumulates and weight bytes read, counted from the shapes a layer
+//! call really multiplies (`base::layer_work`; docs/m2r2/cost.md). `m2r2::cost::CostModel`
+//! predicts the same numbers from the configs; the tests check that the two agree.
 //!
 //! MACs (FLOPs = 2 MACs) are counted in weight products and in attention; bytes are the f32 weights
 //! read from memory, each matrix once per call however many rows share it (that is the point of

@@ -1,6 +1,6 @@
-//! The reference's draft / verify / rollback (spec section 5), the [`SpeculativeBackend`] that the
-//! speculative loop runs on. The ONNX runner implements the same trait with `draft.onnx` and
-//! `verifier.onnx`, which split the model at the same layer.
+//! The reference's draft / verify / rollback (docs/m2r2/speculative.md), the [`SpeculativeBackend`]
+//! that the speculative loop runs on. The ONNX runner implements the same trait with `draft.onnx`
+//! and `verifier.onnx`, which split the model at the same layer.
 //!
 //! - draft: one token through intervals `0..g_d` (layers `1..=e_gd`); slow rows write the cache, the
 //!   slow residual `s_{e_gd}` is kept, and (when proposing) the fast rows give the exit logits at

@@ -1,4 +1,5 @@
-//! Dynamic compute: early exit (spec section 4).
+//! Dynamic compute: early exit (docs/m2r2/early_exit.md). Its equations for one token are
+//! `decode/early_exit_naive.rs` (tested equal).
 //!
 //! Per token, run interval by interval. At gate `g` the fast exit state `u_g` gives exit logits
 //! `LMHead(FinalNorm(u_g))` and a gate score (ARLA, confidence or entropy); when the score reaches the
@@ -9,7 +10,7 @@
 //!   next token's rows when it reaches the layer where they stopped. Pending rows form groups of
 //!   consecutive positions, each stopped at one frontier layer; older groups have strictly higher
 //!   frontiers (a token that passes a group's frontier takes the group along). The KV cache then
-//!   equals the base model's, bit for bit (spec section 2's invariant); only when layers run moves.
+//!   equals the base model's, bit for bit (docs/m2r2/shared_kv.md); only when layers run moves.
 //! - `fast-kv`: fill the skipped layers' K/V from the exit state `u_g` (each layer's `attn_norm`, k and
 //!   v projections, RoPE). Cheaper, approximate: later tokens see different keys above the exit.
 
@@ -350,7 +351,7 @@ fn fill_kv_from_exit_state(
 }
 
 impl CostModel<'_> {
-    /// The work of early-exit decoding after the prompt (spec section 4), from the exit trace alone:
+    /// The work of early-exit decoding after the prompt, from the exit trace alone:
     /// token `i >= 1` of `trace` was produced by feeding the previous token at position
     /// `prompt_len + i - 1`; it ran interval by interval with a fast row, evaluating the exit head at
     /// each gate it reached, until its exit gate (or all layers and the base head). With `exact`, the
@@ -359,8 +360,7 @@ impl CostModel<'_> {
     pub fn early_exit(&self, prompt_len: usize, trace: &[ExitTrace], kv_policy: KvPolicy) -> Work {
         let weights = self.m2r2.expect("early-exit cost needs the M2R2 weights");
         let m2r2 = &weights.config;
-        let c = self.model;
-        let n_layers = c.num_hidden_layers;
+        let n_layers = self.model.num_hidden_layers;
         // Pending groups (positions, frontier), oldest first, as in `early_exit.rs`.
         let mut pending: Vec<(Vec<usize>, usize)> = Vec::new();
         let mut w = Work::default();
@@ -389,13 +389,7 @@ impl CostModel<'_> {
                         }
                         pending.push((positions.clone(), exit_layer));
                     }
-                    KvPolicy::FastKv => {
-                        for _ in exit_layer..n_layers {
-                            w += Work::read(c.hidden_size)
-                                + Work::matmul(1, c.kv_dim(), c.hidden_size, c.qkv_bias)
-                                + Work::matmul(1, c.kv_dim(), c.hidden_size, c.qkv_bias);
-                        }
-                    }
+                    KvPolicy::FastKv => w += self.kv_fill(exit_layer..n_layers),
                 }
                 break;
             }

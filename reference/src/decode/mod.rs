@@ -1,10 +1,12 @@
-//! The decoding modes on top of the base model and M2R2 (spec sections 4 and 5): early exit and
-//! lossless self-speculative decoding, with the reference's speculative backend.
+//! The decoding modes on top of the base model and M2R2 (docs/m2r2/early_exit.md, speculative.md):
+//! early exit and lossless self-speculative decoding, with the reference's speculative backend.
 
 pub mod bridge_state;
 pub mod draft_sim;
 pub mod draft_verify;
 pub mod early_exit;
+pub mod early_exit_naive;
 pub mod mode;
 pub mod speculative;
+pub mod speculative_naive;
 pub mod timed;

@@ -1,14 +1,14 @@
-//! The decoding modes behind one call (spec sections 4 and 5): [`run_mode`] runs greedy, early-exit
-//! or self-speculative decoding on the reference and returns a mode-independent [`ModeRun`]
-//! (tokens, per-token steps, timings, work, the mode's own figures). The command line only parses
-//! flags into [`M2r2Settings`] and prints the run; the ONNX runner builds the same [`ModeRun`]
-//! from its own loops with [`greedy_run`] and [`speculative_run`].
+//! The decoding modes behind one call: [`run_mode`] runs greedy, early-exit or self-speculative
+//! decoding on the reference and returns a mode-independent [`ModeRun`] (tokens, per-token steps,
+//! timings, work, the mode's own figures). The command line only parses flags into
+//! [`M2r2Settings`] and prints the run; the ONNX runner builds the same [`ModeRun`] from its own
+//! loops with [`greedy_run`] and [`speculative_run`].
 //!
-//! | mode          | what runs                                                        | spec |
-//! |---------------|------------------------------------------------------------------|------|
-//! | `greedy`      | the base model alone (M2R2 weights unused)                       | 1    |
-//! | `early-exit`  | exit at the first gate whose score reaches the threshold         | 4    |
-//! | `speculative` | draft with the fast stream at the draft gate, verify with the rest | 5    |
+//! | mode          | what runs                                                | docs/m2r2/     |
+//! |---------------|----------------------------------------------------------|----------------|
+//! | `greedy`      | the base model alone (M2R2 weights unused)               | streams.md     |
+//! | `early-exit`  | exit at the first gate whose score reaches the threshold | early_exit.md  |
+//! | `speculative` | draft with the fast stream at the draft gate, verify     | speculative.md |
 //!
 //! Per-token figures (`layers_per_token`, work per token) are per decoded token: the work after
 //! the prompt divided by `tokens.len() - 1`, because the first generated token comes from the
@@ -35,9 +35,11 @@ use std::time::Instant;
 pub enum Mode {
     /// The base model, one token per forward
     Greedy,
-    /// Emit a token at the first exit gate whose score reaches --threshold (spec section 4)
+    /// Emit a token at the first exit gate whose score reaches --threshold
+    /// (docs/m2r2/early_exit.md)
     EarlyExit,
-    /// Lossless self-speculation: draft at --draft-gate, verify with the full model (spec section 5)
+    /// Lossless self-speculation: draft at --draft-gate, verify with the full model
+    /// (docs/m2r2/speculative.md)
     Speculative,
 }
 

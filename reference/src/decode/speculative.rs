@@ -1,5 +1,5 @@
-//! Lossless self-speculative decoding (spec section 5), written once against [`SpeculativeBackend`]
-//! so the reference and the ONNX runner run the same loop and cannot drift.
+//! Lossless self-speculative decoding (docs/m2r2/speculative.md), written once against
+//! [`SpeculativeBackend`] so the reference and the ONNX runner run the same loop and cannot drift.
 //!
 //! One round, with `last` the newest emitted token (not yet fed) and `n` positions in the cache:
 //! ```text
@@ -281,7 +281,7 @@ impl Chooser {
 }
 
 impl CostModel<'_> {
-    /// The draft and verify work of self-speculative rounds (spec section 5): per round, `drafted + 1`
+    /// The draft and verify work of self-speculative rounds: per round, `drafted + 1`
     /// draft steps (the last one proposes only when a dynamic gate dropped its proposal), then one
     /// verify chunk. `all_intervals`: the gate needs every exit state (ARLA), so the fast stream runs
     /// in every interval up to the draft gate; otherwise only in the one ending at it.

@@ -1,5 +1,5 @@
-//! Accelerator adapters (spec section 1): LoRA terms on chosen linear maps of a layer that turn the
-//! base layer into a layer of the fast (rate-accelerated) residual stream.
+//! Accelerator adapters (docs/m2r2/accelerator.md): LoRA terms on chosen linear maps of a layer
+//! that turn the base layer into a layer of the fast (rate-accelerated) residual stream.
 //!
 //! ```text
 //! y = W x + scale * B (A x)        A: [r, in], B: [out, r]
@@ -22,7 +22,6 @@ use crate::base::layer::FastAdapter;
 use crate::base::matmul::linear;
 use crate::base::matmul::narrow::{NARROW_MAX_WIDTH, linear_narrow_t};
 use crate::base::weight_names::Target;
-use crate::base::work::Work;
 use crate::error::{Error, Result};
 use crate::io::builtin::standard_normal;
 use crate::io::peft::{LoraPart, PeftLora, PeftPair};
@@ -191,7 +190,7 @@ impl Accelerator {
     }
 
     /// The adapter term `scale * B (A x)` on `target` of code layer `layer`, or `None` where that
-    /// map has no adapter (the fast row then uses the base weight alone). Spec section 1.
+    /// map has no adapter (the fast row then uses the base weight alone).
     ///
     /// # Shapes
     /// - `x`: `[T, in]` (the input of the base projection) -> `[T, out]`
@@ -395,18 +394,14 @@ fn normal(rows: usize, cols: usize, std: f32, rng: &mut ChaCha8Rng) -> Array2<f3
     Array2::from_shape_simple_fn((rows, cols), || std * standard_normal(rng))
 }
 
-/// The fast rows of a decoder layer get the adapter term, and the work of its two products.
+/// The fast rows of a decoder layer get the adapter term.
 impl FastAdapter for Accelerator {
-    fn delta(
-        &self,
-        layer: usize,
-        target: Target,
-        x: ArrayView2<f32>,
-    ) -> Option<(Array2<f32>, Work)> {
-        let lora = self.lora(layer, target)?;
-        let work = Work::matmul(x.nrows(), lora.a.nrows(), lora.a.ncols(), false)
-            + Work::matmul(x.nrows(), lora.b.nrows(), lora.b.ncols(), false);
-        Some((lora.delta(x, self.scale(lora)), work))
+    fn delta(&self, layer: usize, target: Target, x: ArrayView2<f32>) -> Option<Array2<f32>> {
+        Accelerator::delta(self, layer, target, x)
+    }
+
+    fn rank(&self, layer: usize, target: Target) -> Option<usize> {
+        self.lora(layer, target).map(Lora::rank)
     }
 }
 

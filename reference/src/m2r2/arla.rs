@@ -1,4 +1,4 @@
-//! ARLA, Accelerated Residual Latent Attention (spec section 3): the exit decision at gate `g`
+//! ARLA, Accelerated Residual Latent Attention (docs/m2r2/arla.md): the exit decision at gate `g`
 //! from the fast exit states `u_1..u_g` of one token, by attention in a small latent space.
 //!
 //! ```text
@@ -26,6 +26,7 @@
 //! with submodules `norm, proj, gate_embed (nn.Embedding), q, k, v, out` saves exactly these names
 //! under the prefix `arla.`.
 
+use crate::base::layer_naive::{matvec, rms_norm_row};
 use crate::base::matmul::{dot, linear};
 use crate::base::ops::{rms_norm, softmax_inplace};
 use crate::base::weights::TensorSource;
@@ -105,7 +106,7 @@ impl Arla {
     }
 
     /// `p_exit` at gate `g = exit_states.len()` (1-based) from the fast exit states `u_1..u_g`
-    /// of one token (spec section 3; equations in the module docs). `eps` is the base model's
+    /// of one token (equations in the module docs). `eps` is the base model's
     /// `rms_norm_eps`. Each `z_i` depends only on `u_i`, and every product goes through the
     /// batch-invariant [`linear`] / [`dot`], so the result does not depend on anything but the
     /// token's own states.
@@ -156,6 +157,58 @@ impl Arla {
         }
         // p = sigmoid(w_o . (o + z_g) + b_o)
         let h = o + z_g.row(0);
+        let logit = dot(
+            self.wo.as_slice().expect("owned vector"),
+            h.as_slice().expect("owned vector"),
+        ) + self.bo;
+        1.0 / (1.0 + (-logit).exp())
+    }
+
+    /// [`Arla::exit_prob`] as the module docs' equations, one vector at a time: the same products
+    /// ([`dot`], through `matvec`) in the same order, so the same bits (tested).
+    ///
+    /// # Shapes
+    /// As [`Arla::exit_prob`].
+    ///
+    /// # Panics
+    /// If `g` is 0 or above `J`.
+    pub fn exit_prob_naive(&self, exit_states: &[ArrayView1<f32>], eps: f32) -> f32 {
+        let g = exit_states.len();
+        assert!(g >= 1 && g <= self.n_gates(), "ARLA at gate {g}");
+        // z_i = P RMSNorm_arla(u_i) + E[i]                                   g x [d_lat]
+        let z: Vec<Array1<f32>> = exit_states
+            .iter()
+            .enumerate()
+            .map(|(i, u)| {
+                let normed = rms_norm_row(&u.to_owned(), &self.norm, eps);
+                matvec(self.proj.view(), None, &normed) + self.gate_embed.row(i)
+            })
+            .collect();
+        let z_g = &z[g - 1];
+        // q = W_q z_g, k_i = W_k z_i, v_i = W_v z_i                           [d_lat]
+        let q = matvec(self.wq.view(), None, z_g);
+        let k_rows: Vec<Array1<f32>> = z
+            .iter()
+            .map(|z_i| matvec(self.wk.view(), None, z_i))
+            .collect();
+        let v: Vec<Array1<f32>> = z
+            .iter()
+            .map(|z_i| matvec(self.wv.view(), None, z_i))
+            .collect();
+        // a = softmax_i(q . k_i / sqrt(d_lat))                                [g]
+        let k_views: Vec<ArrayView1<f32>> = k_rows.iter().map(|k| k.view()).collect();
+        let k = ndarray::stack(ndarray::Axis(0), &k_views).expect("g rows of d_lat"); // [g, d_lat]
+        let mut a = matvec(k.view(), None, &q);
+        let sqrt_lat = (self.latent() as f32).sqrt();
+        a.mapv_inplace(|x| x / sqrt_lat);
+        softmax_inplace(a.view_mut());
+        // o = sum_i a_i v_i                                                   [d_lat]
+        let mut o = Array1::<f32>::zeros(self.latent());
+        for (a_i, v_i) in a.iter().zip(&v) {
+            o.scaled_add(*a_i, v_i);
+        }
+        // p = sigmoid(w_o . (o + z_g) + b_o)
+        let h = o + z_g;
         let logit = dot(
             self.wo.as_slice().expect("owned vector"),
             h.as_slice().expect("owned vector"),
@@ -310,6 +363,32 @@ mod tests {
         // p = sigmoid(-0.0558072) = 0.4860518.
         let p = arla.exit_prob(&[u1.view(), u2.view()], 0.0);
         assert_abs_diff_eq!(p, 0.486_051_8, epsilon = 1e-6);
+    }
+
+    /// The naive twin gives `exit_prob`'s bits at every gate, for random weights and states.
+    #[test]
+    fn exit_prob_naive_is_exit_prob_bitwise() {
+        let arla = Arla::random(64, 3, 16, 5);
+        let mut rng = ChaCha8Rng::seed_from_u64(6);
+        for _ in 0..50 {
+            let us: Vec<Array1<f32>> = (0..3)
+                .map(|_| Array1::from_shape_simple_fn(64, || 3.0 * standard_normal(&mut rng)))
+                .collect();
+            let views: Vec<_> = us.iter().map(|u| u.view()).collect();
+            for g in 1..=3 {
+                let fast = arla.exit_prob(&views[..g], 1e-5);
+                let naive = arla.exit_prob_naive(&views[..g], 1e-5);
+                assert_eq!(
+                    fast.to_bits(),
+                    naive.to_bits(),
+                    "gate {g}: {fast} vs {naive}"
+                );
+            }
+        }
+        let u1 = array![1.0f32, 1.0];
+        let u2 = array![3.0f32, -3.0];
+        let naive = hand_arla().exit_prob_naive(&[u1.view(), u2.view()], 0.0);
+        assert_abs_diff_eq!(naive, 0.486_051_8, epsilon = 1e-6);
     }
 
     #[test]

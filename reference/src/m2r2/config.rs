@@ -1,4 +1,4 @@
-//! The M2R2 settings of one adapted model (spec sections 0 and 1), stored as `m2r2_config.json`
+//! The M2R2 settings of one adapted model (docs/m2r2/streams.md), stored as `m2r2_config.json`
 //! beside the adapter: where the exit gates sit, which linear maps carry accelerator adapters, the
 //! ARLA latent size and threshold, and the speculative draft settings.
 //!
@@ -63,7 +63,7 @@ impl<'de> Deserialize<'de> for Target {
     }
 }
 
-/// ARLA settings (spec section 3).
+/// ARLA settings (docs/m2r2/arla.md).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ArlaConfig {
@@ -74,9 +74,10 @@ pub struct ArlaConfig {
     pub threshold: f32,
 }
 
-/// Dynamic drafting as the default of speculative decoding (spec section 6): keep drafting while
-/// the draft gate's score is `>= threshold`, at most `draft_len` tokens. Chosen by measurement
-/// for shipped weights (docs/PERFORMANCE.md); `--draft-len N` still asks for fixed drafting.
+/// Dynamic drafting as the default of speculative decoding (docs/m2r2/speculative.md): keep
+/// drafting while the draft gate's score is `>= threshold`, at most `draft_len` tokens. Chosen by
+/// measurement for shipped weights (docs/PERFORMANCE.md); `--draft-len N` still asks for fixed
+/// drafting.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DynamicDraftConfig {
@@ -115,7 +116,7 @@ pub struct M2r2Config {
     pub seed: Option<u64>,
 }
 
-/// The default gates `e_j = floor(j * N / (J + 1))` for `j = 1..=J` (spec section 0), with
+/// The default gates `e_j = floor(j * N / (J + 1))` for `j = 1..=J` (near-equal intervals), with
 /// values outside `1..N` and repeats dropped, so a model too shallow for `J` gates gets fewer
 /// (N = 2 gives `[1]`; N = 1 gives none, which [`M2r2Config::validate`] refuses).
 pub fn default_gates(n_layers: usize, num_gates: usize) -> Vec<usize> {
@@ -149,9 +150,9 @@ pub fn parse_gates(text: &str) -> Result<Vec<usize>> {
 }
 
 impl M2r2Config {
-    /// The defaults of spec section 0 for `model`: J = 3 near-equal intervals, rank 16, alpha 32,
-    /// all seven targets (the four attention projections on MoE models), ARLA latent 64 and
-    /// threshold 0.5, draft gate 1, draft length 4, no seed.
+    /// The defaults for `model` (docs/m2r2/streams.md): J = 3 near-equal intervals, rank 16,
+    /// alpha 32, all seven targets (the four attention projections on MoE models), ARLA latent 64
+    /// and threshold 0.5, draft gate 1, draft length 4, no seed.
     pub fn default_for(model: &ModelConfig) -> Self {
         let targets = Target::ALL
             .into_iter()
@@ -372,7 +373,7 @@ impl M2r2Config {
         self.interval_layers(j).len()
     }
 
-    /// `d_j(i) = e_j + round(i * (N - e_j) / k_j)` (spec section 1): the slow depth the fast
+    /// `d_j(i) = e_j + round(i * (N - e_j) / k_j)` (docs/m2r2/streams.md): the slow depth the fast
     /// state estimates after its `i`-th layer in interval `j` (`i = 0..=k_j`; `d_j(0) = e_j`,
     /// `d_j(k_j) = N`). Rounds half away from zero, in exact integer arithmetic (N = 30, gates
     /// `[7, 15, 22]`: `d_1(4) = 7 + round(11.5) = 19`).

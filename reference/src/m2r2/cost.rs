@@ -1,15 +1,17 @@
-//! One cost model: FLOPs and weight bytes read, for every decoding mode (spec section 7).
+//! One cost model: FLOPs and weight bytes read, for every decoding mode (docs/m2r2/cost.md).
 //!
 //! [`Work`] counts multiply-accumulates (MACs; FLOPs = 2 MACs) in weight products and in attention,
 //! and the f32 weight bytes read from memory, each matrix counted once per call however many rows
 //! share it (that is the point of stacking slow and fast rows, and of verifying drafts in a chunk).
 //!
-//! [`CostModel`] predicts the work of each step from the config and a few facts about the step (rows,
-//! positions, which gate); the decoding modes report per-token FLOPs and bytes from it, so the
-//! reference and the ONNX runner report with the same formulas. The forward pass also counts the work
-//! it really does from the shapes it multiplies (`DecoderLayer::forward`, `Model::head`); the tests
-//! check that the two agree exactly (MoE expert bytes: the model counts `min(E, rows * k)` experts per
-//! call, an upper bound that is exact for one row).
+//! [`CostModel`] predicts the work of each step from the configs and a few facts about the step
+//! (rows, positions, which gate): this file is the one home of the arithmetic (`m2r2 bench`'s bytes
+//! per decode step and `moe_aot`'s layer times read it too). Beside the forward, not inside it,
+//! `base::layer_work` counts what each layer call really multiplied from the weights' own shapes
+//! (and `Model::head`, the embedding and the draft head count theirs); the decoding modes report
+//! that count, and the tests check that the two agree exactly (MoE expert bytes: the prediction is
+//! `min(E, rows * k)` experts per call, an upper bound that is exact for one row, where the count
+//! reads the experts the rows chose).
 //!
 //! Every decoding mode has its predictor: [`CostModel::greedy_step`], [`CostModel::speculative`]
 //! (from the rounds) and [`CostModel::early_exit`] (from the exit trace).
@@ -35,41 +37,87 @@ impl<'a> CostModel<'a> {
     }
 
     /// Layer `l` on `positions.len()` slow rows (the positions they sit at) and fast rows at
-    /// `fast_positions`.
+    /// `fast_positions`: its two norm weights, the attention projections and attention of every
+    /// row, the feed-forward (the slow rows choose the experts), and the fast rows' adapter terms.
     pub fn layer(&self, l: usize, positions: &[usize], fast_positions: &[usize]) -> Work {
-        let c = self.model;
-        let (d, i) = (c.hidden_size, c.intermediate_size);
         let rows = positions.len() + fast_positions.len();
-        let mut w = Work::read(2 * d) // two norm weights
-            + Work::matmul(rows, c.q_dim(), d, c.qkv_bias)
-            + Work::matmul(rows, c.kv_dim(), d, c.qkv_bias)
-            + Work::matmul(rows, c.kv_dim(), d, c.qkv_bias)
-            + Work::matmul(rows, d, c.q_dim(), c.o_bias);
-        for &p in positions.iter().chain(fast_positions) {
-            let lo = crate::base::attention::window_start(c, p);
-            w += Work::attention(c, p + 1 - lo);
-        }
-        w += match &c.moe {
-            None => {
-                Work::matmul(rows, i, d, c.mlp_bias)
-                    + Work::matmul(rows, i, d, c.mlp_bias)
-                    + Work::matmul(rows, d, i, c.mlp_bias)
-            }
-            Some(moe) => {
-                let k = moe.num_experts_per_tok;
-                let experts_read = moe.num_local_experts.min(positions.len() * k);
-                Work::matmul(rows, moe.num_local_experts, d, false)
-                    + Work {
-                        weight_macs: (rows * k * 3 * d * i) as u64,
-                        ..Work::default()
-                    }
-                    + Work::read(experts_read * 3 * d * i)
-            }
-        };
+        let mut w = self.layer_norms()
+            + self.attention_projections(rows)
+            + self.attention(positions.iter().chain(fast_positions).copied())
+            + self.feed_forward(rows, positions.len());
         if !fast_positions.is_empty() {
             w += self.adapter(l, fast_positions.len());
         }
         w
+    }
+
+    /// The two RMSNorm weights of a layer (input and post-attention), read once per call.
+    pub fn layer_norms(&self) -> Work {
+        Work::read(2 * self.model.hidden_size)
+    }
+
+    /// The q, k, v and o projections (with their biases) on `rows` rows.
+    pub fn attention_projections(&self, rows: usize) -> Work {
+        let c = self.model;
+        let d = c.hidden_size;
+        Work::matmul(rows, c.q_dim(), d, c.qkv_bias)
+            + Work::matmul(rows, c.kv_dim(), d, c.qkv_bias)
+            + Work::matmul(rows, c.kv_dim(), d, c.qkv_bias)
+            + Work::matmul(rows, d, c.q_dim(), c.o_bias)
+    }
+
+    /// Attention of one row per position in `positions`, each over the keys it sees
+    /// (`lo..=p`, within the sliding window).
+    pub fn attention(&self, positions: impl IntoIterator<Item = usize>) -> Work {
+        let c = self.model;
+        positions
+            .into_iter()
+            .map(|p| Work::attention(c, p + 1 - crate::base::attention::window_start(c, p)))
+            .sum()
+    }
+
+    /// The feed-forward on `rows` rows of which `slow_rows` are slow: the dense SwiGLU MLP, or the
+    /// MoE router and experts.
+    pub fn feed_forward(&self, rows: usize, slow_rows: usize) -> Work {
+        match &self.model.moe {
+            None => self.mlp(rows),
+            Some(_) => self.router(rows) + self.experts(rows, slow_rows),
+        }
+    }
+
+    /// The dense SwiGLU MLP (gate, up, down, with their biases) on `rows` rows.
+    pub fn mlp(&self, rows: usize) -> Work {
+        let c = self.model;
+        let (d, i) = (c.hidden_size, c.intermediate_size);
+        Work::matmul(rows, i, d, c.mlp_bias)
+            + Work::matmul(rows, i, d, c.mlp_bias)
+            + Work::matmul(rows, d, i, c.mlp_bias)
+    }
+
+    /// The MoE router `[E, D]` on `rows` rows (none in a dense model).
+    pub fn router(&self, rows: usize) -> Work {
+        let c = self.model;
+        match &c.moe {
+            None => Work::default(),
+            Some(moe) => Work::matmul(rows, moe.num_local_experts, c.hidden_size, false),
+        }
+    }
+
+    /// The routed experts (SwiGLU, no biases) on `rows` rows of which `slow_rows` are slow: `k`
+    /// experts per row, the experts read being at most `min(E, slow_rows * k)` (fast rows use their
+    /// slow row's experts; exact for one slow row). None in a dense model.
+    pub fn experts(&self, rows: usize, slow_rows: usize) -> Work {
+        let c = self.model;
+        let Some(moe) = &c.moe else {
+            return Work::default();
+        };
+        let per_expert = 3 * c.hidden_size * c.intermediate_size;
+        let k = moe.num_experts_per_tok;
+        let experts_read = moe.num_local_experts.min(slow_rows * k);
+        Work {
+            weight_macs: (rows * k * per_expert) as u64,
+            ..Work::read(experts_read * per_expert)
+        }
     }
 
     /// Adapter terms `scale * B (A x)` of layer `l` for `rows` fast rows (none without an adapter).
@@ -94,8 +142,30 @@ impl<'a> CostModel<'a> {
 
     /// Final norm and LM head on `rows` rows.
     pub fn head(&self, rows: usize) -> Work {
+        self.final_norm() + self.lm_head(rows)
+    }
+
+    /// The final RMSNorm's weight.
+    pub fn final_norm(&self) -> Work {
         Work::read(self.model.hidden_size)
-            + Work::matmul(rows, self.model.vocab_size, self.model.hidden_size, false)
+    }
+
+    /// The LM head `[V, D]` (the embedding when tied) on `rows` rows.
+    pub fn lm_head(&self, rows: usize) -> Work {
+        Work::matmul(rows, self.model.vocab_size, self.model.hidden_size, false)
+    }
+
+    /// `fast-kv` early exit: the k and v projections (and the input norm's weight) of `layers`
+    /// on one exit state, filling the cache of the layers a token skipped.
+    pub fn kv_fill(&self, layers: std::ops::Range<usize>) -> Work {
+        let c = self.model;
+        layers
+            .map(|_| {
+                Work::read(c.hidden_size)
+                    + Work::matmul(1, c.kv_dim(), c.hidden_size, c.qkv_bias)
+                    + Work::matmul(1, c.kv_dim(), c.hidden_size, c.qkv_bias)
+            })
+            .sum()
     }
 
     /// Embedding rows of `rows` tokens.

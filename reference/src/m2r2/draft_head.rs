@@ -1,4 +1,4 @@
-//! The pruned draft head of FLOPs-aware drafting (spec section 7).
+//! The pruned draft head of FLOPs-aware drafting (docs/m2r2/cost.md).
 //!
 //! For a small model the LM head dominates a draft step (SmolLM2: 28.3 M of about 78 M
 //! multiply-adds). The draft only has to guess the verifier's token, so it may score a subset of

@@ -1,4 +1,4 @@
-//! Exit gates (spec sections 3 and 4): one score per token at gate `g`, one threshold rule for all
+//! Exit gates (docs/m2r2/arla.md): one score per token at gate `g`, one threshold rule for all
 //! kinds: exit when `score >= threshold`.
 //!
 //! | kind         | score                                   | needs               |
@@ -19,7 +19,7 @@ use std::str::FromStr;
 /// Which score decides early exit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GateKind {
-    /// ARLA's `p_exit` (spec section 3).
+    /// ARLA's `p_exit` (`m2r2/arla.rs`).
     Arla,
     /// Max softmax probability of the exit logits.
     Confidence,

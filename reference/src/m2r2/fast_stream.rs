@@ -1,4 +1,5 @@
-//! The fast residual stream (spec section 1), run interval by interval next to the slow stream.
+//! The fast residual stream (docs/m2r2/streams.md), run interval by interval next to the slow
+//! stream. Its equations for one token are `m2r2/fast_stream_naive.rs` (tested bitwise equal).
 //!
 //! In interval `j` (code layers `e_j .. e_{j+1}`) the fast state starts from the slow residual,
 //! `f <- s_{e_j}`, and runs the interval's layers with the base weights plus each layer's accelerator
@@ -8,8 +9,8 @@
 //! gated one.
 //!
 //! The fast rows ride in the same `DecoderLayer::forward_batch` calls as the slow rows (one weight
-//! read), read the slow KV cache and never write it (spec section 2). They run only when their output is consumed
-//! (spec section 7): callers pass the slots that need a fast row.
+//! read), read the slow KV cache and never write it (docs/m2r2/shared_kv.md). They run only when
+//! their output is consumed (docs/m2r2/cost.md): callers pass the slots that need a fast row.
 
 use crate::base::kv_cache::KvCache;
 use crate::base::layer::FastRows;
@@ -204,7 +205,7 @@ mod tests {
     }
 
     /// With B = 0 the fast stream computes exactly the slow stream's layers, so each exit state
-    /// equals the slow residual at its gate, bit for bit (spec section 1).
+    /// equals the slow residual at its gate, bit for bit.
     #[test]
     fn zero_adapters_make_fast_equal_slow() {
         for name in builtin::BUILTIN_NAMES {

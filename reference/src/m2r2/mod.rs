@@ -1,4 +1,4 @@
-//! M2R2 itself (spec sections 1-4, 7): the fast residual stream with its accelerator adapters, the
+//! M2R2 itself (docs/m2r2/): the fast residual stream with its accelerator adapters, the
 //! ARLA exit gate and the other exit scores, the pruned draft head, the M2R2 config and weights
 //! folders, the shipped trained weights, and the cost model.
 
@@ -11,6 +11,7 @@ pub mod cost;
 pub mod draft_head;
 pub mod exit_gate;
 pub mod fast_stream;
+pub mod fast_stream_naive;
 pub mod shipped;
 pub mod weight_names;
 pub mod weights;

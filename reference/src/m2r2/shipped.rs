@@ -1,4 +1,4 @@
-//! Trained M2R2 weights that ship inside the crate (issue 7), so that `--model smollm2` decodes
+//! Trained M2R2 weights that ship inside the crate, so that `--model smollm2` decodes
 //! speculatively with trained adapters, ARLA and a pruned draft head without a download.
 //!
 //! The files are an ordinary M2R2 weights folder (`m2r2_config.json`, PEFT adapter, `arla.safetensors`,
