@@ -395,8 +395,8 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
     }
 }
 
-/// `--cuda-graph`: `on` where a CUDA graph cannot apply (the CPU provider, a dynamic export,
-/// speculative decoding) and `both` outside `bench` are errors naming why, with no panic; the
+/// `--cuda-graph`: `on` where a CUDA graph cannot apply (the CPU provider, a dynamic export, for
+/// greedy and speculative decoding) and `both` outside `bench` are errors naming why, with no panic; the
 /// default on the CPU is off (`"cuda_graph": null`) and gives the same tokens as `off`.
 #[test]
 fn cuda_graph_is_refused_where_it_cannot_apply() {
@@ -440,7 +440,24 @@ fn cuda_graph_is_refused_where_it_cannot_apply() {
     );
     refused(
         run(s, &["--mode", "speculative", "--cuda-graph", "on"]),
-        &["--cuda-graph on", "--mode greedy"],
+        &[
+            "--cuda-graph",
+            "CUDA execution provider (--ep cuda), not cpu",
+        ],
+    );
+    refused(
+        run(
+            d,
+            &[
+                "--mode",
+                "speculative",
+                "--ep",
+                "cuda",
+                "--cuda-graph",
+                "on",
+            ],
+        ),
+        &["--cuda-graph", "dynamic export", "--static-cache L"],
     );
     refused(
         run(s, &["--cuda-graph", "both"]),

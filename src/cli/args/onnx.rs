@@ -49,12 +49,13 @@ pub struct EpArgs {
     pub ort_profile: Option<PathBuf>,
     /// bench --cost-shape --onnx only: also measure ONNX Runtime with these session options, one
     /// row each in the same run: `NAME:key=value,...;NAME:...` (keys threads, spinning, opt,
-    /// own-pool, host-kv; see docs/ONNX.md)
+    /// own-pool, host-kv, cuda-graph; see docs/ONNX.md)
     #[arg(long, value_name = "VARIANTS")]
     pub ort_compare: Option<String>,
-    /// Static exports on CUDA: run the one-row greedy decode step as a captured CUDA graph: on |
-    /// off | both (bench only: each static export twice, without and with) (default: on for a
-    /// static export on --ep cuda, off otherwise; `on` elsewhere is an error)
+    /// Static exports on CUDA: run each decode-time step (greedy's one row; speculative draft row,
+    /// fed row, each verify length) as a captured CUDA graph: on | off | both (bench only: each
+    /// static export twice, without and with) (default: on for a static export on --ep cuda, off
+    /// otherwise; `on` elsewhere is an error; docs/STATIC.md)
     #[arg(long, value_enum, value_name = "ON|OFF|BOTH")]
     pub cuda_graph: Option<CudaGraph>,
 }
