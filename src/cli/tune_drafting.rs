@@ -22,6 +22,7 @@ use onnx_runner::speculation::OnnxSpeculation;
 use reference::base::generate::ReferenceGreedy;
 use reference::decode::draft_sim::{Policy, Simulated, StepCosts, Trace, simulate, trace};
 use reference::decode::draft_verify::ReferenceSpeculation;
+use reference::decode::drafting::check_draft_gate;
 use reference::io::load::LoadedModel;
 use reference::m2r2::config::{DynamicDraftConfig, M2r2Config};
 use reference::m2r2::exit_gate::GateKind;
@@ -180,12 +181,8 @@ pub fn run(args: &Args) -> Result<()> {
     } else {
         args.draft_gates.clone()
     };
-    if let Some(g) = gates.iter().find(|&&g| g == 0 || g > config.num_gates()) {
-        bail!(
-            "--draft-gates: gate {g} does not exist: the gates are 1..={} (after layers {:?})",
-            config.num_gates(),
-            config.gates
-        );
+    for &g in &gates {
+        check_draft_gate(config, g, "--draft-gates: gate")?;
     }
     let (mut data, meta) = train::data::read(&args.data, loaded.model.config.vocab_size)?;
     if meta.temperature.is_some() {

@@ -1,7 +1,8 @@
 //! The default drafting policy: how the drafting a caller asks for (gate, threshold, draft length,
-//! each optional) resolves against an M2R2 config. `m2r2 generate`, `golden write` and `run` (on
-//! an export's manifest) resolve their flags here, as library users do, so the reference and an
-//! export of the same weights draft alike.
+//! each optional) resolves against an M2R2 config, and the check that a draft gate exists.
+//! `m2r2 generate`, `golden write` and `run` (on an export's manifest) resolve their flags here,
+//! as library users do, so the reference and an export of the same weights draft alike; `export`
+//! and `tune-drafting` check draft gates with [`check_draft_gate`].
 //!
 //! Error messages name the command line's flags (`--gate`, `--threshold`, `--draft-len`): they are
 //! what a user of `m2r2` reads.
@@ -97,6 +98,20 @@ pub fn resolve_drafting(
         threshold,
         draft_length,
     })
+}
+
+/// Check that draft gate `draft_gate` (1-based) exists: the gates are `1..=J`. `named` is how the
+/// message names it, as the caller got it: `"--draft-gate"`, `"--draft-gates: gate"`, `"draft
+/// gate"` ("--draft-gate 9 does not exist: the gates are 1..=3 (after layers [7, 15, 22])").
+pub fn check_draft_gate(config: &M2r2Config, draft_gate: usize, named: &str) -> Result<()> {
+    let j = config.num_gates();
+    if draft_gate == 0 || draft_gate > j {
+        return Err(Error::Invalid(format!(
+            "{named} {draft_gate} does not exist: the gates are 1..={j} (after layers {:?})",
+            config.gates
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -248,5 +263,33 @@ mod tests {
                 format!("--threshold must be a finite number, got {bad}")
             );
         }
+    }
+
+    #[test]
+    fn draft_gates_are_one_based_up_to_the_number_of_gates() {
+        let config = M2r2Config::default_for(&tiny_config());
+        let j = config.num_gates();
+        for g in 1..=j {
+            check_draft_gate(&config, g, "--draft-gate").unwrap();
+        }
+        for g in [0, j + 1] {
+            let err = check_draft_gate(&config, g, "--draft-gate")
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                err,
+                format!(
+                    "--draft-gate {g} does not exist: the gates are 1..={j} (after layers {:?})",
+                    config.gates
+                )
+            );
+        }
+        let err = check_draft_gate(&config, 0, "--draft-gates: gate")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("--draft-gates: gate 0 does not exist"),
+            "{err}"
+        );
     }
 }

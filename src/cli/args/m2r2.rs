@@ -1,8 +1,8 @@
 //! The M2R2 decoding flags shared by `generate` and `golden` (`--mode`, `--m2r2`, `--gate`,
 //! `--threshold`, `--kv-policy`, `--draft-gate`, `--draft-len` / `--dynamic-draft`,
 //! `--draft-head`) resolved into the library's `M2r2Settings`, and how a run is reported (JSON
-//! fields, `--trace` lines). The drafting defaults (gate, threshold, draft length) are the
-//! library's (`reference::decode::drafting`); the modes themselves run in
+//! fields, `--trace` lines). The drafting defaults (gate, threshold, draft length) and the draft
+//! gate's check are the library's (`reference::decode::drafting`); the modes themselves run in
 //! `reference::decode::mode`.
 //!
 //! `--draft-head on|off` chooses the pruned draft head (`draft_head.json` in the M2R2 folder,
@@ -12,7 +12,7 @@
 
 use anyhow::{Context, Result, bail};
 use reference::base::weight_names::Target;
-use reference::decode::drafting::{Drafting, DraftingRequest, resolve_drafting};
+use reference::decode::drafting::{Drafting, DraftingRequest, check_draft_gate, resolve_drafting};
 use reference::decode::early_exit::KvPolicy;
 use reference::io::load::LoadedModel;
 use reference::m2r2::exit_gate::GateKind;
@@ -171,13 +171,7 @@ impl M2r2Args {
             ),
         )?;
         let draft_gate = self.draft_gate.unwrap_or(config.draft_gate);
-        if draft_gate == 0 || draft_gate > config.num_gates() {
-            bail!(
-                "--draft-gate {draft_gate} does not exist: the gates are 1..={} (after layers {:?})",
-                config.num_gates(),
-                config.gates
-            );
-        }
+        check_draft_gate(config, draft_gate, "--draft-gate")?;
         Ok(M2r2Settings {
             mode: self.mode.into(),
             source: self.source(loaded),
