@@ -1,4 +1,5 @@
-//! `m2r2 tune-drafting`: choose speculative decoding's drafting policy by measurement (issue 14).
+//! `m2r2 tune-drafting`: choose speculative decoding's drafting policy by measurement
+//! (docs/TRAINING.md "Choosing the drafting policy").
 //!
 //! For each draft gate, one teacher-forced pass over greedy distillation data records whether each
 //! draft equals the next greedy token and its gate scores (`reference::decode::draft_sim::trace`);

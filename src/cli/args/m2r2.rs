@@ -26,9 +26,9 @@ use reference::decode::mode::{M2r2Settings, Mode};
 pub enum ModeArg {
     /// The base model, one token per forward
     Greedy,
-    /// Emit a token at the first exit gate whose score reaches --threshold (spec section 4)
+    /// Emit a token at the first exit gate whose score reaches --threshold
     EarlyExit,
-    /// Lossless self-speculation: draft at --draft-gate, verify with the full model (spec section 5)
+    /// Lossless self-speculation: draft at --draft-gate, verify with the full model
     Speculative,
 }
 
