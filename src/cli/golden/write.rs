@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use reference::decode::early_exit::{EarlyExitOptions, KvPolicy};
 use reference::decode::mode::Mode;
 use reference::decode::speculative::{DraftLength, SpeculativeOptions};
-use reference::golden::{Golden, Pins};
+use reference::golden::{Golden, Pins, Tolerance};
 use reference::io::load::LoadedModel;
 use reference::m2r2::fast_stream::M2r2;
 use serde_json::json;
@@ -32,10 +32,8 @@ fn suite_file(id: &str) -> String {
 
 pub(super) fn write(args: &WriteArgs) -> Result<()> {
     for (name, x) in [("--atol", args.atol), ("--rtol", args.rtol)] {
-        if let Some(x) = x
-            && !(x >= 0.0 && x.is_finite())
-        {
-            bail!("{name} must be a finite number >= 0, got {x}");
+        if let Some(x) = x {
+            Tolerance::check_bound(name, x)?;
         }
     }
     let loaded = common::load(&args.model.model)?;
