@@ -6,7 +6,7 @@ use super::{SUITE_SUFFIX, WriteArgs};
 use crate::cli::args::model::PromptArgs;
 use crate::cli::common;
 use anyhow::{Context, Result, bail};
-use reference::decode::early_exit::{EarlyExitOptions, KvPolicy};
+use reference::decode::early_exit::EarlyExitOptions;
 use reference::decode::mode::Mode;
 use reference::decode::speculative::{DraftLength, SpeculativeOptions};
 use reference::golden::{Golden, Pins, Tolerance};
@@ -159,13 +159,7 @@ fn record_m2r2(
     let golden = match settings.mode {
         Mode::Greedy => unreachable!("recorded by the caller"),
         Mode::EarlyExit => {
-            if settings.kv_policy != KvPolicy::Exact {
-                bail!(
-                    "early-exit goldens need --kv-policy exact: with {} the cache is approximate \
-                     and the exit logits cannot be recomputed independently of the decoder",
-                    settings.kv_policy
-                );
-            }
+            // Golden::record_early_exit refuses any KV policy but `exact`.
             let options = EarlyExitOptions {
                 max_new_tokens: args.steps,
                 stop_tokens,
