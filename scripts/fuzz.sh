@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fuzz one loader with cargo-fuzz / libFuzzer (issue 16; docs/TESTING.md "Fuzzing"):
+# Fuzz one loader with cargo-fuzz / libFuzzer (docs/TESTING.md "Hostile inputs and fuzzing"):
 #
 #   scripts/fuzz.sh TARGET SECONDS [RUNS]   fuzz TARGET for SECONDS (or RUNS executions, if given
 #                                           and reached first) under a 2 GB RSS / 1 GB single-

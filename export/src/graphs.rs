@@ -29,6 +29,7 @@ use crate::emit::rope::tables;
 use crate::error::{Error, Result};
 use crate::proto::ModelProto;
 use reference::base::model::Model;
+use reference::decode::drafting::check_draft_gate;
 use reference::m2r2::weights::M2r2Weights;
 use std::ops::Range;
 
@@ -142,13 +143,7 @@ pub fn check(model: &Model, m2r2: &M2r2Weights, options: &ExportOptions) -> Resu
     check_opset(options.opset)?;
     let config = &model.config;
     m2r2.config.validate(config, "M2R2 settings")?;
-    let j = m2r2.config.num_gates();
-    if options.draft_gate == 0 || options.draft_gate > j {
-        return Err(Error::Invalid(format!(
-            "--draft-gate {} does not exist: the gates are 1..={j} (after layers {:?})",
-            options.draft_gate, m2r2.config.gates
-        )));
-    }
+    check_draft_gate(&m2r2.config, options.draft_gate, "--draft-gate")?;
     if !config.head_dim.is_multiple_of(2) {
         return Err(Error::Unsupported(format!(
             "head_dim {} is odd: rotate-half RoPE needs an even head dimension",

@@ -1,6 +1,6 @@
-//! `m2r2 distill-data`: self-distillation data for training the accelerator adapters (issue 7): the
-//! base model's own responses to chat-templated prompts, written as token sequences (format:
-//! `train::data`).
+//! `m2r2 distill-data`: self-distillation data for training the accelerator adapters
+//! (docs/TRAINING.md): the base model's own responses to chat-templated prompts, written as token
+//! sequences (format: `train::data`).
 
 use crate::cli::args::model::{ModelArgs, PromptArgs};
 use crate::cli::common;

@@ -1,7 +1,7 @@
-//! `m2r2 distill-prompts`: user prompts sampled from the model itself (the "Magpie" way, issue 14):
-//! the chat template up to the start of a user turn, then the model's own message until it ends
-//! its turn; checked, deduplicated and written as a prompts file for `distill-data --prompts`
-//! (format and checks: `train::magpie`).
+//! `m2r2 distill-prompts`: user prompts sampled from the model itself (the "Magpie" way,
+//! docs/TRAINING.md "Prompts from the model itself"): the chat template up to the start of a user
+//! turn, then the model's own message until it ends its turn; checked, deduplicated and written as
+//! a prompts file for `distill-data --prompts` (format and checks: `train::magpie`).
 
 use crate::cli::args::model::ModelArgs;
 use crate::cli::common;

@@ -1,7 +1,8 @@
-//! `m2r2 draft-head`: the pruned draft head of FLOPs-aware drafting (spec section 7): choose the `K`
-//! most frequent response tokens of the distillation data, measure on held-out data how often the
-//! pruned draft still equals the base model's token, and write the chosen subset into an M2R2
-//! weights folder (`draft_head.json`). The verifier keeps the full head, so output stays lossless.
+//! `m2r2 draft-head`: the pruned draft head (drafts that score `K` tokens instead of the whole
+//! vocabulary, `reference::m2r2::draft_head`): choose the `K` most frequent response tokens of the
+//! distillation data, measure on held-out data how often the pruned draft still equals the base
+//! model's token, and write the chosen subset into an M2R2 weights folder (`draft_head.json`). The
+//! verifier keeps the full head, so output stays lossless.
 
 use crate::cli::args::trained::{Trained, TrainedArgs};
 use anyhow::{Context, Result, bail};

@@ -1,4 +1,4 @@
-//! The ahead-of-time expert loading report (spec section 6) that `m2r2 moe-sim` prints and
+//! The ahead-of-time expert loading report (docs/MOE_AOT.md) that `m2r2 moe-sim` prints and
 //! `m2r2 demo` shows for MoE models: greedily decode `--steps` tokens with the base model while the
 //! fast stream runs alongside, record which experts every MoE layer used and what each predictor
 //! guessed (`reference::moe_aot::expert_prefetch`), then simulate a device cache fed from host

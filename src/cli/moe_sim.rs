@@ -1,6 +1,6 @@
-//! `m2r2 moe-sim`: ahead-of-time MoE expert loading (spec section 6): trace the experts of a greedy
-//! decode with the fast stream alongside, then simulate a device expert cache for each prediction
-//! policy (`moe_report`, docs/MOE_AOT.md).
+//! `m2r2 moe-sim`: ahead-of-time MoE expert loading (docs/MOE_AOT.md): trace the experts of a
+//! greedy decode with the fast stream alongside, then simulate a device expert cache for each
+//! prediction policy (`moe_report`, docs/MOE_AOT.md).
 
 use crate::cli::args::moe_sim::MoeSimArgs;
 use crate::cli::{common, moe_report};

@@ -3,7 +3,7 @@
 //! reference's own loop. The `--json` report and `--trace` are those of `m2r2 generate`, plus the
 //! execution provider that really ran.
 
-use crate::cli::args::m2r2::{Drafting, DraftingRequest, OnOff, resolve_drafting};
+use crate::cli::args::m2r2::OnOff;
 use crate::cli::args::model::PromptArgs;
 use crate::cli::args::onnx::{EpArgs, check_draft_head};
 use crate::cli::common;
@@ -17,6 +17,7 @@ use onnx_runner::speculation::OnnxSpeculation;
 use onnx_runner::static_kv::GraphRuns;
 use reference::base::generate::GenerateOptions;
 use reference::base::work::Work;
+use reference::decode::drafting::{Drafting, DraftingRequest, resolve_drafting};
 use reference::decode::early_exit::KvPolicy;
 use reference::decode::mode::{
     DecodeRequest, M2r2Settings, Mode, ModeRun, greedy_run, greedy_step, speculative_run,

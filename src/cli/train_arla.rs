@@ -1,4 +1,4 @@
-//! `m2r2 train-arla`: train ARLA (spec section 3) on top of trained adapters with binary
+//! `m2r2 train-arla`: train ARLA (docs/m2r2/arla.md) on top of trained adapters with binary
 //! cross-entropy on "the exit token equals the base model's token", then calibrate its threshold on
 //! held-out (development) data for a target agreement. Prints the early-exit sweep of ARLA next to
 //! the confidence and entropy gates on the same tokens.

@@ -1,4 +1,5 @@
-//! `m2r2 tune-drafting`: choose speculative decoding's drafting policy by measurement (issue 14).
+//! `m2r2 tune-drafting`: choose speculative decoding's drafting policy by measurement
+//! (docs/TRAINING.md "Choosing the drafting policy").
 //!
 //! For each draft gate, one teacher-forced pass over greedy distillation data records whether each
 //! draft equals the next greedy token and its gate scores (`reference::decode::draft_sim::trace`);
@@ -22,6 +23,7 @@ use onnx_runner::speculation::OnnxSpeculation;
 use reference::base::generate::ReferenceGreedy;
 use reference::decode::draft_sim::{Policy, Simulated, StepCosts, Trace, simulate, trace};
 use reference::decode::draft_verify::ReferenceSpeculation;
+use reference::decode::drafting::check_draft_gate;
 use reference::io::load::LoadedModel;
 use reference::m2r2::config::{DynamicDraftConfig, M2r2Config};
 use reference::m2r2::exit_gate::GateKind;
@@ -180,12 +182,8 @@ pub fn run(args: &Args) -> Result<()> {
     } else {
         args.draft_gates.clone()
     };
-    if let Some(g) = gates.iter().find(|&&g| g == 0 || g > config.num_gates()) {
-        bail!(
-            "--draft-gates: gate {g} does not exist: the gates are 1..={} (after layers {:?})",
-            config.num_gates(),
-            config.gates
-        );
+    for &g in &gates {
+        check_draft_gate(config, g, "--draft-gates: gate")?;
     }
     let (mut data, meta) = train::data::read(&args.data, loaded.model.config.vocab_size)?;
     if meta.temperature.is_some() {

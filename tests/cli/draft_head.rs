@@ -1,6 +1,7 @@
-//! The pruned draft head (`draft_head.json`, spec section 7) on the command line: `--draft-head
-//! on|off` in `generate`, `export`, `run` and `bench`; the reports say which head drafted; the
-//! output stays the greedy tokens; a corrupt file or a mismatched choice is a clear error.
+//! The pruned draft head (`draft_head.json`, `reference::m2r2::draft_head`: drafts score `K` tokens
+//! instead of the whole vocabulary) on the command line: `--draft-head on|off` in `generate`,
+//! `export`, `run` and `bench`; the reports say which head drafted; the output stays the greedy
+//! tokens; a corrupt file or a mismatched choice is a clear error.
 
 use super::{fails, ids, ok};
 use serde_json::Value;

@@ -120,3 +120,22 @@ fn golden_write_check_and_tamper() {
         &["not the one this golden was recorded with"],
     );
 }
+
+#[test]
+fn tolerances_must_be_finite_and_not_negative() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.safetensors");
+    let file = path.to_str().unwrap();
+    let write = [
+        "golden", "write", "--tokens", "1,2,3", "--steps", "2", "--out", file,
+    ];
+    fails(
+        &[&write[..], &["--atol=-1"]].concat(),
+        &["--atol must be a finite number >= 0, got -1"],
+    );
+    ok(&write);
+    fails(
+        &["golden", "check", file, "--rtol", "NaN"],
+        &["--rtol must be a finite number >= 0, got NaN"],
+    );
+}

@@ -1,7 +1,7 @@
-//! Goldens against deployments (issue 15): `golden check --onnx` replays a greedy golden on an
-//! ONNX export through ONNX Runtime, `golden compare` compares two golden files; perturbed files,
-//! goldens of another model and files of different modes are reported or refused clearly (M2R2
-//! goldens on ONNX Runtime: golden_m2r2_onnx.rs).
+//! Goldens against deployments (docs/GOLDEN.md): `golden check --onnx` replays a greedy golden on
+//! an ONNX export through ONNX Runtime, `golden compare` compares two golden files; perturbed
+//! files, goldens of another model and files of different modes are reported or refused clearly
+//! (M2R2 goldens on ONNX Runtime: golden_m2r2_onnx.rs).
 
 use super::{fails, m2r2, ok};
 use reference::golden::Golden;

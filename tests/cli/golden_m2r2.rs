@@ -66,6 +66,30 @@ fn golden_m2r2_modes_write_and_check() {
 }
 
 #[test]
+fn early_exit_goldens_need_the_exact_kv_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.safetensors");
+    super::fails(
+        &[
+            "golden",
+            "write",
+            "--tokens",
+            "1,2,3",
+            "--steps",
+            "4",
+            "--out",
+            path.to_str().unwrap(),
+            "--mode",
+            "early-exit",
+            "--kv-policy",
+            "fast-kv",
+        ],
+        &["early-exit goldens need --kv-policy exact: with fast-kv the cache is approximate"],
+    );
+    assert!(!path.exists(), "nothing is written");
+}
+
+#[test]
 fn tampered_m2r2_goldens_fail_where_they_differ() {
     let dir = tempfile::tempdir().unwrap();
     // Early exit: one step's exit gate changed.

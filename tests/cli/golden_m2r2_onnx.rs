@@ -1,4 +1,4 @@
-//! Speculative goldens replayed on ONNX Runtime (issue 15 item 1): `golden check --onnx` runs the
+//! Speculative goldens replayed on ONNX Runtime (docs/GOLDEN.md): `golden check --onnx` runs the
 //! runner's speculative loop over draft.onnx / verifier.onnx and compares tokens, drafts, accepted
 //! counts and base tokens round by round; what cannot be checked there is refused by name.
 
@@ -218,8 +218,8 @@ fn smollm2_walk_through() {
     }
 }
 
-/// A manifest that claims more layers than its graphs take (issue 16: the runner sizes its KV
-/// cache by the manifest) is refused when the graphs are loaded, naming the graph, before any
+/// A manifest that claims more layers than its graphs take (a hostile input: the runner sizes its
+/// KV cache by the manifest) is refused when the graphs are loaded, naming the graph, before any
 /// cache is allocated; the greedy and the speculative paths alike.
 #[test]
 fn manifest_layers_must_match_the_graphs() {

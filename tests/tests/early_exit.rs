@@ -1,4 +1,4 @@
-//! Early exit (spec section 4) over random small models with random adapters and ARLA:
+//! Early exit (docs/m2r2/early_exit.md) over random small models with random adapters and ARLA:
 //! - `exact` policy: whatever exits happen, the KV cache afterwards equals the one the base model
 //!   builds for the same tokens, bit for bit (the deferred layers run later, batched);
 //! - a gate that never fires equals the base model (greedy tokens and cache);

@@ -1,8 +1,8 @@
-//! The fuzz corpora, replayed (issue 16): every target's seeds must load (a fuzzer mutating an
-//! input that never loads explores nothing), and every committed corpus and crash file under
-//! `fuzz/corpus/TARGET/` and `fuzz/regressions/TARGET/` must give an `Ok` or an `Err`, never a
-//! panic, so a fixed crash stays fixed. Fast and deterministic: no fuzzing here
-//! (`scripts/fuzz.sh TARGET SECONDS` runs the fuzzer).
+//! The fuzz corpora, replayed (docs/TESTING.md "Hostile inputs and fuzzing"): every target's seeds
+//! must load (a fuzzer mutating an input that never loads explores nothing), and every committed
+//! corpus and crash file under `fuzz/corpus/TARGET/` and `fuzz/regressions/TARGET/` must give an
+//! `Ok` or an `Err`, never a panic, so a fixed crash stays fixed. Fast and deterministic: no
+//! fuzzing here (`scripts/fuzz.sh TARGET SECONDS` runs the fuzzer).
 
 use m2r2_tests::hostile::{Target, run, seeds};
 use std::path::{Path, PathBuf};

@@ -1,6 +1,6 @@
-//! The fuzzers' findings (issue 16), one test each: the crash file (kept in fuzz/regressions/ and
-//! replayed by fuzz_replay.rs) and what the loader must say about it now. docs/TESTING.md
-//! "Fuzzing" lists them with dates and commands.
+//! The fuzzers' findings, one test each: the crash file (kept in fuzz/regressions/ and replayed by
+//! fuzz_replay.rs) and what the loader must say about it now. docs/TESTING.md "Hostile inputs and
+//! fuzzing" lists them with dates and commands.
 
 use m2r2_tests::hostile::{Target, run, write_valid_folder};
 use std::path::{Path, PathBuf};

@@ -1,11 +1,11 @@
-//! Hostile inputs in CI (issue 16): every fuzz target's seeds (`m2r2_tests::hostile::seeds`),
-//! mutated at random (bytes overwritten, bytes set to boundary values, truncated, JSON punctuation
-//! injected) and fed to the same entry points as the libFuzzer targets (`hostile::run`). Every
-//! outcome must be `Ok` or `Err`: a panic fails the case (proptest shrinks it to a small mutation
-//! list and saves it in `proptest-regressions/`).
+//! Hostile inputs in CI (docs/TESTING.md "Hostile inputs and fuzzing"): every fuzz target's seeds
+//! (`m2r2_tests::hostile::seeds`), mutated at random (bytes overwritten, bytes set to boundary
+//! values, truncated, JSON punctuation injected) and fed to the same entry points as the libFuzzer
+//! targets (`hostile::run`). Every outcome must be `Ok` or `Err`: a panic fails the case (proptest
+//! shrinks it to a small mutation list and saves it in `proptest-regressions/`).
 //!
 //! A coverage-free smoke test: 704 cases, about 64 per target; the coverage-guided runs are
-//! `scripts/fuzz.sh TARGET SECONDS` (docs/TESTING.md "Fuzzing").
+//! `scripts/fuzz.sh TARGET SECONDS` (docs/TESTING.md "Hostile inputs and fuzzing").
 
 use m2r2_tests::hostile::{Target, run, seeds};
 use proptest::prelude::*;

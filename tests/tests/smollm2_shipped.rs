@@ -1,8 +1,8 @@
 //! The trained M2R2 weights shipped for SmolLM2-135M-Instruct (`reference/assets/smollm2-m2r2`,
-//! issue 7): they load as the default of `--model smollm2`, self-speculative decoding with them
-//! reproduces the base model's greedy tokens, and drafts are accepted at least as often as
-//! docs/TRAINING.md says, on development prompts the training never saw (nothing was chosen on
-//! them either: the drafting policy comes from validation data).
+//! their training in docs/TRAINING.md): they load as the default of `--model smollm2`,
+//! self-speculative decoding with them reproduces the base model's greedy tokens, and drafts are
+//! accepted at least as often as docs/TRAINING.md says, on development prompts the training never
+//! saw (nothing was chosen on them either: the drafting policy comes from validation data).
 //!
 //! The oracle for "greedy" is the committed held-out data `data/distill/smollm2-dev` (the
 //! reference's greedy responses to the first 20 Vicuna prompts, chat template applied). Fails

@@ -1,10 +1,11 @@
-//! Self-speculative decoding is lossless (spec section 5):
+//! Self-speculative decoding is lossless (docs/m2r2/speculative.md):
 //! - greedy speculative output equals plain greedy decoding token for token, for every draft gate,
 //!   fixed and dynamic draft lengths, random adapters and ARLA, dense and MoE (proptest);
 //! - afterwards the KV cache equals the one plain decoding builds for the same tokens, bit for bit;
 //! - speculative sampling preserves the base model's distribution (chi-square test);
-//! - all of it also with a pruned draft head (spec section 7): drafts come from its subset only, the
-//!   output is unchanged, and the counted draft work shrinks by `V - K` head rows per proposal;
+//! - all of it also with a pruned draft head (`reference::m2r2::draft_head`): drafts come from its
+//!   subset only, the output is unchanged, and the counted draft work shrinks by `V - K` head rows
+//!   per proposal;
 //! - and with a bridge from the verified slow state into the draft (entry, gate or both).
 
 use m2r2_tests::{DecodeProblem, DraftSettings, small_config};

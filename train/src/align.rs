@@ -1,5 +1,6 @@
-//! The optional alignment term of a gate (issue 7): pull the fast exit state `u` towards the final
-//! slow residual `s_N` it estimates (spec section 1), by cosine or mean squared error.
+//! The optional alignment term of a gate (docs/TRAINING.md): pull the fast exit state `u` towards
+//! the final slow residual `s_N` it estimates (docs/m2r2/streams.md), by cosine or mean squared
+//! error.
 //!
 //! ```text
 //! cosine: loss = w / R * sum_r (1 - cos(u_r, s_r))

@@ -1,6 +1,6 @@
-//! ARLA training (spec section 3, issue 7): the exit head of `reference::m2r2::arla` with its hand-written
-//! backward, binary cross-entropy on "the exit token equals the base model's token", and threshold
-//! calibration for a target agreement.
+//! ARLA training (docs/m2r2/arla.md, docs/TRAINING.md "ARLA"): the exit head of
+//! `reference::m2r2::arla` with its hand-written backward, binary cross-entropy on "the exit token
+//! equals the base model's token", and threshold calibration for a target agreement.
 //!
 //! Forward (as `reference::m2r2::arla::Arla::exit_prob`, one token at gate `g`):
 //! ```text

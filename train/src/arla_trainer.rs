@@ -1,14 +1,15 @@
-//! Training ARLA from trained adapters (issue 7) and calibrating its threshold.
+//! Training ARLA from trained adapters (docs/TRAINING.md "ARLA") and calibrating its threshold.
 //!
 //! Examples: every response position of the data at every gate `g`, with the fast exit states
-//! `u_1..u_g` of the reference inference (`M2r2::all_exit_states`) and the label of spec section 3,
-//! `argmax(exit logits at g) == argmax(final logits)`. The confidence and entropy scores of the
-//! same exits are kept, so the three gates can be compared on the same tokens.
+//! `u_1..u_g` of the reference inference (`M2r2::all_exit_states`) and ARLA's training label
+//! (docs/m2r2/arla.md), `argmax(exit logits at g) == argmax(final logits)`. The confidence and
+//! entropy scores of the same exits are kept, so the three gates can be compared on the same
+//! tokens.
 //!
-//! Calibration simulates early exit (spec section 4) per token on held-out data: exit at the first
-//! gate whose score reaches the threshold; an exited token agrees with the base model when its label
-//! is 1, a token that never exits runs the full model and agrees. The threshold kept is the one with
-//! the fewest layers per token among those reaching the target agreement.
+//! Calibration simulates early exit (docs/m2r2/early_exit.md) per token on held-out data: exit at
+//! the first gate whose score reaches the threshold; an exited token agrees with the base model
+//! when its label is 1, a token that never exits runs the full model and agrees. The threshold kept
+//! is the one with the fewest layers per token among those reaching the target agreement.
 
 use crate::adamw::{AdamW, AdamWConfig, clip_grad_norm};
 use crate::arla::{ArlaParams, backward, bce, forward};

@@ -1,6 +1,6 @@
 //! Attention of one fast row over a fixed (detached) slow KV cache plus the row's own key/value
-//! (spec section 2), forward and backward. The cached keys/values are constants: only `q`, the own
-//! key and the own value receive gradients.
+//! (the shared KV cache, docs/m2r2/shared_kv.md), forward and backward. The cached keys/values are
+//! constants: only `q`, the own key and the own value receive gradients.
 //!
 //! Per query head `h` (kv head `g = h / (H / Hkv)`), visible keys `k_0..k_{S-1}` (cache) and
 //! `k_S` (own):

@@ -1,4 +1,5 @@
-//! Self-distillation data (issue 7): the base model's own responses to prompts, as token sequences.
+//! Self-distillation data (docs/TRAINING.md): the base model's own responses to prompts, as token
+//! sequences.
 //!
 //! A data folder holds:
 //!

@@ -1,6 +1,7 @@
-//! Self-distillation data generation (issue 7): the base model's own responses to prompts, with the
-//! reference's batched decoding (greedy, or sampled with a temperature). Batching changes only the
-//! speed: each response is bitwise the one `generate` gives alone (`reference::base::batch`).
+//! Self-distillation data generation (docs/TRAINING.md): the base model's own responses to prompts,
+//! with the reference's batched decoding (greedy, or sampled with a temperature). Batching changes
+//! only the speed: each response is bitwise the one `generate` gives alone
+//! (`reference::base::batch`).
 
 use crate::data::DistillSample;
 use crate::error::Result;

@@ -1,7 +1,8 @@
-//! Choosing and measuring the pruned draft head of FLOPs-aware drafting (spec section 7): the head
-//! itself (`DraftHead`, `draft_head.json`, the pruned draft logits) lives in
-//! [`reference::m2r2::draft_head`]; here are the choice of the subset (the `K` most frequent response
-//! tokens of the distillation data) and the held-out agreement of full and pruned drafts.
+//! Choosing and measuring the pruned draft head (drafts that score `K` tokens of the vocabulary
+//! instead of all `V`, docs/TRAINING.md "Pruned draft head"): the head itself (`DraftHead`,
+//! `draft_head.json`, the pruned draft logits) lives in [`reference::m2r2::draft_head`]; here are
+//! the choice of the subset (the `K` most frequent response tokens of the distillation data) and
+//! the held-out agreement of full and pruned drafts.
 //!
 //! ```text
 //! draft = subset[ argmax_k  (FinalNorm(u_gd) . W_head[subset[k]]) ]       K rows instead of V

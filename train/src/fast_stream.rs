@@ -1,5 +1,5 @@
-//! One interval of the fast stream (spec section 1) on a batch of independent fast rows, forward
-//! with saved activations and its hand-written backward.
+//! One interval of the fast stream (docs/m2r2/streams.md) on a batch of independent fast rows,
+//! forward with saved activations and its hand-written backward.
 //!
 //! Row `r` is (sample, position `p`). In interval `j` its state starts at the detached slow residual
 //! `s_{e_j}[p]` and runs the interval's layers with base weights plus adapters; it attends to the

@@ -1,5 +1,6 @@
-//! The exit head and the distillation loss of one gate (spec section 1, issue 7): final RMSNorm,
-//! LM head (both frozen), and the KL divergence from the base model's final distribution.
+//! The exit head and the distillation loss of one gate (docs/m2r2/streams.md, docs/TRAINING.md):
+//! final RMSNorm, LM head (both frozen), and the KL divergence from the base model's final
+//! distribution.
 //!
 //! ```text
 //! logits = RMSNorm_final(u) W_head^T                        [R, V]

@@ -1,4 +1,5 @@
-//! A frozen linear map with an optional trainable LoRA pair (spec section 1), forward and backward.
+//! A frozen linear map with an optional trainable LoRA pair (an accelerator adapter,
+//! docs/m2r2/accelerator.md), forward and backward.
 //!
 //! ```text
 //! xa = x A^T                         [R, r]

@@ -1,8 +1,9 @@
-//! Prompts from the model's own distribution (issue 14), the "Magpie" way (Xu et al. 2024,
-//! arXiv 2406.08464): render the chat template up to the start of a user turn (system prompt, then
-//! the user header), let the model sample the user message until it ends its turn, and keep the
-//! messages that pass a few checks. No external data is needed, and the prompts are of the kind the
-//! model itself expects to answer, which is what the adapters are trained on afterwards.
+//! Prompts from the model's own distribution (docs/TRAINING.md "Prompts from the model itself"),
+//! the "Magpie" way (Xu et al. 2024, arXiv 2406.08464): render the chat template up to the start of
+//! a user turn (system prompt, then the user header), let the model sample the user message until
+//! it ends its turn, and keep the messages that pass a few checks. No external data is needed, and
+//! the prompts are of the kind the model itself expects to answer, which is what the adapters are
+//! trained on afterwards.
 //!
 //! A run's folder:
 //!

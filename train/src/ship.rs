@@ -1,5 +1,6 @@
-//! Shipping trained weights (issue 7): the safetensors files of an M2R2 weights folder rewritten in
-//! f16, which the reference loads unchanged (it reads f32, f16 and bf16) at half the size.
+//! Shipping trained weights (docs/TRAINING.md): the safetensors files of an M2R2 weights folder
+//! rewritten in f16, which the reference loads unchanged (it reads f32, f16 and bf16) at half the
+//! size.
 
 use crate::error::{Error, Result};
 use reference::io::peft::ADAPTER_WEIGHTS_FILE;

@@ -1,5 +1,5 @@
 //! The frozen slow stream of one data sample, computed once and kept: everything a fast row of a
-//! trained interval depends on (spec sections 1 and 2).
+//! trained interval depends on (docs/m2r2/streams.md, docs/m2r2/shared_kv.md).
 //!
 //! Given the frozen base model, fast row `(t, j)` depends only on the slow residual `s_{e_j}` at
 //! position `t` and the slow K/V of interval `j`'s layers at positions `< t`; its teacher is the
@@ -26,8 +26,8 @@ pub struct SlowSample<F> {
     pub kv: Vec<Option<(Array2<F>, Array2<F>)>>,
     /// `s_N` `[T, D]`: the teacher's final residual.
     pub last: Array2<F>,
-    /// Per interval `j`: `s_{d_j(i)}` `[T, D]` for `i = 1..k_j` (spec section 1: the slow
-    /// residual the fast state after the interval's `i`-th layer estimates), kept for the trained
+    /// Per interval `j`: `s_{d_j(i)}` `[T, D]` for `i = 1..k_j` (the slow residual the fast state
+    /// after the interval's `i`-th layer estimates, docs/m2r2/streams.md), kept for the trained
     /// intervals only when asked for (`--align-intermediate`): `k_j - 1` more rows of `D` per
     /// position, 6 for SmolLM2's gate 1.
     pub aligned: Vec<Option<Vec<Array2<F>>>>,

@@ -1,7 +1,7 @@
-//! The training loop of the accelerator adapters (issue 7): per trained gate, a batch of fast rows
-//! drawn from the data, the interval forward, KL to the base model's final distribution (plus the
-//! optional alignment term), the hand-written backward into that interval's adapters only, global
-//! norm clipping, AdamW with warm-up and cosine schedule.
+//! The training loop of the accelerator adapters (docs/TRAINING.md): per trained gate, a batch of
+//! fast rows drawn from the data, the interval forward, KL to the base model's final distribution
+//! (plus the optional alignment term), the hand-written backward into that interval's adapters
+//! only, global norm clipping, AdamW with warm-up and cosine schedule.
 //!
 //! Deterministic for a seed: the rows of step `s`, gate `g` come from ChaCha8 stream
 //! `s * 256 + g` of the seed (so a resumed run draws what an uninterrupted run draws), every row is
@@ -60,8 +60,8 @@ pub struct TrainOptions {
     pub align: Option<AlignKind>,
     pub align_weight: f64,
     /// Also align the fast state after each inner layer `i` of the interval with the slow residual
-    /// at depth `d_j(i)` (spec section 1's intermediate targets), with `align`'s kind and weight
-    /// (one term per inner layer). Needs `align`.
+    /// at depth `d_j(i)` (the intermediate targets of docs/m2r2/streams.md), with `align`'s kind
+    /// and weight (one term per inner layer). Needs `align`.
     #[serde(default)]
     pub align_intermediate: bool,
     /// Seed of the row sampling (and of the adapters' initialisation, see [`initial_weights`]).

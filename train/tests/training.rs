@@ -177,9 +177,10 @@ fn resume_continues_exactly_and_checkpoints_load() {
     }
 }
 
-/// Intermediate alignment (spec section 1's targets `s_{d_j(i)}`): refused without an alignment
-/// kind; with one, every inner state adds a non-negative term to the exit's, so the statistic on
-/// the same rows exceeds the exit term alone, the step is deterministic, and training lowers it.
+/// Intermediate alignment (the targets `s_{d_j(i)}` of docs/m2r2/streams.md): refused without an
+/// alignment kind; with one, every inner state adds a non-negative term to the exit's, so the
+/// statistic on the same rows exceeds the exit term alone, the step is deterministic, and training
+/// lowers it.
 #[test]
 fn intermediate_alignment_trains_and_needs_a_kind() {
     let model = builtin("tiny").unwrap();

@@ -2,7 +2,8 @@
 //!
 //! M2R2's premise is that the slow residual stream changes direction slowly in its late layers, so
 //! the final residual `s_N` can be predicted from an intermediate one by a stream that moves faster
-//! (spec section 1). For every position of a teacher-forced sequence, and per layer `l = 1..=N`:
+//! (docs/m2r2/streams.md). For every position of a teacher-forced sequence, and per layer
+//! `l = 1..=N`:
 //!
 //! ```text
 //! cos_prev(l)       = cos(s_{l-1}, s_l)                         directional change per layer

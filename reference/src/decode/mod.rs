@@ -4,6 +4,7 @@
 pub mod bridge_state;
 pub mod draft_sim;
 pub mod draft_verify;
+pub mod drafting;
 pub mod early_exit;
 pub mod early_exit_naive;
 pub mod mode;

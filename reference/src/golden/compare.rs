@@ -1,6 +1,6 @@
-//! Goldens against other engines (issue 15): a greedy golden replayed on any [`GreedyBackend`]
-//! (an ONNX Runtime deployment), and two golden files compared tensor by tensor (one of them
-//! written by a deployment's own harness).
+//! Goldens against other engines (docs/GOLDEN.md): a greedy golden replayed on any
+//! [`GreedyBackend`] (an ONNX Runtime deployment), and two golden files compared tensor by tensor
+//! (one of them written by a deployment's own harness).
 
 use super::Golden;
 use super::check::token_ids as ids;

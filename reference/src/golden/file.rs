@@ -1,7 +1,7 @@
 //! The golden file on disk (safetensors): writing a [`Golden`] and reading one back, with errors
 //! naming the file, the tensor and the metadata key.
 
-use super::{GOLDEN_FORMAT, GOLDEN_FORMAT_VERSION, Golden, M2r2Golden, Pins};
+use super::{GOLDEN_FORMAT, GOLDEN_FORMAT_VERSION, Golden, M2r2Golden, Pins, Tolerance};
 use crate::error::{Error, Result};
 use ndarray::Array2;
 use safetensors::{Dtype, SafeTensors};
@@ -245,7 +245,7 @@ impl GoldenFile<'_> {
         match self.meta.get(key) {
             None => Ok(None),
             Some(value) => match value.parse::<f32>() {
-                Ok(x) if x.is_finite() && x >= 0.0 => Ok(Some(x)),
+                Ok(x) if Tolerance::check_bound(key, x).is_ok() => Ok(Some(x)),
                 _ => Err(self.bad(key, value)),
             },
         }

@@ -3,6 +3,7 @@
 //! over it, and each step's largest difference; integer tensors (tokens, rounds) report their
 //! first divergence once instead of a cascade of differences after it.
 
+use crate::error::{Error, Result};
 use ndarray::ArrayView2;
 
 /// The result of comparing one recorded tensor with its recomputation.
@@ -239,6 +240,18 @@ impl Tolerance {
     /// An absolute tolerance alone.
     pub fn absolute(atol: f32) -> Self {
         Tolerance { atol, rtol: 0.0 }
+    }
+
+    /// Check one bound, `atol` or `rtol`, named `name` in the message: a finite number `>= 0`.
+    /// The one rule for the command line's `--atol` / `--rtol` and a golden file's pinned ones.
+    pub fn check_bound(name: &str, x: f32) -> Result<()> {
+        if x.is_finite() && x >= 0.0 {
+            Ok(())
+        } else {
+            Err(Error::Invalid(format!(
+                "{name} must be a finite number >= 0, got {x}"
+            )))
+        }
     }
 
     /// How far `got` is past what is allowed around `want`, as a multiple of the allowance (`<= 1`:
@@ -572,5 +585,16 @@ mod tests {
         let exact = Tolerance::absolute(0.0);
         assert_eq!(exact.excess(2.0, 2.0), 0.0);
         assert_eq!(exact.excess(2.0, 2.0 + 1e-6), f32::INFINITY);
+    }
+
+    #[test]
+    fn a_bound_is_a_finite_number_at_least_zero() {
+        for x in [0.0, 1e-4, 5e-2, 1e30] {
+            Tolerance::check_bound("--atol", x).unwrap();
+        }
+        for x in [-1e-4, f32::NAN, f32::INFINITY] {
+            let err = Tolerance::check_bound("--rtol", x).unwrap_err().to_string();
+            assert_eq!(err, format!("--rtol must be a finite number >= 0, got {x}"));
+        }
     }
 }

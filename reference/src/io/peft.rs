@@ -1,5 +1,5 @@
-//! PEFT LoRA adapter files: the storage of the accelerator adapters (spec section 1), so adapters
-//! trained with PEFT load unchanged and ours load in PEFT.
+//! PEFT LoRA adapter files: the storage of the accelerator adapters (docs/m2r2/accelerator.md), so
+//! adapters trained with PEFT load unchanged and ours load in PEFT.
 //!
 //! | file                        | content                                                        |
 //! |-----------------------------|----------------------------------------------------------------|

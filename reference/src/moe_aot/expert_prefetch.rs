@@ -1,7 +1,7 @@
-//! Ahead-of-time expert prediction for MoE models (spec section 6): which experts each MoE layer of
-//! a decoded token will need, as guessed by four predictors behind one interface, recorded on a real
-//! greedy token stream of the base model. The memory simulator (`memory_sim.rs`) consumes the trace;
-//! nothing here changes what the model computes.
+//! Ahead-of-time expert prediction for MoE models (docs/MOE_AOT.md): which experts each MoE layer
+//! of a decoded token will need, as guessed by four predictors behind one interface, recorded on a
+//! real greedy token stream of the base model. The memory simulator (`memory_sim.rs`) consumes the
+//! trace; nothing here changes what the model computes.
 //!
 //! | predictor   | prediction for MoE layer `l` of a token                       | issued            |
 //! |-------------|---------------------------------------------------------------|-------------------|
@@ -12,11 +12,12 @@
 //!
 //! `RMSNorm_l` is layer `l`'s own `post_attention_layernorm`, the norm its router reads. The m2r2
 //! rule: after its `i`-th layer in interval `j` the fast state estimates the slow residual
-//! `s_{d_j(i)}` (spec section 1); the MoE block of layer `l` reads a residual between `s_l` and
-//! `s_{l+1}`, so the estimate of `s_d` predicts the layers whose MoE input lies at depth `d` or just
-//! before it, back to the previous aligned depth ([`m2r2_targets`]). A layer in interval `j'` is
-//! predicted once by each fast interval `j <= j'` that reaches past it; the prefetch set is the union
-//! of those predictions. Layer 0 is predicted only by `oracle`; `next-gate` has nothing for it either.
+//! `s_{d_j(i)}` (docs/m2r2/streams.md, `M2r2Config::aligned_depth`); the MoE block of layer `l`
+//! reads a residual between `s_l` and `s_{l+1}`, so the estimate of `s_d` predicts the layers whose
+//! MoE input lies at depth `d` or just before it, back to the previous aligned depth
+//! ([`m2r2_targets`]). A layer in interval `j'` is predicted once by each fast interval `j <= j'`
+//! that reaches past it; the prefetch set is the union of those predictions. Layer 0 is predicted
+//! only by `oracle`; `next-gate` has nothing for it either.
 
 use crate::base::layer::FastRows;
 use crate::base::model::Model;
@@ -114,7 +115,7 @@ impl ExpertTrace {
     }
 }
 
-/// The four predictors of spec section 6, one interface.
+/// The four predictors (the table above, docs/MOE_AOT.md), one interface.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Predictor {
     Lazy,

@@ -1,4 +1,4 @@
-//! Ahead-of-time MoE expert loading (spec section 6): expert prediction on a traced decode, a
+//! Ahead-of-time MoE expert loading (docs/MOE_AOT.md): expert prediction on a traced decode, a
 //! memory simulator of a device expert cache fed over a host link, and sweeps.
 
 pub mod expert_prefetch;

@@ -1,7 +1,9 @@
 //! The M2R2 decoding flags shared by `generate` and `golden` (`--mode`, `--m2r2`, `--gate`,
 //! `--threshold`, `--kv-policy`, `--draft-gate`, `--draft-len` / `--dynamic-draft`,
 //! `--draft-head`) resolved into the library's `M2r2Settings`, and how a run is reported (JSON
-//! fields, `--trace` lines). The modes themselves run in `reference::decode::mode`.
+//! fields, `--trace` lines). The drafting defaults (gate, threshold, draft length) and the draft
+//! gate's check are the library's (`reference::decode::drafting`); the modes themselves run in
+//! `reference::decode::mode`.
 //!
 //! `--draft-head on|off` chooses the pruned draft head (`draft_head.json` in the M2R2 folder,
 //! `reference::m2r2::draft_head`) for speculative drafts; the default is `on` when the folder has one.
@@ -10,10 +12,9 @@
 
 use anyhow::{Context, Result, bail};
 use reference::base::weight_names::Target;
+use reference::decode::drafting::{Drafting, DraftingRequest, check_draft_gate, resolve_drafting};
 use reference::decode::early_exit::KvPolicy;
-use reference::decode::speculative::DraftLength;
 use reference::io::load::LoadedModel;
-use reference::m2r2::config::M2r2Config;
 use reference::m2r2::exit_gate::GateKind;
 use reference::m2r2::weights::M2r2Weights;
 use std::path::Path;
@@ -25,9 +26,9 @@ use reference::decode::mode::{M2r2Settings, Mode};
 pub enum ModeArg {
     /// The base model, one token per forward
     Greedy,
-    /// Emit a token at the first exit gate whose score reaches --threshold (spec section 4)
+    /// Emit a token at the first exit gate whose score reaches --threshold
     EarlyExit,
-    /// Lossless self-speculation: draft at --draft-gate, verify with the full model (spec section 5)
+    /// Lossless self-speculation: draft at --draft-gate, verify with the full model
     Speculative,
 }
 
@@ -170,13 +171,7 @@ impl M2r2Args {
             ),
         )?;
         let draft_gate = self.draft_gate.unwrap_or(config.draft_gate);
-        if draft_gate == 0 || draft_gate > config.num_gates() {
-            bail!(
-                "--draft-gate {draft_gate} does not exist: the gates are 1..={} (after layers {:?})",
-                config.num_gates(),
-                config.gates
-            );
-        }
+        check_draft_gate(config, draft_gate, "--draft-gate")?;
         Ok(M2r2Settings {
             mode: self.mode.into(),
             source: self.source(loaded),
@@ -227,174 +222,4 @@ pub fn parse_targets(text: &str) -> Result<Vec<Target>> {
             })
         })
         .collect()
-}
-
-/// The drafting flags of a command (`None` / `false`: not given).
-pub struct DraftingRequest {
-    pub speculative: bool,
-    pub gate: Option<GateKind>,
-    pub threshold: Option<f32>,
-    pub draft_len: Option<usize>,
-    pub dynamic_draft: bool,
-}
-
-/// The gate, threshold and draft length a decode uses.
-pub struct Drafting {
-    pub gate: GateKind,
-    pub threshold: f32,
-    pub draft_length: DraftLength,
-}
-
-/// Resolve the drafting flags against an M2R2 config, the same way for the reference and for an
-/// export. Speculative decoding without `--draft-len` follows the config's `dynamic_draft` when it
-/// has one (its gate and threshold, unless `--gate` / `--threshold` are given); otherwise gate
-/// `arla` when ARLA weights exist (else `confidence`), threshold `arla.threshold`, and `draft_len`
-/// drafts per verification. `lacks_arla` says why `arla` is unavailable ("... have none (...)").
-pub fn resolve_drafting(
-    config: &M2r2Config,
-    request: DraftingRequest,
-    has_arla: bool,
-    lacks_arla: &str,
-) -> Result<Drafting> {
-    let default_dynamic = config
-        .dynamic_draft
-        .as_ref()
-        .filter(|_| request.speculative && request.draft_len.is_none());
-    let gate = match (request.gate, default_dynamic) {
-        (Some(GateKind::Arla), _) if !has_arla => bail!(
-            "--gate arla needs ARLA weights, and {lacks_arla}: use --gate confidence or --gate entropy"
-        ),
-        (Some(g), _) => g,
-        (None, Some(d)) if d.gate == GateKind::Arla && !has_arla => bail!(
-            "the M2R2 config drafts dynamically with the arla gate (`dynamic_draft.gate`), and \
-             {lacks_arla}: give --gate confidence, --gate entropy or --draft-len N"
-        ),
-        (None, Some(d)) => d.gate,
-        (None, None) if has_arla => GateKind::Arla,
-        (None, None) => GateKind::Confidence,
-    };
-    let threshold = request
-        .threshold
-        .or(default_dynamic.map(|d| d.threshold))
-        .unwrap_or(config.arla.threshold);
-    if !threshold.is_finite() {
-        bail!("--threshold must be a finite number, got {threshold}");
-    }
-    if request.draft_len == Some(0) {
-        bail!("--draft-len must be at least 1");
-    }
-    let draft_length = if request.dynamic_draft || default_dynamic.is_some() {
-        DraftLength::Dynamic {
-            max: config.draft_len.max(1),
-            gate,
-            threshold,
-        }
-    } else {
-        DraftLength::Fixed(request.draft_len.unwrap_or(config.draft_len).max(1))
-    };
-    Ok(Drafting {
-        gate,
-        threshold,
-        draft_length,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use reference::io::builtin::tiny_config;
-    use reference::m2r2::config::DynamicDraftConfig;
-
-    fn request(speculative: bool) -> DraftingRequest {
-        DraftingRequest {
-            speculative,
-            gate: None,
-            threshold: None,
-            draft_len: None,
-            dynamic_draft: false,
-        }
-    }
-
-    fn resolve(config: &M2r2Config, request: DraftingRequest, has_arla: bool) -> Result<Drafting> {
-        resolve_drafting(config, request, has_arla, "none here (test)")
-    }
-
-    #[test]
-    fn drafting_follows_the_config_and_the_flags() {
-        let mut config = M2r2Config::default_for(&tiny_config());
-        config.arla.threshold = 0.9;
-        // no dynamic_draft: fixed draft_len, ARLA when present
-        let d = resolve(&config, request(true), true).unwrap();
-        assert_eq!(d.draft_length, DraftLength::Fixed(config.draft_len));
-        assert_eq!((d.gate, d.threshold), (GateKind::Arla, 0.9));
-        let d = resolve(&config, request(true), false).unwrap();
-        assert_eq!(d.gate, GateKind::Confidence);
-
-        config.dynamic_draft = Some(DynamicDraftConfig {
-            gate: GateKind::Confidence,
-            threshold: 0.4,
-        });
-        let dynamic = |gate, threshold| DraftLength::Dynamic {
-            max: config.draft_len,
-            gate,
-            threshold,
-        };
-        // speculative without flags: the config's dynamic drafting
-        let d = resolve(&config, request(true), true).unwrap();
-        assert_eq!(d.draft_length, dynamic(GateKind::Confidence, 0.4));
-        // --threshold and --gate override it, --dynamic-draft changes nothing
-        let d = resolve(
-            &config,
-            DraftingRequest {
-                threshold: Some(0.6),
-                gate: Some(GateKind::Entropy),
-                dynamic_draft: true,
-                ..request(true)
-            },
-            true,
-        )
-        .unwrap();
-        assert_eq!(d.draft_length, dynamic(GateKind::Entropy, 0.6));
-        // --draft-len asks for fixed drafting, with the usual gate and threshold
-        let d = resolve(
-            &config,
-            DraftingRequest {
-                draft_len: Some(2),
-                ..request(true)
-            },
-            true,
-        )
-        .unwrap();
-        assert_eq!(d.draft_length, DraftLength::Fixed(2));
-        assert_eq!((d.gate, d.threshold), (GateKind::Arla, 0.9));
-        // early exit ignores dynamic_draft
-        let d = resolve(&config, request(false), true).unwrap();
-        assert_eq!((d.gate, d.threshold), (GateKind::Arla, 0.9));
-
-        // a default that needs ARLA where there is none: a clear error, not a fallback
-        config.dynamic_draft = Some(DynamicDraftConfig {
-            gate: GateKind::Arla,
-            threshold: 0.4,
-        });
-        let err = resolve(&config, request(true), false)
-            .err()
-            .unwrap()
-            .to_string();
-        assert!(
-            err.contains("dynamic_draft.gate") && err.contains("none here (test)"),
-            "{err}"
-        );
-        let err = resolve(
-            &config,
-            DraftingRequest {
-                draft_len: Some(0),
-                ..request(true)
-            },
-            true,
-        )
-        .err()
-        .unwrap()
-        .to_string();
-        assert!(err.contains("--draft-len must be at least 1"), "{err}");
-    }
 }

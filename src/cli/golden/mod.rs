@@ -11,7 +11,7 @@
 use crate::cli::args::m2r2::M2r2Args;
 use crate::cli::args::model::{ModelArgs, TokenIds, parse_token_ids};
 use crate::cli::args::onnx::EpArgs;
-use anyhow::{Result, bail};
+use anyhow::Result;
 use reference::decode::speculative::DraftLength;
 use reference::golden::{Golden, M2r2Record, Pins, Tolerance};
 use std::path::PathBuf;
@@ -166,11 +166,8 @@ impl ToleranceArgs {
             (None, Some(x)) => (x, Some("pinned in the golden")),
             (None, None) => (0.0, None),
         };
-        for (name, x) in [("--atol", atol), ("--rtol", rtol)] {
-            if !(x >= 0.0 && x.is_finite()) {
-                bail!("{name} must be a finite number >= 0, got {x}");
-            }
-        }
+        Tolerance::check_bound("--atol", atol)?;
+        Tolerance::check_bound("--rtol", rtol)?;
         let reason = match rtol_from {
             Some(from) if from != atol_from => format!("atol: {atol_from}; rtol: {from}"),
             _ => atol_from.to_string(),

@@ -6,10 +6,10 @@ use super::{SUITE_SUFFIX, WriteArgs};
 use crate::cli::args::model::PromptArgs;
 use crate::cli::common;
 use anyhow::{Context, Result, bail};
-use reference::decode::early_exit::{EarlyExitOptions, KvPolicy};
+use reference::decode::early_exit::EarlyExitOptions;
 use reference::decode::mode::Mode;
 use reference::decode::speculative::{DraftLength, SpeculativeOptions};
-use reference::golden::{Golden, Pins};
+use reference::golden::{Golden, Pins, Tolerance};
 use reference::io::load::LoadedModel;
 use reference::m2r2::fast_stream::M2r2;
 use serde_json::json;
@@ -32,10 +32,8 @@ fn suite_file(id: &str) -> String {
 
 pub(super) fn write(args: &WriteArgs) -> Result<()> {
     for (name, x) in [("--atol", args.atol), ("--rtol", args.rtol)] {
-        if let Some(x) = x
-            && !(x >= 0.0 && x.is_finite())
-        {
-            bail!("{name} must be a finite number >= 0, got {x}");
+        if let Some(x) = x {
+            Tolerance::check_bound(name, x)?;
         }
     }
     let loaded = common::load(&args.model.model)?;
@@ -161,13 +159,7 @@ fn record_m2r2(
     let golden = match settings.mode {
         Mode::Greedy => unreachable!("recorded by the caller"),
         Mode::EarlyExit => {
-            if settings.kv_policy != KvPolicy::Exact {
-                bail!(
-                    "early-exit goldens need --kv-policy exact: with {} the cache is approximate \
-                     and the exit logits cannot be recomputed independently of the decoder",
-                    settings.kv_policy
-                );
-            }
+            // Golden::record_early_exit refuses any KV policy but `exact`.
             let options = EarlyExitOptions {
                 max_new_tokens: args.steps,
                 stop_tokens,

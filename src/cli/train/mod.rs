@@ -1,6 +1,7 @@
-//! `m2r2 train`: train the accelerator adapters on self-distillation data (issue 7), base model
-//! frozen, with the hand-written backward passes of the `train` crate. Checkpoints are M2R2 weights
-//! folders in the PEFT layout (usable as `--m2r2 DIR`) with the optimizer state for `--resume`.
+//! `m2r2 train`: train the accelerator adapters on self-distillation data (docs/TRAINING.md), base
+//! model frozen, with the hand-written backward passes of the `train` crate. Checkpoints are M2R2
+//! weights folders in the PEFT layout (usable as `--m2r2 DIR`) with the optimizer state for
+//! `--resume`.
 
 mod start;
 
@@ -88,7 +89,9 @@ pub struct Args {
     /// Weight of the alignment term
     #[arg(long, value_name = "X", default_value_t = 0.1)]
     pub align_weight: f64,
-    /// Also align the fast state after each inner layer i of the interval with the slow residual at depth d_j(i) (spec section 1), with --align's kind and weight; keeps k_j - 1 more rows of D per position in memory
+    /// Also align the fast state after each inner layer i of the interval with the slow residual at
+    /// depth d_j(i) = e_j + round(i (N - e_j) / k_j) it estimates, with --align's kind and weight;
+    /// keeps k_j - 1 more rows of D per position in memory
     #[arg(long, requires = "align")]
     pub align_intermediate: bool,
     /// Seed of the adapter initialisation and of the row sampling

@@ -1,7 +1,7 @@
-//! Hostile inputs (issue 16): one entry point per loader, bytes in, `Result` out and ignored. The
-//! fuzz targets in `fuzz/` (cargo-fuzz / libFuzzer), the corpus replay in CI
-//! (`tests/tests/fuzz_replay.rs`) and the proptest mutation harness all call [`run`], so a finding
-//! of one is checked by the others.
+//! Hostile inputs (docs/TESTING.md "Hostile inputs and fuzzing"): one entry point per loader, bytes
+//! in, `Result` out and ignored. The fuzz targets in `fuzz/` (cargo-fuzz / libFuzzer), the corpus
+//! replay in CI (`tests/tests/fuzz_replay.rs`) and the proptest mutation harness all call [`run`],
+//! so a finding of one is checked by the others.
 //!
 //! A file loader takes the bytes as the file. A folder loader takes them as one of the folder's
 //! files, picked by the first byte (modulo the number of files), the others being a valid folder

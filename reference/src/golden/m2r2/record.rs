@@ -155,8 +155,8 @@ pub(super) fn golden_early_exit_options(
     }
     if options.kv_policy != KvPolicy::Exact {
         return Err(Error::Invalid(format!(
-            "early-exit golden files need the `exact` KV policy: with `{}` the cache differs from \
-             the base model's, and the exit logits cannot be recomputed independently of the decoder",
+            "early-exit goldens need --kv-policy exact: with {} the cache is approximate and the \
+             exit logits cannot be recomputed independently of the decoder",
             options.kv_policy
         )));
     }

@@ -38,7 +38,7 @@ impl ChatMessage {
 pub const CHAT_TEMPLATE_FUEL: u64 = 1_000_000;
 /// Bytes a rendered chat template may have (16 MiB: far above any model's context in text).
 /// A template can still build a large string in a variable within its fuel (doubling it in a
-/// loop); minijinja has no bound on that, see docs/TESTING.md "Fuzzing".
+/// loop); minijinja has no bound on that, see docs/TESTING.md "Hostile inputs and fuzzing".
 pub const CHAT_TEMPLATE_MAX_OUTPUT: usize = 16 << 20;
 
 /// ChatML, used when the tokenizer's source has no chat template: every message as

@@ -1,6 +1,7 @@
-//! A two-level memory for MoE experts (spec section 6): experts live in host memory (LBM) and run
-//! from a device cache (HBM) of fixed capacity; a copy engine moves them host -> device while the
-//! layers compute. A pure, deterministic function of (expert trace, predictor, parameters).
+//! A two-level memory for MoE experts (docs/MOE_AOT.md "The memory model"): experts live in host
+//! memory (LBM) and run from a device cache (HBM) of fixed capacity; a copy engine moves them host
+//! -> device while the layers compute. A pure, deterministic function of (expert trace, predictor,
+//! parameters).
 //!
 //! # The model
 //! - Time per decoded token: layers run one after the other. Layer `l` computes its pre-MoE part
