@@ -120,7 +120,7 @@ fn load(path: &Path, source: LibrarySource) -> Result<Runtime> {
     // last keep spinning while the next graph runs (draft, then verifier) and take the cores the
     // working ones need (docs/ONNX.md, "Cost of a run"). One shared pool has no such neighbours,
     // so its idle threads do spin: blocking them made every parallel operator wake a sleeping
-    // thread, and ONNX Runtime CPU decoding measured 20-25 % slower (docs/ONNX.md, "Spinning").
+    // thread, and ONNX Runtime CPU decoding measured 20-25 % slower (docs/journal/2026-11-26-onnx-spinning.md).
     // `--ort-spinning off` gives each session its own pool that blocks, for machines whose
     // cores are busy with other work.
     let pool = ort::environment::GlobalThreadPoolOptions::default()

@@ -6,7 +6,7 @@ last stdout line.
     m2r2 export --model tiny --out tiny-static --static-cache 64
     python onnxruntime_static.py tiny-static --tokens 1,2,3 --max-new-tokens 12
 
-The static model.onnx (docs/ONNX.md, "Static exports"), B = 1 here:
+The static model.onnx (docs/STATIC.md), B = 1 here:
   in   input_ids, position_ids         int64 [B, T]
        attn_mask                       f32   [B, 1, T, L]  additive: 0 where a row sees a key
        write_indices                   int64 [B]           buffer position of the step's first row

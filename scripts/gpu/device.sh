@@ -6,7 +6,7 @@
 #   bash scripts/gpu/device.sh run PACK RESULTS    # unpack, then run every check; logs in RESULTS
 #   bash scripts/gpu/device.sh quick PACK RESULTS  # the CUDA checks only, and the baseline comparison
 #   bash scripts/gpu/device.sh static PACK RESULTS # static-cache exports only, CUDA graphs off and on
-#                                                  # (docs/ONNX.md "Static exports"; about 4 minutes)
+#                                                  # (docs/STATIC.md; about 4 minutes)
 set -uo pipefail
 ACTION=$1
 PACK=$(cd "$2" && pwd)

@@ -44,7 +44,7 @@ pub struct Args {
     pub opset: i64,
     /// Write every graph with a static KV cache of L_MAX positions per layer (opset 24:
     /// RMSNormalization, RotaryEmbedding, TensorScatter, Attention), updated in place by the
-    /// runner; no genai_config.json (docs/ONNX.md, "Static exports")
+    /// runner; no genai_config.json (docs/STATIC.md)
     #[arg(long, value_name = "L_MAX")]
     pub static_cache: Option<usize>,
     /// Weight storage: f32, or f16 with a Cast to f32 after each weight (inputs and outputs stay f32)
