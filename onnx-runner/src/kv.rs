@@ -24,7 +24,7 @@ pub enum Kv {
 
 /// The graph of `session` must take the past keys and values of exactly `layers`: the layer range
 /// comes from `m2r2_export.json`, and a cache sized by it is allocated per layer, so a manifest
-/// claiming more layers than its graph has is refused here, naming both (issue 16).
+/// claiming more layers than its graph has is refused here, naming both.
 pub fn check_layers(session: &OnnxSession, layers: &Range<usize>) -> Result<()> {
     let inputs = session.inputs();
     let past = inputs

@@ -209,7 +209,7 @@ pub fn slow_attention(
     }
 }
 
-/// Fast rows (spec section 2): the fast row of the token at cache position `p` attends over the
+/// Fast rows (docs/m2r2/shared_kv.md): the fast row of the token at cache position `p` attends over the
 /// SLOW keys / values of positions `lo..p` (`present_*` under the fast mask) plus its own fast key /
 /// value, which never enter the cache. One softmax over `[slow scores | own score]`.
 ///

@@ -14,7 +14,7 @@
 //! times the expert FLOPs of a gather-based formulation but has no data-dependent shapes
 //! (`NonZero`, per-expert row lists) and no per-row weight gathers (`[R, k, I, D]` copies):
 //! TensorRT parses it into a static engine and ONNX Runtime runs it with plain batched MatMuls.
-//! Fast rows (spec section 1) use the slow row's `idx` with their own `p` gathered there
+//! Fast rows (docs/m2r2/streams.md) use the slow row's `idx` with their own `p` gathered there
 //! (`GatherElements`) and renormalised.
 
 use crate::builder::{Attr, GraphBuilder};
