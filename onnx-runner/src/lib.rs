@@ -11,6 +11,8 @@
 //! - [`ep`]: which execution provider, registered fail-fast.
 //! - [`session`]: one graph, inputs checked by name, dtype and rank ([`tensor_info`]: what its
 //!   inputs and outputs are).
+//! - [`decode`]: one decode of an export, greedy or speculative, reported as the reference's modes
+//!   report (what `m2r2 run` drives).
 //! - [`manifest`]: the export folder; [`kv`]: the KV cache of one graph, on the host
 //!   ([`kv_store`]) or in ONNX Runtime values ([`device_kv`]); [`static_kv`]: the fixed buffers of a
 //!   static export (`export --static-cache`), written in place.
@@ -18,6 +20,7 @@
 //! Dimension legend as in the reference: `V` vocab, `D` hidden, `Hkv` key/value heads, `Dh` head
 //! dim, `T` rows fed in one run, `S` cached positions.
 
+pub mod decode;
 pub mod device_kv;
 pub mod ep;
 pub mod error;

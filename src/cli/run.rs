@@ -1,7 +1,8 @@
 //! `m2r2 run`: decode with the graphs of an export folder on ONNX Runtime (`--ep cpu|cuda|tensorrt`),
 //! greedy over model.onnx or self-speculative over draft.onnx / verifier.onnx through the
-//! reference's own loop. The `--json` report and `--trace` are those of `m2r2 generate`, plus the
-//! execution provider that really ran.
+//! reference's own loop (the library's `onnx_runner::decode`; this file parses flags and prints).
+//! The `--json` report and `--trace` are those of `m2r2 generate`, plus the execution provider
+//! that really ran.
 
 use crate::cli::args::m2r2::OnOff;
 use crate::cli::args::model::PromptArgs;
@@ -10,25 +11,14 @@ use crate::cli::common;
 use crate::cli::report::trace_lines;
 use crate::cli::report::{json_report, print_summary};
 use anyhow::{Context, Result, bail};
-use onnx_runner::ep::{Ep, EpConfig};
-use onnx_runner::greedy::OnnxModel;
-use onnx_runner::manifest::ExportDir;
-use onnx_runner::speculation::OnnxSpeculation;
-use onnx_runner::static_kv::GraphRuns;
-use reference::base::generate::GenerateOptions;
-use reference::base::work::Work;
-use reference::decode::drafting::{Drafting, DraftingRequest, resolve_drafting};
-use reference::decode::early_exit::KvPolicy;
-use reference::decode::mode::{
-    DecodeRequest, M2r2Settings, Mode, ModeRun, greedy_run, greedy_step, speculative_run,
-};
-use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
-use reference::decode::timed::Timed;
+use onnx_runner::decode::{OnnxRun, decode};
+use onnx_runner::manifest::{ExportDir, GraphKind};
+use reference::decode::drafting::DraftingRequest;
+use reference::decode::mode::{DecodeRequest, M2r2Settings};
 use reference::io::tokenizer::Tokenizer;
 use reference::m2r2::exit_gate::GateKind;
 use serde_json::json;
 use std::path::PathBuf;
-use std::time::Instant;
 
 /// The decoding loops `m2r2 run` has (early exit is not exported).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +74,8 @@ fn parse_gate(text: &str) -> Result<GateKind, String> {
     text.parse().map_err(|e: reference::Error| e.to_string())
 }
 
-/// The settings of a run on an export, as `m2r2 generate` reports them.
+/// The settings of a run on an export, as `m2r2 generate` reports them (the library's
+/// `onnx_runner::decode::settings`, after `--draft-head` is checked against the export).
 pub fn settings(
     export: &ExportDir,
     mode: RunMode,
@@ -94,119 +85,15 @@ pub fn settings(
     dynamic_draft: bool,
     draft_head: Option<OnOff>,
 ) -> Result<M2r2Settings> {
-    let m = &export.manifest;
     check_draft_head(export, draft_head)?;
-    let Drafting {
+    let request = DraftingRequest {
+        speculative: mode == RunMode::Speculative,
         gate,
         threshold,
-        draft_length,
-    } = resolve_drafting(
-        &m.m2r2,
-        DraftingRequest {
-            speculative: mode == RunMode::Speculative,
-            gate,
-            threshold,
-            draft_len,
-            dynamic_draft,
-        },
-        m.has_arla,
-        "this export has none (draft.onnx has no exit_prob)",
-    )?;
-    Ok(M2r2Settings {
-        mode: match mode {
-            RunMode::Greedy => Mode::Greedy,
-            RunMode::Speculative => Mode::Speculative,
-        },
-        source: format!("export {}", export.dir.display()),
-        gates: m.m2r2.gates.clone(),
-        gate,
-        threshold,
-        kv_policy: KvPolicy::Exact,
-        draft_gate: m.draft_gate,
-        draft_length,
-        draft_head_tokens: m.draft_head_tokens.filter(|_| mode == RunMode::Speculative),
-    })
-}
-
-/// One decode on ONNX Runtime, and the provider that really ran it.
-pub struct OnnxRun {
-    pub run: ModeRun,
-    pub ep_used: Ep,
-    /// How the runs went when greedy's decode step was a CUDA graph.
-    pub cuda_graph: Option<GraphRuns>,
-}
-
-/// Decode `request` on the export in `settings.mode`; `record_scores` scores every proposal
-/// (for `--trace`).
-pub fn decode(
-    export: &ExportDir,
-    ep: &EpConfig,
-    settings: &M2r2Settings,
-    request: &DecodeRequest<'_>,
-    record_scores: bool,
-) -> Result<OnnxRun> {
-    let n = export.manifest.config.num_hidden_layers;
-    match settings.mode {
-        Mode::Greedy => {
-            let mut model = OnnxModel::load(export, ep)?;
-            let options = GenerateOptions {
-                max_new_tokens: request.max_new_tokens,
-                stop_tokens: request.stop_tokens.clone(),
-                sampling: None,
-            };
-            let mut steps = Vec::new();
-            let generation = model.generate(request.prompt, &options, &mut |token, logits| {
-                steps.push(greedy_step(token, logits, n));
-            })?;
-            Ok(OnnxRun {
-                run: greedy_run(generation, steps, n),
-                ep_used: model.session().ep_used(),
-                cuda_graph: model.cuda_graph_runs(),
-            })
-        }
-        Mode::Speculative => {
-            let gate = (record_scores
-                || matches!(settings.draft_length, DraftLength::Dynamic { .. }))
-            .then_some(settings.gate);
-            let mut backend = OnnxSpeculation::load(export, ep, gate)?;
-            if backend.feed_session().is_none() {
-                eprintln!(
-                    "note: {} has no feed.onnx (an export from before it, or --graphs without \
-                     it): the positions nothing is proposed from run through draft.onnx, which \
-                     gives the same tokens more slowly; export again to add it",
-                    export.dir.display()
-                );
-            }
-            let options = SpeculativeOptions {
-                max_new_tokens: request.max_new_tokens,
-                stop_tokens: request.stop_tokens.clone(),
-                draft_length: settings.draft_length.clone(),
-                sampling: None,
-            };
-            let mut timed = Timed::new(&mut backend);
-            let start = Instant::now();
-            let out = speculative_generate(&mut timed, request.prompt, &options)?;
-            let seconds = start.elapsed().as_secs_f64();
-            let prefill = timed.times.prefill_seconds;
-            let (draft, verifier) = backend.sessions();
-            // The graphs load with the same provider config; report the weaker if they differ.
-            let ep_used = if draft.ep_used() == verifier.ep_used()
-                && backend
-                    .feed_session()
-                    .is_none_or(|f| f.ep_used() == draft.ep_used())
-            {
-                draft.ep_used()
-            } else {
-                Ep::Cpu
-            };
-            Ok(OnnxRun {
-                run: speculative_run(out, n, prefill, seconds, Work::default()),
-                ep_used,
-                cuda_graph: backend.cuda_graph_runs(),
-            })
-        }
-        Mode::EarlyExit => bail!("early exit is not exported; use greedy or speculative"),
-    }
+        draft_len,
+        dynamic_draft,
+    };
+    Ok(onnx_runner::decode::settings(export, request)?)
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -246,6 +133,14 @@ pub fn run(args: &Args) -> Result<()> {
         stop_tokens: export.stop_tokens(tokenizer.as_ref()),
         sampling: None,
     };
+    if args.mode == RunMode::Speculative && !export.has(GraphKind::Feed) {
+        eprintln!(
+            "note: {} has no feed.onnx (an export from before it, or --graphs without it): the \
+             positions nothing is proposed from run through draft.onnx, which gives the same \
+             tokens more slowly; export again to add it",
+            export.dir.display()
+        );
+    }
     let OnnxRun {
         run,
         ep_used,

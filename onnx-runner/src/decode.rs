@@ -1,0 +1,133 @@
+//! One decode of an export folder, greedy or speculative, reported as the reference's modes report
+//! (`reference::decode::mode::ModeRun`): the loop `m2r2 run` drives, for library users too.
+//!
+//! - greedy: model.onnx, one token per run after the prompt's prefill ([`OnnxModel`]);
+//! - speculative: draft.onnx proposes and verifier.onnx verifies through the reference's own loop
+//!   ([`speculative_generate`] over [`OnnxSpeculation`], timed by [`Timed`]).
+//!
+//! The drafting settings come from the export's M2R2 settings and the request, by the library's
+//! one policy ([`resolve_drafting`]).
+
+use crate::ep::{Ep, EpConfig};
+use crate::error::Result;
+use crate::greedy::OnnxModel;
+use crate::manifest::ExportDir;
+use crate::speculation::OnnxSpeculation;
+use crate::static_kv::GraphRuns;
+use reference::base::generate::GenerateOptions;
+use reference::base::work::Work;
+use reference::decode::drafting::{Drafting, DraftingRequest, resolve_drafting};
+use reference::decode::early_exit::KvPolicy;
+use reference::decode::mode::{
+    DecodeRequest, M2r2Settings, Mode, ModeRun, greedy_run, greedy_step, speculative_run,
+};
+use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
+use reference::decode::timed::Timed;
+use std::time::Instant;
+
+/// One decode on ONNX Runtime, and the provider that really ran it.
+pub struct OnnxRun {
+    pub run: ModeRun,
+    pub ep_used: Ep,
+    /// How the runs went when the decode-time steps were CUDA graphs (`--cuda-graph`).
+    pub cuda_graph: Option<GraphRuns>,
+}
+
+/// The settings of a decode of `export` in `request`'s mode (greedy or speculative): the gate,
+/// threshold and draft length [`resolve_drafting`] gives for the export's M2R2 settings.
+pub fn settings(export: &ExportDir, request: DraftingRequest) -> Result<M2r2Settings> {
+    let m = &export.manifest;
+    let speculative = request.speculative;
+    let Drafting {
+        gate,
+        threshold,
+        draft_length,
+    } = resolve_drafting(
+        &m.m2r2,
+        request,
+        m.has_arla,
+        "this export has none (draft.onnx has no exit_prob)",
+    )?;
+    Ok(M2r2Settings {
+        mode: match speculative {
+            true => Mode::Speculative,
+            false => Mode::Greedy,
+        },
+        source: format!("export {}", export.dir.display()),
+        gates: m.m2r2.gates.clone(),
+        gate,
+        threshold,
+        kv_policy: KvPolicy::Exact,
+        draft_gate: m.draft_gate,
+        draft_length,
+        draft_head_tokens: m.draft_head_tokens.filter(|_| speculative),
+    })
+}
+
+/// Decode `request` on `export` in `settings.mode` on `ep`; `record_scores` scores every proposal
+/// (for `--trace`). Early exit is not exported: an error.
+pub fn decode(
+    export: &ExportDir,
+    ep: &EpConfig,
+    settings: &M2r2Settings,
+    request: &DecodeRequest<'_>,
+    record_scores: bool,
+) -> Result<OnnxRun> {
+    let n = export.manifest.config.num_hidden_layers;
+    match settings.mode {
+        Mode::Greedy => {
+            let mut model = OnnxModel::load(export, ep)?;
+            let options = GenerateOptions {
+                max_new_tokens: request.max_new_tokens,
+                stop_tokens: request.stop_tokens.clone(),
+                sampling: None,
+            };
+            let mut steps = Vec::new();
+            let generation = model.generate(request.prompt, &options, &mut |token, logits| {
+                steps.push(greedy_step(token, logits, n));
+            })?;
+            Ok(OnnxRun {
+                run: greedy_run(generation, steps, n),
+                ep_used: model.session().ep_used(),
+                cuda_graph: model.cuda_graph_runs(),
+            })
+        }
+        Mode::Speculative => {
+            let gate = (record_scores
+                || matches!(settings.draft_length, DraftLength::Dynamic { .. }))
+            .then_some(settings.gate);
+            let mut backend = OnnxSpeculation::load(export, ep, gate)?;
+            let options = SpeculativeOptions {
+                max_new_tokens: request.max_new_tokens,
+                stop_tokens: request.stop_tokens.clone(),
+                draft_length: settings.draft_length.clone(),
+                sampling: None,
+            };
+            let mut timed = Timed::new(&mut backend);
+            let start = Instant::now();
+            let out = speculative_generate(&mut timed, request.prompt, &options)?;
+            let seconds = start.elapsed().as_secs_f64();
+            let prefill = timed.times.prefill_seconds;
+            let (draft, verifier) = backend.sessions();
+            // The graphs load with the same provider config; report the weaker if they differ.
+            let ep_used = if draft.ep_used() == verifier.ep_used()
+                && backend
+                    .feed_session()
+                    .is_none_or(|f| f.ep_used() == draft.ep_used())
+            {
+                draft.ep_used()
+            } else {
+                Ep::Cpu
+            };
+            Ok(OnnxRun {
+                run: speculative_run(out, n, prefill, seconds, Work::default()),
+                ep_used,
+                cuda_graph: backend.cuda_graph_runs(),
+            })
+        }
+        Mode::EarlyExit => Err(reference::Error::Invalid(
+            "early exit is not exported; use greedy or speculative".into(),
+        )
+        .into()),
+    }
+}
