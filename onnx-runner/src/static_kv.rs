@@ -13,6 +13,10 @@
 //! [`HIDDEN`]. Positions past the filled ones hold zeros or stale rows of a rolled-back draft and
 //! are always hidden, so rollback only moves the length, as in llama2.c.
 //!
+//! The one-row decode step runs through a [`StepBinding`] created on its first use: its inputs,
+//! `logits` and the buffers bound once, each step writing its values into the bound inputs
+//! (prefills, `T > 1`, bind per run).
+//!
 //! With [`StaticKv::enable_cuda_graph`] (the CUDA provider's `enable_cuda_graph`), the one-row
 //! decode step runs as a CUDA graph: its inputs and `logits` live in device buffers allocated
 //! once and bound once (ONNX Runtime replays a graph on the addresses it captured), each step
@@ -61,6 +65,8 @@ pub struct StaticKv {
     len: usize,
     /// The decode step as a CUDA graph, when enabled (boxed: most caches have none).
     graph: Option<Box<GraphStep>>,
+    /// The one-row decode step bound once, without a CUDA graph (created on first use).
+    step: Option<Box<StepBinding>>,
 }
 
 /// The `gpu_graph_id` of the captured one-row decode step.
@@ -184,6 +190,7 @@ impl StaticKv {
             buffers,
             len: 0,
             graph: None,
+            step: None,
         })
     }
 
@@ -348,12 +355,23 @@ impl StaticKv {
             (ATTN_MASK, Input::F32(mask.view().into_dyn())),
             (WRITE_INDICES, Input::I64(write_indices.view().into_dyn())),
         ];
-        let skip = self.graph.as_ref().map(|g| &g.skip);
-        let outputs =
-            session.run_in_place(&host, &self.past, &self.present, &mut self.buffers, skip)?;
-        if let Some(graph) = &mut self.graph {
-            graph.runs.uncaptured += 1;
-        }
+        let outputs = if t == 1 {
+            // the one-row decode step: bound once, its tensors reused every step
+            if self.step.is_none() {
+                let layers = 0..self.buffers.len();
+                self.step = Some(Box::new(self.bind_step(session, layers, &host, 1, None)?));
+            }
+            let step = self.step.as_mut().expect("bound above");
+            step.run(session, &host)?
+        } else {
+            let skip = self.graph.as_ref().map(|g| &g.skip);
+            let outputs =
+                session.run_in_place(&host, &self.past, &self.present, &mut self.buffers, skip)?;
+            if let Some(graph) = &mut self.graph {
+                graph.runs.uncaptured += 1;
+            }
+            outputs
+        };
         self.len = needed;
         Ok(outputs)
     }
