@@ -302,6 +302,16 @@ impl OnnxSession {
     }
 
     /// The memory this session computes in: the GPU's for CUDA / TensorRT, else the CPU's.
+    /// ONNX Runtime's allocator where this session computes: the GPU's memory for CUDA /
+    /// TensorRT, else the CPU's (for tensors bound once: KV buffers, step bindings).
+    pub(crate) fn allocator(&self) -> ort::Result<ort::memory::Allocator> {
+        if self.ep_used().is_gpu() {
+            ort::memory::Allocator::new(&self.session, self.device_memory()?)
+        } else {
+            Ok(ort::memory::Allocator::default())
+        }
+    }
+
     pub(crate) fn device_memory(&self) -> ort::Result<MemoryInfo<'static>> {
         if self.ep_used().is_gpu() {
             MemoryInfo::new(

@@ -163,7 +163,7 @@ impl StaticKv {
         Self::check_graph(session, l_max)?;
         let file = session.file().to_string();
         let err = |e: ort::Error| Error::ort(&file, format!("cannot allocate the KV buffers: {e}"));
-        let allocator = session_allocator(session).map_err(err)?;
+        let allocator = session.allocator().map_err(err)?;
         let shape = [1, kv_heads, l_max, head_dim];
         let zeros = Tensor::from_array(Array4::<f32>::zeros(shape)).map_err(err)?;
         let buffer = || -> Result<DynTensor> {
@@ -243,7 +243,7 @@ impl StaticKv {
                 reason: format!("the session runs on {}, not a GPU", session.ep_used()),
             });
         }
-        let device = session_allocator(session).map_err(err)?;
+        let device = session.allocator().map_err(err)?;
         let host = Allocator::default();
         let l = self.l_max;
         let mut binding = session.session.create_binding().map_err(err)?;
@@ -552,16 +552,6 @@ impl OnnxSession {
         .map_err(err)?;
         let tensors = host_outputs(&file, &self.outputs, &outputs, |o| !bound(&o.name))?;
         Ok(Outputs { file, tensors })
-    }
-}
-
-/// ONNX Runtime's allocator where `session` computes: the GPU's memory for CUDA / TensorRT, else
-/// the CPU's.
-pub(crate) fn session_allocator(session: &OnnxSession) -> ort::Result<Allocator> {
-    if session.ep_used().is_gpu() {
-        Allocator::new(&session.session, session.device_memory()?)
-    } else {
-        Ok(Allocator::default())
     }
 }
 

@@ -72,7 +72,7 @@ impl StepBinding {
         let err = |e: ort::Error| Error::ort(&file, format!("cannot bind the step's tensors: {e}"));
         session.check_host_inputs(host)?;
         let gpu = session.ep_used().is_gpu();
-        let device = crate::static_kv::session_allocator(session).map_err(err)?;
+        let device = session.allocator().map_err(err)?;
         let cpu = Allocator::default();
         let staging = |gpu: bool| gpu.then_some(&cpu);
         let mut binding = session.session.create_binding().map_err(err)?;
