@@ -133,6 +133,15 @@ fn tolerances_must_be_finite_and_not_negative() {
         &[&write[..], &["--atol=-1"]].concat(),
         &["--atol must be a finite number >= 0, got -1"],
     );
+    // As check and compare do, write reads a negative bound as a number and refuses it itself.
+    fails(
+        &[&write[..], &["--atol", "-1"]].concat(),
+        &["--atol must be a finite number >= 0, got -1"],
+    );
+    fails(
+        &[&write[..], &["--rtol", "-0.5"]].concat(),
+        &["--rtol must be a finite number >= 0, got -0.5"],
+    );
     ok(&write);
     fails(
         &["golden", "check", file, "--rtol", "NaN"],

@@ -84,14 +84,11 @@ impl TrainOptions {
 
     fn validate(&self, config: &M2r2Config) -> Result<()> {
         let bad = |m: String| Err(Error::Invalid(m));
-        let j = config.num_gates();
         if self.train_gates.is_empty() {
             return bad("no gate to train".into());
         }
-        if let Some(g) = self.train_gates.iter().find(|&&g| g == 0 || g > j) {
-            return bad(format!(
-                "gate {g} does not exist: the M2R2 config has gates 1..={j}"
-            ));
+        for &g in &self.train_gates {
+            config.check_gate(g, "gate")?;
         }
         if self.batch_rows == 0 || self.steps == 0 {
             return bad("steps and batch rows must be at least 1".into());

@@ -39,6 +39,50 @@ fn rows() -> Vec<Row> {
     rows
 }
 
+/// Largest `|a - b| / (1 + |b|)` between the training forward's exit logits (one row per `rows`)
+/// and the reference's at the rows' positions.
+fn max_relative_diff(logits: &Array2<f32>, want: &Array2<f32>, rows: &[Row]) -> f32 {
+    let mut max = 0.0f32;
+    for (r, row) in rows.iter().enumerate() {
+        for (a, b) in logits.row(r).iter().zip(want.row(row.pos)) {
+            max = max.max((a - b).abs() / (1.0 + b.abs()));
+        }
+    }
+    max
+}
+
+/// The loss the gradient checks differentiate: exit head, then KL (`tau` 1.5) to the base model's
+/// distribution at the rows' positions of sample 0.
+struct ExitKl {
+    teacher: Array2<f64>,
+}
+
+impl ExitKl {
+    const TAU: f64 = 1.5;
+
+    fn new(base: &FrozenBase<f64>, sample: &SlowSample<f64>, rows: &[Row]) -> Self {
+        let positions: Vec<usize> = rows.iter().map(|r| r.pos).collect();
+        let last = sample.last.select(Axis(0), &positions);
+        ExitKl {
+            teacher: base.head.forward(last.view()).0,
+        }
+    }
+
+    fn loss(&self, base: &FrozenBase<f64>, u: &Array2<f64>) -> f64 {
+        let logits = base.head.forward(u.view()).0;
+        kl_loss(logits.view(), self.teacher.view(), Self::TAU, 0.0)
+            .0
+            .loss
+    }
+
+    /// The gradient of [`ExitKl::loss`] with respect to the exit states `u`.
+    fn du(&self, base: &FrozenBase<f64>, u: &Array2<f64>) -> Array2<f64> {
+        let (logits, head_tape) = base.head.forward(u.view());
+        let (_, dlogits) = kl_loss(logits.view(), self.teacher.view(), Self::TAU, 0.0);
+        base.head.backward(dlogits.view(), &head_tape)
+    }
+}
+
 #[test]
 fn forward_equals_reference_run_interval() {
     let model = reference::io::builtin::builtin("tiny").unwrap();
@@ -53,31 +97,15 @@ fn forward_equals_reference_run_interval() {
     let base = FrozenBase::<f32>::new(&model, layers).unwrap();
     let adapters = Adapters::<f32>::from_accelerator(&weights.accelerator, |_| true);
     let rows = rows();
+    let batch = Batch {
+        samples: &samples,
+        rows: &rows,
+    };
     for j in intervals {
-        let f = fast_stream::start_states(
-            Batch {
-                samples: &samples,
-                rows: &rows,
-            },
-            j,
-        );
-        let (u, _) = fast_stream::forward(
-            &base,
-            &adapters,
-            config.interval_layers(j),
-            Batch {
-                samples: &samples,
-                rows: &rows,
-            },
-            f,
-        );
+        let f = fast_stream::start_states(batch, j);
+        let (u, _) = fast_stream::forward(&base, &adapters, config.interval_layers(j), batch, f);
         let (logits, _) = base.head.forward(u.view());
-        let mut max = 0.0f32;
-        for (r, row) in rows.iter().enumerate() {
-            for (a, b) in logits.row(r).iter().zip(want[j].row(row.pos)) {
-                max = max.max((a - b).abs() / (1.0 + b.abs()));
-            }
-        }
+        let max = max_relative_diff(&logits, &want[j], &rows);
         println!("gate {}: max relative |logit diff| {max:.2e}", j + 1);
         assert!(max < 1e-5, "gate {}: {max}", j + 1);
     }
@@ -106,12 +134,7 @@ fn smollm2_forward_equals_reference_run_interval() {
     let f = fast_stream::start_states(batch, 0);
     let (u, _) = fast_stream::forward(&base, &adapters, config.interval_layers(0), batch, f);
     let (logits, _) = base.head.forward(u.view());
-    let mut max = 0.0f32;
-    for (r, row) in rows.iter().enumerate() {
-        for (a, b) in logits.row(r).iter().zip(want[0].row(row.pos)) {
-            max = max.max((a - b).abs() / (1.0 + b.abs()));
-        }
-    }
+    let max = max_relative_diff(&logits, &want[0], &rows);
     println!("smollm2 gate 1: max relative |logit diff| {max:.2e}");
     assert!(max < 1e-5, "{max}");
 }
@@ -159,68 +182,26 @@ fn whole_interval_gradients_match_finite_differences() {
     let base = FrozenBase::<f64>::new(&model, layers.clone()).unwrap();
     let adapters = Adapters::<f64>::from_accelerator(&weights.accelerator, |l| layers.contains(&l));
     let rows: Vec<Row> = [0, 3, 8, 5].map(|pos| Row { sample: 0, pos }).to_vec();
-    let teacher = base
-        .head
-        .forward(samples[0].last.select(Axis(0), &[0, 3, 8, 5]).view())
-        .0;
-    let tau = 1.5;
+    let batch = Batch {
+        samples: &samples,
+        rows: &rows,
+    };
+    let kl = ExitKl::new(&base, &samples[0], &rows);
     let loss = |a: &Adapters<f64>| {
-        let f = fast_stream::start_states(
-            Batch {
-                samples: &samples,
-                rows: &rows,
-            },
-            0,
-        );
-        let (u, _) = fast_stream::forward(
-            &base,
-            a,
-            layers.clone(),
-            Batch {
-                samples: &samples,
-                rows: &rows,
-            },
-            f,
-        );
-        kl_loss(
-            base.head.forward(u.view()).0.view(),
-            teacher.view(),
-            tau,
-            0.0,
-        )
-        .0
-        .loss
+        let f = fast_stream::start_states(batch, 0);
+        let (u, _) = fast_stream::forward(&base, a, layers.clone(), batch, f);
+        kl.loss(&base, &u)
     };
     // analytic
-    let f = fast_stream::start_states(
-        Batch {
-            samples: &samples,
-            rows: &rows,
-        },
-        0,
-    );
-    let (u, tape) = fast_stream::forward(
-        &base,
-        &adapters,
-        layers.clone(),
-        Batch {
-            samples: &samples,
-            rows: &rows,
-        },
-        f,
-    );
-    let (logits, head_tape) = base.head.forward(u.view());
-    let (_, dlogits) = kl_loss(logits.view(), teacher.view(), tau, 0.0);
-    let du = base.head.backward(dlogits.view(), &head_tape);
+    let f = fast_stream::start_states(batch, 0);
+    let (u, tape) = fast_stream::forward(&base, &adapters, layers.clone(), batch, f);
+    let du = kl.du(&base, &u);
     let mut grads = adapters.zeros_like();
     fast_stream::backward(
         &base,
         &adapters,
         layers.clone(),
-        Batch {
-            samples: &samples,
-            rows: &rows,
-        },
+        batch,
         &tape,
         du,
         &[],
@@ -301,20 +282,13 @@ fn bridged_interval_gradients_match_finite_differences() {
         samples: &samples,
         rows: &rows,
     };
-    let teacher = base
-        .head
-        .forward(samples[0].last.select(Axis(0), &[0, 3, 8, 5]).view())
-        .0;
-    let tau = 1.5;
+    let kl = ExitKl::new(&base, &samples[0], &rows);
     let loss = |a: &Adapters<f64>| {
         let (u, _) = bridge::interval_forward(&base, a, 0, layers.clone(), batch);
-        let logits = base.head.forward(u.view()).0;
-        kl_loss(logits.view(), teacher.view(), tau, 0.0).0.loss
+        kl.loss(&base, &u)
     };
     let (u, tape) = bridge::interval_forward(&base, &adapters, 0, layers.clone(), batch);
-    let (logits, head_tape) = base.head.forward(u.view());
-    let (_, dlogits) = kl_loss(logits.view(), teacher.view(), tau, 0.0);
-    let du = base.head.backward(dlogits.view(), &head_tape);
+    let du = kl.du(&base, &u);
     let mut grads = adapters.zeros_like();
     bridge::interval_backward(
         &base,
@@ -340,9 +314,7 @@ fn bridged_interval_gradients_match_finite_differences() {
         ..adapters.clone()
     };
     let (u, gate_tape) = bridge::interval_forward(&base, &gate_only, 0, layers.clone(), batch);
-    let (logits, head_tape) = base.head.forward(u.view());
-    let (_, dlogits) = kl_loss(logits.view(), teacher.view(), tau, 0.0);
-    let du = base.head.backward(dlogits.view(), &head_tape);
+    let du = kl.du(&base, &u);
     let (mut full, mut only) = (gate_only.zeros_like(), gate_only.zeros_like());
     for (out, skip) in [(&mut full, false), (&mut only, true)] {
         bridge::interval_backward(

@@ -111,6 +111,18 @@ pub fn cache_aligned(rows: usize, cols: usize, data: Vec<f32>) -> Array2<f32> {
         .expect("rows * cols floats")
 }
 
+/// The products' one shape rule: the input's width is the weight's.
+///
+/// # Panics
+/// If they differ (shapes are validated at load, so this is a bug).
+#[track_caller]
+fn check_widths(input: usize, weight: usize) {
+    assert_eq!(
+        input, weight,
+        "linear: input width {input} vs weight width {weight}"
+    );
+}
+
 /// `Y = X W^T (+ b)`: the definition. `linear` must equal it bit for bit.
 ///
 /// # Shapes
@@ -123,13 +135,7 @@ pub fn linear_naive(
     w: ArrayView2<f32>,
     b: Option<&Array1<f32>>,
 ) -> Array2<f32> {
-    assert_eq!(
-        x.ncols(),
-        w.ncols(),
-        "linear: input width {} vs weight width {}",
-        x.ncols(),
-        w.ncols()
-    );
+    check_widths(x.ncols(), w.ncols());
     let mut y = Array2::zeros((x.nrows(), w.nrows()));
     for (t, xr) in x.rows().into_iter().enumerate() {
         let xs = xr.to_vec();
@@ -197,13 +203,7 @@ fn linear_selected(
     count: usize,
     row: impl Fn(usize) -> usize + Sync,
 ) -> Array2<f32> {
-    assert_eq!(
-        x.ncols(),
-        w.ncols(),
-        "linear: input width {} vs weight width {}",
-        x.ncols(),
-        w.ncols()
-    );
+    check_widths(x.ncols(), w.ncols());
     let t_rows = x.nrows();
     let x = x.as_standard_layout();
     let w = w.as_standard_layout();

@@ -19,6 +19,7 @@ use crate::base::kv_cache::KvCache;
 use crate::base::model::Output;
 use crate::base::work::Work;
 use crate::decode::bridge_state::BridgeMemory;
+use crate::decode::drafting::check_draft_gate;
 use crate::decode::speculative::{Draft, SpeculativeBackend};
 use crate::error::Result;
 use crate::m2r2::exit_gate::{GateKind, gate_score};
@@ -54,13 +55,7 @@ impl<'a> ReferenceSpeculation<'a> {
         capacity: usize,
     ) -> Result<Self> {
         let config = &m2r2.weights.config;
-        if draft_gate == 0 || draft_gate > config.num_gates() {
-            return Err(crate::Error::Invalid(format!(
-                "draft gate {draft_gate} does not exist: the gates are 1..={} (after layers {:?})",
-                config.num_gates(),
-                config.gates
-            )));
-        }
+        check_draft_gate(config, draft_gate, "draft gate")?;
         if gate == Some(GateKind::Arla) && m2r2.weights.arla.is_none() {
             return Err(crate::Error::Invalid(
                 "the ARLA gate needs ARLA weights (arla.safetensors)".into(),

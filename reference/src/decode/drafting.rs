@@ -100,18 +100,11 @@ pub fn resolve_drafting(
     })
 }
 
-/// Check that draft gate `draft_gate` (1-based) exists: the gates are `1..=J`. `named` is how the
-/// message names it, as the caller got it: `"--draft-gate"`, `"--draft-gates: gate"`, `"draft
-/// gate"` ("--draft-gate 9 does not exist: the gates are 1..=3 (after layers [7, 15, 22])").
+/// Check that draft gate `draft_gate` (1-based) exists, named in the message as `named` (as the
+/// caller got it: `"--draft-gate"`, `"--draft-gates: gate"`, `"draft gate"`): the rule and its
+/// words are [`M2r2Config::check_gate`]'s, which the trainer's gates use too.
 pub fn check_draft_gate(config: &M2r2Config, draft_gate: usize, named: &str) -> Result<()> {
-    let j = config.num_gates();
-    if draft_gate == 0 || draft_gate > j {
-        return Err(Error::Invalid(format!(
-            "{named} {draft_gate} does not exist: the gates are 1..={j} (after layers {:?})",
-            config.gates
-        )));
-    }
-    Ok(())
+    config.check_gate(draft_gate, named)
 }
 
 #[cfg(test)]
@@ -263,33 +256,5 @@ mod tests {
                 format!("--threshold must be a finite number, got {bad}")
             );
         }
-    }
-
-    #[test]
-    fn draft_gates_are_one_based_up_to_the_number_of_gates() {
-        let config = M2r2Config::default_for(&tiny_config());
-        let j = config.num_gates();
-        for g in 1..=j {
-            check_draft_gate(&config, g, "--draft-gate").unwrap();
-        }
-        for g in [0, j + 1] {
-            let err = check_draft_gate(&config, g, "--draft-gate")
-                .unwrap_err()
-                .to_string();
-            assert_eq!(
-                err,
-                format!(
-                    "--draft-gate {g} does not exist: the gates are 1..={j} (after layers {:?})",
-                    config.gates
-                )
-            );
-        }
-        let err = check_draft_gate(&config, 0, "--draft-gates: gate")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.starts_with("--draft-gates: gate 0 does not exist"),
-            "{err}"
-        );
     }
 }

@@ -112,11 +112,65 @@ impl EarlyExitOutput {
     }
 }
 
-/// A group of exited tokens' slow rows waiting for their remaining layers (`exact` policy).
-struct Pending {
-    /// `[P, D]` slow residuals at `frontier`, consecutive positions
-    states: Array2<f32>,
-    frontier: usize,
+/// Rows of consecutive positions, as the `exact` policy's pending groups hold them: the slow
+/// residuals (`[P, D]`) in the decoder, the positions in [`CostModel::early_exit`].
+trait Rows {
+    /// These rows after `older` (whose positions come just before them).
+    fn after(self, older: Self) -> Self;
+}
+
+impl Rows for Array2<f32> {
+    fn after(self, older: Self) -> Self {
+        concatenate![Axis(0), older, self]
+    }
+}
+
+impl Rows for Vec<usize> {
+    fn after(self, mut older: Self) -> Self {
+        older.extend(self);
+        older
+    }
+}
+
+/// The `exact` policy's exited tokens' slow rows waiting for their remaining layers: groups of
+/// consecutive positions, each stopped at one frontier layer, oldest first, with frontiers
+/// strictly decreasing along the stack (rows that reach a group's frontier take the group along).
+/// The decoder and the cost model both keep their groups here, so they group alike.
+struct Pending<R> {
+    /// (rows, frontier), oldest first
+    groups: Vec<(R, usize)>,
+}
+
+impl<R: Rows> Pending<R> {
+    fn new() -> Self {
+        Pending { groups: Vec::new() }
+    }
+
+    /// `rows` (the newest positions) reach `layer`: the group stopped there, if any, joins them.
+    fn join_at(&mut self, layer: usize, rows: R) -> R {
+        match self.groups.pop_if(|g| g.1 == layer) {
+            Some((older, _)) => rows.after(older),
+            None => rows,
+        }
+    }
+
+    /// `rows` stop at `frontier` (merging with the group stopped there).
+    fn stop(&mut self, rows: R, frontier: usize) {
+        let rows = self.join_at(frontier, rows);
+        self.groups.push((rows, frontier));
+    }
+
+    /// Run every group through its remaining layers up to `n_layers`: the newest group up, taking
+    /// older groups along at their frontiers; `layer(l, rows)` runs layer `l` on the rows.
+    fn complete(&mut self, n_layers: usize, mut layer: impl FnMut(usize, &mut R)) {
+        let Some((mut rows, frontier)) = self.groups.pop() else {
+            return;
+        };
+        for l in frontier..n_layers {
+            rows = self.join_at(l, rows);
+            layer(l, &mut rows);
+        }
+    }
 }
 
 /// Decode with early exit: prefill, then one token at a time until a gate fires, then complete the
@@ -157,8 +211,8 @@ struct EarlyExit<'a> {
     cache: KvCache,
     /// The prompt's logits at its last position.
     prompt_last: Vec<f32>,
-    /// Oldest group first; frontiers strictly decrease along the stack.
-    pending: Vec<Pending>,
+    /// The exited tokens' slow rows waiting for their skipped layers (`exact`).
+    pending: Pending<Array2<f32>>,
     out: EarlyExitOutput,
 }
 
@@ -175,7 +229,7 @@ impl<'a> EarlyExit<'a> {
             sampler,
             cache,
             prompt_last: logits.row(prompt.len() - 1).to_vec(),
-            pending: Vec::new(),
+            pending: Pending::new(),
             out: EarlyExitOutput {
                 tokens: Vec::new(),
                 trace: Vec::new(),
@@ -203,16 +257,13 @@ impl<'a> EarlyExit<'a> {
         model.check_input(&[token], p, &self.cache)?;
         let mut s = model.embed(&[token]); // [rows, D]; the current token is the last row
         self.out.work += Work::read(model.config.hidden_size);
-        let mut pos0 = p;
         let mut exit_states = Vec::new();
         let mut scores = Vec::new();
         for j in 0..=config.num_gates() {
             // A pending group joins when the current token reaches its frontier.
-            if let Some(waiting) = self.pending.pop_if(|w| w.frontier == config.boundary(j)) {
-                pos0 -= waiting.states.nrows();
-                s = concatenate![Axis(0), waiting.states, s];
-            }
+            s = self.pending.join_at(config.boundary(j), s);
             let current = s.nrows() - 1;
+            let pos0 = p - current;
             let gated = j < config.num_gates();
             let slots: &[usize] = if gated { &[current] } else { &[] };
             let interval = m2r2.run_interval(j, &mut s, pos0, &mut self.cache, slots);
@@ -254,16 +305,7 @@ impl<'a> EarlyExit<'a> {
     /// position `p` are filled from the exit state `u` now.
     fn skip_layers(&mut self, s: Array2<f32>, exit_layer: usize, u: ArrayView1<f32>, p: usize) {
         match self.options.kv_policy {
-            KvPolicy::Exact => {
-                let mut states = s;
-                if let Some(same) = self.pending.pop_if(|w| w.frontier == exit_layer) {
-                    states = concatenate![Axis(0), same.states, states];
-                }
-                self.pending.push(Pending {
-                    states,
-                    frontier: exit_layer,
-                });
-            }
+            KvPolicy::Exact => self.pending.stop(s, exit_layer),
             KvPolicy::FastKv => {
                 self.out.work +=
                     fill_kv_from_exit_state(self.m2r2, exit_layer, u, p, &mut self.cache);
@@ -301,21 +343,16 @@ impl<'a> EarlyExit<'a> {
     /// taking older groups along at their frontiers.
     fn complete_pending(&mut self) {
         let model = self.m2r2.model;
-        let Some(newest) = self.pending.pop() else {
-            return;
-        };
-        let mut states = newest.states;
-        let mut pos0 = self.cache.len() - states.nrows();
-        for l in newest.frontier..model.config.num_hidden_layers {
-            if let Some(older) = self.pending.pop_if(|w| w.frontier == l) {
-                pos0 -= older.states.nrows();
-                states = concatenate![Axis(0), older.states, states];
-            }
-            self.out.work += model
-                .layer_forward(l, &mut states, pos0, &mut self.cache)
-                .work;
-            self.out.slow_layer_rows += states.nrows();
-        }
+        // The newest group ends at the cache's last position.
+        let end = self.cache.len();
+        let (cache, out) = (&mut self.cache, &mut self.out);
+        self.pending
+            .complete(model.config.num_hidden_layers, |l, states| {
+                out.work += model
+                    .layer_forward(l, states, end - states.nrows(), cache)
+                    .work;
+                out.slow_layer_rows += states.nrows();
+            });
     }
 }
 
@@ -361,17 +398,15 @@ impl CostModel<'_> {
         let weights = self.m2r2.expect("early-exit cost needs the M2R2 weights");
         let m2r2 = &weights.config;
         let n_layers = self.model.num_hidden_layers;
-        // Pending groups (positions, frontier), oldest first, as in `early_exit.rs`.
-        let mut pending: Vec<(Vec<usize>, usize)> = Vec::new();
+        // The pending groups' positions, grouped as the decoder groups its rows.
+        let mut pending = Pending::new();
         let mut w = Work::default();
         for (i, t) in trace.iter().enumerate().skip(1) {
             let p = prompt_len + i - 1;
             let mut positions = vec![p];
             w += self.embed(1);
             for j in 0..=m2r2.num_gates() {
-                if let Some((older, _)) = pending.pop_if(|g| g.1 == m2r2.boundary(j)) {
-                    positions = older.into_iter().chain(positions).collect();
-                }
+                positions = pending.join_at(m2r2.boundary(j), positions);
                 let gated = j < m2r2.num_gates();
                 let fast: &[usize] = if gated { &[p] } else { &[] };
                 for l in m2r2.interval_layers(j) {
@@ -383,25 +418,13 @@ impl CostModel<'_> {
                 }
                 let exit_layer = m2r2.gate_layer(j + 1);
                 match kv_policy {
-                    KvPolicy::Exact => {
-                        if let Some((same, _)) = pending.pop_if(|g| g.1 == exit_layer) {
-                            positions = same.into_iter().chain(positions).collect();
-                        }
-                        pending.push((positions.clone(), exit_layer));
-                    }
+                    KvPolicy::Exact => pending.stop(positions, exit_layer),
                     KvPolicy::FastKv => w += self.kv_fill(exit_layer..n_layers),
                 }
                 break;
             }
         }
-        if let Some((mut positions, frontier)) = pending.pop() {
-            for l in frontier..n_layers {
-                if let Some((older, _)) = pending.pop_if(|g| g.1 == l) {
-                    positions = older.into_iter().chain(positions).collect();
-                }
-                w += self.layer(l, &positions, &[]);
-            }
-        }
+        pending.complete(n_layers, |l, positions| w += self.layer(l, positions, &[]));
         w
     }
 }

@@ -51,10 +51,7 @@ pub fn speculative_generate_naive(
     if prompt.is_empty() || draft_len == 0 {
         return Err(Error::Invalid("an empty prompt or draft".into()));
     }
-    if draft_gate == 0
-        || draft_gate > m2r2.num_gates()
-        || m2r2.weights.bridge_at(draft_gate).is_some()
-    {
+    if !m2r2.weights.config.has_gate(draft_gate) || m2r2.weights.bridge_at(draft_gate).is_some() {
         return Err(Error::Invalid(format!(
             "draft gate {draft_gate}: not a gate, or it reads a bridge"
         )));

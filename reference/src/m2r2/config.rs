@@ -207,13 +207,17 @@ impl M2r2Config {
                 ));
             }
         }
-        let j = self.gates.len();
-        if self.draft_gate == 0 || self.draft_gate > j {
-            return bad(format!(
-                "`draft_gate` = {} is out of range: gates are numbered 1..={j}",
-                self.draft_gate
-            ));
-        }
+        // A gate number the config names itself (`draft_gate`, `bridge.gate`).
+        let numbered = |field: &str, g: usize| {
+            if self.has_gate(g) {
+                return Ok(());
+            }
+            bad(format!(
+                "`{field}` = {g} is out of range: gates are numbered 1..={}",
+                self.num_gates()
+            ))
+        };
+        numbered("draft_gate", self.draft_gate)?;
         if self.draft_len == 0 {
             return bad("`draft_len` must be at least 1".into());
         }
@@ -273,12 +277,7 @@ impl M2r2Config {
         }
         if let Some(b) = &self.bridge {
             b.validate(model.hidden_size).or_else(bad)?;
-            if b.gate == 0 || b.gate > j {
-                return bad(format!(
-                    "`bridge.gate` = {} is out of range: gates are numbered 1..={j}",
-                    b.gate
-                ));
-            }
+            numbered("bridge.gate", b.gate)?;
         }
         Ok(())
     }
@@ -304,6 +303,27 @@ impl M2r2Config {
     /// J: the number of exit gates.
     pub fn num_gates(&self) -> usize {
         self.gates.len()
+    }
+
+    /// Whether gate `g` (1-based) exists: the gates are `1..=J`.
+    pub fn has_gate(&self, g: usize) -> bool {
+        (1..=self.num_gates()).contains(&g)
+    }
+
+    /// Check that gate `g` (1-based) exists, for a gate a user or caller names (a loaded config's
+    /// own `draft_gate` and `bridge.gate` are checked by [`M2r2Config::validate`]). `what` is how
+    /// the message names it, as the caller got it: `"--draft-gate"`, `"--draft-gates: gate"`,
+    /// `"draft gate"`, `"gate"` ("--draft-gate 9 does not exist: the gates are 1..=3 (after layers
+    /// [7, 15, 22])").
+    pub fn check_gate(&self, g: usize, what: &str) -> Result<()> {
+        if self.has_gate(g) {
+            return Ok(());
+        }
+        Err(Error::Invalid(format!(
+            "{what} {g} does not exist: the gates are 1..={} (after layers {:?})",
+            self.num_gates(),
+            self.gates
+        )))
     }
 
     /// J + 1: the number of intervals.
@@ -623,5 +643,37 @@ mod tests {
         let model = tiny_config();
         assert_eq!(Target::Attn(AttnProj::K).shape(&model), (32, 64));
         assert_eq!(Target::Mlp(MlpProj::Down).shape(&model), (64, 128));
+    }
+
+    #[test]
+    fn gates_are_one_based_up_to_the_number_of_gates() {
+        let config = M2r2Config::default_for(&tiny_config());
+        let j = config.num_gates();
+        for g in 1..=j {
+            assert!(config.has_gate(g));
+            config.check_gate(g, "--draft-gate").unwrap();
+        }
+        for g in [0, j + 1] {
+            assert!(!config.has_gate(g));
+            let err = config
+                .check_gate(g, "--draft-gate")
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                err,
+                format!(
+                    "--draft-gate {g} does not exist: the gates are 1..={j} (after layers {:?})",
+                    config.gates
+                )
+            );
+        }
+        let err = config
+            .check_gate(0, "--draft-gates: gate")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("--draft-gates: gate 0 does not exist"),
+            "{err}"
+        );
     }
 }

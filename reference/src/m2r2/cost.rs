@@ -111,13 +111,18 @@ impl<'a> CostModel<'a> {
         let Some(moe) = &c.moe else {
             return Work::default();
         };
-        let per_expert = 3 * c.hidden_size * c.intermediate_size;
+        let per_expert = self.expert_weights();
         let k = moe.num_experts_per_tok;
         let experts_read = moe.num_local_experts.min(slow_rows * k);
         Work {
             weight_macs: (rows * k * per_expert) as u64,
             ..Work::read(experts_read * per_expert)
         }
+    }
+
+    /// The weights of one routed expert: gate, up and down, `3 D I`.
+    pub fn expert_weights(&self) -> usize {
+        3 * self.model.hidden_size * self.model.intermediate_size
     }
 
     /// Adapter terms `scale * B (A x)` of layer `l` for `rows` fast rows (none without an adapter).

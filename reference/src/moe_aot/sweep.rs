@@ -131,7 +131,7 @@ pub fn mixtral_8x7b_config(num_layers: usize, num_experts: usize, top_k: usize) 
 
 /// Bytes of one expert (gate, up, down: `3 D I` weights).
 pub fn expert_bytes(config: &ModelConfig, d: &Deployment) -> f64 {
-    (3 * config.hidden_size * config.intermediate_size) as f64 * d.bytes_per_param
+    CostModel::new(config, None).expert_weights() as f64 * d.bytes_per_param
 }
 
 /// Per layer, the compute of one decode step at `position`: `fast` adds a fast-stream row in the
@@ -144,7 +144,6 @@ pub fn layer_times(
     d: &Deployment,
 ) -> Vec<LayerTime> {
     let cost = CostModel::new(config, m2r2);
-    let (dim, inter) = (config.hidden_size, config.intermediate_size);
     (0..config.num_hidden_layers)
         .map(|l| {
             let fast: &[usize] = if fast_until.is_some_and(|e| l < e) {
@@ -153,20 +152,14 @@ pub fn layer_times(
                 &[]
             };
             let total = cost.layer(l, &[position], fast);
-            let Some(moe) = &config.moe else {
+            if config.moe.is_none() {
                 return LayerTime {
                     pre: d.seconds(total),
                     moe: 0.0,
                 };
-            };
+            }
             // The experts: every row runs k of them; the slow row's experts are read once.
-            let per_expert = 3 * dim * inter;
-            let k = moe.num_experts_per_tok;
-            let experts = Work {
-                weight_macs: ((1 + fast.len()) * k * per_expert) as u64,
-                attention_macs: 0,
-                weight_bytes: (4 * k * per_expert) as u64,
-            };
+            let experts = cost.experts(1 + fast.len(), 1);
             let pre = Work {
                 weight_macs: total.weight_macs - experts.weight_macs,
                 attention_macs: total.attention_macs,

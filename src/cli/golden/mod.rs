@@ -65,10 +65,10 @@ pub struct WriteArgs {
     pub ignore_eos: bool,
     /// Pin this absolute tolerance in the golden: checks use it unless their own --atol says
     /// otherwise
-    #[arg(long, value_name = "X")]
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
     pub atol: Option<f32>,
     /// Pin this relative tolerance in the golden (greedy goldens)
-    #[arg(long, value_name = "X")]
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
     pub rtol: Option<f32>,
     /// Pin the export precision this golden is for: `check --onnx` refuses an export of other
     /// weights (f32 | f16)

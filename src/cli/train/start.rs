@@ -66,8 +66,7 @@ pub fn starting_weights(
     // A trained gate without adapters in --init starts fresh (A random, B = 0).
     let fresh = initial_weights(model, config, seed)?;
     // (gates out of range are refused by Trainer::new, which names them)
-    let gates = 1..=w.config.num_gates();
-    for &g in train_gates.iter().filter(|g| gates.contains(g)) {
+    for &g in train_gates.iter().filter(|&&g| w.config.has_gate(g)) {
         for l in w.config.interval_layers(g - 1) {
             if w.accelerator.layers[l].is_none() {
                 w.accelerator.layers[l] = fresh.accelerator.layers[l].clone();

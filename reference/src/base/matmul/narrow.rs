@@ -72,12 +72,7 @@ fn narrow_blocks(
     b: Option<&Array1<f32>>,
     weights: Weights,
 ) -> Array2<f32> {
-    assert_eq!(
-        x.ncols(),
-        width,
-        "linear: input width {} vs weight width {width}",
-        x.ncols()
-    );
+    super::check_widths(x.ncols(), width);
     assert!(width <= NARROW_MAX_WIDTH, "linear_narrow: width {width}");
     let x = x.as_standard_layout();
     let xs = x.as_slice().expect("standard layout");

@@ -65,6 +65,16 @@ fn mixed_threshold(m2r2: M2r2<'_>, prompt: &[u32]) -> f32 {
     best[best.len() / 2]
 }
 
+/// `g` checks against the engine that recorded it with no difference at all.
+fn assert_checks_exactly(g: &Golden, m2r2: M2r2<'_>) {
+    let report = g.check_m2r2(m2r2, DEFAULT_ATOL).unwrap();
+    assert!(report.ok(), "{report:?}");
+    assert!(
+        report.entries.iter().all(|e| e.max_abs == 0.0),
+        "{report:?}"
+    );
+}
+
 #[test]
 fn early_exit_round_trip_and_self_check() {
     for name in builtin::BUILTIN_NAMES {
@@ -83,12 +93,7 @@ fn early_exit_round_trip_and_self_check() {
             "{name}: some tokens exit"
         );
         assert!(exit_gate[1..].contains(&0), "{name}: some run all layers");
-        let report = back.check_m2r2(m2r2, DEFAULT_ATOL).unwrap();
-        assert!(report.ok(), "{report:?}");
-        assert!(
-            report.entries.iter().all(|e| e.max_abs == 0.0),
-            "{report:?}"
-        );
+        assert_checks_exactly(&back, m2r2);
     }
 }
 
@@ -198,12 +203,7 @@ fn speculative_round_trip_and_self_check() {
                     .zip(&greedy.logits)
                     .all(|(a, b)| a.to_bits() == b.to_bits())
             );
-            let report = back.check_m2r2(m2r2, DEFAULT_ATOL).unwrap();
-            assert!(report.ok(), "{report:?}");
-            assert!(
-                report.entries.iter().all(|e| e.max_abs == 0.0),
-                "{report:?}"
-            );
+            assert_checks_exactly(&back, m2r2);
         }
     }
 }
