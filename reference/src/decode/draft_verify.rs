@@ -2,16 +2,17 @@
 //! that the speculative loop runs on. The ONNX runner implements the same trait with `draft.onnx`
 //! and `verifier.onnx`, which split the model at the same layer.
 //!
-//! - draft: one token through intervals `0..g_d` (layers `1..=e_gd`); slow rows write the cache, the
-//!   slow residual `s_{e_gd}` is kept, and (when proposing) the fast rows give the exit logits at
-//!   gate `g_d`: the full head, or the pruned draft head's `K` rows (`-inf` elsewhere) when the
-//!   M2R2 weights carry one ([`crate::m2r2::draft_head`]; drop it from the weights for the full head).
+//! - draft: one token through intervals `0..g_d` (layers `0..e_gd`, 0-based, half-open); slow
+//!   rows write the cache, the slow residual `s_{e_gd}` is kept, and (when proposing) the fast
+//!   rows give the exit logits at gate `g_d`: the full head, or the pruned draft head's `K` rows
+//!   (`-inf` elsewhere) when the M2R2 weights carry one ([`crate::m2r2::draft_head`]; drop it
+//!   from the weights for the full head).
 //!   The fast stream runs only in the interval ending at `g_d`, or in all of them when ARLA needs
 //!   `u_1..u_gd`.
 //!   With a bridge ([`crate::m2r2::bridge`]) the proposal also reads the state before it: the
 //!   final slow residual of the previous position when it is verified, else the previous draft's
 //!   exit state.
-//! - verify: the kept residuals of all drafted positions through layers `e_gd+1..=N` as one chunk;
+//! - verify: the kept residuals of all drafted positions through layers `e_gd..N` as one chunk;
 //!   its final residuals are kept for the bridge.
 //! - rollback: truncate the cache; kept residuals of dropped positions are forgotten.
 

@@ -3,10 +3,11 @@
 //!
 //! One round, with `last` the newest emitted token (not yet fed) and `n` positions in the cache:
 //! ```text
-//! draft:   feed last, d_1, ..., d_m through layers 1..=e_gd (slow rows write the cache; the slow
-//!          state at e_gd is kept); the fast exit logits at gate g_d propose d_{i+1}. Stop at the
-//!          draft length, or (dynamic) when the gate's exit probability falls below its threshold.
-//! verify:  continue the kept slow states of those m+1 positions through layers e_gd+1..=N as ONE
+//! draft:   feed last, d_1, ..., d_m through layers 0..e_gd (0-based, half-open; the slow rows
+//!          write the cache, the slow state at e_gd is kept); the fast exit logits at gate g_d
+//!          propose d_{i+1}. Stop at the draft length, or (dynamic) when the gate's exit
+//!          probability falls below its threshold.
+//! verify:  continue the kept slow states of those m+1 positions through layers e_gd..N as ONE
 //!          chunk -> base logits y_1..y_{m+1} (layers below e_gd are not recomputed).
 //! accept:  greedy: the longest prefix with d_i == argmax(y_i); then the base token at the first
 //!          mismatch, or the bonus token argmax(y_{m+1}) when all m are accepted.

@@ -172,8 +172,9 @@ impl PeftLora {
     }
 
     /// Read a PEFT LoRA adapter (`adapter_config.json`, `adapter_model.safetensors`) for `model`.
+    /// Per-module ranks and alphas (`rank_pattern` / `alpha_pattern`) load (`io::peft_pattern`).
     /// Refused, with the file and key or tensor named: anything but plain LoRA on linear maps
-    /// (DoRA, biases, `fan_in_fan_out`, rank or alpha patterns, `modules_to_save`, ...), target
+    /// (DoRA, biases, `fan_in_fan_out`, `modules_to_save`, ...), target
     /// modules outside the seven, MLP targets on a MoE model, unknown tensor names, layers `>= N`,
     /// a `lora_A` without its `lora_B` (or the reverse), ranks other than the module's `r` (or its
     /// `rank_pattern` entry), wrong shapes, non-finite values.
