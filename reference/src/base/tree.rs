@@ -26,9 +26,9 @@
 //! [`KvCache::compact`](super::kv_cache::KvCache::compact) moves the accepted path's slots to the
 //! positions `n ..` (rows already rotated for those positions, so the copy is exact).
 //!
-//! Shape `W1,W2,...` **[ours]** (the `--draft-tree` of issue 32): the root has `W1` children, each
-//! node at depth `d >= 1` has `W_{d+1}`; `2,1,1` is two chains of three drafts (7 nodes), and
-//! `1,1,...,1` (m ones) the chain of today's `--draft-len m`.
+//! Shape `W1,W2,...` **[ours]**: the root has `W1` children, each node at depth `d >= 1` has
+//! `W_{d+1}`; `2,1,1` is two chains of three drafts (7 nodes), and `1,1,...,1` (m ones) the chain
+//! of `--draft-len m`.
 
 use crate::error::{Error, Result};
 use std::ops::Range;

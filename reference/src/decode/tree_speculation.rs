@@ -1,4 +1,4 @@
-//! Greedy self-speculation with a token tree (issue 32; SpecInfer, Medusa, EAGLE-2 draft trees):
+//! Greedy self-speculation with a token tree (the draft trees of SpecInfer, Medusa, EAGLE-2):
 //! the fast stream drafts its top candidates at each depth, and the base model verifies the whole
 //! tree in one chunk (`base/tree.rs`). A chain drafts only the top candidate and loses the round
 //! at its first miss; a tree's runner-up is often right.
