@@ -56,10 +56,6 @@ pub fn attend_with(
     values: ArrayView2<f32>,
     own: Option<(ArrayView1<f32>, ArrayView1<f32>)>,
 ) -> Array1<f32> {
-    let dh = config.head_dim;
-    let group = config.num_attention_heads / config.num_key_value_heads;
-    let scale = (dh as f32).powf(-0.5);
-    let q = q.as_slice().expect("contiguous query");
     // Whole cache rows `[Hkv*Dh]`, the row's own entry last.
     let key_rows: Vec<&[f32]> = keys
         .outer_iter()
@@ -71,6 +67,55 @@ pub fn attend_with(
         .map(|r| r.to_slice().expect("contiguous value"))
         .chain(own.map(|(_, v)| v.to_slice().expect("contiguous own value")))
         .collect();
+    attend_key_rows(kernel, config, q, &key_rows, &value_rows)
+}
+
+/// [`attend`] over the rows `rows` of `keys` and `values`, in that order, then `own`: a row of a
+/// token tree, which sees the cache before the tree and its ancestors' slots
+/// ([`TokenTree::key_slots`](super::tree::TokenTree::key_slots)), never its siblings. The keys it
+/// skips take no part in any sum, so the result is bitwise [`attend_naive`] of the selected rows
+/// stacked, as a path decode attends to them.
+///
+/// # Shapes
+/// - `q`: `[H*Dh]`, `keys`, `values`: `[S, Hkv*Dh]`, `rows`: `[S_vis]` (each `< S`),
+///   `own`: (`[Hkv*Dh]`, `[Hkv*Dh]`) -> `[H*Dh]`
+pub fn attend_rows(
+    config: &ModelConfig,
+    q: ArrayView1<f32>,
+    keys: ArrayView2<f32>,
+    values: ArrayView2<f32>,
+    rows: &[usize],
+    own: Option<(ArrayView1<f32>, ArrayView1<f32>)>,
+) -> Array1<f32> {
+    let key_rows = pick_rows(&keys, rows, own.map(|(k, _)| k));
+    let value_rows = pick_rows(&values, rows, own.map(|(_, v)| v));
+    attend_key_rows(Kernel::best(), config, q, &key_rows, &value_rows)
+}
+
+/// Rows `rows` of `m`, then `own`, as slices.
+fn pick_rows<'a>(
+    m: &'a ArrayView2<'_, f32>,
+    rows: &[usize],
+    own: Option<ArrayView1<'a, f32>>,
+) -> Vec<&'a [f32]> {
+    rows.iter()
+        .map(|&j| m.row(j).to_slice().expect("contiguous cache row"))
+        .chain(own.map(|r| r.to_slice().expect("contiguous own row")))
+        .collect()
+}
+
+/// The body of [`attend_with`] on whole key and value rows `[Hkv*Dh]`, in key order.
+fn attend_key_rows(
+    kernel: Kernel,
+    config: &ModelConfig,
+    q: ArrayView1<f32>,
+    key_rows: &[&[f32]],
+    value_rows: &[&[f32]],
+) -> Array1<f32> {
+    let dh = config.head_dim;
+    let group = config.num_attention_heads / config.num_key_value_heads;
+    let scale = (dh as f32).powf(-0.5);
+    let q = q.as_slice().expect("contiguous query");
     let visible = key_rows.len();
     let mut out = Array1::zeros(config.q_dim());
     let out_all = out.as_slice_mut().expect("fresh array");
@@ -247,6 +292,33 @@ mod tests {
                 let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
                 prop_assert!(same, "{kernel:?}: {got} vs {want}");
             }
+        }
+
+        /// `attend_rows` is the definition on the rows it picks, stacked in its order (a token
+        /// tree's keys: a subset of the cache), with and without the row's own key/value.
+        #[test]
+        fn attend_rows_is_the_definition_on_its_rows(
+            cached in 1usize..12,
+            picks in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+            has_own in any::<bool>(),
+            seed in any::<u64>(),
+        ) {
+            prop_assume!(!picks.is_empty() || has_own);
+            let config = builtin::tiny_config();
+            let kv = config.kv_dim();
+            let mut rng = StdRng::seed_from_u64(seed);
+            let mut draw = |n: usize| Array1::from_shape_fn(n, |_| rng.random_range(-3.0f32..3.0));
+            let q = draw(config.q_dim());
+            let keys = draw(cached * kv).into_shape_with_order((cached, kv)).unwrap();
+            let values = draw(cached * kv).into_shape_with_order((cached, kv)).unwrap();
+            let (own_k, own_v) = (draw(kv), draw(kv));
+            let own = has_own.then(|| (own_k.view(), own_v.view()));
+            let rows: Vec<usize> = picks.iter().map(|i| i.index(cached)).collect();
+            let got = attend_rows(&config, q.view(), keys.view(), values.view(), &rows, own);
+            let (k_rows, v_rows) = (keys.select(ndarray::Axis(0), &rows), values.select(ndarray::Axis(0), &rows));
+            let want = attend_naive(&config, q.view(), k_rows.view(), v_rows.view(), own);
+            let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+            prop_assert!(same, "{got} vs {want}");
         }
 
         /// `Kernel::axpys` is the loop `y[d] += a_j * x_j[d]` (rows in turn) bit for bit on

@@ -82,6 +82,36 @@ impl KvCache {
         l.v.slice_mut(s![pos0..end, ..]).assign(&v);
     }
 
+    /// Keep scratch rows as the next positions, in every layer: row `len + offsets[i]` moves to
+    /// position `len + i`, and `len` grows by `offsets.len()`. Keeps the accepted path of a token
+    /// tree (`offsets` = its nodes, root first, `base/tree.rs`): each row was rotated for the
+    /// position it moves to, so the copy is exact; the other nodes' rows become garbage.
+    ///
+    /// # Panics
+    /// If `offsets` is not increasing with `offsets[i] >= i` (a path is: each node after its
+    /// parent), or reaches past the capacity.
+    pub fn compact(&mut self, offsets: &[usize]) {
+        let len = self.len;
+        for (i, &off) in offsets.iter().enumerate() {
+            assert!(
+                off >= i && (i == 0 || off > offsets[i - 1]),
+                "scratch rows {offsets:?} are not a path (increasing, each at or after its target)"
+            );
+            if off == i {
+                continue;
+            }
+            // in order: a source is never an earlier target (j < i <= off) and a target never a
+            // later source (offsets[j] > off >= i)
+            for l in &mut self.layers {
+                for m in [&mut l.k, &mut l.v] {
+                    let (mut to, from) = m.multi_slice_mut((s![len + i, ..], s![len + off, ..]));
+                    to.assign(&from);
+                }
+            }
+        }
+        self.set_len(len + offsets.len());
+    }
+
     /// Keys and values of positions `0..end` of a layer.
     ///
     /// # Shapes
@@ -123,5 +153,35 @@ mod tests {
         let (k, _) = cache.layer(0, 2);
         assert_eq!(k.row(0)[0], 1.0);
         assert_eq!(k.row(1)[0], 2.0);
+    }
+
+    /// Scratch rows 2 + [0, 2, 5] (a path of a token tree) become positions 2, 3, 4 in every
+    /// layer; the rows before `len` stay.
+    #[test]
+    fn compact_keeps_a_path() {
+        let config = builtin::tiny_config();
+        let mut cache = KvCache::new(&config, 8);
+        let kv = config.kv_dim();
+        let rows = Array2::from_shape_fn((8, kv), |(t, _)| t as f32); // row t holds t
+        for l in 0..config.num_hidden_layers {
+            cache.write(l, 0, rows.view(), (-&rows).view());
+        }
+        cache.set_len(2);
+        cache.compact(&[0, 2, 5]);
+        assert_eq!(cache.len(), 5);
+        for l in 0..config.num_hidden_layers {
+            let (k, v) = cache.layer(l, 5);
+            let firsts: Vec<f32> = k.rows().into_iter().map(|r| r[0]).collect();
+            assert_eq!(firsts, [0.0, 1.0, 2.0, 4.0, 7.0], "layer {l}");
+            assert_eq!(v.row(4)[kv - 1], -7.0);
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "are not a path")]
+    fn compact_refuses_rows_out_of_order() {
+        let config = builtin::tiny_config();
+        let mut cache = KvCache::new(&config, 8);
+        cache.compact(&[0, 3, 2]);
     }
 }

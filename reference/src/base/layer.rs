@@ -8,6 +8,10 @@
 //! attends to the cached SLOW keys/values of earlier positions plus its own key/value; it never writes
 //! the cache. In MoE layers a fast row uses the experts its slow row chose.
 //!
+//! A sequence's rows may also be nodes of a token tree ([`TreeRows`], `base/tree.rs`): each at its
+//! node's position, its K/V in its node's scratch slot, attending to the cache before the tree and
+//! its ancestors only. A chain of nodes is exactly a chunk.
+//!
 //! FLOPs-aware: slow and fast rows are stacked into one matrix, so each weight matrix is read once
 //! for both streams; adapter terms are computed for the fast rows only. With no fast rows this is
 //! exactly the base model's layer.
@@ -20,7 +24,7 @@
 //! h      = RMSNorm([s; f]);  s, f += FFN(h)             (adapters on fast rows; MoE: slow's experts)
 //! ```
 
-use crate::base::attention::{attend, window_start};
+use crate::base::attention::{attend, attend_rows, window_start};
 use crate::base::config::ModelConfig;
 use crate::base::kv_cache::KvCache;
 use crate::base::matmul::{linear, linear_many};
@@ -28,6 +32,7 @@ use crate::base::mlp::swiglu_mlp;
 use crate::base::moe::{Routing, mix_experts, route, top_k_of};
 use crate::base::ops::{rms_norm, softmax_inplace};
 use crate::base::rope::Rope;
+use crate::base::tree::TokenTree;
 use crate::base::weight_names::{AttnProj, Target};
 use crate::base::weights::{FeedForward, Layer, Linear, Moe};
 use crate::base::work::Work;
@@ -121,11 +126,37 @@ impl Projector<'_> {
 
 /// One sequence's slow rows in a batch of independent sequences (batched decoding): `rows`
 /// consecutive rows of the stacked slow chunk at positions `pos0..pos0+rows`, whose K/V go into
-/// its own `cache`.
+/// its own `cache`; or, with `tree`, nodes of a token tree whose root sits at `pos0`.
 pub struct Sequence<'a> {
     pub rows: usize,
     pub pos0: usize,
     pub cache: &'a mut KvCache,
+    pub tree: Option<TreeRows<'a>>,
+}
+
+/// The rows of a [`Sequence`] as nodes `first..first + rows` of a token tree whose root sits at
+/// position `pos0` (`base/tree.rs`): node `i` at position `pos0 + depth(i)`, its K/V written to
+/// slot `pos0 + i`, attending to `cache[lo..pos0]` and its ancestors' slots (the nodes before
+/// `first` written by earlier calls).
+#[derive(Clone, Copy)]
+pub struct TreeRows<'a> {
+    pub tree: &'a TokenTree,
+    pub first: usize,
+}
+
+impl Sequence<'_> {
+    /// The first cache row the sequence writes (its rows write `rows` consecutive ones).
+    fn first_slot(&self) -> usize {
+        self.pos0 + self.tree.map_or(0, |tr| tr.first)
+    }
+
+    /// The position of row `t`.
+    fn position(&self, t: usize) -> usize {
+        match self.tree {
+            None => self.pos0 + t,
+            Some(tr) => tr.tree.position(tr.first + t, self.pos0),
+        }
+    }
 }
 
 impl DecoderLayer<'_> {
@@ -140,8 +171,38 @@ impl DecoderLayer<'_> {
         cache: &mut KvCache,
         fast: Option<FastRows<'_>>,
     ) -> LayerOutput {
-        let rows = s.nrows();
-        self.forward_batch(s, &mut [Sequence { rows, pos0, cache }], fast)
+        let seq = Sequence {
+            rows: s.nrows(),
+            pos0,
+            cache,
+            tree: None,
+        };
+        self.forward_batch(s, &mut [seq], fast)
+    }
+
+    /// [`DecoderLayer::forward`] on rows that are nodes of a token tree whose root sits at `pos0`
+    /// ([`TreeRows`]), in place: every row's output is bitwise the one it gets in a
+    /// one-token-at-a-time decode of its root-to-node path after the same cache.
+    ///
+    /// # Shapes
+    /// - `s`: `[T, D]` (nodes `tree.first..tree.first+T`), `fast.f`: `[Tf, D]`
+    pub fn forward_tree(
+        &self,
+        s: &mut Array2<f32>,
+        pos0: usize,
+        tree: TreeRows<'_>,
+        cache: &mut KvCache,
+        fast: Option<FastRows<'_>>,
+    ) -> LayerOutput {
+        debug_assert!(tree.first + s.nrows() <= tree.tree.nodes());
+        let tree = Some(tree);
+        let seq = Sequence {
+            rows: s.nrows(),
+            pos0,
+            cache,
+            tree,
+        };
+        self.forward_batch(s, &mut [seq], fast)
     }
 
     /// Run the layer on the slow rows of several independent sequences stacked in `s` (sequence
@@ -172,11 +233,11 @@ impl DecoderLayer<'_> {
             slow: ts,
             adapter,
         };
-        // (sequence, position) of each slow row; a fast row sits at its slow row's.
-        let slow_at: Vec<(usize, usize)> = seqs
+        // (sequence, row within it, position) of each slow row; a fast row sits at its slow row's.
+        let slow_at: Vec<(usize, usize, usize)> = seqs
             .iter()
             .enumerate()
-            .flat_map(|(i, q)| (q.pos0..q.pos0 + q.rows).map(move |pos| (i, pos)))
+            .flat_map(|(i, q)| (0..q.rows).map(move |t| (i, t, q.position(t))))
             .collect();
         let at = |row: usize| slow_at[if row < ts { row } else { slot[row - ts] }];
 
@@ -198,7 +259,7 @@ impl DecoderLayer<'_> {
             .expect("three projections");
         for row in 0..ts + slot.len() {
             let rows = s![row..row + 1, ..];
-            let pos = at(row).1;
+            let pos = at(row).2;
             self.rope.apply(q.slice_mut(rows), pos, config.head_dim);
             self.rope.apply(k.slice_mut(rows), pos, config.head_dim);
         }
@@ -207,40 +268,40 @@ impl DecoderLayer<'_> {
         for q in seqs.iter_mut() {
             let rows = s![first..first + q.rows, ..];
             q.cache
-                .write(self.index, q.pos0, k.slice(rows), v.slice(rows));
+                .write(self.index, q.first_slot(), k.slice(rows), v.slice(rows));
             first += q.rows;
         }
         let caches: Vec<_> = seqs
             .iter()
-            .map(|q| q.cache.layer(self.index, q.pos0 + q.rows))
+            .map(|q| q.cache.layer(self.index, q.first_slot() + q.rows))
             .collect();
+        let trees: Vec<_> = seqs.iter().map(|q| (q.pos0, q.tree)).collect();
         let ctx_rows: Vec<Array1<f32>> = (0..ts + slot.len())
             .into_par_iter()
             .map(|row| {
-                let (seq, pos) = at(row);
+                let (seq, t, pos) = at(row);
                 let (keys, values) = caches[seq];
                 let lo = window_start(config, pos);
-                if row < ts {
-                    // slow row: cached keys lo..=pos, its own included
-                    let visible = s![lo..=pos, ..];
-                    attend(
-                        config,
-                        q.row(row),
-                        keys.slice(visible),
-                        values.slice(visible),
-                        None,
-                    )
-                } else {
-                    // fast row: slow keys lo..pos, then its own key/value at pos
-                    let visible = s![lo..pos, ..];
-                    let own = Some((k.row(row), v.row(row)));
-                    attend(
-                        config,
-                        q.row(row),
-                        keys.slice(visible),
-                        values.slice(visible),
-                        own,
-                    )
+                let slow = row < ts;
+                // a fast row's own key/value, at pos: it never writes the cache
+                let own = (!slow).then(|| (k.row(row), v.row(row)));
+                match trees[seq] {
+                    (_, None) => {
+                        // cached keys lo..=pos (a slow row: its own included), lo..pos (a fast row)
+                        let visible = s![lo..pos + usize::from(slow), ..];
+                        attend(
+                            config,
+                            q.row(row),
+                            keys.slice(visible),
+                            values.slice(visible),
+                            own,
+                        )
+                    }
+                    (root, Some(tr)) => {
+                        // cached keys lo..root, then the path's slots (base/tree.rs)
+                        let visible = tr.tree.key_slots(tr.first + t, root, lo, slow);
+                        attend_rows(config, q.row(row), keys, values, &visible, own)
+                    }
                 }
             })
             .collect();
@@ -269,7 +330,7 @@ impl DecoderLayer<'_> {
         };
         *s += &y.slice(s![..ts, ..]);
         *f += &y.slice(s![ts.., ..]);
-        let slow_positions: Vec<usize> = slow_at.iter().map(|&(_, pos)| pos).collect();
+        let slow_positions: Vec<usize> = slow_at.iter().map(|&(_, _, pos)| pos).collect();
         let work = self.work(&slow_positions, slot, adapter, routing.as_deref());
         LayerOutput { routing, work }
     }

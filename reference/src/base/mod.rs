@@ -18,6 +18,7 @@ pub mod moe;
 pub mod ops;
 pub mod rope;
 pub mod sampling;
+pub mod tree;
 pub mod weight_names;
 pub mod weights;
 pub mod work;

@@ -11,10 +11,11 @@
 
 use crate::base::config::ModelConfig;
 use crate::base::kv_cache::KvCache;
-use crate::base::layer::{DecoderLayer, LayerOutput, Sequence};
+use crate::base::layer::{DecoderLayer, LayerOutput, Sequence, TreeRows};
 use crate::base::matmul::linear;
 use crate::base::ops::rms_norm;
 use crate::base::rope::Rope;
+use crate::base::tree::TokenTree;
 use crate::base::weights::Weights;
 use crate::base::work::Work;
 use crate::error::{Error, Result};
@@ -86,6 +87,39 @@ impl Model {
         let capacity = cache.capacity().min(self.context_length());
         if needed > capacity {
             return Err(Error::ContextOverflow { needed, capacity });
+        }
+        Ok(())
+    }
+
+    /// Refuse a token tree whose nodes do not fit the cache after its `cache.len()` positions (one
+    /// scratch slot per node, `base/tree.rs`), and token ids outside the vocabulary.
+    pub fn check_tree(&self, tokens: &[u32], tree: &TokenTree, cache: &KvCache) -> Result<()> {
+        if tokens.len() != tree.nodes() {
+            return Err(Error::Invalid(format!(
+                "{} tokens for a token tree of {} nodes: give one token per node",
+                tokens.len(),
+                tree.nodes()
+            )));
+        }
+        let n = cache.len();
+        let capacity = cache.capacity().min(self.context_length());
+        if n + tree.nodes() > capacity {
+            return Err(Error::Invalid(format!(
+                "a token tree of {} nodes after {n} positions needs {} cache slots (one scratch \
+                 slot per node), but the cache holds {capacity} positions",
+                tree.nodes(),
+                n + tree.nodes()
+            )));
+        }
+        if let Some(i) = tokens
+            .iter()
+            .position(|&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(Error::TokenOutOfRange {
+                id: tokens[i],
+                position: tree.position(i, n),
+                vocab_size: self.config.vocab_size,
+            });
         }
         Ok(())
     }
@@ -194,6 +228,7 @@ impl Model {
                     rows: tokens.len(),
                     pos0,
                     cache,
+                    tree: None,
                 })
                 .collect();
             work += self.layer(l).forward_batch(&mut s, &mut seqs, None).work;
@@ -212,6 +247,43 @@ impl Model {
         }
         Ok(BatchOutput {
             logits,
+            work: work + head.work,
+        })
+    }
+
+    /// Run the nodes of a token tree through the whole model as one chunk, the root at position
+    /// `n = cache.len()` (`tokens[i]` is node `i`'s token): node `i` at position `n + depth(i)`,
+    /// its K/V written to slot `n + i` of every layer, attending to `cache[..n]` (within the
+    /// window) and its ancestors only. `cache.len()` stays `n`: keep the accepted path with
+    /// [`KvCache::compact`](crate::base::kv_cache::KvCache::compact). Row `i` of the logits is
+    /// bitwise the last row of decoding `path(i)`'s tokens one at a time after the same cache, and
+    /// the slots of a path hold that decode's K/V (`base/tree.rs`).
+    ///
+    /// # Shapes
+    /// - `tokens`: `[T]` (one per node) -> logits `[T, V]`
+    ///
+    /// # Errors
+    /// [`Model::check_tree`]'s.
+    pub fn forward_tree(
+        &self,
+        tokens: &[u32],
+        tree: &TokenTree,
+        cache: &mut KvCache,
+    ) -> Result<Output> {
+        self.check_tree(tokens, tree, cache)?;
+        let n = cache.len();
+        let mut s = self.embed(tokens); // [T, D]
+        let mut work = Work::read(tokens.len() * self.config.hidden_size);
+        let rows = TreeRows { tree, first: 0 };
+        for l in 0..self.config.num_hidden_layers {
+            work += self
+                .layer(l)
+                .forward_tree(&mut s, n, rows, cache, None)
+                .work;
+        }
+        let head = self.head(s.view());
+        Ok(Output {
+            logits: head.logits,
             work: work + head.work,
         })
     }

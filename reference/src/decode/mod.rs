@@ -11,3 +11,4 @@ pub mod mode;
 pub mod speculative;
 pub mod speculative_naive;
 pub mod timed;
+pub mod tree_speculation;

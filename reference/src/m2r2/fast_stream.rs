@@ -13,7 +13,7 @@
 //! their output is consumed (docs/m2r2/cost.md): callers pass the slots that need a fast row.
 
 use crate::base::kv_cache::KvCache;
-use crate::base::layer::FastRows;
+use crate::base::layer::{FastRows, TreeRows};
 use crate::base::model::Model;
 use crate::base::moe::Routing;
 use crate::base::work::Work;
@@ -81,6 +81,39 @@ impl<'a> M2r2<'a> {
         slots: &[usize],
         entry: Option<&Array2<f32>>,
     ) -> IntervalOutput {
+        self.run_interval_rows(j, s, pos0, None, cache, slots, entry)
+    }
+
+    /// [`run_interval`](Self::run_interval) on rows that are nodes of a token tree whose root
+    /// sits at `pos0` (`base/tree.rs`): each slow and fast row sees the cache before the tree and
+    /// its node's ancestors only, so each is bitwise what it is in a decode of its node's path.
+    ///
+    /// # Shapes
+    /// - `s`: `[T, D]` (nodes `tree.first..tree.first+T`); returns `[slots.len(), D]`
+    pub fn run_interval_tree(
+        &self,
+        j: usize,
+        s: &mut Array2<f32>,
+        pos0: usize,
+        tree: TreeRows<'_>,
+        cache: &mut KvCache,
+        slots: &[usize],
+    ) -> IntervalOutput {
+        self.run_interval_rows(j, s, pos0, Some(tree), cache, slots, None)
+    }
+
+    /// Interval `j` on a chunk (`tree: None`) or on tree nodes.
+    #[allow(clippy::too_many_arguments)]
+    fn run_interval_rows(
+        &self,
+        j: usize,
+        s: &mut Array2<f32>,
+        pos0: usize,
+        tree: Option<TreeRows<'_>>,
+        cache: &mut KvCache,
+        slots: &[usize],
+        entry: Option<&Array2<f32>>,
+    ) -> IntervalOutput {
         // f <- s_{e_j}: the fast stream restarts from the slow residual at every gate.
         let mut f = s.select(Axis(0), slots);
         if let Some(e) = entry {
@@ -94,7 +127,11 @@ impl<'a> M2r2<'a> {
                 slot: slots,
                 adapter: Some(&self.weights.accelerator),
             });
-            let out = self.model.layer(l).forward(s, pos0, cache, fast);
+            let layer = self.model.layer(l);
+            let out = match tree {
+                None => layer.forward(s, pos0, cache, fast),
+                Some(tree) => layer.forward_tree(s, pos0, tree, cache, fast),
+            };
             routing.push(out.routing);
             work += out.work;
         }

@@ -1,0 +1,490 @@
+//! Greedy self-speculation with a token tree (the draft trees of SpecInfer, Medusa, EAGLE-2):
+//! the fast stream drafts its top candidates at each depth, and the base model verifies the whole
+//! tree in one chunk (`base/tree.rs`). A chain drafts only the top candidate and loses the round
+//! at its first miss; a tree's runner-up is often right.
+//!
+//! One round, `last` the newest emitted token (the root, node 0) at position `n`, tree shape
+//! `W1,W2,...` with depth `D`, draft gate `g_d` (numbering: docs/m2r2/README.md):
+//!
+//! ```text
+//! draft:   for d = 0..=D: the nodes of depth d, one tree chunk, through intervals 0..g_d
+//!          (layers 0..e_gd; slow rows write their slots, s_{e_gd} kept); a node with children also
+//!          runs a fast row in interval g_d - 1, and the top W_{d+1} tokens of its exit logits,
+//!          best first, are its children's
+//! verify:  the kept s_{e_gd} of all nodes through layers e_gd..N as ONE tree chunk
+//!          -> y_i = argmax of node i's base logits
+//! accept:  from the root, step to the child whose token is y_i while there is one: node a; emit
+//!          the drafts on path(a), then y_a (the correction, or the bonus at a leaf)
+//! keep:    KvCache::compact(path(a)): the n + depth(a) + 1 positions whose inputs were right
+//! ```
+//!
+//! **Exact.** Node `i`'s base logits are bitwise those of decoding `path(i)` one token at a time
+//! (tree verification, `base/tree.rs`), so every accepted draft is the token greedy decoding
+//! emits there and `y_a` is greedy's next: the output is greedy decoding's token for token, and
+//! the compacted cache is the cache greedy decoding builds.
+//!
+//! **[ours]**, this first version: the drafts of one depth run as one chunk, each depth after the
+//! one before; greedy only (no speculative sampling, no dynamic draft length); no bridge (refused,
+//! as in `decode/speculative_naive.rs`); no work counting; the ONNX runner does not run trees. A
+//! chain (`TokenTree::chain(m)`) gives `speculative_generate`'s rounds with a fixed draft length
+//! `m` (tested).
+
+use crate::base::kv_cache::KvCache;
+use crate::base::layer::TreeRows;
+use crate::base::ops::argmax;
+use crate::base::tree::TokenTree;
+use crate::error::{Error, Result};
+use crate::m2r2::fast_stream::M2r2;
+use ndarray::{Array2, s};
+use std::cmp::Ordering;
+
+/// One verification round of tree speculation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TreeRound {
+    /// Positions in the cache when the round began: the root's position.
+    pub start: usize,
+    /// Every node's token, breadth-first: the root (the last emitted token), then the drafts.
+    pub tokens: Vec<u32>,
+    /// The accepted node: its path's drafts were accepted.
+    pub node: usize,
+    /// How many drafts were accepted (the accepted node's depth).
+    pub accepted: usize,
+    /// The base model's token after the accepted path (correction or bonus).
+    pub base_token: u32,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TreeSpeculativeOutput {
+    pub tokens: Vec<u32>,
+    pub rounds: Vec<TreeRound>,
+}
+
+impl TreeSpeculativeOutput {
+    /// Mean tokens emitted per verification (accepted drafts plus the base token).
+    pub fn mean_accepted_length(&self) -> f64 {
+        let emitted: usize = self.rounds.iter().map(|r| r.accepted + 1).sum();
+        emitted as f64 / self.rounds.len().max(1) as f64
+    }
+}
+
+/// Greedy decoding of up to `max_new_tokens` after `prompt`, drafting `tree` from gate
+/// `draft_gate` every round. Returns the output and the cache (the prompt and every emitted token
+/// but the last).
+///
+/// # Errors
+/// An empty prompt, a draft gate outside `1..=J` or one that reads a bridge, a cache for the
+/// prompt, the budget and one tree beyond the context, and the base model's input errors.
+pub fn tree_speculative_generate(
+    m2r2: M2r2<'_>,
+    draft_gate: usize,
+    tree: &TokenTree,
+    prompt: &[u32],
+    max_new_tokens: usize,
+    stop_tokens: &[u32],
+) -> Result<(TreeSpeculativeOutput, KvCache)> {
+    let model = m2r2.model;
+    if prompt.is_empty() {
+        return Err(Error::Invalid(
+            "the prompt is empty: give at least one token".into(),
+        ));
+    }
+    if draft_gate == 0 || draft_gate > m2r2.num_gates() {
+        return Err(Error::Invalid(format!(
+            "draft gate {draft_gate} does not exist: the gates are 1..={}",
+            m2r2.num_gates()
+        )));
+    }
+    if m2r2.weights.bridge_at(draft_gate).is_some() {
+        return Err(Error::Invalid(format!(
+            "tree drafting at gate {draft_gate} does not read the bridge yet: draft at another \
+             gate or without the bridge"
+        )));
+    }
+    // the last round's tree may reach past the budget
+    let mut cache = model.new_cache(prompt.len() + max_new_tokens + tree.nodes())?;
+    let prompt_logits = model.forward(prompt, &mut cache)?.logits;
+    let mut out = TreeSpeculativeOutput {
+        tokens: vec![],
+        rounds: vec![],
+    };
+    if max_new_tokens == 0 {
+        return Ok((out, cache));
+    }
+    let last_row = prompt_logits.row(prompt.len() - 1);
+    let mut last = argmax(last_row.as_slice().expect("contiguous logits")) as u32;
+    out.tokens.push(last);
+    while out.tokens.len() < max_new_tokens && !stop_tokens.contains(&last) {
+        let round = tree_round(m2r2, draft_gate, tree, last, &mut cache)?;
+        let path = tree.path(round.node);
+        let mut emitted: Vec<u32> = path[1..].iter().map(|&i| round.tokens[i]).collect();
+        emitted.push(round.base_token);
+        // stop at a stop token or the budget; the cache keeps the inputs of emitted tokens
+        let room = max_new_tokens - out.tokens.len();
+        let end = emitted
+            .iter()
+            .position(|t| stop_tokens.contains(t))
+            .map_or(emitted.len(), |i| i + 1)
+            .min(room);
+        emitted.truncate(end);
+        cache.compact(&path[..end]);
+        last = *emitted.last().expect("at least one token per round");
+        out.tokens.extend(emitted);
+        out.rounds.push(round);
+    }
+    Ok((out, cache))
+}
+
+/// Draft `tree` after `last` at position `n = cache.len()`, verify it, and choose the accepted
+/// node. Leaves every node's K/V in its scratch slot and `cache.len()` at `n` (the caller keeps
+/// the accepted path).
+fn tree_round(
+    m2r2: M2r2<'_>,
+    draft_gate: usize,
+    tree: &TokenTree,
+    last: u32,
+    cache: &mut KvCache,
+) -> Result<TreeRound> {
+    let model = m2r2.model;
+    let n = cache.len();
+    let mut tokens = vec![0u32; tree.nodes()];
+    tokens[0] = last;
+    model.check_tree(&tokens, tree, cache)?;
+    // draft: depth by depth, each depth one chunk; s_{e_gd} of every node kept
+    let mut kept = Array2::zeros((tree.nodes(), model.config.hidden_size)); // [T, D]
+    for d in 0..=tree.max_depth() {
+        let level = tree.level(d);
+        let rows = TreeRows {
+            tree,
+            first: level.start,
+        };
+        let mut s = model.embed(&tokens[level.clone()]); // [T_d, D]
+        // the chunk rows whose nodes have children: they propose
+        let proposing: Vec<usize> = level
+            .clone()
+            .filter(|&i| !tree.children(i).is_empty())
+            .map(|i| i - level.start)
+            .collect();
+        let mut exit_states = Array2::zeros((0, 0));
+        for j in 0..draft_gate {
+            let fast: &[usize] = if j + 1 == draft_gate { &proposing } else { &[] };
+            let out = m2r2.run_interval_tree(j, &mut s, n, rows, cache, fast);
+            exit_states = out.exit_states;
+        }
+        kept.slice_mut(s![level.clone(), ..]).assign(&s);
+        if proposing.is_empty() {
+            continue;
+        }
+        let logits = match &m2r2.weights.draft_head {
+            Some(pruned) => pruned.exit_logits(model, exit_states.view()).logits,
+            None => model.head(exit_states.view()).logits,
+        }; // [proposing, V]
+        for (row, &t) in proposing.iter().enumerate() {
+            let children = tree.children(level.start + t);
+            let logits = logits.row(row);
+            let best = top_candidates(logits.as_slice().expect("contiguous"), children.len());
+            for (child, token) in children.zip(best) {
+                tokens[child] = token;
+            }
+        }
+    }
+    // verify: every node through the upper layers as one chunk
+    let first_upper = m2r2.weights.config.gate_layer(draft_gate);
+    let all = TreeRows { tree, first: 0 };
+    for l in first_upper..model.config.num_hidden_layers {
+        model.layer(l).forward_tree(&mut kept, n, all, cache, None);
+    }
+    let base = model.head(kept.view()).logits; // [T, V]
+    let choice = |i: usize| argmax(base.row(i).as_slice().expect("contiguous")) as u32;
+    // accept: follow the base model's choices down the tree
+    let mut node = 0;
+    while let Some(child) = tree.children(node).find(|&c| tokens[c] == choice(node)) {
+        node = child;
+    }
+    Ok(TreeRound {
+        start: n,
+        accepted: tree.depth(node),
+        base_token: choice(node),
+        node,
+        tokens,
+    })
+}
+
+/// The `k` tokens with the highest logits, best first; ties (and `-inf`s) in token order, NaN
+/// last: the first is [`argmax`]'s choice, so a chain drafts what the chain loop drafts.
+///
+/// # Shapes
+/// - `logits`: `[V]`
+pub fn top_candidates(logits: &[f32], k: usize) -> Vec<u32> {
+    let rank = |a: f32, b: f32| match (a.is_nan(), b.is_nan()) {
+        (true, true) => Ordering::Equal,
+        (true, false) => Ordering::Less,
+        (false, true) => Ordering::Greater,
+        (false, false) => a.partial_cmp(&b).expect("not NaN"),
+    };
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    // stable: equal logits keep token order
+    order.sort_by(|&a, &b| rank(logits[b], logits[a]));
+    order.into_iter().take(k).map(|t| t as u32).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::base::config::{Architecture, ModelConfig, MoeConfig};
+    use crate::base::generate::greedy;
+    use crate::base::model::Model;
+    use crate::decode::draft_verify::ReferenceSpeculation;
+    use crate::decode::speculative::{
+        DraftLength, SpeculativeBackend, SpeculativeOptions, speculative_generate,
+    };
+    use crate::io::builtin::{self, random_model};
+    use crate::m2r2::bridge::BridgeSite;
+    use crate::m2r2::bridge_config::BridgeConfig;
+    use crate::m2r2::config::M2r2Config;
+    use crate::m2r2::draft_head::DraftHead;
+    use crate::m2r2::weights::M2r2Weights;
+    use proptest::prelude::*;
+
+    /// The cache greedy decoding leaves after emitting `tokens`: the prompt and every token but
+    /// the last, bit for bit what `cache` holds.
+    fn is_greedy_cache(model: &Model, prompt: &[u32], tokens: &[u32], cache: &KvCache) -> bool {
+        let fed: Vec<u32> = prompt
+            .iter()
+            .chain(&tokens[..tokens.len().saturating_sub(1)])
+            .copied()
+            .collect();
+        let mut want = model.new_cache(fed.len()).unwrap();
+        model.forward(&fed, &mut want).unwrap();
+        let bits = |x: ndarray::ArrayView2<f32>| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        cache.len() == fed.len()
+            && (0..model.config.num_hidden_layers).all(|l| {
+                let ((ak, av), (bk, bv)) = (cache.layer(l, fed.len()), want.layer(l, fed.len()));
+                bits(ak) == bits(bk) && bits(av) == bits(bv)
+            })
+    }
+
+    /// A chain drafts what the chain loop drafts: every draft gate, lengths 1 to 3, the full and
+    /// a pruned head, on the built-in models: the same tokens, rounds and cache.
+    #[test]
+    fn a_chain_is_the_chain_loop() {
+        for name in builtin::BUILTIN_NAMES {
+            let model = builtin::builtin(name).unwrap();
+            let full = M2r2Weights::builtin_for(name, &model.config).unwrap();
+            let vocab = model.config.vocab_size;
+            let pruned = M2r2Weights {
+                draft_head: Some(
+                    DraftHead::new((0..vocab as u32).step_by(3).collect(), vocab, "t").unwrap(),
+                ),
+                ..full.clone()
+            };
+            for weights in [&full, &pruned] {
+                let m2r2 = M2r2::new(&model, weights);
+                for gate in 1..=m2r2.num_gates() {
+                    for m in 1..=3 {
+                        let what = format!("{name} gate {gate} length {m}");
+                        let prompt = [3u32, 1, 4, 1];
+                        let options = SpeculativeOptions {
+                            max_new_tokens: 12,
+                            stop_tokens: vec![],
+                            draft_length: DraftLength::Fixed(m),
+                            sampling: None,
+                        };
+                        let mut backend = ReferenceSpeculation::new(m2r2, gate, None, 64).unwrap();
+                        let chain = speculative_generate(&mut backend, &prompt, &options).unwrap();
+                        let tree = TokenTree::chain(m).unwrap();
+                        let (got, cache) =
+                            tree_speculative_generate(m2r2, gate, &tree, &prompt, 12, &[]).unwrap();
+                        assert_eq!(got.tokens, chain.tokens, "{what}");
+                        for (t, c) in got.rounds.iter().zip(&chain.rounds) {
+                            assert_eq!(
+                                (t.start, &t.tokens[1..], t.accepted, t.base_token),
+                                (c.start, &c.drafted[..], c.accepted, c.base_token),
+                                "{what}"
+                            );
+                        }
+                        assert_eq!(got.rounds.len(), chain.rounds.len(), "{what}");
+                        assert_eq!(cache.len(), backend.len(), "{what}");
+                        assert!(backend.cache().prefix_equals(&cache, cache.len()), "{what}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Wide trees on the built-in models: greedy decoding's tokens and cache, and rounds that
+    /// accept a runner-up (a child other than the first), which a chain would have lost.
+    #[test]
+    fn runner_ups_are_accepted() {
+        let mut runner_ups = 0;
+        for name in builtin::BUILTIN_NAMES {
+            let model = builtin::builtin(name).unwrap();
+            let weights = M2r2Weights::builtin_for(name, &model.config).unwrap();
+            let m2r2 = M2r2::new(&model, &weights);
+            let prompt = [7u32, 2, 9, 4, 4, 1];
+            let want = greedy(&model, &prompt, 40, &[]).unwrap();
+            for spec in ["3,2,1", "4", "2,2,2"] {
+                let tree = TokenTree::parse(spec).unwrap();
+                for gate in 1..=m2r2.num_gates() {
+                    let (got, cache) =
+                        tree_speculative_generate(m2r2, gate, &tree, &prompt, 40, &[]).unwrap();
+                    assert_eq!(got.tokens, want, "{name} {spec} gate {gate}");
+                    assert!(is_greedy_cache(&model, &prompt, &got.tokens, &cache));
+                    runner_ups += got
+                        .rounds
+                        .iter()
+                        .filter(|r| {
+                            let path = tree.path(r.node);
+                            path.windows(2).any(|w| tree.children(w[0]).start != w[1])
+                        })
+                        .count();
+                }
+            }
+        }
+        assert!(runner_ups > 0, "no round accepted a runner-up");
+    }
+
+    #[test]
+    fn top_candidates_rank_like_argmax() {
+        let x = [1.0, 3.0, f32::NAN, 3.0, -0.0, 0.0, f32::NEG_INFINITY];
+        assert_eq!(top_candidates(&x, 1), [argmax(&x) as u32]);
+        assert_eq!(top_candidates(&x, 7), [1, 3, 0, 4, 5, 6, 2]);
+        assert_eq!(top_candidates(&x, 0), Vec::<u32>::new());
+    }
+
+    /// A random small model, its random M2R2 weights, a tree and a prompt to decode.
+    #[derive(Debug, Clone)]
+    struct Problem {
+        layers: usize,
+        moe: bool,
+        window: Option<usize>,
+        seed: u64,
+        gate: usize,
+        widths: Vec<usize>,
+        pruned: Option<Vec<u32>>,
+        prompt: Vec<u32>,
+        new_tokens: usize,
+        stop: Option<u32>,
+    }
+
+    const VOCAB: u32 = 40;
+
+    fn problem_strategy() -> impl Strategy<Value = Problem> {
+        (
+            (2usize..6, any::<bool>(), prop::option::of(2usize..8)),
+            (any::<u64>(), 0usize..3),
+            prop::collection::vec(1usize..4, 1..5).prop_filter("at most 24 nodes", |w| {
+                TokenTree::from_widths(w).is_ok_and(|t| t.nodes() <= 24)
+            }),
+            prop::option::of(prop::collection::btree_set(0..VOCAB, 1..20)),
+            prop::collection::vec(0..VOCAB, 1..6),
+            1usize..20,
+            prop::option::weighted(0.3, 0..VOCAB),
+        )
+            .prop_map(
+                |(
+                    (layers, moe, window),
+                    (seed, gate),
+                    widths,
+                    pruned,
+                    prompt,
+                    new_tokens,
+                    stop,
+                )| {
+                    Problem {
+                        layers,
+                        moe,
+                        window,
+                        seed,
+                        gate,
+                        widths,
+                        pruned: pruned.map(|p| p.into_iter().collect()),
+                        prompt,
+                        new_tokens,
+                        stop,
+                    }
+                },
+            )
+    }
+
+    impl Problem {
+        fn check(&self) -> std::result::Result<(), TestCaseError> {
+            let config = ModelConfig {
+                architecture: if self.moe {
+                    Architecture::Mixtral
+                } else {
+                    Architecture::Llama
+                },
+                vocab_size: VOCAB as usize,
+                hidden_size: 16,
+                intermediate_size: 24,
+                num_hidden_layers: self.layers,
+                num_attention_heads: 4,
+                num_key_value_heads: 2,
+                head_dim: 4,
+                max_position_embeddings: 64,
+                tie_word_embeddings: !self.moe,
+                sliding_window: self.window,
+                moe: self.moe.then_some(MoeConfig {
+                    num_local_experts: 4,
+                    num_experts_per_tok: 2,
+                }),
+                ..builtin::tiny_config()
+            };
+            let model = random_model(config.clone(), self.seed).unwrap();
+            let m2r2_config = M2r2Config::default_for(&config);
+            let mut weights = M2r2Weights::random(&config, m2r2_config, self.seed ^ 0x55).unwrap();
+            weights.draft_head = self
+                .pruned
+                .clone()
+                .map(|t| DraftHead::new(t, VOCAB as usize, "test").unwrap());
+            let m2r2 = M2r2::new(&model, &weights);
+            let gate = 1 + self.gate % m2r2.num_gates();
+            let tree = TokenTree::from_widths(&self.widths).unwrap();
+            let stop: Vec<u32> = self.stop.into_iter().collect();
+            let want = greedy(&model, &self.prompt, self.new_tokens, &stop).unwrap();
+            let (got, cache) =
+                tree_speculative_generate(m2r2, gate, &tree, &self.prompt, self.new_tokens, &stop)
+                    .unwrap();
+            prop_assert_eq!(&got.tokens, &want);
+            prop_assert!(
+                is_greedy_cache(&model, &self.prompt, &got.tokens, &cache),
+                "the cache is not greedy decoding's"
+            );
+            Ok(())
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// Greedy tree speculation is greedy decoding, token for token, and leaves its cache:
+        /// dense and MoE, sliding windows, any gate, trees up to 24 nodes, a pruned draft head,
+        /// stop tokens.
+        #[test]
+        fn tree_speculation_is_greedy(problem in problem_strategy()) {
+            problem.check()?;
+        }
+    }
+
+    #[test]
+    fn bridged_gates_and_missing_gates_are_refused() {
+        let model = builtin::builtin("tiny").unwrap();
+        let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
+        let m2r2 = M2r2::new(&model, &weights);
+        let tree = TokenTree::parse("2,1").unwrap();
+        let err = tree_speculative_generate(m2r2, 0, &tree, &[1], 4, &[]).unwrap_err();
+        assert!(
+            err.to_string().contains("draft gate 0 does not exist"),
+            "{err}"
+        );
+        let err = tree_speculative_generate(m2r2, 1, &tree, &[], 4, &[]).unwrap_err();
+        assert!(err.to_string().contains("the prompt is empty"), "{err}");
+        let bridge = BridgeConfig::new(1, 2, vec![BridgeSite::Entry]);
+        let bridged = weights.with_bridge(&model.config, bridge, 1, 0.5).unwrap();
+        let m2r2 = M2r2::new(&model, &bridged);
+        let err = tree_speculative_generate(m2r2, 1, &tree, &[1], 4, &[]).unwrap_err();
+        assert!(
+            err.to_string().contains("does not read the bridge"),
+            "{err}"
+        );
+    }
+}
