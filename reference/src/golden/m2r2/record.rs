@@ -172,8 +172,8 @@ pub(super) fn golden_early_exit_options(
 ///
 /// Why this equals what the decoder saw (`exact` policy only): token i is emitted while position
 /// `P - 1 + i` runs. Under `exact` every layer an exited token skipped is computed before a later
-/// token reads it, so the KV cache any position attends to equals the base model's (spec section
-/// 2), and the fast rows read that cache. The reference is batch invariant, so position
+/// token reads it, so the KV cache any position attends to equals the base model's
+/// (docs/m2r2/shared_kv.md), and the fast rows read that cache. The reference is batch invariant, so position
 /// `P - 1 + i`'s slow and fast states in one teacher-forced chunk are bitwise those of the decoder.
 /// With `fast-kv` the skipped layers hold approximate K/V, which a teacher-forced pass does not
 /// reproduce: hence those goldens are refused.
