@@ -65,6 +65,8 @@ pub struct TreeRound {
 pub struct TreeSpeculativeOutput {
     pub tokens: Vec<u32>,
     pub rounds: Vec<TreeRound>,
+    /// Time spent in the prompt's prefill (decode speed excludes it).
+    pub prefill_seconds: f64,
 }
 
 impl TreeSpeculativeOutput {
@@ -72,6 +74,15 @@ impl TreeSpeculativeOutput {
     pub fn mean_accepted_length(&self) -> f64 {
         let emitted: usize = self.rounds.iter().map(|r| r.accepted + 1).sum();
         emitted as f64 / self.rounds.len().max(1) as f64
+    }
+
+    /// Per depth `d = 1..=depth`: the fraction of rounds that accepted at least `d` drafts
+    /// (non-increasing in `d`; all 0 without rounds).
+    pub fn acceptance_by_depth(&self, depth: usize) -> Vec<f64> {
+        let rounds = self.rounds.len().max(1) as f64;
+        (1..=depth)
+            .map(|d| self.rounds.iter().filter(|r| r.accepted >= d).count() as f64 / rounds)
+            .collect()
     }
 }
 
@@ -101,6 +112,7 @@ pub fn tree_speculative_generate(
             m2r2.num_gates()
         )));
     }
+    let start = std::time::Instant::now();
     // the last round's tree may reach past the budget
     let mut cache = model.new_cache(prompt.len() + max_new_tokens + tree.nodes())?;
     // Model::forward's layers, kept open for the last row's final residual (the bridge reads it)
@@ -115,6 +127,7 @@ pub fn tree_speculative_generate(
     let mut out = TreeSpeculativeOutput {
         tokens: vec![],
         rounds: vec![],
+        prefill_seconds: start.elapsed().as_secs_f64(),
     };
     if max_new_tokens == 0 {
         return Ok((out, cache));
