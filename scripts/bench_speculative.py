@@ -66,7 +66,7 @@ def main():
         configs.append(("ORT CPU", f"speculative, {name.strip()}", "run", ["--onnx", d.strip(), "--mode", "speculative"]))
     ids = prompts(a.prompts)
     print(f"{len(ids)} development prompts, up to {a.new_tokens} new tokens each")
-    print("| engine | decoding | tokens/s | vs greedy | mean accepted | acceptance by draft position | identical to greedy |")
+    print("| engine | decoding | tokens/s | vs greedy | mean accepted | acceptance by draft position (trees: rounds reaching depth d) | identical to greedy |")
     print("|---|---|---|---|---|---|---|")
     greedy = {}
     totals = [dict(tokens=0, seconds=0.0, rounds=0, by_pos=[], same=True) for _ in configs]
@@ -84,7 +84,9 @@ def main():
                     want = greedy.get(engine, greedy.get("reference", {})).get(i)
                     t["same"] &= want is None or r["tokens"] == want
                     t["rounds"] += r["rounds"]
-                    t["by_pos"].append((r["rounds"], r["acceptance_by_position"]))
+                    # a tree (--draft-tree) reports the rounds that reached each depth instead
+                    by_pos = r.get("acceptance_by_position", r.get("acceptance_by_depth"))
+                    t["by_pos"].append((r["rounds"], by_pos))
     for (engine, name, cmd, extra), t in zip(configs, totals):
         tps = t["tokens"] / t["seconds"]
         if name == "greedy":

@@ -3,13 +3,16 @@
 //! object.
 
 use crate::cli::args::m2r2::M2r2Args;
+use crate::cli::args::m2r2::ModeArg;
 use crate::cli::args::model::{ModelArgs, PromptArgs};
 use crate::cli::args::sampling::SamplingArgs;
 use crate::cli::common;
 use crate::cli::progress;
 use crate::cli::report::{json_report, print_summary, trace_lines};
-use anyhow::Result;
-use reference::decode::mode::{DecodeRequest, run_mode};
+use anyhow::{Result, anyhow, bail};
+use reference::base::tree::TokenTree;
+use reference::decode::mode::{DecodeRequest, run_mode, tree_speculative_mode_run};
+use reference::decode::speculative::DraftLength;
 use reference::io::load::LoadedModel;
 use std::io::{IsTerminal, Write};
 
@@ -34,13 +37,58 @@ pub struct Args {
     /// and the correction or bonus token
     #[arg(long)]
     pub trace: bool,
+    /// Speculative drafting with a token tree of widths W1,W2,... per depth (`2,1,1`: the top 2
+    /// drafts, each continued by its top 1 for two more depths), verified in one chunk; greedy
+    /// only, on the reference (`--draft-len N` is the chain 1,1,...)
+    #[arg(long, value_name = "W1,W2,...")]
+    pub draft_tree: Option<String>,
+}
+
+/// `--draft-tree`'s widths, checked with the library's rules (`TokenTree::parse`), and the flags
+/// it cannot be used with.
+fn tree_widths(args: &Args, sampling: bool) -> Result<Option<Vec<usize>>> {
+    let Some(spec) = &args.draft_tree else {
+        return Ok(None);
+    };
+    if args.m2r2.mode != ModeArg::Speculative {
+        bail!("--draft-tree drafts token trees for speculative decoding: add --mode speculative");
+    }
+    if args.m2r2.draft_len.is_some() {
+        bail!(
+            "--draft-tree and --draft-len both set the drafts: give one (--draft-len N is the \
+             tree 1,1,... of N ones)"
+        );
+    }
+    if args.m2r2.dynamic_draft {
+        bail!(
+            "--draft-tree with --dynamic-draft: dynamic drafting per branch is not built yet \
+             (trees draft every width at every depth)"
+        );
+    }
+    if sampling {
+        bail!(
+            "--draft-tree verifies greedily only: speculative sampling with a tree is not built \
+             yet (drop --temperature/--top-k/--top-p, or draft a chain)"
+        );
+    }
+    TokenTree::parse(spec).map_err(|e| anyhow!("--draft-tree: {e}"))?;
+    let widths = spec
+        .split(',')
+        .map(|w| w.trim().parse().expect("checked by TokenTree::parse"))
+        .collect();
+    Ok(Some(widths))
 }
 
 pub fn run(args: &Args) -> Result<()> {
     let sampling = args.sampling.params()?;
+    let tree = tree_widths(args, sampling.is_some())?;
     let loaded = common::load(&args.model.model)?;
     let weights = args.m2r2.weights(&loaded)?;
-    let settings = args.m2r2.settings(&loaded, &weights)?;
+    let mut settings = args.m2r2.settings(&loaded, &weights)?;
+    if let Some(widths) = &tree {
+        // a tree drafts its depth at every round (reported as draft_len, not dynamic)
+        settings.draft_length = DraftLength::Fixed(widths.len());
+    }
     let prompt = common::prompt_tokens(&loaded, &args.prompt)?;
     let request = DecodeRequest {
         prompt: &prompt,
@@ -58,19 +106,30 @@ pub fn run(args: &Args) -> Result<()> {
         indicatif::ProgressBar::hidden()
     };
     let mut stream = (!args.json).then(|| TextStream::new(&loaded));
-    let run = run_mode(
-        &loaded.model,
-        &weights,
-        &settings,
-        &request,
-        args.trace,
-        &mut |token| {
-            bar.inc(1);
-            if let Some(stream) = &mut stream {
-                stream.push(token);
-            }
-        },
-    );
+    let mut on_token = |token| {
+        bar.inc(1);
+        if let Some(stream) = &mut stream {
+            stream.push(token);
+        }
+    };
+    let run = match &tree {
+        Some(widths) => tree_speculative_mode_run(
+            &loaded.model,
+            &weights,
+            &settings,
+            &request,
+            widths,
+            &mut on_token,
+        ),
+        None => run_mode(
+            &loaded.model,
+            &weights,
+            &settings,
+            &request,
+            args.trace,
+            &mut on_token,
+        ),
+    };
     bar.finish_and_clear();
     let run = run?;
     if let Some(stream) = stream {

@@ -2,6 +2,7 @@
 //! `--json` object (settings, mode-specific statistics), the summary line on stderr and the
 //! `--trace` lines.
 
+use reference::base::tree::TokenTree;
 use reference::decode::early_exit::KvPolicy;
 use reference::decode::mode::{DecodeRequest, M2r2Settings, ModeDetails, ModeRun};
 use reference::decode::speculative::DraftLength;
@@ -35,7 +36,11 @@ pub fn settings_json(settings: &M2r2Settings) -> Value {
 ///   `layers_at_emit_per_token`: mean slow layers computed before a decoded token was emitted;
 /// - speculative: `rounds`, `mean_accepted_tokens` (tokens emitted per verification, the base
 ///   token included), `acceptance_by_position` (accepted / drafted per draft position),
-///   `acceptance_rate` (accepted / drafted).
+///   `acceptance_rate` (accepted / drafted);
+/// - speculative with `--draft-tree`: `draft_tree` (the widths `[W1, ...]`), `tree_nodes` (the
+///   root included), `rounds`, `mean_accepted_tokens` (tokens per verification),
+///   `acceptance_by_depth` (per depth d = 1..=D: the fraction of rounds that accepted at least d
+///   drafts). No work is counted for trees: the per-token work fields are 0.
 pub fn report_fields(run: &ModeRun) -> serde_json::Map<String, Value> {
     let per = run.decoded().max(1) as f64;
     let mut map = serde_json::Map::new();
@@ -79,6 +84,19 @@ pub fn report_fields(run: &ModeRun) -> serde_json::Map<String, Value> {
                 json!(acceptance_by_position),
             );
             map.insert("acceptance_rate".into(), json!(acceptance_rate));
+        }
+        ModeDetails::TreeSpeculative {
+            widths,
+            nodes,
+            rounds,
+            mean_accepted_tokens,
+            acceptance_by_depth,
+        } => {
+            map.insert("draft_tree".into(), json!(widths));
+            map.insert("tree_nodes".into(), json!(nodes));
+            map.insert("rounds".into(), json!(rounds.len()));
+            map.insert("mean_accepted_tokens".into(), json!(mean_accepted_tokens));
+            map.insert("acceptance_by_depth".into(), json!(acceptance_by_depth));
         }
     }
     map
@@ -201,6 +219,57 @@ pub fn trace_lines(
                 "  {} rounds, {mean_accepted_tokens:.2} tokens per verification, acceptance {:.1}%",
                 rounds.len(),
                 acceptance_rate * 100.0
+            ));
+        }
+        ModeDetails::TreeSpeculative {
+            widths,
+            nodes,
+            rounds,
+            mean_accepted_tokens,
+            acceptance_by_depth,
+        } => {
+            let shape: Vec<String> = widths.iter().map(usize::to_string).collect();
+            lines.push(format!(
+                "trace: speculative, draft tree {} ({nodes} nodes) at gate {} (after layer {} of \
+                 {n})",
+                shape.join(","),
+                settings.draft_gate,
+                settings.gates[settings.draft_gate - 1]
+            ));
+            if let Some(first) = run.tokens.first() {
+                lines.push(format!("  prompt -> {}", show(*first)));
+            }
+            let tree = TokenTree::from_widths(widths).expect("the run's tree");
+            for (r, round) in rounds.iter().enumerate() {
+                let depths: Vec<String> = (1..=tree.max_depth())
+                    .map(|d| {
+                        let level: Vec<String> =
+                            tree.level(d).map(|i| show(round.tokens[i])).collect();
+                        format!("d{d} [{}]", level.join(", "))
+                    })
+                    .collect();
+                let path: Vec<String> = tree.path(round.node)[1..]
+                    .iter()
+                    .map(|&i| show(round.tokens[i]))
+                    .collect();
+                lines.push(format!(
+                    "  round {r:>3}: drafted {} accepted node {} depth {} [{}]; base {}",
+                    depths.join(" "),
+                    round.node,
+                    round.accepted,
+                    path.join(", "),
+                    show(round.base_token)
+                ));
+            }
+            let by_depth: Vec<String> = acceptance_by_depth
+                .iter()
+                .map(|a| format!("{a:.2}"))
+                .collect();
+            lines.push(format!(
+                "  {} rounds, {mean_accepted_tokens:.2} tokens per verification, rounds accepting \
+                 at least d drafts per depth [{}]",
+                rounds.len(),
+                by_depth.join(" ")
             ));
         }
     }

@@ -109,4 +109,5 @@ mod run;
 mod static_python;
 mod train;
 mod train_ranks;
+mod tree;
 mod tune_drafting;

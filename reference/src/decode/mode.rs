@@ -17,6 +17,7 @@
 use crate::base::generate::{GenerateOptions, Generation, generate};
 use crate::base::model::Model;
 use crate::base::sampling::SamplingParams;
+use crate::base::tree::TokenTree;
 use crate::base::work::Work;
 use crate::decode::draft_verify::ReferenceSpeculation;
 use crate::decode::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
@@ -24,6 +25,8 @@ use crate::decode::speculative::{
     DraftLength, Round, SpeculativeOptions, SpeculativeOutput, speculative_generate,
 };
 use crate::decode::timed::Timed;
+use crate::decode::tree_speculation::{TreeRound, tree_speculative_generate};
+use crate::error::Error;
 use crate::error::Result;
 use crate::m2r2::exit_gate::GateKind;
 use crate::m2r2::fast_stream::M2r2;
@@ -120,6 +123,18 @@ pub enum ModeDetails {
         mean_accepted_tokens: f64,
         acceptance_by_position: Vec<f64>,
         acceptance_rate: f64,
+    },
+    /// Greedy speculation with a token tree (`decode/tree_speculation.rs`).
+    TreeSpeculative {
+        /// The shape `W1,W2,...`.
+        widths: Vec<usize>,
+        /// Nodes of the tree, the root included.
+        nodes: usize,
+        rounds: Vec<TreeRound>,
+        /// Tokens emitted per verification (accepted drafts plus the base token).
+        mean_accepted_tokens: f64,
+        /// Per depth `d = 1..=D`: the fraction of rounds that accepted at least `d` drafts.
+        acceptance_by_depth: Vec<f64>,
     },
 }
 
@@ -265,6 +280,63 @@ pub fn run_mode(
     Ok(run)
 }
 
+/// Greedy speculative decoding with the token tree of shape `widths` (`W1,W2,...`), drafting at
+/// `settings.draft_gate` (`decode/tree_speculation.rs`). `on_token` sees every emitted token after
+/// the loop. No work is counted (`work` is zero).
+///
+/// # Errors
+/// Sampling (trees are greedy only), a shape [`TokenTree::from_widths`] refuses, and
+/// [`tree_speculative_generate`]'s.
+pub fn tree_speculative_mode_run(
+    model: &Model,
+    weights: &M2r2Weights,
+    settings: &M2r2Settings,
+    request: &DecodeRequest<'_>,
+    widths: &[usize],
+    on_token: &mut dyn FnMut(u32),
+) -> Result<ModeRun> {
+    if request.sampling.is_some() {
+        return Err(Error::Invalid(
+            "token trees verify greedily only: sampling with a tree is not built yet".into(),
+        ));
+    }
+    let tree = TokenTree::from_widths(widths)?;
+    let n = model.config.num_hidden_layers;
+    let start = Instant::now();
+    let (out, _cache) = tree_speculative_generate(
+        M2r2::new(model, weights),
+        settings.draft_gate,
+        &tree,
+        request.prompt,
+        request.max_new_tokens,
+        &request.stop_tokens,
+    )?;
+    let seconds = start.elapsed().as_secs_f64();
+    for &token in &out.tokens {
+        on_token(token);
+    }
+    let accepted: Vec<usize> = out.rounds.iter().map(|r| r.accepted).collect();
+    let steps = speculative_steps(&out.tokens, &accepted, n);
+    let rows = out.rounds.len() * tree.nodes();
+    Ok(ModeRun {
+        mode: Mode::Speculative,
+        layers_per_token: (rows * n) as f64 / out.tokens.len().saturating_sub(1).max(1) as f64,
+        details: ModeDetails::TreeSpeculative {
+            widths: widths.to_vec(),
+            nodes: tree.nodes(),
+            mean_accepted_tokens: out.mean_accepted_length(),
+            acceptance_by_depth: out.acceptance_by_depth(tree.max_depth()),
+            rounds: out.rounds,
+        },
+        tokens: out.tokens,
+        steps,
+        prefill_seconds: Some(out.prefill_seconds),
+        decode_seconds: (seconds - out.prefill_seconds).max(0.0),
+        work: Work::default(),
+        num_layers: n,
+    })
+}
+
 /// A greedy step: the token with its logit and probability under `logits`.
 pub fn greedy_step(token: u32, logits: &[f32], n: usize) -> TokenStep {
     let mut step = TokenStep::plain(token, n);
@@ -298,7 +370,8 @@ pub fn speculative_run(
     seconds: f64,
     work: Work,
 ) -> ModeRun {
-    let steps = speculative_steps(&out.tokens, &out.rounds, n);
+    let accepted: Vec<usize> = out.rounds.iter().map(|r| r.accepted).collect();
+    let steps = speculative_steps(&out.tokens, &accepted, n);
     let fed: usize = out.rounds.iter().map(|r| r.drafted.len() + 1).sum();
     ModeRun {
         mode: Mode::Speculative,
@@ -318,23 +391,24 @@ pub fn speculative_run(
     }
 }
 
-/// The emitted tokens of speculative decoding, attributed to their rounds. The output may stop
-/// inside a round (a stop token or `max_new_tokens`), so tokens lead and rounds follow.
-fn speculative_steps(tokens: &[u32], rounds: &[Round], n: usize) -> Vec<TokenStep> {
+/// The emitted tokens of speculative decoding, attributed to their rounds (`accepted[r]`: the
+/// drafts round `r` accepted). The output may stop inside a round (a stop token or
+/// `max_new_tokens`), so tokens lead and rounds follow.
+fn speculative_steps(tokens: &[u32], accepted: &[usize], n: usize) -> Vec<TokenStep> {
     let mut steps: Vec<TokenStep> = tokens
         .first()
         .map(|&t| TokenStep::plain(t, n))
         .into_iter()
         .collect();
     let mut rest = tokens.iter().skip(1);
-    'rounds: for (r, round) in rounds.iter().enumerate() {
-        for i in 0..=round.accepted {
+    'rounds: for (r, &round_accepted) in accepted.iter().enumerate() {
+        for i in 0..=round_accepted {
             let Some(&token) = rest.next() else {
                 break 'rounds;
             };
             steps.push(TokenStep {
                 round: Some(r),
-                accepted_draft: i < round.accepted,
+                accepted_draft: i < round_accepted,
                 ..TokenStep::plain(token, n)
             });
         }

@@ -10,7 +10,8 @@
 //! draft:   for d = 0..=D: the nodes of depth d, one tree chunk, through intervals 0..g_d
 //!          (layers 0..e_gd; slow rows write their slots, s_{e_gd} kept); a node with children also
 //!          runs a fast row in interval g_d - 1, and the top W_{d+1} tokens of its exit logits,
-//!          best first, are its children's
+//!          best first, are its children's; with a bridge at g_d that row reads h: the verified
+//!          s_N[n-1] at the root, its parent's exit state u_gd below it
 //! verify:  the kept s_{e_gd} of all nodes through layers e_gd..N as ONE tree chunk
 //!          -> y_i = argmax of node i's base logits
 //! accept:  from the root, step to the child whose token is y_i while there is one: node a; emit
@@ -24,10 +25,17 @@
 //! the compacted cache is the cache greedy decoding builds.
 //!
 //! **[ours]**, this first version: the drafts of one depth run as one chunk, each depth after the
-//! one before; greedy only (no speculative sampling, no dynamic draft length); no bridge (refused,
-//! as in `decode/speculative_naive.rs`); no work counting; the ONNX runner does not run trees. A
-//! chain (`TokenTree::chain(m)`) gives `speculative_generate`'s rounds with a fixed draft length
-//! `m` (tested).
+//! one before; greedy only (no speculative sampling, no dynamic draft length); no work counting;
+//! the ONNX runner does not run trees. A chain (`TokenTree::chain(m)`) gives
+//! `speculative_generate`'s rounds with a fixed draft length `m`, with and without a bridge
+//! (tested).
+//!
+//! **The bridge per branch** ([`crate::m2r2::bridge`], the chain's rule in
+//! `decode/bridge_state.rs` applied along each path): a proposing node at position `p` reads the
+//! state before it on its own path, `h = s_N[p-1]` for the root (position `p-1` is verified: the
+//! previous round's accepted node, or the prompt's last row) and `h = u_gd` of its parent (the
+//! parent's exit state with the gate term) below it. Siblings read the same parent state; the
+//! rows of one depth get their terms in one product.
 
 use crate::base::kv_cache::KvCache;
 use crate::base::layer::TreeRows;
@@ -35,7 +43,7 @@ use crate::base::ops::argmax;
 use crate::base::tree::TokenTree;
 use crate::error::{Error, Result};
 use crate::m2r2::fast_stream::M2r2;
-use ndarray::{Array2, s};
+use ndarray::{Array1, Array2, ArrayView1, s};
 use std::cmp::Ordering;
 
 /// One verification round of tree speculation.
@@ -57,6 +65,8 @@ pub struct TreeRound {
 pub struct TreeSpeculativeOutput {
     pub tokens: Vec<u32>,
     pub rounds: Vec<TreeRound>,
+    /// Time spent in the prompt's prefill (decode speed excludes it).
+    pub prefill_seconds: f64,
 }
 
 impl TreeSpeculativeOutput {
@@ -65,6 +75,15 @@ impl TreeSpeculativeOutput {
         let emitted: usize = self.rounds.iter().map(|r| r.accepted + 1).sum();
         emitted as f64 / self.rounds.len().max(1) as f64
     }
+
+    /// Per depth `d = 1..=depth`: the fraction of rounds that accepted at least `d` drafts
+    /// (non-increasing in `d`; all 0 without rounds).
+    pub fn acceptance_by_depth(&self, depth: usize) -> Vec<f64> {
+        let rounds = self.rounds.len().max(1) as f64;
+        (1..=depth)
+            .map(|d| self.rounds.iter().filter(|r| r.accepted >= d).count() as f64 / rounds)
+            .collect()
+    }
 }
 
 /// Greedy decoding of up to `max_new_tokens` after `prompt`, drafting `tree` from gate
@@ -72,8 +91,7 @@ impl TreeSpeculativeOutput {
 /// but the last).
 ///
 /// # Errors
-/// An empty prompt, a draft gate outside `1..=J` or one that reads a bridge, a cache for the
-/// prompt, the budget and one tree beyond the context, and the base model's input errors.
+/// An empty prompt, a draft gate outside `1..=J`, a cache for the prompt, the budget and one tree beyond the context, and the base model's input errors.
 pub fn tree_speculative_generate(
     m2r2: M2r2<'_>,
     draft_gate: usize,
@@ -94,27 +112,39 @@ pub fn tree_speculative_generate(
             m2r2.num_gates()
         )));
     }
-    if m2r2.weights.bridge_at(draft_gate).is_some() {
-        return Err(Error::Invalid(format!(
-            "tree drafting at gate {draft_gate} does not read the bridge yet: draft at another \
-             gate or without the bridge"
-        )));
-    }
+    let start = std::time::Instant::now();
     // the last round's tree may reach past the budget
     let mut cache = model.new_cache(prompt.len() + max_new_tokens + tree.nodes())?;
-    let prompt_logits = model.forward(prompt, &mut cache)?.logits;
+    // Model::forward's layers, kept open for the last row's final residual (the bridge reads it)
+    model.check_input(prompt, 0, &cache)?;
+    let mut s = model.embed(prompt);
+    for l in 0..model.config.num_hidden_layers {
+        model.layer_forward(l, &mut s, 0, &mut cache);
+    }
+    cache.set_len(prompt.len());
+    let mut verified_state = s.row(prompt.len() - 1).to_owned(); // [D] s_N[n-1]
+    let prompt_logits = model.head(s.slice(s![prompt.len() - 1.., ..])).logits;
     let mut out = TreeSpeculativeOutput {
         tokens: vec![],
         rounds: vec![],
+        prefill_seconds: start.elapsed().as_secs_f64(),
     };
     if max_new_tokens == 0 {
         return Ok((out, cache));
     }
-    let last_row = prompt_logits.row(prompt.len() - 1);
+    let last_row = prompt_logits.row(0);
     let mut last = argmax(last_row.as_slice().expect("contiguous logits")) as u32;
     out.tokens.push(last);
     while out.tokens.len() < max_new_tokens && !stop_tokens.contains(&last) {
-        let round = tree_round(m2r2, draft_gate, tree, last, &mut cache)?;
+        let (round, final_state) = tree_round(
+            m2r2,
+            draft_gate,
+            tree,
+            last,
+            verified_state.view(),
+            &mut cache,
+        )?;
+        verified_state = final_state;
         let path = tree.path(round.node);
         let mut emitted: Vec<u32> = path[1..].iter().map(|&i| round.tokens[i]).collect();
         emitted.push(round.base_token);
@@ -135,15 +165,20 @@ pub fn tree_speculative_generate(
 }
 
 /// Draft `tree` after `last` at position `n = cache.len()`, verify it, and choose the accepted
-/// node. Leaves every node's K/V in its scratch slot and `cache.len()` at `n` (the caller keeps
-/// the accepted path).
+/// node, with the accepted node's final slow residual `s_N` (what the next root's bridge reads).
+/// `verified_state` is `s_N[n-1]`, the state before the root. Leaves every node's K/V in its
+/// scratch slot and `cache.len()` at `n` (the caller keeps the accepted path).
+///
+/// # Shapes
+/// - `verified_state`: `[D]` -> the accepted node's `s_N` `[D]`
 fn tree_round(
     m2r2: M2r2<'_>,
     draft_gate: usize,
     tree: &TokenTree,
     last: u32,
+    verified_state: ArrayView1<f32>,
     cache: &mut KvCache,
-) -> Result<TreeRound> {
+) -> Result<(TreeRound, Array1<f32>)> {
     let model = m2r2.model;
     let n = cache.len();
     let mut tokens = vec![0u32; tree.nodes()];
@@ -151,6 +186,13 @@ fn tree_round(
     model.check_tree(&tokens, tree, cache)?;
     // draft: depth by depth, each depth one chunk; s_{e_gd} of every node kept
     let mut kept = Array2::zeros((tree.nodes(), model.config.hidden_size)); // [T, D]
+    // the draft gate's exit states u_gd of the proposing nodes (with the bridge's gate term): the
+    // states their children's bridge reads
+    let bridged = m2r2.weights.bridge_at(draft_gate).is_some();
+    let mut exits = Array2::zeros((
+        if bridged { tree.nodes() } else { 0 },
+        model.config.hidden_size,
+    ));
     for d in 0..=tree.max_depth() {
         let level = tree.level(d);
         let rows = TreeRows {
@@ -164,11 +206,33 @@ fn tree_round(
             .filter(|&i| !tree.children(i).is_empty())
             .map(|i| i - level.start)
             .collect();
+        // the bridge's terms: each proposing node reads the state before it on its path
+        let (entry, at_gate) = if bridged && !proposing.is_empty() {
+            let h = Array2::from_shape_fn((proposing.len(), model.config.hidden_size), |(r, c)| {
+                match tree.parent(level.start + proposing[r]) {
+                    None => verified_state[c],
+                    Some(parent) => exits[[parent, c]],
+                }
+            }); // [proposing, D]
+            m2r2.bridge_terms(draft_gate, h.view())
+        } else {
+            (None, None)
+        };
         let mut exit_states = Array2::zeros((0, 0));
         for j in 0..draft_gate {
-            let fast: &[usize] = if j + 1 == draft_gate { &proposing } else { &[] };
-            let out = m2r2.run_interval_tree(j, &mut s, n, rows, cache, fast);
+            let last = j + 1 == draft_gate;
+            let fast: &[usize] = if last { &proposing } else { &[] };
+            let from = entry.as_ref().filter(|_| last);
+            let out = m2r2.run_interval_tree_from(j, &mut s, n, rows, cache, fast, from);
             exit_states = out.exit_states;
+        }
+        if let Some(t) = &at_gate {
+            exit_states += t;
+        }
+        if bridged {
+            for (row, &t) in proposing.iter().enumerate() {
+                exits.row_mut(level.start + t).assign(&exit_states.row(row));
+            }
         }
         kept.slice_mut(s![level.clone(), ..]).assign(&s);
         if proposing.is_empty() {
@@ -200,13 +264,14 @@ fn tree_round(
     while let Some(child) = tree.children(node).find(|&c| tokens[c] == choice(node)) {
         node = child;
     }
-    Ok(TreeRound {
+    let round = TreeRound {
         start: n,
         accepted: tree.depth(node),
         base_token: choice(node),
         node,
         tokens,
-    })
+    };
+    Ok((round, kept.row(node).to_owned()))
 }
 
 /// The `k` tokens with the highest logits, best first; ties (and `-inf`s) in token order, NaN
@@ -264,7 +329,8 @@ mod tests {
     }
 
     /// A chain drafts what the chain loop drafts: every draft gate, lengths 1 to 3, the full and
-    /// a pruned head, on the built-in models: the same tokens, rounds and cache.
+    /// a pruned head, without and with a bridge (both sites, at each gate in turn), on the
+    /// built-in models: the same tokens, rounds and cache.
     #[test]
     fn a_chain_is_the_chain_loop() {
         for name in builtin::BUILTIN_NAMES {
@@ -277,7 +343,16 @@ mod tests {
                 ),
                 ..full.clone()
             };
-            for weights in [&full, &pruned] {
+            let mut all = vec![full.clone(), pruned];
+            for gate in 1..=full.config.num_gates() {
+                let bridge = BridgeConfig::new(gate, 4, BridgeSite::ALL.to_vec());
+                all.push(
+                    full.clone()
+                        .with_bridge(&model.config, bridge, 3, 0.5)
+                        .unwrap(),
+                );
+            }
+            for weights in &all {
                 let m2r2 = M2r2::new(&model, weights);
                 for gate in 1..=m2r2.num_gates() {
                     for m in 1..=3 {
@@ -361,6 +436,8 @@ mod tests {
         gate: usize,
         widths: Vec<usize>,
         pruned: Option<Vec<u32>>,
+        /// A bridge at the draft gate: its sites (entry, gate) as two flags, at least one set.
+        bridge: Option<(bool, bool)>,
         prompt: Vec<u32>,
         new_tokens: usize,
         stop: Option<u32>,
@@ -375,7 +452,12 @@ mod tests {
             prop::collection::vec(1usize..4, 1..5).prop_filter("at most 24 nodes", |w| {
                 TokenTree::from_widths(w).is_ok_and(|t| t.nodes() <= 24)
             }),
-            prop::option::of(prop::collection::btree_set(0..VOCAB, 1..20)),
+            (
+                prop::option::of(prop::collection::btree_set(0..VOCAB, 1..20)),
+                prop::option::of(
+                    (any::<bool>(), any::<bool>()).prop_filter("a site", |(e, g)| *e || *g),
+                ),
+            ),
             prop::collection::vec(0..VOCAB, 1..6),
             1usize..20,
             prop::option::weighted(0.3, 0..VOCAB),
@@ -385,7 +467,7 @@ mod tests {
                     (layers, moe, window),
                     (seed, gate),
                     widths,
-                    pruned,
+                    (pruned, bridge),
                     prompt,
                     new_tokens,
                     stop,
@@ -398,6 +480,7 @@ mod tests {
                         gate,
                         widths,
                         pruned: pruned.map(|p| p.into_iter().collect()),
+                        bridge,
                         prompt,
                         new_tokens,
                         stop,
@@ -437,8 +520,16 @@ mod tests {
                 .pruned
                 .clone()
                 .map(|t| DraftHead::new(t, VOCAB as usize, "test").unwrap());
+            let gate = 1 + self.gate % weights.config.num_gates();
+            if let Some((entry, at_gate)) = self.bridge {
+                let sites = [(entry, BridgeSite::Entry), (at_gate, BridgeSite::Gate)];
+                let sites = sites.into_iter().filter(|s| s.0).map(|s| s.1).collect();
+                let bridge = BridgeConfig::new(gate, 3, sites);
+                weights = weights
+                    .with_bridge(&config, bridge, self.seed ^ 0x77, 0.5)
+                    .unwrap();
+            }
             let m2r2 = M2r2::new(&model, &weights);
-            let gate = 1 + self.gate % m2r2.num_gates();
             let tree = TokenTree::from_widths(&self.widths).unwrap();
             let stop: Vec<u32> = self.stop.into_iter().collect();
             let want = greedy(&model, &self.prompt, self.new_tokens, &stop).unwrap();
@@ -458,7 +549,7 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(48))]
         /// Greedy tree speculation is greedy decoding, token for token, and leaves its cache:
         /// dense and MoE, sliding windows, any gate, trees up to 24 nodes, a pruned draft head,
-        /// stop tokens.
+        /// a bridge at the draft gate (entry, gate or both), stop tokens.
         #[test]
         fn tree_speculation_is_greedy(problem in problem_strategy()) {
             problem.check()?;
@@ -466,7 +557,7 @@ mod tests {
     }
 
     #[test]
-    fn bridged_gates_and_missing_gates_are_refused() {
+    fn missing_gates_and_empty_prompts_are_refused() {
         let model = builtin::builtin("tiny").unwrap();
         let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
         let m2r2 = M2r2::new(&model, &weights);
@@ -478,13 +569,32 @@ mod tests {
         );
         let err = tree_speculative_generate(m2r2, 1, &tree, &[], 4, &[]).unwrap_err();
         assert!(err.to_string().contains("the prompt is empty"), "{err}");
-        let bridge = BridgeConfig::new(1, 2, vec![BridgeSite::Entry]);
-        let bridged = weights.with_bridge(&model.config, bridge, 1, 0.5).unwrap();
-        let m2r2 = M2r2::new(&model, &bridged);
-        let err = tree_speculative_generate(m2r2, 1, &tree, &[1], 4, &[]).unwrap_err();
-        assert!(
-            err.to_string().contains("does not read the bridge"),
-            "{err}"
-        );
+    }
+
+    /// A bridge that acts changes the drafts of a wide tree (so the branches read it), and the
+    /// output stays greedy decoding's.
+    #[test]
+    fn bridged_trees_draft_differently_and_stay_greedy() {
+        let model = builtin::builtin("tiny").unwrap();
+        let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
+        let bridge = BridgeConfig::new(1, 4, BridgeSite::ALL.to_vec());
+        let bridged = weights
+            .clone()
+            .with_bridge(&model.config, bridge, 5, 2.0)
+            .unwrap();
+        let tree = TokenTree::parse("3,2,1").unwrap();
+        let prompt = [5u32, 3, 8, 1];
+        let want = greedy(&model, &prompt, 24, &[]).unwrap();
+        let run = |w: &M2r2Weights| {
+            tree_speculative_generate(M2r2::new(&model, w), 1, &tree, &prompt, 24, &[]).unwrap()
+        };
+        let (plain, _) = run(&weights);
+        let (got, cache) = run(&bridged);
+        assert_eq!(got.tokens, want);
+        assert!(is_greedy_cache(&model, &prompt, &got.tokens, &cache));
+        let drafts = |o: &TreeSpeculativeOutput| -> Vec<Vec<u32>> {
+            o.rounds.iter().map(|r| r.tokens.clone()).collect()
+        };
+        assert_ne!(drafts(&got), drafts(&plain), "the bridge changed no draft");
     }
 }

@@ -102,6 +102,25 @@ impl<'a> M2r2<'a> {
         self.run_interval_rows(j, s, pos0, Some(tree), cache, slots, None)
     }
 
+    /// [`run_interval_tree`](Self::run_interval_tree) with `entry` added to the fast rows'
+    /// starting states (the bridge's entry term, one row per slot).
+    ///
+    /// # Shapes
+    /// - `entry`: `[slots.len(), D]`
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_interval_tree_from(
+        &self,
+        j: usize,
+        s: &mut Array2<f32>,
+        pos0: usize,
+        tree: TreeRows<'_>,
+        cache: &mut KvCache,
+        slots: &[usize],
+        entry: Option<&Array2<f32>>,
+    ) -> IntervalOutput {
+        self.run_interval_rows(j, s, pos0, Some(tree), cache, slots, entry)
+    }
+
     /// Interval `j` on a chunk (`tree: None`) or on tree nodes.
     #[allow(clippy::too_many_arguments)]
     fn run_interval_rows(

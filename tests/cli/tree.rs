@@ -1,0 +1,194 @@
+//! `generate --mode speculative --draft-tree W1,W2,...` (greedy tree speculation on the reference):
+//! the tokens of `--mode greedy` on tiny and on SmolLM2 with its shipped weights (a bridge at gate
+//! 1), the tree's JSON fields, one trace line per round, and bad shapes and flag combinations
+//! refused naming `--draft-tree`.
+
+use super::{fails, generate_json, ids, ok};
+use serde_json::Value;
+
+/// The tree fields of a `--json` report, checked against each other.
+fn check_tree_report(report: &Value, widths: &[u64]) {
+    assert_eq!(report["mode"], "speculative");
+    assert_eq!(ids(&report["draft_tree"]), widths, "{report}");
+    let mut nodes = 1;
+    let mut level = 1;
+    for w in widths {
+        level *= w;
+        nodes += level;
+    }
+    assert_eq!(report["tree_nodes"], nodes, "{report}");
+    let rounds = report["rounds"].as_u64().unwrap();
+    assert!(rounds >= 1, "{report}");
+    let mean = report["mean_accepted_tokens"].as_f64().unwrap();
+    assert!(
+        (1.0..=(widths.len() + 1) as f64).contains(&mean),
+        "{report}"
+    );
+    let by_depth: Vec<f64> = report["acceptance_by_depth"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_f64().unwrap())
+        .collect();
+    assert_eq!(by_depth.len(), widths.len(), "{report}");
+    assert!(by_depth.iter().all(|a| (0.0..=1.0).contains(a)), "{report}");
+    assert!(by_depth.windows(2).all(|w| w[0] >= w[1]), "{report}");
+    // tokens per verification = 1 + the mean accepted depth = 1 + the sum over depths
+    let sum: f64 = by_depth.iter().sum();
+    assert!((mean - 1.0 - sum).abs() < 1e-9, "{report}");
+    assert_eq!(report["m2r2"]["draft_len"], widths.len(), "{report}");
+    assert_eq!(report["m2r2"]["dynamic_draft"], false, "{report}");
+}
+
+#[test]
+fn tiny_trees_decode_like_greedy() {
+    let prompt = [
+        "--model",
+        "tiny",
+        "--tokens",
+        "5,9,14,3",
+        "--max-new-tokens",
+        "24",
+    ];
+    let greedy = generate_json(&[&prompt[..], &["--mode", "greedy"]].concat());
+    assert!(greedy.get("draft_tree").is_none());
+    let chain =
+        generate_json(&[&prompt[..], &["--mode", "speculative", "--draft-len", "2"]].concat());
+    assert!(chain.get("draft_tree").is_none() && chain.get("acceptance_by_depth").is_none());
+    for (spec, widths) in [("2,1,1", &[2u64, 1, 1][..]), ("3,2", &[3, 2]), ("4", &[4])] {
+        for gate in ["1", "2"] {
+            let args = [
+                "--mode",
+                "speculative",
+                "--draft-tree",
+                spec,
+                "--draft-gate",
+                gate,
+            ];
+            let tree = generate_json(&[&prompt[..], &args].concat());
+            assert_eq!(
+                ids(&tree["tokens"]),
+                ids(&greedy["tokens"]),
+                "{spec} gate {gate}"
+            );
+            check_tree_report(&tree, widths);
+        }
+    }
+    // --trace: one line per round, the drafts of each depth and the accepted node
+    let mut args = vec!["generate"];
+    args.extend_from_slice(&prompt);
+    args.extend_from_slice(&[
+        "--mode",
+        "speculative",
+        "--draft-tree",
+        "2,1",
+        "--trace",
+        "--json",
+    ]);
+    let run = ok(&args);
+    let rounds = run.json()["rounds"].as_u64().unwrap() as usize;
+    assert!(
+        run.stderr.contains("draft tree 2,1 (5 nodes)"),
+        "{}",
+        run.stderr
+    );
+    let lines: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains(" round "))
+        .collect();
+    assert_eq!(lines.len(), rounds, "{}", run.stderr);
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.contains("d1 [") && l.contains("d2 [") && l.contains("accepted node")),
+        "{}",
+        run.stderr
+    );
+}
+
+/// SmolLM2 with its shipped weights (the real m2r2 cache, where scripts/test.sh fetched it): the
+/// bridge at gate 1 is read per branch, and trees decode like greedy.
+#[test]
+fn smollm2_trees_decode_like_greedy() {
+    let cache = reference::io::hub::cache_dir();
+    let real = |args: &[&str]| {
+        let mut all = vec!["generate", "--json"];
+        all.extend_from_slice(args);
+        let run = super::m2r2_env(&all, &[("M2R2_CACHE", cache.as_os_str())]);
+        assert_eq!(
+            run.code,
+            Some(0),
+            "m2r2 {all:?} failed (run `m2r2 fetch smollm2` first):\n{}",
+            run.stderr
+        );
+        run.json()
+    };
+    let prompt = [
+        "--model",
+        "smollm2",
+        "--prompt",
+        "The capital of France is",
+        "--max-new-tokens",
+        "20",
+    ];
+    let greedy = real(&[&prompt[..], &["--mode", "greedy"]].concat());
+    for (spec, widths) in [("2,1,1", &[2u64, 1, 1][..]), ("3,2", &[3, 2])] {
+        let tree = real(
+            &[
+                &prompt[..],
+                &["--mode", "speculative", "--draft-tree", spec],
+            ]
+            .concat(),
+        );
+        assert_eq!(ids(&tree["tokens"]), ids(&greedy["tokens"]), "{spec}");
+        check_tree_report(&tree, widths);
+    }
+}
+
+#[test]
+fn bad_trees_and_conflicts_are_refused() {
+    let base = [
+        "generate",
+        "--model",
+        "tiny",
+        "--tokens",
+        "1,2",
+        "--max-new-tokens",
+        "4",
+    ];
+    let spec = |extra: &[&'static str]| [&base[..], &["--mode", "speculative"], extra].concat();
+    fails(
+        &spec(&["--draft-tree", "0,1"]),
+        &["--draft-tree", "the width at depth 1 is 0"],
+    );
+    fails(
+        &spec(&["--draft-tree", "x"]),
+        &["--draft-tree", "`x` is not a width"],
+    );
+    fails(
+        &spec(&["--draft-tree", "4,4,4"]),
+        &["--draft-tree", "85 nodes", "at most 64"],
+    );
+    fails(
+        &spec(&["--draft-tree", "2,1", "--draft-len", "2"]),
+        &["--draft-tree", "--draft-len"],
+    );
+    fails(
+        &spec(&["--draft-tree", "2,1", "--dynamic-draft"]),
+        &[
+            "--draft-tree",
+            "dynamic drafting per branch is not built yet",
+        ],
+    );
+    fails(
+        &spec(&["--draft-tree", "2,1", "--temperature", "0.8"]),
+        &["--draft-tree", "greedily only"],
+    );
+    fails(
+        &[&base[..], &["--draft-tree", "2,1"]].concat(),
+        &["--draft-tree", "--mode speculative"],
+    );
+    // run (ONNX Runtime) has no trees
+    fails(&["run", "--draft-tree", "2,1"], &["--draft-tree"]);
+}
