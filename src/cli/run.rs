@@ -68,6 +68,10 @@ pub struct Args {
     /// it was exported with one; default: whatever the export has)
     #[arg(long, value_enum, value_name = "on|off")]
     pub draft_head: Option<OnOff>,
+    /// Token trees run on the reference engine only for now (`m2r2 generate --draft-tree`): here
+    /// the flag is refused with that reason
+    #[arg(long, value_name = "W1,W2,...", hide = true)]
+    pub draft_tree: Option<String>,
 }
 
 fn parse_gate(text: &str) -> Result<GateKind, String> {
@@ -97,6 +101,12 @@ pub fn settings(
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    if args.draft_tree.is_some() {
+        bail!(
+            "--draft-tree: token trees run on the reference engine only for now (`m2r2 generate \
+             --mode speculative --draft-tree ...`); the ONNX runner drafts chains (--draft-len)"
+        );
+    }
     let export = ExportDir::open(&args.onnx)?;
     let tokenizer = export.tokenizer()?;
     let prompt = common::prompt_tokens_with(

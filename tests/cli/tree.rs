@@ -190,5 +190,16 @@ fn bad_trees_and_conflicts_are_refused() {
         &["--draft-tree", "--mode speculative"],
     );
     // run (ONNX Runtime) has no trees
-    fails(&["run", "--draft-tree", "2,1"], &["--draft-tree"]);
+    fails(
+        &[
+            "run",
+            "--onnx",
+            "nowhere",
+            "--tokens",
+            "1",
+            "--draft-tree",
+            "2,1",
+        ],
+        &["--draft-tree", "reference engine only", "m2r2 generate"],
+    );
 }
