@@ -86,26 +86,12 @@ impl<'a> M2r2<'a> {
 
     /// [`run_interval`](Self::run_interval) on rows that are nodes of a token tree whose root
     /// sits at `pos0` (`base/tree.rs`): each slow and fast row sees the cache before the tree and
-    /// its node's ancestors only, so each is bitwise what it is in a decode of its node's path.
+    /// its node's ancestors only, so each is bitwise what it is in a decode of its node's path;
+    /// `entry` (the bridge's entry term, one row per slot) is added to the fast rows' starting
+    /// states.
     ///
     /// # Shapes
     /// - `s`: `[T, D]` (nodes `tree.first..tree.first+T`); returns `[slots.len(), D]`
-    pub fn run_interval_tree(
-        &self,
-        j: usize,
-        s: &mut Array2<f32>,
-        pos0: usize,
-        tree: TreeRows<'_>,
-        cache: &mut KvCache,
-        slots: &[usize],
-    ) -> IntervalOutput {
-        self.run_interval_rows(j, s, pos0, Some(tree), cache, slots, None)
-    }
-
-    /// [`run_interval_tree`](Self::run_interval_tree) with `entry` added to the fast rows'
-    /// starting states (the bridge's entry term, one row per slot).
-    ///
-    /// # Shapes
     /// - `entry`: `[slots.len(), D]`
     #[allow(clippy::too_many_arguments)]
     pub fn run_interval_tree_from(
