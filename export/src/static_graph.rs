@@ -25,10 +25,7 @@
 //! upper left (row 0 would see key 0 only, whatever the cache holds).
 
 use crate::builder::{Attr, Dim, Elem, GraphBuilder, STATIC_OPSET};
-use crate::emit::arla::exit_prob;
-use crate::emit::bridge;
-use crate::emit::fast_stream::Draft;
-use crate::emit::model::{logits, pruned_logits};
+use crate::emit::fast_stream::{Draft, Rows, draft_intervals};
 use crate::emit::ops::linear;
 use crate::emit::static_draft::static_draft_layer;
 use crate::emit::static_layer::{StaticContext, rms_normalization, static_decoder_layer};
@@ -41,7 +38,6 @@ use crate::proto::ModelProto;
 use reference::base::model::Model;
 use reference::base::rope::inverse_frequencies;
 use reference::base::weight_names::WeightId;
-use reference::m2r2::bridge::BridgeSite;
 use reference::m2r2::weights::M2r2Weights;
 
 /// The additive attention mask input, `[B, 1, T, L]`.
@@ -237,64 +233,29 @@ fn lm_head(b: &mut GraphBuilder, model: &Model, s: &str, axis1: &str) -> String 
     })
 }
 
-/// The fast stream of `draft.onnx` (the dynamic graph's `fast_stream::draft`): for each interval
-/// `j < g_d` the fast rows restart from the slow residual `s_{e_j}` and run the interval's layers
-/// with the adapters beside the slow rows; `u_{j+1}` is their value at the interval end. The
-/// heads, ARLA and the bridge's input work on `[B, T, D]`, as in the dynamic graph.
+/// The fast stream of `draft.onnx` on static layers: the dynamic graph's interval loop
+/// ([`draft_intervals`]) with [`static_draft_layer`]s, the residual `[B, 1, T, D]` inside and
+/// `[B, T, D]` at the heads, ARLA and the bridge.
 fn draft(
     b: &mut GraphBuilder,
     cx: &StaticContext<'_>,
     m2r2: &M2r2Weights,
     draft_gate: usize,
-    mut s: String,
+    s: String,
     past: &[(String, String)],
     bridge_states: Option<&str>,
 ) -> Draft {
-    let model = cx.model;
-    let eps = model.config.rms_norm_eps as f32;
     let axis1 = b.const_i64(&[1]);
-    let bridge = m2r2.bridge_at(draft_gate).zip(bridge_states);
-    let xhat = bridge.map(|(_, h)| bridge::input(b, model, h)); // [B, T, D]
-    // the bridge's term at `site`, as [B, 1, T, D]
-    let term = |b: &mut GraphBuilder, site: BridgeSite| {
-        let t = bridge
-            .zip(xhat.as_ref())
-            .and_then(|((bridge, _), x)| bridge::term(b, bridge, site, x))?;
-        Some(b.binary("Unsqueeze", &t, &axis1))
+    let into = |b: &mut GraphBuilder, x: &str| b.binary("Unsqueeze", x, &axis1);
+    let out_of = |b: &mut GraphBuilder, x: &str| b.binary("Squeeze", x, &axis1);
+    let layer = |b: &mut GraphBuilder, l: usize, s: &str, f: &str| {
+        let (pk, pv) = &past[l];
+        let out = static_draft_layer(b, cx, l, (s, f), &m2r2.accelerator, (pk, pv));
+        (out.s, out.f, (out.present_key, out.present_value))
     };
-    let mut presents = Vec::new();
-    let mut exit_states = Vec::with_capacity(draft_gate);
-    for j in 0..draft_gate {
-        let at_gate = j + 1 == draft_gate;
-        let mut f = s.clone();
-        if at_gate && let Some(t) = term(b, BridgeSite::Entry) {
-            f = b.binary("Add", &f, &t);
-        }
-        for l in m2r2.config.interval_layers(j) {
-            let (pk, pv) = &past[l];
-            let out = static_draft_layer(b, cx, l, (&s, &f), &m2r2.accelerator, (pk, pv));
-            (s, f) = (out.s, out.f);
-            presents.push((out.present_key, out.present_value));
-        }
-        if at_gate && let Some(t) = term(b, BridgeSite::Gate) {
-            f = b.binary("Add", &f, &t);
-        }
-        exit_states.push(b.binary("Squeeze", &f, &axis1)); // u_{j+1}, [B, T, D]
-    }
-    let u = exit_states.last().expect("draft_gate >= 1").clone();
-    let draft_logits = b.scoped("draft", |b| match &m2r2.draft_head {
-        Some(head) => pruned_logits(b, model, &u, head),
-        None => logits(b, model, &u),
-    });
-    let exit_prob = m2r2
-        .arla
-        .as_ref()
-        .map(|arla| exit_prob(b, arla, eps, &exit_states));
-    Draft {
-        draft_logits,
-        exit_prob,
-        hidden_states: b.binary("Squeeze", &s, &axis1),
-        exit_state: u,
-        presents,
-    }
+    let rows = Rows {
+        into: &into,
+        out_of: &out_of,
+    };
+    draft_intervals(b, cx.model, m2r2, draft_gate, s, bridge_states, rows, layer)
 }

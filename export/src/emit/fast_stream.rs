@@ -9,6 +9,7 @@ use crate::emit::arla::exit_prob;
 use crate::emit::bridge;
 use crate::emit::layer::{LayerContext, LayerInput, decoder_layer};
 use crate::emit::model::{logits, pruned_logits};
+use reference::base::model::Model;
 use reference::m2r2::bridge::BridgeSite;
 use reference::m2r2::weights::M2r2Weights;
 
@@ -36,19 +37,67 @@ pub fn draft(
     cx: &LayerContext<'_>,
     m2r2: &M2r2Weights,
     draft_gate: usize,
-    mut s: String,
+    s: String,
     past: &[(String, String)],
     bridge_states: Option<&str>,
 ) -> Draft {
-    let eps = cx.model.config.rms_norm_eps as f32;
+    let rows = Rows {
+        into: &|_: &mut GraphBuilder, x: &str| x.to_string(),
+        out_of: &|_: &mut GraphBuilder, x: &str| x.to_string(),
+    };
+    let layer = |b: &mut GraphBuilder, l: usize, s: &str, f: &str| {
+        let out = decoder_layer(
+            b,
+            cx,
+            l,
+            LayerInput {
+                s,
+                fast: Some((f, &m2r2.accelerator)),
+                past_key: &past[l].0,
+                past_value: &past[l].1,
+            },
+        );
+        let f = out.f.expect("fast rows were given");
+        (out.s, f, (out.present_key, out.present_value))
+    };
+    draft_intervals(b, cx.model, m2r2, draft_gate, s, bridge_states, rows, layer)
+}
+
+/// How a graph's residual rows relate to the `[B, T, D]` interface of the heads, ARLA and the
+/// bridge: `into` turns an interface tensor into the residual's layout, `out_of` back (the
+/// dynamic graphs: as they are; the static ones: `[B, 1, T, D]`, an `Unsqueeze` / `Squeeze`).
+pub struct Rows<'a> {
+    pub into: &'a dyn Fn(&mut GraphBuilder, &str) -> String,
+    pub out_of: &'a dyn Fn(&mut GraphBuilder, &str) -> String,
+}
+
+/// The draft's interval loop, for the dynamic and the static graphs alike: for each interval
+/// `j < g_d` the fast rows restart from the slow residual `s_{e_j}` (plus the bridge's entry term
+/// in the draft gate's interval) and run the interval's layers through `layer` (slow and fast rows
+/// in, both out with the layer's present key / value); `u_{j+1}` is the fast rows' value at the
+/// interval end (plus the bridge's gate term at the draft gate). Then the draft head and ARLA on
+/// the `[B, T, D]` exit states.
+#[allow(clippy::too_many_arguments)]
+pub fn draft_intervals(
+    b: &mut GraphBuilder,
+    model: &Model,
+    m2r2: &M2r2Weights,
+    draft_gate: usize,
+    mut s: String,
+    bridge_states: Option<&str>,
+    rows: Rows<'_>,
+    mut layer: impl FnMut(&mut GraphBuilder, usize, &str, &str) -> (String, String, (String, String)),
+) -> Draft {
+    let eps = model.config.rms_norm_eps as f32;
     let mut presents = Vec::new();
     let mut exit_states = Vec::with_capacity(draft_gate);
     let bridge = m2r2.bridge_at(draft_gate).zip(bridge_states);
-    let xhat = bridge.map(|(_, h)| bridge::input(b, cx.model, h));
+    let xhat = bridge.map(|(_, h)| bridge::input(b, model, h)); // [B, T, D]
     let term = |b: &mut GraphBuilder, site: BridgeSite| {
-        bridge
+        let t = bridge
             .zip(xhat.as_ref())
-            .and_then(|((bridge, _), x)| bridge::term(b, bridge, site, x))
+            .and_then(|((bridge, _), x)| bridge::term(b, bridge, site, x))?;
+        Some((rows.into)(b, &t))
     };
     for j in 0..draft_gate {
         let at_gate = j + 1 == draft_gate;
@@ -58,30 +107,19 @@ pub fn draft(
             f = b.binary("Add", &f, &t);
         }
         for l in m2r2.config.interval_layers(j) {
-            let out = decoder_layer(
-                b,
-                cx,
-                l,
-                LayerInput {
-                    s: &s,
-                    fast: Some((&f, &m2r2.accelerator)),
-                    past_key: &past[l].0,
-                    past_value: &past[l].1,
-                },
-            );
-            s = out.s;
-            f = out.f.expect("fast rows were given");
-            presents.push((out.present_key, out.present_value));
+            let present;
+            (s, f, present) = layer(b, l, &s, &f);
+            presents.push(present);
         }
         if at_gate && let Some(t) = term(b, BridgeSite::Gate) {
             f = b.binary("Add", &f, &t);
         }
-        exit_states.push(f); // u_{j+1}
+        exit_states.push((rows.out_of)(b, &f)); // u_{j+1}, [B, T, D]
     }
     let u = exit_states.last().expect("draft_gate >= 1").clone();
     let draft_logits = b.scoped("draft", |b| match &m2r2.draft_head {
-        Some(head) => pruned_logits(b, cx.model, &u, head),
-        None => logits(b, cx.model, &u),
+        Some(head) => pruned_logits(b, model, &u, head),
+        None => logits(b, model, &u),
     });
     let exit_prob = m2r2
         .arla
@@ -90,7 +128,7 @@ pub fn draft(
     Draft {
         draft_logits,
         exit_prob,
-        hidden_states: s,
+        hidden_states: (rows.out_of)(b, &s),
         exit_state: u,
         presents,
     }
