@@ -35,7 +35,7 @@ use crate::device_kv::host_array;
 use crate::error::{Error, Result};
 use crate::kv_store::{KvStore, past_names, present_names};
 use crate::session::{Dim, Input, OnnxSession, Outputs, host_outputs};
-use crate::step_binding::StepBinding;
+use crate::step_binding::{StepBinding, bind_in_place};
 use ndarray::{Array1, Array2, Array4};
 use ort::memory::Allocator;
 use ort::session::{IoBinding, RunOptions};
@@ -261,13 +261,7 @@ impl StaticKv {
             .map_err(err)?;
         binding.bind_input(ATTN_MASK, &attn_mask).map_err(err)?;
         binding.bind_output("logits", &mut logits).map_err(err)?;
-        let layers = self.past.iter().zip(&self.present);
-        for (((pk, pv), (ok, ov)), (k, v)) in layers.zip(self.buffers.iter_mut()) {
-            binding.bind_input(pk.as_str(), &*k).map_err(err)?;
-            binding.bind_input(pv.as_str(), &*v).map_err(err)?;
-            binding.bind_output(ok.as_str(), k).map_err(err)?;
-            binding.bind_output(ov.as_str(), v).map_err(err)?;
-        }
+        bind_in_place(&mut binding, (&self.past, &self.present, &mut self.buffers)).map_err(err)?;
         let graph_id = |id: &str| -> Result<RunOptions> {
             let mut options = RunOptions::new().map_err(err)?;
             options.set("gpu_graph_id", id).map_err(err)?;
@@ -533,12 +527,7 @@ impl OnnxSession {
                 .bind_input(*name, &input.to_tensor().map_err(err)?)
                 .map_err(err)?;
         }
-        for (((pk, pv), (ok, ov)), (k, v)) in past.iter().zip(present).zip(buffers.iter_mut()) {
-            binding.bind_input(pk.as_str(), &*k).map_err(err)?;
-            binding.bind_input(pv.as_str(), &*v).map_err(err)?;
-            binding.bind_output(ok.as_str(), k).map_err(err)?;
-            binding.bind_output(ov.as_str(), v).map_err(err)?;
-        }
+        bind_in_place(&mut binding, (past, present, buffers)).map_err(err)?;
         let bound = |name: &str| present.iter().any(|(k, v)| k == name || v == name);
         for info in self.outputs.iter().filter(|o| !bound(&o.name)) {
             binding

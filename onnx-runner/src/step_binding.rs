@@ -33,6 +33,21 @@ pub type InPlaceKv<'a> = (
     &'a mut [(DynTensor, DynTensor)],
 );
 
+/// Bind each layer's buffers as both its past input and its present output, so the graph writes
+/// the step's rows into the buffer it reads.
+pub fn bind_in_place(
+    binding: &mut IoBinding,
+    (past, present, buffers): InPlaceKv<'_>,
+) -> ort::Result<()> {
+    for (((pk, pv), (ok, ov)), (k, v)) in past.iter().zip(present).zip(buffers.iter_mut()) {
+        binding.bind_input(pk.as_str(), &*k)?;
+        binding.bind_input(pv.as_str(), &*v)?;
+        binding.bind_output(ok.as_str(), k)?;
+        binding.bind_output(ov.as_str(), v)?;
+    }
+    Ok(())
+}
+
 pub struct StepBinding {
     file: String,
     rows: usize,
@@ -102,12 +117,7 @@ impl StepBinding {
             .map_err(err)?;
             inputs.push((name.to_string(), shape, bound));
         }
-        for (((pk, pv), (ok, ov)), (k, v)) in past.iter().zip(present).zip(buffers.iter_mut()) {
-            binding.bind_input(pk.as_str(), &*k).map_err(err)?;
-            binding.bind_input(pv.as_str(), &*v).map_err(err)?;
-            binding.bind_output(ok.as_str(), k).map_err(err)?;
-            binding.bind_output(ov.as_str(), v).map_err(err)?;
-        }
+        bind_in_place(&mut binding, (past, present, buffers)).map_err(err)?;
         let is_present = |name: &str| present.iter().any(|(k, v)| k == name || v == name);
         let mut outputs = Vec::new();
         for info in session.outputs().iter().filter(|o| !is_present(&o.name)) {
