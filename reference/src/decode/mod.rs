@@ -11,4 +11,5 @@ pub mod mode;
 pub mod speculative;
 pub mod speculative_naive;
 pub mod timed;
+pub mod tree_draft_verify;
 pub mod tree_speculation;

@@ -24,11 +24,13 @@
 //! emits there and `y_a` is greedy's next: the output is greedy decoding's token for token, and
 //! the compacted cache is the cache greedy decoding builds.
 //!
-//! **[ours]**, this first version: the drafts of one depth run as one chunk, each depth after the
-//! one before; greedy only (no speculative sampling, no dynamic draft length); no work counting;
-//! the ONNX runner does not run trees. A chain (`TokenTree::chain(m)`) gives
-//! `speculative_generate`'s rounds with a fixed draft length `m`, with and without a bridge
-//! (tested).
+//! **Engines.** The loop ([`tree_speculate`], [`tree_round`]) runs on a [`TreeBackend`]: the
+//! reference's is `decode/tree_draft_verify.rs`, the ONNX runner's runs the exported graphs.
+//!
+//! **[ours]**, this version: the drafts of one depth run as one chunk, each depth after the one
+//! before; greedy only (no speculative sampling, no dynamic draft length). A chain
+//! (`TokenTree::chain(m)`) gives `speculative_generate`'s rounds with a fixed draft length `m`,
+//! with and without a bridge (tested).
 //!
 //! **The bridge per branch** ([`crate::m2r2::bridge`], the chain's rule in
 //! `decode/bridge_state.rs` applied along each path): a proposing node at position `p` reads the
@@ -38,13 +40,52 @@
 //! rows of one depth get their terms in one product.
 
 use crate::base::kv_cache::KvCache;
-use crate::base::layer::TreeRows;
 use crate::base::ops::argmax;
 use crate::base::tree::TokenTree;
+use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
 use crate::error::{Error, Result};
 use crate::m2r2::fast_stream::M2r2;
-use ndarray::{Array1, Array2, ArrayView1, s};
+use ndarray::Array2;
 use std::cmp::Ordering;
+
+/// What tree speculation needs from an engine: the reference
+/// ([`ReferenceTreeSpeculation`]) and the ONNX runner implement it. A round is
+/// `draft_level(0..=D)`, `verify_tree`, `accept`; the root sits at position `len()`.
+pub trait TreeBackend {
+    fn vocab_size(&self) -> usize;
+    /// Positions in the cache (accepted ones: the tree's scratch slots are not counted).
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Refuse a tree the engine cannot verify, with its limits named (before any work).
+    ///
+    /// # Errors
+    /// The engine's limits (rows per verification, a fixed cache's length).
+    fn check_tree(&self, _tree: &TokenTree, _positions: usize) -> Result<()> {
+        Ok(())
+    }
+    /// Run `tokens` through the whole model, appended to the cache; logits of the last position.
+    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
+    /// The nodes of depth `depth` (`tokens`, one per node of `tree.level(depth)`) through the
+    /// draft layers as one tree chunk: their slow rows write their scratch slots and their slow
+    /// states at the draft gate are kept for [`verify_tree`](Self::verify_tree). The rows
+    /// `proposing` (indices into the level) also run the fast stream: their draft logits
+    /// `[proposing.len(), V]`. Depth 0 (the root) starts a round.
+    fn draft_level(
+        &mut self,
+        tree: &TokenTree,
+        depth: usize,
+        tokens: &[u32],
+        proposing: &[usize],
+    ) -> Result<Array2<f32>>;
+    /// Every node of the round through the remaining layers as one tree chunk: base logits
+    /// `[T, V]`, row `i` bitwise (reference) what decoding node `i`'s path gives.
+    fn verify_tree(&mut self, tree: &TokenTree) -> Result<Array2<f32>>;
+    /// Keep the nodes of `path` (from the root, each the parent of the next) at positions
+    /// `len()..`, drop the rest of the round.
+    fn accept(&mut self, path: &[usize]);
+}
 
 /// One verification round of tree speculation.
 #[derive(Clone, Debug, PartialEq)]
@@ -86,12 +127,13 @@ impl TreeSpeculativeOutput {
     }
 }
 
-/// Greedy decoding of up to `max_new_tokens` after `prompt`, drafting `tree` from gate
-/// `draft_gate` every round. Returns the output and the cache (the prompt and every emitted token
-/// but the last).
+/// Greedy decoding of up to `max_new_tokens` after `prompt` on the reference, drafting `tree`
+/// from gate `draft_gate` every round ([`tree_speculate`] on a [`ReferenceTreeSpeculation`]).
+/// Returns the output and the cache (the prompt and every emitted token but the last).
 ///
 /// # Errors
-/// An empty prompt, a draft gate outside `1..=J`, a cache for the prompt, the budget and one tree beyond the context, and the base model's input errors.
+/// An empty prompt, a draft gate outside `1..=J`, a cache for the prompt, the budget and one tree
+/// beyond the context, and the base model's input errors.
 pub fn tree_speculative_generate(
     m2r2: M2r2<'_>,
     draft_gate: usize,
@@ -100,51 +142,50 @@ pub fn tree_speculative_generate(
     max_new_tokens: usize,
     stop_tokens: &[u32],
 ) -> Result<(TreeSpeculativeOutput, KvCache)> {
-    let model = m2r2.model;
     if prompt.is_empty() {
-        return Err(Error::Invalid(
-            "the prompt is empty: give at least one token".into(),
-        ));
+        return Err(empty_prompt());
     }
-    if draft_gate == 0 || draft_gate > m2r2.num_gates() {
-        return Err(Error::Invalid(format!(
-            "draft gate {draft_gate} does not exist: the gates are 1..={}",
-            m2r2.num_gates()
-        )));
-    }
-    let start = std::time::Instant::now();
     // the last round's tree may reach past the budget
-    let mut cache = model.new_cache(prompt.len() + max_new_tokens + tree.nodes())?;
-    // Model::forward's layers, kept open for the last row's final residual (the bridge reads it)
-    model.check_input(prompt, 0, &cache)?;
-    let mut s = model.embed(prompt);
-    for l in 0..model.config.num_hidden_layers {
-        model.layer_forward(l, &mut s, 0, &mut cache);
+    let capacity = prompt.len() + max_new_tokens + tree.nodes();
+    let mut backend = ReferenceTreeSpeculation::new(m2r2, draft_gate, capacity)?;
+    let out = tree_speculate(&mut backend, tree, prompt, max_new_tokens, stop_tokens)?;
+    Ok((out, backend.into_cache()))
+}
+
+/// Greedy tree speculation on any engine: prefill `prompt`, then rounds of [`tree_round`] until
+/// `max_new_tokens` tokens or a stop token. The backend's cache ends holding the prompt and every
+/// emitted token but the last.
+///
+/// # Errors
+/// An empty prompt, the backend's refusal of the tree, and its errors.
+pub fn tree_speculate<B: TreeBackend>(
+    backend: &mut B,
+    tree: &TokenTree,
+    prompt: &[u32],
+    max_new_tokens: usize,
+    stop_tokens: &[u32],
+) -> Result<TreeSpeculativeOutput> {
+    if prompt.is_empty() {
+        return Err(empty_prompt());
     }
-    cache.set_len(prompt.len());
-    let mut verified_state = s.row(prompt.len() - 1).to_owned(); // [D] s_N[n-1]
-    let prompt_logits = model.head(s.slice(s![prompt.len() - 1.., ..])).logits;
+    backend.check_tree(
+        tree,
+        backend.len() + prompt.len() + max_new_tokens + tree.nodes(),
+    )?;
+    let start = std::time::Instant::now();
+    let prompt_logits = backend.prefill(prompt)?;
     let mut out = TreeSpeculativeOutput {
         tokens: vec![],
         rounds: vec![],
         prefill_seconds: start.elapsed().as_secs_f64(),
     };
     if max_new_tokens == 0 {
-        return Ok((out, cache));
+        return Ok(out);
     }
-    let last_row = prompt_logits.row(0);
-    let mut last = argmax(last_row.as_slice().expect("contiguous logits")) as u32;
+    let mut last = argmax(&prompt_logits) as u32;
     out.tokens.push(last);
     while out.tokens.len() < max_new_tokens && !stop_tokens.contains(&last) {
-        let (round, final_state) = tree_round(
-            m2r2,
-            draft_gate,
-            tree,
-            last,
-            verified_state.view(),
-            &mut cache,
-        )?;
-        verified_state = final_state;
+        let round = tree_round(backend, tree, last)?;
         let path = tree.path(round.node);
         let mut emitted: Vec<u32> = path[1..].iter().map(|&i| round.tokens[i]).collect();
         emitted.push(round.base_token);
@@ -156,92 +197,41 @@ pub fn tree_speculative_generate(
             .map_or(emitted.len(), |i| i + 1)
             .min(room);
         emitted.truncate(end);
-        cache.compact(&path[..end]);
+        backend.accept(&path[..end]);
         last = *emitted.last().expect("at least one token per round");
         out.tokens.extend(emitted);
         out.rounds.push(round);
     }
-    Ok((out, cache))
+    Ok(out)
 }
 
-/// Draft `tree` after `last` at position `n = cache.len()`, verify it, and choose the accepted
-/// node, with the accepted node's final slow residual `s_N` (what the next root's bridge reads).
-/// `verified_state` is `s_N[n-1]`, the state before the root. Leaves every node's K/V in its
-/// scratch slot and `cache.len()` at `n` (the caller keeps the accepted path).
+fn empty_prompt() -> Error {
+    Error::Invalid("the prompt is empty: give at least one token".into())
+}
+
+/// Draft `tree` after `last` (the root, at position `backend.len()`), verify it, and choose the
+/// accepted node. Leaves the round's nodes in the backend for [`TreeBackend::accept`].
 ///
-/// # Shapes
-/// - `verified_state`: `[D]` -> the accepted node's `s_N` `[D]`
-fn tree_round(
-    m2r2: M2r2<'_>,
-    draft_gate: usize,
+/// # Errors
+/// The backend's.
+pub fn tree_round<B: TreeBackend>(
+    backend: &mut B,
     tree: &TokenTree,
     last: u32,
-    verified_state: ArrayView1<f32>,
-    cache: &mut KvCache,
-) -> Result<(TreeRound, Array1<f32>)> {
-    let model = m2r2.model;
-    let n = cache.len();
+) -> Result<TreeRound> {
+    let n = backend.len();
     let mut tokens = vec![0u32; tree.nodes()];
     tokens[0] = last;
-    model.check_tree(&tokens, tree, cache)?;
-    // draft: depth by depth, each depth one chunk; s_{e_gd} of every node kept
-    let mut kept = Array2::zeros((tree.nodes(), model.config.hidden_size)); // [T, D]
-    // the draft gate's exit states u_gd of the proposing nodes (with the bridge's gate term): the
-    // states their children's bridge reads
-    let bridged = m2r2.weights.bridge_at(draft_gate).is_some();
-    let mut exits = Array2::zeros((
-        if bridged { tree.nodes() } else { 0 },
-        model.config.hidden_size,
-    ));
+    // draft: depth by depth, each depth one chunk
     for d in 0..=tree.max_depth() {
         let level = tree.level(d);
-        let rows = TreeRows {
-            tree,
-            first: level.start,
-        };
-        let mut s = model.embed(&tokens[level.clone()]); // [T_d, D]
-        // the chunk rows whose nodes have children: they propose
+        // the rows of the level whose nodes have children: they propose
         let proposing: Vec<usize> = level
             .clone()
             .filter(|&i| !tree.children(i).is_empty())
             .map(|i| i - level.start)
             .collect();
-        // the bridge's terms: each proposing node reads the state before it on its path
-        let (entry, at_gate) = if bridged && !proposing.is_empty() {
-            let h = Array2::from_shape_fn((proposing.len(), model.config.hidden_size), |(r, c)| {
-                match tree.parent(level.start + proposing[r]) {
-                    None => verified_state[c],
-                    Some(parent) => exits[[parent, c]],
-                }
-            }); // [proposing, D]
-            m2r2.bridge_terms(draft_gate, h.view())
-        } else {
-            (None, None)
-        };
-        let mut exit_states = Array2::zeros((0, 0));
-        for j in 0..draft_gate {
-            let last = j + 1 == draft_gate;
-            let fast: &[usize] = if last { &proposing } else { &[] };
-            let from = entry.as_ref().filter(|_| last);
-            let out = m2r2.run_interval_tree_from(j, &mut s, n, rows, cache, fast, from);
-            exit_states = out.exit_states;
-        }
-        if let Some(t) = &at_gate {
-            exit_states += t;
-        }
-        if bridged {
-            for (row, &t) in proposing.iter().enumerate() {
-                exits.row_mut(level.start + t).assign(&exit_states.row(row));
-            }
-        }
-        kept.slice_mut(s![level.clone(), ..]).assign(&s);
-        if proposing.is_empty() {
-            continue;
-        }
-        let logits = match &m2r2.weights.draft_head {
-            Some(pruned) => pruned.exit_logits(model, exit_states.view()).logits,
-            None => model.head(exit_states.view()).logits,
-        }; // [proposing, V]
+        let logits = backend.draft_level(tree, d, &tokens[level.clone()], &proposing)?; // [P, V]
         for (row, &t) in proposing.iter().enumerate() {
             let children = tree.children(level.start + t);
             let logits = logits.row(row);
@@ -252,26 +242,20 @@ fn tree_round(
         }
     }
     // verify: every node through the upper layers as one chunk
-    let first_upper = m2r2.weights.config.gate_layer(draft_gate);
-    let all = TreeRows { tree, first: 0 };
-    for l in first_upper..model.config.num_hidden_layers {
-        model.layer(l).forward_tree(&mut kept, n, all, cache, None);
-    }
-    let base = model.head(kept.view()).logits; // [T, V]
+    let base = backend.verify_tree(tree)?; // [T, V]
     let choice = |i: usize| argmax(base.row(i).as_slice().expect("contiguous")) as u32;
     // accept: follow the base model's choices down the tree
     let mut node = 0;
     while let Some(child) = tree.children(node).find(|&c| tokens[c] == choice(node)) {
         node = child;
     }
-    let round = TreeRound {
+    Ok(TreeRound {
         start: n,
         accepted: tree.depth(node),
         base_token: choice(node),
         node,
         tokens,
-    };
-    Ok((round, kept.row(node).to_owned()))
+    })
 }
 
 /// The `k` tokens with the highest logits, best first; ties (and `-inf`s) in token order, NaN
