@@ -37,5 +37,6 @@ pub mod static_kv;
 pub mod step;
 pub mod step_binding;
 pub mod tensor_info;
+pub mod tree_mask;
 
 pub use error::{Error, Result};

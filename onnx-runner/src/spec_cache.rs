@@ -16,7 +16,7 @@
 //! exports on CUDA) each of those shapes is captured as a graph of its own (`gpu_graph_id` = `T`
 //! within its session) and replayed. The prefill is never captured (`gpu_graph_id` = -1).
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kv::Kv;
 use crate::kv_store::KvStore;
 use crate::session::{Input, OnnxSession, Outputs};
@@ -26,8 +26,10 @@ use crate::static_kv::{
 use crate::static_kv::{GraphRuns, NO_GRAPH_ID};
 use crate::step::StepInputs;
 use crate::step_binding::StepBinding;
+use crate::tree_mask::{tree_attn_mask, tree_fast_attn_mask};
 use ndarray::{Array1, Array2, ArrayView3};
 use ort::session::RunOptions;
+use reference::base::tree::TokenTree;
 use std::ops::Range;
 
 pub enum SpecCache {
@@ -112,7 +114,17 @@ impl BoundSteps {
     }
 }
 
-/// The inputs a static graph takes besides its rows and buffers, for `t` rows at `pos`.
+/// Rows that are nodes of a token tree: `tree`'s nodes `first..first + T`, the root at position
+/// `root` (in the scratch slots `root + i`, at positions `root + depth(i)`; `tree_mask.rs`).
+#[derive(Clone, Copy)]
+pub struct TreeChunk<'a> {
+    pub tree: &'a TokenTree,
+    pub first: usize,
+    pub root: usize,
+}
+
+/// The inputs a static graph takes besides its rows and buffers, for `t` rows at `pos` (or tree
+/// nodes).
 struct StaticStep {
     position_ids: Array2<i64>,
     write_indices: Array1<i64>,
@@ -131,6 +143,22 @@ impl StaticStep {
             write_indices: Array1::from_elem(1, pos as i64),
             attn_mask: attn_mask(pos, t, l, w),
             fast_attn_mask: fast.then(|| fast_attn_mask(pos, t, l, w)),
+        })
+    }
+
+    /// `t` tree nodes: written to their scratch slots, at their nodes' positions, tree masks.
+    fn tree(kv: &StaticKv, session: &OnnxSession, chunk: TreeChunk<'_>, t: usize) -> Result<Self> {
+        let TreeChunk { tree, first, root } = chunk;
+        kv.check_fits(session.file(), root + first, t)?;
+        let (l, w) = (kv.l_max(), kv.sliding_window());
+        let fast = session.inputs().iter().any(|i| i.name == FAST_ATTN_MASK);
+        Ok(StaticStep {
+            position_ids: Array2::from_shape_fn((1, t), |(_, i)| {
+                tree.position(first + i, root) as i64
+            }),
+            write_indices: Array1::from_elem(1, (root + first) as i64),
+            attn_mask: tree_attn_mask(tree, first, t, root, l, w),
+            fast_attn_mask: fast.then(|| tree_fast_attn_mask(tree, first, t, root, l, w)),
         })
     }
 
@@ -250,6 +278,74 @@ impl SpecCache {
         }
     }
 
+    /// Run `session` (draft.onnx or feed.onnx) on the token tree nodes `chunk` (`tokens`, one per
+    /// node) in the draft layers: their K/V go to their scratch slots and no length moves (see
+    /// [`compact`](Self::compact)). Static exports only: a dynamic export's graphs compute
+    /// causal masks themselves.
+    pub fn run_lower_tree(
+        &mut self,
+        session: &mut OnnxSession,
+        tokens: &[u32],
+        chunk: TreeChunk<'_>,
+        extra: &[(&str, Input<'_>)],
+    ) -> Result<Outputs> {
+        let t = tokens.len();
+        let SpecCache::Static {
+            kv,
+            split,
+            bound: steps,
+            ..
+        } = self
+        else {
+            return Err(Self::trees_need_static(session.file()));
+        };
+        let step = StaticStep::tree(kv, session, chunk, t)?;
+        let ids = Array2::from_shape_fn((1, t), |(_, i)| i64::from(tokens[i]));
+        let mut inputs = step.inputs();
+        inputs.push(("input_ids", Input::I64(ids.view().into_dyn())));
+        inputs.extend(extra.iter().map(|(n, i)| (*n, i.reborrow())));
+        steps.run(kv, session, split.0.clone(), &inputs, t, true)
+    }
+
+    /// Run verifier.onnx on the slow residuals `hidden` (`[1, T, D]`) of the token tree nodes
+    /// `chunk` in the verifier layers, as [`run_lower_tree`](Self::run_lower_tree).
+    pub fn run_upper_tree(
+        &mut self,
+        session: &mut OnnxSession,
+        hidden: ArrayView3<'_, f32>,
+        chunk: TreeChunk<'_>,
+    ) -> Result<Outputs> {
+        let m = hidden.shape()[1];
+        let SpecCache::Static {
+            kv,
+            split,
+            bound: steps,
+            ..
+        } = self
+        else {
+            return Err(Self::trees_need_static(session.file()));
+        };
+        let step = StaticStep::tree(kv, session, chunk, m)?;
+        let mut inputs = step.inputs();
+        inputs.push(("hidden_states", Input::F32(hidden.into_dyn())));
+        steps.run(kv, session, split.1.clone(), &inputs, m, true)
+    }
+
+    /// Keep a token tree's accepted `path` (root at `root`) at positions `root..` in every layer
+    /// (the rows move from their scratch slots); both lengths become `root + path.len()`.
+    pub fn compact(&mut self, root: usize, path: &[usize]) -> Result<()> {
+        match self {
+            SpecCache::Static {
+                kv, lower, upper, ..
+            } => {
+                kv.compact(root, path)?;
+                (*lower, *upper) = (root + path.len(), root + path.len());
+                Ok(())
+            }
+            SpecCache::Dynamic { .. } => Err(Self::trees_need_static("verifier.onnx")),
+        }
+    }
+
     /// The runs so far when the static steps are CUDA graphs; `None` otherwise.
     pub fn graph_runs(&self) -> Option<GraphRuns> {
         match self {
@@ -286,6 +382,19 @@ impl SpecCache {
                 kv.layers_to_host(split.0.clone(), *lower)?,
                 kv.layers_to_host(split.1.clone(), *upper)?,
             )),
+        }
+    }
+}
+
+impl SpecCache {
+    /// The refusal of a token tree on a dynamic export, naming `file`.
+    pub fn trees_need_static(file: &str) -> Error {
+        Error::Export {
+            file: file.to_string(),
+            msg: "token trees run on static exports only (`m2r2 export --static-cache L`): their \
+              graphs take the tree's masks and positions as inputs, a dynamic export's graphs \
+              compute causal masks themselves"
+                .into(),
         }
     }
 }

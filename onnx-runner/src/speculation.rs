@@ -27,9 +27,11 @@ use crate::kv::Kv;
 use crate::kv_store::KvStore;
 use crate::manifest::{ExportDir, GraphKind};
 use crate::session::{Input, OnnxSession};
-use crate::spec_cache::{BoundSteps, SpecCache};
+use crate::spec_cache::{BoundSteps, SpecCache, TreeChunk};
 use crate::static_kv::StaticKv;
 use crate::step::check_tokens;
+
+mod tree;
 
 /// draft.onnx's input with a bridge: the state before each row.
 pub const BRIDGE_STATES: &str = "bridge_states";
@@ -74,6 +76,8 @@ pub struct OnnxSpeculation {
     len: usize,
     /// Rows per run at most (TensorRT's profile); a longer prompt is prefilled in chunks.
     max_rows: Option<usize>,
+    /// The token tree round in progress (`speculation/tree.rs`).
+    tree: tree::TreeState,
 }
 
 impl OnnxSpeculation {
@@ -210,6 +214,7 @@ impl OnnxSpeculation {
             verified: 0,
             len: 0,
             max_rows: ep.tensorrt.ranges.as_ref().map(|r| r.sequence.2),
+            tree: tree::TreeState::default(),
         })
     }
 
@@ -263,14 +268,18 @@ impl OnnxSpeculation {
         &mut self,
         tokens: &[u32],
         bridge_states: Option<Array2<f32>>,
-        bound: bool,
+        at: Rows<'_>,
     ) -> Result<(
         Array2<f32>,
         Option<Array1<f32>>,
         Array2<f32>,
         Option<Array2<f32>>,
     )> {
-        check_tokens(&self.config, tokens, self.cache.lower_len())?;
+        check_tokens(
+            &self.config,
+            tokens,
+            at.first_position(self.cache.lower_len()),
+        )?;
         let t = tokens.len();
         let c = &self.config;
         let bridge_states: Option<Array3<f32>> = self.bridge.then(|| {
@@ -282,9 +291,15 @@ impl OnnxSpeculation {
             .iter()
             .map(|b| (BRIDGE_STATES, Input::F32(b.view().into_dyn())))
             .collect();
-        let mut out = self
-            .cache
-            .run_lower(&mut self.draft, tokens, &extra, bound)?;
+        let mut out = match at {
+            Rows::Next { bound } => self
+                .cache
+                .run_lower(&mut self.draft, tokens, &extra, bound)?,
+            Rows::Tree(chunk) => {
+                self.cache
+                    .run_lower_tree(&mut self.draft, tokens, chunk, &extra)?
+            }
+        };
         let file = self.draft.file().to_string();
         let scored = self
             .draft_head
@@ -332,12 +347,19 @@ impl OnnxSpeculation {
     /// The slow residuals `[T, D]` at the draft gate of `tokens` at the next positions, through
     /// feed.onnx (or draft.onnx, whose other outputs are dropped, in an export without it); the
     /// lower store grows by `T`.
-    fn run_feed(&mut self, tokens: &[u32], bound: bool) -> Result<Array2<f32>> {
+    fn run_feed(&mut self, tokens: &[u32], at: Rows<'_>) -> Result<Array2<f32>> {
         let Some(feed) = &mut self.feed else {
-            return Ok(self.run_draft(tokens, None, bound)?.2);
+            return Ok(self.run_draft(tokens, None, at)?.2);
         };
-        check_tokens(&self.config, tokens, self.cache.lower_len())?;
-        let mut out = self.cache.run_lower(feed, tokens, &[], bound)?;
+        check_tokens(
+            &self.config,
+            tokens,
+            at.first_position(self.cache.lower_len()),
+        )?;
+        let mut out = match at {
+            Rows::Next { bound } => self.cache.run_lower(feed, tokens, &[], bound)?,
+            Rows::Tree(chunk) => self.cache.run_lower_tree(feed, tokens, chunk, &[])?,
+        };
         let hidden = out.take("hidden_states")?;
         logits_rows(
             hidden,
@@ -348,16 +370,26 @@ impl OnnxSpeculation {
         )
     }
 
-    /// Run verifier.onnx on slow residuals `[m, D]` after the verified positions: logits `[m, V]`,
-    /// and with a bridge the final residuals (`final_states`, `[m, D]`) handed to the bridge's
-    /// memory; the upper store grows by `m`.
-    fn run_verifier(&mut self, hidden: Array2<f32>, bound: bool) -> Result<Array2<f32>> {
+    /// Run verifier.onnx on slow residuals `[m, D]` after the verified positions (or on tree
+    /// nodes): logits `[m, V]`, and with a bridge the final residuals (`final_states`, `[m, D]`);
+    /// the upper store grows by `m` (not for tree nodes).
+    fn run_verifier(
+        &mut self,
+        hidden: Array2<f32>,
+        at: Rows<'_>,
+    ) -> Result<(Array2<f32>, Option<Array2<f32>>)> {
         let m = hidden.nrows();
-        let start = self.cache.upper_len();
         let hidden: Array3<f32> = hidden.insert_axis(Axis(0)); // [1, m, D]
-        let mut out = self
-            .cache
-            .run_upper(&mut self.verifier, hidden.view(), bound)?;
+        let mut out = match at {
+            Rows::Next { bound } => {
+                self.cache
+                    .run_upper(&mut self.verifier, hidden.view(), bound)?
+            }
+            Rows::Tree(chunk) => {
+                self.cache
+                    .run_upper_tree(&mut self.verifier, hidden.view(), chunk)?
+            }
+        };
         let file = self.verifier.file().to_string();
         let logits = logits_rows(
             out.take("logits")?,
@@ -366,12 +398,50 @@ impl OnnxSpeculation {
             &file,
             "logits",
         )?;
-        if self.bridge {
-            let d = self.config.hidden_size;
-            let finals = logits_rows(out.take(FINAL_STATES)?, m, d, &file, FINAL_STATES)?;
+        let finals = match self.bridge {
+            true => {
+                let d = self.config.hidden_size;
+                Some(logits_rows(
+                    out.take(FINAL_STATES)?,
+                    m,
+                    d,
+                    &file,
+                    FINAL_STATES,
+                )?)
+            }
+            false => None,
+        };
+        Ok((logits, finals))
+    }
+
+    /// [`run_verifier`](Self::run_verifier) on the next positions, its final residuals handed
+    /// to the bridge's memory.
+    fn verify_next(&mut self, hidden: Array2<f32>, bound: bool) -> Result<Array2<f32>> {
+        let start = self.cache.upper_len();
+        let (logits, finals) = self.run_verifier(hidden, Rows::Next { bound })?;
+        if let Some(finals) = finals {
             self.bridge_memory.verified(start, finals);
         }
         Ok(logits)
+    }
+}
+
+/// Where a run's rows go.
+#[derive(Clone, Copy)]
+enum Rows<'a> {
+    /// The next positions of the graph's layers; `bound`: a decode-time step (`spec_cache.rs`).
+    Next { bound: bool },
+    /// Token tree nodes, in their scratch slots.
+    Tree(TreeChunk<'a>),
+}
+
+impl Rows<'_> {
+    /// The position of the first row, `next` being the next position of the layers.
+    fn first_position(&self, next: usize) -> usize {
+        match self {
+            Rows::Next { .. } => next,
+            Rows::Tree(c) => c.tree.position(c.first, c.root),
+        }
     }
 }
 
@@ -390,8 +460,10 @@ impl SpeculativeBackend for OnnxSpeculation {
         let mut last = Vec::new();
         for part in tokens.chunks(chunk) {
             // the prefill: never a bound (captured) step
-            let hidden = self.run_feed(part, false).map_err(into_reference)?;
-            let logits = self.run_verifier(hidden, false).map_err(into_reference)?;
+            let hidden = self
+                .run_feed(part, Rows::Next { bound: false })
+                .map_err(into_reference)?;
+            let logits = self.verify_next(hidden, false).map_err(into_reference)?;
             last = logits.row(logits.nrows() - 1).to_vec();
         }
         self.len = self.cache.lower_len();
@@ -409,7 +481,7 @@ impl SpeculativeBackend for OnnxSpeculation {
                 false => None,
             };
             let (logits, exit_prob, hidden, exits) = self
-                .run_draft(&[token], bridge_states, true)
+                .run_draft(&[token], bridge_states, Rows::Next { bound: true })
                 .map_err(into_reference)?;
             if self.bridge {
                 self.bridge_memory
@@ -420,7 +492,10 @@ impl SpeculativeBackend for OnnxSpeculation {
             if self.bridge {
                 self.bridge_memory.drafted(None);
             }
-            (None, self.run_feed(&[token], true).map_err(into_reference)?)
+            let hidden = self
+                .run_feed(&[token], Rows::Next { bound: true })
+                .map_err(into_reference)?;
+            (None, hidden)
         };
         self.kept.push(hidden.row(0).to_owned());
         self.len += 1;
@@ -454,7 +529,7 @@ impl SpeculativeBackend for OnnxSpeculation {
         for (row, state) in self.kept.iter().enumerate() {
             chunk.row_mut(row).assign(state);
         }
-        let logits = self.run_verifier(chunk, true).map_err(into_reference)?;
+        let logits = self.verify_next(chunk, true).map_err(into_reference)?;
         self.verified += self.kept.len();
         self.kept.clear();
         Ok(logits)

@@ -205,9 +205,10 @@ impl TreeBackend for ReferenceTreeSpeculation<'_> {
         Ok(logits)
     }
 
-    fn accept(&mut self, path: &[usize]) {
+    fn accept(&mut self, path: &[usize]) -> Result<()> {
         let last = *path.last().expect("a path holds the root");
         self.verified_state = self.finals.row(last).to_owned();
         self.cache.compact(path);
+        Ok(())
     }
 }

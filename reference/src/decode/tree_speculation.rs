@@ -84,7 +84,10 @@ pub trait TreeBackend {
     fn verify_tree(&mut self, tree: &TokenTree) -> Result<Array2<f32>>;
     /// Keep the nodes of `path` (from the root, each the parent of the next) at positions
     /// `len()..`, drop the rest of the round.
-    fn accept(&mut self, path: &[usize]);
+    ///
+    /// # Errors
+    /// The engine's (moving rows in device memory).
+    fn accept(&mut self, path: &[usize]) -> Result<()>;
 }
 
 /// One verification round of tree speculation.
@@ -197,7 +200,7 @@ pub fn tree_speculate<B: TreeBackend>(
             .map_or(emitted.len(), |i| i + 1)
             .min(room);
         emitted.truncate(end);
-        backend.accept(&path[..end]);
+        backend.accept(&path[..end])?;
         last = *emitted.last().expect("at least one token per round");
         out.tokens.extend(emitted);
         out.rounds.push(round);

@@ -1,0 +1,239 @@
+//! Token trees on ONNX Runtime's CPU provider against the reference (the oracle): the reference's
+//! tree loop (`reference::decode::tree_speculation`) runs on a static export's graphs
+//! ([`OnnxSpeculation`] as a `TreeBackend`) and on the reference's own tree backend.
+//!
+//! - Round by round the two draft the same tree tokens and accept the same node, and both emit
+//!   greedy decoding's tokens;
+//! - after the run, the filled positions of every layer's static buffers (the accepted paths moved
+//!   out of their scratch slots) are within the runner's tolerance of the reference's cache;
+//! - a dynamic export, and a tree the static buffers cannot hold, are refused with the reason and
+//!   the limits named.
+//!
+//! On tiny (plain, bridged at each draft gate, with a sliding window), tiny-moe and
+//! SmolLM2-135M-Instruct with its shipped weights (pruned draft head, bridge).
+
+use export::check::TOLERANCE;
+use export::folder::{ExportRequest, export};
+use export::graphs::{ExportOptions, GraphKind};
+use ndarray::ArrayView2;
+use onnx_runner::ep::EpConfig;
+use onnx_runner::manifest::ExportDir;
+use onnx_runner::speculation::OnnxSpeculation;
+use reference::Model;
+use reference::base::generate::greedy;
+use reference::base::tree::TokenTree;
+use reference::decode::tree_speculation::{tree_speculate, tree_speculative_generate};
+use reference::io::builtin;
+use reference::m2r2::bridge::{BridgeConfig, BridgeSite};
+use reference::m2r2::fast_stream::M2r2;
+use reference::m2r2::weights::M2r2Weights;
+use std::path::Path;
+
+/// Export every graph of `model`, split at `draft_gate`, static with `l_max` positions
+/// (`static_cache: None`: today's dynamic export).
+fn export_all(
+    model: &Model,
+    weights: &M2r2Weights,
+    draft_gate: usize,
+    static_cache: Option<usize>,
+    dir: &Path,
+) -> ExportDir {
+    let request = ExportRequest {
+        model,
+        tokenizer: None,
+        m2r2: weights,
+        options: ExportOptions {
+            model_name: "trees".into(),
+            opset: 17,
+            weights_dtype: export::builder::WeightsDtype::F32,
+            draft_gate,
+            static_cache,
+        },
+        graphs: GraphKind::ALL.to_vec(),
+        external_data: false,
+    };
+    export(&request, dir, &mut |_| {}).expect("the export succeeds");
+    ExportDir::open(dir).expect("the export folder opens")
+}
+
+/// `max |a - b|` within the runner's tolerance of `b`'s scale.
+fn within(a: ArrayView2<f32>, b: ArrayView2<f32>) -> bool {
+    assert_eq!(a.shape(), b.shape());
+    let scale = b.iter().fold(1.0f32, |m, x| m.max(x.abs()));
+    let diff = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
+    diff <= TOLERANCE * scale
+}
+
+/// Decode `prompt` with each tree on the export and on the reference: the same rounds, greedy's
+/// tokens, and the reference's cache in the buffers.
+fn check_trees(
+    what: &str,
+    model: &Model,
+    weights: &M2r2Weights,
+    draft_gate: usize,
+    prompt: &[u32],
+    new_tokens: usize,
+    trees: &[&str],
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let l_max = prompt.len() + new_tokens + 16;
+    let exported = export_all(model, weights, draft_gate, Some(l_max), dir.path());
+    let mut onnx = OnnxSpeculation::load(&exported, &EpConfig::cpu(), None).unwrap();
+    let want = greedy(model, prompt, new_tokens, &[]).unwrap();
+    let m2r2 = M2r2::new(model, weights);
+    for spec in trees {
+        let what = format!("{what}, tree {spec}");
+        let tree = TokenTree::parse(spec).unwrap();
+        let (reference, cache) =
+            tree_speculative_generate(m2r2, draft_gate, &tree, prompt, new_tokens, &[]).unwrap();
+        onnx.reset();
+        let got = tree_speculate(&mut onnx, &tree, prompt, new_tokens, &[])
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(reference.tokens, want, "{what}: the reference is greedy");
+        assert_eq!(got.tokens, want, "{what}: ONNX Runtime is greedy");
+        assert_eq!(got.rounds, reference.rounds, "{what}: the rounds differ");
+        // the buffers hold the reference's cache: the accepted paths moved into place
+        let (lower, upper) = onnx.kv().unwrap();
+        let len = cache.len();
+        assert_eq!((lower.len(), upper.len()), (len, len), "{what}");
+        for store in [&lower, &upper] {
+            for layer in store.layers() {
+                let (k, v) = store.layer(layer);
+                let (rk, rv) = cache.layer(layer, len);
+                // [1, Hkv, S, Dh] -> [S, Hkv * Dh], the reference's layout
+                let kv = |x: &ndarray::Array4<f32>| {
+                    let x = x.index_axis(ndarray::Axis(0), 0).permuted_axes([1, 0, 2]);
+                    let (s, hkv, dh) = x.dim();
+                    ndarray::Array2::from_shape_vec((s, hkv * dh), x.iter().copied().collect())
+                        .unwrap()
+                };
+                assert!(
+                    within(kv(k).view(), rk) && within(kv(v).view(), rv),
+                    "{what}: layer {layer}'s buffers are not the reference's cache"
+                );
+            }
+        }
+    }
+}
+
+const TREES: [&str; 4] = ["2,1,1", "3,2,1", "4", "1,1,1"];
+
+#[test]
+fn tiny_trees_decode_like_the_reference() {
+    let model = builtin::builtin("tiny").unwrap();
+    let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
+    for gate in 1..=weights.config.num_gates() {
+        check_trees(
+            &format!("tiny gate {gate}"),
+            &model,
+            &weights,
+            gate,
+            &[5, 9, 14, 3],
+            16,
+            &TREES,
+        );
+    }
+}
+
+#[test]
+fn bridged_tiny_trees_decode_like_the_reference() {
+    let model = builtin::builtin("tiny").unwrap();
+    for gate in 1..=2 {
+        let bridge = BridgeConfig::new(gate, 4, BridgeSite::ALL.to_vec());
+        let weights = M2r2Weights::builtin_for("tiny", &model.config)
+            .unwrap()
+            .with_bridge(&model.config, bridge, 3, 0.5)
+            .unwrap();
+        let what = format!("tiny bridged at gate {gate}");
+        check_trees(&what, &model, &weights, gate, &[7, 2, 9, 4], 16, &TREES);
+    }
+}
+
+#[test]
+fn windowed_and_moe_trees_decode_like_the_reference() {
+    let mut windowed = builtin::builtin("tiny").unwrap();
+    windowed.config.sliding_window = Some(3);
+    let weights = M2r2Weights::builtin_for("tiny", &windowed.config).unwrap();
+    let gate = weights.config.draft_gate;
+    check_trees(
+        "tiny, window 3",
+        &windowed,
+        &weights,
+        gate,
+        &[1, 2, 3, 4, 5],
+        12,
+        &TREES,
+    );
+    let moe = builtin::builtin("tiny-moe").unwrap();
+    let weights = M2r2Weights::builtin_for("tiny-moe", &moe.config).unwrap();
+    let gate = weights.config.draft_gate;
+    check_trees(
+        "tiny-moe",
+        &moe,
+        &weights,
+        gate,
+        &[3, 1, 4, 1, 5],
+        12,
+        &TREES[..2],
+    );
+}
+
+/// Trees need masks as inputs: a dynamic export is refused with the reason; a tree the static
+/// buffers cannot hold after the prompt and the budget is refused with the limits named.
+#[test]
+fn dynamic_exports_and_oversized_trees_are_refused() {
+    let model = builtin::builtin("tiny").unwrap();
+    let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
+    let gate = weights.config.draft_gate;
+    let tree = TokenTree::parse("2,1").unwrap();
+    let dynamic_dir = tempfile::tempdir().unwrap();
+    let dynamic = export_all(&model, &weights, gate, None, dynamic_dir.path());
+    let mut onnx = OnnxSpeculation::load(&dynamic, &EpConfig::cpu(), None).unwrap();
+    let err = tree_speculate(&mut onnx, &tree, &[1, 2], 4, &[])
+        .unwrap_err()
+        .to_string();
+    for want in ["static exports only", "--static-cache", "verifier.onnx"] {
+        assert!(err.contains(want), "{err}");
+    }
+    let static_dir = tempfile::tempdir().unwrap();
+    let exported = export_all(&model, &weights, gate, Some(12), static_dir.path());
+    let mut onnx = OnnxSpeculation::load(&exported, &EpConfig::cpu(), None).unwrap();
+    let err = tree_speculate(&mut onnx, &tree, &[1, 2, 3], 6, &[])
+        .unwrap_err()
+        .to_string();
+    for want in ["5 nodes", "need 14 positions", "L = 12", "--static-cache"] {
+        assert!(err.contains(want), "{err}");
+    }
+    // a tree that fits decodes on the same session
+    onnx.reset();
+    let got = tree_speculate(&mut onnx, &tree, &[1, 2, 3], 4, &[]).unwrap();
+    assert_eq!(got.tokens, greedy(&model, &[1, 2, 3], 4, &[]).unwrap());
+}
+
+/// SmolLM2-135M-Instruct with its shipped M2R2 weights (pruned draft head, bridge).
+#[test]
+fn smollm2_trees_decode_like_the_reference() {
+    let loaded =
+        reference::io::load::load_model("smollm2").expect("run `m2r2 fetch smollm2` first");
+    let model = &loaded.model;
+    let weights = M2r2Weights::builtin_for("smollm2", &model.config).unwrap();
+    let prompt = loaded
+        .tokenizer()
+        .unwrap()
+        .encode("The capital of France is", true)
+        .unwrap();
+    let gate = weights.config.draft_gate;
+    check_trees(
+        "smollm2",
+        model,
+        &weights,
+        gate,
+        &prompt,
+        10,
+        &["2,1,1", "3,1"],
+    );
+}
