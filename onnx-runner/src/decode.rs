@@ -5,6 +5,9 @@
 //! - speculative: draft.onnx proposes and verifier.onnx verifies through the reference's own loop
 //!   ([`speculative_generate`] over [`OnnxSpeculation`], timed by [`Timed`]).
 //!
+//! - speculative with a token tree ([`decode_tree`]): the reference's tree loop
+//!   ([`tree_speculate`]) over the same graphs of a static export.
+//!
 //! The drafting settings come from the export's M2R2 settings and the request, by the library's
 //! one policy ([`resolve_drafting`]).
 
@@ -15,14 +18,17 @@ use crate::manifest::ExportDir;
 use crate::speculation::OnnxSpeculation;
 use crate::static_kv::GraphRuns;
 use reference::base::generate::GenerateOptions;
+use reference::base::tree::TokenTree;
 use reference::base::work::Work;
 use reference::decode::drafting::{Drafting, DraftingRequest, resolve_drafting};
 use reference::decode::early_exit::KvPolicy;
+use reference::decode::mode::tree_speculative_run;
 use reference::decode::mode::{
     DecodeRequest, M2r2Settings, Mode, ModeRun, greedy_run, greedy_step, speculative_run,
 };
 use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
 use reference::decode::timed::Timed;
+use reference::decode::tree_speculation::tree_speculate;
 use std::time::Instant;
 
 /// One decode on ONNX Runtime, and the provider that really ran it.
@@ -108,20 +114,9 @@ pub fn decode(
             let out = speculative_generate(&mut timed, request.prompt, &options)?;
             let seconds = start.elapsed().as_secs_f64();
             let prefill = timed.times.prefill_seconds;
-            let (draft, verifier) = backend.sessions();
-            // The graphs load with the same provider config; report the weaker if they differ.
-            let ep_used = if draft.ep_used() == verifier.ep_used()
-                && backend
-                    .feed_session()
-                    .is_none_or(|f| f.ep_used() == draft.ep_used())
-            {
-                draft.ep_used()
-            } else {
-                Ep::Cpu
-            };
             Ok(OnnxRun {
                 run: speculative_run(out, n, prefill, seconds, Work::default()),
-                ep_used,
+                ep_used: ep_used(&backend),
                 cuda_graph: backend.cuda_graph_runs(),
             })
         }
@@ -130,4 +125,54 @@ pub fn decode(
         )
         .into()),
     }
+}
+
+/// Greedy speculative decoding of `request` on `export` (a static export) with the token tree of
+/// shape `widths`, drafting at the export's draft gate.
+///
+/// # Errors
+/// A shape `TokenTree::from_widths` refuses, sampling (trees verify greedily), a dynamic export or
+/// a tree the static buffers cannot hold (refused before any work), and the runs' errors.
+pub fn decode_tree(
+    export: &ExportDir,
+    ep: &EpConfig,
+    request: &DecodeRequest<'_>,
+    widths: &[usize],
+) -> Result<OnnxRun> {
+    if request.sampling.is_some() {
+        return Err(reference::Error::Invalid(
+            "token trees on ONNX Runtime verify greedily only: sampling with a tree runs on the \
+             reference engine (`m2r2 generate`)"
+                .into(),
+        )
+        .into());
+    }
+    let tree = TokenTree::from_widths(widths)?;
+    let n = export.manifest.config.num_hidden_layers;
+    let mut backend = OnnxSpeculation::load(export, ep, None)?;
+    let start = Instant::now();
+    let out = tree_speculate(
+        &mut backend,
+        &tree,
+        request.prompt,
+        request.max_new_tokens,
+        &request.stop_tokens,
+    )?;
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(OnnxRun {
+        run: tree_speculative_run(out, &tree, widths, n, seconds),
+        ep_used: ep_used(&backend),
+        cuda_graph: backend.cuda_graph_runs(),
+    })
+}
+
+/// The provider the speculative graphs ran on: they load with the same provider config; the
+/// weaker (the CPU) if they differ.
+fn ep_used(backend: &OnnxSpeculation) -> Ep {
+    let (draft, verifier) = backend.sessions();
+    let same = draft.ep_used() == verifier.ep_used()
+        && backend
+            .feed_session()
+            .is_none_or(|f| f.ep_used() == draft.ep_used());
+    if same { draft.ep_used() } else { Ep::Cpu }
 }

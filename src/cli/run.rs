@@ -7,14 +7,17 @@
 use crate::cli::args::m2r2::OnOff;
 use crate::cli::args::model::PromptArgs;
 use crate::cli::args::onnx::{EpArgs, check_draft_head};
+use crate::cli::args::tree::{TreeRequest, tree_widths};
 use crate::cli::common;
 use crate::cli::report::trace_lines;
 use crate::cli::report::{json_report, print_summary};
 use anyhow::{Context, Result, bail};
-use onnx_runner::decode::{OnnxRun, decode};
+use onnx_runner::decode::{OnnxRun, decode, decode_tree};
 use onnx_runner::manifest::{ExportDir, GraphKind};
+use reference::base::tree::TokenTree;
 use reference::decode::drafting::DraftingRequest;
 use reference::decode::mode::{DecodeRequest, M2r2Settings};
+use reference::decode::speculative::DraftLength;
 use reference::io::tokenizer::Tokenizer;
 use reference::m2r2::exit_gate::GateKind;
 use serde_json::json;
@@ -68,9 +71,9 @@ pub struct Args {
     /// it was exported with one; default: whatever the export has)
     #[arg(long, value_enum, value_name = "on|off")]
     pub draft_head: Option<OnOff>,
-    /// Token trees run on the reference engine only for now (`m2r2 generate --draft-tree`): here
-    /// the flag is refused with that reason
-    #[arg(long, value_name = "W1,W2,...", hide = true)]
+    /// Speculative drafting with a token tree of widths W1,W2,... per depth (`2,1,1`), verified
+    /// in one run of verifier.onnx; greedy only, on static exports (`export --static-cache L`)
+    #[arg(long, value_name = "W1,W2,...")]
     pub draft_tree: Option<String>,
 }
 
@@ -101,19 +104,19 @@ pub fn settings(
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    if args.draft_tree.is_some() {
-        bail!(
-            "--draft-tree: token trees run on the reference engine only for now (`m2r2 generate \
-             --mode speculative --draft-tree ...`); the ONNX runner drafts chains (--draft-len)"
-        );
-    }
+    let tree = tree_widths(&TreeRequest {
+        spec: args.draft_tree.as_deref(),
+        speculative: args.mode == RunMode::Speculative,
+        draft_len: args.draft_len,
+        dynamic_draft: args.dynamic_draft,
+    })?;
     let export = ExportDir::open(&args.onnx)?;
     let tokenizer = export.tokenizer()?;
     let prompt = common::prompt_tokens_with(
         tokenizer_or_error(&export, tokenizer.as_ref()),
         &args.prompt,
     )?;
-    let settings = settings(
+    let mut settings = settings(
         &export,
         args.mode,
         args.gate,
@@ -122,13 +125,22 @@ pub fn run(args: &Args) -> Result<()> {
         args.dynamic_draft,
         args.draft_head,
     )?;
+    if let Some(widths) = &tree {
+        // a tree drafts its depth at every round (reported as draft_len, not dynamic)
+        settings.draft_length = DraftLength::Fixed(widths.len());
+    }
     if args.ep.ort_compare.is_some() {
         bail!(
             "--ort-compare is for `m2r2 bench --cost-shape --onnx DIR`; `run` takes one set of options"
         );
     }
     args.ep.check_single_cuda_graph("run")?;
-    let ep = args.ep.config(&export, settings.draft_length.max());
+    // rows per verification: a tree's nodes, a chain's drafts
+    let rows = match &tree {
+        Some(widths) => TokenTree::from_widths(widths)?.nodes() - 1,
+        None => settings.draft_length.max(),
+    };
+    let ep = args.ep.config(&export, rows);
     let runtime = onnx_runner::runtime::init()?;
     eprintln!(
         "ONNX Runtime {} ({}), {} on {}",
@@ -155,8 +167,11 @@ pub fn run(args: &Args) -> Result<()> {
         run,
         ep_used,
         cuda_graph,
-    } = decode(&export, &ep, &settings, &request, args.trace)
-        .with_context(|| format!("cannot decode with {}", export.dir.display()))?;
+    } = match &tree {
+        Some(widths) => decode_tree(&export, &ep, &request, widths),
+        None => decode(&export, &ep, &settings, &request, args.trace),
+    }
+    .with_context(|| format!("cannot decode with {}", export.dir.display()))?;
 
     if args.trace {
         let text = |token: u32| match &tokenizer {

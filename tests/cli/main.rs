@@ -110,4 +110,5 @@ mod static_python;
 mod train;
 mod train_ranks;
 mod tree;
+mod tree_onnx;
 mod tune_drafting;

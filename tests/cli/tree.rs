@@ -192,17 +192,4 @@ fn bad_trees_and_conflicts_are_refused() {
         &[&base[..], &["--draft-tree", "2,1"]].concat(),
         &["--draft-tree", "--mode speculative"],
     );
-    // run (ONNX Runtime) has no trees
-    fails(
-        &[
-            "run",
-            "--onnx",
-            "nowhere",
-            "--tokens",
-            "1",
-            "--draft-tree",
-            "2,1",
-        ],
-        &["--draft-tree", "reference engine only", "m2r2 generate"],
-    );
 }

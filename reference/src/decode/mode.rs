@@ -25,7 +25,9 @@ use crate::decode::speculative::{
     DraftLength, Round, SpeculativeOptions, SpeculativeOutput, speculative_generate,
 };
 use crate::decode::timed::Timed;
-use crate::decode::tree_speculation::{TreeRound, tree_speculative_generate};
+use crate::decode::tree_speculation::{
+    TreeRound, TreeSpeculativeOutput, tree_speculative_generate,
+};
 use crate::error::Error;
 use crate::error::Result;
 use crate::m2r2::exit_gate::GateKind;
@@ -315,10 +317,22 @@ pub fn tree_speculative_mode_run(
     for &token in &out.tokens {
         on_token(token);
     }
+    Ok(tree_speculative_run(out, &tree, widths, n, seconds))
+}
+
+/// The report of a tree speculation run `out` of `tree` (shape `widths`) on a model of `n`
+/// layers that took `seconds` in all (prefill included); no work is counted.
+pub fn tree_speculative_run(
+    out: TreeSpeculativeOutput,
+    tree: &TokenTree,
+    widths: &[usize],
+    n: usize,
+    seconds: f64,
+) -> ModeRun {
     let accepted: Vec<usize> = out.rounds.iter().map(|r| r.accepted).collect();
     let steps = speculative_steps(&out.tokens, &accepted, n);
     let rows = out.rounds.len() * tree.nodes();
-    Ok(ModeRun {
+    ModeRun {
         mode: Mode::Speculative,
         layers_per_token: (rows * n) as f64 / out.tokens.len().saturating_sub(1).max(1) as f64,
         details: ModeDetails::TreeSpeculative {
@@ -334,7 +348,7 @@ pub fn tree_speculative_mode_run(
         decode_seconds: (seconds - out.prefill_seconds).max(0.0),
         work: Work::default(),
         num_layers: n,
-    })
+    }
 }
 
 /// A greedy step: the token with its logit and probability under `logits`.

@@ -8,3 +8,4 @@ pub mod moe_sim;
 pub mod onnx;
 pub mod sampling;
 pub mod trained;
+pub mod tree;

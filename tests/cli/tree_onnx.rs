@@ -1,0 +1,93 @@
+//! `run --onnx DIR --mode speculative --draft-tree W1,W2,...` (token trees on ONNX Runtime's CPU
+//! provider): on a static export, the tokens of `run --mode greedy` and of the reference's
+//! `generate --draft-tree` with the same rounds, and the tree's JSON fields; a dynamic export and a
+//! tree the buffers cannot hold refused with the reason.
+
+use super::{fails, generate_json, ids, ok};
+
+#[test]
+fn static_exports_run_trees_like_the_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("static");
+    let o = out.to_str().unwrap();
+    ok(&[
+        "export",
+        "--model",
+        "tiny",
+        "--out",
+        o,
+        "--static-cache",
+        "64",
+    ]);
+    let prompt = ["--tokens", "5,9,14,3", "--max-new-tokens", "20"];
+    let run =
+        |extra: &[&str]| ok(&[&["run", "--onnx", o, "--json"][..], &prompt, extra].concat()).json();
+    let greedy = run(&["--mode", "greedy"]);
+    for spec in ["2,1,1", "3,2"] {
+        let tree = run(&["--mode", "speculative", "--draft-tree", spec]);
+        assert_eq!(ids(&tree["tokens"]), ids(&greedy["tokens"]), "{spec}");
+        let widths: Vec<u64> = spec.split(',').map(|w| w.parse().unwrap()).collect();
+        assert_eq!(ids(&tree["draft_tree"]), widths);
+        assert_eq!(tree["ep_used"], "cpu");
+        // the reference engine drafts and accepts the same: the same rounds and acceptance
+        let reference = generate_json(
+            &[
+                &["--model", "tiny"][..],
+                &prompt,
+                &["--mode", "speculative", "--draft-tree", spec],
+            ]
+            .concat(),
+        );
+        for field in ["tokens", "rounds", "tree_nodes", "acceptance_by_depth"] {
+            assert_eq!(tree[field], reference[field], "{spec}: {field}");
+        }
+    }
+}
+
+#[test]
+fn trees_need_a_static_export_that_holds_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let dynamic = dir.path().join("dynamic");
+    let small = dir.path().join("small");
+    let (d, s) = (dynamic.to_str().unwrap(), small.to_str().unwrap());
+    ok(&["export", "--model", "tiny", "--out", d]);
+    ok(&[
+        "export",
+        "--model",
+        "tiny",
+        "--out",
+        s,
+        "--static-cache",
+        "16",
+    ]);
+    let tree = [
+        "--mode",
+        "speculative",
+        "--draft-tree",
+        "2,1",
+        "--tokens",
+        "1,2,3",
+    ];
+    fails(
+        &[&["run", "--onnx", d][..], &tree, &["--max-new-tokens", "4"]].concat(),
+        &["static exports only", "--static-cache", "verifier.onnx"],
+    );
+    fails(
+        &[
+            &["run", "--onnx", s][..],
+            &tree,
+            &["--max-new-tokens", "10"],
+        ]
+        .concat(),
+        &["5 nodes", "need 18 positions", "L = 16"],
+    );
+    fails(
+        &[
+            &["run", "--onnx", s][..],
+            &tree[2..],
+            &["--max-new-tokens", "4"],
+        ]
+        .concat(),
+        &["--draft-tree", "--mode speculative"],
+    );
+}
