@@ -245,11 +245,16 @@ impl Feeder {
         let names: Vec<(String, String)> = self.layers.clone().map(graphs::past_names).collect();
         let mut inputs: Vec<(&str, Input<'_>)> = vec![(POSITION_IDS, Input::I64(positions.view()))];
         // dynamic: which cache positions are real; static: the masks and where to write
-        let (mask, attn_mask, fast_mask, write);
+        let (mask, tree_mask, attn_mask, fast_mask, write);
         match self.static_l {
             None => {
                 mask = ArrayD::<i64>::ones(vec![1, total]);
                 inputs.push((ATTENTION_MASK, Input::I64(mask.view())));
+                if session.inputs().iter().any(|i| i.name == graphs::TREE_MASK) {
+                    let (p, w) = (self.past_len, self.sliding_window);
+                    tree_mask = onnx_runner::tree_mask::causal_visibility(p, t, w).into_dyn();
+                    inputs.push((graphs::TREE_MASK, Input::I64(tree_mask.view())));
+                }
             }
             Some(l) => {
                 let (p, w) = (self.past_len, self.sliding_window);

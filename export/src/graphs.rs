@@ -3,8 +3,8 @@
 //! | graph           | layers        | inputs                                               | outputs |
 //! |-----------------|---------------|------------------------------------------------------|---------|
 //! | `model.onnx`    | `0..N`        | `input_ids`, `attention_mask`, `position_ids`, past KV | `logits`, present KV |
-//! | `draft.onnx`    | `0..e`        | same, past KV of `0..e`                              | `draft_logits`, `exit_prob`, `hidden_states`, present KV |
-//! | `verifier.onnx` | `e..N`        | `hidden_states`, `attention_mask`, `position_ids`, past KV of `e..N` | `logits`, present KV |
+//! | `draft.onnx`    | `0..e`        | same, `tree_mask`, past KV of `0..e`                 | `draft_logits`, `exit_prob`, `hidden_states`, present KV |
+//! | `verifier.onnx` | `e..N`        | `hidden_states`, `attention_mask`, `position_ids`, `tree_mask`, past KV of `e..N` | `logits`, present KV |
 //! | `feed.onnx`     | `0..e`        | as `draft.onnx`                                      | `hidden_states`, present KV |
 //!
 //! `e = e_{g_d}`, the layer the draft gate sits after. Layer numbers in KV names are global. With a
@@ -39,6 +39,9 @@ pub const EXPORTER_VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const INPUT_IDS: &str = "input_ids";
 pub const ATTENTION_MASK: &str = "attention_mask";
 pub const POSITION_IDS: &str = "position_ids";
+/// The speculative graphs' visibility input (int64 `[T, S]`): causal for a chain, a token tree's
+/// mask for tree nodes (`emit::attention::visibility`).
+pub const TREE_MASK: &str = "tree_mask";
 pub const LOGITS: &str = "logits";
 pub const DRAFT_LOGITS: &str = "draft_logits";
 pub const EXIT_PROB: &str = "exit_prob";
@@ -281,6 +284,9 @@ pub fn build(
     };
     let mask = b.input(ATTENTION_MASK, Elem::I64, &[BATCH, TOTAL]);
     let positions = b.input(POSITION_IDS, Elem::I64, &[BATCH, SEQ]);
+    // model.onnx keeps onnxruntime-genai's inputs; the speculative graphs take their masks
+    let tree_mask =
+        (kind != GraphKind::Model).then(|| b.input(TREE_MASK, Elem::I64, &[SEQ, TOTAL]));
     let kv_dims = |len: Dim| {
         [
             BATCH,
@@ -307,6 +313,7 @@ pub fn build(
         &rows_input,
         &past[0].0,
         &mask,
+        tree_mask.as_deref(),
         kind == GraphKind::Draft,
     );
     let cx = LayerContext {

@@ -226,7 +226,7 @@ fn layer_case(moe: bool, sliding_window: Option<usize>) {
     b.input("past_key", Elem::F32, &kv);
     b.input("past_value", Elem::F32, &kv);
     let rope = emit::rope::tables(&mut b, c, &pos);
-    let vis = visibility(&mut b, c, "s", "past_key", &mask, true);
+    let vis = visibility(&mut b, c, "s", "past_key", &mask, None, true);
     let cx = LayerContext {
         model: &model,
         rope: &rope,

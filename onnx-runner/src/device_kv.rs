@@ -115,6 +115,21 @@ impl DeviceKv {
         Ok(())
     }
 
+    /// Keep the positions `keep` (increasing), in that order: a token tree's accepted path
+    /// (`Kv::compact`). The rows go through the host.
+    pub fn select(&mut self, keep: &[usize]) -> Result<()> {
+        self.cut()?;
+        let err = |e: ort::Error| Error::Runtime(format!("cannot rebuild the KV cache: {e}"));
+        for pair in &mut self.values {
+            for t in [&mut pair.0, &mut pair.1] {
+                let kept = host_array(t, None)?.select(ndarray::Axis(2), keep);
+                *t = Tensor::from_array(kept).map_err(err)?.upcast();
+            }
+        }
+        self.len = keep.len();
+        Ok(())
+    }
+
     /// A host copy (for checks and reports).
     pub fn to_host(&mut self, kv_heads: usize, head_dim: usize) -> Result<KvStore> {
         self.cut()?;

@@ -122,6 +122,19 @@ impl Kv {
         }
     }
 
+    /// Keep a token tree's accepted `path` (root at `root`): positions `0..root`, then the
+    /// node rows `root + path[i]` at `root + i`; the rest of the round is dropped.
+    pub fn compact(&mut self, root: usize, path: &[usize]) -> Result<()> {
+        let keep: Vec<usize> = (0..root).chain(path.iter().map(|&a| root + a)).collect();
+        match self {
+            Kv::Host(store) => {
+                store.select(&keep);
+                Ok(())
+            }
+            Kv::Device { kv, .. } => kv.select(&keep),
+        }
+    }
+
     /// Keep the first `len` positions.
     pub fn truncate(&mut self, len: usize) {
         match self {

@@ -98,6 +98,14 @@ impl KvStore {
         }
     }
 
+    /// Keep the positions `keep` (increasing), in that order: a token tree's accepted path
+    /// (`Kv::compact`).
+    pub fn select(&mut self, keep: &[usize]) {
+        for t in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            *t = t.select(Axis(2), keep);
+        }
+    }
+
     /// Keep the first `len` positions (no-op if already shorter).
     pub fn truncate(&mut self, len: usize) {
         if len >= self.len() {

@@ -17,6 +17,9 @@
 //! within its session) and replayed. The prefill is never captured (`gpu_graph_id` = -1).
 
 use crate::error::{Error, Result};
+
+/// The speculative graphs' visibility input on a dynamic export (export's `graphs::TREE_MASK`).
+pub const TREE_MASK: &str = "tree_mask";
 use crate::kv::Kv;
 use crate::kv_store::KvStore;
 use crate::session::{Input, OnnxSession, Outputs};
@@ -26,15 +29,20 @@ use crate::static_kv::{
 use crate::static_kv::{GraphRuns, NO_GRAPH_ID};
 use crate::step::StepInputs;
 use crate::step_binding::StepBinding;
-use crate::tree_mask::{tree_attn_mask, tree_fast_attn_mask};
+use crate::tree_mask::{causal_visibility, tree_attn_mask, tree_fast_attn_mask, tree_visibility};
 use ndarray::{Array1, Array2, ArrayView3};
 use ort::session::RunOptions;
 use reference::base::tree::TokenTree;
 use std::ops::Range;
 
 pub enum SpecCache {
-    /// Growing caches of layers `0..e` and `e..N`.
-    Dynamic { lower: Kv, upper: Kv },
+    /// Growing caches of layers `0..e` and `e..N`; the config's sliding window (for the
+    /// graphs' `tree_mask`).
+    Dynamic {
+        lower: Kv,
+        upper: Kv,
+        sliding_window: Option<usize>,
+    },
     /// Fixed buffers of every layer; `lower` / `upper`: positions filled in `0..e` / `e..N`.
     Static {
         kv: StaticKv,
@@ -210,9 +218,19 @@ impl SpecCache {
     ) -> Result<Outputs> {
         let t = tokens.len();
         match self {
-            SpecCache::Dynamic { lower, .. } => {
+            SpecCache::Dynamic {
+                lower,
+                sliding_window,
+                ..
+            } => {
                 let step = StepInputs::new(tokens, lower.len());
+                let mask = takes_tree_mask(session)
+                    .then(|| causal_visibility(lower.len(), t, *sliding_window));
                 let mut inputs = step.with_ids().to_vec();
+                inputs.extend(
+                    mask.iter()
+                        .map(|m| (TREE_MASK, Input::I64(m.view().into_dyn()))),
+                );
                 inputs.extend(extra.iter().map(|(n, i)| (*n, i.reborrow())));
                 lower.run(session, &inputs, t)
             }
@@ -246,9 +264,15 @@ impl SpecCache {
         let m = hidden.shape()[1];
         let rows = ("hidden_states", Input::F32(hidden.into_dyn()));
         match self {
-            SpecCache::Dynamic { upper, .. } => {
+            SpecCache::Dynamic {
+                upper,
+                sliding_window,
+                ..
+            } => {
                 let step = StepInputs::rows(m, upper.len());
-                let inputs = [
+                let mask = takes_tree_mask(session)
+                    .then(|| causal_visibility(upper.len(), m, *sliding_window));
+                let mut inputs = vec![
                     rows,
                     (
                         "attention_mask",
@@ -259,6 +283,10 @@ impl SpecCache {
                         Input::I64(step.position_ids.view().into_dyn()),
                     ),
                 ];
+                inputs.extend(
+                    mask.iter()
+                        .map(|m| (TREE_MASK, Input::I64(m.view().into_dyn()))),
+                );
                 upper.run(session, &inputs, m)
             }
             SpecCache::Static {
@@ -279,9 +307,9 @@ impl SpecCache {
     }
 
     /// Run `session` (draft.onnx or feed.onnx) on the token tree nodes `chunk` (`tokens`, one per
-    /// node) in the draft layers: their K/V go to their scratch slots and no length moves (see
-    /// [`compact`](Self::compact)). Static exports only: a dynamic export's graphs compute
-    /// causal masks themselves.
+    /// node) in the draft layers: their K/V go to their scratch slots `root + i` (a static
+    /// export's buffers) or are appended (a dynamic export's caches, which then hold the nodes
+    /// before them in the same rows); see [`compact`](Self::compact).
     pub fn run_lower_tree(
         &mut self,
         session: &mut OnnxSession,
@@ -290,21 +318,33 @@ impl SpecCache {
         extra: &[(&str, Input<'_>)],
     ) -> Result<Outputs> {
         let t = tokens.len();
-        let SpecCache::Static {
-            kv,
-            split,
-            bound: steps,
-            ..
-        } = self
-        else {
-            return Err(Self::trees_need_static(session.file()));
-        };
-        let step = StaticStep::tree(kv, session, chunk, t)?;
         let ids = Array2::from_shape_fn((1, t), |(_, i)| i64::from(tokens[i]));
-        let mut inputs = step.inputs();
-        inputs.push(("input_ids", Input::I64(ids.view().into_dyn())));
-        inputs.extend(extra.iter().map(|(n, i)| (*n, i.reborrow())));
-        steps.run(kv, session, split.0.clone(), &inputs, t, true)
+        let ids = ("input_ids", Input::I64(ids.view().into_dyn()));
+        match self {
+            SpecCache::Dynamic {
+                lower,
+                sliding_window,
+                ..
+            } => {
+                let step = DynamicTreeStep::new(session, chunk, t, lower.len(), *sliding_window)?;
+                let mut inputs = step.inputs();
+                inputs.push(ids);
+                inputs.extend(extra.iter().map(|(n, i)| (*n, i.reborrow())));
+                lower.run(session, &inputs, t)
+            }
+            SpecCache::Static {
+                kv,
+                split,
+                bound: steps,
+                ..
+            } => {
+                let step = StaticStep::tree(kv, session, chunk, t)?;
+                let mut inputs = step.inputs();
+                inputs.push(ids);
+                inputs.extend(extra.iter().map(|(n, i)| (*n, i.reborrow())));
+                steps.run(kv, session, split.0.clone(), &inputs, t, true)
+            }
+        }
     }
 
     /// Run verifier.onnx on the slow residuals `hidden` (`[1, T, D]`) of the token tree nodes
@@ -316,23 +356,35 @@ impl SpecCache {
         chunk: TreeChunk<'_>,
     ) -> Result<Outputs> {
         let m = hidden.shape()[1];
-        let SpecCache::Static {
-            kv,
-            split,
-            bound: steps,
-            ..
-        } = self
-        else {
-            return Err(Self::trees_need_static(session.file()));
-        };
-        let step = StaticStep::tree(kv, session, chunk, m)?;
-        let mut inputs = step.inputs();
-        inputs.push(("hidden_states", Input::F32(hidden.into_dyn())));
-        steps.run(kv, session, split.1.clone(), &inputs, m, true)
+        let rows = ("hidden_states", Input::F32(hidden.into_dyn()));
+        match self {
+            SpecCache::Dynamic {
+                upper,
+                sliding_window,
+                ..
+            } => {
+                let step = DynamicTreeStep::new(session, chunk, m, upper.len(), *sliding_window)?;
+                let mut inputs = step.inputs();
+                inputs.push(rows);
+                upper.run(session, &inputs, m)
+            }
+            SpecCache::Static {
+                kv,
+                split,
+                bound: steps,
+                ..
+            } => {
+                let step = StaticStep::tree(kv, session, chunk, m)?;
+                let mut inputs = step.inputs();
+                inputs.push(rows);
+                steps.run(kv, session, split.1.clone(), &inputs, m, true)
+            }
+        }
     }
 
     /// Keep a token tree's accepted `path` (root at `root`) at positions `root..` in every layer
-    /// (the rows move from their scratch slots); both lengths become `root + path.len()`.
+    /// (the rows move from their scratch slots, the rest of the round is dropped); both lengths
+    /// become `root + path.len()`.
     pub fn compact(&mut self, root: usize, path: &[usize]) -> Result<()> {
         match self {
             SpecCache::Static {
@@ -342,7 +394,10 @@ impl SpecCache {
                 (*lower, *upper) = (root + path.len(), root + path.len());
                 Ok(())
             }
-            SpecCache::Dynamic { .. } => Err(Self::trees_need_static("verifier.onnx")),
+            SpecCache::Dynamic { lower, upper, .. } => {
+                lower.compact(root, path)?;
+                upper.compact(root, path)
+            }
         }
     }
 
@@ -357,7 +412,7 @@ impl SpecCache {
     /// Keep the first `len` drafted and `verified` verified positions.
     pub fn truncate(&mut self, len: usize, verified: usize) {
         match self {
-            SpecCache::Dynamic { lower, upper } => {
+            SpecCache::Dynamic { lower, upper, .. } => {
                 lower.truncate(len);
                 upper.truncate(verified);
             }
@@ -371,7 +426,7 @@ impl SpecCache {
     /// The draft layers' and the verifier layers' filled positions on the host.
     pub fn to_host(&mut self) -> Result<(KvStore, KvStore)> {
         match self {
-            SpecCache::Dynamic { lower, upper } => Ok((lower.to_host()?, upper.to_host()?)),
+            SpecCache::Dynamic { lower, upper, .. } => Ok((lower.to_host()?, upper.to_host()?)),
             SpecCache::Static {
                 kv,
                 split,
@@ -386,15 +441,63 @@ impl SpecCache {
     }
 }
 
-impl SpecCache {
-    /// The refusal of a token tree on a dynamic export, naming `file`.
-    pub fn trees_need_static(file: &str) -> Error {
-        Error::Export {
-            file: file.to_string(),
-            msg: "token trees run on static exports only (`m2r2 export --static-cache L`): their \
-              graphs take the tree's masks and positions as inputs, a dynamic export's graphs \
-              compute causal masks themselves"
-                .into(),
+/// Whether a dynamic speculative graph takes `tree_mask` (exports written before it did not).
+fn takes_tree_mask(session: &OnnxSession) -> bool {
+    session.inputs().iter().any(|i| i.name == TREE_MASK)
+}
+
+/// The int64 inputs of a dynamic speculative graph for token tree nodes appended after `past`
+/// cached positions: positions by depth, an all-ones `attention_mask`, the tree's `tree_mask`.
+struct DynamicTreeStep {
+    step: StepInputs,
+    mask: Array2<i64>,
+}
+
+impl DynamicTreeStep {
+    fn new(
+        session: &OnnxSession,
+        chunk: TreeChunk<'_>,
+        t: usize,
+        past: usize,
+        sliding_window: Option<usize>,
+    ) -> Result<Self> {
+        let TreeChunk { tree, first, root } = chunk;
+        if !takes_tree_mask(session) {
+            return Err(Error::Export {
+                file: session.file().to_string(),
+                msg: format!(
+                    "token trees need the graph's `{TREE_MASK}` input, which exports written \
+                     before trees do not have: export the folder again"
+                ),
+            });
         }
+        // the nodes before these are the cache rows root..root + first, breadth-first
+        debug_assert_eq!(
+            past,
+            root + first,
+            "tree rows appended in breadth-first order"
+        );
+        let mut step = StepInputs::rows(t, past);
+        step.position_ids =
+            Array2::from_shape_fn((1, t), |(_, i)| tree.position(first + i, root) as i64);
+        Ok(DynamicTreeStep {
+            step,
+            mask: tree_visibility(tree, first, t, root, sliding_window),
+        })
+    }
+
+    /// Every input but the rows (`input_ids` or `hidden_states`).
+    fn inputs(&self) -> Vec<(&'static str, Input<'_>)> {
+        vec![
+            (
+                "attention_mask",
+                Input::I64(self.step.attention_mask.view().into_dyn()),
+            ),
+            (
+                "position_ids",
+                Input::I64(self.step.position_ids.view().into_dyn()),
+            ),
+            (TREE_MASK, Input::I64(self.mask.view().into_dyn())),
+        ]
     }
 }

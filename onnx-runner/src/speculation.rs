@@ -196,6 +196,7 @@ impl OnnxSpeculation {
             None => SpecCache::Dynamic {
                 lower: Kv::new(0..e, hkv, dh, ep.binds_kv(draft.ep_used()))?,
                 upper: Kv::new(e..n, hkv, dh, ep.binds_kv(verifier.ep_used()))?,
+                sliding_window: c.sliding_window,
             },
         };
         Ok(OnnxSpeculation {

@@ -17,7 +17,7 @@
 //! runner's tolerance).
 
 use crate::static_kv::HIDDEN;
-use ndarray::Array4;
+use ndarray::{Array2, Array4};
 use reference::base::tree::TokenTree;
 
 /// Key window start of a row at position `p` (the reference's `attention::window_start`).
@@ -75,6 +75,42 @@ pub fn tree_fast_attn_mask(
     mask
 }
 
+/// The `tree_mask` input of a dynamic export's speculative graphs (int64, 1 = visible) for
+/// `tree`'s nodes `first..first + rows` appended after `root + first` cached positions (the
+/// nodes before them, breadth-first, are the cache rows `root..root + first`).
+///
+/// # Shapes
+/// - returns `[rows, root + first + rows]`
+pub fn tree_visibility(
+    tree: &TokenTree,
+    first: usize,
+    rows: usize,
+    root: usize,
+    sliding_window: Option<usize>,
+) -> Array2<i64> {
+    let mut mask = Array2::zeros((rows, root + first + rows));
+    for t in 0..rows {
+        let i = first + t;
+        let lo = window_start(tree.position(i, root), sliding_window);
+        for j in tree.key_slots(i, root, lo, true) {
+            mask[[t, j]] = 1;
+        }
+    }
+    mask
+}
+
+/// The `tree_mask` input for `rows` rows of one sequence after `past` cached positions: causal,
+/// with the sliding window.
+///
+/// # Shapes
+/// - returns `[rows, past + rows]`
+pub fn causal_visibility(past: usize, rows: usize, sliding_window: Option<usize>) -> Array2<i64> {
+    Array2::from_shape_fn((rows, past + rows), |(t, j)| {
+        let p = past + t;
+        i64::from(j <= p && j >= window_start(p, sliding_window))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,6 +149,12 @@ mod tests {
         // a window of 3 at position 5 (nodes 3, 4): keys at positions 3..=5 only
         let windowed = tree_attn_mask(&tree, 3, 2, 3, 10, Some(3));
         assert_eq!(visible(&windowed), [vec![3, 4, 6], vec![3, 5, 7]]);
+        // the dynamic export's input: depth 1 (nodes 1, 2) after 4 cache rows, int64 [2, 6]
+        let dynamic = tree_visibility(&tree, 1, 2, 3, None);
+        assert_eq!(
+            dynamic,
+            ndarray::array![[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 1]]
+        );
     }
 
     /// A chain's tree masks are the causal masks of the same rows.
@@ -129,6 +171,10 @@ mod tests {
                 assert_eq!(
                     tree_fast_attn_mask(&chain, first, rows, 6, 16, w),
                     fast_attn_mask(pos, rows, 16, w)
+                );
+                assert_eq!(
+                    tree_visibility(&chain, first, rows, 6, w),
+                    causal_visibility(pos, rows, w)
                 );
             }
         }

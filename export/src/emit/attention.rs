@@ -27,6 +27,12 @@ pub struct Visibility {
 /// The masks of a chunk of `T` rows appended after `P` cached positions (`S = P + T`): `T` from
 /// axis 1 of `rows`, `P` from axis 2 of `past_key`.
 ///
+/// With `tree_mask` (the speculative graphs' input: int64 `[T, S]`, 1 where row `t` sees cache
+/// row `j`, causal and windowed by position, or a token tree's mask, given by the runner) the
+/// slow rows see what it says and the fast rows the same keys before their own row (a fast row's
+/// own key comes apart); without it (model.onnx) the rows are causal over cache positions, with
+/// the config's sliding window.
+///
 /// # Shapes
 /// - `rows`: `[B, T, ...]`, `past_key`: `[B, Hkv, P, Dh]`, `attention_mask`: int64 `[B, S]`
 pub fn visibility(
@@ -35,6 +41,7 @@ pub fn visibility(
     rows: &str,
     past_key: &str,
     attention_mask: &str,
+    tree_mask: Option<&str>,
     with_fast: bool,
 ) -> Visibility {
     b.scoped("mask", |b| {
@@ -57,9 +64,16 @@ pub fn visibility(
         let axis1 = b.const_i64(&[1]);
         let qcol = b.binary("Unsqueeze", &qpos, &axis1); // [T, 1]
         let krow = b.binary("Unsqueeze", &kpos, &axis0); // [1, S]
-        let mut slow = b.binary("LessOrEqual", &krow, &qcol); // j <= p
         let mut fast = b.binary("Less", &krow, &qcol); // j < p
-        if let Some(w) = config.sliding_window {
+        let mut slow = match tree_mask {
+            Some(given) => {
+                let given = b.node("Cast", &[given], vec![("to", Attr::Int(9))]); // bool [T, S]
+                fast = b.binary("And", &fast, &given);
+                given
+            }
+            None => b.binary("LessOrEqual", &krow, &qcol), // j <= p
+        };
+        if let (Some(w), None) = (config.sliding_window, tree_mask) {
             // key j visible when p - j < w
             let diff = b.binary("Sub", &qcol, &krow);
             let w = b.scalar_i64(w as i64);

@@ -7,10 +7,12 @@
 //!   (`tree_mask.rs`); each proposing node's `bridge_states` is the state before it on its path:
 //!   the verified final state of the position before the root, or its parent's `exit_states`.
 //! - verify: the kept `s_e` of every node through verifier.onnx as one tree chunk.
-//! - accept: the path's rows move from their scratch slots into place in the static buffers.
+//! - accept: the path's rows move from their scratch slots into place, the rest is dropped.
 //!
-//! Static exports only (`export --static-cache`): their graphs take masks and positions as
-//! inputs; a dynamic export's graphs compute causal masks themselves and are refused by name.
+//! Static exports write the nodes to scratch slots of their fixed buffers; dynamic exports append
+//! them to the growing caches breadth-first (so cache row `root + i` holds node `i` there too)
+//! and take the tree's visibility as `tree_mask`; an export written before that input existed is
+//! refused by name.
 
 use super::{OnnxSpeculation, Rows};
 use crate::error::{Error, into_reference};
@@ -41,10 +43,9 @@ impl TreeBackend for OnnxSpeculation {
 
     fn check_tree(&self, tree: &TokenTree, positions: usize) -> reference::Result<()> {
         let file = self.verifier.file().to_string();
-        let SpecCache::Static { kv, .. } = &self.cache else {
-            return Err(into_reference(SpecCache::trees_need_static(&file)));
-        };
-        if positions > kv.l_max() {
+        if let SpecCache::Static { kv, .. } = &self.cache
+            && positions > kv.l_max()
+        {
             return Err(into_reference(Error::Export {
                 file,
                 msg: format!(
