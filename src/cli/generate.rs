@@ -38,15 +38,16 @@ pub struct Args {
     #[arg(long)]
     pub trace: bool,
     /// Speculative drafting with a token tree of widths W1,W2,... per depth (`2,1,1`: the top 2
-    /// drafts, each continued by its top 1 for two more depths), verified in one chunk; greedy
-    /// only, on the reference (`--draft-len N` is the chain 1,1,...)
+    /// drafts, each continued by its top 1 for two more depths), verified in one chunk, on the
+    /// reference (`--draft-len N` is the chain 1,1,...). Greedy; with --temperature the children
+    /// are sampled from the draft and verified by multi-candidate speculative sampling (lossless)
     #[arg(long, value_name = "W1,W2,...")]
     pub draft_tree: Option<String>,
 }
 
 /// `--draft-tree`'s widths, checked with the library's rules (`TokenTree::parse`), and the flags
 /// it cannot be used with.
-fn tree_widths(args: &Args, sampling: bool) -> Result<Option<Vec<usize>>> {
+fn tree_widths(args: &Args) -> Result<Option<Vec<usize>>> {
     let Some(spec) = &args.draft_tree else {
         return Ok(None);
     };
@@ -65,12 +66,6 @@ fn tree_widths(args: &Args, sampling: bool) -> Result<Option<Vec<usize>>> {
              (trees draft every width at every depth)"
         );
     }
-    if sampling {
-        bail!(
-            "--draft-tree verifies greedily only: speculative sampling with a tree is not built \
-             yet (drop --temperature/--top-k/--top-p, or draft a chain)"
-        );
-    }
     TokenTree::parse(spec).map_err(|e| anyhow!("--draft-tree: {e}"))?;
     let widths = spec
         .split(',')
@@ -81,7 +76,7 @@ fn tree_widths(args: &Args, sampling: bool) -> Result<Option<Vec<usize>>> {
 
 pub fn run(args: &Args) -> Result<()> {
     let sampling = args.sampling.params()?;
-    let tree = tree_widths(args, sampling.is_some())?;
+    let tree = tree_widths(args)?;
     let loaded = common::load(&args.model.model)?;
     let weights = args.m2r2.weights(&loaded)?;
     let mut settings = args.m2r2.settings(&loaded, &weights)?;
