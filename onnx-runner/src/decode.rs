@@ -127,26 +127,18 @@ pub fn decode(
     }
 }
 
-/// Greedy speculative decoding of `request` on `export` (a static export) with the token tree of
-/// shape `widths`, drafting at the export's draft gate.
+/// Speculative decoding of `request` on `export` with the token tree of shape `widths`, drafting at
+/// the export's draft gate: greedy, or sampled with `request.sampling` (the reference's rule).
 ///
 /// # Errors
-/// A shape `TokenTree::from_widths` refuses, sampling (trees verify greedily), a dynamic export or
-/// a tree the static buffers cannot hold (refused before any work), and the runs' errors.
+/// A shape `TokenTree::from_widths` refuses, an export without `tree_mask` or a tree its static
+/// buffers cannot hold (refused before any work), and the runs' errors.
 pub fn decode_tree(
     export: &ExportDir,
     ep: &EpConfig,
     request: &DecodeRequest<'_>,
     widths: &[usize],
 ) -> Result<OnnxRun> {
-    if request.sampling.is_some() {
-        return Err(reference::Error::Invalid(
-            "token trees on ONNX Runtime verify greedily only: sampling with a tree runs on the \
-             reference engine (`m2r2 generate`)"
-                .into(),
-        )
-        .into());
-    }
     let tree = TokenTree::from_widths(widths)?;
     let n = export.manifest.config.num_hidden_layers;
     let mut backend = OnnxSpeculation::load(export, ep, None)?;
@@ -157,6 +149,7 @@ pub fn decode_tree(
         request.prompt,
         request.max_new_tokens,
         &request.stop_tokens,
+        request.sampling.clone(),
     )?;
     let seconds = start.elapsed().as_secs_f64();
     Ok(OnnxRun {

@@ -21,6 +21,7 @@ use onnx_runner::manifest::ExportDir;
 use onnx_runner::speculation::OnnxSpeculation;
 use reference::Model;
 use reference::base::generate::greedy;
+use reference::base::sampling::SamplingParams;
 use reference::base::tree::TokenTree;
 use reference::decode::tree_speculation::{tree_speculate, tree_speculative_generate};
 use reference::io::builtin;
@@ -111,9 +112,10 @@ fn check_trees_on(
         let what = format!("{what}, tree {spec}");
         let tree = TokenTree::parse(spec).unwrap();
         let (reference, cache) =
-            tree_speculative_generate(m2r2, draft_gate, &tree, prompt, new_tokens, &[]).unwrap();
+            tree_speculative_generate(m2r2, draft_gate, &tree, prompt, new_tokens, &[], None)
+                .unwrap();
         onnx.reset();
-        let got = tree_speculate(&mut onnx, &tree, prompt, new_tokens, &[])
+        let got = tree_speculate(&mut onnx, &tree, prompt, new_tokens, &[], None)
             .unwrap_or_else(|e| panic!("{what}: {e}"));
         assert_eq!(reference.tokens, want, "{what}: the reference is greedy");
         assert_eq!(got.tokens, want, "{what}: ONNX Runtime is greedy");
@@ -215,14 +217,14 @@ fn oversized_trees_are_refused() {
     let static_dir = tempfile::tempdir().unwrap();
     let exported = export_all(&model, &weights, gate, Some(12), static_dir.path());
     let mut onnx = OnnxSpeculation::load(&exported, &EpConfig::cpu(), None).unwrap();
-    let err = tree_speculate(&mut onnx, &tree, &[1, 2, 3], 6, &[])
+    let err = tree_speculate(&mut onnx, &tree, &[1, 2, 3], 6, &[], None)
         .unwrap_err()
         .to_string();
     for want in ["5 nodes", "need 14 positions", "L = 12", "--static-cache"] {
         assert!(err.contains(want), "{err}");
     }
     onnx.reset();
-    let got = tree_speculate(&mut onnx, &tree, &[1, 2, 3], 4, &[]).unwrap();
+    let got = tree_speculate(&mut onnx, &tree, &[1, 2, 3], 4, &[], None).unwrap();
     assert_eq!(got.tokens, greedy(&model, &[1, 2, 3], 4, &[]).unwrap());
 }
 
@@ -248,4 +250,39 @@ fn smollm2_trees_decode_like_the_reference() {
         10,
         &["2,1,1", "3,1"],
     );
+}
+
+/// Sampling on a tree runs the same loop on both engines: with the same seed, ONNX Runtime's
+/// draft and base distributions (within the tolerance of the reference's) draw the reference's
+/// tokens, rounds and accepted nodes, on a dynamic and a static export. (The rule's losslessness
+/// is the reference's chi-square test, `decode/tree_sampling.rs`.)
+#[test]
+fn sampled_trees_draw_the_references_tokens() {
+    let model = builtin::builtin("tiny").unwrap();
+    let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
+    let gate = weights.config.draft_gate;
+    let m2r2 = M2r2::new(&model, &weights);
+    let prompt = [5u32, 9, 14, 3];
+    for static_cache in [None, Some(48)] {
+        let dir = tempfile::tempdir().unwrap();
+        let exported = export_all(&model, &weights, gate, static_cache, dir.path());
+        let mut onnx = OnnxSpeculation::load(&exported, &EpConfig::cpu(), None).unwrap();
+        for (spec, seed) in [("2,1,1", 1), ("3,2", 2), ("2,2", 3)] {
+            let tree = TokenTree::parse(spec).unwrap();
+            let sampling = Some(SamplingParams {
+                temperature: 1.2,
+                top_k: None,
+                top_p: Some(0.95),
+                seed,
+            });
+            let (want, _) =
+                tree_speculative_generate(m2r2, gate, &tree, &prompt, 16, &[], sampling.clone())
+                    .unwrap();
+            onnx.reset();
+            let got = tree_speculate(&mut onnx, &tree, &prompt, 16, &[], sampling).unwrap();
+            let what = format!("static {static_cache:?}, tree {spec}, seed {seed}");
+            assert_eq!(got.tokens, want.tokens, "{what}");
+            assert_eq!(got.rounds, want.rounds, "{what}");
+        }
+    }
 }

@@ -9,8 +9,7 @@ use crate::cli::args::sampling::SamplingArgs;
 use crate::cli::common;
 use crate::cli::progress;
 use crate::cli::report::{json_report, print_summary, trace_lines};
-use anyhow::{Result, anyhow, bail};
-use reference::base::tree::TokenTree;
+use anyhow::Result;
 use reference::decode::mode::{DecodeRequest, run_mode, tree_speculative_mode_run};
 use reference::decode::speculative::DraftLength;
 use reference::io::load::LoadedModel;
@@ -38,50 +37,26 @@ pub struct Args {
     #[arg(long)]
     pub trace: bool,
     /// Speculative drafting with a token tree of widths W1,W2,... per depth (`2,1,1`: the top 2
-    /// drafts, each continued by its top 1 for two more depths), verified in one chunk; greedy
-    /// only, on the reference (`--draft-len N` is the chain 1,1,...)
+    /// drafts, each continued by its top 1 for two more depths), verified in one chunk, on the
+    /// reference (`--draft-len N` is the chain 1,1,...). Greedy; with --temperature the children
+    /// are sampled from the draft and verified by multi-candidate speculative sampling (lossless)
     #[arg(long, value_name = "W1,W2,...")]
     pub draft_tree: Option<String>,
 }
 
-/// `--draft-tree`'s widths, checked with the library's rules (`TokenTree::parse`), and the flags
-/// it cannot be used with.
-fn tree_widths(args: &Args, sampling: bool) -> Result<Option<Vec<usize>>> {
-    let Some(spec) = &args.draft_tree else {
-        return Ok(None);
-    };
-    if args.m2r2.mode != ModeArg::Speculative {
-        bail!("--draft-tree drafts token trees for speculative decoding: add --mode speculative");
-    }
-    if args.m2r2.draft_len.is_some() {
-        bail!(
-            "--draft-tree and --draft-len both set the drafts: give one (--draft-len N is the \
-             tree 1,1,... of N ones)"
-        );
-    }
-    if args.m2r2.dynamic_draft {
-        bail!(
-            "--draft-tree with --dynamic-draft: dynamic drafting per branch is not built yet \
-             (trees draft every width at every depth)"
-        );
-    }
-    if sampling {
-        bail!(
-            "--draft-tree verifies greedily only: speculative sampling with a tree is not built \
-             yet (drop --temperature/--top-k/--top-p, or draft a chain)"
-        );
-    }
-    TokenTree::parse(spec).map_err(|e| anyhow!("--draft-tree: {e}"))?;
-    let widths = spec
-        .split(',')
-        .map(|w| w.trim().parse().expect("checked by TokenTree::parse"))
-        .collect();
-    Ok(Some(widths))
+/// `--draft-tree`'s widths, by the rules `run` shares (`cli/args/tree.rs`).
+fn tree_widths(args: &Args) -> Result<Option<Vec<usize>>> {
+    crate::cli::args::tree::tree_widths(&crate::cli::args::tree::TreeRequest {
+        spec: args.draft_tree.as_deref(),
+        speculative: args.m2r2.mode == ModeArg::Speculative,
+        draft_len: args.m2r2.draft_len,
+        dynamic_draft: args.m2r2.dynamic_draft,
+    })
 }
 
 pub fn run(args: &Args) -> Result<()> {
     let sampling = args.sampling.params()?;
-    let tree = tree_widths(args, sampling.is_some())?;
+    let tree = tree_widths(args)?;
     let loaded = common::load(&args.model.model)?;
     let weights = args.m2r2.weights(&loaded)?;
     let mut settings = args.m2r2.settings(&loaded, &weights)?;

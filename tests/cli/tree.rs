@@ -1,7 +1,8 @@
-//! `generate --mode speculative --draft-tree W1,W2,...` (greedy tree speculation on the reference):
+//! `generate --mode speculative --draft-tree W1,W2,...` (tree speculation on the reference): greedy,
 //! the tokens of `--mode greedy` on tiny and on SmolLM2 with its shipped weights (a bridge at gate
-//! 1), the tree's JSON fields, one trace line per round, and bad shapes and flag combinations
-//! refused naming `--draft-tree`.
+//! 1); sampled (`--temperature`), seeded, a chain tree the chain loop's tokens and top-k 1 greedy's;
+//! the tree's JSON fields, one trace line per round, and bad shapes and flag combinations refused
+//! naming `--draft-tree`.
 
 use super::{fails, generate_json, ids, ok};
 use serde_json::Value;
@@ -110,6 +111,69 @@ fn tiny_trees_decode_like_greedy() {
     );
 }
 
+/// Sampling with a tree (`--temperature`, `--seed`): the same seed gives the same tokens, other
+/// seeds others; the chain tree `1,1` is `--draft-len 2` with the same seed, token for token (the
+/// same rule and random stream); with `--top-k 1` every tree decodes like greedy. The report says
+/// it sampled and keeps the tree's fields.
+#[test]
+fn tiny_trees_sample() {
+    let prompt = [
+        "--model",
+        "tiny",
+        "--tokens",
+        "5,9,14,3",
+        "--max-new-tokens",
+        "24",
+        "--mode",
+        "speculative",
+    ];
+    let sample = |extra: &[&str]| generate_json(&[&prompt[..], extra].concat());
+    let tree = |seed| {
+        sample(&[
+            "--draft-tree",
+            "2,1,1",
+            "--temperature",
+            "1.5",
+            "--seed",
+            seed,
+        ])
+    };
+    let a = tree("7");
+    assert_eq!(a["sampling"], "sample", "{a}");
+    assert_eq!(a["temperature"], 1.5, "{a}");
+    assert_eq!(a["seed"], 7, "{a}");
+    assert_eq!(ids(&a["tokens"]).len(), 24, "{a}");
+    check_tree_report(&a, &[2, 1, 1]);
+    assert_eq!(a["tokens"], tree("7")["tokens"], "same seed, same tokens");
+    let others = ["1", "2", "3"].map(|s| tree(s)["tokens"].clone());
+    assert!(
+        others.iter().any(|o| *o != a["tokens"]),
+        "every seed gave {}",
+        a["tokens"]
+    );
+
+    let sampled = ["--temperature", "2", "--top-p", "0.9", "--seed", "3"];
+    let chain_tree = sample(&[&["--draft-tree", "1,1"][..], &sampled].concat());
+    let chain = sample(&[&["--draft-len", "2"][..], &sampled].concat());
+    assert_eq!(chain_tree["tokens"], chain["tokens"]);
+    assert_eq!(chain_tree["rounds"], chain["rounds"]);
+
+    let greedy = generate_json(&[&prompt[..6], &["--mode", "greedy"]].concat());
+    for spec in ["3,2", "2,2,1"] {
+        let top1 = sample(&[
+            "--draft-tree",
+            spec,
+            "--temperature",
+            "0.7",
+            "--top-k",
+            "1",
+            "--seed",
+            "5",
+        ]);
+        assert_eq!(ids(&top1["tokens"]), ids(&greedy["tokens"]), "{spec}");
+    }
+}
+
 /// SmolLM2 with its shipped weights (the real m2r2 cache, where scripts/test.sh fetched it): the
 /// bridge at gate 1 is read per branch, and trees decode like greedy.
 #[test]
@@ -183,10 +247,6 @@ fn bad_trees_and_conflicts_are_refused() {
             "--draft-tree",
             "dynamic drafting per branch is not built yet",
         ],
-    );
-    fails(
-        &spec(&["--draft-tree", "2,1", "--temperature", "0.8"]),
-        &["--draft-tree", "greedily only"],
     );
     fails(
         &[&base[..], &["--draft-tree", "2,1"]].concat(),

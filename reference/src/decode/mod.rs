@@ -12,4 +12,5 @@ pub mod speculative;
 pub mod speculative_naive;
 pub mod timed;
 pub mod tree_draft_verify;
+pub mod tree_sampling;
 pub mod tree_speculation;

@@ -28,7 +28,6 @@ use crate::decode::timed::Timed;
 use crate::decode::tree_speculation::{
     TreeRound, TreeSpeculativeOutput, tree_speculative_generate,
 };
-use crate::error::Error;
 use crate::error::Result;
 use crate::m2r2::exit_gate::GateKind;
 use crate::m2r2::fast_stream::M2r2;
@@ -126,7 +125,7 @@ pub enum ModeDetails {
         acceptance_by_position: Vec<f64>,
         acceptance_rate: f64,
     },
-    /// Greedy speculation with a token tree (`decode/tree_speculation.rs`).
+    /// Speculation with a token tree (`decode/tree_speculation.rs`), greedy or sampled.
     TreeSpeculative {
         /// The shape `W1,W2,...`.
         widths: Vec<usize>,
@@ -282,13 +281,13 @@ pub fn run_mode(
     Ok(run)
 }
 
-/// Greedy speculative decoding with the token tree of shape `widths` (`W1,W2,...`), drafting at
-/// `settings.draft_gate` (`decode/tree_speculation.rs`). `on_token` sees every emitted token after
-/// the loop. No work is counted (`work` is zero).
+/// Speculative decoding with the token tree of shape `widths` (`W1,W2,...`), drafting at
+/// `settings.draft_gate` (`decode/tree_speculation.rs`): greedy, or speculative sampling with
+/// `request.sampling` (`decode/tree_sampling.rs`). `on_token` sees every emitted token after the
+/// loop. No work is counted (`work` is zero).
 ///
 /// # Errors
-/// Sampling (trees are greedy only), a shape [`TokenTree::from_widths`] refuses, and
-/// [`tree_speculative_generate`]'s.
+/// A shape [`TokenTree::from_widths`] refuses, and [`tree_speculative_generate`]'s.
 pub fn tree_speculative_mode_run(
     model: &Model,
     weights: &M2r2Weights,
@@ -297,11 +296,6 @@ pub fn tree_speculative_mode_run(
     widths: &[usize],
     on_token: &mut dyn FnMut(u32),
 ) -> Result<ModeRun> {
-    if request.sampling.is_some() {
-        return Err(Error::Invalid(
-            "token trees verify greedily only: sampling with a tree is not built yet".into(),
-        ));
-    }
     let tree = TokenTree::from_widths(widths)?;
     let n = model.config.num_hidden_layers;
     let start = Instant::now();
@@ -312,6 +306,7 @@ pub fn tree_speculative_mode_run(
         request.prompt,
         request.max_new_tokens,
         &request.stop_tokens,
+        request.sampling.clone(),
     )?;
     let seconds = start.elapsed().as_secs_f64();
     for &token in &out.tokens {

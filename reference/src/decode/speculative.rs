@@ -21,11 +21,11 @@
 use crate::base::ops::argmax;
 use crate::base::sampling::{Sampler, SamplingParams, draw, sampling_distribution};
 use crate::base::work::Work;
+use crate::decode::tree_sampling::{NodeChoice, verify_node};
 use crate::error::{Error, Result};
 use crate::m2r2::cost::CostModel;
 use crate::m2r2::exit_gate::GateKind;
 use ndarray::Array2;
-use rand::Rng;
 
 /// What a draft step proposes for the next position.
 #[derive(Clone, Debug)]
@@ -258,21 +258,10 @@ impl Chooser {
                 for (i, &d) in drafted.iter().enumerate() {
                     let p = sampling_distribution(&row(i), params);
                     let q = sampling_distribution(&draft_logits[i], params);
-                    let (pd, qd) = (p[d as usize], q[d as usize]);
-                    let u: f32 = rng.random();
-                    if qd > 0.0 && u < (pd / qd).min(1.0) {
-                        continue;
+                    // one candidate: accept with min(1, p/q), else sample norm(max(0, p - q))
+                    if let NodeChoice::Sample(token) = verify_node(p, &q, &[d], rng.as_mut()) {
+                        return (i, token);
                     }
-                    // Rejected: resample from the residual norm(max(0, p - q)).
-                    let mut residual: Vec<f32> =
-                        p.iter().zip(&q).map(|(a, b)| (a - b).max(0.0)).collect();
-                    let mass: f32 = residual.iter().sum();
-                    if mass > 0.0 {
-                        residual.iter_mut().for_each(|r| *r /= mass);
-                    } else {
-                        residual = p;
-                    }
-                    return (i, draw(&residual, rng.as_mut()) as u32);
                 }
                 let bonus = sampling_distribution(&row(drafted.len()), params);
                 (drafted.len(), draw(&bonus, rng.as_mut()) as u32)

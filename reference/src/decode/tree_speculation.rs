@@ -1,7 +1,9 @@
-//! Greedy self-speculation with a token tree (the draft trees of SpecInfer, Medusa, EAGLE-2):
-//! the fast stream drafts its top candidates at each depth, and the base model verifies the whole
-//! tree in one chunk (`base/tree.rs`). A chain drafts only the top candidate and loses the round
-//! at its first miss; a tree's runner-up is often right.
+//! Self-speculation with a token tree (the draft trees of SpecInfer, Medusa, EAGLE-2): the fast
+//! stream drafts several candidates at each depth, and the base model verifies the whole tree in
+//! one chunk (`base/tree.rs`). A chain drafts only the top candidate and loses the round at its
+//! first miss; a tree's runner-up is often right. Greedy as below; with sampling, children are
+//! drawn from the draft distribution and accepted by multi-candidate speculative sampling
+//! (`decode/tree_sampling.rs`).
 //!
 //! One round, `last` the newest emitted token (the root, node 0) at position `n`, tree shape
 //! `W1,W2,...` with depth `D`, draft gate `g_d` (numbering: docs/m2r2/README.md):
@@ -27,10 +29,15 @@
 //! **Engines.** The loop ([`tree_speculate`], [`tree_round`]) runs on a [`TreeBackend`]: the
 //! reference's is `decode/tree_draft_verify.rs`, the ONNX runner's runs the exported graphs.
 //!
+//! **Sampling** (`Some` sampling params): a proposing node's children are `W` i.i.d. draws from
+//! its draft distribution `q` (the draft logits through the sampling transform), and the accepted
+//! node is chosen from the root by [`TreeSampling::accept`] (SpecInfer's multi-step speculative
+//! sampling): lossless in distribution, `None` is greedy as above.
+//!
 //! **[ours]**, this version: the drafts of one depth run as one chunk, each depth after the one
-//! before; greedy only (no speculative sampling, no dynamic draft length). A chain
+//! before; no dynamic draft length. A chain
 //! (`TokenTree::chain(m)`) gives `speculative_generate`'s rounds with a fixed draft length `m`,
-//! with and without a bridge (tested).
+//! with and without a bridge, greedy and sampled with the same seed (tested).
 //!
 //! **The bridge per branch** ([`crate::m2r2::bridge`], the chain's rule in
 //! `decode/bridge_state.rs` applied along each path): a proposing node at position `p` reads the
@@ -41,8 +48,10 @@
 
 use crate::base::kv_cache::KvCache;
 use crate::base::ops::argmax;
+use crate::base::sampling::SamplingParams;
 use crate::base::tree::TokenTree;
 use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
+use crate::decode::tree_sampling::TreeSampling;
 use crate::error::{Error, Result};
 use crate::m2r2::fast_stream::M2r2;
 use ndarray::Array2;
@@ -130,13 +139,14 @@ impl TreeSpeculativeOutput {
     }
 }
 
-/// Greedy decoding of up to `max_new_tokens` after `prompt` on the reference, drafting `tree`
-/// from gate `draft_gate` every round ([`tree_speculate`] on a [`ReferenceTreeSpeculation`]).
-/// Returns the output and the cache (the prompt and every emitted token but the last).
+/// Decoding of up to `max_new_tokens` after `prompt` on the reference, drafting `tree` from gate
+/// `draft_gate` every round ([`tree_speculate`] on a [`ReferenceTreeSpeculation`]; `sampling`:
+/// `None` greedy). Returns the output and the cache (the prompt and every emitted token but the
+/// last).
 ///
 /// # Errors
 /// An empty prompt, a draft gate outside `1..=J`, a cache for the prompt, the budget and one tree
-/// beyond the context, and the base model's input errors.
+/// beyond the context, bad sampling params, and the base model's input errors.
 pub fn tree_speculative_generate(
     m2r2: M2r2<'_>,
     draft_gate: usize,
@@ -144,6 +154,7 @@ pub fn tree_speculative_generate(
     prompt: &[u32],
     max_new_tokens: usize,
     stop_tokens: &[u32],
+    sampling: Option<SamplingParams>,
 ) -> Result<(TreeSpeculativeOutput, KvCache)> {
     if prompt.is_empty() {
         return Err(empty_prompt());
@@ -151,22 +162,45 @@ pub fn tree_speculative_generate(
     // the last round's tree may reach past the budget
     let capacity = prompt.len() + max_new_tokens + tree.nodes();
     let mut backend = ReferenceTreeSpeculation::new(m2r2, draft_gate, capacity)?;
-    let out = tree_speculate(&mut backend, tree, prompt, max_new_tokens, stop_tokens)?;
+    let out = tree_speculate(
+        &mut backend,
+        tree,
+        prompt,
+        max_new_tokens,
+        stop_tokens,
+        sampling,
+    )?;
     Ok((out, backend.into_cache()))
 }
 
-/// Greedy tree speculation on any engine: prefill `prompt`, then rounds of [`tree_round`] until
-/// `max_new_tokens` tokens or a stop token. The backend's cache ends holding the prompt and every
-/// emitted token but the last.
+/// Tree speculation on any engine: prefill `prompt`, then rounds of [`tree_round`] until
+/// `max_new_tokens` tokens or a stop token; `sampling`: `None` greedy (the output is greedy
+/// decoding's), `Some` seeded speculative sampling (the output is distributed as sampling from
+/// the base model). The backend's cache ends holding the prompt and every emitted token but the
+/// last.
 ///
 /// # Errors
-/// An empty prompt, the backend's refusal of the tree, and its errors.
+/// An empty prompt, bad sampling params, the backend's refusal of the tree, and its errors.
 pub fn tree_speculate<B: TreeBackend>(
     backend: &mut B,
     tree: &TokenTree,
     prompt: &[u32],
     max_new_tokens: usize,
     stop_tokens: &[u32],
+    sampling: Option<SamplingParams>,
+) -> Result<TreeSpeculativeOutput> {
+    let sampling = sampling.map(TreeSampling::new).transpose()?;
+    tree_speculate_with(backend, tree, prompt, max_new_tokens, stop_tokens, sampling)
+}
+
+/// [`tree_speculate`] with the sampler given (the tests give it another node rule).
+pub(crate) fn tree_speculate_with<B: TreeBackend>(
+    backend: &mut B,
+    tree: &TokenTree,
+    prompt: &[u32],
+    max_new_tokens: usize,
+    stop_tokens: &[u32],
+    mut sampling: Option<TreeSampling>,
 ) -> Result<TreeSpeculativeOutput> {
     if prompt.is_empty() {
         return Err(empty_prompt());
@@ -185,10 +219,13 @@ pub fn tree_speculate<B: TreeBackend>(
     if max_new_tokens == 0 {
         return Ok(out);
     }
-    let mut last = argmax(&prompt_logits) as u32;
+    let mut last = match &mut sampling {
+        Some(s) => s.token(&prompt_logits),
+        None => argmax(&prompt_logits) as u32,
+    };
     out.tokens.push(last);
     while out.tokens.len() < max_new_tokens && !stop_tokens.contains(&last) {
-        let round = tree_round(backend, tree, last)?;
+        let round = tree_round(backend, tree, last, sampling.as_mut())?;
         let path = tree.path(round.node);
         let mut emitted: Vec<u32> = path[1..].iter().map(|&i| round.tokens[i]).collect();
         emitted.push(round.base_token);
@@ -213,7 +250,9 @@ fn empty_prompt() -> Error {
 }
 
 /// Draft `tree` after `last` (the root, at position `backend.len()`), verify it, and choose the
-/// accepted node. Leaves the round's nodes in the backend for [`TreeBackend::accept`].
+/// accepted node: greedily, or by speculative sampling with `sampling` (which draws the children
+/// and keeps the random stream across rounds). Leaves the round's nodes in the backend for
+/// [`TreeBackend::accept`].
 ///
 /// # Errors
 /// The backend's.
@@ -221,10 +260,13 @@ pub fn tree_round<B: TreeBackend>(
     backend: &mut B,
     tree: &TokenTree,
     last: u32,
+    mut sampling: Option<&mut TreeSampling>,
 ) -> Result<TreeRound> {
     let n = backend.len();
     let mut tokens = vec![0u32; tree.nodes()];
     tokens[0] = last;
+    // sampling: each proposing node's draft distribution q (empty for the others)
+    let mut drafts = vec![Vec::new(); tree.nodes()];
     // draft: depth by depth, each depth one chunk
     for d in 0..=tree.max_depth() {
         let level = tree.level(d);
@@ -236,9 +278,18 @@ pub fn tree_round<B: TreeBackend>(
             .collect();
         let logits = backend.draft_level(tree, d, &tokens[level.clone()], &proposing)?; // [P, V]
         for (row, &t) in proposing.iter().enumerate() {
-            let children = tree.children(level.start + t);
+            let node = level.start + t;
+            let children = tree.children(node);
             let logits = logits.row(row);
-            let best = top_candidates(logits.as_slice().expect("contiguous"), children.len());
+            let logits = logits.as_slice().expect("contiguous");
+            let best = match sampling.as_deref_mut() {
+                Some(s) => {
+                    let (drawn, q) = s.children(logits, children.len());
+                    drafts[node] = q;
+                    drawn
+                }
+                None => top_candidates(logits, children.len()),
+            };
             for (child, token) in children.zip(best) {
                 tokens[child] = token;
             }
@@ -246,16 +297,22 @@ pub fn tree_round<B: TreeBackend>(
     }
     // verify: every node through the upper layers as one chunk
     let base = backend.verify_tree(tree)?; // [T, V]
-    let choice = |i: usize| argmax(base.row(i).as_slice().expect("contiguous")) as u32;
-    // accept: follow the base model's choices down the tree
-    let mut node = 0;
-    while let Some(child) = tree.children(node).find(|&c| tokens[c] == choice(node)) {
-        node = child;
-    }
+    let (node, base_token) = match sampling {
+        Some(s) => s.accept(tree, &tokens, &drafts, &base),
+        None => {
+            let choice = |i: usize| argmax(base.row(i).as_slice().expect("contiguous")) as u32;
+            // accept: follow the base model's choices down the tree
+            let mut node = 0;
+            while let Some(child) = tree.children(node).find(|&c| tokens[c] == choice(node)) {
+                node = child;
+            }
+            (node, choice(node))
+        }
+    };
     Ok(TreeRound {
         start: n,
         accepted: tree.depth(node),
-        base_token: choice(node),
+        base_token,
         node,
         tokens,
     })
@@ -355,7 +412,8 @@ mod tests {
                         let chain = speculative_generate(&mut backend, &prompt, &options).unwrap();
                         let tree = TokenTree::chain(m).unwrap();
                         let (got, cache) =
-                            tree_speculative_generate(m2r2, gate, &tree, &prompt, 12, &[]).unwrap();
+                            tree_speculative_generate(m2r2, gate, &tree, &prompt, 12, &[], None)
+                                .unwrap();
                         assert_eq!(got.tokens, chain.tokens, "{what}");
                         for (t, c) in got.rounds.iter().zip(&chain.rounds) {
                             assert_eq!(
@@ -388,7 +446,8 @@ mod tests {
                 let tree = TokenTree::parse(spec).unwrap();
                 for gate in 1..=m2r2.num_gates() {
                     let (got, cache) =
-                        tree_speculative_generate(m2r2, gate, &tree, &prompt, 40, &[]).unwrap();
+                        tree_speculative_generate(m2r2, gate, &tree, &prompt, 40, &[], None)
+                            .unwrap();
                     assert_eq!(got.tokens, want, "{name} {spec} gate {gate}");
                     assert!(is_greedy_cache(&model, &prompt, &got.tokens, &cache));
                     runner_ups += got
@@ -520,9 +579,16 @@ mod tests {
             let tree = TokenTree::from_widths(&self.widths).unwrap();
             let stop: Vec<u32> = self.stop.into_iter().collect();
             let want = greedy(&model, &self.prompt, self.new_tokens, &stop).unwrap();
-            let (got, cache) =
-                tree_speculative_generate(m2r2, gate, &tree, &self.prompt, self.new_tokens, &stop)
-                    .unwrap();
+            let (got, cache) = tree_speculative_generate(
+                m2r2,
+                gate,
+                &tree,
+                &self.prompt,
+                self.new_tokens,
+                &stop,
+                None,
+            )
+            .unwrap();
             prop_assert_eq!(&got.tokens, &want);
             prop_assert!(
                 is_greedy_cache(&model, &self.prompt, &got.tokens, &cache),
@@ -549,12 +615,12 @@ mod tests {
         let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
         let m2r2 = M2r2::new(&model, &weights);
         let tree = TokenTree::parse("2,1").unwrap();
-        let err = tree_speculative_generate(m2r2, 0, &tree, &[1], 4, &[]).unwrap_err();
+        let err = tree_speculative_generate(m2r2, 0, &tree, &[1], 4, &[], None).unwrap_err();
         assert!(
             err.to_string().contains("draft gate 0 does not exist"),
             "{err}"
         );
-        let err = tree_speculative_generate(m2r2, 1, &tree, &[], 4, &[]).unwrap_err();
+        let err = tree_speculative_generate(m2r2, 1, &tree, &[], 4, &[], None).unwrap_err();
         assert!(err.to_string().contains("the prompt is empty"), "{err}");
     }
 
@@ -573,7 +639,8 @@ mod tests {
         let prompt = [5u32, 3, 8, 1];
         let want = greedy(&model, &prompt, 24, &[]).unwrap();
         let run = |w: &M2r2Weights| {
-            tree_speculative_generate(M2r2::new(&model, w), 1, &tree, &prompt, 24, &[]).unwrap()
+            tree_speculative_generate(M2r2::new(&model, w), 1, &tree, &prompt, 24, &[], None)
+                .unwrap()
         };
         let (plain, _) = run(&weights);
         let (got, cache) = run(&bridged);

@@ -1,0 +1,638 @@
+//! Lossless speculative sampling on a token tree (docs/m2r2/speculative.md): SpecInfer's
+//! multi-step speculative sampling (Miao et al., 2024, Theorem 4.2), the chain's rule tried
+//! sibling after sibling. `decode/tree_speculation.rs` runs it when sampling params are given.
+//!
+//! **Drafting.** A proposing node's `W` children are `W` independent draws (duplicates allowed)
+//! from its draft distribution `q`: the draft logits through the same sampling transform as the
+//! base model's (temperature, top-k, top-p: [`sampling_distribution`]).
+//!
+//! **Verification**, from the root; at node `i` with base distribution `p` (node `i`'s base
+//! logits through the sampling transform) and children `x_1..x_W` drawn from `q`:
+//!
+//! ```text
+//! r_0 = p
+//! for j = 1..W:  accept x_j with probability min(1, r_{j-1}(x_j) / q(x_j)): continue at x_j
+//!                rejected: r_j = norm(max(0, r_{j-1} - q))
+//! none accepted (or a leaf): the round's base token ~ r_W
+//! ```
+//!
+//! One node is [`verify_node`]; a chain (one child per node) is the chain loop's rule, which
+//! calls it too. Why it is lossless: each `x_j` is independent of the rejections before it, so
+//! step `j` is plain speculative sampling of the target `r_{j-1}` with the draft `q`, whose
+//! output (accepted `x_j`, or else a sample of the residual `r_j`) is distributed as `r_{j-1}`;
+//! by induction the node emits `p`. An accepted child's own children were drawn from its own `q`,
+//! independently of how it was chosen, so the argument repeats down the tree and every token is
+//! distributed as sampling from the base model.
+//!
+//! **Why i.i.d. and not without replacement [ours]:** the i.i.d. rule is the chain's rule with one
+//! shared `q` (no per-sibling renormalisation), so a chain is bit for bit the chain loop with the
+//! same seed (tested), and its proof is SpecInfer's as written. Drawing without replacement (with
+//! Recursive Speculative Decoding's correction, Jeon et al., 2024) avoids duplicate siblings,
+//! which the i.i.d. rule wastes: a sibling repeating a rejected token is rejected with certainty
+//! (`r_j(x) = 0` after `x` was rejected). That matters when `q` is peaked (low temperature); it
+//! is not built.
+//!
+//! **Every child must come from its parent's `q`.** A child proposed another way (a prompt-lookup
+//! branch, say) is not covered by this rule: SpecInfer's theorem allows one distribution per
+//! child, so such a child would be tested against its own proposal distribution (one-hot for a
+//! deterministic proposal: accepted with probability `r_{j-1}(x)`, residual `r_{j-1}` without
+//! `x`), which [`verify_node`] does not take.
+
+use crate::base::sampling::{SamplingParams, draw, sampling_distribution};
+use crate::base::tree::TokenTree;
+use crate::error::Result;
+use ndarray::Array2;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// What the rule decides at one node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeChoice {
+    /// The candidate at this index was accepted: the round continues at its node.
+    Accept(usize),
+    /// Every candidate was rejected (or there was none): this token, sampled from the residual,
+    /// ends the round (the correction, or the bonus at a leaf).
+    Sample(u32),
+}
+
+/// Multi-candidate speculative sampling at one node: `p` the base distribution, `q` the draft
+/// distribution the `candidates` were drawn from (i.i.d.), tried in order. One uniform number per
+/// candidate tried and one for the final sample, so one candidate consumes the random stream as
+/// the chain loop does.
+///
+/// # Shapes
+/// - `p`, `q`: `[V]`, each summing to one (`q` may be empty when `candidates` is)
+pub fn verify_node<R: Rng>(p: Vec<f32>, q: &[f32], candidates: &[u32], rng: &mut R) -> NodeChoice {
+    let mut r = p;
+    for (j, &x) in candidates.iter().enumerate() {
+        let (rx, qx) = (r[x as usize], q[x as usize]);
+        let u: f32 = rng.random();
+        if qx > 0.0 && u < (rx / qx).min(1.0) {
+            return NodeChoice::Accept(j);
+        }
+        r = residual(r, q);
+    }
+    NodeChoice::Sample(draw(&r, rng) as u32)
+}
+
+/// `norm(max(0, p - q))`, or `p` itself when nothing is left (`p <= q` everywhere up to
+/// rounding, where a rejection has probability 0).
+///
+/// # Shapes
+/// - `p`, `q`: `[V]`
+pub fn residual(p: Vec<f32>, q: &[f32]) -> Vec<f32> {
+    let mut r: Vec<f32> = p.iter().zip(q).map(|(a, b)| (a - b).max(0.0)).collect();
+    let mass: f32 = r.iter().sum();
+    if mass > 0.0 {
+        r.iter_mut().for_each(|x| *x /= mass);
+        r
+    } else {
+        p
+    }
+}
+
+/// The rule applied at each node (the tests swap in wrong ones to see the chi-square test fail).
+pub(crate) type NodeRule = fn(Vec<f32>, &[f32], &[u32], &mut ChaCha8Rng) -> NodeChoice;
+
+/// The sampling side of a tree run: the transform, the seeded random stream (ChaCha8, as
+/// [`Sampler`](crate::base::sampling::Sampler): the same seed gives the same tokens everywhere),
+/// and the node rule.
+#[derive(Clone, Debug)]
+pub struct TreeSampling {
+    params: SamplingParams,
+    rng: ChaCha8Rng,
+    rule: NodeRule,
+}
+
+impl TreeSampling {
+    /// # Errors
+    /// Params that [`SamplingParams::validate`] refuses.
+    pub fn new(params: SamplingParams) -> Result<Self> {
+        params.validate()?;
+        Ok(Self::with_rule(params, verify_node))
+    }
+
+    pub(crate) fn with_rule(params: SamplingParams, rule: NodeRule) -> Self {
+        TreeSampling {
+            rng: ChaCha8Rng::seed_from_u64(params.seed),
+            params,
+            rule,
+        }
+    }
+
+    /// A token sampled from `logits` (the prompt's: no draft to verify).
+    pub fn token(&mut self, logits: &[f32]) -> u32 {
+        draw(&sampling_distribution(logits, &self.params), &mut self.rng) as u32
+    }
+
+    /// `k` children drawn i.i.d. from a node's draft `logits`, and the draft distribution `q`
+    /// they were drawn from (verification needs it).
+    pub fn children(&mut self, logits: &[f32], k: usize) -> (Vec<u32>, Vec<f32>) {
+        let q = sampling_distribution(logits, &self.params);
+        let drawn = (0..k).map(|_| draw(&q, &mut self.rng) as u32).collect();
+        (drawn, q)
+    }
+
+    /// The accepted node and the base token after it: the node rule from the root down.
+    /// `tokens[i]` is node `i`'s token, `drafts[i]` the `q` its children were drawn from (empty at
+    /// a leaf), `base` row `i` node `i`'s base logits.
+    ///
+    /// # Shapes
+    /// - `base`: `[T, V]`
+    pub fn accept(
+        &mut self,
+        tree: &TokenTree,
+        tokens: &[u32],
+        drafts: &[Vec<f32>],
+        base: &Array2<f32>,
+    ) -> (usize, u32) {
+        let mut node = 0;
+        loop {
+            let p =
+                sampling_distribution(base.row(node).as_slice().expect("contiguous"), &self.params);
+            let children = tree.children(node);
+            let candidates = &tokens[children.clone()];
+            match (self.rule)(p, &drafts[node], candidates, &mut self.rng) {
+                NodeChoice::Accept(j) => node = children.start + j,
+                NodeChoice::Sample(token) => return (node, token),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::base::config::ModelConfig;
+    use crate::base::generate::greedy;
+    use crate::base::model::Model;
+    use crate::decode::draft_verify::ReferenceSpeculation;
+    use crate::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
+    use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
+    use crate::decode::tree_speculation::{
+        TreeRound, TreeSpeculativeOutput, tree_speculate_with, tree_speculative_generate,
+    };
+    use crate::io::builtin::{self, random_model};
+    use crate::m2r2::bridge::BridgeSite;
+    use crate::m2r2::bridge_config::BridgeConfig;
+    use crate::m2r2::config::M2r2Config;
+    use crate::m2r2::draft_head::DraftHead;
+    use crate::m2r2::fast_stream::M2r2;
+    use crate::m2r2::weights::M2r2Weights;
+    use approx::assert_abs_diff_eq;
+    use rand::RngCore;
+
+    /// A random stream that returns the given uniforms (multiples of 2^-24 come back exactly).
+    struct Scripted(std::collections::VecDeque<f32>);
+
+    impl Scripted {
+        fn new(uniforms: &[f32]) -> Self {
+            Scripted(uniforms.iter().copied().collect())
+        }
+    }
+
+    impl RngCore for Scripted {
+        fn next_u32(&mut self) -> u32 {
+            let u = self.0.pop_front().expect("a scripted uniform");
+            // rand draws an f32 from the top 24 bits of a u32
+            ((u * (1u32 << 24) as f32) as u32) << 8
+        }
+        fn next_u64(&mut self) -> u64 {
+            u64::from(self.next_u32())
+        }
+        fn fill_bytes(&mut self, _: &mut [u8]) {
+            unimplemented!("only uniforms are scripted")
+        }
+    }
+
+    fn node(p: &[f32], q: &[f32], candidates: &[u32], uniforms: &[f32]) -> NodeChoice {
+        verify_node(p.to_vec(), q, candidates, &mut Scripted::new(uniforms))
+    }
+
+    #[test]
+    fn residuals_hand_computed() {
+        let r = residual(vec![0.4, 0.4, 0.2], &[0.1, 0.3, 0.6]);
+        assert_abs_diff_eq!(
+            r.as_slice(),
+            [0.75f32, 0.25, 0.0].as_slice(),
+            epsilon = 1e-6
+        );
+        // nothing left: p itself
+        let r = residual(vec![0.5, 0.5], &[0.5, 0.5]);
+        assert_eq!(r, [0.5, 0.5]);
+    }
+
+    /// One node by hand, uniforms scripted. p = [0.4, 0.4, 0.2], q = [0.1, 0.3, 0.6]:
+    /// x = 2 is accepted with probability p/q = 1/3; rejected, r_1 = norm([0.3, 0.1, 0]) =
+    /// [0.75, 0.25, 0]; then x = 1 with r_1/q = 0.25/0.3 = 0.833; rejected, r_2 = norm([0.65, 0,
+    /// 0]) = [1, 0, 0].
+    #[test]
+    fn nodes_hand_computed() {
+        let (p, q) = ([0.4f32, 0.4, 0.2], [0.1f32, 0.3, 0.6]);
+        assert_eq!(node(&p, &q, &[2, 1], &[0.25]), NodeChoice::Accept(0));
+        assert_eq!(node(&p, &q, &[2, 1], &[0.5, 0.75]), NodeChoice::Accept(1));
+        assert_eq!(
+            node(&p, &q, &[2, 1], &[0.5, 0.875, 0.5]),
+            NodeChoice::Sample(0)
+        );
+        // one candidate rejected: the sample comes from r_1 = [0.75, 0.25, 0]
+        assert_eq!(node(&p, &q, &[2], &[0.5, 0.5]), NodeChoice::Sample(0));
+        assert_eq!(node(&p, &q, &[2], &[0.5, 0.875]), NodeChoice::Sample(1));
+        // a duplicate of a rejected token is rejected whatever the uniform (r_1(2) = 0), and
+        // the sample comes from r_2 = norm(max(0, r_1 - q)) = [1, 0, 0]
+        assert_eq!(
+            node(&p, &q, &[2, 2], &[0.5, 0.0, 0.875]),
+            NodeChoice::Sample(0)
+        );
+        // p(x) >= q(x): always accepted (token 0: 0.4 / 0.1)
+        assert_eq!(node(&p, &q, &[0], &[0.99]), NodeChoice::Accept(0));
+        // a leaf samples p itself
+        assert_eq!(node(&p, &[], &[], &[0.5]), NodeChoice::Sample(1));
+        assert_eq!(node(&p, &[], &[], &[0.25]), NodeChoice::Sample(0));
+    }
+
+    /// Chi-square statistic of `counts` against the probabilities `p` (cells with p = 0 must
+    /// count nothing).
+    fn chi2(counts: &[usize], p: &[f64]) -> f64 {
+        let n: usize = counts.iter().sum();
+        counts
+            .iter()
+            .zip(p)
+            .map(|(&c, &p)| {
+                if p == 0.0 {
+                    assert_eq!(c, 0, "a token of probability 0 was emitted");
+                    return 0.0;
+                }
+                let expected = p * n as f64;
+                (c as f64 - expected).powi(2) / expected
+            })
+            .sum()
+    }
+
+    /// How a node's candidates are drawn and judged in `node_output`.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum NodeRun {
+        /// i.i.d. from q, [`verify_node`]: the rule
+        Rule,
+        /// i.i.d. from q, the first candidate accepted without the p/q test
+        NoTest,
+        /// i.i.d. from q, no residual between siblings (each tried against p, the sample from p)
+        NoResidual,
+        /// without replacement from q (q renormalised after each draw), [`verify_node`]
+        WithoutReplacement,
+    }
+
+    /// The tokens one node emits (the accepted candidate's, or the sample) over `n` trials.
+    fn node_output(p: &[f32], q: &[f32], k: usize, run: NodeRun, n: usize) -> Vec<usize> {
+        let mut rng = ChaCha8Rng::seed_from_u64(17);
+        let mut counts = vec![0; p.len()];
+        for _ in 0..n {
+            let mut candidates = Vec::new();
+            let mut left = q.to_vec();
+            for _ in 0..k {
+                let x = draw(&left, &mut rng);
+                candidates.push(x as u32);
+                if run == NodeRun::WithoutReplacement {
+                    left[x] = 0.0;
+                    let mass: f32 = left.iter().sum();
+                    left.iter_mut().for_each(|l| *l /= mass);
+                }
+            }
+            let token = match run {
+                NodeRun::NoTest => candidates[0],
+                NodeRun::NoResidual => candidates
+                    .iter()
+                    .copied()
+                    .find(|&x| rng.random::<f32>() < (p[x as usize] / q[x as usize]).min(1.0))
+                    .unwrap_or_else(|| draw(p, &mut rng) as u32),
+                NodeRun::Rule | NodeRun::WithoutReplacement => {
+                    match verify_node(p.to_vec(), q, &candidates, &mut rng) {
+                        NodeChoice::Accept(j) => candidates[j],
+                        NodeChoice::Sample(t) => t,
+                    }
+                }
+            };
+            counts[token as usize] += 1;
+        }
+        counts
+    }
+
+    /// One node emits p: 1 to 4 candidates drawn i.i.d. from q, 40000 trials, a chi-square test
+    /// at significance 0.001 (df = 4, critical value 18.467); q puts mass on a token p gives
+    /// nothing and misses one p needs. The wrong rules fail it by far.
+    #[test]
+    fn one_node_emits_p() {
+        let p = [0.05f32, 0.1, 0.2, 0.3, 0.35];
+        let q = [0.4f32, 0.3, 0.0, 0.2, 0.1];
+        let (p0, q0) = ([0.0f32, 0.2, 0.3, 0.5, 0.0], q);
+        let trials = 40_000;
+        let expect = |p: &[f32]| p.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+        for (p, q) in [(p, q), (p0, q0)] {
+            for k in 1..=4 {
+                let x = chi2(&node_output(&p, &q, k, NodeRun::Rule, trials), &expect(&p));
+                assert!(x < 18.467, "{k} candidates: chi-square {x:.1}");
+            }
+        }
+        for run in [
+            NodeRun::NoTest,
+            NodeRun::NoResidual,
+            NodeRun::WithoutReplacement,
+        ] {
+            let counts = node_output(&p, &q, 3, run, trials);
+            let x: f64 = counts
+                .iter()
+                .zip(&p)
+                .map(|(&c, &p)| {
+                    let e = f64::from(p) * trials as f64;
+                    (c as f64 - e).powi(2) / e
+                })
+                .sum();
+            assert!(x > 200.0, "{run:?} passes: chi-square {x:.1}");
+        }
+    }
+
+    /// The test problem: a 4-layer model over 6 tokens and random M2R2 weights (full head, or a
+    /// pruned one of tokens {0, 2, 5}: the others are reached only through residuals).
+    fn six_token_problem(pruned: bool) -> (Model, M2r2Weights) {
+        let config = ModelConfig {
+            vocab_size: 6,
+            hidden_size: 16,
+            intermediate_size: 24,
+            num_hidden_layers: 4,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            head_dim: 4,
+            max_position_embeddings: 64,
+            ..builtin::tiny_config()
+        };
+        let model = random_model(config.clone(), 11).unwrap();
+        let mut weights =
+            M2r2Weights::random(&config, M2r2Config::default_for(&config), 12).unwrap();
+        if pruned {
+            weights.draft_head = Some(DraftHead::new(vec![0, 2, 5], 6, "test").unwrap());
+        }
+        (model, weights)
+    }
+
+    /// The exact marginals of the first `k` generated tokens when sampling from `model` after
+    /// `prompt`, by enumerating every prefix.
+    fn exact_marginals(
+        model: &Model,
+        prompt: &[u32],
+        params: &SamplingParams,
+        k: usize,
+    ) -> Vec<Vec<f64>> {
+        let vocab = model.config.vocab_size;
+        let mut marginals = vec![vec![0.0f64; vocab]; k];
+        let mut stack = vec![(prompt.to_vec(), 1.0f64)];
+        while let Some((seq, weight)) = stack.pop() {
+            let logits = model.teacher_forced_logits(&seq).unwrap();
+            let p = sampling_distribution(logits.row(seq.len() - 1).as_slice().unwrap(), params);
+            let j = seq.len() - prompt.len();
+            for (t, &pt) in p.iter().enumerate() {
+                marginals[j][t] += weight * f64::from(pt);
+                if j + 1 < k && pt > 0.0 {
+                    let mut next = seq.clone();
+                    next.push(t as u32);
+                    stack.push((next, weight * f64::from(pt)));
+                }
+            }
+        }
+        marginals
+    }
+
+    const TEMPERATURE: f32 = 6.0;
+
+    fn params(seed: u64) -> SamplingParams {
+        // the random model is very peaked: temperature 6 puts every cell above 5 expected counts
+        SamplingParams {
+            temperature: TEMPERATURE,
+            top_k: None,
+            top_p: None,
+            seed,
+        }
+    }
+
+    /// Decode 4 tokens after prompt [3] with `tree`, seeds 0..4000, under `rule`: the chi-square
+    /// statistics of tokens 1..=4 against the exact marginals, and the outputs.
+    fn tree_chi2(
+        model: &Model,
+        weights: &M2r2Weights,
+        tree: &TokenTree,
+        rule: NodeRule,
+    ) -> (Vec<f64>, Vec<TreeSpeculativeOutput>) {
+        let (prompt, k, samples) = ([3u32], 4, 4000);
+        let want = exact_marginals(model, &prompt, &params(0), k);
+        let mut counts = vec![vec![0usize; model.config.vocab_size]; k];
+        let mut outs = Vec::new();
+        for seed in 0..samples {
+            let capacity = prompt.len() + k + tree.nodes();
+            let mut backend =
+                ReferenceTreeSpeculation::new(M2r2::new(model, weights), 1, capacity).unwrap();
+            let sampling = TreeSampling::with_rule(params(seed), rule);
+            let out =
+                tree_speculate_with(&mut backend, tree, &prompt, k, &[], Some(sampling)).unwrap();
+            for (j, &t) in out.tokens.iter().enumerate() {
+                counts[j][t as usize] += 1;
+            }
+            outs.push(out);
+        }
+        let x = counts.iter().zip(&want).map(|(c, m)| chi2(c, m)).collect();
+        (x, outs)
+    }
+
+    /// Speculative sampling on a tree draws from the base model's distribution: trees `3,2` and
+    /// `2,2,2`, the full and a pruned draft head, 4000 seeds; tokens 1 to 4 (the first from the
+    /// prompt, the others from the first rounds: accepted drafts, corrections, bonus tokens)
+    /// against the exact marginals by enumeration, a chi-square test at significance 0.001 each
+    /// (df = 5, critical value 20.515). The rounds must reject every child of the root, accept a
+    /// runner-up and accept whole paths, else the test is weak.
+    #[test]
+    fn tree_sampling_preserves_the_distribution() {
+        for pruned in [false, true] {
+            let (model, weights) = six_token_problem(pruned);
+            for spec in ["3,2", "2,2,2"] {
+                let tree = TokenTree::parse(spec).unwrap();
+                let (x, outs) = tree_chi2(&model, &weights, &tree, verify_node);
+                println!("pruned {pruned} tree {spec}: chi-square {x:.2?}");
+                assert!(
+                    x.iter().all(|&x| x < 20.515),
+                    "pruned {pruned} tree {spec}: chi-square {x:.2?} above 20.515"
+                );
+                let rounds: Vec<&TreeRound> = outs.iter().flat_map(|o| &o.rounds).collect();
+                let count = |f: &dyn Fn(&TreeRound) -> bool| rounds.iter().filter(|r| f(r)).count();
+                let none = count(&|r| r.accepted == 0);
+                let whole = count(&|r| r.accepted == tree.max_depth());
+                let runner_ups = count(&|r| {
+                    let path = tree.path(r.node);
+                    path.windows(2).any(|w| tree.children(w[0]).start != w[1])
+                });
+                println!(
+                    "  {} rounds: {none} accepted nothing, {runner_ups} a runner-up, {whole} a \
+                     whole path",
+                    rounds.len()
+                );
+                assert!(none > 100 && runner_ups > 100 && whole > 100, "weak test");
+            }
+        }
+    }
+
+    /// The same test fails for wrong rules: accepting the first child without the p/q test
+    /// (the drafts' distribution), and trying every sibling against p without the residual
+    /// between them (a multi-candidate bug the chain cannot have).
+    #[test]
+    fn wrong_tree_rules_fail_the_test() {
+        fn no_test(p: Vec<f32>, _: &[f32], candidates: &[u32], rng: &mut ChaCha8Rng) -> NodeChoice {
+            match candidates {
+                [] => NodeChoice::Sample(draw(&p, rng) as u32),
+                _ => NodeChoice::Accept(0),
+            }
+        }
+        fn no_residual(
+            p: Vec<f32>,
+            q: &[f32],
+            candidates: &[u32],
+            rng: &mut ChaCha8Rng,
+        ) -> NodeChoice {
+            for (j, &x) in candidates.iter().enumerate() {
+                let u: f32 = rng.random();
+                if u < (p[x as usize] / q[x as usize]).min(1.0) {
+                    return NodeChoice::Accept(j);
+                }
+            }
+            NodeChoice::Sample(draw(&p, rng) as u32)
+        }
+        let (model, weights) = six_token_problem(false);
+        let tree = TokenTree::parse("3,2").unwrap();
+        for (name, rule) in [
+            ("no test", no_test as NodeRule),
+            ("no residual", no_residual),
+        ] {
+            let (x, _) = tree_chi2(&model, &weights, &tree, rule);
+            println!("{name}: chi-square {x:.2?}");
+            assert!(
+                x.iter().any(|&x| x > 100.0),
+                "{name}: chi-square {x:.2?} passes"
+            );
+        }
+    }
+
+    /// A chain tree with sampling is the chain loop with the same seed, bit for bit: the same
+    /// tokens and rounds (the draws, the uniforms and the residuals in the same order), on the
+    /// built-in models, every draft gate, lengths 1 to 3, the full head and a bridge.
+    #[test]
+    fn a_sampled_chain_is_the_sampled_chain_loop() {
+        for name in builtin::BUILTIN_NAMES {
+            let model = builtin::builtin(name).unwrap();
+            let full = M2r2Weights::builtin_for(name, &model.config).unwrap();
+            let bridge = BridgeConfig::new(1, 4, BridgeSite::ALL.to_vec());
+            let bridged = full
+                .clone()
+                .with_bridge(&model.config, bridge, 3, 0.5)
+                .unwrap();
+            for weights in [&full, &bridged] {
+                let m2r2 = M2r2::new(&model, weights);
+                for gate in 1..=m2r2.num_gates() {
+                    for m in 1..=3 {
+                        for seed in 0..3 {
+                            let what = format!("{name} gate {gate} length {m} seed {seed}");
+                            let sampling = SamplingParams {
+                                temperature: 1.5,
+                                top_k: Some(40),
+                                top_p: Some(0.95),
+                                seed,
+                            };
+                            let prompt = [3u32, 1, 4, 1];
+                            let options = SpeculativeOptions {
+                                max_new_tokens: 12,
+                                stop_tokens: vec![],
+                                draft_length: DraftLength::Fixed(m),
+                                sampling: Some(sampling.clone()),
+                            };
+                            let mut backend =
+                                ReferenceSpeculation::new(m2r2, gate, None, 64).unwrap();
+                            let chain =
+                                speculative_generate(&mut backend, &prompt, &options).unwrap();
+                            let tree = TokenTree::chain(m).unwrap();
+                            let (got, _) = tree_speculative_generate(
+                                m2r2,
+                                gate,
+                                &tree,
+                                &prompt,
+                                12,
+                                &[],
+                                Some(sampling),
+                            )
+                            .unwrap();
+                            assert_eq!(got.tokens, chain.tokens, "{what}");
+                            let rounds: Vec<_> = got
+                                .rounds
+                                .iter()
+                                .map(|t| (t.start, &t.tokens[1..], t.accepted, t.base_token))
+                                .collect();
+                            let want: Vec<_> = chain
+                                .rounds
+                                .iter()
+                                .map(|c| (c.start, &c.drafted[..], c.accepted, c.base_token))
+                                .collect();
+                            assert_eq!(rounds, want, "{what}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Top-k 1 makes p and q one-hot at their argmax: sampling on any tree is then greedy
+    /// decoding, whatever the seed and temperature (siblings are duplicates of the draft's top
+    /// token; a rejection's residual is the base model's top token).
+    #[test]
+    fn top_k_1_sampling_is_greedy() {
+        for name in builtin::BUILTIN_NAMES {
+            let model = builtin::builtin(name).unwrap();
+            let weights = M2r2Weights::builtin_for(name, &model.config).unwrap();
+            let m2r2 = M2r2::new(&model, &weights);
+            let prompt = [7u32, 2, 9, 4, 4, 1];
+            let want = greedy(&model, &prompt, 24, &[]).unwrap();
+            for spec in ["3,2,1", "2,2"] {
+                let tree = TokenTree::parse(spec).unwrap();
+                for (seed, temperature) in [(0, 0.5), (1, 1.0), (2, 3.0)] {
+                    let sampling = SamplingParams {
+                        temperature,
+                        top_k: Some(1),
+                        top_p: None,
+                        seed,
+                    };
+                    let (got, _) =
+                        tree_speculative_generate(m2r2, 1, &tree, &prompt, 24, &[], Some(sampling))
+                            .unwrap();
+                    assert_eq!(got.tokens, want, "{name} {spec} seed {seed}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_params_are_refused() {
+        let model = builtin::builtin("tiny").unwrap();
+        let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
+        let tree = TokenTree::parse("2,1").unwrap();
+        let bad = SamplingParams {
+            temperature: 0.0,
+            top_k: None,
+            top_p: None,
+            seed: 0,
+        };
+        let err = tree_speculative_generate(
+            M2r2::new(&model, &weights),
+            1,
+            &tree,
+            &[1],
+            4,
+            &[],
+            Some(bad),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("temperature must be > 0"), "{err}");
+    }
+}
