@@ -353,6 +353,7 @@ fn engine_costs(engine: String, gate: usize, times: StepTimes, arla: Option<f64>
             propose: times.propose,
             feed: times.feed,
             verify: times.verify.iter().map(|&(_, ms)| ms).collect(),
+            tree: None,
         },
         propose_arla_ms: arla,
     }
