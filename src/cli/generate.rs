@@ -13,6 +13,7 @@ use anyhow::Result;
 use reference::decode::mode::{DecodeRequest, run_mode, tree_speculative_mode_run};
 use reference::decode::speculative::DraftLength;
 use reference::io::load::LoadedModel;
+use reference::m2r2::config::{DraftTreeConfig, M2r2Config};
 use std::io::{IsTerminal, Write};
 
 #[derive(clap::Args, Debug)]
@@ -39,7 +40,9 @@ pub struct Args {
     /// Speculative drafting with a token tree of widths W1,W2,... per depth (`2,1,1`: the top 2
     /// drafts, each continued by its top 1 for two more depths), verified in one chunk, on the
     /// reference (`--draft-len N` is the chain 1,1,...). Greedy; with --temperature the children
-    /// are sampled from the draft and verified by multi-candidate speculative sampling (lossless)
+    /// are sampled from the draft and verified by multi-candidate speculative sampling (lossless).
+    /// Default: the M2R2 config's `draft_tree` when it has one (speculative, greedy, no
+    /// --draft-len / --dynamic-draft)
     #[arg(long, value_name = "W1,W2,...")]
     pub draft_tree: Option<String>,
 }
@@ -54,12 +57,38 @@ fn tree_widths(args: &Args) -> Result<Option<Vec<usize>>> {
     })
 }
 
+/// The M2R2 config's default tree (`draft_tree`, chosen by `tune-drafting`), when nothing asks
+/// for other drafting: speculative decoding, greedy, without `--draft-len`, `--dynamic-draft` or
+/// `--draft-tree`. `--draft-gate` still moves it to another gate.
+fn config_tree<'a>(
+    args: &Args,
+    sampling: bool,
+    config: &'a M2r2Config,
+) -> Option<&'a DraftTreeConfig> {
+    let asks_otherwise = args.draft_tree.is_some()
+        || args.m2r2.draft_len.is_some()
+        || args.m2r2.dynamic_draft
+        || sampling;
+    config
+        .draft_tree
+        .as_ref()
+        .filter(|_| args.m2r2.mode == ModeArg::Speculative && !asks_otherwise)
+}
+
 pub fn run(args: &Args) -> Result<()> {
     let sampling = args.sampling.params()?;
     let tree = tree_widths(args)?;
     let loaded = common::load(&args.model.model)?;
     let weights = args.m2r2.weights(&loaded)?;
     let mut settings = args.m2r2.settings(&loaded, &weights)?;
+    let tree = match (tree, config_tree(args, sampling.is_some(), &weights.config)) {
+        (Some(widths), _) => Some(widths),
+        (None, Some(t)) => {
+            settings.draft_gate = args.m2r2.draft_gate.unwrap_or(t.draft_gate);
+            Some(t.widths.clone())
+        }
+        (None, None) => None,
+    };
     if let Some(widths) = &tree {
         // a tree drafts its depth at every round (reported as draft_len, not dynamic)
         settings.draft_length = DraftLength::Fixed(widths.len());

@@ -2,13 +2,18 @@
 //! (docs/TRAINING.md "Choosing the drafting policy").
 //!
 //! For each draft gate, one teacher-forced pass over greedy distillation data records whether each
-//! draft equals the next greedy token and its gate scores (`reference::decode::draft_sim::trace`);
-//! each kind of step is timed on the engines (greedy step, proposing and feeding draft steps,
-//! verifications of 1..=max+1 rows); then every policy (fixed 1..=max drafts; dynamic drafting
-//! with each gate kind, threshold and maximum) is replayed on the traces (`simulate`) and priced
-//! with the measured step costs. The predicted speed-ups rank the policies; `--write DIR` stores
-//! the best in an M2R2 weights folder's config, as the default of `--mode speculative`. Confirm
-//! the winner with real decoding (`generate`, `run`, scripts/bench_speculative.py).
+//! draft equals the next greedy token, its rank among the draft's candidates and its gate scores
+//! (`reference::decode::draft_sim::trace`); each kind of step is timed on the engines (greedy
+//! step, proposing and feeding draft steps, verifications of 1..=max+1 rows; on the reference also
+//! the steps of token trees: draft levels of n nodes, verifications of each tree); then every
+//! policy (fixed 1..=max drafts; dynamic drafting with each gate kind, threshold and maximum; the
+//! tree shapes) is replayed on the traces (`simulate`, `simulate_tree`) and priced with the
+//! measured step costs. The predicted speed-ups choose a winner per engine (ONNX Runtime runs no
+//! trees yet: it chooses among chains); `--write DIR` stores them in an M2R2 weights folder's
+//! config as the defaults of `--mode speculative`: the chain (`draft_gate`, `draft_len`,
+//! `dynamic_draft`: ONNX Runtime's winner with `--onnx`, else the reference's best chain) and, when
+//! a tree beats that chain on the reference, the reference's tree (`draft_tree`). Confirm the
+//! winners with real decoding (`generate`, `run`, scripts/bench_speculative.py).
 
 use crate::cli::args::m2r2::{M2r2Args, OnOff};
 use crate::cli::args::model::ModelArgs;
@@ -21,11 +26,16 @@ use anyhow::{Context, Result, bail};
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::speculation::OnnxSpeculation;
 use reference::base::generate::ReferenceGreedy;
-use reference::decode::draft_sim::{Policy, Simulated, StepCosts, Trace, simulate, trace};
+use reference::base::tree::TokenTree;
+use reference::decode::draft_sim::tree::shape_text;
+use reference::decode::draft_sim::tree_steps::time_tree_steps;
+use reference::decode::draft_sim::{
+    Policy, Simulated, StepCosts, TREE_SHAPES, Trace, simulate, simulate_tree, trace,
+};
 use reference::decode::draft_verify::ReferenceSpeculation;
 use reference::decode::drafting::check_draft_gate;
 use reference::io::load::LoadedModel;
-use reference::m2r2::config::{DynamicDraftConfig, M2r2Config};
+use reference::m2r2::config::{DraftTreeConfig, DynamicDraftConfig, M2r2Config};
 use reference::m2r2::exit_gate::GateKind;
 use reference::m2r2::fast_stream::M2r2;
 use reference::m2r2::weights::M2r2Weights;
@@ -53,9 +63,24 @@ pub struct Args {
     /// Draft gates tried, comma-separated (default: all)
     #[arg(long, value_name = "G,...", value_delimiter = ',')]
     pub draft_gates: Vec<usize>,
-    /// Longest draft tried: fixed drafting 1..=N tokens, dynamic drafting at most 1..=N
+    /// Longest draft tried: fixed drafting 1..=N tokens, dynamic drafting at most 1..=N, trees
+    /// at most N deep
     #[arg(long, value_name = "N", default_value_t = 6)]
     pub max_draft: usize,
+    /// The policy families tried, comma-separated: chain (fixed and dynamic drafting), tree
+    /// (token trees, priced on the reference only)
+    #[arg(
+        long,
+        value_enum,
+        value_name = "chain,tree",
+        value_delimiter = ',',
+        default_value = "chain,tree"
+    )]
+    pub families: Vec<Family>,
+    /// A tree shape tried, W1,W2,... (repeat the flag for more; default: the candidate shapes of
+    /// `reference::decode::draft_sim::TREE_SHAPES` no deeper than --max-draft)
+    #[arg(long = "tree", value_name = "W1,W2,...")]
+    pub trees: Vec<String>,
     /// Dynamic drafting thresholds tried, comma-separated
     #[arg(
         long,
@@ -79,11 +104,25 @@ pub struct Args {
     /// Print one JSON object instead of the tables
     #[arg(long)]
     pub json: bool,
-    /// Write the best policy (draft_gate, draft_len, dynamic_draft) into the m2r2_config.json of
-    /// this M2R2 weights folder
+    /// Write the winners into the m2r2_config.json of this M2R2 weights folder: the chain default
+    /// (draft_gate, draft_len, dynamic_draft) and the reference's tree (draft_tree, or none)
     #[arg(long, value_name = "DIR")]
     pub write: Option<PathBuf>,
 }
+
+/// A family of drafting policies.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// One draft per depth: fixed or dynamic drafting.
+    Chain,
+    /// A token tree per round (the reference only, greedy).
+    Tree,
+}
+
+/// Why ONNX Runtime prices no trees, in the table and the JSON.
+const ONNX_NO_TREES: &str = "ONNX Runtime runs no token trees yet: trees are priced on the \
+                             reference only, and ONNX Runtime chooses among chains";
 
 /// One gate's trace.
 #[derive(Serialize)]
@@ -126,29 +165,35 @@ impl EngineCosts {
     }
 }
 
-#[derive(Clone, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 struct PolicyResult {
     draft_gate: usize,
+    family: Family,
     policy: String,
+    /// Drafts per round for a chain (at most, when dynamic); a tree's depth.
     draft_len: usize,
     dynamic_draft: Option<DynamicDraftConfig>,
+    /// A tree's widths `[W1, W2, ...]`.
+    draft_tree: Option<Vec<usize>>,
+    /// A tree's nodes (the rows of its verification), the root included.
+    tree_nodes: Option<usize>,
     tokens_per_round: f64,
+    /// Proposing draft steps per round; for a tree, its nodes with children.
     proposals_per_round: f64,
     speedup_reference: Option<f64>,
     speedup_onnx: Option<f64>,
 }
 
-impl PolicyResult {
-    /// What ranks the policies: the reference's speed-up, or its geometric mean with ONNX
-    /// Runtime's where both are known.
-    fn score(&self) -> f64 {
-        match (self.speedup_reference, self.speedup_onnx) {
-            (Some(r), Some(o)) => (r * o).sqrt(),
-            (Some(r), None) => r,
-            (None, Some(o)) => o,
-            (None, None) => 0.0,
-        }
-    }
+/// What `--write` stores (or would store): the defaults of `--mode speculative` per engine.
+#[derive(Serialize)]
+struct Defaults {
+    /// `draft_gate`, `draft_len`, `dynamic_draft`: what ONNX Runtime drafts (its winner with
+    /// `--onnx`, else the reference's best chain), and the reference when it has no tree or
+    /// samples; `None` when no chain was priced (the folder's is kept).
+    chain: Option<PolicyResult>,
+    /// `draft_tree`: the reference's best tree when it beats the chain default on the reference;
+    /// `None`: the reference drafts the chain default too.
+    tree: Option<PolicyResult>,
 }
 
 #[derive(Serialize)]
@@ -159,8 +204,83 @@ struct Report {
     samples: usize,
     traces: Vec<GateTrace>,
     costs: Vec<EngineCosts>,
+    /// Best first by the reference's speed-up.
     policies: Vec<PolicyResult>,
-    best: PolicyResult,
+    /// The fastest policy on each engine.
+    best_reference: PolicyResult,
+    best_onnx: Option<PolicyResult>,
+    defaults: Defaults,
+    notes: Vec<String>,
+}
+
+/// The fastest of `results` by `speedup`, the first of equals (unpriced ones never win).
+fn fastest<'a>(
+    results: impl Iterator<Item = &'a PolicyResult>,
+    speedup: impl Fn(&PolicyResult) -> Option<f64>,
+) -> Option<&'a PolicyResult> {
+    results.fold(None, |best, r| match (best, speedup(r)) {
+        (_, None) => best,
+        (Some(b), Some(s)) if speedup(b).is_some_and(|bs| bs >= s) => Some(b),
+        (_, Some(_)) => Some(r),
+    })
+}
+
+/// The defaults per engine: the chain (ONNX Runtime's winner when it was priced, else the
+/// reference's best chain) and the reference's tree when one beats that chain on the reference.
+fn defaults(results: &[PolicyResult], onnx: bool) -> Defaults {
+    let reference = |r: &PolicyResult| r.speedup_reference;
+    let chains = results.iter().filter(|r| r.family == Family::Chain);
+    let chain = match onnx {
+        true => fastest(chains, |r| r.speedup_onnx),
+        false => fastest(chains, reference),
+    };
+    let tree = fastest(
+        results.iter().filter(|r| r.family == Family::Tree),
+        reference,
+    )
+    .filter(|t| chain.is_none_or(|c| reference(t) > reference(c)));
+    Defaults {
+        chain: chain.cloned(),
+        tree: tree.cloned(),
+    }
+}
+
+/// The tree shapes tried: `--tree` flags, or the candidate shapes no deeper than `--max-draft`;
+/// none without the tree family.
+fn tree_shapes(args: &Args) -> Result<Vec<Vec<usize>>> {
+    if !args.families.contains(&Family::Tree) {
+        if !args.trees.is_empty() {
+            bail!("--tree shapes need the tree family: add tree to --families");
+        }
+        return Ok(vec![]);
+    }
+    if args.trees.is_empty() {
+        return Ok(TREE_SHAPES
+            .iter()
+            .filter(|w| w.len() <= args.max_draft)
+            .map(|w| w.to_vec())
+            .collect());
+    }
+    let mut shapes: Vec<Vec<usize>> = Vec::new();
+    for spec in &args.trees {
+        TokenTree::parse(spec).map_err(|e| anyhow::anyhow!("--tree: {e}"))?;
+        let widths: Vec<usize> = spec
+            .split(',')
+            .map(|w| w.trim().parse().expect("checked by TokenTree::parse"))
+            .collect();
+        if widths.len() > args.max_draft {
+            bail!(
+                "--tree {spec} is {} deep, deeper than --max-draft {}: raise --max-draft (the \
+                 traces are as deep as it)",
+                widths.len(),
+                args.max_draft
+            );
+        }
+        if !shapes.contains(&widths) {
+            shapes.push(widths);
+        }
+    }
+    Ok(shapes)
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -170,6 +290,14 @@ pub fn run(args: &Args) -> Result<()> {
     if let Some(t) = args.thresholds.iter().find(|t| !t.is_finite()) {
         bail!("--thresholds must be finite numbers, got {t}");
     }
+    if args.families.is_empty() {
+        bail!("--families: name at least one of chain, tree");
+    }
+    let chains = args.families.contains(&Family::Chain);
+    if args.onnx.is_some() && !chains {
+        bail!("--onnx prices chains only ({ONNX_NO_TREES}): add chain to --families");
+    }
+    let shapes = tree_shapes(args)?;
     let loaded = common::load(&args.model.model)?;
     let m2r2_args = M2r2Args {
         draft_head: args.draft_head,
@@ -205,13 +333,13 @@ pub fn run(args: &Args) -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
     let mut costs = Vec::new();
     for &g in &gates {
-        costs.push(reference_costs(&loaded, &weights, g, args)?);
+        costs.push(reference_costs(&loaded, &weights, g, args, &shapes)?);
     }
     let onnx = match &args.onnx {
         Some(dir) => Some(onnx_costs(&loaded, &weights, dir, args)?),
         None => None,
     };
-    let policies = policies(args);
+    let policies = if chains { policies(args) } else { vec![] };
     let mut results = Vec::new();
     for (t, reference) in traces.iter().zip(&costs) {
         let ort = onnx.as_ref().filter(|c| c.gate == t.gate);
@@ -239,29 +367,76 @@ pub fn run(args: &Args) -> Result<()> {
             };
             results.push(PolicyResult {
                 draft_gate: t.gate,
+                family: Family::Chain,
                 policy: describe(policy),
                 draft_len,
                 dynamic_draft,
+                draft_tree: None,
+                tree_nodes: None,
                 tokens_per_round: sim.tokens_per_round(),
                 proposals_per_round: sim.proposals_per_round(),
                 speedup_reference: speedup(reference),
                 speedup_onnx: ort.and_then(speedup),
             });
         }
+        for widths in &shapes {
+            let mut sim = Simulated::default();
+            for points in &t.samples {
+                sim.add(&simulate_tree(points, widths)?);
+            }
+            results.push(PolicyResult {
+                draft_gate: t.gate,
+                family: Family::Tree,
+                policy: format!("tree {}", shape_text(widths)),
+                draft_len: widths.len(),
+                dynamic_draft: None,
+                draft_tree: Some(widths.clone()),
+                tree_nodes: Some(TokenTree::from_widths(widths)?.nodes()),
+                tokens_per_round: sim.tokens_per_round(),
+                proposals_per_round: sim.proposals_per_round(),
+                speedup_reference: sim.speedup(&reference.costs),
+                // None: ONNX Runtime has no tree costs
+                speedup_onnx: ort.and_then(|c| sim.speedup(&c.costs)),
+            });
+        }
     }
-    results.sort_by(|a, b| b.score().total_cmp(&a.score()));
-    // With an export, the best is among the policies both engines were priced for.
-    let best = results
-        .iter()
-        .find(|r| onnx.is_none() || r.speedup_onnx.is_some())
+    let by_reference = |r: &PolicyResult| r.speedup_reference.unwrap_or(0.0);
+    results.sort_by(|a, b| by_reference(b).total_cmp(&by_reference(a)));
+    let best_reference = fastest(results.iter(), |r| r.speedup_reference)
         .cloned()
         .context("no drafting policy could be priced")?;
+    let best_onnx = fastest(results.iter(), |r| r.speedup_onnx).cloned();
+    if onnx.is_some() && best_onnx.is_none() {
+        bail!("no chain could be priced on ONNX Runtime");
+    }
+    let defaults = defaults(&results, onnx.is_some());
+    let mut notes = Vec::new();
+    if let Some(c) = &onnx {
+        notes.push(format!("{}: {ONNX_NO_TREES}", c.engine));
+    }
+    if defaults.tree.is_none() && defaults.chain.as_ref() != Some(&best_reference) {
+        notes.push(format!(
+            "the reference's best ({}) is a chain other than the chain default, which the \
+             config holds once for both engines: the reference drafts the chain default",
+            best_reference.policy
+        ));
+    }
     if let Some(dir) = &args.write {
         let mut written = M2r2Config::load(dir, &loaded.model.config)
             .with_context(|| format!("--write {}: not an M2R2 weights folder", dir.display()))?;
-        written.draft_gate = best.draft_gate;
-        written.draft_len = best.draft_len;
-        written.dynamic_draft = best.dynamic_draft.clone();
+        if let Some(c) = &defaults.chain {
+            written.draft_gate = c.draft_gate;
+            written.draft_len = c.draft_len;
+            written.dynamic_draft = c.dynamic_draft.clone();
+        }
+        written.draft_tree = defaults.tree.as_ref().map(|t| DraftTreeConfig {
+            draft_gate: t.draft_gate,
+            widths: t.draft_tree.clone().expect("a tree's widths"),
+        });
+        let file = dir.join(reference::m2r2::config::M2R2_CONFIG_FILE);
+        written
+            .validate(&loaded.model.config, &file.display().to_string())
+            .with_context(|| format!("--write {}", dir.display()))?;
         written.save(dir)?;
     }
     costs.extend(onnx);
@@ -273,7 +448,10 @@ pub fn run(args: &Args) -> Result<()> {
         traces,
         costs,
         policies: results,
-        best,
+        best_reference,
+        best_onnx,
+        defaults,
+        notes,
     };
     if args.json {
         common::print_json(&report)?;
@@ -282,14 +460,26 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if let Some(dir) = &args.write {
         eprintln!(
-            "wrote draft gate {}, {} into {}",
-            report.best.draft_gate,
-            report.best.policy,
+            "wrote {} into {}",
+            describe_defaults(&report.defaults),
             dir.join(reference::m2r2::config::M2R2_CONFIG_FILE)
                 .display()
         );
     }
     Ok(())
+}
+
+/// The defaults in words: "chain: draft gate 1, fixed 2; reference tree: draft gate 1, tree 2,1".
+fn describe_defaults(d: &Defaults) -> String {
+    let chain = match &d.chain {
+        Some(c) => format!("chain: draft gate {}, {}", c.draft_gate, c.policy),
+        None => "chain: unchanged (no chain priced)".into(),
+    };
+    let tree = match &d.tree {
+        Some(t) => format!("reference tree: draft gate {}, {}", t.draft_gate, t.policy),
+        None => "reference tree: none (the reference drafts the chain)".into(),
+    };
+    format!("{chain}; {tree}")
 }
 
 fn trace_gate(
@@ -353,6 +543,7 @@ fn engine_costs(engine: String, gate: usize, times: StepTimes, arla: Option<f64>
             propose: times.propose,
             feed: times.feed,
             verify: times.verify.iter().map(|&(_, ms)| ms).collect(),
+            tree: None,
         },
         propose_arla_ms: arla,
     }
@@ -366,6 +557,7 @@ fn reference_costs(
     weights: &M2r2Weights,
     gate: usize,
     args: &Args,
+    shapes: &[Vec<usize>],
 ) -> Result<EngineCosts> {
     let prompt = bench_prompt(loaded, COST_PROMPT);
     let capacity = COST_PROMPT + args.repeats + args.max_draft + 4;
@@ -386,7 +578,11 @@ fn reference_costs(
         }
         None => None,
     };
-    Ok(engine_costs("reference".into(), gate, times, arla))
+    let mut costs = engine_costs("reference".into(), gate, times, arla);
+    if !shapes.is_empty() {
+        costs.costs.tree = Some(time_tree_steps(m2r2, gate, &prompt, shapes, args.repeats)?);
+    }
+    Ok(costs)
 }
 
 fn onnx_costs(
@@ -457,13 +653,18 @@ fn speed(s: Option<f64>) -> String {
     s.map_or("-".into(), |s| format!("{s:.2}x"))
 }
 
-/// A table of policies with their predictions.
+/// A table of policies with their predictions. A tree's ONNX Runtime cell says it is not
+/// runnable there.
 fn print_policies<'a>(policies: impl Iterator<Item = &'a PolicyResult>) {
     println!(
         "| draft gate | drafting | tokens per verification | proposals per round | reference | ONNX Runtime |"
     );
     println!("|---|---|---|---|---|---|");
     for p in policies {
+        let onnx = match (p.family, p.speedup_onnx) {
+            (Family::Tree, None) => "no trees".to_string(),
+            (_, s) => speed(s),
+        };
         println!(
             "| {} | {} | {:.2} | {:.2} | {} | {} |",
             p.draft_gate,
@@ -471,9 +672,50 @@ fn print_policies<'a>(policies: impl Iterator<Item = &'a PolicyResult>) {
             p.tokens_per_round,
             p.proposals_per_round,
             speed(p.speedup_reference),
-            speed(p.speedup_onnx)
+            onnx
         );
     }
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or("-".into(), |ms| format!("{ms:.1}"))
+}
+
+/// The tree step costs: one column per timed size of each kind.
+fn print_tree_costs(costs: &[EngineCosts]) {
+    let trees: Vec<&EngineCosts> = costs.iter().filter(|c| c.costs.tree.is_some()).collect();
+    let Some(first) = trees.first().and_then(|c| c.costs.tree.as_ref()) else {
+        return;
+    };
+    let sizes = |v: &[Option<f64>]| -> Vec<usize> {
+        (1..=v.len()).filter(|&n| v[n - 1].is_some()).collect()
+    };
+    let columns = [
+        ("propose", sizes(&first.propose)),
+        ("leaves", sizes(&first.leaves)),
+        ("verify", sizes(&first.verify)),
+    ];
+    println!(
+        "token tree steps, ms (median): a draft level of n nodes that propose (propose n) or of \
+         n leaves (leaves n), a verification of a tree of n nodes (verify n):"
+    );
+    println!();
+    let header: Vec<String> = columns
+        .iter()
+        .flat_map(|(kind, sizes)| sizes.iter().map(move |n| format!("{kind} {n}")))
+        .collect();
+    println!("| engine | draft gate | {} |", header.join(" | "));
+    println!("|---|---|{}", "---|".repeat(header.len()));
+    for c in trees {
+        let t = c.costs.tree.as_ref().expect("filtered");
+        let cells: Vec<String> = [(&t.propose, &columns[0].1), (&t.leaves, &columns[1].1)]
+            .into_iter()
+            .chain([(&t.verify, &columns[2].1)])
+            .flat_map(|(v, sizes)| sizes.iter().map(|&n| ms(v.get(n - 1).copied().flatten())))
+            .collect();
+        println!("| {} | {} | {} |", c.engine, c.gate, cells.join(" | "));
+    }
+    println!();
 }
 
 fn print(r: &Report, top: usize) {
@@ -508,19 +750,33 @@ fn print(r: &Report, top: usize) {
             c.gate,
             c.costs.greedy,
             c.costs.propose,
-            c.propose_arla_ms
-                .map_or("-".into(), |ms| format!("{ms:.1}")),
+            ms(c.propose_arla_ms),
             c.costs.feed,
             verify.join(" | ")
         );
     }
     println!();
-    println!("predicted speed-up over greedy decoding, best first:");
+    print_tree_costs(&r.costs);
+    println!("predicted speed-up over greedy decoding, best first on the reference:");
     println!();
     print_policies(r.policies.iter().take(top));
     println!();
+    if r.best_onnx.is_some() {
+        println!("best first on ONNX Runtime (chains at the export's draft gate):");
+        println!();
+        let mut onnx: Vec<&PolicyResult> = r
+            .policies
+            .iter()
+            .filter(|p| p.speedup_onnx.is_some())
+            .collect();
+        let by_onnx = |p: &PolicyResult| p.speedup_onnx.unwrap_or(0.0);
+        onnx.sort_by(|a, b| by_onnx(b).total_cmp(&by_onnx(a)));
+        print_policies(onnx.into_iter().take(top));
+        println!();
+    }
     println!(
-        "by family: each fixed length, and the best dynamic policy of each gate kind, per draft gate:"
+        "by family: each fixed length, the best dynamic policy of each gate kind, and each tree, \
+         per draft gate:"
     );
     println!();
     let mut shown: Vec<(usize, String)> = Vec::new();
@@ -540,20 +796,36 @@ fn print(r: &Report, top: usize) {
             new
         })
         .collect();
-    family.sort_by(|a, b| {
-        (a.draft_gate, a.dynamic_draft.is_some(), a.draft_len).cmp(&(
-            b.draft_gate,
-            b.dynamic_draft.is_some(),
-            b.draft_len,
-        ))
-    });
+    let order = |p: &PolicyResult| {
+        (
+            p.draft_gate,
+            p.family == Family::Tree,
+            p.dynamic_draft.is_some(),
+            p.draft_len,
+            p.tree_nodes,
+        )
+    };
+    family.sort_by_key(|p| order(p));
     print_policies(family.into_iter());
     println!();
-    println!(
-        "best: draft gate {}, {} (reference {}, ONNX Runtime {})",
-        r.best.draft_gate,
-        r.best.policy,
-        speed(r.best.speedup_reference),
-        speed(r.best.speedup_onnx)
+    for note in &r.notes {
+        println!("note: {note}");
+    }
+    let best = |engine: &str, p: &PolicyResult, s: Option<f64>| {
+        println!(
+            "best on {engine}: draft gate {}, {} ({})",
+            p.draft_gate,
+            p.policy,
+            speed(s)
+        );
+    };
+    best(
+        "the reference",
+        &r.best_reference,
+        r.best_reference.speedup_reference,
     );
+    if let Some(o) = &r.best_onnx {
+        best("ONNX Runtime", o, o.speedup_onnx);
+    }
+    println!("defaults (--write): {}", describe_defaults(&r.defaults));
 }

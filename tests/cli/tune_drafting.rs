@@ -1,9 +1,37 @@
-//! `m2r2 tune-drafting` on the built-in `tiny` model: traces every gate, prices every policy on
-//! both engines, ranks them, writes the best into an M2R2 folder that then decodes like greedy;
-//! sampled data and unknown gates are refused.
+//! `m2r2 tune-drafting` on the built-in `tiny` model: traces every gate, prices chains on both
+//! engines and token trees on the reference, picks a winner per engine, writes the defaults into
+//! an M2R2 folder that then decodes like greedy (a written tree is what `generate --mode
+//! speculative` drafts without flags); sampled data, unknown gates and bad family / shape flags
+//! are refused.
 
-use super::{fails, generate_json, ok};
+use super::{fails, generate_json, ids, ok};
 use serde_json::Value;
+
+/// `m2r2_config.json` of the folder `dir`.
+fn config(dir: &std::path::Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("m2r2_config.json")).unwrap()).unwrap()
+}
+
+/// A tree's predicted speed-up from the report's own numbers: every round drafts and verifies the
+/// whole tree, so speed-up = tokens per verification x greedy step / (the levels above the leaves
+/// proposing + the leaf level + one verification of all nodes).
+fn tree_speedup(policy: &Value, costs: &Value) -> f64 {
+    let widths = ids(&policy["draft_tree"]);
+    let tree = &costs["costs"]["tree"];
+    let at = |kind: &str, n: u64| tree[kind][n as usize - 1].as_f64().unwrap();
+    let mut levels = vec![1u64];
+    for w in &widths {
+        levels.push(levels.last().unwrap() * w);
+    }
+    let (leaves, above) = levels.split_last().unwrap();
+    let nodes: u64 = levels.iter().sum();
+    assert_eq!(policy["tree_nodes"], nodes, "{policy}");
+    let round: f64 = above.iter().map(|&n| at("propose", n)).sum::<f64>()
+        + at("leaves", *leaves)
+        + at("verify", nodes);
+    policy["tokens_per_round"].as_f64().unwrap() * costs["costs"]["greedy"].as_f64().unwrap()
+        / round
+}
 
 #[test]
 fn tune_drafting_ranks_writes_and_refuses() {
@@ -60,7 +88,10 @@ fn tune_drafting_ranks_writes_and_refuses() {
         let a = t["agreement"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&a), "{t}");
     }
-    // reference at 3 gates + ONNX Runtime at the export's gate; verify costs for 1..=4 rows
+    // reference at 3 gates + ONNX Runtime at the export's gate; verify costs for 1..=4 rows; tree
+    // steps on the reference only: the shapes no deeper than 3 (2,1 2,1,1 3,1,1 2,2,1 3,2,1) have
+    // proposing levels of 1, 2, 3, 4 and 6 nodes, leaf levels of 2, 3, 4 and 6, and 5, 7, 10, 11
+    // and 16 nodes
     let costs = report["costs"].as_array().unwrap();
     assert_eq!(costs.len(), 4, "{report}");
     assert!(
@@ -68,28 +99,100 @@ fn tune_drafting_ranks_writes_and_refuses() {
             .iter()
             .all(|c| c["costs"]["verify"].as_array().unwrap().len() == 4)
     );
-    // per gate: fixed 1..=3, and 3 gate kinds x 2 thresholds x 3 lengths
+    let timed = |v: &Value| -> Vec<u64> {
+        let v = v.as_array().unwrap();
+        (1..=v.len() as u64)
+            .filter(|&n| v[n as usize - 1].is_f64())
+            .collect()
+    };
+    for c in &costs[..3] {
+        assert_eq!(c["engine"], "reference");
+        let tree = &c["costs"]["tree"];
+        assert_eq!(timed(&tree["propose"]), [1, 2, 3, 4, 6], "{c}");
+        assert_eq!(timed(&tree["leaves"]), [2, 3, 4, 6], "{c}");
+        assert_eq!(timed(&tree["verify"]), [5, 7, 10, 11, 16], "{c}");
+    }
+    assert!(
+        costs[3]["engine"]
+            .as_str()
+            .unwrap()
+            .starts_with("onnxruntime")
+    );
+    assert!(costs[3]["costs"]["tree"].is_null(), "{report}");
+    let notes = report["notes"].to_string();
+    assert!(
+        notes.contains("ONNX Runtime runs no token trees yet"),
+        "{notes}"
+    );
+
+    // per gate: fixed 1..=3, 3 gate kinds x 2 thresholds x 3 lengths, and 5 trees
     let policies = report["policies"].as_array().unwrap();
-    assert_eq!(policies.len(), 3 * (3 + 3 * 2 * 3), "{report}");
+    assert_eq!(policies.len(), 3 * (3 + 3 * 2 * 3 + 5), "{report}");
+    let trees: Vec<&Value> = policies.iter().filter(|p| p["family"] == "tree").collect();
+    assert_eq!(trees.len(), 15);
+    for t in &trees {
+        // priced on the reference only, from its own step costs
+        assert!(t["speedup_onnx"].is_null(), "{t}");
+        let gate = t["draft_gate"].as_u64().unwrap() as usize;
+        let want = tree_speedup(t, &costs[gate - 1]);
+        let got = t["speedup_reference"].as_f64().unwrap();
+        assert!((got - want).abs() <= 1e-9 * want, "{t}: {got} != {want}");
+        assert_eq!(t["draft_len"], ids(&t["draft_tree"]).len(), "{t}");
+        assert!(t["policy"].as_str().unwrap().starts_with("tree "), "{t}");
+    }
+    // best first by the reference's speed-up
+    let reference: Vec<f64> = policies
+        .iter()
+        .map(|p| p["speedup_reference"].as_f64().unwrap())
+        .collect();
+    assert!(reference.windows(2).all(|w| w[0] >= w[1]), "{reference:?}");
+    assert_eq!(report["best_reference"], policies[0]);
+    // ONNX Runtime: the chains at the export's gate, its winner the fastest of them
     let onnx_priced: Vec<&Value> = policies
         .iter()
         .filter(|p| p["speedup_onnx"].is_f64())
         .collect();
     assert_eq!(onnx_priced.len(), 21);
-    let best = &report["best"];
-    assert!(best["speedup_onnx"].is_f64() && best["speedup_reference"].is_f64());
-    // the best is the first policy priced on both engines
-    assert_eq!(best, onnx_priced[0]);
-    let config: Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("w/m2r2_config.json")).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(config["draft_gate"], best["draft_gate"]);
-    assert_eq!(config["draft_len"], best["draft_len"]);
-    assert_eq!(
-        config.get("dynamic_draft").unwrap_or(&Value::Null),
-        &best["dynamic_draft"]
+    assert!(onnx_priced.iter().all(|p| p["family"] == "chain"));
+    let onnx_speed = |p: &Value| p["speedup_onnx"].as_f64().unwrap();
+    let best_onnx = &report["best_onnx"];
+    assert!(
+        onnx_priced
+            .iter()
+            .all(|p| onnx_speed(p) <= onnx_speed(best_onnx))
     );
+    // the chain default is ONNX Runtime's winner; the reference's tree the fastest tree when it
+    // beats that chain on the reference
+    let defaults = &report["defaults"];
+    assert_eq!(&defaults["chain"], best_onnx);
+    let speed = |p: &Value| p["speedup_reference"].as_f64().unwrap();
+    let fastest_tree = trees
+        .iter()
+        .copied()
+        .reduce(|a, b| if speed(b) > speed(a) { b } else { a });
+    let fastest_tree = fastest_tree.unwrap();
+    if speed(fastest_tree) > speed(best_onnx) {
+        assert_eq!(&defaults["tree"], fastest_tree);
+    } else {
+        assert!(defaults["tree"].is_null(), "{defaults}");
+    }
+    let written = config(&dir.path().join("w"));
+    assert_eq!(written["draft_gate"], best_onnx["draft_gate"]);
+    assert_eq!(written["draft_len"], best_onnx["draft_len"]);
+    assert_eq!(
+        written.get("dynamic_draft").unwrap_or(&Value::Null),
+        &best_onnx["dynamic_draft"]
+    );
+    match defaults["tree"].is_null() {
+        true => assert!(written.get("draft_tree").is_none(), "{written}"),
+        false => assert_eq!(
+            written["draft_tree"],
+            serde_json::json!({
+                "draft_gate": defaults["tree"]["draft_gate"],
+                "widths": defaults["tree"]["draft_tree"],
+            })
+        ),
+    }
     // the written default decodes like greedy
     let prompt = [
         "--model",
@@ -104,21 +207,121 @@ fn tune_drafting_ranks_writes_and_refuses() {
     spec.extend(["--mode", "speculative", "--m2r2", &w]);
     assert_eq!(generate_json(&spec)["tokens"], greedy["tokens"]);
 
+    // trees alone: the winner is a tree, written as the reference's default beside the folder's
+    // chain (kept: no chain was priced); generate drafts it without flags, flags still override
+    let t = p("t");
+    ok(&["init-m2r2", "--model", "tiny", "--seed", "1", "--out", &t]);
+    let before = config(&dir.path().join("t"));
+    let tuned = ok(&[
+        "tune-drafting",
+        "--model",
+        "tiny",
+        "--m2r2",
+        &t,
+        "--data",
+        &p("data"),
+        "--families",
+        "tree",
+        "--tree",
+        "2,1",
+        "--tree",
+        "3,1,1",
+        "--draft-gates",
+        "1,2",
+        "--repeats",
+        "1",
+        "--json",
+        "--write",
+        &t,
+    ])
+    .json();
+    let policies = tuned["policies"].as_array().unwrap();
+    assert_eq!(policies.len(), 4, "2 shapes at 2 gates: {tuned}");
+    assert!(policies.iter().all(|p| p["family"] == "tree"));
+    assert!(tuned["defaults"]["chain"].is_null() && tuned["best_onnx"].is_null());
+    let tree = &tuned["defaults"]["tree"];
+    assert_eq!(tree, &tuned["best_reference"]);
+    let written = config(&dir.path().join("t"));
+    let widths = ids(&tree["draft_tree"]);
+    assert!(widths == [2, 1] || widths == [3, 1, 1], "{tree}");
+    assert_eq!(written["draft_tree"]["widths"], tree["draft_tree"]);
+    assert_eq!(written["draft_tree"]["draft_gate"], tree["draft_gate"]);
+    for field in ["draft_gate", "draft_len", "dynamic_draft"] {
+        assert_eq!(written.get(field), before.get(field), "{field}");
+    }
+    let mut spec = prompt.to_vec();
+    spec.extend(["--mode", "speculative", "--m2r2", &t]);
+    let decoded = generate_json(&spec);
+    assert_eq!(decoded["tokens"], greedy["tokens"]);
+    assert_eq!(ids(&decoded["draft_tree"]), widths, "{decoded}");
+    assert_eq!(
+        decoded["m2r2"]["draft_gate"], tree["draft_gate"],
+        "{decoded}"
+    );
+    // --draft-len and --draft-tree choose otherwise; --draft-gate moves the tree; sampling drafts
+    // the chain
+    let with = |extra: &[&str]| generate_json(&[&spec[..], extra].concat());
+    let chain = with(&["--draft-len", "2"]);
+    assert!(chain.get("draft_tree").is_none(), "{chain}");
+    assert_eq!(chain["m2r2"]["draft_len"], 2);
+    assert_eq!(ids(&with(&["--draft-tree", "1,1"])["draft_tree"]), [1, 1]);
+    let moved = with(&["--draft-gate", "3"]);
+    assert_eq!(ids(&moved["draft_tree"]), widths);
+    assert_eq!(moved["m2r2"]["draft_gate"], 3);
+    let sampled = with(&["--temperature", "0.8", "--seed", "4"]);
+    assert!(sampled.get("draft_tree").is_none(), "{sampled}");
+    // chains alone: the winner is a chain, and the tree default is dropped
+    ok(&[
+        "tune-drafting",
+        "--model",
+        "tiny",
+        "--m2r2",
+        &t,
+        "--data",
+        &p("data"),
+        "--families",
+        "chain",
+        "--max-draft",
+        "2",
+        "--thresholds",
+        "0.5",
+        "--repeats",
+        "1",
+        "--write",
+        &t,
+    ]);
+    assert!(config(&dir.path().join("t")).get("draft_tree").is_none());
+    assert!(generate_json(&spec).get("draft_tree").is_none());
+
     distill("sampled", &["--temperature", "0.8"]);
     fails(
         &["tune-drafting", "--model", "tiny", "--data", &p("sampled")],
         &["sampled responses", "greedy"],
     );
-    fails(
-        &[
-            "tune-drafting",
-            "--model",
-            "tiny",
-            "--data",
-            &p("data"),
-            "--draft-gates",
-            "7",
-        ],
+    let refused = |extra: &[&str], needles: &[&str]| {
+        let data = p("data");
+        let args = [
+            &["tune-drafting", "--model", "tiny", "--data", &data][..],
+            extra,
+        ]
+        .concat();
+        fails(&args, needles);
+    };
+    refused(
+        &["--draft-gates", "7"],
         &["--draft-gates", "gate 7 does not exist"],
     );
+    refused(
+        &["--families", "tree", "--onnx", &onnx],
+        &["--onnx", "no token trees", "--families"],
+    );
+    refused(
+        &["--families", "chain", "--tree", "2,1"],
+        &["--tree", "--families"],
+    );
+    refused(
+        &["--tree", "2,1,1", "--max-draft", "2"],
+        &["--tree 2,1,1", "deeper than --max-draft 2"],
+    );
+    refused(&["--tree", "2,0"], &["--tree", "the width at depth 2 is 0"]);
 }

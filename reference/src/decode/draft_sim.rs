@@ -29,6 +29,17 @@
 //! So the trace keeps, per position `i`, the drafts of a round starting there, to a depth
 //! ([`trace`]'s `depth`): point `(i, k)` is the `k`-th draft of that round. Without a bridge point
 //! `(i, k)` equals `(i + k, 0)`, and depth 1 is exact.
+//!
+//! **Token trees** ([`tree`]): a tree round (`decode/tree_speculation.rs`) drafts the top `W_{k+1}`
+//! candidates at every node of depth `k`. Only the nodes on the greedy path decide what is
+//! accepted, and the greedy-path node at depth `k` of a round starting at `i` sees exactly what
+//! the `k`-th chain draft along the true tokens sees (the same cache rows, bitwise, and with a
+//! bridge its parent's exit state, the previous draft's). So each point also keeps the *rank* of
+//! the next greedy token among the draft's candidates ([`DraftPoint::rank`], ranked as
+//! [`top_candidates`](crate::decode::tree_speculation::top_candidates) ranks them): the tree holds
+//! it at depth `k` when `rank < W_{k+1}`. [`simulate_tree`] replays tree rounds on the same trace;
+//! a round's cost is its draft levels (one chunk per depth) and one verification of all its nodes
+//! ([`TreeCosts`]). Tested against `tree_speculative_generate` round by round.
 
 use crate::base::ops::argmax;
 use crate::decode::speculative::SpeculativeBackend;
@@ -40,6 +51,10 @@ use crate::m2r2::exit_gate::{GateKind, gate_score};
 pub struct DraftPoint {
     /// The draft equals the next greedy token.
     pub agrees: bool,
+    /// The next greedy token's rank among the draft's candidates, best first as token trees rank
+    /// them ([`candidate_rank`]): 0 when the draft agrees; a tree whose nodes at this depth have
+    /// `W` children holds it when `rank < W`.
+    pub rank: usize,
     /// Max softmax probability of the draft logits (the `confidence` gate).
     pub confidence: f32,
     /// The `entropy` gate's score of the draft logits.
@@ -63,6 +78,32 @@ impl DraftPoint {
 /// a round that starts by feeding response token `i` (so it proposes after token `i + k`), for
 /// `k < depth` where the response allows.
 pub type Trace = Vec<Vec<DraftPoint>>;
+
+/// The rank of `token` among `logits` in
+/// [`top_candidates`](crate::decode::tree_speculation::top_candidates)'s order (highest logit first, equal
+/// logits in token order, NaN last): `top_candidates(logits, V)[rank] == token`, in one pass.
+///
+/// # Panics
+/// If `token` is not an index of `logits`.
+///
+/// # Shapes
+/// - `logits`: `[V]`
+pub fn candidate_rank(logits: &[f32], token: u32) -> usize {
+    let t = token as usize;
+    let x = logits[t];
+    // the tokens top_candidates puts before t
+    let before = |i: usize, y: f32| match (x.is_nan(), y.is_nan()) {
+        (true, true) => i < t,
+        (true, false) => true,
+        (false, true) => false,
+        (false, false) => y > x || (y == x && i < t),
+    };
+    logits
+        .iter()
+        .enumerate()
+        .filter(|&(i, &y)| before(i, y))
+        .count()
+}
 
 /// Trace `response`, the greedy continuation of `prompt`: prefill the prompt, then for each
 /// response token `i` but the last, draft a round of up to `depth` proposals from it along the true
@@ -110,6 +151,7 @@ pub fn trace(
             let score = |kind| gate_score(kind, None, &[], &draft.logits, 0.0);
             round.push(DraftPoint {
                 agrees: argmax(&draft.logits) as u32 == response[i + k + 1],
+                rank: candidate_rank(&draft.logits, response[i + k + 1]),
                 confidence: score(GateKind::Confidence)?,
                 entropy: score(GateKind::Entropy)?,
                 arla: draft.score,
@@ -156,6 +198,13 @@ pub struct Simulated {
     pub feed_steps: usize,
     /// `verifies[n]`: verifications of `n` rows.
     pub verifies: Vec<usize>,
+    /// Token trees ([`simulate_tree`]): `tree_proposing[n]`, draft levels of `n` nodes that
+    /// propose (each depth of a round above the leaves).
+    pub tree_proposing: Vec<usize>,
+    /// `tree_leaves[n]`: draft levels of `n` leaves (each round's deepest level).
+    pub tree_leaves: Vec<usize>,
+    /// `tree_verifies[n]`: verifications of trees of `n` nodes.
+    pub tree_verifies: Vec<usize>,
 }
 
 /// Milliseconds of each kind of step on one engine.
@@ -166,6 +215,47 @@ pub struct StepCosts {
     pub feed: f64,
     /// `verify[n - 1]`: a verification of `n` rows.
     pub verify: Vec<f64>,
+    /// The steps of token trees; `None` where the engine runs no trees.
+    pub tree: Option<TreeCosts>,
+}
+
+/// Milliseconds of the steps of tree rounds (`decode/tree_speculation.rs`); `None` entries were
+/// not timed.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct TreeCosts {
+    /// `propose[n - 1]`: one draft level of `n` nodes that propose: the draft layers with a fast
+    /// row each, the draft head, and each node's top candidates.
+    pub propose: Vec<Option<f64>>,
+    /// `leaves[n - 1]`: one draft level of `n` leaves: the draft layers only.
+    pub leaves: Vec<Option<f64>>,
+    /// `verify[n - 1]`: a verification of a tree of `n` nodes (the layers above the draft gate
+    /// with the tree mask, and the head).
+    pub verify: Vec<Option<f64>>,
+}
+
+impl TreeCosts {
+    /// Milliseconds of one round of the tree of shape `widths`: each depth's draft level, then
+    /// one verification of all its nodes; `None` when a step was not timed.
+    pub fn round_ms(&self, widths: &[usize]) -> Option<f64> {
+        let at = |v: &[Option<f64>], rows: usize| v.get(rows.checked_sub(1)?).copied().flatten();
+        let levels = tree::level_sizes(widths);
+        let (leaves, proposing) = levels.split_last()?;
+        let mut ms = at(&self.leaves, *leaves)?;
+        for &n in proposing {
+            ms += at(&self.propose, n)?;
+        }
+        Some(ms + at(&self.verify, levels.iter().sum())?)
+    }
+}
+
+/// `a[n] += b[n]`, growing `a` as needed.
+fn add_counts(a: &mut Vec<usize>, b: &[usize]) {
+    if a.len() < b.len() {
+        a.resize(b.len(), 0);
+    }
+    for (a, b) in a.iter_mut().zip(b) {
+        *a += b;
+    }
 }
 
 impl Simulated {
@@ -177,12 +267,10 @@ impl Simulated {
         self.proposals.extend(&other.proposals);
         self.propose_steps += other.propose_steps;
         self.feed_steps += other.feed_steps;
-        if self.verifies.len() < other.verifies.len() {
-            self.verifies.resize(other.verifies.len(), 0);
-        }
-        for (a, b) in self.verifies.iter_mut().zip(&other.verifies) {
-            *a += b;
-        }
+        add_counts(&mut self.verifies, &other.verifies);
+        add_counts(&mut self.tree_proposing, &other.tree_proposing);
+        add_counts(&mut self.tree_leaves, &other.tree_leaves);
+        add_counts(&mut self.tree_verifies, &other.tree_verifies);
     }
 
     /// Mean tokens emitted per verification.
@@ -195,13 +283,27 @@ impl Simulated {
         self.proposals.iter().sum::<usize>() as f64 / self.rounds.max(1) as f64
     }
 
-    /// Predicted milliseconds of the rounds under `costs`; `None` when a verification is larger
-    /// than the costs cover.
+    /// Predicted milliseconds of the rounds under `costs`; `None` when a step is larger than the
+    /// costs cover (a verification not timed; tree steps on an engine without them).
     pub fn milliseconds(&self, costs: &StepCosts) -> Option<f64> {
         let mut ms =
             self.propose_steps as f64 * costs.propose + self.feed_steps as f64 * costs.feed;
         for (rows, &count) in self.verifies.iter().enumerate().filter(|(_, c)| **c > 0) {
             ms += count as f64 * costs.verify.get(rows.checked_sub(1)?)?;
+        }
+        let trees = self.tree_verifies.iter().any(|&c| c > 0);
+        if trees {
+            let tree = costs.tree.as_ref()?;
+            let steps = [
+                (&self.tree_proposing, &tree.propose),
+                (&self.tree_leaves, &tree.leaves),
+                (&self.tree_verifies, &tree.verify),
+            ];
+            for (counts, step_ms) in steps {
+                for (rows, &count) in counts.iter().enumerate().filter(|(_, c)| **c > 0) {
+                    ms += count as f64 * (*step_ms.get(rows.checked_sub(1)?)?)?;
+                }
+            }
         }
         Some(ms)
     }
@@ -291,5 +393,12 @@ pub fn simulate(points: &[Vec<DraftPoint>], policy: Policy) -> Result<Simulated>
     Ok(sim)
 }
 
+pub mod tree;
+pub mod tree_steps;
+
+pub use tree::{TREE_SHAPES, simulate_tree};
+
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tree_tests;

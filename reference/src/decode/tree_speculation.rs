@@ -269,31 +269,14 @@ pub fn tree_round<B: TreeBackend>(
     let mut drafts = vec![Vec::new(); tree.nodes()];
     // draft: depth by depth, each depth one chunk
     for d in 0..=tree.max_depth() {
-        let level = tree.level(d);
-        // the rows of the level whose nodes have children: they propose
-        let proposing: Vec<usize> = level
-            .clone()
-            .filter(|&i| !tree.children(i).is_empty())
-            .map(|i| i - level.start)
-            .collect();
-        let logits = backend.draft_level(tree, d, &tokens[level.clone()], &proposing)?; // [P, V]
-        for (row, &t) in proposing.iter().enumerate() {
-            let node = level.start + t;
-            let children = tree.children(node);
-            let logits = logits.row(row);
-            let logits = logits.as_slice().expect("contiguous");
-            let best = match sampling.as_deref_mut() {
-                Some(s) => {
-                    let (drawn, q) = s.children(logits, children.len());
-                    drafts[node] = q;
-                    drawn
-                }
-                None => top_candidates(logits, children.len()),
-            };
-            for (child, token) in children.zip(best) {
-                tokens[child] = token;
-            }
-        }
+        draft_depth(
+            backend,
+            tree,
+            d,
+            &mut tokens,
+            sampling.as_deref_mut(),
+            &mut drafts,
+        )?;
     }
     // verify: every node through the upper layers as one chunk
     let base = backend.verify_tree(tree)?; // [T, V]
@@ -318,6 +301,49 @@ pub fn tree_round<B: TreeBackend>(
     })
 }
 
+/// Draft depth `d` of `tree` (after depths `0..d`): the depth's nodes (`tokens` of
+/// `tree.level(d)`) as one chunk through the backend's draft layers; the children of its
+/// proposing nodes get their tokens: the top candidates of the node's draft logits, or drawn from
+/// its draft distribution `q` with `sampling` (then `drafts[node] = q`).
+///
+/// # Errors
+/// The backend's.
+pub fn draft_depth<B: TreeBackend>(
+    backend: &mut B,
+    tree: &TokenTree,
+    d: usize,
+    tokens: &mut [u32],
+    mut sampling: Option<&mut TreeSampling>,
+    drafts: &mut [Vec<f32>],
+) -> Result<()> {
+    let level = tree.level(d);
+    // the rows of the level whose nodes have children: they propose
+    let proposing: Vec<usize> = level
+        .clone()
+        .filter(|&i| !tree.children(i).is_empty())
+        .map(|i| i - level.start)
+        .collect();
+    let logits = backend.draft_level(tree, d, &tokens[level.clone()], &proposing)?; // [P, V]
+    for (row, &t) in proposing.iter().enumerate() {
+        let node = level.start + t;
+        let children = tree.children(node);
+        let logits = logits.row(row);
+        let logits = logits.as_slice().expect("contiguous");
+        let best = match sampling.as_deref_mut() {
+            Some(s) => {
+                let (drawn, q) = s.children(logits, children.len());
+                drafts[node] = q;
+                drawn
+            }
+            None => top_candidates(logits, children.len()),
+        };
+        for (child, token) in children.zip(best) {
+            tokens[child] = token;
+        }
+    }
+    Ok(())
+}
+
 /// The `k` tokens with the highest logits, best first; ties (and `-inf`s) in token order, NaN
 /// last: the first is [`argmax`]'s choice, so a chain drafts what the chain loop drafts.
 ///
@@ -330,10 +356,18 @@ pub fn top_candidates(logits: &[f32], k: usize) -> Vec<u32> {
         (false, true) => Ordering::Greater,
         (false, false) => a.partial_cmp(&b).expect("not NaN"),
     };
+    // higher logit first, then lower token id: a total order, so selecting the k best and
+    // sorting only them gives what a stable sort of the whole vocabulary gives
+    let before = |&a: &usize, &b: &usize| rank(logits[b], logits[a]).then(a.cmp(&b));
     let mut order: Vec<usize> = (0..logits.len()).collect();
-    // stable: equal logits keep token order
-    order.sort_by(|&a, &b| rank(logits[b], logits[a]));
-    order.into_iter().take(k).map(|t| t as u32).collect()
+    let k = k.min(order.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    order.select_nth_unstable_by(k - 1, before);
+    order.truncate(k);
+    order.sort_unstable_by(before);
+    order.into_iter().map(|t| t as u32).collect()
 }
 
 #[cfg(test)]
@@ -462,6 +496,30 @@ mod tests {
             }
         }
         assert!(runner_ups > 0, "no round accepted a runner-up");
+    }
+
+    proptest! {
+        /// Selecting the `k` best equals sorting the whole row (stable, NaN last) and taking `k`.
+        #[test]
+        fn top_candidates_are_a_full_sorts_prefix(
+            logits in prop::collection::vec(prop_oneof![
+                (-3i8..3).prop_map(f32::from),
+                Just(f32::NAN),
+                Just(f32::NEG_INFINITY),
+            ], 1..40),
+            k in 0usize..45,
+        ) {
+            let key = |x: f32| if x.is_nan() { f32::NEG_INFINITY } else { x };
+            let mut order: Vec<usize> = (0..logits.len()).collect();
+            // NaN after -inf: sort by (not NaN, value) descending, stable
+            order.sort_by(|&a, &b| {
+                (!logits[b].is_nan(), key(logits[b]))
+                    .partial_cmp(&(!logits[a].is_nan(), key(logits[a])))
+                    .unwrap()
+            });
+            let want: Vec<u32> = order.into_iter().take(k).map(|t| t as u32).collect();
+            prop_assert_eq!(top_candidates(&logits, k), want);
+        }
     }
 
     #[test]

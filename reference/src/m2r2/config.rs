@@ -15,6 +15,7 @@
 //! ```
 
 use crate::base::config::ModelConfig;
+use crate::base::tree::TokenTree;
 use crate::base::weight_names::Target;
 use crate::error::{Error, Result};
 use crate::m2r2::bridge_config::BridgeConfig;
@@ -85,6 +86,21 @@ pub struct DynamicDraftConfig {
     pub threshold: f32,
 }
 
+/// A token tree as the reference's default drafting for speculative decoding (`generate --mode
+/// speculative` without `--draft-len`, `--dynamic-draft` or `--draft-tree`, greedy only): the tree
+/// of shape `widths` (`W1,W2,...`, `decode/tree_speculation.rs`) drafted at gate `draft_gate`.
+/// Chosen by measurement (`m2r2 tune-drafting`, docs/TRAINING.md) when a tree is the reference's
+/// fastest policy. The ONNX runner runs no trees yet: it drafts the chain of `draft_len` and
+/// `dynamic_draft` at its export's gate, as does the reference when it samples.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DraftTreeConfig {
+    /// `g_d` of the tree, 1-based, in `1..=J`.
+    pub draft_gate: usize,
+    /// The children of each node per depth: `[2, 1, 1]` is two chains of three drafts.
+    pub widths: Vec<usize>,
+}
+
 /// The M2R2 settings of one adapted model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -107,6 +123,10 @@ pub struct M2r2Config {
     /// `None`: speculative decoding drafts `draft_len` tokens per verification.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dynamic_draft: Option<DynamicDraftConfig>,
+    /// The reference's default token tree; `None` (folders from before trees): it drafts the
+    /// chain of `draft_len` / `dynamic_draft` at `draft_gate`, as the ONNX runner always does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_tree: Option<DraftTreeConfig>,
     /// The bridge from the last verified slow state into the draft ([`crate::m2r2::bridge`]);
     /// `None`: drafts read only their own token (weights folders from before the bridge).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -171,6 +191,7 @@ impl M2r2Config {
                 threshold: DEFAULT_THRESHOLD,
             },
             dynamic_draft: None,
+            draft_tree: None,
             bridge: None,
             seed: None,
         }
@@ -274,6 +295,26 @@ impl M2r2Config {
                 "`dynamic_draft.threshold` must be a finite number, got {}",
                 d.threshold
             ));
+        }
+        if let Some(t) = &self.draft_tree {
+            numbered("draft_tree.draft_gate", t.draft_gate)?;
+            let tree = TokenTree::from_widths(&t.widths)
+                .map_err(|e| Error::config(file, format!("`draft_tree.widths`: {e}")))?;
+            if t.widths.is_empty() {
+                return bad(
+                    "`draft_tree.widths` is empty: a tree drafts at least one depth (e.g. \
+                     [2, 1, 1])"
+                        .into(),
+                );
+            }
+            // a round needs one cache row per node beyond the prompt and the tokens
+            if tree.nodes() > model.max_position_embeddings {
+                return bad(format!(
+                    "`draft_tree` has {} nodes, more than the model's context of {} positions",
+                    tree.nodes(),
+                    model.max_position_embeddings
+                ));
+            }
         }
         if let Some(b) = &self.bridge {
             b.validate(model.hidden_size).or_else(bad)?;
@@ -630,6 +671,73 @@ mod tests {
         });
         let err = c.validate(&model, "m").unwrap_err().to_string();
         assert!(err.contains("`dynamic_draft.threshold`"), "{err}");
+    }
+
+    #[test]
+    fn draft_tree_round_trips_and_is_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = tiny_config();
+        let mut c = M2r2Config::default_for(&model);
+        // absent by default, and a file without it (written before trees) loads
+        assert!(c.draft_tree.is_none());
+        c.save(dir.path()).unwrap();
+        let old = std::fs::read_to_string(dir.path().join(M2R2_CONFIG_FILE)).unwrap();
+        assert!(!old.contains("draft_tree"), "{old}");
+        assert_eq!(M2r2Config::load(dir.path(), &model).unwrap(), c);
+        c.draft_tree = Some(DraftTreeConfig {
+            draft_gate: 2,
+            widths: vec![2, 1, 1],
+        });
+        c.save(dir.path()).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(M2R2_CONFIG_FILE)).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            json["draft_tree"],
+            serde_json::json!({"draft_gate": 2, "widths": [2, 1, 1]})
+        );
+        assert_eq!(M2r2Config::load(dir.path(), &model).unwrap(), c);
+        // unknown fields inside it are refused like everywhere else
+        std::fs::write(
+            dir.path().join(M2R2_CONFIG_FILE),
+            text.replace("\"widths\"", "\"width\""),
+        )
+        .unwrap();
+        let err = M2r2Config::load(dir.path(), &model)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `width`"), "{err}");
+        // gate, widths and size checked against the model (tiny: 3 gates, 512 positions)
+        for (draft_gate, widths, want) in [
+            (4, vec![2, 1], "`draft_tree.draft_gate` = 4 is out of range"),
+            (0, vec![2, 1], "`draft_tree.draft_gate` = 0"),
+            (1, vec![], "`draft_tree.widths` is empty"),
+            (
+                1,
+                vec![2, 0],
+                "`draft_tree.widths`: token tree 2,0: the width at depth 2 is 0",
+            ),
+            (1, vec![9, 9], "at most 64"),
+        ] {
+            let mut bad = c.clone();
+            bad.draft_tree = Some(DraftTreeConfig { draft_gate, widths });
+            let err = bad.validate(&model, "m").unwrap_err().to_string();
+            assert!(err.contains(want), "{err:?} should contain {want:?}");
+        }
+        let short = ModelConfig {
+            max_position_embeddings: 6,
+            ..tiny_config()
+        };
+        let mut bad = M2r2Config::default_for(&short);
+        bad.draft_len = 2;
+        bad.draft_tree = Some(DraftTreeConfig {
+            draft_gate: 1,
+            widths: vec![3, 1],
+        });
+        let err = bad.validate(&short, "m").unwrap_err().to_string();
+        assert!(
+            err.contains("`draft_tree` has 7 nodes, more than the model's context of 6"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -16,6 +16,7 @@ fn points(agrees: &[bool], confidence: &[f32]) -> Trace {
         .map(|(&agrees, &confidence)| {
             vec![DraftPoint {
                 agrees,
+                rank: usize::from(!agrees),
                 confidence,
                 entropy: 0.0,
                 arla: None,
@@ -68,6 +69,7 @@ fn hand_computed_rounds() {
         propose: 3.0,
         feed: 1.0,
         verify: vec![8.0, 9.0, 11.0],
+        tree: None,
     };
     let ms = 8.0 * 3.0 + 4.0 * 1.0 + 4.0 * 11.0;
     assert_eq!(fixed.milliseconds(&costs), Some(ms));

@@ -1,0 +1,99 @@
+//! Token tree rounds replayed on a drafting [`Trace`](super::Trace) (`decode/tree_speculation.rs`
+//! runs them): a round whose root is response token `i` accepts depth `k + 1` while every draft
+//! on the greedy path so far held the next greedy token among its node's children, that is while
+//! point `(i, k)`'s [`rank`](super::DraftPoint::rank) is `< W_{k+1}`, and emits one more token (the
+//! base model's). Every round drafts and verifies the whole tree whatever it accepts, so its cost
+//! is fixed by the shape: a draft level per depth (the levels above the leaves propose) and one
+//! verification of all nodes.
+
+use super::{DraftPoint, Simulated};
+use crate::base::tree::TokenTree;
+use crate::error::{Error, Result};
+
+/// The tree shapes `m2r2 tune-drafting` tries beside chains **[ours]**: a runner-up at the first
+/// depth, where a chain's first draft is most often wrong and a second candidate is cheapest
+/// (`2,1`, `2,1,1`, `3,1,1`, `4,1,1,1`), and a second candidate one depth down (`2,2,1`,
+/// `3,2,1`). At most 17 nodes, one verification chunk of the size whose cost stays near a decode
+/// step's (`base/tree.rs`, `MAX_TREE_NODES`).
+pub const TREE_SHAPES: [&[usize]; 6] = [
+    &[2, 1],
+    &[2, 1, 1],
+    &[3, 1, 1],
+    &[2, 2, 1],
+    &[3, 2, 1],
+    &[4, 1, 1, 1],
+];
+
+/// The nodes at each depth `0..=D` of the tree of shape `widths`: `1, W1, W1 W2, ...` (saturating).
+pub fn level_sizes(widths: &[usize]) -> Vec<usize> {
+    let mut levels = vec![1usize];
+    for &w in widths {
+        levels.push(levels.last().expect("the root").saturating_mul(w));
+    }
+    levels
+}
+
+/// Replay greedy tree speculation with the tree of shape `widths` (`W1,W2,...`) on one sample's
+/// trace (as [`simulate`](super::simulate) does for chains). `points` must be traced at least
+/// `widths.len()` deep where drafts read a bridge; without one, depth 1 is exact (point `(i, k)`
+/// is then `(i + k, 0)`).
+///
+/// Counts per round: the accepted depth, the proposing nodes as proposals, a draft level per depth
+/// ([`Simulated::tree_proposing`] above the leaves, [`Simulated::tree_leaves`] at the deepest),
+/// one verification of every node ([`Simulated::tree_verifies`]).
+///
+/// # Errors
+/// A shape [`TokenTree::from_widths`] refuses, or one that drafts nothing (no widths).
+pub fn simulate_tree(points: &[Vec<DraftPoint>], widths: &[usize]) -> Result<Simulated> {
+    let tree = TokenTree::from_widths(widths)?;
+    if widths.is_empty() {
+        return Err(Error::Invalid(
+            "a token tree must draft: give at least one width".into(),
+        ));
+    }
+    let levels = level_sizes(widths);
+    let nodes = tree.nodes();
+    let proposing = nodes - levels[widths.len()];
+    let point = |i: usize, k: usize| {
+        points
+            .get(i)
+            .and_then(|r| r.get(k))
+            .or_else(|| points.get(i + k).and_then(|r| r.first()))
+    };
+    let mut sim = Simulated {
+        tree_proposing: vec![0; levels.iter().max().expect("the root") + 1],
+        tree_leaves: vec![0; levels[widths.len()] + 1],
+        tree_verifies: vec![0; nodes + 1],
+        ..Simulated::default()
+    };
+    let mut i = 0;
+    while i < points.len() {
+        let accepted = widths
+            .iter()
+            .enumerate()
+            .map_while(|(k, &w)| point(i, k).map(|p| p.rank < w))
+            .take_while(|&held| held)
+            .count();
+        sim.accepted.push(accepted);
+        sim.proposals.push(proposing);
+        for &n in &levels[..widths.len()] {
+            sim.tree_proposing[n] += 1;
+        }
+        sim.tree_leaves[levels[widths.len()]] += 1;
+        sim.tree_verifies[nodes] += 1;
+        sim.rounds += 1;
+        let emitted = (accepted + 1).min(points.len() - i);
+        sim.emitted += emitted;
+        i += emitted;
+    }
+    Ok(sim)
+}
+
+/// A shape as it is written: `2,1,1`.
+pub fn shape_text(widths: &[usize]) -> String {
+    widths
+        .iter()
+        .map(|w| w.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
