@@ -153,7 +153,7 @@ pub fn decode_tree(
     )?;
     let seconds = start.elapsed().as_secs_f64();
     Ok(OnnxRun {
-        run: tree_speculative_run(out, &tree, widths, n, seconds),
+        run: tree_speculative_run(out, &tree, widths, n, seconds, Work::default()),
         ep_used: ep_used(&backend),
         cuda_graph: backend.cuda_graph_runs(),
     })

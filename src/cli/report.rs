@@ -40,21 +40,19 @@ pub fn settings_json(settings: &M2r2Settings) -> Value {
 /// - speculative with `--draft-tree`: `draft_tree` (the widths `[W1, ...]`), `tree_nodes` (the
 ///   root included), `rounds`, `mean_accepted_tokens` (tokens per verification),
 ///   `acceptance_by_depth` (per depth d = 1..=D: the fraction of rounds that accepted at least d
-///   drafts). No work is counted for trees yet: the per-token work fields are `null`.
+///   drafts).
 pub fn report_fields(run: &ModeRun) -> serde_json::Map<String, Value> {
     let per = run.decoded().max(1) as f64;
     let mut map = serde_json::Map::new();
     map.insert("mode".into(), json!(run.mode.name()));
     map.insert("layers_per_token".into(), json!(run.layers_per_token));
-    // trees count no work yet: unknown, not zero
-    let counted = !matches!(run.details, ModeDetails::TreeSpeculative { .. });
     map.insert(
         "flops_per_token".into(),
-        json!(counted.then(|| run.work.flops() as f64 / per)),
+        json!(run.work.flops() as f64 / per),
     );
     map.insert(
         "bytes_per_token".into(),
-        json!(counted.then(|| run.work.weight_bytes as f64 / per)),
+        json!(run.work.weight_bytes as f64 / per),
     );
     map.insert("tokens_per_second".into(), json!(run.tokens_per_second()));
     map.insert(

@@ -25,9 +25,8 @@ use crate::decode::speculative::{
     DraftLength, Round, SpeculativeOptions, SpeculativeOutput, speculative_generate,
 };
 use crate::decode::timed::Timed;
-use crate::decode::tree_speculation::{
-    TreeRound, TreeSpeculativeOutput, tree_speculative_generate,
-};
+use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
+use crate::decode::tree_speculation::{TreeRound, TreeSpeculativeOutput, tree_speculate};
 use crate::error::Result;
 use crate::m2r2::exit_gate::GateKind;
 use crate::m2r2::fast_stream::M2r2;
@@ -284,10 +283,11 @@ pub fn run_mode(
 /// Speculative decoding with the token tree of shape `widths` (`W1,W2,...`), drafting at
 /// `settings.draft_gate` (`decode/tree_speculation.rs`): greedy, or speculative sampling with
 /// `request.sampling` (`decode/tree_sampling.rs`). `on_token` sees every emitted token after the
-/// loop. No work is counted (`work` is zero).
+/// loop. The draft and verify steps' work is counted (`ReferenceTreeSpeculation::work`).
 ///
 /// # Errors
-/// A shape [`TokenTree::from_widths`] refuses, and [`tree_speculative_generate`]'s.
+/// A shape [`TokenTree::from_widths`] refuses, a draft gate outside `1..=J`, and
+/// [`tree_speculate`]'s.
 pub fn tree_speculative_mode_run(
     model: &Model,
     weights: &M2r2Weights,
@@ -298,10 +298,13 @@ pub fn tree_speculative_mode_run(
 ) -> Result<ModeRun> {
     let tree = TokenTree::from_widths(widths)?;
     let n = model.config.num_hidden_layers;
+    // the last round's tree may reach past the budget
+    let capacity = request.prompt.len() + request.max_new_tokens + tree.nodes();
+    let m2r2 = M2r2::new(model, weights);
+    let mut backend = ReferenceTreeSpeculation::new(m2r2, settings.draft_gate, capacity)?;
     let start = Instant::now();
-    let (out, _cache) = tree_speculative_generate(
-        M2r2::new(model, weights),
-        settings.draft_gate,
+    let out = tree_speculate(
+        &mut backend,
         &tree,
         request.prompt,
         request.max_new_tokens,
@@ -312,17 +315,26 @@ pub fn tree_speculative_mode_run(
     for &token in &out.tokens {
         on_token(token);
     }
-    Ok(tree_speculative_run(out, &tree, widths, n, seconds))
+    Ok(tree_speculative_run(
+        out,
+        &tree,
+        widths,
+        n,
+        seconds,
+        backend.work(),
+    ))
 }
 
 /// The report of a tree speculation run `out` of `tree` (shape `widths`) on a model of `n`
-/// layers that took `seconds` in all (prefill included); no work is counted.
+/// layers that took `seconds` in all (prefill included), with the `work` of its draft and verify
+/// steps (`Work::default()` where the engine does not count it).
 pub fn tree_speculative_run(
     out: TreeSpeculativeOutput,
     tree: &TokenTree,
     widths: &[usize],
     n: usize,
     seconds: f64,
+    work: Work,
 ) -> ModeRun {
     let accepted: Vec<usize> = out.rounds.iter().map(|r| r.accepted).collect();
     let steps = speculative_steps(&out.tokens, &accepted, n);
@@ -341,7 +353,7 @@ pub fn tree_speculative_run(
         steps,
         prefill_seconds: Some(out.prefill_seconds),
         decode_seconds: (seconds - out.prefill_seconds).max(0.0),
-        work: Work::default(),
+        work,
         num_layers: n,
     }
 }

@@ -408,7 +408,7 @@ mod tests {
 
     /// A chain drafts what the chain loop drafts: every draft gate, lengths 1 to 3, the full and
     /// a pruned head, without and with a bridge (both sites, at each gate in turn), on the
-    /// built-in models: the same tokens, rounds and cache.
+    /// built-in models: the same tokens, rounds, cache and counted work.
     #[test]
     fn a_chain_is_the_chain_loop() {
         for name in builtin::BUILTIN_NAMES {
@@ -445,10 +445,14 @@ mod tests {
                         let mut backend = ReferenceSpeculation::new(m2r2, gate, None, 64).unwrap();
                         let chain = speculative_generate(&mut backend, &prompt, &options).unwrap();
                         let tree = TokenTree::chain(m).unwrap();
-                        let (got, cache) =
-                            tree_speculative_generate(m2r2, gate, &tree, &prompt, 12, &[], None)
-                                .unwrap();
+                        let mut tree_backend =
+                            ReferenceTreeSpeculation::new(m2r2, gate, 64).unwrap();
+                        let got = tree_speculate(&mut tree_backend, &tree, &prompt, 12, &[], None)
+                            .unwrap();
                         assert_eq!(got.tokens, chain.tokens, "{what}");
+                        // the same rows through the same layers: the same work
+                        assert_eq!(tree_backend.work(), backend.work(), "{what}");
+                        let cache = tree_backend.into_cache();
                         for (t, c) in got.rounds.iter().zip(&chain.rounds) {
                             assert_eq!(
                                 (t.start, &t.tokens[1..], t.accepted, t.base_token),
