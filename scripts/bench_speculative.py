@@ -3,6 +3,7 @@
 #
 # Usage (release build; exports made by `m2r2 export --model smollm2 --out DIR [--draft-head off]`):
 #   python3 scripts/bench_speculative.py [--prompts N] [--new-tokens N] [--onnx-pruned DIR] [--onnx-full DIR] [--bin PATH]
+#     [--extra 'NAME: FLAGS' (reference rows)] [--onnx-row 'NAME: FLAGS' (ONNX Runtime rows on --onnx-pruned)]
 #
 # Prompts are the first N samples of data/distill/smollm2-dev (chat template applied, token ids), so
 # nothing here was trained on. Every speculative run is checked token for token against greedy.
@@ -41,6 +42,8 @@ def main():
                     help="another reference speculative row, e.g. 'dynamic conf 0.5: --dynamic-draft --gate confidence --threshold 0.5'")
     ap.add_argument("--onnx-extra", action="append", default=[], metavar="'NAME: DIR'",
                     help="another ONNX Runtime speculative row on export DIR (e.g. an older export), after --onnx-pruned's rows")
+    ap.add_argument("--onnx-row", action="append", default=[], metavar="'NAME: FLAGS'",
+                    help="another ONNX Runtime speculative row on --onnx-pruned's export with more flags, e.g. 'tree 2,1: --draft-tree 2,1'")
     a = ap.parse_args()
     B = a.bin
     configs = [
@@ -61,6 +64,11 @@ def main():
         if head == "full" or a.onnx_full is None:
             configs.append((engine, "greedy", "run", ["--onnx", d, "--mode", "greedy"]))
         configs.append((engine, f"speculative, {head} draft head", "run", ["--onnx", d, "--mode", "speculative"]))
+    for spec in a.onnx_row:
+        if a.onnx_pruned is None:
+            sys.exit("--onnx-row runs on --onnx-pruned's export: give --onnx-pruned DIR")
+        name, flags = spec.split(":", 1)
+        configs.append(("ORT CPU", f"speculative, {name.strip()}", "run", ["--onnx", a.onnx_pruned, "--mode", "speculative"] + flags.split()))
     for spec in a.onnx_extra:
         name, d = spec.split(":", 1)
         configs.append(("ORT CPU", f"speculative, {name.strip()}", "run", ["--onnx", d.strip(), "--mode", "speculative"]))
