@@ -40,8 +40,14 @@ fn check_tree_report(report: &Value, widths: &[u64]) {
     assert_eq!(report["m2r2"]["draft_len"], widths.len(), "{report}");
     assert_eq!(report["m2r2"]["dynamic_draft"], false, "{report}");
     // the reference counts a tree's work as a chain's (equal for chain trees: a library test)
-    assert!(report["flops_per_token"].as_f64().unwrap() > 0.0, "{report}");
-    assert!(report["bytes_per_token"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(
+        report["flops_per_token"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    assert!(
+        report["bytes_per_token"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
 }
 
 #[test]

@@ -200,6 +200,29 @@ impl Model {
         })
     }
 
+    /// A prefill that keeps what a speculative loop's bridge reads: `tokens` through every layer
+    /// as one chunk appended at `cache.len()` (the cache advances), returning the logits of the
+    /// last row and the final slow residuals `s_N` (before the final norm) of every row.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[T]` -> (`[V]`, `[T, D]`)
+    pub fn prefill_states(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache,
+    ) -> Result<(Vec<f32>, Array2<f32>)> {
+        let pos0 = cache.len();
+        self.check_input(tokens, pos0, cache)?;
+        let mut s = self.embed(tokens);
+        for l in 0..self.config.num_hidden_layers {
+            self.layer_forward(l, &mut s, pos0, cache);
+        }
+        cache.set_len(pos0 + tokens.len());
+        let last = s.nrows() - 1;
+        let logits = self.head(s.slice(ndarray::s![last.., ..])).logits;
+        Ok((logits.row(0).to_vec(), s))
+    }
+
     /// [`Model::forward`] of several independent sequences at once: chunk `i` is appended to
     /// `caches[i]`. All rows go through each weight together (one weight read per batch), and
     /// every sequence's logits are bitwise those of its own `forward` (batch invariance).

@@ -102,23 +102,14 @@ impl SpeculativeBackend for ReferenceSpeculation<'_> {
 
     fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         debug_assert!(self.kept.is_empty(), "prefill after an unverified draft");
-        let model = self.m2r2.model;
         let pos0 = self.cache.len();
-        model.check_input(tokens, pos0, &self.cache)?;
-        // Model::forward's layers, kept open for the final residuals (the bridge reads them)
-        let mut s = model.embed(tokens);
-        for l in 0..model.config.num_hidden_layers {
-            model.layer_forward(l, &mut s, pos0, &mut self.cache);
-        }
-        self.cache.set_len(pos0 + tokens.len());
-        let last = s.nrows() - 1;
-        let logits = model.head(s.slice(ndarray::s![last.., ..])).logits;
+        let (logits, s) = self.m2r2.model.prefill_states(tokens, &mut self.cache)?;
         if self.bridged() {
             self.bridge_memory.verified(pos0, s);
         }
         self.len = self.cache.len();
         self.verified = self.len;
-        Ok(logits.row(0).to_vec())
+        Ok(logits)
     }
 
     fn draft(&mut self, token: u32, propose: bool) -> Result<Option<Draft>> {

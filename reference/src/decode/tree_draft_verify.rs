@@ -92,19 +92,9 @@ impl TreeBackend for ReferenceTreeSpeculation<'_> {
     }
 
     fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        let model = self.m2r2.model;
-        let pos0 = self.cache.len();
-        model.check_input(tokens, pos0, &self.cache)?;
-        // Model::forward's layers, kept open for the last row's final residual (the bridge)
-        let mut s = model.embed(tokens);
-        for l in 0..model.config.num_hidden_layers {
-            model.layer_forward(l, &mut s, pos0, &mut self.cache);
-        }
-        self.cache.set_len(pos0 + tokens.len());
-        let last = s.nrows() - 1;
-        self.verified_state = s.row(last).to_owned();
-        let logits = model.head(s.slice(s![last.., ..])).logits;
-        Ok(logits.row(0).to_vec())
+        let (logits, s) = self.m2r2.model.prefill_states(tokens, &mut self.cache)?;
+        self.verified_state = s.row(s.nrows() - 1).to_owned();
+        Ok(logits)
     }
 
     fn draft_level(
