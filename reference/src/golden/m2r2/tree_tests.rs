@@ -414,3 +414,19 @@ fn tree_goldens_stop_at_end_of_turn() {
     let report = back.check_m2r2(m2r2, DEFAULT_ATOL).unwrap();
     assert!(report.ok(), "{report:?}");
 }
+
+/// Budgets of no token and of one (no round: the first token comes from the prompt's row) write,
+/// read back and check.
+#[test]
+fn tree_goldens_without_rounds() {
+    let (model, weights) = setup("tiny");
+    let m2r2 = M2r2::new(&model, &weights);
+    for steps in [0, 1] {
+        let g = tree_golden(m2r2, &[2, 1], steps);
+        let (_, rounds, graphs) = parts(&g);
+        assert_eq!((g.tokens.len(), rounds.len()), (steps, 0));
+        assert_eq!(graphs.verify_logits.nrows(), 1);
+        let report = round_trip(&g).check_m2r2(m2r2, DEFAULT_ATOL).unwrap();
+        assert!(report.ok(), "{report:?}");
+    }
+}
