@@ -503,10 +503,9 @@ pub(in crate::golden) fn compare_tree_rounds(
     }
     if first.is_none() && want.len() != got.len() {
         // the same rounds as far as both go, then one decode has more
-        let extra = |t: &TreeRounds| {
-            (common < t.len())
-                .then(|| t.tokens.row(common).to_vec())
-                .unwrap_or_default()
+        let extra = |t: &TreeRounds| match common < t.len() {
+            true => t.tokens.row(common).to_vec(),
+            false => vec![],
         };
         first = Some(Divergence {
             row: common,

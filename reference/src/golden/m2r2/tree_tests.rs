@@ -184,7 +184,8 @@ fn tampered_rounds_are_reported_at_their_round_and_node() {
     let m2r2 = M2r2::new(&model, &weights);
     let g = tree_golden(m2r2, &[2, 1, 1], 14);
     let tree = TokenTree::parse("2,1,1").unwrap();
-    let edits: [(&str, &dyn Fn(&mut TreeRounds)); 2] = [
+    type Edit<'a> = (&'a str, &'a dyn Fn(&mut TreeRounds));
+    let edits: [Edit; 2] = [
         ("node 6 (depth 3) token", &|r| r.tokens[[2, 6]] += 1),
         ("base token", &|r| r.base_token[2] += 1),
     ];
