@@ -115,6 +115,7 @@ fn tree_goldens_write_and_check_on_the_reference() {
         (&report["ok"], &report["format_version"]),
         (&Value::from(true), &Value::from(4))
     );
+    assert_eq!(report["draft_tree"], serde_json::json!([2, 1, 1]));
     assert_eq!(
         names(&report, "name"),
         [

@@ -116,6 +116,7 @@ pub(super) fn write(args: &WriteArgs) -> Result<()> {
             "model": golden.model,
             "config_hash": golden.config_hash,
             "mode": golden.mode,
+            "draft_tree": golden.draft_tree(),
             "format_version": golden.format_version(),
             "prompt_tokens": golden.prompt_tokens,
             "tokens": golden.tokens,
