@@ -179,4 +179,9 @@ impl TreeBackend for OnnxSpeculation {
         self.verified = self.len;
         Ok(())
     }
+
+    fn reset(&mut self) {
+        self.tree = TreeState::default();
+        reference::decode::speculative::SpeculativeBackend::rollback(self, 0);
+    }
 }

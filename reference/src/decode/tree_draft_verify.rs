@@ -201,4 +201,14 @@ impl TreeBackend for ReferenceTreeSpeculation<'_> {
         self.cache.compact(path);
         Ok(())
     }
+
+    fn reset(&mut self) {
+        let d = self.m2r2.model.config.hidden_size;
+        self.cache.truncate(0);
+        self.kept = Array2::zeros((0, d));
+        self.exits = Array2::zeros((0, d));
+        self.finals = Array2::zeros((0, d));
+        self.verified_state = Array1::zeros(d);
+        self.work = Work::default();
+    }
 }

@@ -97,6 +97,9 @@ pub trait TreeBackend {
     /// # Errors
     /// The engine's (moving rows in device memory).
     fn accept(&mut self, path: &[usize]) -> Result<()>;
+    /// Forget every position: the next call is a [`prefill`](Self::prefill) of a new prompt (a
+    /// golden check decodes, then replays the recorded rounds on the same engine).
+    fn reset(&mut self);
 }
 
 /// One verification round of tree speculation.

@@ -4,7 +4,10 @@
 
 use super::Golden;
 use super::check::token_ids as ids;
-use super::m2r2::{M2r2Record, compare_graph_outputs, compare_rounds, compare_scores};
+use super::m2r2::{
+    M2r2Record, compare_graph_outputs, compare_rounds, compare_scores, compare_tree_graph_outputs,
+    compare_tree_rounds,
+};
 use super::record::replay_on;
 use super::report::{
     CheckReport, TensorCheck, Tolerance, compare_int_rows, compare_rows, compare_stops,
@@ -244,6 +247,51 @@ fn compare_records(
                 }
             }
             Ok(entries)
+        }
+        (
+            M2r2Record::SpeculativeTree {
+                widths: wa,
+                rounds: a,
+                graphs: ga,
+                ..
+            },
+            M2r2Record::SpeculativeTree {
+                widths: wb,
+                rounds: b,
+                graphs: gb,
+                ..
+            },
+        ) => {
+            if wa != wb {
+                return Err(Error::Invalid(format!(
+                    "the goldens draft different token trees ({} vs {})",
+                    super::tree::widths_text(wa),
+                    super::tree::widths_text(wb)
+                )));
+            }
+            let tree = crate::base::tree::TokenTree::from_widths(wa)?;
+            let rounds = compare_tree_rounds(ACTUAL, &tree, a, b);
+            // Rows are comparable up to the first round that differs.
+            let same = rounds.first_row.unwrap_or(a.len().min(b.len()));
+            let mut entries = vec![rounds];
+            entries.extend(compare_tree_graph_outputs(
+                (ACTUAL, ACTUAL),
+                ga,
+                gb,
+                &tree,
+                a,
+                same,
+                tol,
+            ));
+            Ok(entries)
+        }
+        (M2r2Record::SpeculativeTree { .. }, M2r2Record::Speculative { .. })
+        | (M2r2Record::Speculative { .. }, M2r2Record::SpeculativeTree { .. }) => {
+            Err(Error::Invalid(
+                "one golden drafts a token tree, the other a chain: their rounds are not \
+                 comparable"
+                    .into(),
+            ))
         }
         _ => Err(Error::Invalid(
             "the goldens record different M2R2 modes".into(),

@@ -1,7 +1,9 @@
 //! The golden file on disk (safetensors): writing a [`Golden`] and reading one back, with errors
 //! naming the file, the tensor and the metadata key.
 
-use super::{GOLDEN_FORMAT, GOLDEN_FORMAT_VERSION, Golden, M2r2Golden, Pins, Tolerance};
+use super::{
+    GOLDEN_FORMAT, GOLDEN_FORMAT_VERSION, Golden, M2r2Golden, Pins, TREE_FORMAT_VERSION, Tolerance,
+};
 use crate::error::{Error, Result};
 use ndarray::Array2;
 use safetensors::{Dtype, SafeTensors};
@@ -10,6 +12,13 @@ use std::path::Path;
 
 impl Golden {
     pub fn write(&self, path: &Path) -> Result<()> {
+        if self.m2r2.as_ref().is_some_and(M2r2Golden::is_tree) && self.version < TREE_FORMAT_VERSION
+        {
+            return Err(Error::Invalid(format!(
+                "a token-tree golden is format version {TREE_FORMAT_VERSION} at least, not {}",
+                self.version
+            )));
+        }
         let ids =
             |v: &[u32]| -> Vec<u8> { v.iter().flat_map(|&t| i64::from(t).to_le_bytes()).collect() };
         let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = vec![
@@ -105,7 +114,7 @@ impl Golden {
         let version = file.field("format_version")?;
         let mode = file.field("mode")?;
         match (version.as_str(), mode.as_str()) {
-            ("1", "greedy") | ("2" | "3", _) => {}
+            ("1", "greedy") | ("2" | "3" | "4", _) => {}
             ("1", other) => {
                 return Err(Error::format(
                     &label,

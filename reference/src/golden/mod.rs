@@ -9,8 +9,8 @@
 //!   ([`ModelConfig::hash`]), `config` (the config as JSON), `mode`, `m2r2_version`.
 //!
 //! Format versions. Version 1: greedy only. Version 2: the M2R2 modes (`early-exit`,
-//! `speculative`), their extra tensors and metadata listed in [`m2r2`]. Version 3 (everything
-//! written now) adds what a deployment's check needs:
+//! `speculative`), their extra tensors and metadata listed in [`m2r2`]. Version 3 (every golden
+//! written now without a token tree) adds what a deployment's check needs:
 //! - metadata `stop_tokens` (JSON ids the decode stops after, the model's end-of-turn tokens;
 //!   `[]` when it was to run the whole budget, `--ignore-eos`) and `max_steps` (the budget); a
 //!   file has fewer tokens than its budget only when the last is a stop token; older files ran
@@ -19,7 +19,12 @@
 //! - speculative files: `verify_logits` and `draft_logits`, what the verifier and the draft
 //!   produced along the recorded rounds ([`m2r2`]), so that each graph is checked on its own.
 //!
-//! A reader of an older version refuses a newer file by its version; this one reads all three,
+//! Version 4: speculative goldens that draft a token tree (`draft_length` = `tree`, the tree's
+//! rounds and every node's verified row, [`m2r2::tree`]). Only those are written as version 4:
+//! the other goldens keep version 3's layout and number, so readers of version 3 (an m2r2 from
+//! before trees, the Python package) still read them.
+//!
+//! A reader of an older version refuses a newer file by its version; this one reads all four,
 //! and a check of an older file reports what it lacks as skipped.
 
 use crate::base::config::ModelConfig;
@@ -35,7 +40,7 @@ mod report;
 
 pub use m2r2::{
     EngineGraphs, GraphOutputs, M2r2Golden, M2r2Record, RoundTensors, SpeculativeEngine,
-    early_exit_logits, weights_hash,
+    TreeEngine, TreeRounds, early_exit_logits, tree, weights_hash,
 };
 pub use report::{
     CheckReport, Divergence, TensorCheck, Tolerance, compare, compare_int_rows, compare_ints,
@@ -43,8 +48,12 @@ pub use report::{
 };
 
 pub const GOLDEN_FORMAT: &str = "m2r2-golden";
-/// The newest format version this reads, and the one it writes.
-pub const GOLDEN_FORMAT_VERSION: u32 = 3;
+/// The newest format version this reads.
+pub const GOLDEN_FORMAT_VERSION: u32 = 4;
+/// The version goldens without a token tree are written as (their layout has not changed since).
+pub const WRITTEN_FORMAT_VERSION: u32 = 3;
+/// The format version that introduced token-tree speculative goldens (written as such).
+pub const TREE_FORMAT_VERSION: u32 = 4;
 /// The format version that introduced the M2R2 modes.
 pub const M2R2_FORMAT_VERSION: u32 = 2;
 /// Default tolerance of `golden check` on logits: f32 through a different but valid reduction order
@@ -75,8 +84,9 @@ pub struct Golden {
     pub max_steps: Option<usize>,
     /// The tolerance and precision the suite pins (format version 3).
     pub pins: Pins,
-    /// The format version of the file it was read from; [`GOLDEN_FORMAT_VERSION`] for a golden
-    /// just recorded. Written back as the same version.
+    /// The format version of the file it was read from; for a golden just recorded
+    /// [`WRITTEN_FORMAT_VERSION`], or [`TREE_FORMAT_VERSION`] with a token tree. Written back as
+    /// the same version.
     pub version: u32,
 }
 

@@ -49,7 +49,7 @@ impl Golden {
             stop_tokens: Some(stops.to_vec()),
             max_steps: Some(steps),
             pins: Default::default(),
-            version: super::GOLDEN_FORMAT_VERSION,
+            version: super::WRITTEN_FORMAT_VERSION,
         })
     }
 }

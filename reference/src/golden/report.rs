@@ -26,6 +26,9 @@ pub struct TensorCheck {
     pub first_row: Option<usize>,
     /// The speculative round of `first_row`, for tensors whose rows belong to rounds.
     pub first_round: Option<usize>,
+    /// The token-tree node of `first_row` within its round, for tensors whose rows are a tree's
+    /// nodes (`verify_logits`, `draft_logits` of a tree golden).
+    pub first_node: Option<usize>,
     /// What a row of this tensor is: `step` (an emitted token), `verified row`, `proposal`,
     /// `round`.
     pub row_name: &'static str,
@@ -67,6 +70,7 @@ impl TensorCheck {
             at: vec![],
             first_row: None,
             first_round: None,
+            first_node: None,
             row_name,
             rows_over: 0,
             values_over: 0,
@@ -134,15 +138,34 @@ impl TensorCheck {
         self
     }
 
-    /// Where the check first failed, in words: `step 7`, `verified row 5 (round 2)`.
+    /// Name the rows and the (round, node) of a token tree each belongs to, so that the first
+    /// row over the tolerance is reported with its round and node.
+    pub fn in_tree_rounds(
+        mut self,
+        row_name: &'static str,
+        node_of_row: &[Option<(usize, usize)>],
+    ) -> Self {
+        self.row_name = row_name;
+        let at = self
+            .first_row
+            .and_then(|r| node_of_row.get(r).copied().flatten());
+        (self.first_round, self.first_node) = (at.map(|a| a.0), at.map(|a| a.1));
+        self
+    }
+
+    /// Where the check first failed, in words: `step 7`, `verified row 5 (round 2)`,
+    /// `verified row 9 (round 1, node 2)`.
     pub fn first_failure(&self) -> Option<String> {
         let row = self.first_row?;
-        Some(match self.first_round {
-            Some(round) if self.row_name != "round" => {
+        Some(match (self.first_round, self.first_node) {
+            (Some(round), Some(node)) if self.row_name != "round" => {
+                format!("{} {row} (round {round}, node {node})", self.row_name)
+            }
+            (Some(round), None) if self.row_name != "round" => {
                 format!("{} {row} (round {round})", self.row_name)
             }
             // the verifier's first row is the prompt's last position, before any round
-            None if self.row_name == "verified row" && row == 0 => {
+            (None, _) if self.row_name == "verified row" && row == 0 => {
                 "verified row 0 (the prompt's)".into()
             }
             _ => format!("{} {row}", self.row_name),

@@ -95,6 +95,7 @@ fn check_file(args: &CheckArgs, engine: &mut Engine, file: &Path) -> Outcome {
         "file": file.display().to_string(),
         "golden_model": golden.model,
         "mode": golden.mode,
+        "draft_tree": golden.draft_tree(),
         "format_version": golden.format_version(),
         "stop_tokens": golden.stop_tokens,
     });

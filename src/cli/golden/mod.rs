@@ -53,6 +53,12 @@ pub struct WriteArgs {
     pub prompts: Option<PathBuf>,
     #[command(flatten)]
     pub m2r2: M2r2Args,
+    /// Speculative goldens: draft a token tree of widths W1,W2,... per depth (`2,1,1`), as
+    /// `generate --draft-tree` does; the golden records every round's tree, the accepted node and
+    /// every node's verified row (format version 4). Without it a speculative golden drafts a
+    /// chain (the M2R2 config's default tree is not taken: a golden records what it is asked for)
+    #[arg(long, value_name = "W1,W2,...")]
+    pub draft_tree: Option<String>,
     /// Steps (tokens) to record
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub steps: usize,
@@ -205,6 +211,18 @@ fn settings_line(golden: &Golden) -> String {
             "early-exit (gate {gate} >= {threshold}, kv {kv_policy}, m2r2 {})",
             m2r2.weights_hash
         ),
+        M2r2Record::SpeculativeTree {
+            draft_gate, widths, ..
+        } => {
+            let nodes = reference::base::tree::TokenTree::from_widths(widths)
+                .map(|t| format!(" ({} nodes)", t.nodes()))
+                .unwrap_or_default();
+            format!(
+                "speculative (draft gate {draft_gate}, token tree {}{nodes}, m2r2 {})",
+                reference::golden::tree::widths_text(widths),
+                m2r2.weights_hash
+            )
+        }
         M2r2Record::Speculative {
             draft_gate,
             draft_length,

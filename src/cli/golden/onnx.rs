@@ -2,15 +2,19 @@
 //! checked on its own. Greedy goldens by teacher forcing `model.onnx`; speculative goldens by the
 //! runner's speculative loop (tokens and rounds), the recorded rounds replayed on `draft.onnx` /
 //! `verifier.onnx` (their logits and gate scores row by row) and `model.onnx` teacher-forced
-//! (logits). Early-exit goldens are refused: the runner has no early-exit decoding.
+//! (logits); token-tree goldens the same way through the reference's tree loop on the runner's
+//! tree backend (`tree_speculate` over `OnnxSpeculation`). Early-exit goldens are refused: the
+//! runner has no early-exit decoding.
 
 use super::{CheckArgs, ChosenTolerance};
+use crate::cli::args::onnx::EpArgs;
 use anyhow::{Context, Result, bail};
 use onnx_runner::ep::EpConfig;
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::manifest::ExportDir;
 use onnx_runner::speculation::OnnxSpeculation;
-use reference::golden::{CheckReport, EngineGraphs, Golden, SpeculativeEngine};
+use reference::base::tree::TokenTree;
+use reference::golden::{CheckReport, EngineGraphs, Golden, SpeculativeEngine, TreeEngine};
 use reference::io::tokenizer::Tokenizer;
 use reference::m2r2::exit_gate::GateKind;
 use std::path::Path;
@@ -34,10 +38,13 @@ const GRAPHS: EngineGraphs<'static> = EngineGraphs {
 /// file of a suite (the draft and verifier graphs when the first speculative golden needs them).
 pub(super) struct OnnxEngine {
     export: ExportDir,
+    ep_args: EpArgs,
     ep: EpConfig,
     model: OnnxModel,
-    /// The speculative graphs, loaded for the gate they score (ARLA, confidence, entropy or none).
-    speculation: Option<(Option<GateKind>, OnnxSpeculation)>,
+    /// The speculative graphs, loaded for the gate they score (ARLA, confidence, entropy or none)
+    /// and the rows one verification runs (a chain's drafts, a tree's drafted nodes: TensorRT's
+    /// profiles depend on it).
+    speculation: Option<(Option<GateKind>, usize, OnnxSpeculation)>,
     /// `export DIR (f32 weights) on ONNX Runtime 1.31.1, cpu execution provider` (with `, static
     /// KV cache of L positions` after the weights for a static export)
     pub(super) name: String,
@@ -69,6 +76,7 @@ impl OnnxEngine {
         let tokenizer = export.tokenizer()?;
         Ok(OnnxEngine {
             export,
+            ep_args: args.ep.clone(),
             ep,
             model,
             speculation: None,
@@ -121,25 +129,56 @@ impl OnnxEngine {
                 manifest.draft_gate
             );
         }
+        let tree = golden
+            .draft_tree()
+            .map(TokenTree::from_widths)
+            .transpose()?;
+        // rows per verification: a tree's drafted nodes, a chain's drafts
+        let rows = match &tree {
+            Some(tree) => tree.nodes() - 1,
+            None => manifest.m2r2.draft_len,
+        };
         let speculation = match &mut self.speculation {
-            Some((loaded, speculation)) if *loaded == gate => speculation,
+            Some((loaded, loaded_rows, speculation)) if *loaded == gate && *loaded_rows == rows => {
+                speculation
+            }
             slot => {
-                let loaded = OnnxSpeculation::load(&self.export, &self.ep, gate)
+                *slot = None; // one set of sessions at a time
+                let ep = match &tree {
+                    Some(_) => self.ep_args.config(&self.export, rows),
+                    None => self.ep.clone(),
+                };
+                let loaded = OnnxSpeculation::load(&self.export, &ep, gate)
                     .with_context(|| format!("cannot load the speculative graphs of {dir}"))?;
-                &mut slot.insert((gate, loaded)).1
+                &mut slot.insert((gate, rows, loaded)).2
             }
         };
         speculation.reset();
         let bridged = speculation.has_bridge();
-        let engine = SpeculativeEngine {
-            speculation,
-            greedy: &mut self.model,
-            config: &manifest.config,
-            weights_hash: Some(&hash),
-            draft_gate: manifest.draft_gate,
-            graphs: GRAPHS,
+        let mut report = match &tree {
+            Some(_) => {
+                let engine = TreeEngine {
+                    speculation,
+                    greedy: &mut self.model,
+                    config: &manifest.config,
+                    weights_hash: Some(&hash),
+                    draft_gate: manifest.draft_gate,
+                    graphs: GRAPHS,
+                };
+                golden.check_tree_on(engine, tol.tol)?
+            }
+            None => {
+                let engine = SpeculativeEngine {
+                    speculation,
+                    greedy: &mut self.model,
+                    config: &manifest.config,
+                    weights_hash: Some(&hash),
+                    draft_gate: manifest.draft_gate,
+                    graphs: GRAPHS,
+                };
+                golden.check_speculative_on(engine, tol.tol)?
+            }
         };
-        let mut report = golden.check_speculative_on(engine, tol.tol)?;
         if bridged {
             for e in report
                 .entries

@@ -264,6 +264,7 @@ fn entry_json(e: &TensorCheck, line: &str, text: &dyn Fn(i64) -> Option<String>)
         "row_name": e.row_name,
         "first_row": e.first_row,
         "first_round": e.first_round,
+        "first_node": e.first_node,
         "first": e.first_failure(),
         "rows_over": e.rows_over,
         "values_over": e.values_over,

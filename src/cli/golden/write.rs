@@ -3,7 +3,9 @@
 //! precision.
 
 use super::{SUITE_SUFFIX, WriteArgs};
+use crate::cli::args::m2r2::ModeArg;
 use crate::cli::args::model::PromptArgs;
+use crate::cli::args::tree::{TreeRequest, tree_widths};
 use crate::cli::common;
 use anyhow::{Context, Result, bail};
 use reference::decode::early_exit::EarlyExitOptions;
@@ -36,6 +38,13 @@ pub(super) fn write(args: &WriteArgs) -> Result<()> {
             Tolerance::check_bound(name, x)?;
         }
     }
+    // refused before the model loads: a tree outside speculative decoding, with a draft length
+    tree_widths(&TreeRequest {
+        spec: args.draft_tree.as_deref(),
+        speculative: args.m2r2.mode == ModeArg::Speculative,
+        draft_len: args.m2r2.draft_len,
+        dynamic_draft: args.m2r2.dynamic_draft,
+    })?;
     let loaded = common::load(&args.model.model)?;
     // (output path, prompt arguments) of every golden to write
     let jobs: Vec<(PathBuf, PromptArgs)> = match &args.prompts {
@@ -107,6 +116,7 @@ pub(super) fn write(args: &WriteArgs) -> Result<()> {
             "model": golden.model,
             "config_hash": golden.config_hash,
             "mode": golden.mode,
+            "draft_tree": golden.draft_tree(),
             "format_version": golden.format_version(),
             "prompt_tokens": golden.prompt_tokens,
             "tokens": golden.tokens,
@@ -169,6 +179,24 @@ fn record_m2r2(
                 sampling: None,
             };
             Golden::record_early_exit(m2r2, &loaded.name, prompt, args.steps, &options)?
+        }
+        Mode::Speculative if args.draft_tree.is_some() => {
+            let widths = tree_widths(&TreeRequest {
+                spec: args.draft_tree.as_deref(),
+                speculative: true,
+                draft_len: args.m2r2.draft_len,
+                dynamic_draft: args.m2r2.dynamic_draft,
+            })?
+            .expect("--draft-tree given");
+            Golden::record_tree_speculative(
+                m2r2,
+                &loaded.name,
+                prompt,
+                args.steps,
+                settings.draft_gate,
+                &widths,
+                &stop_tokens,
+            )?
         }
         Mode::Speculative => {
             // The draft gate's score is recorded when it decides the draft length.

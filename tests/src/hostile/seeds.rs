@@ -282,7 +282,7 @@ fn folder_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
     files
 }
 
-/// A greedy golden and a speculative one of tiny.
+/// A greedy golden, a speculative one and a token-tree one of tiny.
 fn golden_files() -> Vec<(String, Vec<u8>)> {
     let model = tiny();
     let weights = M2r2Weights::builtin_for("tiny", &model.config).expect("built-in weights");
@@ -303,10 +303,21 @@ fn golden_files() -> Vec<(String, Vec<u8>)> {
         &options,
     )
     .expect("records");
+    let tree = Golden::record_tree_speculative(
+        M2r2::new(model, &weights),
+        "tiny",
+        &[1, 2],
+        4,
+        1,
+        &[2, 1],
+        &[],
+    )
+    .expect("records");
     let dir = tempfile::tempdir().expect("a temporary folder");
     [
         ("greedy.golden.safetensors", greedy),
         ("speculative.golden.safetensors", spec),
+        ("tree.golden.safetensors", tree),
     ]
     .into_iter()
     .map(|(name, g)| {

@@ -5,12 +5,14 @@
 use super::record::{
     early_exit_logits, golden_early_exit_options, replay_rounds, run_speculative_on,
 };
-use super::{GraphOutputs, M2r2Record, RoundTensors, weights_hash};
+use super::tree::TreeEngine;
+use super::{GraphOutputs, M2r2Golden, M2r2Record, RoundTensors, weights_hash};
 use crate::base::config::ModelConfig;
 use crate::base::generate::{GreedyBackend, ReferenceGreedy};
 use crate::decode::draft_verify::ReferenceSpeculation;
 use crate::decode::early_exit::{EarlyExitOptions, early_exit_generate};
 use crate::decode::speculative::{SpeculativeBackend, SpeculativeOptions};
+use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
 use crate::error::{Error, Result};
 use crate::golden::Golden;
 use crate::golden::check::token_ids;
@@ -130,24 +132,78 @@ impl Golden {
                 };
                 self.check_speculative_on(engine, tol)
             }
+            M2r2Record::SpeculativeTree {
+                draft_gate, widths, ..
+            } => {
+                let nodes = super::tree::tree_of(widths)?.nodes();
+                let capacity = self.prompt_tokens.len() + n + nodes;
+                let mut speculation = ReferenceTreeSpeculation::new(m2r2, *draft_gate, capacity)?;
+                let engine = TreeEngine {
+                    speculation: &mut speculation,
+                    greedy: &mut ReferenceGreedy::new(m2r2.model),
+                    config: &m2r2.model.config,
+                    weights_hash: Some(&hash),
+                    draft_gate: *draft_gate,
+                    graphs: EngineGraphs::REFERENCE,
+                };
+                self.check_tree_on(engine, tol)
+            }
         }
     }
 
-    /// The draft gate (1-based) and the scored gate of a speculative golden, to build the engine
-    /// that replays it; `None` for other modes.
+    /// The draft gate (1-based) and the scored gate of a speculative golden, chain or token tree
+    /// (which scores none), to build the engine that replays it; `None` for other modes.
     pub fn speculative_gates(&self) -> Option<(usize, Option<GateKind>)> {
         match self.m2r2.as_ref().map(|m| &m.record) {
             Some(M2r2Record::Speculative {
                 draft_gate, gate, ..
             }) => Some((*draft_gate, *gate)),
+            Some(M2r2Record::SpeculativeTree { draft_gate, .. }) => Some((*draft_gate, None)),
             _ => None,
         }
+    }
+
+    /// Refuse an engine of another model config, other M2R2 weights (or weights it cannot name)
+    /// or another draft gate than `recorded` (drafting at `draft_gate`).
+    pub(in crate::golden) fn check_engine(
+        &self,
+        recorded: &M2r2Golden,
+        config: &ModelConfig,
+        weights_hash: Option<&str>,
+        draft_gate: usize,
+        engine_gate: usize,
+    ) -> Result<()> {
+        self.check_config(config)?;
+        match weights_hash {
+            Some(hash) if hash == recorded.weights_hash => {}
+            Some(hash) => {
+                return Err(Error::Invalid(format!(
+                    "the engine's M2R2 weights (hash {hash}) are not the ones this golden was \
+                     recorded with (hash {})",
+                    recorded.weights_hash
+                )));
+            }
+            None => {
+                return Err(Error::Invalid(format!(
+                    "the engine does not say which M2R2 weights it runs, so a golden recorded with \
+                     M2R2 weights {} cannot be checked on it",
+                    recorded.weights_hash
+                )));
+            }
+        }
+        if engine_gate != draft_gate {
+            return Err(Error::Invalid(format!(
+                "this golden drafts at gate {draft_gate}, the engine at gate {engine_gate}"
+            )));
+        }
+        Ok(())
     }
 
     /// `M` of a speculative golden's padded round tensors (0 for other modes).
     fn draft_max(&self) -> usize {
         match self.m2r2.as_ref().map(|m| &m.record) {
             Some(M2r2Record::Speculative { draft_length, .. }) => draft_length.max(),
+            Some(M2r2Record::SpeculativeTree { widths, .. }) => widths.len(),
             _ => 0,
         }
     }
@@ -182,52 +238,38 @@ impl Golden {
     /// verifier's and the draft's logits: those lines are skipped, saying so.
     ///
     /// # Errors
-    /// Not a speculative golden; another model config, other M2R2 weights (or an engine that
+    /// Not a speculative golden drafting a chain (a token-tree golden is checked by
+    /// [`Golden::check_tree_on`]); another model config, other M2R2 weights (or an engine that
     /// cannot say which it runs) or another draft gate than recorded; an engine error.
     pub fn check_speculative_on(
         &self,
         engine: SpeculativeEngine<'_>,
         tol: Tolerance,
     ) -> Result<CheckReport> {
-        let (Some(recorded), Some((draft_gate, _))) = (&self.m2r2, self.speculative_gates()) else {
-            return Err(Error::Invalid(format!(
-                "this golden records mode `{}`, not `speculative`",
-                self.mode
-            )));
-        };
-        let M2r2Record::Speculative {
-            draft_length,
-            rounds,
-            graphs: recorded_graphs,
-            ..
-        } = &recorded.record
+        let Some((
+            recorded,
+            M2r2Record::Speculative {
+                draft_gate,
+                draft_length,
+                rounds,
+                graphs: recorded_graphs,
+                ..
+            },
+        )) = self.m2r2.as_ref().map(|m| (m, &m.record))
         else {
-            unreachable!("speculative_gates matched the record");
+            let what = match self.draft_tree() {
+                Some(_) => "a token tree: check it with check_tree_on on a tree engine".into(),
+                None => format!("mode `{}`, not `speculative`", self.mode),
+            };
+            return Err(Error::Invalid(format!("this golden records {what}")));
         };
-        self.check_config(engine.config)?;
-        match engine.weights_hash {
-            Some(hash) if hash == recorded.weights_hash => {}
-            Some(hash) => {
-                return Err(Error::Invalid(format!(
-                    "the engine's M2R2 weights (hash {hash}) are not the ones this golden was \
-                     recorded with (hash {})",
-                    recorded.weights_hash
-                )));
-            }
-            None => {
-                return Err(Error::Invalid(format!(
-                    "the engine does not say which M2R2 weights it runs, so a golden recorded with \
-                     M2R2 weights {} cannot be checked on it",
-                    recorded.weights_hash
-                )));
-            }
-        }
-        if engine.draft_gate != draft_gate {
-            return Err(Error::Invalid(format!(
-                "this golden drafts at gate {draft_gate}, the engine at gate {}",
-                engine.draft_gate
-            )));
-        }
+        self.check_engine(
+            recorded,
+            engine.config,
+            engine.weights_hash,
+            *draft_gate,
+            engine.draft_gate,
+        )?;
         let graphs = engine.graphs;
         let n = self.tokens.len();
         let options = SpeculativeOptions {

@@ -33,6 +33,9 @@
 //! Logits. Early exit: row i is the exit logits `LMHead(FinalNorm(u_g))` of the gate token i exited
 //! at, or the final logits when it ran all layers. Speculative: the base model's (verify) logits
 //! each token was emitted from (row 0: the prompt's).
+//!
+//! Speculative goldens that draft a token tree (`draft_length` = `tree`, format version 4) record
+//! the tree's rounds instead of `round_drafted` and `round_scores`: see [`tree`].
 use super::file::{GoldenFile, f32_bytes};
 use crate::decode::early_exit::KvPolicy;
 use crate::decode::speculative::{DraftLength, SpeculativeOutput};
@@ -47,10 +50,15 @@ mod check;
 mod record;
 #[cfg(test)]
 mod tests;
+pub mod tree;
+#[cfg(test)]
+mod tree_tests;
 
 pub use check::{EngineGraphs, REFERENCE, SpeculativeEngine};
 pub(super) use check::{compare_graph_outputs, compare_rounds, compare_scores};
 pub use record::early_exit_logits;
+pub use tree::{TreeEngine, TreeRounds};
+pub(super) use tree::{compare_tree_graph_outputs, compare_tree_rounds};
 
 /// What an M2R2 golden records besides the greedy fields.
 #[derive(Clone, Debug, PartialEq)]
@@ -83,6 +91,17 @@ pub enum M2r2Record {
         /// What the verifier and the draft produced along the rounds; `None` in files before
         /// format version 3.
         graphs: Option<Box<GraphOutputs>>,
+    },
+    /// Speculative decoding with a token tree (format version 4, [`tree`]).
+    SpeculativeTree {
+        /// 1-based
+        draft_gate: usize,
+        /// `draft_tree`: the widths `W1,W2,...` per depth
+        widths: Vec<usize>,
+        rounds: TreeRounds,
+        /// `verify_logits`: the prompt's row, then every node of every round; `draft_logits`:
+        /// every proposing node of every round
+        graphs: Box<GraphOutputs>,
     },
 }
 
@@ -153,12 +172,7 @@ impl RoundTensors {
 
     /// The round that emitted each of `n` tokens (`None` for the first, from the prompt's row).
     pub fn step_rounds(&self, n: usize) -> Vec<Option<usize>> {
-        let mut steps = vec![None; n.min(1)];
-        for (r, &accepted) in self.accepted.iter().enumerate() {
-            let emitted = (accepted.max(0) as usize + 1).min(n.saturating_sub(steps.len()));
-            steps.extend(std::iter::repeat_n(Some(r), emitted));
-        }
-        steps
+        step_rounds(&self.accepted, n)
     }
 
     fn from_output(out: &SpeculativeOutput, max: usize) -> RoundTensors {
@@ -180,6 +194,17 @@ impl RoundTensors {
             scores,
         }
     }
+}
+
+/// The round that emitted each of `n` tokens, rounds accepting `accepted` drafts each (`None`
+/// for the first token, from the prompt's row).
+fn step_rounds(accepted: &[i64], n: usize) -> Vec<Option<usize>> {
+    let mut steps = vec![None; n.min(1)];
+    for (r, &accepted) in accepted.iter().enumerate() {
+        let emitted = (accepted.max(0) as usize + 1).min(n.saturating_sub(steps.len()));
+        steps.extend(std::iter::repeat_n(Some(r), emitted));
+    }
+    steps
 }
 
 /// SHA-256 (first 8 bytes, hex) of the M2R2 settings, every adapter and ARLA tensor's bytes and
@@ -312,7 +337,18 @@ impl M2r2Golden {
                 ]
             }))
             .collect(),
+            M2r2Record::SpeculativeTree {
+                widths,
+                rounds,
+                graphs,
+                ..
+            } => tree::tree_tensors(widths, rounds, graphs),
         }
+    }
+
+    /// Whether this records a token tree (format version 4).
+    pub fn is_tree(&self) -> bool {
+        matches!(self.record, M2r2Record::SpeculativeTree { .. })
     }
 
     /// Extra metadata of this mode.
@@ -349,6 +385,15 @@ impl M2r2Golden {
                         meta.push(("draft_threshold".into(), threshold.to_string()));
                     }
                 }
+            }
+            M2r2Record::SpeculativeTree {
+                draft_gate, widths, ..
+            } => {
+                meta.push(("draft_gate".into(), draft_gate.to_string()));
+                meta.push(("gate".into(), "none".into()));
+                meta.push(("draft_max".into(), widths.len().to_string()));
+                meta.push(("draft_length".into(), "tree".into()));
+                meta.push(("draft_tree".into(), tree::widths_text(widths)));
             }
         }
         meta
@@ -391,6 +436,9 @@ impl M2r2Golden {
                     exit_gate,
                     gate_scores: Array2::from_shape_vec((n, j), scores).expect("shape checked"),
                 }
+            }
+            "speculative" if parsed("draft_length")? == "tree" => {
+                tree::read_tree(file, n, version)?
             }
             "speculative" => {
                 let draft_gate = parsed("draft_gate")?;

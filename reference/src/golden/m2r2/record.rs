@@ -112,7 +112,9 @@ impl Golden {
     }
 }
 
-fn m2r2_golden(
+/// A golden of `m2r2`'s model and weights recording `record` (written as this format's version
+/// for chains; the caller sets another where its record needs one).
+pub(super) fn m2r2_golden(
     m2r2: M2r2<'_>,
     name: &str,
     mode: &str,
@@ -139,7 +141,7 @@ fn m2r2_golden(
         stop_tokens: Some(vec![]),
         max_steps: None,
         pins: Default::default(),
-        version: crate::golden::GOLDEN_FORMAT_VERSION,
+        version: crate::golden::WRITTEN_FORMAT_VERSION,
     }
 }
 

@@ -11,7 +11,7 @@ use crate::m2r2::exit_gate::gate_score;
 use crate::m2r2::fast_stream::M2r2;
 use ndarray::{ArrayView1, Axis};
 
-fn setup(name: &str) -> (Model, M2r2Weights) {
+pub(super) fn setup(name: &str) -> (Model, M2r2Weights) {
     let model = builtin::builtin(name).unwrap();
     let weights = M2r2Weights::builtin_for(name, &model.config).unwrap();
     (model, weights)
@@ -29,7 +29,7 @@ fn ee_options(threshold: f32) -> EarlyExitOptions {
     }
 }
 
-fn spec_options(draft_length: DraftLength) -> SpeculativeOptions {
+pub(super) fn spec_options(draft_length: DraftLength) -> SpeculativeOptions {
     SpeculativeOptions {
         max_new_tokens: 0,
         stop_tokens: vec![],
@@ -38,7 +38,7 @@ fn spec_options(draft_length: DraftLength) -> SpeculativeOptions {
     }
 }
 
-fn round_trip(g: &Golden) -> Golden {
+pub(super) fn round_trip(g: &Golden) -> Golden {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("g.safetensors");
     g.write(&path).unwrap();
@@ -441,13 +441,13 @@ fn speculative_engine_refusals() {
 }
 
 /// A golden's tensors `(name, dtype, shape, bytes)` and metadata, as written.
-type RawGolden = (
+pub(super) type RawGolden = (
     Vec<(String, Dtype, Vec<usize>, Vec<u8>)>,
     std::collections::HashMap<String, String>,
 );
 
 /// Rewrite the golden at `path` through `edit` of its raw tensors and metadata.
-fn rewrite(path: &std::path::Path, edit: impl FnOnce(&mut RawGolden)) {
+pub(super) fn rewrite(path: &std::path::Path, edit: impl FnOnce(&mut RawGolden)) {
     let bytes = std::fs::read(path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
