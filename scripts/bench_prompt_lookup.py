@@ -46,7 +46,7 @@ def main():
         rows.append((name.strip(), ["--mode", "speculative"] + flags.split()))
     ids = prompts(a.samples, a.prompts, a.every)
     print(f"{len(ids)} prompts of {a.samples} (every {a.every}), up to {a.new_tokens} new tokens each")
-    keys = ["decoded", "seconds", "rounds", "nodes", "lookup_rounds", "lookup_accepted"]
+    keys = ["decoded", "seconds", "rounds", "nodes", "lookup_rounds", "lookup_accepted", "flops", "bytes"]
     totals = [dict.fromkeys(keys, 0) | {"same": True} for _ in rows]
     for i, p in enumerate(ids):
         want = None
@@ -54,6 +54,10 @@ def main():
             r = run(p, a.new_tokens, flags)
             t["decoded"] += len(r["tokens"]) - 1  # the first token comes from the prefill
             t["seconds"] += r["timings"]["decode_seconds"]
+            # counted work of the decoded tokens (null where the loop does not count it)
+            if r.get("flops_per_token") is not None:
+                t["flops"] += r["flops_per_token"] * (len(r["tokens"]) - 1)
+                t["bytes"] += r["bytes_per_token"] * (len(r["tokens"]) - 1)
             if name == "greedy":
                 want = r["tokens"]
                 continue
@@ -63,8 +67,8 @@ def main():
             t["lookup_rounds"] += r.get("lookup_rounds", 0)
             t["lookup_accepted"] += r.get("lookup_accepted", 0)
         print(f"  prompt {i + 1}/{len(ids)} done", file=sys.stderr)
-    print("| decoding | tokens/s | vs greedy | tokens per verification | nodes per verification | rounds with a lookup branch | lookup tokens accepted per round | identical to greedy |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| decoding | tokens/s | vs greedy | GFLOP per token | MB of weights per token | tokens per verification | nodes per verification | rounds with a lookup branch | lookup tokens accepted per round | identical to greedy |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     base = totals[0]["decoded"] / totals[0]["seconds"]
     for (name, _), t in zip(rows, totals):
         tps = t["decoded"] / t["seconds"]
@@ -73,7 +77,10 @@ def main():
             r = t["rounds"]
             nodes = f"{t['nodes'] / r:.2f}" if t["nodes"] else ""
             cells = [f"{t['decoded'] / r:.2f}", nodes, f"{t['lookup_rounds'] / r:.2f}", f"{t['lookup_accepted'] / r:.2f}"]
-        print(f"| {name} | {tps:.1f} | {tps / base:.2f}x | {' | '.join(cells)} | {'yes' if t['same'] else 'NO'} |")
+        work = ["", ""]
+        if t["flops"]:
+            work = [f"{t['flops'] / t['decoded'] / 1e9:.3f}", f"{t['bytes'] / t['decoded'] / 1e6:.0f}"]
+        print(f"| {name} | {tps:.1f} | {tps / base:.2f}x | {' | '.join(work)} | {' | '.join(cells)} | {'yes' if t['same'] else 'NO'} |")
 
 
 main()
