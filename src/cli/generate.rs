@@ -9,8 +9,9 @@ use crate::cli::args::sampling::SamplingArgs;
 use crate::cli::common;
 use crate::cli::progress;
 use crate::cli::report::{json_report, print_summary, trace_lines};
-use anyhow::Result;
+use anyhow::{Result, bail};
 use reference::decode::mode::{DecodeRequest, run_mode, tree_speculative_mode_run};
+use reference::decode::prompt_lookup::LookupConfig;
 use reference::decode::speculative::DraftLength;
 use reference::io::load::LoadedModel;
 use reference::m2r2::config::{DraftTreeConfig, M2r2Config};
@@ -45,6 +46,13 @@ pub struct Args {
     /// --draft-len / --dynamic-draft)
     #[arg(long, value_name = "W1,W2,...")]
     pub draft_tree: Option<String>,
+    /// Speculative decoding with a prompt-lookup branch: each round also verifies up to N tokens
+    /// copied from the text so far (what followed the latest earlier occurrence of its last 3, else
+    /// 2, tokens) at no draft step; 0: off. Greedy only, on the reference; beside the tree
+    /// (--draft-tree or the config's draft_tree), else beside a chain of --draft-len (default: the
+    /// M2R2 config's draft_len) drafts every round
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub prompt_lookup: usize,
 }
 
 /// `--draft-tree`'s widths, by the rules `run` shares (`cli/args/tree.rs`).
@@ -55,6 +63,29 @@ fn tree_widths(args: &Args) -> Result<Option<Vec<usize>>> {
         draft_len: args.m2r2.draft_len,
         dynamic_draft: args.m2r2.dynamic_draft,
     })
+}
+
+/// `--prompt-lookup`'s branch, and the flags it cannot be used with.
+fn prompt_lookup(args: &Args, sampling: bool) -> Result<Option<LookupConfig>> {
+    if args.prompt_lookup == 0 {
+        return Ok(None);
+    }
+    if args.m2r2.mode != ModeArg::Speculative {
+        bail!("--prompt-lookup adds a branch to speculative drafts: add --mode speculative");
+    }
+    if args.m2r2.dynamic_draft {
+        bail!(
+            "--prompt-lookup with --dynamic-draft: a lookup branch beside dynamic drafting is not \
+             built yet (give --draft-len N or --draft-tree W1,W2,...)"
+        );
+    }
+    if sampling {
+        bail!(
+            "--prompt-lookup verifies greedily only: speculative sampling with a lookup branch is \
+             not built yet (drop --temperature/--top-k/--top-p)"
+        );
+    }
+    Ok(Some(LookupConfig::new(args.prompt_lookup)))
 }
 
 /// The M2R2 config's default tree (`draft_tree`, chosen by `tune-drafting`), when nothing asks
@@ -78,6 +109,7 @@ fn config_tree<'a>(
 pub fn run(args: &Args) -> Result<()> {
     let sampling = args.sampling.params()?;
     let tree = tree_widths(args)?;
+    let lookup = prompt_lookup(args, sampling.is_some())?;
     let loaded = common::load(&args.model.model)?;
     let weights = args.m2r2.weights(&loaded)?;
     let mut settings = args.m2r2.settings(&loaded, &weights)?;
@@ -87,6 +119,8 @@ pub fn run(args: &Args) -> Result<()> {
             settings.draft_gate = args.m2r2.draft_gate.unwrap_or(t.draft_gate);
             Some(t.widths.clone())
         }
+        // a lookup branch beside the chain 1,1,... of the draft length (the config's, fixed)
+        (None, None) if lookup.is_some() => Some(vec![1; settings.draft_length.max()]),
         (None, None) => None,
     };
     if let Some(widths) = &tree {
@@ -123,6 +157,7 @@ pub fn run(args: &Args) -> Result<()> {
             &settings,
             &request,
             widths,
+            lookup,
             &mut on_token,
         ),
         None => run_mode(

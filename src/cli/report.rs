@@ -2,10 +2,10 @@
 //! `--json` object (settings, mode-specific statistics), the summary line on stderr and the
 //! `--trace` lines.
 
-use reference::base::tree::TokenTree;
 use reference::decode::early_exit::KvPolicy;
 use reference::decode::mode::{DecodeRequest, M2r2Settings, ModeDetails, ModeRun};
 use reference::decode::speculative::DraftLength;
+use reference::decode::tree_speculation::TreeRound;
 use serde_json::{Value, json};
 
 /// The settings as a JSON object (the `m2r2` part of reports).
@@ -40,7 +40,10 @@ pub fn settings_json(settings: &M2r2Settings) -> Value {
 /// - speculative with `--draft-tree`: `draft_tree` (the widths `[W1, ...]`), `tree_nodes` (the
 ///   root included), `rounds`, `mean_accepted_tokens` (tokens per verification),
 ///   `acceptance_by_depth` (per depth d = 1..=D: the fraction of rounds that accepted at least d
-///   drafts).
+///   drafts; with a lookup branch up to the branch's depth); `mean_tree_nodes`: nodes verified per
+///   round, the root and any lookup branch included; `prompt_lookup` (the branch's most tokens,
+///   0: off), `lookup_rounds` (rounds that verified a branch), `lookup_nodes` (branch nodes
+///   verified) and `lookup_accepted` (tokens emitted as accepted branch nodes).
 pub fn report_fields(run: &ModeRun) -> serde_json::Map<String, Value> {
     let per = run.decoded().max(1) as f64;
     let mut map = serde_json::Map::new();
@@ -88,6 +91,7 @@ pub fn report_fields(run: &ModeRun) -> serde_json::Map<String, Value> {
         ModeDetails::TreeSpeculative {
             widths,
             nodes,
+            prompt_lookup,
             rounds,
             mean_accepted_tokens,
             acceptance_by_depth,
@@ -97,6 +101,21 @@ pub fn report_fields(run: &ModeRun) -> serde_json::Map<String, Value> {
             map.insert("rounds".into(), json!(rounds.len()));
             map.insert("mean_accepted_tokens".into(), json!(mean_accepted_tokens));
             map.insert("acceptance_by_depth".into(), json!(acceptance_by_depth));
+            let verified: usize = rounds.iter().map(|r| r.tree.nodes()).sum();
+            map.insert(
+                "mean_tree_nodes".into(),
+                json!(verified as f64 / rounds.len().max(1) as f64),
+            );
+            map.insert(
+                "prompt_lookup".into(),
+                json!(prompt_lookup.map_or(0, |l| l.max_tokens)),
+            );
+            let with_branch = rounds.iter().filter(|r| !r.lookup.is_empty()).count();
+            map.insert("lookup_rounds".into(), json!(with_branch));
+            let branch_nodes: usize = rounds.iter().map(|r| r.lookup.len()).sum();
+            map.insert("lookup_nodes".into(), json!(branch_nodes));
+            let accepted: usize = rounds.iter().map(TreeRound::lookup_accepted).sum();
+            map.insert("lookup_accepted".into(), json!(accepted));
         }
     }
     map
@@ -224,14 +243,18 @@ pub fn trace_lines(
         ModeDetails::TreeSpeculative {
             widths,
             nodes,
+            prompt_lookup,
             rounds,
             mean_accepted_tokens,
             acceptance_by_depth,
         } => {
             let shape: Vec<String> = widths.iter().map(usize::to_string).collect();
+            let branch = prompt_lookup
+                .map(|l| format!(", a lookup branch of up to {} tokens", l.max_tokens))
+                .unwrap_or_default();
             lines.push(format!(
-                "trace: speculative, draft tree {} ({nodes} nodes) at gate {} (after layer {} of \
-                 {n})",
+                "trace: speculative, draft tree {} ({nodes} nodes{branch}) at gate {} (after \
+                 layer {} of {n})",
                 shape.join(","),
                 settings.draft_gate,
                 settings.gates[settings.draft_gate - 1]
@@ -239,21 +262,41 @@ pub fn trace_lines(
             if let Some(first) = run.tokens.first() {
                 lines.push(format!("  prompt -> {}", show(*first)));
             }
-            let tree = TokenTree::from_widths(widths).expect("the run's tree");
             for (r, round) in rounds.iter().enumerate() {
-                let depths: Vec<String> = (1..=tree.max_depth())
+                let tree = &round.tree;
+                // the drafts of each depth of the run's tree, then the round's lookup branch
+                let depths: Vec<String> = (1..=widths.len())
                     .map(|d| {
-                        let level: Vec<String> =
-                            tree.level(d).map(|i| show(round.tokens[i])).collect();
+                        let level: Vec<String> = tree
+                            .level(d)
+                            .filter(|i| !round.lookup.contains(i))
+                            .map(|i| show(round.tokens[i]))
+                            .collect();
                         format!("d{d} [{}]", level.join(", "))
                     })
                     .collect();
+                let lookup = if round.lookup.is_empty() {
+                    String::new()
+                } else {
+                    let guess: Vec<String> = round
+                        .lookup
+                        .iter()
+                        .map(|&i| show(round.tokens[i]))
+                        .collect();
+                    format!(" lookup [{}]", guess.join(", "))
+                };
                 let path: Vec<String> = tree.path(round.node)[1..]
                     .iter()
                     .map(|&i| show(round.tokens[i]))
                     .collect();
+                let from = if round.lookup_accepted() > 0 {
+                    " (lookup)"
+                } else {
+                    ""
+                };
                 lines.push(format!(
-                    "  round {r:>3}: drafted {} accepted node {} depth {} [{}]; base {}",
+                    "  round {r:>3}: drafted {}{lookup} accepted node {}{from} depth {} [{}]; \
+                     base {}",
                     depths.join(" "),
                     round.node,
                     round.accepted,

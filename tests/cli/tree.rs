@@ -2,7 +2,7 @@
 //! the tokens of `--mode greedy` on tiny and on SmolLM2 with its shipped weights (a bridge at gate
 //! 1); sampled (`--temperature`), seeded, a chain tree the chain loop's tokens and top-k 1 greedy's;
 //! the tree's JSON fields, one trace line per round, and bad shapes and flag combinations refused
-//! naming `--draft-tree`.
+//! naming `--draft-tree`; the same with a `--prompt-lookup N` branch beside a tree or a chain.
 
 use super::{fails, generate_json, ids, ok};
 use serde_json::Value;
@@ -258,4 +258,181 @@ fn bad_trees_and_conflicts_are_refused() {
         &[&base[..], &["--draft-tree", "2,1"]].concat(),
         &["--draft-tree", "--mode speculative"],
     );
+}
+
+/// The lookup fields of a `--json` report, checked against each other and the tree's.
+fn check_lookup_report(report: &Value, widths: &[u64], branch: u64) {
+    assert_eq!(report["mode"], "speculative");
+    assert_eq!(ids(&report["draft_tree"]), widths, "{report}");
+    assert_eq!(report["prompt_lookup"], branch, "{report}");
+    let nodes = report["tree_nodes"].as_u64().unwrap();
+    let rounds = report["rounds"].as_u64().unwrap();
+    let with_branch = report["lookup_rounds"].as_u64().unwrap();
+    let branch_nodes = report["lookup_nodes"].as_u64().unwrap();
+    let accepted = report["lookup_accepted"].as_u64().unwrap();
+    assert!(
+        with_branch <= rounds && branch_nodes <= with_branch * branch,
+        "{report}"
+    );
+    assert!(branch_nodes >= with_branch, "{report}");
+    // nodes per round: the tree's, and the branch in the rounds that found one
+    let mean_nodes = report["mean_tree_nodes"].as_f64().unwrap();
+    let want = (rounds * nodes + branch_nodes) as f64 / rounds as f64;
+    assert!((mean_nodes - want).abs() < 1e-9, "{report}");
+    // the accepted lookup tokens are accepted drafts
+    let mean = report["mean_accepted_tokens"].as_f64().unwrap();
+    assert!(
+        accepted as f64 <= (mean - 1.0) * rounds as f64 + 1e-9,
+        "{report}"
+    );
+    let by_depth = report["acceptance_by_depth"].as_array().unwrap();
+    assert_eq!(by_depth.len() as u64, (widths.len() as u64).max(branch));
+    assert_eq!(report["m2r2"]["dynamic_draft"], false, "{report}");
+}
+
+/// A repetitive prompt on tiny: a lookup branch beside a tree, beside the chain of `--draft-len`
+/// and beside the config's chain decodes like greedy; its branches are found and accepted; the
+/// trace shows them.
+#[test]
+fn tiny_lookup_branches_decode_like_greedy() {
+    let prompt = [
+        "--model",
+        "tiny",
+        "--tokens",
+        "5,9,14,3,5,9,14,3,5,9",
+        "--max-new-tokens",
+        "32",
+    ];
+    let greedy = generate_json(&[&prompt[..], &["--mode", "greedy"]].concat());
+    let off = generate_json(
+        &[
+            &prompt[..],
+            &["--mode", "speculative", "--draft-tree", "2,1"],
+        ]
+        .concat(),
+    );
+    assert_eq!(off["prompt_lookup"], 0, "{off}");
+    assert_eq!(off["lookup_rounds"], 0, "{off}");
+    let mut accepted = 0;
+    for (flags, widths) in [
+        (&["--draft-tree", "2,1"][..], &[2u64, 1][..]),
+        (&["--draft-len", "2"], &[1, 1]),
+        (&[], &[1, 1, 1, 1]), // tiny's config drafts 4
+    ] {
+        let args = [
+            &["--mode", "speculative", "--prompt-lookup", "3"][..],
+            flags,
+        ]
+        .concat();
+        let run = generate_json(&[&prompt[..], &args].concat());
+        assert_eq!(ids(&run["tokens"]), ids(&greedy["tokens"]), "{flags:?}");
+        check_lookup_report(&run, widths, 3);
+        assert!(run["lookup_rounds"].as_u64().unwrap() > 0, "{run}");
+        accepted += run["lookup_accepted"].as_u64().unwrap();
+    }
+    assert!(accepted > 0, "no lookup token accepted");
+    let mut args = vec!["generate"];
+    args.extend_from_slice(&prompt);
+    args.extend_from_slice(&[
+        "--mode",
+        "speculative",
+        "--draft-tree",
+        "2,1",
+        "--prompt-lookup",
+        "3",
+        "--trace",
+        "--json",
+    ]);
+    let run = ok(&args);
+    assert!(
+        run.stderr
+            .contains("draft tree 2,1 (5 nodes, a lookup branch of up to 3 tokens)"),
+        "{}",
+        run.stderr
+    );
+    let rounds = run.json()["lookup_rounds"].as_u64().unwrap() as usize;
+    let lines = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains(" lookup ["))
+        .count();
+    assert_eq!(lines, rounds, "{}", run.stderr);
+}
+
+/// SmolLM2 with its shipped weights: the default chain with a lookup branch decodes like greedy on
+/// a prompt that its answer quotes.
+#[test]
+fn smollm2_lookup_decodes_like_greedy() {
+    let cache = reference::io::hub::cache_dir();
+    let real = |args: &[&str]| {
+        let mut all = vec!["generate", "--json"];
+        all.extend_from_slice(args);
+        let run = super::m2r2_env(&all, &[("M2R2_CACHE", cache.as_os_str())]);
+        assert_eq!(
+            run.code,
+            Some(0),
+            "m2r2 {all:?} failed (run `m2r2 fetch smollm2` first):\n{}",
+            run.stderr
+        );
+        run.json()
+    };
+    let prompt = [
+        "--model",
+        "smollm2",
+        "--prompt",
+        "Repeat after me: the quick brown fox jumps over the lazy dog.",
+        "--chat",
+        "--max-new-tokens",
+        "24",
+    ];
+    let greedy = real(&[&prompt[..], &["--mode", "greedy"]].concat());
+    let run = real(
+        &[
+            &prompt[..],
+            &["--mode", "speculative", "--prompt-lookup", "4"],
+        ]
+        .concat(),
+    );
+    assert_eq!(ids(&run["tokens"]), ids(&greedy["tokens"]));
+    check_lookup_report(&run, &[1], 4);
+    assert!(run["lookup_accepted"].as_u64().unwrap() > 0, "{run}");
+}
+
+#[test]
+fn bad_lookups_are_refused() {
+    let base = [
+        "generate",
+        "--model",
+        "tiny",
+        "--tokens",
+        "1,2",
+        "--max-new-tokens",
+        "4",
+        "--prompt-lookup",
+        "2",
+    ];
+    fails(&base, &["--prompt-lookup", "--mode speculative"]);
+    let spec = |extra: &[&'static str]| [&base[..], &["--mode", "speculative"], extra].concat();
+    fails(
+        &spec(&["--dynamic-draft"]),
+        &["--prompt-lookup", "--dynamic-draft", "--draft-len"],
+    );
+    fails(
+        &spec(&["--temperature", "0.8"]),
+        &["--prompt-lookup", "greedily only"],
+    );
+    // 0 is off: the chain loop as without the flag
+    let off = generate_json(&[
+        "--model",
+        "tiny",
+        "--tokens",
+        "1,2",
+        "--max-new-tokens",
+        "4",
+        "--mode",
+        "speculative",
+        "--prompt-lookup",
+        "0",
+    ]);
+    assert!(off.get("draft_tree").is_none(), "{off}");
 }

@@ -8,6 +8,7 @@ pub mod drafting;
 pub mod early_exit;
 pub mod early_exit_naive;
 pub mod mode;
+pub mod prompt_lookup;
 pub mod speculative;
 pub mod speculative_naive;
 pub mod timed;

@@ -21,13 +21,16 @@ use crate::base::tree::TokenTree;
 use crate::base::work::Work;
 use crate::decode::draft_verify::ReferenceSpeculation;
 use crate::decode::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
+use crate::decode::prompt_lookup::{LookupConfig, with_lookup_branch};
 use crate::decode::speculative::{
     DraftLength, Round, SpeculativeOptions, SpeculativeOutput, speculative_generate,
 };
 use crate::decode::timed::Timed;
 use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
-use crate::decode::tree_speculation::{TreeRound, TreeSpeculativeOutput, tree_speculate};
-use crate::error::Result;
+use crate::decode::tree_speculation::{
+    TreeRound, TreeSpeculativeOutput, tree_speculate, tree_speculate_with_lookup,
+};
+use crate::error::{Error, Result};
 use crate::m2r2::exit_gate::GateKind;
 use crate::m2r2::fast_stream::M2r2;
 use crate::m2r2::weights::M2r2Weights;
@@ -130,10 +133,14 @@ pub enum ModeDetails {
         widths: Vec<usize>,
         /// Nodes of the tree, the root included.
         nodes: usize,
+        /// The prompt-lookup branch each round may add at the root (`None`: off).
+        prompt_lookup: Option<LookupConfig>,
+        /// Each round's tree (a lookup branch included) and its nodes' tokens.
         rounds: Vec<TreeRound>,
         /// Tokens emitted per verification (accepted drafts plus the base token).
         mean_accepted_tokens: f64,
-        /// Per depth `d = 1..=D`: the fraction of rounds that accepted at least `d` drafts.
+        /// Per depth `d = 1..=D` (`D` of the largest round tree, a lookup branch included): the
+        /// fraction of rounds that accepted at least `d` drafts.
         acceptance_by_depth: Vec<f64>,
     },
 }
@@ -282,46 +289,59 @@ pub fn run_mode(
 
 /// Speculative decoding with the token tree of shape `widths` (`W1,W2,...`), drafting at
 /// `settings.draft_gate` (`decode/tree_speculation.rs`): greedy, or speculative sampling with
-/// `request.sampling` (`decode/tree_sampling.rs`). `on_token` sees every emitted token after the
-/// loop. The draft and verify steps' work is counted (`ReferenceTreeSpeculation::work`).
+/// `request.sampling` (`decode/tree_sampling.rs`); with `lookup`, greedy with a prompt-lookup
+/// branch at the root of the rounds that find one (`decode/prompt_lookup.rs`). `on_token` sees
+/// every emitted token after the loop. The draft and verify steps' work is counted
+/// (`ReferenceTreeSpeculation::work`).
 ///
 /// # Errors
-/// A shape [`TokenTree::from_widths`] refuses, a draft gate outside `1..=J`, and
-/// [`tree_speculate`]'s.
+/// A shape [`TokenTree::from_widths`] refuses, a draft gate outside `1..=J`, `lookup` with
+/// sampling, and [`tree_speculate`]'s or [`tree_speculate_with_lookup`]'s.
 pub fn tree_speculative_mode_run(
     model: &Model,
     weights: &M2r2Weights,
     settings: &M2r2Settings,
     request: &DecodeRequest<'_>,
     widths: &[usize],
+    lookup: Option<LookupConfig>,
     on_token: &mut dyn FnMut(u32),
 ) -> Result<ModeRun> {
     let tree = TokenTree::from_widths(widths)?;
     let n = model.config.num_hidden_layers;
-    // the last round's tree may reach past the budget
-    let capacity = request.prompt.len() + request.max_new_tokens + tree.nodes();
+    // the last round's tree (a lookup branch included) may reach past the budget
+    let largest = with_lookup_branch(&tree, lookup.map_or(0, |l| l.max_tokens)).tree;
+    let capacity = request.prompt.len() + request.max_new_tokens + largest.nodes();
     let m2r2 = M2r2::new(model, weights);
     let mut backend = ReferenceTreeSpeculation::new(m2r2, settings.draft_gate, capacity)?;
+    let (prompt, budget, stop) = (request.prompt, request.max_new_tokens, &request.stop_tokens);
     let start = Instant::now();
-    let out = tree_speculate(
-        &mut backend,
-        &tree,
-        request.prompt,
-        request.max_new_tokens,
-        &request.stop_tokens,
-        request.sampling.clone(),
-    )?;
+    let out = match lookup {
+        Some(_) if request.sampling.is_some() => {
+            return Err(Error::Invalid(
+                "a prompt-lookup branch is verified greedily only: sampling with it is not \
+                 built yet"
+                    .into(),
+            ));
+        }
+        Some(lookup) => {
+            tree_speculate_with_lookup(&mut backend, &tree, lookup, prompt, budget, stop)?
+        }
+        None => tree_speculate(
+            &mut backend,
+            &tree,
+            prompt,
+            budget,
+            stop,
+            request.sampling.clone(),
+        )?,
+    };
     let seconds = start.elapsed().as_secs_f64();
     for &token in &out.tokens {
         on_token(token);
     }
-    Ok(tree_speculative_run(
-        out,
-        &tree,
-        widths,
-        n,
-        seconds,
-        backend.work(),
+    let work = backend.work();
+    Ok(tree_speculative_run_with_lookup(
+        out, &tree, widths, lookup, n, seconds, work,
     ))
 }
 
@@ -336,17 +356,34 @@ pub fn tree_speculative_run(
     seconds: f64,
     work: Work,
 ) -> ModeRun {
+    tree_speculative_run_with_lookup(out, tree, widths, None, n, seconds, work)
+}
+
+/// [`tree_speculative_run`] of a run whose rounds may have had a `lookup` branch.
+pub fn tree_speculative_run_with_lookup(
+    out: TreeSpeculativeOutput,
+    tree: &TokenTree,
+    widths: &[usize],
+    lookup: Option<LookupConfig>,
+    n: usize,
+    seconds: f64,
+    work: Work,
+) -> ModeRun {
     let accepted: Vec<usize> = out.rounds.iter().map(|r| r.accepted).collect();
     let steps = speculative_steps(&out.tokens, &accepted, n);
-    let rows = out.rounds.len() * tree.nodes();
+    let rows = out.verified_nodes();
+    let depth = with_lookup_branch(tree, lookup.map_or(0, |l| l.max_tokens))
+        .tree
+        .max_depth();
     ModeRun {
         mode: Mode::Speculative,
         layers_per_token: (rows * n) as f64 / out.tokens.len().saturating_sub(1).max(1) as f64,
         details: ModeDetails::TreeSpeculative {
             widths: widths.to_vec(),
             nodes: tree.nodes(),
+            prompt_lookup: lookup,
             mean_accepted_tokens: out.mean_accepted_length(),
-            acceptance_by_depth: out.acceptance_by_depth(tree.max_depth()),
+            acceptance_by_depth: out.acceptance_by_depth(depth),
             rounds: out.rounds,
         },
         tokens: out.tokens,

@@ -39,6 +39,12 @@
 //! (`TokenTree::chain(m)`) gives `speculative_generate`'s rounds with a fixed draft length `m`,
 //! with and without a bridge, greedy and sampled with the same seed (tested).
 //!
+//! **A prompt-lookup branch** ([`tree_speculate_with_lookup`], `decode/prompt_lookup.rs`;
+//! greedy): each round may also hang a chain of tokens copied from the context at the root. Its
+//! nodes carry fixed tokens, run their slow rows with their depth and propose nothing; the root's
+//! drafted children skip the branch's first token, so no two siblings are alike. Acceptance is
+//! the same rule on the round's tree, so the output stays greedy decoding's.
+//!
 //! **The bridge per branch** ([`crate::m2r2::bridge`], the chain's rule in
 //! `decode/bridge_state.rs` applied along each path): a proposing node at position `p` reads the
 //! state before it on its own path, `h = s_N[p-1]` for the root (position `p-1` is verified: the
@@ -50,6 +56,7 @@ use crate::base::kv_cache::KvCache;
 use crate::base::ops::argmax;
 use crate::base::sampling::SamplingParams;
 use crate::base::tree::TokenTree;
+use crate::decode::prompt_lookup::{LookupConfig, with_lookup_branch};
 use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
 use crate::decode::tree_sampling::TreeSampling;
 use crate::error::{Error, Result};
@@ -115,6 +122,22 @@ pub struct TreeRound {
     pub accepted: usize,
     /// The base model's token after the accepted path (correction or bonus).
     pub base_token: u32,
+    /// The round's tree: the run's, or the run's with a lookup branch at its root.
+    pub tree: TokenTree,
+    /// The nodes of the round's lookup branch, by depth (empty: no branch).
+    pub lookup: Vec<usize>,
+}
+
+impl TreeRound {
+    /// The accepted drafts that came from the lookup branch (all of them or none: the branch
+    /// is a chain at the root).
+    pub fn lookup_accepted(&self) -> usize {
+        if self.lookup.contains(&self.node) {
+            self.accepted
+        } else {
+            0
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -139,6 +162,26 @@ impl TreeSpeculativeOutput {
         (1..=depth)
             .map(|d| self.rounds.iter().filter(|r| r.accepted >= d).count() as f64 / rounds)
             .collect()
+    }
+
+    /// Rounds that verified a lookup branch.
+    pub fn lookup_rounds(&self) -> usize {
+        self.rounds.iter().filter(|r| !r.lookup.is_empty()).count()
+    }
+
+    /// Lookup nodes verified, over all rounds.
+    pub fn lookup_nodes(&self) -> usize {
+        self.rounds.iter().map(|r| r.lookup.len()).sum()
+    }
+
+    /// Tokens emitted as accepted lookup nodes, over all rounds.
+    pub fn lookup_accepted(&self) -> usize {
+        self.rounds.iter().map(TreeRound::lookup_accepted).sum()
+    }
+
+    /// Nodes verified, the roots included, over all rounds.
+    pub fn verified_nodes(&self) -> usize {
+        self.rounds.iter().map(|r| r.tree.nodes()).sum()
     }
 }
 
@@ -176,6 +219,43 @@ pub fn tree_speculative_generate(
     Ok((out, backend.into_cache()))
 }
 
+/// Greedy [`tree_speculative_generate`] with a prompt-lookup branch beside `tree` in each round
+/// that `lookup` finds one ([`tree_speculate_with_lookup`]).
+///
+/// # Errors
+/// [`tree_speculative_generate`]'s, and suffix lengths [`LookupConfig::check`] refuses.
+pub fn tree_speculative_generate_with_lookup(
+    m2r2: M2r2<'_>,
+    draft_gate: usize,
+    tree: &TokenTree,
+    lookup: LookupConfig,
+    prompt: &[u32],
+    max_new_tokens: usize,
+    stop_tokens: &[u32],
+) -> Result<(TreeSpeculativeOutput, KvCache)> {
+    if prompt.is_empty() {
+        return Err(empty_prompt());
+    }
+    // the last round's tree may reach past the budget
+    let capacity = prompt.len() + max_new_tokens + largest_tree(tree, Some(lookup)).nodes();
+    let mut backend = ReferenceTreeSpeculation::new(m2r2, draft_gate, capacity)?;
+    let out = tree_speculate_with_lookup(
+        &mut backend,
+        tree,
+        lookup,
+        prompt,
+        max_new_tokens,
+        stop_tokens,
+    )?;
+    Ok((out, backend.into_cache()))
+}
+
+/// The largest tree a round may verify: `tree` with the longest lookup branch.
+fn largest_tree(tree: &TokenTree, lookup: Option<LookupConfig>) -> TokenTree {
+    let branch = lookup.map_or(0, |l| l.max_tokens);
+    with_lookup_branch(tree, branch).tree
+}
+
 /// Tree speculation on any engine: prefill `prompt`, then rounds of [`tree_round`] until
 /// `max_new_tokens` tokens or a stop token; `sampling`: `None` greedy (the output is greedy
 /// decoding's), `Some` seeded speculative sampling (the output is distributed as sampling from
@@ -203,14 +283,47 @@ pub(crate) fn tree_speculate_with<B: TreeBackend>(
     prompt: &[u32],
     max_new_tokens: usize,
     stop_tokens: &[u32],
+    sampling: Option<TreeSampling>,
+) -> Result<TreeSpeculativeOutput> {
+    let request = (prompt, max_new_tokens, stop_tokens);
+    speculate(backend, tree, None, request, sampling)
+}
+
+/// Greedy [`tree_speculate`] where each round also verifies the guess of `lookup` after the
+/// context (the prompt and the tokens emitted so far) as a branch at the root, when it finds one
+/// ([`tree_round_with_lookup`]). The backend is asked to take the largest such tree.
+///
+/// # Errors
+/// [`tree_speculate`]'s, and suffix lengths [`LookupConfig::check`] refuses.
+pub fn tree_speculate_with_lookup<B: TreeBackend>(
+    backend: &mut B,
+    tree: &TokenTree,
+    lookup: LookupConfig,
+    prompt: &[u32],
+    max_new_tokens: usize,
+    stop_tokens: &[u32],
+) -> Result<TreeSpeculativeOutput> {
+    lookup.check()?;
+    let request = (prompt, max_new_tokens, stop_tokens);
+    speculate(backend, tree, Some(lookup), request, None)
+}
+
+/// The loop: a lookup branch (greedy only) or a sampler, never both.
+fn speculate<B: TreeBackend>(
+    backend: &mut B,
+    tree: &TokenTree,
+    lookup: Option<LookupConfig>,
+    (prompt, max_new_tokens, stop_tokens): (&[u32], usize, &[u32]),
     mut sampling: Option<TreeSampling>,
 ) -> Result<TreeSpeculativeOutput> {
+    debug_assert!(lookup.is_none() || sampling.is_none());
     if prompt.is_empty() {
         return Err(empty_prompt());
     }
+    let largest = largest_tree(tree, lookup);
     backend.check_tree(
-        tree,
-        backend.len() + prompt.len() + max_new_tokens + tree.nodes(),
+        &largest,
+        backend.len() + prompt.len() + max_new_tokens + largest.nodes(),
     )?;
     let start = std::time::Instant::now();
     let prompt_logits = backend.prefill(prompt)?;
@@ -227,9 +340,17 @@ pub(crate) fn tree_speculate_with<B: TreeBackend>(
         None => argmax(&prompt_logits) as u32,
     };
     out.tokens.push(last);
+    // what lookup searches: the prompt and the emitted tokens, the root last
+    let mut context = prompt.to_vec();
     while out.tokens.len() < max_new_tokens && !stop_tokens.contains(&last) {
-        let round = tree_round(backend, tree, last, sampling.as_mut())?;
-        let path = tree.path(round.node);
+        context.extend_from_slice(&out.tokens[context.len() - prompt.len()..]);
+        let guess = lookup.map_or_else(Vec::new, |l| l.guess(&context));
+        let round = if guess.is_empty() {
+            tree_round(backend, tree, last, sampling.as_mut())?
+        } else {
+            tree_round_with_lookup(backend, tree, last, &guess)?
+        };
+        let path = round.tree.path(round.node);
         let mut emitted: Vec<u32> = path[1..].iter().map(|&i| round.tokens[i]).collect();
         emitted.push(round.base_token);
         // stop at a stop token or the budget; the cache keeps the inputs of emitted tokens
@@ -263,20 +384,53 @@ pub fn tree_round<B: TreeBackend>(
     backend: &mut B,
     tree: &TokenTree,
     last: u32,
+    sampling: Option<&mut TreeSampling>,
+) -> Result<TreeRound> {
+    round_around(backend, tree, last, &[], sampling)
+}
+
+/// A greedy [`tree_round`] on `tree` with `guess` as a chain at its root
+/// ([`with_lookup_branch`](crate::decode::prompt_lookup::with_lookup_branch)): the round's tree
+/// is the merged one; `tree` itself when `guess` is empty.
+///
+/// # Errors
+/// The backend's.
+pub fn tree_round_with_lookup<B: TreeBackend>(
+    backend: &mut B,
+    tree: &TokenTree,
+    last: u32,
+    guess: &[u32],
+) -> Result<TreeRound> {
+    let merged = with_lookup_branch(tree, guess.len());
+    let fixed: Vec<(usize, u32)> = merged.lookup.iter().copied().zip(guess.to_vec()).collect();
+    round_around(backend, &merged.tree, last, &fixed, None)
+}
+
+/// [`tree_round`] where the nodes of `fixed` (`(node, token)`, ascending) already carry their
+/// tokens (a lookup branch, greedy only): see [`draft_depth`]'s `fixed`.
+fn round_around<B: TreeBackend>(
+    backend: &mut B,
+    tree: &TokenTree,
+    last: u32,
+    fixed: &[(usize, u32)],
     mut sampling: Option<&mut TreeSampling>,
 ) -> Result<TreeRound> {
     let n = backend.len();
     let mut tokens = vec![0u32; tree.nodes()];
     tokens[0] = last;
+    for &(node, token) in fixed {
+        tokens[node] = token;
+    }
+    let fixed: Vec<usize> = fixed.iter().map(|f| f.0).collect();
     // sampling: each proposing node's draft distribution q (empty for the others)
     let mut drafts = vec![Vec::new(); tree.nodes()];
     // draft: depth by depth, each depth one chunk
     for d in 0..=tree.max_depth() {
-        draft_depth(
+        draft_depth_around(
             backend,
             tree,
             d,
-            &mut tokens,
+            (&mut tokens, &fixed),
             sampling.as_deref_mut(),
             &mut drafts,
         )?;
@@ -301,6 +455,8 @@ pub fn tree_round<B: TreeBackend>(
         base_token,
         node,
         tokens,
+        tree: tree.clone(),
+        lookup: fixed,
     })
 }
 
@@ -316,31 +472,56 @@ pub fn draft_depth<B: TreeBackend>(
     tree: &TokenTree,
     d: usize,
     tokens: &mut [u32],
+    sampling: Option<&mut TreeSampling>,
+    drafts: &mut [Vec<f32>],
+) -> Result<()> {
+    draft_depth_around(backend, tree, d, (tokens, &[]), sampling, drafts)
+}
+
+/// [`draft_depth`] where the nodes `fixed` (ascending) already hold their tokens in `tokens` (a
+/// lookup branch): they are drafted nothing and propose only if they have drafted children; a
+/// node's drafted children take its top candidates other than its fixed children's tokens, so no
+/// two siblings are alike (greedy; sampling draws as [`draft_depth`]).
+fn draft_depth_around<B: TreeBackend>(
+    backend: &mut B,
+    tree: &TokenTree,
+    d: usize,
+    (tokens, fixed): (&mut [u32], &[usize]),
     mut sampling: Option<&mut TreeSampling>,
     drafts: &mut [Vec<f32>],
 ) -> Result<()> {
     let level = tree.level(d);
-    // the rows of the level whose nodes have children: they propose
+    let drafted = |c: &usize| fixed.binary_search(c).is_err();
+    // the rows of the level whose nodes have drafted children: they propose
     let proposing: Vec<usize> = level
         .clone()
-        .filter(|&i| !tree.children(i).is_empty())
+        .filter(|&i| tree.children(i).any(|c| drafted(&c)))
         .map(|i| i - level.start)
         .collect();
     let logits = backend.draft_level(tree, d, &tokens[level.clone()], &proposing)?; // [P, V]
     for (row, &t) in proposing.iter().enumerate() {
         let node = level.start + t;
         let children = tree.children(node);
+        let taken: Vec<u32> = children
+            .clone()
+            .filter(|c| !drafted(c))
+            .map(|c| tokens[c])
+            .collect();
+        let wanted = children.len() - taken.len();
         let logits = logits.row(row);
         let logits = logits.as_slice().expect("contiguous");
         let best = match sampling.as_deref_mut() {
             Some(s) => {
-                let (drawn, q) = s.children(logits, children.len());
+                let (drawn, q) = s.children(logits, wanted);
                 drafts[node] = q;
                 drawn
             }
-            None => top_candidates(logits, children.len()),
+            None => top_candidates(logits, wanted + taken.len())
+                .into_iter()
+                .filter(|token| !taken.contains(token))
+                .collect(),
         };
-        for (child, token) in children.zip(best) {
+        for (child, token) in children.filter(drafted).zip(best) {
             tokens[child] = token;
         }
     }
@@ -552,6 +733,8 @@ mod tests {
         prompt: Vec<u32>,
         new_tokens: usize,
         stop: Option<u32>,
+        /// A prompt-lookup branch: most tokens, and the suffix lengths (in either order).
+        lookup: Option<(usize, usize, usize)>,
     }
 
     const VOCAB: u32 = 40;
@@ -571,7 +754,10 @@ mod tests {
             ),
             prop::collection::vec(0..VOCAB, 1..6),
             1usize..20,
-            prop::option::weighted(0.3, 0..VOCAB),
+            (
+                prop::option::weighted(0.3, 0..VOCAB),
+                prop::option::of((1usize..8, 1usize..4, 1usize..4)),
+            ),
         )
             .prop_map(
                 |(
@@ -581,7 +767,7 @@ mod tests {
                     (pruned, bridge),
                     prompt,
                     new_tokens,
-                    stop,
+                    (stop, lookup),
                 )| {
                     Problem {
                         layers,
@@ -595,6 +781,7 @@ mod tests {
                         prompt,
                         new_tokens,
                         stop,
+                        lookup,
                     }
                 },
             )
@@ -644,17 +831,25 @@ mod tests {
             let tree = TokenTree::from_widths(&self.widths).unwrap();
             let stop: Vec<u32> = self.stop.into_iter().collect();
             let want = greedy(&model, &self.prompt, self.new_tokens, &stop).unwrap();
-            let (got, cache) = tree_speculative_generate(
-                m2r2,
-                gate,
-                &tree,
-                &self.prompt,
-                self.new_tokens,
-                &stop,
-                None,
-            )
+            let (prompt, budget) = (&self.prompt, self.new_tokens);
+            let (got, cache) = match self.lookup {
+                Some((len, a, b)) => {
+                    let lookup = LookupConfig {
+                        max_tokens: len,
+                        max_ngram: a.max(b),
+                        min_ngram: a.min(b),
+                    };
+                    tree_speculative_generate_with_lookup(
+                        m2r2, gate, &tree, lookup, prompt, budget, &stop,
+                    )
+                }
+                None => tree_speculative_generate(m2r2, gate, &tree, prompt, budget, &stop, None),
+            }
             .unwrap();
             prop_assert_eq!(&got.tokens, &want);
+            for round in &got.rounds {
+                prop_assert!(distinct_siblings(round), "{:?}", round);
+            }
             prop_assert!(
                 is_greedy_cache(&model, &self.prompt, &got.tokens, &cache),
                 "the cache is not greedy decoding's"
@@ -667,11 +862,107 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(48))]
         /// Greedy tree speculation is greedy decoding, token for token, and leaves its cache:
         /// dense and MoE, sliding windows, any gate, trees up to 24 nodes, a pruned draft head,
-        /// a bridge at the draft gate (entry, gate or both), stop tokens.
+        /// a bridge at the draft gate (entry, gate or both), stop tokens, a prompt-lookup branch.
         #[test]
         fn tree_speculation_is_greedy(problem in problem_strategy()) {
             problem.check()?;
         }
+    }
+
+    /// No node of a round has two children with the same token.
+    fn distinct_siblings(round: &TreeRound) -> bool {
+        (0..round.tree.nodes()).all(|i| {
+            let mut tokens: Vec<u32> = round.tree.children(i).map(|c| round.tokens[c]).collect();
+            let all = tokens.len();
+            tokens.sort_unstable();
+            tokens.dedup();
+            tokens.len() == all
+        })
+    }
+
+    /// A repetitive prompt on the built-in models, chains and a tree with a lookup branch: greedy
+    /// decoding's tokens and cache, branches that are accepted, no two siblings alike, and the
+    /// rounds without a match verify the drafted tree alone.
+    #[test]
+    fn lookup_branches_are_accepted_and_stay_greedy() {
+        let mut accepted = 0;
+        for name in builtin::BUILTIN_NAMES {
+            let model = builtin::builtin(name).unwrap();
+            let weights = M2r2Weights::builtin_for(name, &model.config).unwrap();
+            let m2r2 = M2r2::new(&model, &weights);
+            let prompt = [7u32, 2, 9, 4, 1, 7, 2, 9, 4, 1, 7, 2];
+            let want = greedy(&model, &prompt, 40, &[]).unwrap();
+            for spec in ["1", "1,1,1", "2,1"] {
+                let tree = TokenTree::parse(spec).unwrap();
+                for len in [1, 4] {
+                    let lookup = LookupConfig::new(len);
+                    let (got, cache) = tree_speculative_generate_with_lookup(
+                        m2r2,
+                        1,
+                        &tree,
+                        lookup,
+                        &prompt,
+                        40,
+                        &[],
+                    )
+                    .unwrap();
+                    let what = format!("{name} {spec} lookup {len}");
+                    assert_eq!(got.tokens, want, "{what}");
+                    assert!(is_greedy_cache(&model, &prompt, &got.tokens, &cache));
+                    for round in &got.rounds {
+                        assert!(distinct_siblings(round), "{what}: {round:?}");
+                        let fits = round.lookup.len();
+                        assert!(fits <= len, "{what}");
+                        assert_eq!(round.tree.nodes(), tree.nodes() + fits, "{what}");
+                    }
+                    assert!(got.lookup_rounds() > 0, "{what}: no round found a match");
+                    assert_eq!(
+                        got.lookup_nodes() + got.rounds.len() * tree.nodes(),
+                        got.verified_nodes()
+                    );
+                    accepted += got.lookup_accepted();
+                }
+            }
+        }
+        assert!(accepted > 0, "no lookup token was accepted");
+    }
+
+    /// A guess that equals the top draft: the root's drafted child takes the runner-up, so the
+    /// tree holds both candidates once each, and the base model's choice at the root is the
+    /// same either way.
+    #[test]
+    fn a_guess_equal_to_the_draft_moves_the_draft_to_the_runner_up() {
+        let model = builtin::builtin("tiny").unwrap();
+        let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
+        let m2r2 = M2r2::new(&model, &weights);
+        let tree = TokenTree::chain(1).unwrap();
+        let prompt = [3u32, 1, 4];
+        let fresh = || {
+            let mut backend = ReferenceTreeSpeculation::new(m2r2, 1, 16).unwrap();
+            let logits = backend.prefill(&prompt).unwrap();
+            (backend, argmax(&logits) as u32)
+        };
+        let (mut plain, last) = fresh();
+        let plain = tree_round(&mut plain, &tree, last, None).unwrap();
+        let drafted = plain.tokens[1];
+        let (mut backend, _) = fresh();
+        let round = tree_round_with_lookup(&mut backend, &tree, last, &[drafted, 5]).unwrap();
+        // root; 1 (drafted), 2 (guess); 3 (guess)
+        assert_eq!(round.lookup, [2, 3]);
+        assert_eq!(round.tokens[2..], [drafted, 5]);
+        assert_ne!(round.tokens[1], drafted);
+        assert!(distinct_siblings(&round));
+        let choice = if plain.accepted == 1 {
+            drafted
+        } else {
+            plain.base_token
+        };
+        let path = round.tree.path(round.node);
+        let first = match path.get(1) {
+            Some(&node) => round.tokens[node],
+            None => round.base_token,
+        };
+        assert_eq!(first, choice);
     }
 
     #[test]
