@@ -12,6 +12,7 @@ pub mod prompt_lookup;
 pub mod speculative;
 pub mod speculative_naive;
 pub mod timed;
+pub mod tree_backend;
 pub mod tree_draft_verify;
 pub mod tree_sampling;
 pub mod tree_speculation;

@@ -17,7 +17,7 @@ use crate::base::model::Output;
 use crate::base::tree::TokenTree;
 use crate::base::work::Work;
 use crate::decode::drafting::check_draft_gate;
-use crate::decode::tree_speculation::TreeBackend;
+use crate::decode::tree_backend::TreeBackend;
 use crate::error::Result;
 use crate::m2r2::fast_stream::M2r2;
 use ndarray::{Array1, Array2, s};

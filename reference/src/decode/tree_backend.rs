@@ -1,0 +1,52 @@
+//! What tree speculation needs from an engine ([`TreeBackend`]), apart from the loop that drives
+//! it (`decode/tree_speculation.rs`) and the backends that implement it (the reference's
+//! `decode/tree_draft_verify.rs`, the ONNX runner's), so neither imports the other.
+
+use crate::base::tree::TokenTree;
+use crate::error::Result;
+use ndarray::Array2;
+
+/// What tree speculation needs from an engine: the reference
+/// (`ReferenceTreeSpeculation`) and the ONNX runner implement it. A round is
+/// `draft_level(0..=D)`, `verify_tree`, `accept`; the root sits at position `len()`.
+pub trait TreeBackend {
+    fn vocab_size(&self) -> usize;
+    /// Positions in the cache (accepted ones: the tree's scratch slots are not counted).
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Refuse a tree the engine cannot verify, with its limits named (before any work).
+    ///
+    /// # Errors
+    /// The engine's limits (rows per verification, a fixed cache's length).
+    fn check_tree(&self, _tree: &TokenTree, _positions: usize) -> Result<()> {
+        Ok(())
+    }
+    /// Run `tokens` through the whole model, appended to the cache; logits of the last position.
+    fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
+    /// The nodes of depth `depth` (`tokens`, one per node of `tree.level(depth)`) through the
+    /// draft layers as one tree chunk: their slow rows write their scratch slots and their slow
+    /// states at the draft gate are kept for [`verify_tree`](Self::verify_tree). The rows
+    /// `proposing` (indices into the level) also run the fast stream: their draft logits
+    /// `[proposing.len(), V]`. Depth 0 (the root) starts a round.
+    fn draft_level(
+        &mut self,
+        tree: &TokenTree,
+        depth: usize,
+        tokens: &[u32],
+        proposing: &[usize],
+    ) -> Result<Array2<f32>>;
+    /// Every node of the round through the remaining layers as one tree chunk: base logits
+    /// `[T, V]`, row `i` bitwise (reference) what decoding node `i`'s path gives.
+    fn verify_tree(&mut self, tree: &TokenTree) -> Result<Array2<f32>>;
+    /// Keep the nodes of `path` (from the root, each the parent of the next) at positions
+    /// `len()..`, drop the rest of the round.
+    ///
+    /// # Errors
+    /// The engine's (moving rows in device memory).
+    fn accept(&mut self, path: &[usize]) -> Result<()>;
+    /// Forget every position: the next call is a [`prefill`](Self::prefill) of a new prompt (a
+    /// golden check decodes, then replays the recorded rounds on the same engine).
+    fn reset(&mut self);
+}
