@@ -131,6 +131,33 @@ pub struct TreeChunk<'a> {
     pub root: usize,
 }
 
+/// Where a run's rows go.
+#[derive(Clone, Copy)]
+pub enum Rows<'a> {
+    /// The next positions of the graph's layers; `bound`: a decode-time step (see the module
+    /// docs), not the prefill.
+    Next { bound: bool },
+    /// Token tree nodes, in their scratch slots (always a decode-time step).
+    Tree(TreeChunk<'a>),
+}
+
+impl Rows<'_> {
+    /// The position of the first row, `next` being the next position of the layers.
+    pub fn first_position(&self, next: usize) -> usize {
+        match self {
+            Rows::Next { .. } => next,
+            Rows::Tree(c) => c.tree.position(c.first, c.root),
+        }
+    }
+
+    fn bound(&self) -> bool {
+        match self {
+            Rows::Next { bound } => *bound,
+            Rows::Tree(_) => true,
+        }
+    }
+}
+
 /// The inputs a static graph takes besides its rows and buffers, for `t` rows at `pos` (or tree
 /// nodes).
 struct StaticStep {
@@ -152,6 +179,20 @@ impl StaticStep {
             attn_mask: attn_mask(pos, t, l, w),
             fast_attn_mask: fast.then(|| fast_attn_mask(pos, t, l, w)),
         })
+    }
+
+    /// `t` rows at `pos` (the layers' next positions) or the tree nodes of `at`.
+    fn at(
+        kv: &StaticKv,
+        session: &OnnxSession,
+        at: Rows<'_>,
+        pos: usize,
+        t: usize,
+    ) -> Result<Self> {
+        match at {
+            Rows::Next { .. } => Self::new(kv, session, pos, t),
+            Rows::Tree(chunk) => Self::tree(kv, session, chunk, t),
+        }
     }
 
     /// `t` tree nodes: written to their scratch slots, at their nodes' positions, tree masks.
@@ -206,116 +247,17 @@ impl SpecCache {
         }
     }
 
-    /// Run `session` (draft.onnx or feed.onnx) on `tokens` at the next positions of the draft
-    /// layers, with `extra` inputs (`bridge_states`); `bound`: a decode-time step (see the
-    /// module docs), not the prefill.
+    /// Run `session` (draft.onnx or feed.onnx) on `tokens` in the draft layers, with `extra`
+    /// inputs (`bridge_states`), at the next positions (the draft layers' length grows by `T`)
+    /// or as token tree nodes (`Rows::Tree`: their K/V go to their scratch slots `root + i` of a
+    /// static export's buffers, or are appended to a dynamic export's caches, which then hold the
+    /// nodes before them in the same rows; see [`compact`](Self::compact)).
     pub fn run_lower(
         &mut self,
         session: &mut OnnxSession,
         tokens: &[u32],
         extra: &[(&str, Input<'_>)],
-        bound: bool,
-    ) -> Result<Outputs> {
-        let t = tokens.len();
-        match self {
-            SpecCache::Dynamic {
-                lower,
-                sliding_window,
-                ..
-            } => {
-                let step = StepInputs::new(tokens, lower.len());
-                let mask = takes_tree_mask(session)
-                    .then(|| causal_visibility(lower.len(), t, *sliding_window));
-                let mut inputs = step.with_ids().to_vec();
-                inputs.extend(
-                    mask.iter()
-                        .map(|m| (TREE_MASK, Input::I64(m.view().into_dyn()))),
-                );
-                inputs.extend(extra.iter().map(|(n, i)| (*n, i.reborrow())));
-                lower.run(session, &inputs, t)
-            }
-            SpecCache::Static {
-                kv,
-                split,
-                lower,
-                bound: steps,
-                ..
-            } => {
-                let step = StaticStep::new(kv, session, *lower, t)?;
-                let ids = Array2::from_shape_fn((1, t), |(_, i)| i64::from(tokens[i]));
-                let mut inputs = step.inputs();
-                inputs.push(("input_ids", Input::I64(ids.view().into_dyn())));
-                inputs.extend(extra.iter().map(|(n, i)| (*n, i.reborrow())));
-                let out = steps.run(kv, session, split.0.clone(), &inputs, t, bound)?;
-                *lower += t;
-                Ok(out)
-            }
-        }
-    }
-
-    /// Run verifier.onnx on slow residuals `hidden` (`[1, m, D]`) at the next positions of the
-    /// verifier layers; `bound` as in [`run_lower`](Self::run_lower).
-    pub fn run_upper(
-        &mut self,
-        session: &mut OnnxSession,
-        hidden: ArrayView3<'_, f32>,
-        bound: bool,
-    ) -> Result<Outputs> {
-        let m = hidden.shape()[1];
-        let rows = ("hidden_states", Input::F32(hidden.into_dyn()));
-        match self {
-            SpecCache::Dynamic {
-                upper,
-                sliding_window,
-                ..
-            } => {
-                let step = StepInputs::rows(m, upper.len());
-                let mask = takes_tree_mask(session)
-                    .then(|| causal_visibility(upper.len(), m, *sliding_window));
-                let mut inputs = vec![
-                    rows,
-                    (
-                        "attention_mask",
-                        Input::I64(step.attention_mask.view().into_dyn()),
-                    ),
-                    (
-                        "position_ids",
-                        Input::I64(step.position_ids.view().into_dyn()),
-                    ),
-                ];
-                inputs.extend(
-                    mask.iter()
-                        .map(|m| (TREE_MASK, Input::I64(m.view().into_dyn()))),
-                );
-                upper.run(session, &inputs, m)
-            }
-            SpecCache::Static {
-                kv,
-                split,
-                upper,
-                bound: steps,
-                ..
-            } => {
-                let step = StaticStep::new(kv, session, *upper, m)?;
-                let mut inputs = step.inputs();
-                inputs.push(rows);
-                let out = steps.run(kv, session, split.1.clone(), &inputs, m, bound)?;
-                *upper += m;
-                Ok(out)
-            }
-        }
-    }
-
-    /// Run `session` (draft.onnx or feed.onnx) on the token tree nodes `chunk` (`tokens`, one per
-    /// node) in the draft layers: their K/V go to their scratch slots `root + i` (a static
-    /// export's buffers) or are appended (a dynamic export's caches, which then hold the nodes
-    /// before them in the same rows); see [`compact`](Self::compact).
-    pub fn run_lower_tree(
-        &mut self,
-        session: &mut OnnxSession,
-        tokens: &[u32],
-        chunk: TreeChunk<'_>,
-        extra: &[(&str, Input<'_>)],
+        at: Rows<'_>,
     ) -> Result<Outputs> {
         let t = tokens.len();
         let ids = Array2::from_shape_fn((1, t), |(_, i)| i64::from(tokens[i]));
@@ -326,7 +268,7 @@ impl SpecCache {
                 sliding_window,
                 ..
             } => {
-                let step = DynamicTreeStep::new(session, chunk, t, lower.len(), *sliding_window)?;
+                let step = DynamicStep::new(session, at, t, lower.len(), *sliding_window)?;
                 let mut inputs = step.inputs();
                 inputs.push(ids);
                 inputs.extend(extra.iter().map(|(n, i)| (*n, i.reborrow())));
@@ -335,25 +277,30 @@ impl SpecCache {
             SpecCache::Static {
                 kv,
                 split,
+                lower,
                 bound: steps,
                 ..
             } => {
-                let step = StaticStep::tree(kv, session, chunk, t)?;
+                let step = StaticStep::at(kv, session, at, *lower, t)?;
                 let mut inputs = step.inputs();
                 inputs.push(ids);
                 inputs.extend(extra.iter().map(|(n, i)| (*n, i.reborrow())));
-                steps.run(kv, session, split.0.clone(), &inputs, t, true)
+                let out = steps.run(kv, session, split.0.clone(), &inputs, t, at.bound())?;
+                if let Rows::Next { .. } = at {
+                    *lower += t;
+                }
+                Ok(out)
             }
         }
     }
 
-    /// Run verifier.onnx on the slow residuals `hidden` (`[1, T, D]`) of the token tree nodes
-    /// `chunk` in the verifier layers, as [`run_lower_tree`](Self::run_lower_tree).
-    pub fn run_upper_tree(
+    /// Run verifier.onnx on slow residuals `hidden` (`[1, m, D]`) in the verifier layers, at the
+    /// next positions or as token tree nodes, as [`run_lower`](Self::run_lower).
+    pub fn run_upper(
         &mut self,
         session: &mut OnnxSession,
         hidden: ArrayView3<'_, f32>,
-        chunk: TreeChunk<'_>,
+        at: Rows<'_>,
     ) -> Result<Outputs> {
         let m = hidden.shape()[1];
         let rows = ("hidden_states", Input::F32(hidden.into_dyn()));
@@ -363,7 +310,7 @@ impl SpecCache {
                 sliding_window,
                 ..
             } => {
-                let step = DynamicTreeStep::new(session, chunk, m, upper.len(), *sliding_window)?;
+                let step = DynamicStep::new(session, at, m, upper.len(), *sliding_window)?;
                 let mut inputs = step.inputs();
                 inputs.push(rows);
                 upper.run(session, &inputs, m)
@@ -371,13 +318,18 @@ impl SpecCache {
             SpecCache::Static {
                 kv,
                 split,
+                upper,
                 bound: steps,
                 ..
             } => {
-                let step = StaticStep::tree(kv, session, chunk, m)?;
+                let step = StaticStep::at(kv, session, at, *upper, m)?;
                 let mut inputs = step.inputs();
                 inputs.push(rows);
-                steps.run(kv, session, split.1.clone(), &inputs, m, true)
+                let out = steps.run(kv, session, split.1.clone(), &inputs, m, at.bound())?;
+                if let Rows::Next { .. } = at {
+                    *upper += m;
+                }
+                Ok(out)
             }
         }
     }
@@ -446,22 +398,28 @@ fn takes_tree_mask(session: &OnnxSession) -> bool {
     session.inputs().iter().any(|i| i.name == TREE_MASK)
 }
 
-/// The int64 inputs of a dynamic speculative graph for token tree nodes appended after `past`
-/// cached positions: positions by depth, an all-ones `attention_mask`, the tree's `tree_mask`.
-struct DynamicTreeStep {
+/// The int64 inputs of a dynamic speculative graph for `t` rows after `past` cached positions:
+/// an all-ones `attention_mask`, and at the next positions their positions and a causal
+/// `tree_mask` (when the graph takes one), or for token tree nodes their positions by depth and
+/// the tree's `tree_mask`.
+struct DynamicStep {
     step: StepInputs,
-    mask: Array2<i64>,
+    mask: Option<Array2<i64>>,
 }
 
-impl DynamicTreeStep {
+impl DynamicStep {
     fn new(
         session: &OnnxSession,
-        chunk: TreeChunk<'_>,
+        at: Rows<'_>,
         t: usize,
         past: usize,
         sliding_window: Option<usize>,
     ) -> Result<Self> {
-        let TreeChunk { tree, first, root } = chunk;
+        let mut step = StepInputs::rows(t, past);
+        let Rows::Tree(TreeChunk { tree, first, root }) = at else {
+            let mask = takes_tree_mask(session).then(|| causal_visibility(past, t, sliding_window));
+            return Ok(DynamicStep { step, mask });
+        };
         if !takes_tree_mask(session) {
             return Err(Error::Export {
                 file: session.file().to_string(),
@@ -477,12 +435,11 @@ impl DynamicTreeStep {
             root + first,
             "tree rows appended in breadth-first order"
         );
-        let mut step = StepInputs::rows(t, past);
         step.position_ids =
             Array2::from_shape_fn((1, t), |(_, i)| tree.position(first + i, root) as i64);
-        Ok(DynamicTreeStep {
+        Ok(DynamicStep {
             step,
-            mask: tree_visibility(tree, first, t, root, sliding_window),
+            mask: Some(tree_visibility(tree, first, t, root, sliding_window)),
         })
     }
 
@@ -497,7 +454,13 @@ impl DynamicTreeStep {
                 "position_ids",
                 Input::I64(self.step.position_ids.view().into_dyn()),
             ),
-            (TREE_MASK, Input::I64(self.mask.view().into_dyn())),
         ]
+        .into_iter()
+        .chain(
+            self.mask
+                .iter()
+                .map(|m| (TREE_MASK, Input::I64(m.view().into_dyn()))),
+        )
+        .collect()
     }
 }

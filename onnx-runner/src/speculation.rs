@@ -27,7 +27,7 @@ use crate::kv::Kv;
 use crate::kv_store::KvStore;
 use crate::manifest::{ExportDir, GraphKind};
 use crate::session::{Input, OnnxSession};
-use crate::spec_cache::{BoundSteps, SpecCache, TreeChunk};
+use crate::spec_cache::{BoundSteps, Rows, SpecCache};
 use crate::static_kv::StaticKv;
 use crate::step::check_tokens;
 
@@ -292,15 +292,7 @@ impl OnnxSpeculation {
             .iter()
             .map(|b| (BRIDGE_STATES, Input::F32(b.view().into_dyn())))
             .collect();
-        let mut out = match at {
-            Rows::Next { bound } => self
-                .cache
-                .run_lower(&mut self.draft, tokens, &extra, bound)?,
-            Rows::Tree(chunk) => {
-                self.cache
-                    .run_lower_tree(&mut self.draft, tokens, chunk, &extra)?
-            }
-        };
+        let mut out = self.cache.run_lower(&mut self.draft, tokens, &extra, at)?;
         let file = self.draft.file().to_string();
         let scored = self
             .draft_head
@@ -357,10 +349,7 @@ impl OnnxSpeculation {
             tokens,
             at.first_position(self.cache.lower_len()),
         )?;
-        let mut out = match at {
-            Rows::Next { bound } => self.cache.run_lower(feed, tokens, &[], bound)?,
-            Rows::Tree(chunk) => self.cache.run_lower_tree(feed, tokens, chunk, &[])?,
-        };
+        let mut out = self.cache.run_lower(feed, tokens, &[], at)?;
         let hidden = out.take("hidden_states")?;
         logits_rows(
             hidden,
@@ -381,16 +370,9 @@ impl OnnxSpeculation {
     ) -> Result<(Array2<f32>, Option<Array2<f32>>)> {
         let m = hidden.nrows();
         let hidden: Array3<f32> = hidden.insert_axis(Axis(0)); // [1, m, D]
-        let mut out = match at {
-            Rows::Next { bound } => {
-                self.cache
-                    .run_upper(&mut self.verifier, hidden.view(), bound)?
-            }
-            Rows::Tree(chunk) => {
-                self.cache
-                    .run_upper_tree(&mut self.verifier, hidden.view(), chunk)?
-            }
-        };
+        let mut out = self
+            .cache
+            .run_upper(&mut self.verifier, hidden.view(), at)?;
         let file = self.verifier.file().to_string();
         let logits = logits_rows(
             out.take("logits")?,
@@ -424,25 +406,6 @@ impl OnnxSpeculation {
             self.bridge_memory.verified(start, finals);
         }
         Ok(logits)
-    }
-}
-
-/// Where a run's rows go.
-#[derive(Clone, Copy)]
-enum Rows<'a> {
-    /// The next positions of the graph's layers; `bound`: a decode-time step (`spec_cache.rs`).
-    Next { bound: bool },
-    /// Token tree nodes, in their scratch slots.
-    Tree(TreeChunk<'a>),
-}
-
-impl Rows<'_> {
-    /// The position of the first row, `next` being the next position of the layers.
-    fn first_position(&self, next: usize) -> usize {
-        match self {
-            Rows::Next { .. } => next,
-            Rows::Tree(c) => c.tree.position(c.first, c.root),
-        }
     }
 }
 

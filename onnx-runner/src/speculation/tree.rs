@@ -14,9 +14,9 @@
 //! and take the tree's visibility as `tree_mask`; an export written before that input existed is
 //! refused by name.
 
-use super::{OnnxSpeculation, Rows};
+use super::OnnxSpeculation;
 use crate::error::{Error, into_reference};
-use crate::spec_cache::{SpecCache, TreeChunk};
+use crate::spec_cache::{Rows, SpecCache, TreeChunk};
 use ndarray::{Array2, Axis};
 use reference::base::tree::TokenTree;
 use reference::decode::tree_speculation::TreeBackend;
