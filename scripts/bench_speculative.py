@@ -4,6 +4,7 @@
 # Usage (release build; exports made by `m2r2 export --model smollm2 --out DIR [--draft-head off]`):
 #   python3 scripts/bench_speculative.py [--prompts N] [--new-tokens N] [--onnx-pruned DIR] [--onnx-full DIR] [--bin PATH]
 #     [--extra 'NAME: FLAGS' (reference rows)] [--onnx-row 'NAME: FLAGS' (ONNX Runtime rows on --onnx-pruned)]
+#     [--ep cuda (ONNX Runtime's provider for every ONNX row; docs/GPU.md)]
 #
 # Prompts are the first N samples of data/distill/smollm2-dev (chat template applied, token ids), so
 # nothing here was trained on. Every speculative run is checked token for token against greedy.
@@ -44,8 +45,11 @@ def main():
                     help="another ONNX Runtime speculative row on export DIR (e.g. an older export), after --onnx-pruned's rows")
     ap.add_argument("--onnx-row", action="append", default=[], metavar="'NAME: FLAGS'",
                     help="another ONNX Runtime speculative row on --onnx-pruned's export with more flags, e.g. 'tree 2,1: --draft-tree 2,1'")
+    ap.add_argument("--ep", default="cpu", help="ONNX Runtime's execution provider for every ONNX row (cpu | cuda)")
     a = ap.parse_args()
     B = a.bin
+    ort = f"ORT {a.ep.upper()}"
+    ep = ["--ep", a.ep]
     configs = [
         ("reference", "greedy", "generate", ["--mode", "greedy"]),
         ("reference", "speculative, zero adapters", "generate", ["--mode", "speculative", "--m2r2", "none"]),
@@ -57,21 +61,21 @@ def main():
         configs.append(("reference", f"speculative, {name.strip()}", "generate", ["--mode", "speculative"] + flags.split()))
     if a.no_reference:  # keep greedy only when extra reference rows need its tokens and speed
         configs = configs[:1] + configs[4:] if a.extra else configs[4:]
-    for engine, d in (("ORT CPU", a.onnx_full), ("ORT CPU", a.onnx_pruned)):
+    for engine, d in ((ort, a.onnx_full), (ort, a.onnx_pruned)):
         if d is None:
             continue
         head = "pruned" if d == a.onnx_pruned else "full"
         if head == "full" or a.onnx_full is None:
-            configs.append((engine, "greedy", "run", ["--onnx", d, "--mode", "greedy"]))
-        configs.append((engine, f"speculative, {head} draft head", "run", ["--onnx", d, "--mode", "speculative"]))
+            configs.append((engine, "greedy", "run", ["--onnx", d, "--mode", "greedy"] + ep))
+        configs.append((engine, f"speculative, {head} draft head", "run", ["--onnx", d, "--mode", "speculative"] + ep))
     for spec in a.onnx_row:
         if a.onnx_pruned is None:
             sys.exit("--onnx-row runs on --onnx-pruned's export: give --onnx-pruned DIR")
         name, flags = spec.split(":", 1)
-        configs.append(("ORT CPU", f"speculative, {name.strip()}", "run", ["--onnx", a.onnx_pruned, "--mode", "speculative"] + flags.split()))
+        configs.append((ort, f"speculative, {name.strip()}", "run", ["--onnx", a.onnx_pruned, "--mode", "speculative"] + ep + flags.split()))
     for spec in a.onnx_extra:
         name, d = spec.split(":", 1)
-        configs.append(("ORT CPU", f"speculative, {name.strip()}", "run", ["--onnx", d.strip(), "--mode", "speculative"]))
+        configs.append((ort, f"speculative, {name.strip()}", "run", ["--onnx", d.strip(), "--mode", "speculative"] + ep))
     ids = prompts(a.prompts)
     print(f"{len(ids)} development prompts, up to {a.new_tokens} new tokens each")
     print("| engine | decoding | tokens/s | vs greedy | mean accepted | acceptance by draft position (trees: rounds reaching depth d) | identical to greedy |")

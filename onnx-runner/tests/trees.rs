@@ -70,9 +70,33 @@ fn within(a: ArrayView2<f32>, b: ArrayView2<f32>) -> bool {
 }
 
 /// Decode `prompt` with each tree on the export and on the reference: the same rounds, greedy's
-/// tokens, and the reference's cache in the buffers.
+/// tokens, and the reference's cache in the buffers (ONNX Runtime's CPU provider).
 fn check_trees(
     what: &str,
+    model: &Model,
+    weights: &M2r2Weights,
+    draft_gate: usize,
+    prompt: &[u32],
+    new_tokens: usize,
+    trees: &[&str],
+) {
+    check_trees_with(
+        what,
+        &EpConfig::cpu(),
+        model,
+        weights,
+        draft_gate,
+        prompt,
+        new_tokens,
+        trees,
+    );
+}
+
+/// [`check_trees`] on the execution provider `ep`.
+#[allow(clippy::too_many_arguments)]
+fn check_trees_with(
+    what: &str,
+    ep: &EpConfig,
     model: &Model,
     weights: &M2r2Weights,
     draft_gate: usize,
@@ -89,7 +113,7 @@ fn check_trees(
             Some(_) => format!("{what}, static"),
         };
         check_trees_on(
-            &what, model, weights, draft_gate, &exported, prompt, new_tokens, trees,
+            &what, ep, model, weights, draft_gate, &exported, prompt, new_tokens, trees,
         );
     }
 }
@@ -97,6 +121,7 @@ fn check_trees(
 #[allow(clippy::too_many_arguments)]
 fn check_trees_on(
     what: &str,
+    ep: &EpConfig,
     model: &Model,
     weights: &M2r2Weights,
     draft_gate: usize,
@@ -105,7 +130,7 @@ fn check_trees_on(
     new_tokens: usize,
     trees: &[&str],
 ) {
-    let mut onnx = OnnxSpeculation::load(exported, &EpConfig::cpu(), None).unwrap();
+    let mut onnx = OnnxSpeculation::load(exported, ep, None).unwrap();
     let want = greedy(model, prompt, new_tokens, &[]).unwrap();
     let m2r2 = M2r2::new(model, weights);
     for spec in trees {
@@ -141,6 +166,24 @@ fn check_trees_on(
                 );
             }
         }
+        eprintln!(
+            "OK     {what}: {} rounds as the reference's",
+            got.rounds.len()
+        );
+    }
+    if let Some(runs) = onnx.cuda_graph_runs() {
+        // every step shape a CUDA graph of its own: only the prefills (draft and verifier
+        // layers, once per tree) are uncaptured
+        eprintln!(
+            "OK     {what}: {} runs of captured step shapes, {} uncaptured",
+            runs.graph, runs.uncaptured
+        );
+        assert!(runs.graph > 0, "{what}: no captured runs");
+        assert_eq!(
+            runs.uncaptured,
+            2 * trees.len(),
+            "{what}: only the prefills"
+        );
     }
 }
 
@@ -283,6 +326,47 @@ fn sampled_trees_draw_the_references_tokens() {
             let what = format!("static {static_cache:?}, tree {spec}, seed {seed}");
             assert_eq!(got.tokens, want.tokens, "{what}");
             assert_eq!(got.rounds, want.rounds, "{what}");
+        }
+    }
+}
+
+/// The same trees on ONNX Runtime's CUDA provider (docs/GPU.md runs it with scripts/gpu/): dynamic
+/// exports, and static ones with CUDA graphs on (their default there: every draft level and
+/// verify chunk a captured shape of its own) and off.
+#[test]
+#[ignore = "needs an NVIDIA GPU and ORT_DYLIB_PATH at an onnxruntime-gpu library (docs/GPU.md)"]
+fn ort_cuda_trees_decode_like_the_reference() {
+    use onnx_runner::ep::Ep;
+    let mut windowed = builtin::builtin("tiny").unwrap();
+    windowed.config.sliding_window = Some(3);
+    let cases = [
+        ("tiny", builtin::builtin("tiny").unwrap(), "tiny"),
+        ("tiny, window 3", windowed, "tiny"),
+        (
+            "tiny-moe",
+            builtin::builtin("tiny-moe").unwrap(),
+            "tiny-moe",
+        ),
+    ];
+    for cuda_graph in [None, Some(false)] {
+        let ep = EpConfig {
+            cuda_graph,
+            ..EpConfig::new(Ep::Cuda)
+        };
+        for (name, model, weights) in &cases {
+            let weights = M2r2Weights::builtin_for(weights, &model.config).unwrap();
+            let gate = weights.config.draft_gate;
+            let what = format!("{name} on CUDA, graphs {cuda_graph:?}");
+            check_trees_with(
+                &what,
+                &ep,
+                model,
+                &weights,
+                gate,
+                &[1, 2, 3, 4, 5],
+                12,
+                &TREES,
+            );
         }
     }
 }

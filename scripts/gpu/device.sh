@@ -7,6 +7,8 @@
 #   bash scripts/gpu/device.sh quick PACK RESULTS  # the CUDA checks only, and the baseline comparison
 #   bash scripts/gpu/device.sh static PACK RESULTS # static-cache exports only, CUDA graphs off and on
 #                                                  # (docs/STATIC.md; about 4 minutes)
+#   bash scripts/gpu/device.sh spec PACK RESULTS   # speculative chains and token trees on static exports
+#                                                  # with CUDA graphs; starts nothing new past BUDGET seconds (360)
 set -uo pipefail
 ACTION=$1
 PACK=$(cd "$2" && pwd)
@@ -15,7 +17,7 @@ mkdir -p $G/parts
 for c in "$PACK"/c[0-9]*; do [ -f "$c" ] && cp "$c" $G/parts/; done
 ls $G/parts
 [ "$ACTION" = stash ] && exit 0
-case "$ACTION" in run | quick | static) ;; *) echo "usage: device.sh stash|run|quick|static PACK [RESULTS]" >&2; exit 2 ;; esac
+case "$ACTION" in run | quick | static | spec) ;; *) echo "usage: device.sh stash|run|quick|static|spec PACK [RESULTS]" >&2; exit 2 ;; esac
 full() { [ "$ACTION" = run ]; }
 RESULTS=$3
 R=$(pwd)
@@ -43,6 +45,53 @@ ldd $G/libonnxruntime_providers_cuda.so | grep -E 'not found|cublas|cudnn|cudart
 export ORT_DYLIB_PATH=$G/libonnxruntime.so.$ORT_GPU_VERSION M2R2_CACHE=$G/cache
 M=$G/m2r2
 P="Explain how a refrigerator works."
+
+if [ "$ACTION" = spec ]; then
+  SECONDS=0
+  BUDGET=${BUDGET:-360}
+  more() { [ $SECONDS -lt "$1" ] || { echo "(skipped: ${SECONDS}s used)"; false; }; }
+  oks() { echo "exit $2; OK lines $(grep -cE '^OK ' "$1")"; grep -E 'NOT OK|test result|panicked|error' "$1" | head -4 | cut -c1-400; }
+  step "static speculative graphs on CUDA, every step shape captured, against graphs off (static_cache.rs)"
+  timeout 120 $G/static_cache --ignored --nocapture --test-threads 1 ort_cuda_graph_speculative > "$RESULTS/static_spec_cuda.log" 2>&1
+  oks "$RESULTS/static_spec_cuda.log" $?
+  grep -E '^OK ' "$RESULTS/static_spec_cuda.log" | head -4 | cut -c1-300
+  step "token trees on CUDA against the reference: dynamic, static with graphs (default) and off (trees.rs)"
+  timeout 150 $G/trees --ignored --nocapture --test-threads 1 ort_cuda > "$RESULTS/trees_cuda.log" 2>&1
+  oks "$RESULTS/trees_cuda.log" $?
+  grep -E '^OK .*(uncaptured)' "$RESULTS/trees_cuda.log" | head -6 | cut -c1-300
+  step "export SmolLM2 (shipped weights): today's export and a static one (L = 256)"
+  timeout 120 $M export --model smollm2 --out $G/exp > /dev/null && echo "dynamic written"
+  timeout 120 $M export --model smollm2 --out $G/exp-static --static-cache 256 > /dev/null && echo "static written"
+  if more $((BUDGET - 180)); then
+    step "dev prompts on the static export, CUDA graphs on: greedy, chains and trees (5 prompts, 128 tokens)"
+    timeout 200 python3 "$R/scripts/bench_speculative.py" --bin $M --no-reference --ep cuda --onnx-pruned $G/exp-static \
+      --prompts 5 --new-tokens 128 --onnx-row 'chain 1: --draft-len 1' --onnx-row 'chain 3: --draft-len 3' \
+      --onnx-row 'tree 2,1,1: --draft-tree 2,1,1' --onnx-row 'tree 3,2,1: --draft-tree 3,2,1' 2>&1 | tail -9
+  fi
+  if more $((BUDGET - 90)); then
+    step "bench --cost-shape of the static export: CUDA graphs on (default) and off"
+    timeout 90 $M bench --model smollm2 --cost-shape --onnx $G/exp-static --ep cuda --repeats 3 --decode-tokens 16 \
+      --ort-compare "graph-off:cuda-graph=off" 2>&1 | tail -9
+  fi
+  if more $((BUDGET - 60)); then
+    step "bench: today's export, static without and with CUDA graphs (greedy and speculative tok/s, alternating)"
+    timeout 120 $M bench --model smollm2 --onnx $G/exp --onnx $G/exp-static --ep cuda --cuda-graph both --repeats 3 \
+      --decode-tokens 64 2>&1 | tail -10
+  fi
+  if more $((BUDGET - 30)); then
+    step "equivalence of today's export (tree_mask input) on CUDA: 6 random tiny models (equivalence.rs)"
+    timeout 90 $G/equivalence --ignored --nocapture --test-threads 1 ort_cuda > "$RESULTS/equivalence_cuda.log" 2>&1
+    echo "exit $?"; tail -3 "$RESULTS/equivalence_cuda.log"
+  fi
+  if more $BUDGET; then
+    step "goldens written by the reference here (chain and tree), checked on the static export on CUDA"
+    timeout 60 $M golden write --model smollm2 --chat --prompt "$P" --steps 32 --mode speculative --out $G/spec.golden.safetensors
+    timeout 60 $M golden write --model smollm2 --chat --prompt "$P" --steps 32 --mode speculative --draft-tree 2,1,1 --out $G/tree.golden.safetensors
+    for g in spec tree; do echo "--- $g"; timeout 60 $M golden check $G/$g.golden.safetensors --onnx $G/exp-static --ep cuda 2>&1 | tail -4; done
+  fi
+  step end
+  exit 0
+fi
 
 if [ "$ACTION" = static ]; then
   SECONDS=0

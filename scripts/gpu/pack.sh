@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Pack what the GPU checks need (docs/GPU.md) into chunks that a machine without network can be
-# sent one at a time: the release binary, the CUDA equivalence and static-cache tests, the onnxruntime-gpu libraries
+# sent one at a time: the release binary, the CUDA equivalence, static-cache and tree tests, the onnxruntime-gpu libraries
 # and the SmolLM2 GGUF, as `c0 c1 ...` (45 MiB each) plus `manifest` in OUT (default .gpu, which
 # .gitignore keeps out of commits).
 #
@@ -19,22 +19,21 @@ CACHE=${M2R2_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/m2r2}
 WORK=$CACHE/gpu-pack
 mkdir -p "$OUT" "$WORK"
 
-echo "building the release binary and the equivalence test" >&2
+echo "building the release binary and the GPU tests" >&2
 cargo build --release -p m2r2 >&2
-TEST=$(cargo test --release -p m2r2-onnx-runner --test equivalence --no-run --message-format=json 2>/dev/null |
-  python3 -c 'import json,sys
+# test_binary NAME: the release executable of onnx-runner's integration test NAME
+test_binary() {
+  cargo test --release -p m2r2-onnx-runner --test "$1" --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "equivalence":
-        print(m["executable"])')
-[ -n "$TEST" ] || { echo "error: no equivalence test executable" >&2; exit 1; }
-STATIC_TEST=$(cargo test --release -p m2r2-onnx-runner --test static_cache --no-run --message-format=json 2>/dev/null |
-  python3 -c 'import json,sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "static_cache":
-        print(m["executable"])')
-[ -n "$STATIC_TEST" ] || { echo "error: no static_cache test executable" >&2; exit 1; }
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$1"
+}
+TESTS="equivalence static_cache trees"
+for t in $TESTS; do
+  [ -n "$(test_binary $t)" ] || { echo "error: no $t test executable" >&2; exit 1; }
+done
 
 WHEEL=$(ls "$WORK"/onnxruntime_gpu-$ORT_GPU_VERSION-*.whl 2>/dev/null | head -1 || true)
 if [ -z "$WHEEL" ]; then
@@ -57,9 +56,8 @@ mkdir -p "$STAGE/cache/smollm2"
 unzip -j -q "$WHEEL" "onnxruntime/capi/libonnxruntime.so.$ORT_GPU_VERSION" \
   onnxruntime/capi/libonnxruntime_providers_shared.so onnxruntime/capi/libonnxruntime_providers_tensorrt.so -d "$STAGE"
 cp target/release/m2r2 "$STAGE/m2r2"
-cp "$TEST" "$STAGE/equivalence"
-cp "$STATIC_TEST" "$STAGE/static_cache"
-strip "$STAGE/m2r2" "$STAGE/equivalence" "$STAGE/static_cache"
+strip "$STAGE/m2r2"
+for t in $TESTS; do cp "$(test_binary $t)" "$STAGE/$t" && strip "$STAGE/$t"; done
 if [ -n "$BASELINE" ]; then cp "$BASELINE" "$STAGE/m2r2-baseline" && strip "$STAGE/m2r2-baseline"; fi
 cp "$GGUF" "$STAGE/cache/smollm2/"
 (cd "$STAGE" && tar cf - .) | xz -3 -T0 > "$WORK/a.tar.xz"
