@@ -60,10 +60,10 @@ strip "$STAGE/m2r2"
 for t in $TESTS; do cp "$(test_binary $t)" "$STAGE/$t" && strip "$STAGE/$t"; done
 if [ -n "$BASELINE" ]; then cp "$BASELINE" "$STAGE/m2r2-baseline" && strip "$STAGE/m2r2-baseline"; fi
 cp "$GGUF" "$STAGE/cache/smollm2/"
-(cd "$STAGE" && tar cf - .) | xz -3 -T0 > "$WORK/a.tar.xz"
+(cd "$STAGE" && tar cf - .) | xz -9 -T0 > "$WORK/a.tar.xz"
 cat "$WORK/a.tar.xz" "$WORK/cuda-$ORT_GPU_VERSION.xz" > "$WORK/all.bin"
 rm -f "$OUT"/c[0-9]*
-split -b 45M -d -a 1 "$WORK/all.bin" "$OUT/c"
+split -b ${CHUNK:-44M} -d -a 1 "$WORK/all.bin" "$OUT/c"
 {
   echo "ORT_GPU_VERSION=$ORT_GPU_VERSION"
   echo "TAR_BYTES=$(stat -c %s "$WORK/a.tar.xz")"
