@@ -229,6 +229,7 @@ pub fn manifest(request: &ExportRequest<'_>) -> Value {
             "l_max": l_max,
             "opset": crate::builder::STATIC_OPSET,
             "graphs": names,
+            "merged_adapters": o.merge_adapters,
         });
     }
     manifest

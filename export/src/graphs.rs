@@ -139,6 +139,9 @@ pub struct ExportOptions {
     /// `Some(L)`: every graph keeps its KV cache in fixed buffers of `L` positions updated in
     /// place (opset 24, built by `static_graph`, which [`crate::folder::export`] picks).
     pub static_cache: Option<usize>,
+    /// Static exports: draft.onnx with the adapters merged into the fast stream's weights and the
+    /// two streams stacked, about a third of the nodes (`emit::stacked_draft`; dense layers only).
+    pub merge_adapters: bool,
 }
 
 /// Refuse what the graphs cannot express, before building anything.
@@ -179,7 +182,34 @@ pub fn check(model: &Model, m2r2: &M2r2Weights, options: &ExportOptions) -> Resu
             config.hidden_size
         )));
     }
+    if options.merge_adapters {
+        check_merge_adapters(model, m2r2, options)?;
+    }
     Ok(())
+}
+
+/// `--merge-adapters` builds the static draft graph's stacked streams: a static export, and dense
+/// layers below the draft gate.
+fn check_merge_adapters(model: &Model, m2r2: &M2r2Weights, options: &ExportOptions) -> Result<()> {
+    if options.static_cache.is_none() {
+        return Err(Error::Invalid(
+            "--merge-adapters builds the static draft graph: add --static-cache L".into(),
+        ));
+    }
+    let e = m2r2.config.gate_layer(options.draft_gate);
+    let moe = (0..e).find(|&l| {
+        matches!(
+            model.weights.layers[l].ffn,
+            reference::base::weights::FeedForward::Moe(_)
+        )
+    });
+    match moe {
+        Some(l) => Err(Error::Unsupported(format!(
+            "--merge-adapters: layer {l} (below the draft gate, layer {e}) is a mixture of \
+             experts; merged fast-stream weights need dense layers (export without it)"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// `metadata_props` of a graph (the contract's keys).

@@ -25,8 +25,9 @@
 //! upper left (row 0 would see key 0 only, whatever the cache holds).
 
 use crate::builder::{Attr, Dim, Elem, GraphBuilder, STATIC_OPSET};
-use crate::emit::fast_stream::{Draft, Rows, draft_intervals};
+use crate::emit::fast_stream::{Draft, Rows, draft_intervals, layer_by_layer};
 use crate::emit::ops::linear;
+use crate::emit::stacked_draft::stacked_draft_layer;
 use crate::emit::static_draft::static_draft_layer;
 use crate::emit::static_layer::{StaticContext, rms_normalization, static_decoder_layer};
 use crate::error::{Error, Result};
@@ -182,6 +183,7 @@ pub fn build_static(
                 &cx,
                 m2r2,
                 options.draft_gate,
+                options.merge_adapters,
                 s,
                 &past,
                 bridge_states.as_deref(),
@@ -234,13 +236,16 @@ fn lm_head(b: &mut GraphBuilder, model: &Model, s: &str, axis1: &str) -> String 
 }
 
 /// The fast stream of `draft.onnx` on static layers: the dynamic graph's interval loop
-/// ([`draft_intervals`]) with [`static_draft_layer`]s, the residual `[B, 1, T, D]` inside and
-/// `[B, T, D]` at the heads, ARLA and the bridge.
+/// ([`draft_intervals`]) with [`static_draft_layer`]s, or with `merge_adapters` each interval's
+/// layers as [`stacked_draft_layer`]s on both streams stacked (one `Concat` in, one `Split` out);
+/// the residual `[B, 1, T, D]` inside and `[B, T, D]` at the heads, ARLA and the bridge.
+#[allow(clippy::too_many_arguments)]
 fn draft(
     b: &mut GraphBuilder,
     cx: &StaticContext<'_>,
     m2r2: &M2r2Weights,
     draft_gate: usize,
+    merge_adapters: bool,
     s: String,
     past: &[(String, String)],
     bridge_states: Option<&str>,
@@ -248,14 +253,61 @@ fn draft(
     let axis1 = b.const_i64(&[1]);
     let into = |b: &mut GraphBuilder, x: &str| b.binary("Unsqueeze", x, &axis1);
     let out_of = |b: &mut GraphBuilder, x: &str| b.binary("Squeeze", x, &axis1);
-    let layer = |b: &mut GraphBuilder, l: usize, s: &str, f: &str| {
-        let (pk, pv) = &past[l];
-        let out = static_draft_layer(b, cx, l, (s, f), &m2r2.accelerator, (pk, pv));
-        (out.s, out.f, (out.present_key, out.present_value))
-    };
     let rows = Rows {
         into: &into,
         out_of: &out_of,
     };
-    draft_intervals(b, cx.model, m2r2, draft_gate, s, bridge_states, rows, layer)
+    let acc = &m2r2.accelerator;
+    if !merge_adapters {
+        let layer = |b: &mut GraphBuilder, l: usize, s: &str, f: &str| {
+            let (pk, pv) = &past[l];
+            let out = static_draft_layer(b, cx, l, (s, f), acc, (pk, pv));
+            (out.s, out.f, (out.present_key, out.present_value))
+        };
+        let interval = layer_by_layer(layer);
+        return draft_intervals(
+            b,
+            cx.model,
+            m2r2,
+            draft_gate,
+            s,
+            bridge_states,
+            rows,
+            interval,
+        );
+    }
+    let axis0 = || vec![("axis", Attr::Int(0))];
+    let positions = b.scoped("streams", |b| {
+        b.node("Concat", &[cx.position_ids, cx.position_ids], axis0())
+    });
+    let interval = |b: &mut GraphBuilder, layers: std::ops::Range<usize>, s: String, f: String| {
+        let mut x = b.scoped("streams", |b| b.node("Concat", &[&s, &f], axis0()));
+        let mut presents = Vec::with_capacity(layers.len());
+        for l in layers {
+            let (pk, pv) = &past[l];
+            let out = stacked_draft_layer(b, cx, l, &x, &positions, acc, (pk, pv));
+            x = out.x;
+            presents.push((out.present_key, out.present_value));
+        }
+        let mut parts = b.scoped("streams", |b| {
+            b.node_n(
+                "Split",
+                &[&x],
+                2,
+                vec![("axis", Attr::Int(0)), ("num_outputs", Attr::Int(2))],
+            )
+        });
+        let f = parts.pop().expect("two streams");
+        (parts.pop().expect("two streams"), f, presents)
+    };
+    draft_intervals(
+        b,
+        cx.model,
+        m2r2,
+        draft_gate,
+        s,
+        bridge_states,
+        rows,
+        interval,
+    )
 }

@@ -22,6 +22,7 @@ fn options(opset: i64, dtype: WeightsDtype) -> ExportOptions {
         weights_dtype: dtype,
         draft_gate: 1,
         static_cache: None,
+        merge_adapters: false,
     }
 }
 

@@ -37,6 +37,7 @@ fn export_all(
             weights_dtype: dtype,
             draft_gate,
             static_cache: None,
+            merge_adapters: false,
         },
         graphs: GraphKind::ALL.to_vec(),
         external_data: false,

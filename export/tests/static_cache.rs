@@ -25,6 +25,7 @@ fn options(l_max: usize, dtype: WeightsDtype) -> ExportOptions {
         weights_dtype: dtype,
         draft_gate: 1,
         static_cache: Some(l_max),
+        merge_adapters: false,
     }
 }
 
@@ -239,6 +240,7 @@ fn tiny_static_graph_is_standard_opset_24_within_20_nodes_per_layer() {
     let plain = dir.path().join("plain");
     let dynamic = ExportOptions {
         static_cache: None,
+        merge_adapters: false,
         ..options(48, WeightsDtype::F32)
     };
     write(&model, &m2r2, dynamic, &[GraphKind::Model], &plain).unwrap();
@@ -312,4 +314,94 @@ fn clear_errors_for_static_lengths_and_graphs() {
         "{err}"
     );
     assert!(!dir.path().join("x").exists(), "nothing written");
+}
+
+/// `--merge-adapters`: the static draft.onnx with the adapters merged and the streams stacked is
+/// standard opset 24, has at most 30 nodes per draft layer on average (against about 80 in the
+/// adapter form) plus its heads, passes `--check` against the reference and onnx.checker (f32 and
+/// f16), and the manifest says so; without `--static-cache`, or with a mixture-of-experts layer
+/// below the draft gate, it is refused by name before anything is written.
+#[test]
+fn merged_adapters_draft_is_a_third_of_the_nodes_and_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, m2r2) = builtin("tiny");
+    let merged = |dtype| ExportOptions {
+        merge_adapters: true,
+        ..options(32, dtype)
+    };
+    let e = m2r2.config.gate_layer(1);
+    let nodes = |path: &Path| ops(&read_graph(path).unwrap()).values().sum::<usize>();
+    let mut paths = Vec::new();
+    for (name, dtype) in [("f32", WeightsDtype::F32), ("f16", WeightsDtype::F16)] {
+        let out = dir.path().join(name);
+        write(&model, &m2r2, merged(dtype), &GraphKind::ALL, &out).unwrap();
+        let draft = check_standard("merged draft", &out.join("draft.onnx"));
+        let per_layer = draft.graph.as_ref().unwrap().node.len() as f64 / e as f64;
+        paths.push(out.join("draft.onnx"));
+        if dtype == WeightsDtype::F16 {
+            continue;
+        }
+        let plain = dir.path().join("plain");
+        write(
+            &model,
+            &m2r2,
+            options(32, dtype),
+            &[GraphKind::Draft],
+            &plain,
+        )
+        .unwrap();
+        let (merged_nodes, plain_nodes) = (
+            nodes(&out.join("draft.onnx")),
+            nodes(&plain.join("draft.onnx")),
+        );
+        assert!(
+            (merged_nodes as f64) < 0.6 * plain_nodes as f64 && per_layer <= 30.0 + 60.0 / e as f64,
+            "merged draft: {merged_nodes} nodes ({per_layer:.1} per layer), adapter form {plain_nodes}"
+        );
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join(MANIFEST_FILE)).unwrap()).unwrap();
+        assert_eq!(manifest["static_cache"]["merged_adapters"], true);
+        let tokens = probe_tokens(&model, None).unwrap();
+        let rows = check_folder(
+            &out,
+            &model,
+            &m2r2,
+            1,
+            &GraphKind::ALL,
+            &tokens,
+            tokens.len() / 2,
+        )
+        .unwrap();
+        let bad: Vec<_> = rows.iter().filter(|r| !r.ok()).collect();
+        assert!(bad.is_empty(), "{bad:?}");
+        assert!(
+            rows.iter().any(|r| r.graph == "draft.onnx"),
+            "the draft was checked"
+        );
+    }
+    common::onnx_check(&paths);
+
+    let refused = |model: &Model, m2r2: &M2r2Weights, options: ExportOptions| {
+        let out = dir.path().join("refused");
+        let err = write(model, m2r2, options, &GraphKind::ALL, &out)
+            .unwrap_err()
+            .to_string();
+        assert!(!out.exists(), "nothing written: {err}");
+        err
+    };
+    let dynamic = ExportOptions {
+        static_cache: None,
+        ..merged(WeightsDtype::F32)
+    };
+    let err = refused(&model, &m2r2, dynamic);
+    assert!(
+        err.contains("--merge-adapters") && err.contains("--static-cache"),
+        "{err}"
+    );
+    let (moe, moe_m2r2) = builtin("tiny-moe");
+    let err = refused(&moe, &moe_m2r2, merged(WeightsDtype::F32));
+    assert!(
+        err.contains("--merge-adapters") && err.contains("mixture of experts"),
+        "{err}"
+    );
 }

@@ -37,6 +37,7 @@ fn decode_gives_the_reference_tokens_on_dynamic_and_static_exports() {
             weights_dtype: export::builder::WeightsDtype::F32,
             draft_gate: weights.config.draft_gate,
             static_cache,
+            merge_adapters: false,
         };
         let written = ExportRequest {
             model: &model,

@@ -81,6 +81,7 @@ pub fn export_graphs(
             weights_dtype: export::builder::WeightsDtype::F32,
             draft_gate,
             static_cache,
+            merge_adapters: false,
         },
         graphs: graphs.to_vec(),
         external_data: false,

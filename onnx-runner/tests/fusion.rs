@@ -37,6 +37,7 @@ fn export_tiny(opset: i64, dir: &Path) {
             weights_dtype: export::builder::WeightsDtype::F32,
             draft_gate: weights.config.draft_gate,
             static_cache: None,
+            merge_adapters: false,
         },
         graphs: GraphKind::ALL.to_vec(),
         external_data: false,

@@ -1,7 +1,8 @@
 //! Token trees on ONNX Runtime's CPU provider against the reference (the oracle): the reference's
 //! tree loop (`reference::decode::tree_speculation`) runs on an export's graphs ([`OnnxSpeculation`]
 //! as a `TreeBackend`), dynamic (`tree_mask` input, growing caches) and static (scratch slots of
-//! the fixed buffers), and on the reference's own tree backend.
+//! the fixed buffers; also with `--merge-adapters`, the draft's stacked streams), and on the
+//! reference's own tree backend.
 //!
 //! - Round by round the two draft the same tree tokens and accept the same node, and both emit
 //!   greedy decoding's tokens;
@@ -39,6 +40,18 @@ fn export_all(
     static_cache: Option<usize>,
     dir: &Path,
 ) -> ExportDir {
+    export_with(model, weights, draft_gate, static_cache, false, dir)
+}
+
+/// [`export_all`], with `merge_adapters` (static only: the draft's stacked streams).
+fn export_with(
+    model: &Model,
+    weights: &M2r2Weights,
+    draft_gate: usize,
+    static_cache: Option<usize>,
+    merge_adapters: bool,
+    dir: &Path,
+) -> ExportDir {
     let request = ExportRequest {
         model,
         tokenizer: None,
@@ -49,6 +62,7 @@ fn export_all(
             weights_dtype: export::builder::WeightsDtype::F32,
             draft_gate,
             static_cache,
+            merge_adapters,
         },
         graphs: GraphKind::ALL.to_vec(),
         external_data: false,
@@ -105,12 +119,20 @@ fn check_trees_with(
     trees: &[&str],
 ) {
     let l_max = prompt.len() + new_tokens + 16;
-    for static_cache in [None, Some(l_max)] {
+    // merged adapters need dense layers below the gate (refused otherwise: export's tests)
+    let dense = model
+        .weights
+        .layers
+        .iter()
+        .all(|l| matches!(l.ffn, reference::base::weights::FeedForward::Dense(_)));
+    let exports = [(None, false), (Some(l_max), false), (Some(l_max), true)];
+    for (static_cache, merged) in exports.into_iter().filter(|&(_, m)| dense || !m) {
         let dir = tempfile::tempdir().unwrap();
-        let exported = export_all(model, weights, draft_gate, static_cache, dir.path());
-        let what = match static_cache {
-            None => format!("{what}, dynamic"),
-            Some(_) => format!("{what}, static"),
+        let exported = export_with(model, weights, draft_gate, static_cache, merged, dir.path());
+        let what = match (static_cache, merged) {
+            (None, _) => format!("{what}, dynamic"),
+            (Some(_), false) => format!("{what}, static"),
+            (Some(_), true) => format!("{what}, static, merged adapters"),
         };
         check_trees_on(
             &what, ep, model, weights, draft_gate, &exported, prompt, new_tokens, trees,

@@ -9,6 +9,8 @@
 #                                                  # (docs/STATIC.md; about 4 minutes)
 #   bash scripts/gpu/device.sh spec PACK RESULTS   # speculative chains and token trees on static exports
 #                                                  # with CUDA graphs; starts nothing new past BUDGET seconds (360)
+#   bash scripts/gpu/device.sh merged PACK RESULTS # the same on a static export with --merge-adapters, beside
+#                                                  # a plain static one (BUDGET 300)
 set -uo pipefail
 ACTION=$1
 PACK=$(cd "$2" && pwd)
@@ -17,7 +19,7 @@ mkdir -p $G/parts
 for c in "$PACK"/c[0-9]*; do [ -f "$c" ] && cp "$c" $G/parts/; done
 ls $G/parts
 [ "$ACTION" = stash ] && exit 0
-case "$ACTION" in run | quick | static | spec) ;; *) echo "usage: device.sh stash|run|quick|static|spec PACK [RESULTS]" >&2; exit 2 ;; esac
+case "$ACTION" in run | quick | static | spec | merged) ;; *) echo "usage: device.sh stash|run|quick|static|spec|merged PACK [RESULTS]" >&2; exit 2 ;; esac
 full() { [ "$ACTION" = run ]; }
 RESULTS=$3
 R=$(pwd)
@@ -45,6 +47,50 @@ ldd $G/libonnxruntime_providers_cuda.so | grep -E 'not found|cublas|cudnn|cudart
 export ORT_DYLIB_PATH=$G/libonnxruntime.so.$ORT_GPU_VERSION M2R2_CACHE=$G/cache
 M=$G/m2r2
 P="Explain how a refrigerator works."
+
+if [ "$ACTION" = merged ]; then
+  SECONDS=0
+  BUDGET=${BUDGET:-300}
+  more() { [ $SECONDS -lt "$1" ] || { echo "(skipped: ${SECONDS}s used)"; false; }; }
+  step "token trees on CUDA against the reference: dynamic, static and static with merged adapters, graphs on and off (trees.rs)"
+  timeout 150 $G/trees --ignored --nocapture --test-threads 1 ort_cuda > "$RESULTS/trees_cuda.log" 2>&1
+  echo "exit $?; OK lines $(grep -cE '^OK ' "$RESULTS/trees_cuda.log")"
+  grep -E 'NOT OK|test result|panicked|error' "$RESULTS/trees_cuda.log" | head -4 | cut -c1-400
+  grep -E '^OK .*merged.*uncaptured' "$RESULTS/trees_cuda.log" | head -3 | cut -c1-300
+  step "export SmolLM2: static (L = 256) and static with --merge-adapters"
+  timeout 120 $M export --model smollm2 --out $G/exp-static --static-cache 256 > /dev/null && echo "static written"
+  timeout 120 $M export --model smollm2 --out $G/exp-merged --static-cache 256 --merge-adapters > /dev/null && echo "merged written"
+  step "bench --cost-shape: merged, CUDA graphs on and off"
+  timeout 90 $M bench --model smollm2 --cost-shape --onnx $G/exp-merged --ep cuda --repeats 3 --decode-tokens 16 \
+    --ort-compare "graph-off:cuda-graph=off" 2>&1 | grep -E 'engine|onnxruntime|bandwidth'
+  step "bench --cost-shape: plain static, CUDA graphs on (same machine, for the ratio)"
+  timeout 90 $M bench --model smollm2 --cost-shape --onnx $G/exp-static --ep cuda --repeats 3 --decode-tokens 16 \
+    2>&1 | grep -E 'engine|onnxruntime'
+  if more $((BUDGET - 150)); then
+    step "dev prompts on the merged static export, CUDA graphs on: greedy, chains and trees (5 prompts, 128 tokens)"
+    timeout 200 python3 "$R/scripts/bench_speculative.py" --bin $M --no-reference --ep cuda --onnx-pruned $G/exp-merged \
+      --prompts 5 --new-tokens 128 --onnx-row 'chain 1: --draft-len 1' --onnx-row 'chain 2: --draft-len 2' \
+      --onnx-row 'tree 2: --draft-tree 2' --onnx-row 'tree 2,1: --draft-tree 2,1' --onnx-row 'tree 2,1,1: --draft-tree 2,1,1' \
+      --onnx-extra "plain static, default: $G/exp-static" 2>&1 | tail -10
+  fi
+  if more $((BUDGET - 40)); then
+    step "per-node host time, graphs off: verifier chunks (draft-len 3) against model.onnx's one-row steps"
+    rm -rf $G/prof && mkdir -p $G/prof
+    timeout 60 $M run --onnx $G/exp-static --ep cuda --cuda-graph off --chat --prompt "$P" --max-new-tokens 24 --ort-profile $G/prof/greedy > /dev/null 2>&1
+    timeout 60 $M run --onnx $G/exp-static --ep cuda --cuda-graph off --mode speculative --draft-len 3 --chat --prompt "$P" --max-new-tokens 24 --ort-profile $G/prof/spec > /dev/null 2>&1
+    python3 "$R/scripts/gpu/ort_profile_summary.py" $G/prof/greedy 2>&1 | head -8
+    echo "(speculative: the sessions in order draft, verifier, feed)"
+    python3 "$R/scripts/gpu/ort_profile_summary.py" $G/prof/spec 2>&1 | head -28
+  fi
+  if more $BUDGET; then
+    step "goldens written by the reference here (chain and tree), checked on the merged export on CUDA"
+    timeout 60 $M golden write --model smollm2 --chat --prompt "$P" --steps 32 --mode speculative --out $G/spec.golden.safetensors > /dev/null 2>&1
+    timeout 60 $M golden write --model smollm2 --chat --prompt "$P" --steps 32 --mode speculative --draft-tree 2,1,1 --out $G/tree.golden.safetensors > /dev/null 2>&1
+    for g in spec tree; do echo "--- $g"; timeout 60 $M golden check $G/$g.golden.safetensors --onnx $G/exp-merged --ep cuda 2>&1 | tail -4; done
+  fi
+  step end
+  exit 0
+fi
 
 if [ "$ACTION" = spec ]; then
   SECONDS=0

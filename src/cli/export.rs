@@ -47,6 +47,12 @@ pub struct Args {
     /// runner; no genai_config.json (docs/STATIC.md)
     #[arg(long, value_name = "L_MAX")]
     pub static_cache: Option<usize>,
+    /// With --static-cache: draft.onnx with the accelerator adapters merged into the fast
+    /// stream's weights (W + c B A) and both streams stacked, about a third of the nodes; for
+    /// providers that pay per node (CUDA, with or without CUDA graphs); reads the lower layers'
+    /// weights twice, so slower on a CPU (docs/STATIC.md)
+    #[arg(long)]
+    pub merge_adapters: bool,
     /// Weight storage: f32, or f16 with a Cast to f32 after each weight (inputs and outputs stay f32)
     #[arg(long, value_name = "f32|f16", default_value = "f32")]
     pub weights_dtype: WeightsDtype,
@@ -81,6 +87,7 @@ pub fn run(args: &Args) -> Result<()> {
         weights_dtype: args.weights_dtype,
         draft_gate: args.draft_gate.unwrap_or(m2r2.config.draft_gate),
         static_cache: args.static_cache,
+        merge_adapters: args.merge_adapters,
     };
     let request = ExportRequest {
         model: &loaded.model,

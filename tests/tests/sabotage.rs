@@ -32,6 +32,7 @@ fn export_tiny(weights_dtype: WeightsDtype, external_data: bool) -> tempfile::Te
             weights_dtype,
             draft_gate: m2r2.config.draft_gate,
             static_cache: None,
+            merge_adapters: false,
         },
         graphs: GraphKind::ALL.to_vec(),
         external_data,

@@ -12,6 +12,7 @@ use crate::emit::model::{logits, pruned_logits};
 use reference::base::model::Model;
 use reference::m2r2::bridge::BridgeSite;
 use reference::m2r2::weights::M2r2Weights;
+use std::ops::Range;
 
 /// What the draft graph computes.
 pub struct Draft {
@@ -60,7 +61,17 @@ pub fn draft(
         let f = out.f.expect("fast rows were given");
         (out.s, f, (out.present_key, out.present_value))
     };
-    draft_intervals(b, cx.model, m2r2, draft_gate, s, bridge_states, rows, layer)
+    let interval = layer_by_layer(layer);
+    draft_intervals(
+        b,
+        cx.model,
+        m2r2,
+        draft_gate,
+        s,
+        bridge_states,
+        rows,
+        interval,
+    )
 }
 
 /// How a graph's residual rows relate to the `[B, T, D]` interface of the heads, ARLA and the
@@ -71,12 +82,33 @@ pub struct Rows<'a> {
     pub out_of: &'a dyn Fn(&mut GraphBuilder, &str) -> String,
 }
 
+/// An interval's layers run one after the other through `layer` (slow and fast rows in, both out
+/// with the layer's present key / value): the `interval` of [`draft_intervals`].
+pub fn layer_by_layer<'a>(
+    mut layer: impl FnMut(&mut GraphBuilder, usize, &str, &str) -> (String, String, (String, String))
+    + 'a,
+) -> impl FnMut(&mut GraphBuilder, Range<usize>, String, String) -> Interval + 'a {
+    move |b, layers, mut s, mut f| {
+        let mut presents = Vec::with_capacity(layers.len());
+        for l in layers {
+            let present;
+            (s, f, present) = layer(b, l, &s, &f);
+            presents.push(present);
+        }
+        (s, f, presents)
+    }
+}
+
+/// What an interval's layers produced: the slow and fast rows, each layer's present key / value.
+pub type Interval = (String, String, Vec<(String, String)>);
+
 /// The draft's interval loop, for the dynamic and the static graphs alike: for each interval
 /// `j < g_d` the fast rows restart from the slow residual `s_{e_j}` (plus the bridge's entry term
-/// in the draft gate's interval) and run the interval's layers through `layer` (slow and fast rows
-/// in, both out with the layer's present key / value); `u_{j+1}` is the fast rows' value at the
-/// interval end (plus the bridge's gate term at the draft gate). Then the draft head and ARLA on
-/// the `[B, T, D]` exit states.
+/// in the draft gate's interval) and run the interval's layers through `interval` (slow and fast
+/// rows in, both out with the layers' present keys / values: [`layer_by_layer`], or the stacked
+/// streams of `static_graph`); `u_{j+1}` is the fast rows' value at the interval end (plus the
+/// bridge's gate term at the draft gate). Then the draft head and ARLA on the `[B, T, D]` exit
+/// states.
 #[allow(clippy::too_many_arguments)]
 pub fn draft_intervals(
     b: &mut GraphBuilder,
@@ -86,7 +118,7 @@ pub fn draft_intervals(
     mut s: String,
     bridge_states: Option<&str>,
     rows: Rows<'_>,
-    mut layer: impl FnMut(&mut GraphBuilder, usize, &str, &str) -> (String, String, (String, String)),
+    mut interval: impl FnMut(&mut GraphBuilder, Range<usize>, String, String) -> Interval,
 ) -> Draft {
     let eps = model.config.rms_norm_eps as f32;
     let mut presents = Vec::new();
@@ -106,11 +138,9 @@ pub fn draft_intervals(
         if at_gate && let Some(t) = term(b, BridgeSite::Entry) {
             f = b.binary("Add", &f, &t);
         }
-        for l in m2r2.config.interval_layers(j) {
-            let present;
-            (s, f, present) = layer(b, l, &s, &f);
-            presents.push(present);
-        }
+        let present;
+        (s, f, present) = interval(b, m2r2.config.interval_layers(j), s, f);
+        presents.extend(present);
         if at_gate && let Some(t) = term(b, BridgeSite::Gate) {
             f = b.binary("Add", &f, &t);
         }

@@ -16,5 +16,6 @@ pub mod model;
 pub mod moe;
 pub mod ops;
 pub mod rope;
+pub mod stacked_draft;
 pub mod static_draft;
 pub mod static_layer;

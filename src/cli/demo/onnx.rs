@@ -45,6 +45,7 @@ pub fn tour(
             weights_dtype: export::builder::WeightsDtype::F32,
             draft_gate,
             static_cache: None,
+            merge_adapters: false,
         },
         graphs: GraphKind::ALL.to_vec(),
         external_data: false,

@@ -346,6 +346,7 @@ fn export_folder() -> Base {
             weights_dtype: export::builder::WeightsDtype::F32,
             draft_gate: 1,
             static_cache: None,
+            merge_adapters: false,
         },
         graphs: vec![export::graphs::GraphKind::Model],
         external_data: false,
