@@ -87,6 +87,10 @@ pub struct StaticCache {
     /// Graph kind names with fixed buffers: every graph of the folder (folders written before
     /// the speculative graphs had static forms: `model` alone).
     pub graphs: Vec<String>,
+    /// `export --merge-adapters`: draft.onnx has the adapters merged into the fast stream's
+    /// weights and both streams stacked (same interface; absent in older folders: false).
+    #[serde(default)]
+    pub merged_adapters: bool,
 }
 
 /// An export folder: its manifest and where it lies.

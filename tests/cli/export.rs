@@ -251,4 +251,20 @@ fn static_cache_export_with_check() {
         ],
         &["--static-cache 0"],
     );
+    // --merge-adapters builds the static draft: refused without --static-cache, and with MoE
+    // layers below the draft gate
+    let merge = |model: &str, cache: &[&str], want: &[&str]| {
+        let o = out.to_str().unwrap();
+        let args = [
+            &["export", "--model", model, "--out", o, "--merge-adapters"][..],
+            cache,
+        ];
+        fails(&args.concat(), want);
+    };
+    merge("tiny", &[], &["--merge-adapters", "--static-cache"]);
+    merge(
+        "tiny-moe",
+        &["--static-cache", "32"],
+        &["mixture of experts"],
+    );
 }

@@ -1,5 +1,5 @@
 //! `run --onnx DIR --mode speculative --draft-tree W1,W2,...` (token trees on ONNX Runtime's CPU
-//! provider): on a dynamic and a static export, the tokens of `run --mode greedy` and of the
+//! provider): on a dynamic and a static export (also with `--merge-adapters`), the tokens of `run --mode greedy` and of the
 //! reference's `generate --draft-tree` with the same rounds, and the tree's JSON fields; a tree the
 //! static buffers cannot hold refused with the limits.
 
@@ -8,14 +8,21 @@ use super::{fails, generate_json, ids, ok};
 #[test]
 fn exports_run_trees_like_the_reference() {
     let dir = tempfile::tempdir().unwrap();
-    for kind in ["dynamic", "static"] {
+    for kind in ["dynamic", "static", "merged"] {
         let out = dir.path().join(kind);
         let o = out.to_str().unwrap();
         let cache: &[&str] = match kind {
             "static" => &["--static-cache", "64"],
+            "merged" => &["--static-cache", "64", "--merge-adapters"],
             _ => &[],
         };
         ok(&[&["export", "--model", "tiny", "--out", o][..], cache].concat());
+        let info = ok(&["info", "--onnx", o, "--json"]).json();
+        assert_eq!(
+            info["static_cache"]["merged_adapters"].as_bool(),
+            (kind != "dynamic").then_some(kind == "merged"),
+            "{kind}"
+        );
         check_run_trees(o);
     }
 }

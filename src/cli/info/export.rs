@@ -79,7 +79,7 @@ pub fn describe(dir: &Path) -> Result<Value> {
         "bridge": m.m2r2.bridge.as_ref().is_some_and(|b| b.gate == m.draft_gate),
         "draft_head_tokens": m.draft_head_tokens,
         "m2r2_hash": m.m2r2_hash,
-        "static_cache": m.static_cache.as_ref().map(|s| json!({"l_max": s.l_max, "opset": s.opset})),
+        "static_cache": m.static_cache.as_ref().map(|s| json!({"l_max": s.l_max, "opset": s.opset, "merged_adapters": s.merged_adapters})),
         "genai_config": dir.join("genai_config.json").is_file(),
         "graphs": graphs,
     }))
@@ -124,8 +124,13 @@ pub fn print_text(info: &Value) {
     );
     match info["static_cache"].as_object() {
         Some(sc) => println!(
-            "KV cache      static: fixed buffers of {} positions, written in place (opset {})",
-            sc["l_max"], sc["opset"]
+            "KV cache      static: fixed buffers of {} positions, written in place (opset {}){}",
+            sc["l_max"],
+            sc["opset"],
+            match sc["merged_adapters"].as_bool() {
+                Some(true) => "; draft with merged adapters, streams stacked",
+                _ => "",
+            }
         ),
         None => println!("KV cache      dynamic: grows every step"),
     }
