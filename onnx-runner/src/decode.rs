@@ -28,7 +28,8 @@ use reference::decode::mode::{
 };
 use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
 use reference::decode::timed::Timed;
-use reference::decode::tree_speculation::tree_speculate;
+use reference::decode::tree_speculation::{tree_speculate, tree_speculate_dynamic};
+use reference::m2r2::exit_gate::GateKind;
 use std::time::Instant;
 
 /// One decode on ONNX Runtime, and the provider that really ran it.
@@ -129,6 +130,8 @@ pub fn decode(
 
 /// Speculative decoding of `request` on `export` with the token tree of shape `widths`, drafting at
 /// the export's draft gate: greedy, or sampled with `request.sampling` (the reference's rule).
+/// `dynamic`: the tree is the largest shape, grown per branch while the gate's score is at least
+/// the threshold (the reference's `tree_speculate_dynamic`).
 ///
 /// # Errors
 /// A shape `TokenTree::from_widths` refuses, an export without `tree_mask` or a tree its static
@@ -138,22 +141,31 @@ pub fn decode_tree(
     ep: &EpConfig,
     request: &DecodeRequest<'_>,
     widths: &[usize],
+    dynamic: Option<(GateKind, f32)>,
 ) -> Result<OnnxRun> {
     let tree = TokenTree::from_widths(widths)?;
     let n = export.manifest.config.num_hidden_layers;
-    let mut backend = OnnxSpeculation::load(export, ep, None)?;
+    let mut backend = OnnxSpeculation::load(export, ep, dynamic.map(|d| d.0))?;
     let start = Instant::now();
-    let out = tree_speculate(
-        &mut backend,
-        &tree,
-        request.prompt,
-        request.max_new_tokens,
-        &request.stop_tokens,
-        request.sampling.clone(),
-    )?;
+    let (prompt, budget, stop) = (request.prompt, request.max_new_tokens, &request.stop_tokens);
+    let sampling = request.sampling.clone();
+    let out = match dynamic {
+        Some((_, threshold)) => tree_speculate_dynamic(
+            &mut backend,
+            &tree,
+            threshold,
+            prompt,
+            budget,
+            stop,
+            sampling,
+        )?,
+        None => tree_speculate(&mut backend, &tree, prompt, budget, stop, sampling)?,
+    };
     let seconds = start.elapsed().as_secs_f64();
+    let mut run = tree_speculative_run(out, &tree, widths, n, seconds, Work::default());
+    run.set_dynamic_tree(dynamic);
     Ok(OnnxRun {
-        run: tree_speculative_run(out, &tree, widths, n, seconds, Work::default()),
+        run,
         ep_used: ep_used(&backend),
         cuda_graph: backend.cuda_graph_runs(),
     })

@@ -392,3 +392,121 @@ fn ort_cuda_trees_decode_like_the_reference() {
         }
     }
 }
+
+/// A threshold between two of `scores` near their median, at the widest gap there, so that
+/// scores from two engines (equal within the tolerance) fall on the same side of it.
+fn threshold_between(mut scores: Vec<f32>) -> f32 {
+    scores.sort_by(f32::total_cmp);
+    let n = scores.len();
+    assert!(n >= 4, "too few scores: {n}");
+    let window = (n / 4)..(3 * n / 4).min(n - 1);
+    let i = window
+        .max_by(|&a, &b| {
+            let gap = |i: usize| scores[i + 1] - scores[i];
+            gap(a).total_cmp(&gap(b))
+        })
+        .expect("a window");
+    (scores[i] + scores[i + 1]) / 2.0
+}
+
+/// Dynamic drafting per branch on the export's graphs: the reference's dynamic tree loop on
+/// ONNX Runtime (its gate: ARLA's `exit_prob` output, or the confidence of the draft logits)
+/// grows the trees the reference grows, round by round (the same trees, tokens, accepted nodes,
+/// and scores within the tolerance), on dynamic, static and merged-adapter static exports.
+fn check_dynamic_trees(
+    what: &str,
+    model: &Model,
+    weights: &M2r2Weights,
+    prompt: &[u32],
+    new_tokens: usize,
+    shape: &str,
+) {
+    use reference::decode::tree_draft_verify::ReferenceTreeSpeculation;
+    use reference::decode::tree_speculation::tree_speculate_dynamic;
+    use reference::m2r2::exit_gate::GateKind;
+    let gate = weights.config.draft_gate;
+    let m2r2 = M2r2::new(model, weights);
+    let shape = TokenTree::parse(shape).unwrap();
+    let want = greedy(model, prompt, new_tokens, &[]).unwrap();
+    let l_max = prompt.len() + new_tokens + shape.nodes() + 4;
+    let kinds = [GateKind::Confidence, GateKind::Arla];
+    for kind in kinds
+        .into_iter()
+        .filter(|k| *k != GateKind::Arla || weights.arla.is_some())
+    {
+        let reference_run = |threshold: f32| {
+            let capacity = prompt.len() + new_tokens + shape.nodes();
+            let mut backend = ReferenceTreeSpeculation::new(m2r2, gate, capacity)
+                .unwrap()
+                .with_gate(Some(kind));
+            tree_speculate_dynamic(
+                &mut backend,
+                &shape,
+                threshold,
+                prompt,
+                new_tokens,
+                &[],
+                None,
+            )
+            .unwrap()
+        };
+        let pilot = reference_run(-1.0);
+        let threshold =
+            threshold_between(pilot.rounds.iter().flat_map(|r| r.scores.clone()).collect());
+        let reference = reference_run(threshold);
+        assert_eq!(reference.tokens, want, "{what}: the reference is greedy");
+        let pruned = reference
+            .rounds
+            .iter()
+            .filter(|r| r.tree.nodes() < shape.nodes())
+            .count();
+        assert!(pruned > 0, "{what} {kind:?}: no round was pruned");
+        for (static_cache, merged) in [(None, false), (Some(l_max), false), (Some(l_max), true)] {
+            let what =
+                format!("{what}, {kind:?} {threshold}, static {static_cache:?} merged {merged}");
+            let dir = tempfile::tempdir().unwrap();
+            let exported = export_with(model, weights, gate, static_cache, merged, dir.path());
+            let mut onnx = OnnxSpeculation::load(&exported, &EpConfig::cpu(), Some(kind)).unwrap();
+            let got =
+                tree_speculate_dynamic(&mut onnx, &shape, threshold, prompt, new_tokens, &[], None)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(got.tokens, want, "{what}: ONNX Runtime is greedy");
+            assert_eq!(got.rounds.len(), reference.rounds.len(), "{what}");
+            for (g, r) in got.rounds.iter().zip(&reference.rounds) {
+                assert_eq!(
+                    (&g.tree, &g.tokens, g.node, g.base_token),
+                    (&r.tree, &r.tokens, r.node, r.base_token),
+                    "{what}"
+                );
+                assert_eq!(g.scores.len(), r.scores.len(), "{what}");
+                for (a, b) in g.scores.iter().zip(&r.scores) {
+                    assert!((a - b).abs() <= 1e-4, "{what}: score {a} against {b}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn dynamic_trees_grow_like_the_reference() {
+    let model = builtin::builtin("tiny").unwrap();
+    let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
+    check_dynamic_trees("tiny", &model, &weights, &[5, 9, 14, 3], 24, "2,2,1");
+    let bridge = BridgeConfig::new(1, 4, BridgeSite::ALL.to_vec());
+    let bridged = weights.with_bridge(&model.config, bridge, 3, 0.5).unwrap();
+    check_dynamic_trees("tiny bridged", &model, &bridged, &[7, 2, 9, 4], 24, "2,1,1");
+}
+
+/// SmolLM2-135M-Instruct with its shipped weights (ARLA, bridge, pruned draft head).
+#[test]
+fn smollm2_dynamic_trees_grow_like_the_reference() {
+    let loaded =
+        reference::io::load::load_model("smollm2").expect("run `m2r2 fetch smollm2` first");
+    let weights = M2r2Weights::builtin_for("smollm2", &loaded.model.config).unwrap();
+    let prompt = loaded
+        .tokenizer()
+        .unwrap()
+        .encode("The capital of France is", true)
+        .unwrap();
+    check_dynamic_trees("smollm2", &loaded.model, &weights, &prompt, 16, "2,1,1");
+}

@@ -61,7 +61,6 @@ fn tree_widths(args: &Args) -> Result<Option<Vec<usize>>> {
         spec: args.draft_tree.as_deref(),
         speculative: args.m2r2.mode == ModeArg::Speculative,
         draft_len: args.m2r2.draft_len,
-        dynamic_draft: args.m2r2.dynamic_draft,
     })
 }
 
@@ -124,8 +123,18 @@ pub fn run(args: &Args) -> Result<()> {
         (None, None) => None,
     };
     if let Some(widths) = &tree {
-        // a tree drafts its depth at every round (reported as draft_len, not dynamic)
-        settings.draft_length = DraftLength::Fixed(widths.len());
+        // a tree drafts up to its depth every round; with --dynamic-draft (not the config's
+        // default drafting) it grows per branch while the gate's score passes its threshold
+        settings.draft_length = match settings.draft_length {
+            DraftLength::Dynamic {
+                gate, threshold, ..
+            } if args.m2r2.dynamic_draft => DraftLength::Dynamic {
+                max: widths.len(),
+                gate,
+                threshold,
+            },
+            _ => DraftLength::Fixed(widths.len()),
+        };
     }
     let prompt = common::prompt_tokens(&loaded, &args.prompt)?;
     let request = DecodeRequest {

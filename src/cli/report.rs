@@ -43,7 +43,9 @@ pub fn settings_json(settings: &M2r2Settings) -> Value {
 ///   drafts; with a lookup branch up to the branch's depth); `mean_tree_nodes`: nodes verified per
 ///   round, the root and any lookup branch included; `prompt_lookup` (the branch's most tokens,
 ///   0: off), `lookup_rounds` (rounds that verified a branch), `lookup_nodes` (branch nodes
-///   verified) and `lookup_accepted` (tokens emitted as accepted branch nodes).
+///   verified) and `lookup_accepted` (tokens emitted as accepted branch nodes); `dynamic_tree`:
+///   `{"gate", "threshold"}` when the trees grew per branch (`--dynamic-draft`: the shape is the
+///   largest tree, a node gets children when its score passes), else null.
 pub fn report_fields(run: &ModeRun) -> serde_json::Map<String, Value> {
     let per = run.decoded().max(1) as f64;
     let mut map = serde_json::Map::new();
@@ -92,11 +94,19 @@ pub fn report_fields(run: &ModeRun) -> serde_json::Map<String, Value> {
             widths,
             nodes,
             prompt_lookup,
+            dynamic,
             rounds,
             mean_accepted_tokens,
             acceptance_by_depth,
         } => {
             map.insert("draft_tree".into(), json!(widths));
+            map.insert(
+                "dynamic_tree".into(),
+                match dynamic {
+                    Some((gate, threshold)) => json!({"gate": gate.name(), "threshold": threshold}),
+                    None => Value::Null,
+                },
+            );
             map.insert("tree_nodes".into(), json!(nodes));
             map.insert("rounds".into(), json!(rounds.len()));
             map.insert("mean_accepted_tokens".into(), json!(mean_accepted_tokens));
@@ -244,6 +254,7 @@ pub fn trace_lines(
             widths,
             nodes,
             prompt_lookup,
+            dynamic,
             rounds,
             mean_accepted_tokens,
             acceptance_by_depth,
@@ -252,6 +263,13 @@ pub fn trace_lines(
             let branch = prompt_lookup
                 .map(|l| format!(", a lookup branch of up to {} tokens", l.max_tokens))
                 .unwrap_or_default();
+            let branch = match dynamic {
+                Some((gate, threshold)) => format!(
+                    "{branch}; a node gets children while its {} score >= {threshold}",
+                    gate.name()
+                ),
+                None => branch,
+            };
             lines.push(format!(
                 "trace: speculative, draft tree {} ({nodes} nodes{branch}) at gate {} (after \
                  layer {} of {n})",

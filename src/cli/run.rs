@@ -51,7 +51,8 @@ pub struct Args {
     /// `dynamic_draft` when it has one, else `draft_len` tokens)
     #[arg(long, value_name = "N", conflicts_with = "dynamic_draft")]
     pub draft_len: Option<usize>,
-    /// Draft until the gate score falls below --threshold (at most the export's draft_len)
+    /// Draft until the gate score falls below --threshold (at most the export's draft_len); with
+    /// --draft-tree, grow the tree per branch: a node gets children only while its score passes
     #[arg(long)]
     pub dynamic_draft: bool,
     /// Draft gate score: arla | confidence | entropy (default: arla when exported, else confidence)
@@ -72,7 +73,8 @@ pub struct Args {
     #[arg(long, value_enum, value_name = "on|off")]
     pub draft_head: Option<OnOff>,
     /// Speculative drafting with a token tree of widths W1,W2,... per depth (`2,1,1`), verified
-    /// in one run of verifier.onnx; greedy only, on static exports (`export --static-cache L`)
+    /// in one run of verifier.onnx (dynamic and static exports); with --dynamic-draft the largest
+    /// tree, grown per branch: a node gets children while its gate score is >= --threshold
     #[arg(long, value_name = "W1,W2,...")]
     pub draft_tree: Option<String>,
 }
@@ -108,7 +110,6 @@ pub fn run(args: &Args) -> Result<()> {
         spec: args.draft_tree.as_deref(),
         speculative: args.mode == RunMode::Speculative,
         draft_len: args.draft_len,
-        dynamic_draft: args.dynamic_draft,
     })?;
     let export = ExportDir::open(&args.onnx)?;
     let tokenizer = export.tokenizer()?;
@@ -125,9 +126,23 @@ pub fn run(args: &Args) -> Result<()> {
         args.dynamic_draft,
         args.draft_head,
     )?;
+    // a tree drafts up to its depth every round; with --dynamic-draft it grows per branch while
+    // the gate's score passes its threshold
+    let mut dynamic = None;
     if let Some(widths) = &tree {
-        // a tree drafts its depth at every round (reported as draft_len, not dynamic)
-        settings.draft_length = DraftLength::Fixed(widths.len());
+        settings.draft_length = match settings.draft_length {
+            DraftLength::Dynamic {
+                gate, threshold, ..
+            } if args.dynamic_draft => {
+                dynamic = Some((gate, threshold));
+                DraftLength::Dynamic {
+                    max: widths.len(),
+                    gate,
+                    threshold,
+                }
+            }
+            _ => DraftLength::Fixed(widths.len()),
+        };
     }
     if args.ep.ort_compare.is_some() {
         bail!(
@@ -168,7 +183,7 @@ pub fn run(args: &Args) -> Result<()> {
         ep_used,
         cuda_graph,
     } = match &tree {
-        Some(widths) => decode_tree(&export, &ep, &request, widths),
+        Some(widths) => decode_tree(&export, &ep, &request, widths, dynamic),
         None => decode(&export, &ep, &settings, &request, args.trace),
     }
     .with_context(|| format!("cannot decode with {}", export.dir.display()))?;

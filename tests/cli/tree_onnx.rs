@@ -94,3 +94,47 @@ fn trees_need_room_and_speculative_mode() {
         &["--draft-tree", "--mode speculative"],
     );
 }
+
+/// `--draft-tree W --dynamic-draft`: the tree is the largest shape and grows per branch while the
+/// gate's score passes. On tiny with ARLA at 0.3 the trees are pruned in some rounds, not all:
+/// `generate` decodes greedy's tokens and reports the gate; `run` on a dynamic and a static
+/// export grows the same trees (tokens, rounds, nodes per round).
+#[test]
+fn dynamic_trees_on_both_engines() {
+    let prompt = ["--tokens", "5,9,14,3", "--max-new-tokens", "24"];
+    let tree = [
+        "--mode",
+        "speculative",
+        "--draft-tree",
+        "2,2,1",
+        "--dynamic-draft",
+        "--gate",
+        "arla",
+        "--threshold",
+        "0.3",
+    ];
+    let greedy = generate_json(&[&["--model", "tiny"][..], &prompt].concat());
+    let reference = generate_json(&[&["--model", "tiny"][..], &prompt, &tree].concat());
+    assert_eq!(ids(&reference["tokens"]), ids(&greedy["tokens"]));
+    assert_eq!(reference["dynamic_tree"]["gate"], "arla", "{reference}");
+    let threshold = reference["dynamic_tree"]["threshold"].as_f64().unwrap();
+    assert!((threshold - 0.3).abs() < 1e-6, "{reference}");
+    let mean_nodes = reference["mean_tree_nodes"].as_f64().unwrap();
+    assert!(mean_nodes > 1.0 && mean_nodes < 11.0, "{reference}");
+    let dir = tempfile::tempdir().unwrap();
+    for cache in [&[][..], &["--static-cache", "64"][..]] {
+        let out = dir.path().join(format!("e{}", cache.len()));
+        let o = out.to_str().unwrap();
+        ok(&[&["export", "--model", "tiny", "--out", o][..], cache].concat());
+        let got = ok(&[&["run", "--onnx", o, "--json"][..], &prompt, &tree].concat()).json();
+        for field in [
+            "tokens",
+            "rounds",
+            "mean_tree_nodes",
+            "acceptance_by_depth",
+            "dynamic_tree",
+        ] {
+            assert_eq!(got[field], reference[field], "{cache:?}: {field}");
+        }
+    }
+}

@@ -19,7 +19,9 @@ use crate::error::{Error, into_reference};
 use crate::spec_cache::{Rows, SpecCache, TreeChunk};
 use ndarray::{Array2, Axis};
 use reference::base::tree::TokenTree;
+use reference::decode::tree_backend::{LevelDraft, grow_rows};
 use reference::decode::tree_speculation::TreeBackend;
+use reference::m2r2::exit_gate::{GateKind, gate_score};
 
 /// One round's states, node by node (`[T, D]` each).
 #[derive(Default)]
@@ -81,17 +83,22 @@ impl TreeBackend for OnnxSpeculation {
         depth: usize,
         tokens: &[u32],
         proposing: &[usize],
-    ) -> reference::Result<Array2<f32>> {
+    ) -> reference::Result<LevelDraft> {
         let d = self.config.hidden_size;
         let root = self.len;
         if depth == 0 {
             self.tree = TreeState {
-                kept: Array2::zeros((tree.nodes(), d)),
-                exits: Array2::zeros((if self.bridge { tree.nodes() } else { 0 }, d)),
+                kept: Array2::zeros((0, d)),
+                exits: Array2::zeros((0, d)),
                 finals: None,
             };
         }
         let level = tree.level(depth);
+        // the tree so far: dynamic drafting adds a level at a time
+        grow_rows(&mut self.tree.kept, level.end);
+        if self.bridge {
+            grow_rows(&mut self.tree.exits, level.end);
+        }
         let chunk = TreeChunk {
             tree,
             first: level.start,
@@ -104,7 +111,7 @@ impl TreeBackend for OnnxSpeculation {
                 .kept
                 .slice_mut(ndarray::s![level, ..])
                 .assign(&hidden);
-            return Ok(Array2::zeros((0, self.config.vocab_size)));
+            return Ok(LevelDraft::empty(self.config.vocab_size));
         }
         // each proposing node reads the state before it on its path (zeros elsewhere)
         let bridge_states = match self.bridge {
@@ -124,7 +131,7 @@ impl TreeBackend for OnnxSpeculation {
             }
             false => None,
         };
-        let (logits, _, hidden, exits) = self
+        let (logits, exit_prob, hidden, exits) = self
             .run_draft(tokens, bridge_states, at)
             .map_err(into_reference)?;
         self.tree
@@ -140,7 +147,7 @@ impl TreeBackend for OnnxSpeculation {
             }
         }
         let logits = logits.select(Axis(0), proposing); // [P, V] or [P, K]
-        Ok(match &self.draft_head {
+        let logits = match &self.draft_head {
             None => logits,
             Some(head) => {
                 let v = self.config.vocab_size;
@@ -151,7 +158,28 @@ impl TreeBackend for OnnxSpeculation {
                 }
                 full
             }
-        })
+        };
+        // the gate's score of each proposing row, as the chain's draft step scores its row
+        let scores = match self.gate {
+            None => None,
+            Some(GateKind::Arla) => {
+                let p = exit_prob.expect("checked at load: the export has ARLA");
+                Some(proposing.iter().map(|&r| p[r]).collect())
+            }
+            Some(kind) => {
+                let eps = self.config.rms_norm_eps as f32;
+                let score = |r: usize| {
+                    let row = logits.row(r);
+                    gate_score(kind, None, &[], row.as_slice().expect("contiguous"), eps)
+                };
+                Some(
+                    (0..proposing.len())
+                        .map(score)
+                        .collect::<reference::Result<_>>()?,
+                )
+            }
+        };
+        Ok(LevelDraft { logits, scores })
     }
 
     fn verify_tree(&mut self, tree: &TokenTree) -> reference::Result<Array2<f32>> {

@@ -14,5 +14,7 @@ pub mod speculative_naive;
 pub mod timed;
 pub mod tree_backend;
 pub mod tree_draft_verify;
+#[cfg(test)]
+mod tree_dynamic_tests;
 pub mod tree_sampling;
 pub mod tree_speculation;

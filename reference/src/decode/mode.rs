@@ -28,7 +28,8 @@ use crate::decode::speculative::{
 use crate::decode::timed::Timed;
 use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
 use crate::decode::tree_speculation::{
-    TreeRound, TreeSpeculativeOutput, tree_speculate, tree_speculate_with_lookup,
+    TreeRound, TreeSpeculativeOutput, tree_speculate, tree_speculate_dynamic,
+    tree_speculate_with_lookup,
 };
 use crate::error::{Error, Result};
 use crate::m2r2::exit_gate::GateKind;
@@ -135,6 +136,9 @@ pub enum ModeDetails {
         nodes: usize,
         /// The prompt-lookup branch each round may add at the root (`None`: off).
         prompt_lookup: Option<LookupConfig>,
+        /// Dynamic drafting per branch: the gate and its threshold (`None`: the whole shape
+        /// every round).
+        dynamic: Option<(GateKind, f32)>,
         /// Each round's tree (a lookup branch included) and its nodes' tokens.
         rounds: Vec<TreeRound>,
         /// Tokens emitted per verification (accepted drafts plus the base token).
@@ -164,6 +168,14 @@ pub struct ModeRun {
 }
 
 impl ModeRun {
+    /// Record that a tree run drafted dynamically per branch with this gate and threshold (a
+    /// no-op for other runs).
+    pub fn set_dynamic_tree(&mut self, gate: Option<(GateKind, f32)>) {
+        if let ModeDetails::TreeSpeculative { dynamic, .. } = &mut self.details {
+            *dynamic = gate;
+        }
+    }
+
     /// Tokens decoded after the prompt's prefill produced the first.
     pub fn decoded(&self) -> usize {
         self.tokens.len().saturating_sub(1)
@@ -312,10 +324,32 @@ pub fn tree_speculative_mode_run(
     let largest = with_lookup_branch(&tree, lookup.map_or(0, |l| l.max_tokens)).tree;
     let capacity = request.prompt.len() + request.max_new_tokens + largest.nodes();
     let m2r2 = M2r2::new(model, weights);
-    let mut backend = ReferenceTreeSpeculation::new(m2r2, settings.draft_gate, capacity)?;
+    // dynamic drafting per branch: the settings' gate scores each node, its threshold prunes
+    let dynamic = match settings.draft_length {
+        DraftLength::Dynamic {
+            gate, threshold, ..
+        } => Some((gate, threshold)),
+        DraftLength::Fixed(_) => None,
+    };
+    let mut backend = ReferenceTreeSpeculation::new(m2r2, settings.draft_gate, capacity)?
+        .with_gate(dynamic.map(|d| d.0));
     let (prompt, budget, stop) = (request.prompt, request.max_new_tokens, &request.stop_tokens);
     let start = Instant::now();
     let out = match lookup {
+        _ if lookup.is_some() && dynamic.is_some() => {
+            return Err(Error::Invalid(
+                "a prompt-lookup branch beside dynamic drafting is not built yet".into(),
+            ));
+        }
+        None if let Some((_, threshold)) = dynamic => tree_speculate_dynamic(
+            &mut backend,
+            &tree,
+            threshold,
+            prompt,
+            budget,
+            stop,
+            request.sampling.clone(),
+        )?,
         Some(_) if request.sampling.is_some() => {
             return Err(Error::Invalid(
                 "a prompt-lookup branch is verified greedily only: sampling with it is not \
@@ -340,9 +374,9 @@ pub fn tree_speculative_mode_run(
         on_token(token);
     }
     let work = backend.work();
-    Ok(tree_speculative_run_with_lookup(
-        out, &tree, widths, lookup, n, seconds, work,
-    ))
+    let mut run = tree_speculative_run_with_lookup(out, &tree, widths, lookup, n, seconds, work);
+    run.set_dynamic_tree(dynamic);
+    Ok(run)
 }
 
 /// The report of a tree speculation run `out` of `tree` (shape `widths`) on a model of `n`
@@ -382,6 +416,7 @@ pub fn tree_speculative_run_with_lookup(
             widths: widths.to_vec(),
             nodes: tree.nodes(),
             prompt_lookup: lookup,
+            dynamic: None,
             mean_accepted_tokens: out.mean_accepted_length(),
             acceptance_by_depth: out.acceptance_by_depth(depth),
             rounds: out.rounds,

@@ -29,14 +29,20 @@ pub trait TreeBackend {
     /// draft layers as one tree chunk: their slow rows write their scratch slots and their slow
     /// states at the draft gate are kept for [`verify_tree`](Self::verify_tree). The rows
     /// `proposing` (indices into the level) also run the fast stream: their draft logits
-    /// `[proposing.len(), V]`. Depth 0 (the root) starts a round.
+    /// `[proposing.len(), V]`, and their gate scores when the engine was given a gate. Depth 0
+    /// (the root) starts a round.
+    ///
+    /// `tree` holds at least depths `0..=depth` (breadth-first numbering never changes when
+    /// deeper levels are added): dynamic drafting grows it a level at a time, giving children
+    /// only to the nodes whose score passes, so the round's final tree is known at
+    /// [`verify_tree`](Self::verify_tree) only.
     fn draft_level(
         &mut self,
         tree: &TokenTree,
         depth: usize,
         tokens: &[u32],
         proposing: &[usize],
-    ) -> Result<Array2<f32>>;
+    ) -> Result<LevelDraft>;
     /// Every node of the round through the remaining layers as one tree chunk: base logits
     /// `[T, V]`, row `i` bitwise (reference) what decoding node `i`'s path gives.
     fn verify_tree(&mut self, tree: &TokenTree) -> Result<Array2<f32>>;
@@ -49,4 +55,33 @@ pub trait TreeBackend {
     /// Forget every position: the next call is a [`prefill`](Self::prefill) of a new prompt (a
     /// golden check decodes, then replays the recorded rounds on the same engine).
     fn reset(&mut self);
+}
+
+/// What [`TreeBackend::draft_level`] returns for a level's proposing rows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LevelDraft {
+    /// `[P, V]` draft logits (a pruned draft head's rows, `-inf` elsewhere)
+    pub logits: Array2<f32>,
+    /// The draft gate's score of each proposing row (`--gate`: ARLA's `p_exit`, the confidence
+    /// or the entropy score of its draft logits), when the engine was given a gate.
+    pub scores: Option<Vec<f32>>,
+}
+
+impl LevelDraft {
+    /// No proposing rows.
+    pub fn empty(vocab: usize) -> Self {
+        LevelDraft {
+            logits: Array2::zeros((0, vocab)),
+            scores: None,
+        }
+    }
+}
+
+/// A backend's per-node state `[T, D]` with zero rows appended up to `rows`: a round's tree may
+/// grow a level at a time (dynamic drafting), so its rows are added as its levels are drafted.
+pub fn grow_rows(a: &mut Array2<f32>, rows: usize) {
+    if a.nrows() < rows {
+        let more = Array2::zeros((rows - a.nrows(), a.ncols()));
+        a.append(ndarray::Axis(0), more.view()).expect("same width");
+    }
 }

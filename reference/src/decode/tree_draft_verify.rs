@@ -3,8 +3,10 @@
 //!
 //! - draft one depth: the depth's nodes as one tree chunk through intervals `0..g_d` (layers
 //!   `0..e_gd`); slow rows write their scratch slots `n + i` and `s_{e_gd}` is kept; the nodes
-//!   with children also run a fast row in interval `g_d - 1`, whose exit logits (the full head,
-//!   or the pruned draft head's `K` rows with `-inf` elsewhere) propose their children. With a
+//!   with children also run a fast row in interval `g_d - 1` (in every interval when ARLA scores
+//!   them), whose exit logits (the full head, or the pruned draft head's `K` rows with `-inf`
+//!   elsewhere) propose their children, and with a gate ([`ReferenceTreeSpeculation::with_gate`])
+//!   each gets its score. With a
 //!   bridge at `g_d` the fast row reads the state before it on its own path: the verified
 //!   `s_N[n-1]` at the root, its parent's exit state `u_gd` below it.
 //! - verify: the kept `s_{e_gd}` of all nodes through layers `e_gd..N` as one tree chunk; the
@@ -17,8 +19,9 @@ use crate::base::model::Output;
 use crate::base::tree::TokenTree;
 use crate::base::work::Work;
 use crate::decode::drafting::check_draft_gate;
-use crate::decode::tree_backend::TreeBackend;
+use crate::decode::tree_backend::{LevelDraft, TreeBackend, grow_rows};
 use crate::error::Result;
+use crate::m2r2::exit_gate::{GateKind, gate_score};
 use crate::m2r2::fast_stream::M2r2;
 use ndarray::{Array1, Array2, s};
 
@@ -38,6 +41,8 @@ pub struct ReferenceTreeSpeculation<'a> {
     verified_state: Array1<f32>,
     /// Work of draft and verify steps (prefill excluded), counted from the shapes multiplied.
     work: Work,
+    /// Score the proposing rows with this gate (dynamic drafting per branch).
+    gate: Option<GateKind>,
 }
 
 impl<'a> ReferenceTreeSpeculation<'a> {
@@ -58,7 +63,14 @@ impl<'a> ReferenceTreeSpeculation<'a> {
             finals: Array2::zeros((0, d)),
             verified_state: Array1::zeros(d),
             work: Work::default(),
+            gate: None,
         })
+    }
+
+    /// Score every proposing row with `gate` ([`LevelDraft::scores`]; ARLA's needs its weights).
+    pub fn with_gate(mut self, gate: Option<GateKind>) -> Self {
+        self.gate = gate;
+        self
     }
 
     /// The KV cache (complete for the accepted positions).
@@ -103,20 +115,22 @@ impl TreeBackend for ReferenceTreeSpeculation<'_> {
         depth: usize,
         tokens: &[u32],
         proposing: &[usize],
-    ) -> Result<Array2<f32>> {
+    ) -> Result<LevelDraft> {
         let model = self.m2r2.model;
         let d_model = model.config.hidden_size;
         let n = self.cache.len();
         let level = tree.level(depth);
+        // the tree so far (dynamic drafting adds a level at a time): its slots fit the cache
+        let mut ids = vec![0u32; tree.nodes()];
+        ids[level.clone()].copy_from_slice(tokens);
+        model.check_tree(&ids, tree, &self.cache)?;
         if depth == 0 {
-            // the root's id and the tree's scratch slots (drafted ids come from the head)
-            let mut ids = vec![0u32; tree.nodes()];
-            ids[0] = tokens[0];
-            model.check_tree(&ids, tree, &self.cache)?;
-            self.kept = Array2::zeros((tree.nodes(), d_model));
-            if self.bridged() {
-                self.exits = Array2::zeros((tree.nodes(), d_model));
-            }
+            self.kept = Array2::zeros((0, d_model));
+            self.exits = Array2::zeros((0, d_model));
+        }
+        grow_rows(&mut self.kept, level.end);
+        if self.bridged() {
+            grow_rows(&mut self.exits, level.end);
         }
         let rows = TreeRows {
             tree,
@@ -144,37 +158,57 @@ impl TreeBackend for ReferenceTreeSpeculation<'_> {
         } else {
             (None, None)
         };
-        let mut exit_states = Array2::zeros((0, d_model));
+        // ARLA reads the exit state of every interval; otherwise only the draft gate's is kept
+        let all_states = self.gate == Some(GateKind::Arla);
+        let mut exit_states: Vec<Array2<f32>> = Vec::with_capacity(self.draft_gate);
         for j in 0..self.draft_gate {
             let last = j + 1 == self.draft_gate;
-            let fast: &[usize] = if last { proposing } else { &[] };
+            let fast: &[usize] = if last || all_states { proposing } else { &[] };
             let from = entry.as_ref().filter(|_| last);
             let out =
                 self.m2r2
                     .run_interval_tree_from(j, &mut s, n, rows, &mut self.cache, fast, from);
             self.work += out.work;
-            exit_states = out.exit_states;
+            if !fast.is_empty() {
+                exit_states.push(out.exit_states);
+            }
         }
+        self.kept.slice_mut(s![level.clone(), ..]).assign(&s);
+        let Some(mut u) = exit_states.pop() else {
+            return Ok(LevelDraft::empty(self.vocab_size()));
+        };
         if let Some(t) = &at_gate {
-            exit_states += t;
+            u += t;
         }
         if self.bridged() {
             for (row, &t) in proposing.iter().enumerate() {
-                self.exits
-                    .row_mut(level.start + t)
-                    .assign(&exit_states.row(row));
+                self.exits.row_mut(level.start + t).assign(&u.row(row));
             }
         }
-        self.kept.slice_mut(s![level, ..]).assign(&s);
-        if proposing.is_empty() {
-            return Ok(Array2::zeros((0, self.vocab_size())));
-        }
         let Output { logits, work } = match &self.m2r2.weights.draft_head {
-            Some(pruned) => pruned.exit_logits(model, exit_states.view()),
-            None => model.head(exit_states.view()),
+            Some(pruned) => pruned.exit_logits(model, u.view()),
+            None => model.head(u.view()),
         }; // [P, V]
         self.work += work;
-        Ok(logits)
+        exit_states.push(u);
+        let scores = match self.gate {
+            None => None,
+            Some(kind) => {
+                let eps = model.config.rms_norm_eps as f32;
+                let arla = self.m2r2.weights.arla.as_ref();
+                let score = |r: usize| {
+                    let views: Vec<_> = exit_states.iter().map(|u| u.row(r)).collect();
+                    let row = logits.row(r);
+                    gate_score(kind, arla, &views, row.as_slice().expect("contiguous"), eps)
+                };
+                Some(
+                    (0..proposing.len())
+                        .map(score)
+                        .collect::<Result<Vec<f32>>>()?,
+                )
+            }
+        };
+        Ok(LevelDraft { logits, scores })
     }
 
     fn verify_tree(&mut self, tree: &TokenTree) -> Result<Array2<f32>> {

@@ -170,13 +170,15 @@ mod tests {
     use crate::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
     use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
     use crate::decode::tree_speculation::{
-        TreeRound, TreeSpeculativeOutput, tree_speculate_with, tree_speculative_generate,
+        TreeRound, TreeSpeculativeOutput, tree_speculate_dynamic, tree_speculate_with,
+        tree_speculative_generate,
     };
     use crate::io::builtin::{self, random_model};
     use crate::m2r2::bridge::BridgeSite;
     use crate::m2r2::bridge_config::BridgeConfig;
     use crate::m2r2::config::M2r2Config;
     use crate::m2r2::draft_head::DraftHead;
+    use crate::m2r2::exit_gate::GateKind;
     use crate::m2r2::fast_stream::M2r2;
     use crate::m2r2::weights::M2r2Weights;
     use approx::assert_abs_diff_eq;
@@ -515,6 +517,60 @@ mod tests {
                 "{name}: chi-square {x:.2?} passes"
             );
         }
+    }
+
+    /// Dynamic drafting per branch keeps the distribution: tree `3,2` grown only below nodes
+    /// whose confidence is at least the median of the scores a first run saw (so about half the
+    /// nodes get no children), 4000 seeds, tokens 1 to 4 against the exact marginals (the
+    /// chi-square test above). The tree depends on the draft alone, so SpecInfer's rule stays
+    /// exact; the rounds must include trees pruned at the root, pruned partly and grown whole.
+    #[test]
+    fn dynamic_tree_sampling_preserves_the_distribution() {
+        let (model, weights) = six_token_problem(false);
+        let shape = TokenTree::parse("3,2").unwrap();
+        let (prompt, k) = ([3u32], 4);
+        let run = |seed: u64, threshold: f32| {
+            let capacity = prompt.len() + k + shape.nodes();
+            let mut backend =
+                ReferenceTreeSpeculation::new(M2r2::new(&model, &weights), 1, capacity)
+                    .unwrap()
+                    .with_gate(Some(GateKind::Confidence));
+            let sampling = Some(params(seed));
+            tree_speculate_dynamic(&mut backend, &shape, threshold, &prompt, k, &[], sampling)
+                .unwrap()
+        };
+        let mut seen: Vec<f32> = (0..50)
+            .flat_map(|seed| run(seed, -1.0).rounds)
+            .flat_map(|r| r.scores)
+            .collect();
+        seen.sort_by(f32::total_cmp);
+        let threshold = seen[seen.len() / 2];
+        let want = exact_marginals(&model, &prompt, &params(0), k);
+        let mut counts = vec![vec![0usize; model.config.vocab_size]; k];
+        let (mut root_only, mut partial, mut whole) = (0, 0, 0);
+        for seed in 0..4000 {
+            let out = run(seed, threshold);
+            for (j, &t) in out.tokens.iter().enumerate() {
+                counts[j][t as usize] += 1;
+            }
+            for r in &out.rounds {
+                match r.tree.nodes() {
+                    1 => root_only += 1,
+                    n if n == shape.nodes() => whole += 1,
+                    _ => partial += 1,
+                }
+            }
+        }
+        let x: Vec<f64> = counts.iter().zip(&want).map(|(c, m)| chi2(c, m)).collect();
+        println!(
+            "threshold {threshold}: chi-square {x:.2?}; rounds: {root_only} root only, {partial} \
+             partly grown, {whole} whole"
+        );
+        assert!(
+            x.iter().all(|&x| x < 20.515),
+            "chi-square {x:.2?} above 20.515"
+        );
+        assert!(root_only > 100 && partial > 100 && whole > 100, "weak test");
     }
 
     /// A chain tree with sampling is the chain loop with the same seed, bit for bit: the same

@@ -35,7 +35,10 @@
 //! sampling): lossless in distribution, `None` is greedy as above.
 //!
 //! **[ours]**, this version: the drafts of one depth run as one chunk, each depth after the one
-//! before; no dynamic draft length. A chain
+//! before. **Dynamic drafting per branch** ([`tree_speculate_dynamic`], [`dynamic_round`]): the
+//! shape is the largest tree a round may draft; the round grows it a level at a time and a node
+//! gets its children only when the draft gate scores it at least the threshold (EAGLE-2 grows
+//! its trees from the draft's confidence the same way). A chain
 //! (`TokenTree::chain(m)`) gives `speculative_generate`'s rounds with a fixed draft length `m`,
 //! with and without a bridge, greedy and sampled with the same seed (tested).
 //!
@@ -61,6 +64,7 @@ pub use crate::decode::tree_backend::TreeBackend;
 use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
 use crate::decode::tree_sampling::TreeSampling;
 use crate::error::{Error, Result};
+use crate::m2r2::exit_gate::GateKind;
 use crate::m2r2::fast_stream::M2r2;
 use std::cmp::Ordering;
 
@@ -81,6 +85,9 @@ pub struct TreeRound {
     pub tree: TokenTree,
     /// The nodes of the round's lookup branch, by depth (empty: no branch).
     pub lookup: Vec<usize>,
+    /// Dynamic drafting: the gate score of each node that could propose, breadth-first (those
+    /// below the threshold got no children); empty otherwise.
+    pub scores: Vec<f32>,
 }
 
 impl TreeRound {
@@ -174,6 +181,41 @@ pub fn tree_speculative_generate(
     Ok((out, backend.into_cache()))
 }
 
+/// [`tree_speculative_generate`] with dynamic drafting per branch ([`tree_speculate_dynamic`]):
+/// the reference scores each proposing node with `gate` and gives it children only when the
+/// score is at least `threshold`.
+///
+/// # Errors
+/// [`tree_speculative_generate`]'s, and `gate` ARLA without ARLA weights.
+#[allow(clippy::too_many_arguments)]
+pub fn tree_speculative_generate_dynamic(
+    m2r2: M2r2<'_>,
+    draft_gate: usize,
+    (gate, threshold): (GateKind, f32),
+    tree: &TokenTree,
+    prompt: &[u32],
+    max_new_tokens: usize,
+    stop_tokens: &[u32],
+    sampling: Option<SamplingParams>,
+) -> Result<(TreeSpeculativeOutput, KvCache)> {
+    if prompt.is_empty() {
+        return Err(empty_prompt());
+    }
+    let capacity = prompt.len() + max_new_tokens + tree.nodes();
+    let mut backend =
+        ReferenceTreeSpeculation::new(m2r2, draft_gate, capacity)?.with_gate(Some(gate));
+    let out = tree_speculate_dynamic(
+        &mut backend,
+        tree,
+        threshold,
+        prompt,
+        max_new_tokens,
+        stop_tokens,
+        sampling,
+    )?;
+    Ok((out, backend.into_cache()))
+}
+
 /// Greedy [`tree_speculative_generate`] with a prompt-lookup branch beside `tree` in each round
 /// that `lookup` finds one ([`tree_speculate_with_lookup`]).
 ///
@@ -241,7 +283,34 @@ pub(crate) fn tree_speculate_with<B: TreeBackend>(
     sampling: Option<TreeSampling>,
 ) -> Result<TreeSpeculativeOutput> {
     let request = (prompt, max_new_tokens, stop_tokens);
-    speculate(backend, tree, None, request, sampling)
+    speculate(backend, tree, Drafting::Fixed(None), request, sampling)
+}
+
+/// [`tree_speculate`] with dynamic drafting per branch: `tree` is the largest shape a round may
+/// draft, and each round grows it a level at a time, giving a node its children only when its
+/// gate score is at least `threshold` ([`dynamic_round`]). The backend must score its proposing
+/// rows (the reference's [`ReferenceTreeSpeculation::with_gate`], the ONNX runner's gate).
+///
+/// # Errors
+/// [`tree_speculate`]'s, and a backend that gives no scores.
+pub fn tree_speculate_dynamic<B: TreeBackend>(
+    backend: &mut B,
+    tree: &TokenTree,
+    threshold: f32,
+    prompt: &[u32],
+    max_new_tokens: usize,
+    stop_tokens: &[u32],
+    sampling: Option<SamplingParams>,
+) -> Result<TreeSpeculativeOutput> {
+    let sampling = sampling.map(TreeSampling::new).transpose()?;
+    let request = (prompt, max_new_tokens, stop_tokens);
+    speculate(
+        backend,
+        tree,
+        Drafting::Dynamic(threshold),
+        request,
+        sampling,
+    )
 }
 
 /// Greedy [`tree_speculate`] where each round also verifies the guess of `lookup` after the
@@ -260,17 +329,31 @@ pub fn tree_speculate_with_lookup<B: TreeBackend>(
 ) -> Result<TreeSpeculativeOutput> {
     lookup.check()?;
     let request = (prompt, max_new_tokens, stop_tokens);
-    speculate(backend, tree, Some(lookup), request, None)
+    speculate(backend, tree, Drafting::Fixed(Some(lookup)), request, None)
+}
+
+/// How a round's tree is drafted.
+#[derive(Clone, Copy)]
+enum Drafting {
+    /// The whole shape every round, with a lookup branch at the root when one is found.
+    Fixed(Option<LookupConfig>),
+    /// Grown a level at a time within the shape: a node gets children when its gate score is
+    /// at least this.
+    Dynamic(f32),
 }
 
 /// The loop: a lookup branch (greedy only) or a sampler, never both.
 fn speculate<B: TreeBackend>(
     backend: &mut B,
     tree: &TokenTree,
-    lookup: Option<LookupConfig>,
+    drafting: Drafting,
     (prompt, max_new_tokens, stop_tokens): (&[u32], usize, &[u32]),
     mut sampling: Option<TreeSampling>,
 ) -> Result<TreeSpeculativeOutput> {
+    let (lookup, threshold) = match drafting {
+        Drafting::Fixed(lookup) => (lookup, None),
+        Drafting::Dynamic(threshold) => (None, Some(threshold)),
+    };
     debug_assert!(lookup.is_none() || sampling.is_none());
     if prompt.is_empty() {
         return Err(empty_prompt());
@@ -300,10 +383,10 @@ fn speculate<B: TreeBackend>(
     while out.tokens.len() < max_new_tokens && !stop_tokens.contains(&last) {
         context.extend_from_slice(&out.tokens[context.len() - prompt.len()..]);
         let guess = lookup.map_or_else(Vec::new, |l| l.guess(&context));
-        let round = if guess.is_empty() {
-            tree_round(backend, tree, last, sampling.as_mut())?
-        } else {
-            tree_round_with_lookup(backend, tree, last, &guess)?
+        let round = match threshold {
+            Some(threshold) => dynamic_round(backend, tree, threshold, last, sampling.as_mut())?,
+            None if guess.is_empty() => tree_round(backend, tree, last, sampling.as_mut())?,
+            None => tree_round_with_lookup(backend, tree, last, &guess)?,
         };
         let path = round.tree.path(round.node);
         let mut emitted: Vec<u32> = path[1..].iter().map(|&i| round.tokens[i]).collect();
@@ -370,7 +453,6 @@ fn round_around<B: TreeBackend>(
     fixed: &[(usize, u32)],
     mut sampling: Option<&mut TreeSampling>,
 ) -> Result<TreeRound> {
-    let n = backend.len();
     let mut tokens = vec![0u32; tree.nodes()];
     tokens[0] = last;
     for &(node, token) in fixed {
@@ -390,10 +472,27 @@ fn round_around<B: TreeBackend>(
             &mut drafts,
         )?;
     }
-    // verify: every node through the upper layers as one chunk
+    let round = finish_round(backend, tree, tokens, &drafts, sampling)?;
+    Ok(TreeRound {
+        lookup: fixed,
+        ..round
+    })
+}
+
+/// A round's verification and acceptance, once every node has its token: the tree through the
+/// upper layers as one chunk, then the accepted node (greedily, or by speculative sampling with
+/// the proposing nodes' draft distributions `drafts`).
+fn finish_round<B: TreeBackend>(
+    backend: &mut B,
+    tree: &TokenTree,
+    tokens: Vec<u32>,
+    drafts: &[Vec<f32>],
+    sampling: Option<&mut TreeSampling>,
+) -> Result<TreeRound> {
+    let n = backend.len();
     let base = backend.verify_tree(tree)?; // [T, V]
     let (node, base_token) = match sampling {
-        Some(s) => s.accept(tree, &tokens, &drafts, &base),
+        Some(s) => s.accept(tree, &tokens, drafts, &base),
         None => {
             let choice = |i: usize| argmax(base.row(i).as_slice().expect("contiguous")) as u32;
             // accept: follow the base model's choices down the tree
@@ -411,8 +510,82 @@ fn round_around<B: TreeBackend>(
         node,
         tokens,
         tree: tree.clone(),
-        lookup: fixed,
+        lookup: Vec::new(),
+        scores: Vec::new(),
     })
+}
+
+/// A round with dynamic drafting per branch, within `shape` (widths `W1..WD`): the tree starts
+/// as the root alone and grows a level at a time. Every node of depth `d < D` runs its fast row
+/// and is scored by the draft gate; one whose score is at least `threshold` gets `W_{d+1}`
+/// children (its top candidates, or draws with `sampling`), the others stay leaves. Then the
+/// grown tree is verified as [`tree_round`]'s. A chain shape (`1,1,...`) drafts exactly what the
+/// chain loop's dynamic draft length does (tested); the tree depends on the draft alone, so the
+/// output stays greedy decoding's, or distributed as sampling (SpecInfer's rule holds for any
+/// tree chosen from the draft).
+///
+/// # Errors
+/// The backend's, and a backend that gives no scores.
+pub fn dynamic_round<B: TreeBackend>(
+    backend: &mut B,
+    shape: &TokenTree,
+    threshold: f32,
+    last: u32,
+    mut sampling: Option<&mut TreeSampling>,
+) -> Result<TreeRound> {
+    let depth = shape.max_depth();
+    // the shape's width at each depth 1..=D (a shape from widths is uniform per depth)
+    let widths: Vec<usize> = (0..depth)
+        .map(|d| shape.children(shape.level(d).start).len())
+        .collect();
+    let (mut parents, mut tokens) = (Vec::new(), vec![last]);
+    let mut drafts = vec![Vec::new()];
+    let mut scores = Vec::new();
+    let mut tree = TokenTree::from_parents(&parents)?;
+    for d in 0..=depth {
+        let level = tree.level(d);
+        if level.is_empty() {
+            break;
+        }
+        let proposing: Vec<usize> = match d < depth {
+            true => (0..level.len()).collect(),
+            false => Vec::new(),
+        };
+        let drafted = backend.draft_level(&tree, d, &tokens[level.clone()], &proposing)?;
+        if proposing.is_empty() {
+            break;
+        }
+        let level_scores = drafted.scores.ok_or_else(|| {
+            Error::Invalid(
+                "dynamic drafting needs the draft gate's score: give the engine a gate".into(),
+            )
+        })?;
+        for (row, &score) in level_scores.iter().enumerate() {
+            scores.push(score);
+            if score < threshold {
+                continue;
+            }
+            let node = level.start + row;
+            let logits = drafted.logits.row(row);
+            let logits = logits.as_slice().expect("contiguous");
+            let children = match sampling.as_deref_mut() {
+                Some(s) => {
+                    let (drawn, q) = s.children(logits, widths[d]);
+                    drafts[node] = q;
+                    drawn
+                }
+                None => top_candidates(logits, widths[d]),
+            };
+            for token in children {
+                parents.push(node);
+                tokens.push(token);
+                drafts.push(Vec::new());
+            }
+        }
+        tree = TokenTree::from_parents(&parents)?;
+    }
+    let round = finish_round(backend, &tree, tokens, &drafts, sampling)?;
+    Ok(TreeRound { scores, ..round })
 }
 
 /// Draft depth `d` of `tree` (after depths `0..d`): the depth's nodes (`tokens` of
@@ -453,7 +626,9 @@ fn draft_depth_around<B: TreeBackend>(
         .filter(|&i| tree.children(i).any(|c| drafted(&c)))
         .map(|i| i - level.start)
         .collect();
-    let logits = backend.draft_level(tree, d, &tokens[level.clone()], &proposing)?; // [P, V]
+    let logits = backend
+        .draft_level(tree, d, &tokens[level.clone()], &proposing)?
+        .logits; // [P, V]
     for (row, &t) in proposing.iter().enumerate() {
         let node = level.start + t;
         let children = tree.children(node);

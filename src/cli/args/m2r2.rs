@@ -79,7 +79,8 @@ pub struct M2r2Args {
     /// `dynamic_draft` when it has one, else `draft_len` tokens)
     #[arg(long, value_name = "N", conflicts_with = "dynamic_draft")]
     pub draft_len: Option<usize>,
-    /// Draft until the gate score falls below --threshold (at most the config's draft_len)
+    /// Draft until the gate score falls below --threshold (at most the config's draft_len); with
+    /// --draft-tree, grow the tree per branch: a node gets children only while its score passes
     #[arg(long)]
     pub dynamic_draft: bool,
     /// Pruned draft head (draft_head.json in the --m2r2 folder): drafts score only its K tokens

@@ -11,14 +11,14 @@ pub struct TreeRequest<'a> {
     pub spec: Option<&'a str>,
     pub speculative: bool,
     pub draft_len: Option<usize>,
-    pub dynamic_draft: bool,
 }
 
 /// The tree's widths, or `None` without `--draft-tree`.
 ///
 /// # Errors
-/// A tree outside speculative decoding, with `--draft-len` or `--dynamic-draft`, and the shapes
-/// `TokenTree::parse` refuses, each naming `--draft-tree`.
+/// A tree outside speculative decoding, with `--draft-len`, and the shapes `TokenTree::parse`
+/// refuses, each naming `--draft-tree`. (With `--dynamic-draft` the tree is the largest shape a
+/// round grows, a node getting children while the gate's score passes.)
 pub fn tree_widths(request: &TreeRequest<'_>) -> Result<Option<Vec<usize>>> {
     let Some(spec) = request.spec else {
         return Ok(None);
@@ -30,12 +30,6 @@ pub fn tree_widths(request: &TreeRequest<'_>) -> Result<Option<Vec<usize>>> {
         bail!(
             "--draft-tree and --draft-len both set the drafts: give one (--draft-len N is the \
              tree 1,1,... of N ones)"
-        );
-    }
-    if request.dynamic_draft {
-        bail!(
-            "--draft-tree with --dynamic-draft: dynamic drafting per branch is not built yet \
-             (trees draft every width at every depth)"
         );
     }
     TokenTree::parse(spec).map_err(|e| anyhow!("--draft-tree: {e}"))?;

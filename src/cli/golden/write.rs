@@ -43,8 +43,12 @@ pub(super) fn write(args: &WriteArgs) -> Result<()> {
         spec: args.draft_tree.as_deref(),
         speculative: args.m2r2.mode == ModeArg::Speculative,
         draft_len: args.m2r2.draft_len,
-        dynamic_draft: args.m2r2.dynamic_draft,
     })?;
+    if args.draft_tree.is_some() && args.m2r2.dynamic_draft {
+        bail!(
+            "--draft-tree with --dynamic-draft: a tree golden records fixed trees; trees grown              per branch (and their gate scores) are not recorded yet (drop --dynamic-draft)"
+        );
+    }
     let loaded = common::load(&args.model.model)?;
     // (output path, prompt arguments) of every golden to write
     let jobs: Vec<(PathBuf, PromptArgs)> = match &args.prompts {
@@ -185,7 +189,6 @@ fn record_m2r2(
                 spec: args.draft_tree.as_deref(),
                 speculative: true,
                 draft_len: args.m2r2.draft_len,
-                dynamic_draft: args.m2r2.dynamic_draft,
             })?
             .expect("--draft-tree given");
             Golden::record_tree_speculative(

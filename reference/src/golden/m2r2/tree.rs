@@ -27,6 +27,7 @@ use super::{EngineGraphs, GraphOutputs, M2r2Record, step_rounds};
 use crate::base::config::ModelConfig;
 use crate::base::generate::GreedyBackend;
 use crate::base::tree::TokenTree;
+use crate::decode::tree_backend::LevelDraft;
 use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
 use crate::decode::tree_speculation::{
     TreeBackend, TreeRound, TreeSpeculativeOutput, tree_speculate,
@@ -413,10 +414,10 @@ pub(super) fn replay_tree_rounds(
                 .map(|i| i - level.start)
                 .collect();
             let drafted = recording.draft_level(tree, d, &fed[level], &proposing)?;
-            if drafted.nrows() != proposing.len() {
+            if drafted.logits.nrows() != proposing.len() {
                 return Err(Error::Invalid(format!(
                     "round {r}, depth {d}: the engine drafted {} rows for {} proposing nodes",
-                    drafted.nrows(),
+                    drafted.logits.nrows(),
                     proposing.len()
                 )));
             }
@@ -818,10 +819,10 @@ impl TreeBackend for TreeRecording<'_> {
         depth: usize,
         tokens: &[u32],
         proposing: &[usize],
-    ) -> Result<Array2<f32>> {
-        let logits = self.inner.draft_level(tree, depth, tokens, proposing)?;
-        self.drafts.push(logits.clone());
-        Ok(logits)
+    ) -> Result<LevelDraft> {
+        let drafted = self.inner.draft_level(tree, depth, tokens, proposing)?;
+        self.drafts.push(drafted.logits.clone());
+        Ok(drafted)
     }
 
     fn verify_tree(&mut self, tree: &TokenTree) -> Result<Array2<f32>> {
