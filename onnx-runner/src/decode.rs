@@ -22,13 +22,16 @@ use reference::base::tree::TokenTree;
 use reference::base::work::Work;
 use reference::decode::drafting::{Drafting, DraftingRequest, resolve_drafting};
 use reference::decode::early_exit::KvPolicy;
-use reference::decode::mode::tree_speculative_run;
+use reference::decode::mode::tree_speculative_run_with_lookup;
 use reference::decode::mode::{
     DecodeRequest, M2r2Settings, Mode, ModeRun, greedy_run, greedy_step, speculative_run,
 };
+use reference::decode::prompt_lookup::LookupConfig;
 use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
 use reference::decode::timed::Timed;
-use reference::decode::tree_speculation::{tree_speculate, tree_speculate_dynamic};
+use reference::decode::tree_speculation::{
+    tree_speculate, tree_speculate_dynamic, tree_speculate_with_lookup,
+};
 use reference::m2r2::exit_gate::GateKind;
 use std::time::Instant;
 
@@ -131,7 +134,8 @@ pub fn decode(
 /// Speculative decoding of `request` on `export` with the token tree of shape `widths`, drafting at
 /// the export's draft gate: greedy, or sampled with `request.sampling` (the reference's rule).
 /// `dynamic`: the tree is the largest shape, grown per branch while the gate's score is at least
-/// the threshold (the reference's `tree_speculate_dynamic`).
+/// the threshold (the reference's `tree_speculate_dynamic`); `lookup`: greedy, each round also
+/// verifies a prompt-lookup branch at the root when it finds one (`tree_speculate_with_lookup`).
 ///
 /// # Errors
 /// A shape `TokenTree::from_widths` refuses, an export without `tree_mask` or a tree its static
@@ -142,6 +146,7 @@ pub fn decode_tree(
     request: &DecodeRequest<'_>,
     widths: &[usize],
     dynamic: Option<(GateKind, f32)>,
+    lookup: Option<LookupConfig>,
 ) -> Result<OnnxRun> {
     let tree = TokenTree::from_widths(widths)?;
     let n = export.manifest.config.num_hidden_layers;
@@ -149,8 +154,14 @@ pub fn decode_tree(
     let start = Instant::now();
     let (prompt, budget, stop) = (request.prompt, request.max_new_tokens, &request.stop_tokens);
     let sampling = request.sampling.clone();
-    let out = match dynamic {
-        Some((_, threshold)) => tree_speculate_dynamic(
+    let out = match (dynamic, lookup) {
+        (Some(_), Some(_)) => {
+            return Err(reference::Error::Invalid(
+                "a prompt-lookup branch beside dynamic drafting is not built yet".into(),
+            )
+            .into());
+        }
+        (Some((_, threshold)), None) => tree_speculate_dynamic(
             &mut backend,
             &tree,
             threshold,
@@ -159,10 +170,22 @@ pub fn decode_tree(
             stop,
             sampling,
         )?,
-        None => tree_speculate(&mut backend, &tree, prompt, budget, stop, sampling)?,
+        (None, Some(_)) if sampling.is_some() => {
+            return Err(reference::Error::Invalid(
+                "a prompt-lookup branch is verified greedily only: sampling with it is not built \
+                 yet"
+                .into(),
+            )
+            .into());
+        }
+        (None, Some(lookup)) => {
+            tree_speculate_with_lookup(&mut backend, &tree, lookup, prompt, budget, stop)?
+        }
+        (None, None) => tree_speculate(&mut backend, &tree, prompt, budget, stop, sampling)?,
     };
     let seconds = start.elapsed().as_secs_f64();
-    let mut run = tree_speculative_run(out, &tree, widths, n, seconds, Work::default());
+    let mut run =
+        tree_speculative_run_with_lookup(out, &tree, widths, lookup, n, seconds, Work::default());
     run.set_dynamic_tree(dynamic);
     Ok(OnnxRun {
         run,

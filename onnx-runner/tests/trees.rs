@@ -510,3 +510,57 @@ fn smollm2_dynamic_trees_grow_like_the_reference() {
         .unwrap();
     check_dynamic_trees("smollm2", &loaded.model, &weights, &prompt, 16, "2,1,1");
 }
+
+/// An export written before the speculative graphs took `tree_mask` refuses token trees by name
+/// (export the folder again) instead of running them with the wrong masks. No such export can be
+/// written now, so one is simulated: the input is renamed in draft, verifier and feed.onnx and
+/// given a default value (an initializer of the same name), as if the graphs computed their own
+/// masks; the runner then sees no `tree_mask` and must refuse the tree before drafting it.
+#[test]
+fn exports_without_tree_mask_refuse_trees_by_name() {
+    use export::proto::TensorProto;
+    use export::write::{read_graph, write_graph};
+    let model = builtin::builtin("tiny").unwrap();
+    let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
+    let gate = weights.config.draft_gate;
+    let dir = tempfile::tempdir().unwrap();
+    let exported = export_all(&model, &weights, gate, None, dir.path());
+    let old = "visibility_computed_inside";
+    for file in ["draft.onnx", "verifier.onnx", "feed.onnx"] {
+        let path = dir.path().join(file);
+        let mut proto = read_graph(&path).unwrap();
+        let graph = proto.graph.as_mut().unwrap();
+        for input in &mut graph.input {
+            if input.name.as_deref() == Some("tree_mask") {
+                input.name = Some(old.into());
+            }
+        }
+        for node in &mut graph.node {
+            for input in &mut node.input {
+                if input == "tree_mask" {
+                    *input = old.into();
+                }
+            }
+        }
+        graph.initializer.push(TensorProto {
+            name: Some(old.into()),
+            dims: vec![1, 1],
+            data_type: Some(7), // int64
+            int64_data: vec![1],
+            ..Default::default()
+        });
+        write_graph(proto, &path, false).unwrap();
+    }
+    let mut onnx = OnnxSpeculation::load(&exported, &EpConfig::cpu(), None).unwrap();
+    let tree = TokenTree::parse("2,1").unwrap();
+    let err = tree_speculate(&mut onnx, &tree, &[5, 9, 14, 3], 8, &[], None)
+        .unwrap_err()
+        .to_string();
+    for want in [
+        "token trees need the graph's `tree_mask` input",
+        "export the folder again",
+        ".onnx",
+    ] {
+        assert!(err.contains(want), "{err}");
+    }
+}

@@ -9,7 +9,7 @@ use crate::cli::args::sampling::SamplingArgs;
 use crate::cli::common;
 use crate::cli::progress;
 use crate::cli::report::{json_report, print_summary, trace_lines};
-use anyhow::{Result, bail};
+use anyhow::Result;
 use reference::decode::mode::{DecodeRequest, run_mode, tree_speculative_mode_run};
 use reference::decode::prompt_lookup::LookupConfig;
 use reference::decode::speculative::DraftLength;
@@ -64,27 +64,14 @@ fn tree_widths(args: &Args) -> Result<Option<Vec<usize>>> {
     })
 }
 
-/// `--prompt-lookup`'s branch, and the flags it cannot be used with.
+/// `--prompt-lookup`'s branch, by the rules `run` shares (`cli/args/tree.rs`).
 fn prompt_lookup(args: &Args, sampling: bool) -> Result<Option<LookupConfig>> {
-    if args.prompt_lookup == 0 {
-        return Ok(None);
-    }
-    if args.m2r2.mode != ModeArg::Speculative {
-        bail!("--prompt-lookup adds a branch to speculative drafts: add --mode speculative");
-    }
-    if args.m2r2.dynamic_draft {
-        bail!(
-            "--prompt-lookup with --dynamic-draft: a lookup branch beside dynamic drafting is not \
-             built yet (give --draft-len N or --draft-tree W1,W2,...)"
-        );
-    }
-    if sampling {
-        bail!(
-            "--prompt-lookup verifies greedily only: speculative sampling with a lookup branch is \
-             not built yet (drop --temperature/--top-k/--top-p)"
-        );
-    }
-    Ok(Some(LookupConfig::new(args.prompt_lookup)))
+    crate::cli::args::tree::prompt_lookup(
+        args.prompt_lookup,
+        args.m2r2.mode == ModeArg::Speculative,
+        args.m2r2.dynamic_draft,
+        sampling,
+    )
 }
 
 /// The M2R2 config's default tree (`draft_tree`, chosen by `tune-drafting`), when nothing asks

@@ -7,7 +7,7 @@
 use crate::cli::args::m2r2::OnOff;
 use crate::cli::args::model::PromptArgs;
 use crate::cli::args::onnx::{EpArgs, check_draft_head};
-use crate::cli::args::tree::{TreeRequest, tree_widths};
+use crate::cli::args::tree::{TreeRequest, prompt_lookup, tree_widths};
 use crate::cli::common;
 use crate::cli::report::trace_lines;
 use crate::cli::report::{json_report, print_summary};
@@ -77,6 +77,12 @@ pub struct Args {
     /// tree, grown per branch: a node gets children while its gate score is >= --threshold
     #[arg(long, value_name = "W1,W2,...")]
     pub draft_tree: Option<String>,
+    /// Speculative, greedy: each round also verifies a branch of up to N tokens copied from the
+    /// text so far (what followed the latest earlier occurrence of its last 3, else 2, tokens)
+    /// beside the tree (--draft-tree), else beside a chain of --draft-len (default: the export's
+    /// draft_len); 0: off (as `m2r2 generate --prompt-lookup`)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub prompt_lookup: usize,
 }
 
 fn parse_gate(text: &str) -> Result<GateKind, String> {
@@ -111,6 +117,12 @@ pub fn run(args: &Args) -> Result<()> {
         speculative: args.mode == RunMode::Speculative,
         draft_len: args.draft_len,
     })?;
+    let lookup = prompt_lookup(
+        args.prompt_lookup,
+        args.mode == RunMode::Speculative,
+        args.dynamic_draft,
+        false,
+    )?;
     let export = ExportDir::open(&args.onnx)?;
     let tokenizer = export.tokenizer()?;
     let prompt = common::prompt_tokens_with(
@@ -126,6 +138,11 @@ pub fn run(args: &Args) -> Result<()> {
         args.dynamic_draft,
         args.draft_head,
     )?;
+    // a lookup branch beside the chain 1,1,... of the draft length (the export's, fixed)
+    let tree = match tree {
+        None if lookup.is_some() => Some(vec![1; settings.draft_length.max()]),
+        tree => tree,
+    };
     // a tree drafts up to its depth every round; with --dynamic-draft it grows per branch while
     // the gate's score passes its threshold
     let mut dynamic = None;
@@ -152,7 +169,9 @@ pub fn run(args: &Args) -> Result<()> {
     args.ep.check_single_cuda_graph("run")?;
     // rows per verification: a tree's nodes, a chain's drafts
     let rows = match &tree {
-        Some(widths) => TokenTree::from_widths(widths)?.nodes() - 1,
+        Some(widths) => {
+            TokenTree::from_widths(widths)?.nodes() - 1 + lookup.map_or(0, |l| l.max_tokens)
+        }
         None => settings.draft_length.max(),
     };
     let ep = args.ep.config(&export, rows);
@@ -183,7 +202,7 @@ pub fn run(args: &Args) -> Result<()> {
         ep_used,
         cuda_graph,
     } = match &tree {
-        Some(widths) => decode_tree(&export, &ep, &request, widths, dynamic),
+        Some(widths) => decode_tree(&export, &ep, &request, widths, dynamic, lookup),
         None => decode(&export, &ep, &settings, &request, args.trace),
     }
     .with_context(|| format!("cannot decode with {}", export.dir.display()))?;

@@ -138,3 +138,61 @@ fn dynamic_trees_on_both_engines() {
         }
     }
 }
+
+/// `run --prompt-lookup N` on ONNX Runtime: beside a tree and beside a chain of `--draft-len`, on
+/// a dynamic and a static export, the lookup rounds of `generate --prompt-lookup N` (the same
+/// tokens, rounds and branch counts) on a repetitive prompt where branches are found and
+/// accepted; with `--dynamic-draft` it is refused by name.
+#[test]
+fn prompt_lookup_on_onnx_runtime() {
+    let prompt = [
+        "--tokens",
+        "5,9,14,3,5,9,14,3,5,9",
+        "--max-new-tokens",
+        "32",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let mut found = 0;
+    for cache in [&[][..], &["--static-cache", "96"][..]] {
+        let out = dir.path().join(format!("e{}", cache.len()));
+        let o = out.to_str().unwrap();
+        ok(&[&["export", "--model", "tiny", "--out", o][..], cache].concat());
+        for flags in [&["--draft-tree", "2,1"][..], &["--draft-len", "2"]] {
+            let spec = [
+                &["--mode", "speculative", "--prompt-lookup", "3"][..],
+                flags,
+            ]
+            .concat();
+            let reference = generate_json(&[&["--model", "tiny"][..], &prompt, &spec].concat());
+            let got = ok(&[&["run", "--onnx", o, "--json"][..], &prompt, &spec].concat()).json();
+            for field in [
+                "tokens",
+                "rounds",
+                "draft_tree",
+                "prompt_lookup",
+                "lookup_rounds",
+                "lookup_nodes",
+                "lookup_accepted",
+            ] {
+                assert_eq!(got[field], reference[field], "{cache:?} {flags:?}: {field}");
+            }
+            found += got["lookup_accepted"].as_u64().unwrap();
+        }
+        fails(
+            &[
+                &["run", "--onnx", o][..],
+                &prompt,
+                &[
+                    "--mode",
+                    "speculative",
+                    "--prompt-lookup",
+                    "3",
+                    "--dynamic-draft",
+                ],
+            ]
+            .concat(),
+            &["--prompt-lookup", "--dynamic-draft"],
+        );
+    }
+    assert!(found > 0, "no lookup token accepted");
+}

@@ -1,9 +1,10 @@
 //! `--draft-tree W1,W2,...`: the token tree of speculative decoding, checked with the library's
-//! rules (`TokenTree::parse`), and the flags it cannot be used with. `generate` (the reference)
-//! and `run` (ONNX Runtime) share it.
+//! rules (`TokenTree::parse`), `--prompt-lookup N`'s branch, and the flags they cannot be used
+//! with. `generate` (the reference) and `run` (ONNX Runtime) share them.
 
 use anyhow::{Result, anyhow, bail};
 use reference::base::tree::TokenTree;
+use reference::decode::prompt_lookup::LookupConfig;
 
 /// What the command was asked besides the tree.
 pub struct TreeRequest<'a> {
@@ -38,4 +39,35 @@ pub fn tree_widths(request: &TreeRequest<'_>) -> Result<Option<Vec<usize>>> {
         .map(|w| w.trim().parse().expect("checked by TokenTree::parse"))
         .collect();
     Ok(Some(widths))
+}
+
+/// `--prompt-lookup N`'s branch (`None` for 0).
+///
+/// # Errors
+/// A branch outside speculative decoding, beside `--dynamic-draft` or with sampling, each named.
+pub fn prompt_lookup(
+    tokens: usize,
+    speculative: bool,
+    dynamic_draft: bool,
+    sampling: bool,
+) -> Result<Option<LookupConfig>> {
+    if tokens == 0 {
+        return Ok(None);
+    }
+    if !speculative {
+        bail!("--prompt-lookup adds a branch to speculative drafts: add --mode speculative");
+    }
+    if dynamic_draft {
+        bail!(
+            "--prompt-lookup with --dynamic-draft: a lookup branch beside dynamic drafting is not \
+             built yet (give --draft-len N or --draft-tree W1,W2,...)"
+        );
+    }
+    if sampling {
+        bail!(
+            "--prompt-lookup verifies greedily only: speculative sampling with a lookup branch is \
+             not built yet (drop --temperature/--top-k/--top-p)"
+        );
+    }
+    Ok(Some(LookupConfig::new(tokens)))
 }
