@@ -244,6 +244,15 @@ impl std::str::FromStr for GraphOptimization {
 }
 
 impl EpConfig {
+    /// Rows per run the TensorRT profile allows (its sequence range's maximum), when the
+    /// provider is TensorRT; `None` elsewhere (no limit: a CPU or CUDA run takes any chunk).
+    pub fn trt_max_rows(&self) -> Option<usize> {
+        match self.ep {
+            Ep::TensorRt => self.tensorrt.ranges.as_ref().map(|r| r.sequence.2),
+            _ => None,
+        }
+    }
+
     pub fn new(ep: Ep) -> Self {
         EpConfig {
             ep,

@@ -53,7 +53,7 @@ impl OnnxModel {
             session,
             config,
             cache,
-            max_rows: ep.tensorrt.ranges.as_ref().map(|r| r.sequence.2),
+            max_rows: ep.trt_max_rows(),
         })
     }
 

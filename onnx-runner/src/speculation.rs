@@ -214,7 +214,7 @@ impl OnnxSpeculation {
             bridge_memory: BridgeMemory::default(),
             verified: 0,
             len: 0,
-            max_rows: ep.tensorrt.ranges.as_ref().map(|r| r.sequence.2),
+            max_rows: ep.trt_max_rows(),
             tree: tree::TreeState::default(),
         })
     }

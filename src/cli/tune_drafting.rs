@@ -4,16 +4,18 @@
 //! For each draft gate, one teacher-forced pass over greedy distillation data records whether each
 //! draft equals the next greedy token, its rank among the draft's candidates and its gate scores
 //! (`reference::decode::draft_sim::trace`); each kind of step is timed on the engines (greedy
-//! step, proposing and feeding draft steps, verifications of 1..=max+1 rows; on the reference also
-//! the steps of token trees: draft levels of n nodes, verifications of each tree); then every
+//! step, proposing and feeding draft steps, verifications of 1..=max+1 rows; the steps of token
+//! trees: draft levels of n nodes, verifications of each tree); then every
 //! policy (fixed 1..=max drafts; dynamic drafting with each gate kind, threshold and maximum; the
 //! tree shapes) is replayed on the traces (`simulate`, `simulate_tree`) and priced with the
-//! measured step costs. The predicted speed-ups choose a winner per engine (ONNX Runtime runs no
-//! trees yet: it chooses among chains); `--write DIR` stores them in an M2R2 weights folder's
+//! measured step costs. The predicted speed-ups choose a winner per engine; `--write DIR` stores
+//! them in an M2R2 weights folder's
 //! config as the defaults of `--mode speculative`: the chain (`draft_gate`, `draft_len`,
 //! `dynamic_draft`: ONNX Runtime's winner with `--onnx`, else the reference's best chain) and, when
-//! a tree beats that chain on the reference, the reference's tree (`draft_tree`). Confirm the
-//! winners with real decoding (`generate`, `run`, scripts/bench_speculative.py).
+//! a tree beats that chain on the reference, the reference's tree (`draft_tree`). ONNX Runtime's
+//! fastest tree is reported, not written: `run` has no default tree (it drafts the chain default
+//! unless given `--draft-tree`). Confirm the winners with real decoding (`generate`, `run`,
+//! scripts/bench_speculative.py).
 
 use crate::cli::args::m2r2::{M2r2Args, OnOff};
 use crate::cli::args::model::ModelArgs;
@@ -28,7 +30,7 @@ use onnx_runner::speculation::OnnxSpeculation;
 use reference::base::generate::ReferenceGreedy;
 use reference::base::tree::TokenTree;
 use reference::decode::draft_sim::tree::shape_text;
-use reference::decode::draft_sim::tree_steps::time_tree_steps;
+use reference::decode::draft_sim::tree_steps::{time_tree_steps, time_tree_steps_on};
 use reference::decode::draft_sim::{
     Policy, Simulated, StepCosts, TREE_SHAPES, Trace, simulate, simulate_tree, trace,
 };
@@ -116,13 +118,9 @@ pub struct Args {
 pub enum Family {
     /// One draft per depth: fixed or dynamic drafting.
     Chain,
-    /// A token tree per round (the reference only, greedy).
+    /// A token tree per round (greedy).
     Tree,
 }
-
-/// Why ONNX Runtime prices no trees, in the table and the JSON.
-const ONNX_NO_TREES: &str = "ONNX Runtime runs no token trees yet: trees are priced on the \
-                             reference only, and ONNX Runtime chooses among chains";
 
 /// One gate's trace.
 #[derive(Serialize)]
@@ -194,6 +192,9 @@ struct Defaults {
     /// `draft_tree`: the reference's best tree when it beats the chain default on the reference;
     /// `None`: the reference drafts the chain default too.
     tree: Option<PolicyResult>,
+    /// ONNX Runtime's best tree when it beats the chain default there (with `--onnx`): reported,
+    /// not written (`run` has no default tree; pass it `--draft-tree`).
+    onnx_tree: Option<PolicyResult>,
 }
 
 #[derive(Serialize)]
@@ -239,9 +240,13 @@ fn defaults(results: &[PolicyResult], onnx: bool) -> Defaults {
         reference,
     )
     .filter(|t| chain.is_none_or(|c| reference(t) > reference(c)));
+    let ort = |r: &PolicyResult| r.speedup_onnx;
+    let onnx_tree = fastest(results.iter().filter(|r| r.family == Family::Tree), ort)
+        .filter(|t| onnx && chain.is_none_or(|c| ort(t) > ort(c)));
     Defaults {
         chain: chain.cloned(),
         tree: tree.cloned(),
+        onnx_tree: onnx_tree.cloned(),
     }
 }
 
@@ -294,9 +299,6 @@ pub fn run(args: &Args) -> Result<()> {
         bail!("--families: name at least one of chain, tree");
     }
     let chains = args.families.contains(&Family::Chain);
-    if args.onnx.is_some() && !chains {
-        bail!("--onnx prices chains only ({ONNX_NO_TREES}): add chain to --families");
-    }
     let shapes = tree_shapes(args)?;
     let loaded = common::load(&args.model.model)?;
     let m2r2_args = M2r2Args {
@@ -336,7 +338,7 @@ pub fn run(args: &Args) -> Result<()> {
         costs.push(reference_costs(&loaded, &weights, g, args, &shapes)?);
     }
     let onnx = match &args.onnx {
-        Some(dir) => Some(onnx_costs(&loaded, &weights, dir, args)?),
+        Some(dir) => Some(onnx_costs(&loaded, &weights, dir, args, &shapes)?),
         None => None,
     };
     let policies = if chains { policies(args) } else { vec![] };
@@ -395,7 +397,6 @@ pub fn run(args: &Args) -> Result<()> {
                 tokens_per_round: sim.tokens_per_round(),
                 proposals_per_round: sim.proposals_per_round(),
                 speedup_reference: sim.speedup(&reference.costs),
-                // None: ONNX Runtime has no tree costs
                 speedup_onnx: ort.and_then(|c| sim.speedup(&c.costs)),
             });
         }
@@ -407,12 +408,18 @@ pub fn run(args: &Args) -> Result<()> {
         .context("no drafting policy could be priced")?;
     let best_onnx = fastest(results.iter(), |r| r.speedup_onnx).cloned();
     if onnx.is_some() && best_onnx.is_none() {
-        bail!("no chain could be priced on ONNX Runtime");
+        bail!("no policy could be priced on ONNX Runtime");
     }
     let defaults = defaults(&results, onnx.is_some());
     let mut notes = Vec::new();
-    if let Some(c) = &onnx {
-        notes.push(format!("{}: {ONNX_NO_TREES}", c.engine));
+    if let Some(t) = &defaults.onnx_tree {
+        notes.push(format!(
+            "ONNX Runtime's fastest is {} at draft gate {}: `m2r2 run` has no default tree, so \
+             --write keeps its chain default; pass `--draft-tree {}` to `m2r2 run`",
+            t.policy,
+            t.draft_gate,
+            shape_text(t.draft_tree.as_deref().expect("a tree's widths"))
+        ));
     }
     if defaults.tree.is_none() && defaults.chain.as_ref() != Some(&best_reference) {
         notes.push(format!(
@@ -590,10 +597,16 @@ fn onnx_costs(
     weights: &M2r2Weights,
     dir: &std::path::Path,
     args: &Args,
+    shapes: &[Vec<usize>],
 ) -> Result<EngineCosts> {
     let export = open_matching_export(loaded, weights, dir)?;
     onnx_runner::runtime::init()?;
-    let ep = args.ep.config(&export, args.max_draft);
+    // rows per run (a TensorRT profile's limit): the longest chain's, or the largest tree's
+    let mut rows = args.max_draft;
+    for widths in shapes {
+        rows = rows.max(TokenTree::from_widths(widths)?.nodes() - 1);
+    }
+    let ep = args.ep.config(&export, rows);
     let prompt = bench_prompt(loaded, COST_PROMPT);
     let mut model = OnnxModel::load(&export, &ep)?;
     let mut spec = OnnxSpeculation::load(&export, &ep, Some(GateKind::Confidence))?;
@@ -612,12 +625,15 @@ fn onnx_costs(
         }
         false => None,
     };
-    Ok(engine_costs(
-        engine,
-        export.manifest.draft_gate,
-        times,
-        arla,
-    ))
+    let mut costs = engine_costs(engine, export.manifest.draft_gate, times, arla);
+    if !shapes.is_empty() {
+        // the tree loop's own steps on the export's graphs (no gate: trees are drafted whole)
+        let backend = OnnxSpeculation::load(&export, &ep, None)?;
+        let trees = time_tree_steps_on(backend, &prompt, shapes, args.repeats)
+            .with_context(|| format!("cannot time token trees on {}", dir.display()))?;
+        costs.costs.tree = Some(trees);
+    }
+    Ok(costs)
 }
 
 /// Fixed drafting of 1..=max tokens, and dynamic drafting with each gate kind, threshold and
@@ -653,18 +669,14 @@ fn speed(s: Option<f64>) -> String {
     s.map_or("-".into(), |s| format!("{s:.2}x"))
 }
 
-/// A table of policies with their predictions. A tree's ONNX Runtime cell says it is not
-/// runnable there.
+/// A table of policies with their predictions.
 fn print_policies<'a>(policies: impl Iterator<Item = &'a PolicyResult>) {
     println!(
         "| draft gate | drafting | tokens per verification | proposals per round | reference | ONNX Runtime |"
     );
     println!("|---|---|---|---|---|---|");
     for p in policies {
-        let onnx = match (p.family, p.speedup_onnx) {
-            (Family::Tree, None) => "no trees".to_string(),
-            (_, s) => speed(s),
-        };
+        let onnx = speed(p.speedup_onnx);
         println!(
             "| {} | {} | {:.2} | {:.2} | {} | {} |",
             p.draft_gate,
@@ -762,7 +774,7 @@ fn print(r: &Report, top: usize) {
     print_policies(r.policies.iter().take(top));
     println!();
     if r.best_onnx.is_some() {
-        println!("best first on ONNX Runtime (chains at the export's draft gate):");
+        println!("best first on ONNX Runtime (at the export's draft gate):");
         println!();
         let mut onnx: Vec<&PolicyResult> = r
             .policies

@@ -1,5 +1,5 @@
-//! `m2r2 tune-drafting` on the built-in `tiny` model: traces every gate, prices chains on both
-//! engines and token trees on the reference, picks a winner per engine, writes the defaults into
+//! `m2r2 tune-drafting` on the built-in `tiny` model: traces every gate, prices chains and token
+//! trees on both engines, picks a winner per engine, writes the defaults into
 //! an M2R2 folder that then decodes like greedy (a written tree is what `generate --mode
 //! speculative` drafts without flags); sampled data, unknown gates and bad family / shape flags
 //! are refused.
@@ -89,9 +89,9 @@ fn tune_drafting_ranks_writes_and_refuses() {
         assert!((0.0..=1.0).contains(&a), "{t}");
     }
     // reference at 3 gates + ONNX Runtime at the export's gate; verify costs for 1..=4 rows; tree
-    // steps on the reference only: the shapes no deeper than 3 (2,1 2,1,1 3,1,1 2,2,1 3,2,1) have
-    // proposing levels of 1, 2, 3, 4 and 6 nodes, leaf levels of 2, 3, 4 and 6, and 5, 7, 10, 11
-    // and 16 nodes
+    // steps on both: the shapes no deeper than 3 (2,1 2,1,1 3,1,1 2,2,1 3,2,1) have proposing
+    // levels of 1, 2, 3, 4 and 6 nodes, leaf levels of 2, 3, 4 and 6, and 5, 7, 10, 11 and 16
+    // nodes
     let costs = report["costs"].as_array().unwrap();
     assert_eq!(costs.len(), 4, "{report}");
     assert!(
@@ -105,8 +105,7 @@ fn tune_drafting_ranks_writes_and_refuses() {
             .filter(|&n| v[n as usize - 1].is_f64())
             .collect()
     };
-    for c in &costs[..3] {
-        assert_eq!(c["engine"], "reference");
+    for c in costs {
         let tree = &c["costs"]["tree"];
         assert_eq!(timed(&tree["propose"]), [1, 2, 3, 4, 6], "{c}");
         assert_eq!(timed(&tree["leaves"]), [2, 3, 4, 6], "{c}");
@@ -118,25 +117,27 @@ fn tune_drafting_ranks_writes_and_refuses() {
             .unwrap()
             .starts_with("onnxruntime")
     );
-    assert!(costs[3]["costs"]["tree"].is_null(), "{report}");
-    let notes = report["notes"].to_string();
-    assert!(
-        notes.contains("ONNX Runtime runs no token trees yet"),
-        "{notes}"
-    );
 
     // per gate: fixed 1..=3, 3 gate kinds x 2 thresholds x 3 lengths, and 5 trees
     let policies = report["policies"].as_array().unwrap();
     assert_eq!(policies.len(), 3 * (3 + 3 * 2 * 3 + 5), "{report}");
     let trees: Vec<&Value> = policies.iter().filter(|p| p["family"] == "tree").collect();
     assert_eq!(trees.len(), 15);
+    let export_gate = costs[3]["gate"].as_u64().unwrap();
     for t in &trees {
-        // priced on the reference only, from its own step costs
-        assert!(t["speedup_onnx"].is_null(), "{t}");
+        // priced on each engine from its own step costs (ONNX Runtime at the export's gate)
         let gate = t["draft_gate"].as_u64().unwrap() as usize;
         let want = tree_speedup(t, &costs[gate - 1]);
         let got = t["speedup_reference"].as_f64().unwrap();
         assert!((got - want).abs() <= 1e-9 * want, "{t}: {got} != {want}");
+        match gate as u64 == export_gate {
+            true => {
+                let want = tree_speedup(t, &costs[3]);
+                let got = t["speedup_onnx"].as_f64().unwrap();
+                assert!((got - want).abs() <= 1e-9 * want, "{t}: {got} != {want}");
+            }
+            false => assert!(t["speedup_onnx"].is_null(), "{t}"),
+        }
         assert_eq!(t["draft_len"], ids(&t["draft_tree"]).len(), "{t}");
         assert!(t["policy"].as_str().unwrap().starts_with("tree "), "{t}");
     }
@@ -147,13 +148,12 @@ fn tune_drafting_ranks_writes_and_refuses() {
         .collect();
     assert!(reference.windows(2).all(|w| w[0] >= w[1]), "{reference:?}");
     assert_eq!(report["best_reference"], policies[0]);
-    // ONNX Runtime: the chains at the export's gate, its winner the fastest of them
+    // ONNX Runtime: the chains and trees at the export's gate, its winner the fastest of them
     let onnx_priced: Vec<&Value> = policies
         .iter()
         .filter(|p| p["speedup_onnx"].is_f64())
         .collect();
-    assert_eq!(onnx_priced.len(), 21);
-    assert!(onnx_priced.iter().all(|p| p["family"] == "chain"));
+    assert_eq!(onnx_priced.len(), 21 + 5);
     let onnx_speed = |p: &Value| p["speedup_onnx"].as_f64().unwrap();
     let best_onnx = &report["best_onnx"];
     assert!(
@@ -161,10 +161,32 @@ fn tune_drafting_ranks_writes_and_refuses() {
             .iter()
             .all(|p| onnx_speed(p) <= onnx_speed(best_onnx))
     );
-    // the chain default is ONNX Runtime's winner; the reference's tree the fastest tree when it
-    // beats that chain on the reference
+    let fastest = |family: &str| {
+        onnx_priced
+            .iter()
+            .copied()
+            .filter(|p| p["family"] == family)
+            .reduce(|a, b| if onnx_speed(b) > onnx_speed(a) { b } else { a })
+            .unwrap()
+    };
+    // the chain default is ONNX Runtime's fastest chain; its fastest tree is reported when it
+    // beats that chain there (not written: `run` has no default tree), with a note
     let defaults = &report["defaults"];
-    assert_eq!(&defaults["chain"], best_onnx);
+    let onnx_chain = fastest("chain");
+    assert_eq!(&defaults["chain"], onnx_chain);
+    match onnx_speed(fastest("tree")) > onnx_speed(onnx_chain) {
+        true => {
+            assert_eq!(&defaults["onnx_tree"], fastest("tree"));
+            assert!(
+                report["notes"]
+                    .to_string()
+                    .contains("`m2r2 run` has no default tree")
+            );
+        }
+        false => assert!(defaults["onnx_tree"].is_null(), "{defaults}"),
+    }
+    // the reference's tree: the fastest tree when it beats the chain default on the reference
+    let best_onnx = onnx_chain;
     let speed = |p: &Value| p["speedup_reference"].as_f64().unwrap();
     let fastest_tree = trees
         .iter()
@@ -311,10 +333,26 @@ fn tune_drafting_ranks_writes_and_refuses() {
         &["--draft-gates", "7"],
         &["--draft-gates", "gate 7 does not exist"],
     );
-    refused(
-        &["--families", "tree", "--onnx", &onnx],
-        &["--onnx", "no token trees", "--families"],
-    );
+    // trees alone on ONNX Runtime: priced there too (no chain default: nothing to write)
+    let trees_only = ok(&[
+        "tune-drafting",
+        "--model",
+        "tiny",
+        "--data",
+        &p("data"),
+        "--families",
+        "tree",
+        "--tree",
+        "2,1",
+        "--onnx",
+        &onnx,
+        "--repeats",
+        "1",
+        "--json",
+    ]);
+    let report: Value = serde_json::from_str(&trees_only.stdout).unwrap();
+    assert_eq!(report["best_onnx"]["family"], "tree", "{report}");
+    assert!(report["defaults"]["chain"].is_null(), "{report}");
     refused(
         &["--families", "chain", "--tree", "2,1"],
         &["--tree", "--families"],

@@ -208,6 +208,13 @@ impl TreeBackend for OnnxSpeculation {
         Ok(())
     }
 
+    fn abandon_round(&mut self) -> reference::Result<()> {
+        // a dynamic export appended the round's nodes to its caches: cut them off again
+        self.tree = TreeState::default();
+        reference::decode::speculative::SpeculativeBackend::rollback(self, self.len);
+        Ok(())
+    }
+
     fn reset(&mut self) {
         self.tree = TreeState::default();
         reference::decode::speculative::SpeculativeBackend::rollback(self, 0);

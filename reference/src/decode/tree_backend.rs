@@ -55,6 +55,12 @@ pub trait TreeBackend {
     /// Forget every position: the next call is a [`prefill`](Self::prefill) of a new prompt (a
     /// golden check decodes, then replays the recorded rounds on the same engine).
     fn reset(&mut self);
+    /// Drop the round drafted so far without accepting any of it: the cache holds what it held
+    /// before the round (timing runs round after round from the same position).
+    ///
+    /// # Errors
+    /// The engine's.
+    fn abandon_round(&mut self) -> Result<()>;
 }
 
 /// What [`TreeBackend::draft_level`] returns for a level's proposing rows.

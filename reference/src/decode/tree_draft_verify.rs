@@ -236,6 +236,11 @@ impl TreeBackend for ReferenceTreeSpeculation<'_> {
         Ok(())
     }
 
+    fn abandon_round(&mut self) -> Result<()> {
+        // the nodes wrote scratch slots past the cache's length, which the next round overwrites
+        Ok(())
+    }
+
     fn reset(&mut self) {
         let d = self.m2r2.model.config.hidden_size;
         self.cache.truncate(0);

@@ -1,9 +1,10 @@
-//! The steps of a tree round on the reference, one at a time, to time them ([`time_tree_steps`]):
-//! a draft level (one depth's nodes as one chunk through the draft layers; the nodes with children
+//! The steps of a tree round on an engine, one at a time, to time them ([`time_tree_steps`]): a
+//! draft level (one depth's nodes as one chunk through the draft layers; the nodes with children
 //! run a fast row, the draft head and their top candidates) and the verification of every node.
 //! [`TreeRoundSteps`] runs the tree loop's own steps (`tree_speculation::draft_depth` and
-//! `TreeBackend::verify_tree` on a `ReferenceTreeSpeculation`) without accepting, so every round
-//! starts at the prompt's end (tested against `tree_speculative_generate`'s first round).
+//! `TreeBackend::verify_tree`, on the reference's `ReferenceTreeSpeculation` or the ONNX runner's
+//! backend) and abandons each round instead of accepting it, so every round starts at the prompt's
+//! end (tested against `tree_speculative_generate`'s first round).
 
 use super::TreeCosts;
 use super::tree::level_sizes;
@@ -18,16 +19,17 @@ use std::time::Instant;
 
 /// One tree round after a prompt, step by step: [`start`](Self::start) a tree,
 /// [`draft_level`](Self::draft_level) each depth in order, [`verify`](Self::verify). Every round
-/// starts at the same position (the prompt's end): nodes write scratch slots, nothing is kept.
-pub struct TreeRoundSteps<'a> {
-    backend: ReferenceTreeSpeculation<'a>,
+/// starts at the same position (the prompt's end): the previous round is abandoned.
+pub struct TreeRoundSteps<B: TreeBackend> {
+    backend: B,
     tree: TokenTree,
     tokens: Vec<u32>,
 }
 
-impl<'a> TreeRoundSteps<'a> {
-    /// Prefill `prompt` into a cache with room for trees of up to `max_nodes` nodes after it.
-    /// Returns the steps and the base model's greedy token after the prompt (the first root).
+impl<'a> TreeRoundSteps<ReferenceTreeSpeculation<'a>> {
+    /// On the reference: prefill `prompt` into a cache with room for trees of up to `max_nodes`
+    /// nodes after it. Returns the steps and the base model's greedy token after the prompt (the
+    /// first root).
     ///
     /// # Errors
     /// An empty prompt, a draft gate outside `1..=J`, a cache beyond the context, the model's
@@ -41,8 +43,21 @@ impl<'a> TreeRoundSteps<'a> {
         if prompt.is_empty() {
             return Err(Error::Invalid("the prompt is empty".into()));
         }
-        let mut backend =
-            ReferenceTreeSpeculation::new(m2r2, draft_gate, prompt.len() + max_nodes)?;
+        let backend = ReferenceTreeSpeculation::new(m2r2, draft_gate, prompt.len() + max_nodes)?;
+        Self::prefill_on(backend, prompt)
+    }
+}
+
+impl<B: TreeBackend> TreeRoundSteps<B> {
+    /// Prefill `prompt` on `backend` (with room for the trees to time after it). Returns the
+    /// steps and the base model's greedy token after the prompt (the first root).
+    ///
+    /// # Errors
+    /// An empty prompt, the backend's.
+    pub fn prefill_on(mut backend: B, prompt: &[u32]) -> Result<(Self, u32)> {
+        if prompt.is_empty() {
+            return Err(Error::Invalid("the prompt is empty".into()));
+        }
         let first = argmax(&backend.prefill(prompt)?) as u32;
         let steps = TreeRoundSteps {
             backend,
@@ -57,6 +72,9 @@ impl<'a> TreeRoundSteps<'a> {
     /// # Errors
     /// A tree larger than the cache's room (checked when its root is drafted).
     pub fn start(&mut self, tree: &TokenTree, root: u32) -> Result<()> {
+        self.backend.abandon_round()?;
+        let positions = self.backend.len() + tree.nodes();
+        self.backend.check_tree(tree, positions)?;
         self.tree = tree.clone();
         self.tokens = vec![0; tree.nodes()];
         self.tokens[0] = root;
@@ -103,16 +121,10 @@ impl<'a> TreeRoundSteps<'a> {
     }
 }
 
-/// Time the steps the tree shapes `shapes` need on the reference at `draft_gate`, after `prompt`:
-/// each size of draft level that proposes (a level of `W` nodes with children: the second level of
-/// the tree `W,1`), each size of leaf level (the second level of `W`), and each shape's
-/// verification (after drafting it). Measured in rounds, one of each per round, after one warm-up
-/// round; each figure is the median of `repeats` rounds (as `m2r2 bench --cost-shape` times chain
-/// steps). Levels are timed below the root: one more key than at the root, the same rows.
+/// [`time_tree_steps_on`] on the reference at `draft_gate`.
 ///
 /// # Errors
-/// No shape or `repeats == 0`, a shape [`TokenTree::from_widths`] refuses or without widths, and
-/// [`TreeRoundSteps::prefill`]'s.
+/// [`time_tree_steps_on`]'s, and [`TreeRoundSteps::prefill`]'s.
 pub fn time_tree_steps(
     m2r2: M2r2<'_>,
     draft_gate: usize,
@@ -120,7 +132,26 @@ pub fn time_tree_steps(
     shapes: &[Vec<usize>],
     repeats: usize,
 ) -> Result<TreeCosts> {
-    if shapes.is_empty() || repeats == 0 || shapes.iter().any(Vec::is_empty) {
+    let max_nodes = timing_trees(shapes)?.max_nodes;
+    let backend = ReferenceTreeSpeculation::new(m2r2, draft_gate, prompt.len() + max_nodes)?;
+    time_tree_steps_on(backend, prompt, shapes, repeats)
+}
+
+/// The trees [`time_tree_steps_on`] runs for `shapes`.
+struct TimingTrees {
+    /// sizes of draft levels that propose, and of leaf levels
+    proposing: BTreeSet<usize>,
+    leaves: BTreeSet<usize>,
+    /// `W,1` per proposing size (its second level proposes), `W` per leaf size
+    propose_trees: Vec<TokenTree>,
+    leaf_trees: Vec<TokenTree>,
+    /// one tree per size of verification
+    verify: Vec<TokenTree>,
+    max_nodes: usize,
+}
+
+fn timing_trees(shapes: &[Vec<usize>]) -> Result<TimingTrees> {
+    if shapes.is_empty() || shapes.iter().any(Vec::is_empty) {
         return Err(Error::Invalid(
             "timing tree steps needs at least one shape with a width, and one repeat".into(),
         ));
@@ -137,7 +168,6 @@ pub fn time_tree_steps(
             verify.push(tree);
         }
     }
-    // the timing trees: `W,1` (its second level proposes), `W` (its second level is leaves)
     let propose_trees = proposing
         .iter()
         .map(|&w| TokenTree::from_widths(&[w, 1]))
@@ -153,7 +183,46 @@ pub fn time_tree_steps(
         .map(TokenTree::nodes)
         .max()
         .expect("a shape");
-    let (mut steps, root) = TreeRoundSteps::prefill(m2r2, draft_gate, prompt, max_nodes)?;
+    Ok(TimingTrees {
+        proposing,
+        leaves,
+        propose_trees,
+        leaf_trees,
+        verify,
+        max_nodes,
+    })
+}
+
+/// Time the steps the tree shapes `shapes` need on `backend` (at its draft gate), after `prompt`:
+/// each size of draft level that proposes (a level of `W` nodes with children: the second level of
+/// the tree `W,1`), each size of leaf level (the second level of `W`), and each shape's
+/// verification (after drafting it). Measured in rounds, one of each per round, after one warm-up
+/// round; each figure is the median of `repeats` rounds (as `m2r2 bench --cost-shape` times chain
+/// steps). Levels are timed below the root: one more key than at the root, the same rows.
+///
+/// # Errors
+/// No shape or `repeats == 0`, a shape [`TokenTree::from_widths`] refuses or without widths, and
+/// [`TreeRoundSteps::prefill`]'s.
+pub fn time_tree_steps_on<B: TreeBackend>(
+    backend: B,
+    prompt: &[u32],
+    shapes: &[Vec<usize>],
+    repeats: usize,
+) -> Result<TreeCosts> {
+    let TimingTrees {
+        proposing,
+        leaves,
+        propose_trees,
+        leaf_trees,
+        verify,
+        ..
+    } = timing_trees(shapes)?;
+    if repeats == 0 {
+        return Err(Error::Invalid(
+            "timing tree steps needs at least one shape with a width, and one repeat".into(),
+        ));
+    }
+    let (mut steps, root) = TreeRoundSteps::prefill_on(backend, prompt)?;
     let mut times = vec![Vec::new(); propose_trees.len() + leaf_trees.len() + verify.len()];
     for round in 0..=repeats {
         let mut slot = times.iter_mut();

@@ -835,6 +835,10 @@ impl TreeBackend for TreeRecording<'_> {
         self.inner.accept(path)
     }
 
+    fn abandon_round(&mut self) -> Result<()> {
+        self.inner.abandon_round()
+    }
+
     fn reset(&mut self) {
         self.inner.reset();
         (self.prefill, self.verified, self.drafts) = (vec![], vec![], vec![]);
