@@ -11,6 +11,8 @@
 #                                                  # with CUDA graphs; starts nothing new past BUDGET seconds (360)
 #   bash scripts/gpu/device.sh merged PACK RESULTS # the same on a static export with --merge-adapters, beside
 #                                                  # a plain static one (BUDGET 300)
+#   bash scripts/gpu/device.sh verify PACK RESULTS # short: trees on CUDA, the merged export's cost shape and
+#                                                  # 3 dev prompts (about 100 s; run 9)
 set -uo pipefail
 ACTION=$1
 PACK=$(cd "$2" && pwd)
@@ -19,7 +21,7 @@ mkdir -p $G/parts
 for c in "$PACK"/c[0-9]*; do [ -f "$c" ] && cp "$c" $G/parts/; done
 ls $G/parts
 [ "$ACTION" = stash ] && exit 0
-case "$ACTION" in run | quick | static | spec | merged) ;; *) echo "usage: device.sh stash|run|quick|static|spec|merged PACK [RESULTS]" >&2; exit 2 ;; esac
+case "$ACTION" in run | quick | static | spec | merged | verify) ;; *) echo "usage: device.sh stash|run|quick|static|spec|merged|verify PACK [RESULTS]" >&2; exit 2 ;; esac
 full() { [ "$ACTION" = run ]; }
 RESULTS=$3
 R=$(pwd)
@@ -47,6 +49,24 @@ ldd $G/libonnxruntime_providers_cuda.so | grep -E 'not found|cublas|cudnn|cudart
 export ORT_DYLIB_PATH=$G/libonnxruntime.so.$ORT_GPU_VERSION M2R2_CACHE=$G/cache
 M=$G/m2r2
 P="Explain how a refrigerator works."
+
+if [ "$ACTION" = verify ]; then
+  step "token trees on CUDA against the reference (trees.rs: dynamic, static, merged; graphs on and off)"
+  timeout 60 $G/trees --ignored --nocapture --test-threads 1 ort_cuda > "$RESULTS/trees_cuda.log" 2>&1
+  echo "exit $?; OK lines $(grep -cE '^OK ' "$RESULTS/trees_cuda.log")"
+  grep -E 'NOT OK|test result|panicked' "$RESULTS/trees_cuda.log" | head -3 | cut -c1-300
+  step "export SmolLM2 static (L = 256) with --merge-adapters"
+  timeout 60 $M export --model smollm2 --out $G/exp-merged --static-cache 256 --merge-adapters > /dev/null && echo "merged written"
+  $M info --onnx $G/exp-merged | tail -4
+  step "bench --cost-shape: merged, CUDA graphs on"
+  timeout 60 $M bench --model smollm2 --cost-shape --onnx $G/exp-merged --ep cuda --repeats 3 --decode-tokens 16 \
+    2>&1 | grep -E 'engine|onnxruntime|bandwidth'
+  step "3 dev prompts, 128 tokens, merged static export on CUDA"
+  timeout 90 python3 "$R/scripts/bench_speculative.py" --bin $M --no-reference --ep cuda --onnx-pruned $G/exp-merged \
+    --prompts 3 --new-tokens 128 --onnx-row 'chain 2: --draft-len 2' --onnx-row 'tree 2,1: --draft-tree 2,1' 2>&1 | tail -6
+  step end
+  exit 0
+fi
 
 if [ "$ACTION" = merged ]; then
   SECONDS=0

@@ -6,6 +6,7 @@
 //! ```text
 //! h      = RMSNormalization(s)                               [B, 1, T, D]
 //! q,k,v  = h @ W_heads (+ b)                                 [B, H|Hkv, T, Dh]
+//!          (verifier.onnx: Split(Transpose(Reshape(h @ W_qkv^T (+ b)))), one GEMM)
 //! q,k    = RotaryEmbedding(q|k, cos, sin, position_ids)
 //! K,V    = TensorScatter(past, k|v, write_indices)           [B, Hkv, L, Dh]  (the layer's present)
 //! y      = Attention(q, K, V, attn_mask)                     [B, H, T, Dh]    (GQA: head i reads i / G)
@@ -15,7 +16,9 @@
 //!
 //! The residual stream is 4-D, `[B, 1, T, D]`, so each projection broadcasts over the heads of a
 //! weight stored head-major (`[H, D, Dh]`): no `Reshape` / `Transpose` between the projections and
-//! the 4-D `Attention` (the form TensorRT's parser maps onto its attention layer). Weights are
+//! the 4-D `Attention` (the form TensorRT's parser maps onto its attention layer). verifier.onnx,
+//! whose chunks have several rows, computes q, k and v as one GEMM instead ([`project_qkv`]), then
+//! reshapes and transposes them head-major. Weights are
 //! stored in the layouts the `MatMul`s read, under their name plus a suffix ([`HEADS`],
 //! [`TRANSPOSED`]), so the written graph has no weight-side nodes either.
 
@@ -48,6 +51,9 @@ pub struct StaticContext<'a> {
     /// f32 `[B, 1, T, L + T]`, additive, draft.onnx only: the fast rows' view of the buffer and of
     /// their own keys (`static_draft`)
     pub fast_attn_mask: Option<&'a str>,
+    /// q, k and v as one GEMM ([`project_qkv`]: verifier.onnx, whose chunks have several rows),
+    /// else three products broadcast over the heads (one node fewer per layer; as fast for a row)
+    pub fused_qkv: bool,
 }
 
 /// What a static layer produced.
@@ -117,6 +123,70 @@ pub(crate) fn project_heads(
             }
             None => y,
         }
+    })
+}
+
+/// Suffix of the fused q/k/v weight `[D, (H + 2 Hkv) Dh]` (`W_q^T | W_k^T | W_v^T`).
+pub const QKV: &str = ".qkv_fused";
+
+/// q, k and v of layer `l` as one product: `h @ [W_q; W_k; W_v]^T (+ [b_q; b_k; b_v])` `[B, 1, T,
+/// (H + 2 Hkv) Dh]`, reshaped to `[B, T, H + 2 Hkv, Dh]`, transposed to `[B, H + 2 Hkv, T, Dh]`
+/// and split into q `[B, H, T, Dh]`, k and v `[B, Hkv, T, Dh]`. One GEMM of `T` rows instead of
+/// three products broadcast over the heads: cuBLAS serves the broadcast form badly for 2-16 rows
+/// (docs/GPU.md, `scripts/gpu/gemm_shapes.py`: 5.5x the one-row time on an H100, the plain form
+/// 1.8x).
+pub(crate) fn project_qkv(
+    b: &mut GraphBuilder,
+    config: &ModelConfig,
+    l: usize,
+    attn: &reference::base::weights::Attention,
+    x: &str,
+) -> (String, String, String) {
+    let (h, hkv, dh) = (
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+    );
+    let parts = [&attn.q, &attn.k, &attn.v];
+    let w: Vec<ndarray::ArrayView2<f32>> = parts.iter().map(|lin| lin.w.t()).collect();
+    let fused = ndarray::concatenate(ndarray::Axis(1), &w)
+        .expect("q, k and v read the same hidden size")
+        .as_standard_layout()
+        .to_owned()
+        .into_dyn();
+    let name = WeightId::Attn(l, AttnProj::Q).onnx_name() + QKV;
+    let weight = b.weight(&name, fused.view());
+    // one bias for the three (zeros for a projection without one)
+    let bias = parts.iter().any(|lin| lin.b.is_some()).then(|| {
+        let all: Vec<f32> = parts
+            .iter()
+            .zip([h, hkv, hkv])
+            .flat_map(|(lin, n)| match &lin.b {
+                Some(b) => b.to_vec(),
+                None => vec![0.0; n * dh],
+            })
+            .collect();
+        let name = WeightId::AttnBias(l, AttnProj::Q).onnx_name() + QKV;
+        b.weight(&name, ndarray::Array1::from(all).view().into_dyn())
+    });
+    b.scoped("qkv_proj", |b| {
+        let y = b.binary("MatMul", x, &weight); // [B, 1, T, (H + 2 Hkv) Dh]
+        let y = match &bias {
+            Some(bias) => b.binary("Add", &y, bias),
+            None => y,
+        };
+        let shape = b.const_i64(&[0, -1, (h + 2 * hkv) as i64, dh as i64]);
+        let y = b.binary("Reshape", &y, &shape); // [B, T, H + 2 Hkv, Dh]
+        let y = b.node(
+            "Transpose",
+            &[&y],
+            vec![("perm", Attr::Ints(vec![0, 2, 1, 3]))],
+        ); // [B, H + 2 Hkv, T, Dh]
+        let sizes = b.const_i64(&[h as i64, hkv as i64, hkv as i64]);
+        let mut qkv = b.node_n("Split", &[&y, &sizes], 3, vec![("axis", Attr::Int(1))]);
+        let v = qkv.pop().expect("three parts");
+        let k = qkv.pop().expect("three parts");
+        (qkv.pop().expect("three parts"), k, v)
     })
 }
 
@@ -264,9 +334,15 @@ pub fn static_decoder_layer(
             let h = b.scoped("input_layernorm", |b| {
                 rms_normalization(b, s, &attn_norm, eps)
             });
-            let q = project_heads(b, config, l, AttnProj::Q, &a.q, &h); // [B, H, T, Dh]
-            let k = project_heads(b, config, l, AttnProj::K, &a.k, &h); // [B, Hkv, T, Dh]
-            let v = project_heads(b, config, l, AttnProj::V, &a.v, &h);
+            // [B, H, T, Dh], [B, Hkv, T, Dh] twice
+            let (q, k, v) = match cx.fused_qkv {
+                true => project_qkv(b, config, l, a, &h),
+                false => (
+                    project_heads(b, config, l, AttnProj::Q, &a.q, &h),
+                    project_heads(b, config, l, AttnProj::K, &a.k, &h),
+                    project_heads(b, config, l, AttnProj::V, &a.v, &h),
+                ),
+            };
             let q = rope(b, cx, &q);
             let k = rope(b, cx, &k);
             let present_key = scatter(b, cx, past_key, &k);
