@@ -25,9 +25,9 @@
 //! upper left (row 0 would see key 0 only, whatever the cache holds).
 
 use crate::builder::{Attr, Dim, Elem, GraphBuilder, STATIC_OPSET};
-use crate::emit::fast_stream::{Draft, Rows, draft_intervals, layer_by_layer};
+use crate::emit::fast_stream::{Draft, Interval, Rows, draft_intervals, layer_by_layer};
 use crate::emit::ops::linear;
-use crate::emit::stacked_draft::stacked_draft_layer;
+use crate::emit::stacked_draft::{stacked_draft_layer, unstack};
 use crate::emit::static_draft::static_draft_layer;
 use crate::emit::static_layer::{StaticContext, rms_normalization, static_decoder_layer};
 use crate::error::{Error, Result};
@@ -40,6 +40,7 @@ use reference::base::model::Model;
 use reference::base::rope::inverse_frequencies;
 use reference::base::weight_names::WeightId;
 use reference::m2r2::weights::M2r2Weights;
+use std::ops::Range;
 
 /// The additive attention mask input, `[B, 1, T, L]`.
 pub const ATTN_MASK: &str = "attn_mask";
@@ -259,47 +260,37 @@ fn draft(
         out_of: &out_of,
     };
     let acc = &m2r2.accelerator;
-    if !merge_adapters {
-        let layer = |b: &mut GraphBuilder, l: usize, s: &str, f: &str| {
-            let (pk, pv) = &past[l];
-            let out = static_draft_layer(b, cx, l, (s, f), acc, (pk, pv));
-            (out.s, out.f, (out.present_key, out.present_value))
-        };
-        let interval = layer_by_layer(layer);
-        return draft_intervals(
-            b,
-            cx.model,
-            m2r2,
-            draft_gate,
-            s,
-            bridge_states,
-            rows,
-            interval,
-        );
-    }
-    let axis0 = || vec![("axis", Attr::Int(0))];
-    let positions = b.scoped("streams", |b| {
-        b.node("Concat", &[cx.position_ids, cx.position_ids], axis0())
-    });
-    let interval = |b: &mut GraphBuilder, layers: std::ops::Range<usize>, s: String, f: String| {
-        let mut x = b.scoped("streams", |b| b.node("Concat", &[&s, &f], axis0()));
-        let mut presents = Vec::with_capacity(layers.len());
-        for l in layers {
-            let (pk, pv) = &past[l];
-            let out = stacked_draft_layer(b, cx, l, &x, &positions, acc, (pk, pv));
-            x = out.x;
-            presents.push((out.present_key, out.present_value));
-        }
-        let mut parts = b.scoped("streams", |b| {
-            b.node_n(
-                "Split",
-                &[&x],
-                2,
-                vec![("axis", Attr::Int(0)), ("num_outputs", Attr::Int(2))],
+    type IntervalFn<'a> =
+        Box<dyn FnMut(&mut GraphBuilder, Range<usize>, String, String) -> Interval + 'a>;
+    let interval: IntervalFn<'_> = match merge_adapters {
+        false => Box::new(layer_by_layer(
+            |b: &mut GraphBuilder, l: usize, s: &str, f: &str| {
+                let (pk, pv) = &past[l];
+                let out = static_draft_layer(b, cx, l, (s, f), acc, (pk, pv));
+                (out.s, out.f, (out.present_key, out.present_value))
+            },
+        )),
+        true => {
+            // both streams stacked along the batch axis for the interval's layers
+            let axis0 = || vec![("axis", Attr::Int(0))];
+            let positions = b.scoped("streams", |b| {
+                b.node("Concat", &[cx.position_ids, cx.position_ids], axis0())
+            });
+            Box::new(
+                move |b: &mut GraphBuilder, layers: Range<usize>, s: String, f: String| {
+                    let mut x = b.scoped("streams", |b| b.node("Concat", &[&s, &f], axis0()));
+                    let mut presents = Vec::with_capacity(layers.len());
+                    for l in layers {
+                        let (pk, pv) = &past[l];
+                        let out = stacked_draft_layer(b, cx, l, &x, &positions, acc, (pk, pv));
+                        x = out.x;
+                        presents.push((out.present_key, out.present_value));
+                    }
+                    let (s, f) = b.scoped("streams", |b| unstack(b, &x));
+                    (s, f, presents)
+                },
             )
-        });
-        let f = parts.pop().expect("two streams");
-        (parts.pop().expect("two streams"), f, presents)
+        }
     };
     draft_intervals(
         b,

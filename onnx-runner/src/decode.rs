@@ -29,9 +29,7 @@ use reference::decode::mode::{
 use reference::decode::prompt_lookup::LookupConfig;
 use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
 use reference::decode::timed::Timed;
-use reference::decode::tree_speculation::{
-    tree_speculate, tree_speculate_dynamic, tree_speculate_with_lookup,
-};
+use reference::decode::tree_speculation::{TreeDrafting, tree_speculate_drafting};
 use reference::m2r2::exit_gate::GateKind;
 use std::time::Instant;
 
@@ -152,37 +150,19 @@ pub fn decode_tree(
     let n = export.manifest.config.num_hidden_layers;
     let mut backend = OnnxSpeculation::load(export, ep, dynamic.map(|d| d.0))?;
     let start = Instant::now();
-    let (prompt, budget, stop) = (request.prompt, request.max_new_tokens, &request.stop_tokens);
-    let sampling = request.sampling.clone();
-    let out = match (dynamic, lookup) {
-        (Some(_), Some(_)) => {
-            return Err(reference::Error::Invalid(
-                "a prompt-lookup branch beside dynamic drafting is not built yet".into(),
-            )
-            .into());
-        }
-        (Some((_, threshold)), None) => tree_speculate_dynamic(
-            &mut backend,
-            &tree,
-            threshold,
-            prompt,
-            budget,
-            stop,
-            sampling,
-        )?,
-        (None, Some(_)) if sampling.is_some() => {
-            return Err(reference::Error::Invalid(
-                "a prompt-lookup branch is verified greedily only: sampling with it is not built \
-                 yet"
-                .into(),
-            )
-            .into());
-        }
-        (None, Some(lookup)) => {
-            tree_speculate_with_lookup(&mut backend, &tree, lookup, prompt, budget, stop)?
-        }
-        (None, None) => tree_speculate(&mut backend, &tree, prompt, budget, stop, sampling)?,
-    };
+    let drafting = TreeDrafting::new(dynamic.map(|d| d.1), lookup)?;
+    let prompt = (
+        request.prompt,
+        request.max_new_tokens,
+        &request.stop_tokens[..],
+    );
+    let out = tree_speculate_drafting(
+        &mut backend,
+        &tree,
+        drafting,
+        prompt,
+        request.sampling.clone(),
+    )?;
     let seconds = start.elapsed().as_secs_f64();
     let mut run =
         tree_speculative_run_with_lookup(out, &tree, widths, lookup, n, seconds, Work::default());

@@ -165,7 +165,7 @@ fn project_mlp(
 }
 
 /// `(slow, fast)` halves of a stacked `[2, ...]`.
-fn unstack(b: &mut GraphBuilder, x: &str) -> (String, String) {
+pub(crate) fn unstack(b: &mut GraphBuilder, x: &str) -> (String, String) {
     let mut parts = b.node_n(
         "Split",
         &[x],

@@ -28,10 +28,9 @@ use crate::decode::speculative::{
 use crate::decode::timed::Timed;
 use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
 use crate::decode::tree_speculation::{
-    TreeRound, TreeSpeculativeOutput, tree_speculate, tree_speculate_dynamic,
-    tree_speculate_with_lookup,
+    TreeDrafting, TreeRound, TreeSpeculativeOutput, tree_speculate_drafting,
 };
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::m2r2::exit_gate::GateKind;
 use crate::m2r2::fast_stream::M2r2;
 use crate::m2r2::weights::M2r2Weights;
@@ -333,42 +332,20 @@ pub fn tree_speculative_mode_run(
     };
     let mut backend = ReferenceTreeSpeculation::new(m2r2, settings.draft_gate, capacity)?
         .with_gate(dynamic.map(|d| d.0));
-    let (prompt, budget, stop) = (request.prompt, request.max_new_tokens, &request.stop_tokens);
+    let drafting = TreeDrafting::new(dynamic.map(|d| d.1), lookup)?;
+    let request_tuple = (
+        request.prompt,
+        request.max_new_tokens,
+        &request.stop_tokens[..],
+    );
     let start = Instant::now();
-    let out = match lookup {
-        _ if lookup.is_some() && dynamic.is_some() => {
-            return Err(Error::Invalid(
-                "a prompt-lookup branch beside dynamic drafting is not built yet".into(),
-            ));
-        }
-        None if let Some((_, threshold)) = dynamic => tree_speculate_dynamic(
-            &mut backend,
-            &tree,
-            threshold,
-            prompt,
-            budget,
-            stop,
-            request.sampling.clone(),
-        )?,
-        Some(_) if request.sampling.is_some() => {
-            return Err(Error::Invalid(
-                "a prompt-lookup branch is verified greedily only: sampling with it is not \
-                 built yet"
-                    .into(),
-            ));
-        }
-        Some(lookup) => {
-            tree_speculate_with_lookup(&mut backend, &tree, lookup, prompt, budget, stop)?
-        }
-        None => tree_speculate(
-            &mut backend,
-            &tree,
-            prompt,
-            budget,
-            stop,
-            request.sampling.clone(),
-        )?,
-    };
+    let out = tree_speculate_drafting(
+        &mut backend,
+        &tree,
+        drafting,
+        request_tuple,
+        request.sampling.clone(),
+    )?;
     let seconds = start.elapsed().as_secs_f64();
     for &token in &out.tokens {
         on_token(token);

@@ -5,14 +5,13 @@
 
 use crate::base::config::ModelConfig;
 use crate::base::generate::greedy;
-use crate::base::kv_cache::KvCache;
-use crate::base::model::Model;
 use crate::base::tree::TokenTree;
 use crate::decode::draft_verify::ReferenceSpeculation;
 use crate::decode::speculative::{
     DraftLength, SpeculativeBackend, SpeculativeOptions, speculative_generate,
 };
 use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
+use crate::decode::tree_speculation::tests::is_greedy_cache;
 use crate::decode::tree_speculation::{
     TreeSpeculativeOutput, tree_speculate, tree_speculate_dynamic,
     tree_speculative_generate_dynamic,
@@ -160,18 +159,6 @@ fn dynamic_trees_need_scores() {
         err.contains("dynamic drafting needs the draft gate's score"),
         "{err}"
     );
-}
-
-/// The cache greedy decoding leaves after emitting `tokens`, bit for bit.
-fn is_greedy_cache(model: &Model, prompt: &[u32], tokens: &[u32], cache: &KvCache) -> bool {
-    let fed: Vec<u32> = prompt
-        .iter()
-        .chain(&tokens[..tokens.len().saturating_sub(1)])
-        .copied()
-        .collect();
-    let mut want = model.new_cache(fed.len()).unwrap();
-    model.forward(&fed, &mut want).unwrap();
-    cache.len() == fed.len() && want.prefix_equals(cache, fed.len())
 }
 
 /// Rounds whose tree is neither the root alone nor the whole shape.

@@ -283,7 +283,7 @@ pub(crate) fn tree_speculate_with<B: TreeBackend>(
     sampling: Option<TreeSampling>,
 ) -> Result<TreeSpeculativeOutput> {
     let request = (prompt, max_new_tokens, stop_tokens);
-    speculate(backend, tree, Drafting::Fixed(None), request, sampling)
+    speculate(backend, tree, TreeDrafting::Fixed(None), request, sampling)
 }
 
 /// [`tree_speculate`] with dynamic drafting per branch: `tree` is the largest shape a round may
@@ -307,7 +307,7 @@ pub fn tree_speculate_dynamic<B: TreeBackend>(
     speculate(
         backend,
         tree,
-        Drafting::Dynamic(threshold),
+        TreeDrafting::Dynamic(threshold),
         request,
         sampling,
     )
@@ -329,12 +329,18 @@ pub fn tree_speculate_with_lookup<B: TreeBackend>(
 ) -> Result<TreeSpeculativeOutput> {
     lookup.check()?;
     let request = (prompt, max_new_tokens, stop_tokens);
-    speculate(backend, tree, Drafting::Fixed(Some(lookup)), request, None)
+    speculate(
+        backend,
+        tree,
+        TreeDrafting::Fixed(Some(lookup)),
+        request,
+        None,
+    )
 }
 
 /// How a round's tree is drafted.
-#[derive(Clone, Copy)]
-enum Drafting {
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum TreeDrafting {
     /// The whole shape every round, with a lookup branch at the root when one is found.
     Fixed(Option<LookupConfig>),
     /// Grown a level at a time within the shape: a node gets children when its gate score is
@@ -342,17 +348,61 @@ enum Drafting {
     Dynamic(f32),
 }
 
+impl TreeDrafting {
+    /// The drafting asked for: grown per branch above `threshold`, or the whole shape with an
+    /// optional `lookup` branch.
+    ///
+    /// # Errors
+    /// Both at once (a lookup branch beside dynamic drafting is not built).
+    pub fn new(threshold: Option<f32>, lookup: Option<LookupConfig>) -> Result<Self> {
+        match (threshold, lookup) {
+            (Some(_), Some(_)) => Err(Error::Invalid(
+                "a prompt-lookup branch beside dynamic drafting is not built yet".into(),
+            )),
+            (Some(threshold), None) => Ok(TreeDrafting::Dynamic(threshold)),
+            (None, lookup) => Ok(TreeDrafting::Fixed(lookup)),
+        }
+    }
+}
+
+/// Tree speculation with any [`TreeDrafting`]: [`tree_speculate`], [`tree_speculate_with_lookup`]
+/// or [`tree_speculate_dynamic`] (what the command lines call).
+///
+/// # Errors
+/// Theirs, and a lookup branch with sampling (verified greedily only).
+pub fn tree_speculate_drafting<B: TreeBackend>(
+    backend: &mut B,
+    tree: &TokenTree,
+    drafting: TreeDrafting,
+    (prompt, max_new_tokens, stop_tokens): (&[u32], usize, &[u32]),
+    sampling: Option<SamplingParams>,
+) -> Result<TreeSpeculativeOutput> {
+    if let TreeDrafting::Fixed(Some(lookup)) = drafting {
+        if sampling.is_some() {
+            return Err(Error::Invalid(
+                "a prompt-lookup branch is verified greedily only: sampling with it is not \
+                 built yet"
+                    .into(),
+            ));
+        }
+        lookup.check()?;
+    }
+    let sampling = sampling.map(TreeSampling::new).transpose()?;
+    let request = (prompt, max_new_tokens, stop_tokens);
+    speculate(backend, tree, drafting, request, sampling)
+}
+
 /// The loop: a lookup branch (greedy only) or a sampler, never both.
 fn speculate<B: TreeBackend>(
     backend: &mut B,
     tree: &TokenTree,
-    drafting: Drafting,
+    drafting: TreeDrafting,
     (prompt, max_new_tokens, stop_tokens): (&[u32], usize, &[u32]),
     mut sampling: Option<TreeSampling>,
 ) -> Result<TreeSpeculativeOutput> {
     let (lookup, threshold) = match drafting {
-        Drafting::Fixed(lookup) => (lookup, None),
-        Drafting::Dynamic(threshold) => (None, Some(threshold)),
+        TreeDrafting::Fixed(lookup) => (lookup, None),
+        TreeDrafting::Dynamic(threshold) => (None, Some(threshold)),
     };
     debug_assert!(lookup.is_none() || sampling.is_none());
     if prompt.is_empty() {
@@ -685,7 +735,7 @@ pub fn top_candidates(logits: &[f32], k: usize) -> Vec<u32> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::base::config::{Architecture, ModelConfig, MoeConfig};
     use crate::base::generate::greedy;
@@ -704,7 +754,12 @@ mod tests {
 
     /// The cache greedy decoding leaves after emitting `tokens`: the prompt and every token but
     /// the last, bit for bit what `cache` holds.
-    fn is_greedy_cache(model: &Model, prompt: &[u32], tokens: &[u32], cache: &KvCache) -> bool {
+    pub(crate) fn is_greedy_cache(
+        model: &Model,
+        prompt: &[u32],
+        tokens: &[u32],
+        cache: &KvCache,
+    ) -> bool {
         let fed: Vec<u32> = prompt
             .iter()
             .chain(&tokens[..tokens.len().saturating_sub(1)])
