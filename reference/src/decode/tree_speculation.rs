@@ -597,9 +597,11 @@ pub fn dynamic_round<B: TreeBackend>(
         if level.is_empty() {
             break;
         }
-        let proposing: Vec<usize> = match d < depth {
-            true => (0..level.len()).collect(),
-            false => Vec::new(),
+        // the children each node of this depth would get (none at the shape's last depth)
+        let width = widths.get(d).copied();
+        let proposing: Vec<usize> = match width {
+            Some(_) => (0..level.len()).collect(),
+            None => Vec::new(),
         };
         let drafted = backend.draft_level(&tree, d, &tokens[level.clone()], &proposing)?;
         if proposing.is_empty() {
@@ -620,11 +622,11 @@ pub fn dynamic_round<B: TreeBackend>(
             let logits = logits.as_slice().expect("contiguous");
             let children = match sampling.as_deref_mut() {
                 Some(s) => {
-                    let (drawn, q) = s.children(logits, widths[d]);
+                    let (drawn, q) = s.children(logits, width.expect("proposing"));
                     drafts[node] = q;
                     drawn
                 }
-                None => top_candidates(logits, widths[d]),
+                None => top_candidates(logits, width.expect("proposing")),
             };
             for token in children {
                 parents.push(node);
