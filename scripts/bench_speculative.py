@@ -7,14 +7,18 @@
 #     [--ep cuda (ONNX Runtime's provider for every ONNX row; docs/GPU.md)]
 #
 # Prompts are the first N samples of data/distill/smollm2-dev (chat template applied, token ids), so
-# nothing here was trained on. Every speculative run is checked token for token against greedy.
+# nothing here was trained on; `--data DIR` takes another distillation folder (choose on
+# data/distill/smollm2-magpie-val, then report on the dev prompts). Every speculative run is checked token for token against greedy.
 import argparse, json, subprocess, sys
 
 B = "./target/release/m2r2"
 
 
+DATA = "data/distill/smollm2-dev"
+
+
 def prompts(n):
-    with open("data/distill/smollm2-dev/samples.jsonl") as f:
+    with open(f"{DATA}/samples.jsonl") as f:
         rows = [json.loads(line) for line in f][:n]
     return [",".join(map(str, r["tokens"][: r["prompt_len"]])) for r in rows]
 
@@ -29,7 +33,7 @@ def run(cmd, ids, new_tokens, extra):
 
 
 def main():
-    global B
+    global B, DATA
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -46,8 +50,9 @@ def main():
     ap.add_argument("--onnx-row", action="append", default=[], metavar="'NAME: FLAGS'",
                     help="another ONNX Runtime speculative row on --onnx-pruned's export with more flags, e.g. 'tree 2,1: --draft-tree 2,1'")
     ap.add_argument("--ep", default="cpu", help="ONNX Runtime's execution provider for every ONNX row (cpu | cuda)")
+    ap.add_argument("--data", default=DATA, help="a distillation data folder (samples.jsonl with prompt_len): choose shapes and thresholds on held-out training data (data/distill/smollm2-magpie-val), report on the dev prompts")
     a = ap.parse_args()
-    B = a.bin
+    B, DATA = a.bin, a.data
     ort = f"ORT {a.ep.upper()}"
     ep = ["--ep", a.ep]
     configs = [
@@ -77,7 +82,7 @@ def main():
         name, d = spec.split(":", 1)
         configs.append((ort, f"speculative, {name.strip()}", "run", ["--onnx", d.strip(), "--mode", "speculative"] + ep))
     ids = prompts(a.prompts)
-    print(f"{len(ids)} development prompts, up to {a.new_tokens} new tokens each")
+    print(f"{len(ids)} prompts of {DATA}, up to {a.new_tokens} new tokens each")
     print("| engine | decoding | tokens/s | vs greedy | mean accepted | acceptance by draft position (trees: rounds reaching depth d) | identical to greedy |")
     print("|---|---|---|---|---|---|---|")
     greedy = {}

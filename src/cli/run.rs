@@ -74,7 +74,9 @@ pub struct Args {
     pub draft_head: Option<OnOff>,
     /// Speculative drafting with a token tree of widths W1,W2,... per depth (`2,1,1`), verified
     /// in one run of verifier.onnx (dynamic and static exports); with --dynamic-draft the largest
-    /// tree, grown per branch: a node gets children while its gate score is >= --threshold
+    /// tree, grown per branch: a node gets children while its gate score is >= --threshold.
+    /// Default: the M2R2 config's draft_tree when it has one (speculative, no --draft-len /
+    /// --dynamic-draft)
     #[arg(long, value_name = "W1,W2,...")]
     pub draft_tree: Option<String>,
     /// Speculative, greedy: each round also verifies a branch of up to N tokens copied from the
@@ -138,10 +140,26 @@ pub fn run(args: &Args) -> Result<()> {
         args.dynamic_draft,
         args.draft_head,
     )?;
-    // a lookup branch beside the chain 1,1,... of the draft length (the export's, fixed)
-    let tree = match tree {
-        None if lookup.is_some() => Some(vec![1; settings.draft_length.max()]),
-        tree => tree,
+    // the config's default tree (`tune-drafting --write`) when nothing asks for other drafting;
+    // else a lookup branch beside the chain 1,1,... of the draft length (the export's, fixed)
+    let asks_otherwise = args.draft_len.is_some() || args.dynamic_draft;
+    let tree = match (tree, &export.manifest.m2r2.draft_tree) {
+        (Some(widths), _) => Some(widths),
+        (None, Some(t)) if args.mode == RunMode::Speculative && !asks_otherwise => {
+            match t.draft_gate == export.manifest.draft_gate {
+                true => Some(t.widths.clone()),
+                false => {
+                    eprintln!(
+                        "note: the M2R2 config's draft_tree drafts at gate {}, this export at \
+                         gate {}: drafting its chain instead",
+                        t.draft_gate, export.manifest.draft_gate
+                    );
+                    None
+                }
+            }
+        }
+        (None, _) if lookup.is_some() => Some(vec![1; settings.draft_length.max()]),
+        (None, _) => None,
     };
     // a tree drafts up to its depth every round; with --dynamic-draft it grows per branch while
     // the gate's score passes its threshold

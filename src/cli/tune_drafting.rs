@@ -12,10 +12,9 @@
 //! them in an M2R2 weights folder's
 //! config as the defaults of `--mode speculative`: the chain (`draft_gate`, `draft_len`,
 //! `dynamic_draft`: ONNX Runtime's winner with `--onnx`, else the reference's best chain) and, when
-//! a tree beats that chain on the reference, the reference's tree (`draft_tree`). ONNX Runtime's
-//! fastest tree is reported, not written: `run` has no default tree (it drafts the chain default
-//! unless given `--draft-tree`). Confirm the winners with real decoding (`generate`, `run`,
-//! scripts/bench_speculative.py).
+//! a tree beats that chain, a tree (`draft_tree`: ONNX Runtime's fastest tree with `--onnx`, else
+//! the reference's), which `generate` and `run` draft by default. Confirm the winners with real
+//! decoding (`generate`, `run`, scripts/bench_speculative.py).
 
 use crate::cli::args::m2r2::{M2r2Args, OnOff};
 use crate::cli::args::model::ModelArgs;
@@ -107,7 +106,8 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Write the winners into the m2r2_config.json of this M2R2 weights folder: the chain default
-    /// (draft_gate, draft_len, dynamic_draft) and the reference's tree (draft_tree, or none)
+    /// (draft_gate, draft_len, dynamic_draft) and the default tree (draft_tree, or none), by ONNX
+    /// Runtime's predictions with --onnx, else the reference's
     #[arg(long, value_name = "DIR")]
     pub write: Option<PathBuf>,
 }
@@ -189,12 +189,10 @@ struct Defaults {
     /// `--onnx`, else the reference's best chain), and the reference when it has no tree or
     /// samples; `None` when no chain was priced (the folder's is kept).
     chain: Option<PolicyResult>,
-    /// `draft_tree`: the reference's best tree when it beats the chain default on the reference;
-    /// `None`: the reference drafts the chain default too.
+    /// `draft_tree`: with `--onnx`, ONNX Runtime's best tree when it beats the chain default
+    /// there; else the reference's best tree when it beats the chain default on the reference.
+    /// `None`: both engines draft the chain default.
     tree: Option<PolicyResult>,
-    /// ONNX Runtime's best tree when it beats the chain default there (with `--onnx`): reported,
-    /// not written (`run` has no default tree; pass it `--draft-tree`).
-    onnx_tree: Option<PolicyResult>,
 }
 
 #[derive(Serialize)]
@@ -226,27 +224,23 @@ fn fastest<'a>(
     })
 }
 
-/// The defaults per engine: the chain (ONNX Runtime's winner when it was priced, else the
-/// reference's best chain) and the reference's tree when one beats that chain on the reference.
+/// The defaults, one chain and at most one tree for both engines as the config holds them: by
+/// ONNX Runtime's predictions when it was priced (the deployment), else by the reference's. The
+/// tree only when it beats that chain on the same engine.
 fn defaults(results: &[PolicyResult], onnx: bool) -> Defaults {
-    let reference = |r: &PolicyResult| r.speedup_reference;
-    let chains = results.iter().filter(|r| r.family == Family::Chain);
-    let chain = match onnx {
-        true => fastest(chains, |r| r.speedup_onnx),
-        false => fastest(chains, reference),
+    let speedup = |r: &PolicyResult| match onnx {
+        true => r.speedup_onnx,
+        false => r.speedup_reference,
     };
-    let tree = fastest(
-        results.iter().filter(|r| r.family == Family::Tree),
-        reference,
-    )
-    .filter(|t| chain.is_none_or(|c| reference(t) > reference(c)));
-    let ort = |r: &PolicyResult| r.speedup_onnx;
-    let onnx_tree = fastest(results.iter().filter(|r| r.family == Family::Tree), ort)
-        .filter(|t| onnx && chain.is_none_or(|c| ort(t) > ort(c)));
+    let chain = fastest(
+        results.iter().filter(|r| r.family == Family::Chain),
+        speedup,
+    );
+    let tree = fastest(results.iter().filter(|r| r.family == Family::Tree), speedup)
+        .filter(|t| chain.is_none_or(|c| speedup(t) > speedup(c)));
     Defaults {
         chain: chain.cloned(),
         tree: tree.cloned(),
-        onnx_tree: onnx_tree.cloned(),
     }
 }
 
@@ -412,20 +406,16 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let defaults = defaults(&results, onnx.is_some());
     let mut notes = Vec::new();
-    if let Some(t) = &defaults.onnx_tree {
+    let default = defaults.tree.as_ref().or(defaults.chain.as_ref());
+    if default.is_some() && default != Some(&best_reference) {
         notes.push(format!(
-            "ONNX Runtime's fastest is {} at draft gate {}: `m2r2 run` has no default tree, so \
-             --write keeps its chain default; pass `--draft-tree {}` to `m2r2 run`",
-            t.policy,
-            t.draft_gate,
-            shape_text(t.draft_tree.as_deref().expect("a tree's widths"))
-        ));
-    }
-    if defaults.tree.is_none() && defaults.chain.as_ref() != Some(&best_reference) {
-        notes.push(format!(
-            "the reference's best ({}) is a chain other than the chain default, which the \
-             config holds once for both engines: the reference drafts the chain default",
-            best_reference.policy
+            "the reference's best ({}) is not the default, which the config holds once for \
+             both engines (chosen by {}'s predictions): the reference drafts the default",
+            best_reference.policy,
+            match onnx.as_ref() {
+                Some(c) => c.engine.as_str(),
+                None => "the reference",
+            }
         ));
     }
     if let Some(dir) = &args.write {

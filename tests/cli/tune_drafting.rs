@@ -169,35 +169,17 @@ fn tune_drafting_ranks_writes_and_refuses() {
             .reduce(|a, b| if onnx_speed(b) > onnx_speed(a) { b } else { a })
             .unwrap()
     };
-    // the chain default is ONNX Runtime's fastest chain; its fastest tree is reported when it
-    // beats that chain there (not written: `run` has no default tree), with a note
+    // with --onnx the defaults follow ONNX Runtime's predictions (the config holds one chain and
+    // at most one tree for both engines): its fastest chain, and its fastest tree when that beats
+    // the chain there
     let defaults = &report["defaults"];
     let onnx_chain = fastest("chain");
     assert_eq!(&defaults["chain"], onnx_chain);
     match onnx_speed(fastest("tree")) > onnx_speed(onnx_chain) {
-        true => {
-            assert_eq!(&defaults["onnx_tree"], fastest("tree"));
-            assert!(
-                report["notes"]
-                    .to_string()
-                    .contains("`m2r2 run` has no default tree")
-            );
-        }
-        false => assert!(defaults["onnx_tree"].is_null(), "{defaults}"),
+        true => assert_eq!(&defaults["tree"], fastest("tree")),
+        false => assert!(defaults["tree"].is_null(), "{defaults}"),
     }
-    // the reference's tree: the fastest tree when it beats the chain default on the reference
     let best_onnx = onnx_chain;
-    let speed = |p: &Value| p["speedup_reference"].as_f64().unwrap();
-    let fastest_tree = trees
-        .iter()
-        .copied()
-        .reduce(|a, b| if speed(b) > speed(a) { b } else { a });
-    let fastest_tree = fastest_tree.unwrap();
-    if speed(fastest_tree) > speed(best_onnx) {
-        assert_eq!(&defaults["tree"], fastest_tree);
-    } else {
-        assert!(defaults["tree"].is_null(), "{defaults}");
-    }
     let written = config(&dir.path().join("w"));
     assert_eq!(written["draft_gate"], best_onnx["draft_gate"]);
     assert_eq!(written["draft_len"], best_onnx["draft_len"]);
@@ -292,6 +274,37 @@ fn tune_drafting_ranks_writes_and_refuses() {
     assert_eq!(moved["m2r2"]["draft_gate"], 3);
     let sampled = with(&["--temperature", "0.8", "--seed", "4"]);
     assert!(sampled.get("draft_tree").is_none(), "{sampled}");
+    // ONNX Runtime drafts the written tree by default too, from an export of the folder cut at
+    // the tree's gate; --draft-len chooses a chain
+    let gate = tree["draft_gate"].to_string();
+    let tree_export = p("tree-export");
+    ok(&[
+        "export",
+        "--model",
+        "tiny",
+        "--m2r2",
+        &t,
+        "--draft-gate",
+        &gate,
+        "--out",
+        &tree_export,
+    ]);
+    let run = |extra: &[&str]| {
+        let args = [
+            &["run", "--onnx", &tree_export, "--json"][..],
+            &prompt[2..],
+            extra,
+        ];
+        ok(&args.concat()).json()
+    };
+    let on_onnx = run(&["--mode", "speculative"]);
+    assert_eq!(ids(&on_onnx["draft_tree"]), widths, "{on_onnx}");
+    assert_eq!(on_onnx["tokens"], greedy["tokens"]);
+    assert!(
+        run(&["--mode", "speculative", "--draft-len", "2"])
+            .get("draft_tree")
+            .is_none()
+    );
     // chains alone: the winner is a chain, and the tree default is dropped
     ok(&[
         "tune-drafting",
