@@ -27,6 +27,7 @@
 
 use crate::builder::{Attr, GraphBuilder};
 use crate::emit::layer::norm_weights;
+use crate::emit::static_draft::fast_attention;
 use crate::emit::static_layer::{
     HEADS, StaticContext, TRANSPOSED, attention, heads_bias, heads_in, heads_out,
     rms_normalization, scatter,
@@ -223,19 +224,14 @@ pub fn stacked_draft_layer(
             let present_key = scatter(b, cx, past_key, &k_s);
             let present_value = scatter(b, cx, past_value, &v_s);
             let y_s = attention(b, config, &q_s, &present_key, &present_value, cx.attn_mask);
-            let y_f = b.scoped("fast", |b| {
-                let keys = b.node(
-                    "Concat",
-                    &[&present_key, &k_f],
-                    vec![("axis", Attr::Int(2))],
-                );
-                let values = b.node(
-                    "Concat",
-                    &[&present_value, &v_f],
-                    vec![("axis", Attr::Int(2))],
-                );
-                attention(b, config, &q_f, &keys, &values, fast_mask)
-            });
+            let y_f = fast_attention(
+                b,
+                config,
+                &q_f,
+                (&present_key, &present_value),
+                (&k_f, &v_f),
+                fast_mask,
+            );
             let y = b.node("Concat", &[&y_s, &y_f], vec![("axis", Attr::Int(0))]);
             let o = project_o(b, config, acc, l, &a.o, &y);
             (b.binary("Add", x, &o), present_key, present_value)

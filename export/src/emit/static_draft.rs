@@ -185,6 +185,28 @@ fn delta_mlp(
     }))
 }
 
+/// The fast rows' attention (in the `fast` scope): their keys are the buffer's `L`, then their own
+/// `T` (a `Concat`, not `Attention`'s past inputs: TensorRT's parser takes `Attention` without
+/// them), masked by `fast_mask`.
+///
+/// # Shapes
+/// - `q_f` `[B, H, T, Dh]`, buffers `[B, Hkv, L, Dh]`, own `[B, Hkv, T, Dh]` -> `[B, H, T, Dh]`
+pub(crate) fn fast_attention(
+    b: &mut GraphBuilder,
+    config: &ModelConfig,
+    q_f: &str,
+    (present_key, present_value): (&str, &str),
+    (k_f, v_f): (&str, &str),
+    fast_mask: &str,
+) -> String {
+    b.scoped("fast", |b| {
+        let axis2 = || vec![("axis", Attr::Int(2))];
+        let keys = b.node("Concat", &[present_key, k_f], axis2());
+        let values = b.node("Concat", &[present_value, v_f], axis2());
+        attention(b, config, q_f, &keys, &values, fast_mask)
+    })
+}
+
 /// `y + delta` where there is a delta (in the `fast` scope).
 fn plus(b: &mut GraphBuilder, y: String, delta: Option<String>) -> String {
     match delta {
@@ -240,21 +262,14 @@ pub fn static_draft_layer(
             let present_key = scatter(b, cx, past_key, &k);
             let present_value = scatter(b, cx, past_value, &v);
             let y = attention(b, config, &q, &present_key, &present_value, cx.attn_mask);
-            // the fast rows' keys: the buffer's L, then their own T (a Concat, not Attention's
-            // past inputs: TensorRT's parser takes Attention without them)
-            let y_f = b.scoped("fast", |b| {
-                let keys = b.node(
-                    "Concat",
-                    &[&present_key, &k_f],
-                    vec![("axis", Attr::Int(2))],
-                );
-                let values = b.node(
-                    "Concat",
-                    &[&present_value, &v_f],
-                    vec![("axis", Attr::Int(2))],
-                );
-                attention(b, config, &q_f, &keys, &values, fast_mask)
-            });
+            let y_f = fast_attention(
+                b,
+                config,
+                &q_f,
+                (&present_key, &present_value),
+                (&k_f, &v_f),
+                fast_mask,
+            );
             let ys = join(b, &y, &y_f);
             let o = project_o(b, config, l, &a.o, &ys);
             let (o, o_f) = halves(b, &o);
