@@ -223,6 +223,61 @@ impl Golden {
         )
     }
 
+    /// The `tokens` verdict of a speculative decode by `graph` that emitted `got` (its rows named
+    /// by `step_rounds`), then its `stop` verdict: the first entries of a chain's and a tree's
+    /// check alike.
+    pub(in crate::golden) fn decoded_checks(
+        &self,
+        graph: &str,
+        got: &[u32],
+        step_rounds: &[Option<usize>],
+    ) -> Vec<TensorCheck> {
+        let tokens = compare_int_rows(
+            "tokens",
+            graph,
+            &token_ids(&self.tokens),
+            &token_ids(got),
+            1,
+            true,
+        )
+        .in_rounds("step", step_rounds);
+        std::iter::once(tokens)
+            .chain(self.stop_check(graph, got))
+            .collect()
+    }
+
+    /// The `logits` verdict: the base model's logits recomputed on `greedy` (called `graph`)
+    /// along the recorded tokens (teacher forcing), rows named by `step_rounds`.
+    ///
+    /// # Errors
+    /// The engine's.
+    pub(in crate::golden) fn base_logits_check(
+        &self,
+        greedy: &mut dyn GreedyBackend,
+        graph: &str,
+        step_rounds: &[Option<usize>],
+        tol: Tolerance,
+    ) -> Result<TensorCheck> {
+        let n = self.tokens.len();
+        let (_, logits) = replay_on(
+            greedy,
+            self.logits.ncols(),
+            &self.prompt_tokens,
+            n,
+            Some(&self.tokens),
+            &[],
+        )?;
+        Ok(compare_rows(
+            "logits",
+            graph,
+            self.logits.view(),
+            logits.view(),
+            tol,
+            false,
+        )
+        .in_rounds("step", step_rounds))
+    }
+
     /// Replay this speculative golden on `engine` (the reference, or an ONNX Runtime deployment's
     /// draft and verifier graphs) and check every graph on its own:
     /// - `tokens`, `stop` and `rounds`: the engine's own speculative loop for the recorded budget
@@ -282,40 +337,10 @@ impl Golden {
         let run = run_speculative_on(engine.speculation, &self.prompt_tokens, n, &options)?;
         let got = RoundTensors::from_output(&run.out, draft_length.max());
         let step_rounds = rounds.step_rounds(n);
-        let mut entries = vec![
-            compare_int_rows(
-                "tokens",
-                graphs.decode,
-                &token_ids(&self.tokens),
-                &token_ids(&run.out.tokens),
-                1,
-                true,
-            )
-            .in_rounds("step", &step_rounds),
-        ];
-        entries.extend(self.stop_check(graphs.decode, &run.out.tokens));
+        let mut entries = self.decoded_checks(graphs.decode, &run.out.tokens, &step_rounds);
         entries.push(compare_rounds(graphs.decode, rounds, &got));
-
         // the base model along the recorded tokens
-        let (_, logits) = replay_on(
-            engine.greedy,
-            self.logits.ncols(),
-            &self.prompt_tokens,
-            n,
-            Some(&self.tokens),
-            &[],
-        )?;
-        entries.push(
-            compare_rows(
-                "logits",
-                graphs.greedy,
-                self.logits.view(),
-                logits.view(),
-                tol,
-                false,
-            )
-            .in_rounds("step", &step_rounds),
-        );
+        entries.push(self.base_logits_check(engine.greedy, graphs.greedy, &step_rounds, tol)?);
 
         // the verifier and the draft along the recorded rounds
         engine.speculation.rollback(0);

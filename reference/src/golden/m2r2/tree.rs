@@ -33,12 +33,8 @@ use crate::decode::tree_speculation::{
     TreeBackend, TreeRound, TreeSpeculativeOutput, tree_speculate,
 };
 use crate::error::{Error, Result};
-use crate::golden::check::token_ids;
 use crate::golden::file::GoldenFile;
-use crate::golden::record::replay_on;
-use crate::golden::report::{
-    CheckReport, Divergence, TensorCheck, Tolerance, compare_int_rows, compare_rows,
-};
+use crate::golden::report::{CheckReport, Divergence, TensorCheck, Tolerance, compare_rows};
 use crate::golden::{Golden, TREE_FORMAT_VERSION};
 use crate::m2r2::fast_stream::M2r2;
 use ndarray::{Array2, ArrayView1, Axis, s};
@@ -233,40 +229,10 @@ impl Golden {
         )?;
         let got = TreeRounds::from_rounds(&run.out.rounds, tree.nodes());
         let step_rounds = rounds.step_rounds(n);
-        let mut entries = vec![
-            compare_int_rows(
-                "tokens",
-                graphs.decode,
-                &token_ids(&self.tokens),
-                &token_ids(&run.out.tokens),
-                1,
-                true,
-            )
-            .in_rounds("step", &step_rounds),
-        ];
-        entries.extend(self.stop_check(graphs.decode, &run.out.tokens));
+        let mut entries = self.decoded_checks(graphs.decode, &run.out.tokens, &step_rounds);
         entries.push(compare_tree_rounds(graphs.decode, &tree, rounds, &got));
-
         // the base model along the recorded tokens
-        let (_, logits) = replay_on(
-            engine.greedy,
-            self.logits.ncols(),
-            &self.prompt_tokens,
-            n,
-            Some(&self.tokens),
-            &[],
-        )?;
-        entries.push(
-            compare_rows(
-                "logits",
-                graphs.greedy,
-                self.logits.view(),
-                logits.view(),
-                tol,
-                false,
-            )
-            .in_rounds("step", &step_rounds),
-        );
+        entries.push(self.base_logits_check(engine.greedy, graphs.greedy, &step_rounds, tol)?);
 
         // the verifier and the draft along the recorded rounds
         engine.speculation.reset();
