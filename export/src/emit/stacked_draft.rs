@@ -29,12 +29,12 @@ use crate::builder::{Attr, GraphBuilder};
 use crate::emit::layer::norm_weights;
 use crate::emit::static_draft::fast_attention;
 use crate::emit::static_layer::{
-    HEADS, StaticContext, TRANSPOSED, attention, heads_bias, heads_in, heads_out,
-    rms_normalization, scatter,
+    HEADS, StaticContext, TRANSPOSED, attention, heads_in, heads_out, project_heads_with,
+    project_mlp_with, project_o_with, rms_normalization, scatter,
 };
 use ndarray::{Array2, ArrayD, Axis, stack};
 use reference::base::config::ModelConfig;
-use reference::base::weight_names::{AttnProj, MlpProj, Target, WeightId};
+use reference::base::weight_names::{AttnProj, MlpProj, Target};
 use reference::base::weights::{FeedForward, Linear};
 use reference::m2r2::accelerator::Accelerator;
 
@@ -70,7 +70,8 @@ fn streams(slow: ArrayD<f32>, fast: ArrayD<f32>) -> ArrayD<f32> {
     stack(Axis(0), &[slow.view(), fast.view()]).expect("the two streams have one shape")
 }
 
-/// `h @ [W; W']_heads (+ b)` for q, k or v: `[2, 1, T, D]` -> `[2, n, T, Dh]`.
+/// `h @ [W; W']_heads (+ b)` for q, k or v: `[2, 1, T, D]` -> `[2, n, T, Dh]` (the same bias on
+/// both streams).
 fn project_heads(
     b: &mut GraphBuilder,
     config: &ModelConfig,
@@ -86,23 +87,8 @@ fn project_heads(
     };
     let dh = config.head_dim;
     let fast = merged(acc, l, Target::Attn(p), &lin.w);
-    b.scoped(p.module(), |b| {
-        let w = streams(heads_in(&lin.w, heads, dh), heads_in(&fast, heads, dh));
-        let w = b.weight(
-            &(WeightId::Attn(l, p).onnx_name() + HEADS + STREAMS),
-            w.view(),
-        );
-        let y = b.binary("MatMul", h, &w);
-        match &lin.b {
-            // the same bias on both streams: [n, 1, Dh] broadcasts over them
-            Some(bias) => {
-                let name = WeightId::AttnBias(l, p).onnx_name() + HEADS;
-                let bias = b.weight(&name, heads_bias(bias, heads, dh).view());
-                b.binary("Add", &y, &bias)
-            }
-            None => y,
-        }
-    })
+    let w = streams(heads_in(&lin.w, heads, dh), heads_in(&fast, heads, dh));
+    project_heads_with(b, config, l, p, lin, h, (&format!("{HEADS}{STREAMS}"), w))
 }
 
 /// `o_proj` of both streams: `[2, H, T, Dh]` -> `[2, 1, T, D]`.
@@ -116,26 +102,8 @@ fn project_o(
 ) -> String {
     let (heads, dh) = (config.num_attention_heads, config.head_dim);
     let fast = merged(acc, l, Target::Attn(AttnProj::O), &o.w);
-    b.scoped(AttnProj::O.module(), |b| {
-        let w = streams(heads_out(&o.w, heads, dh), heads_out(&fast, heads, dh));
-        let name = WeightId::Attn(l, AttnProj::O).onnx_name() + HEADS + STREAMS;
-        let w = b.weight(&name, w.view());
-        let per_head = b.binary("MatMul", y, &w); // [2, H, T, D]
-        let axis1 = b.const_i64(&[1]);
-        let summed = b.node(
-            "ReduceSum",
-            &[&per_head, &axis1],
-            vec![("keepdims", Attr::Int(1))],
-        );
-        match &o.b {
-            Some(bias) => {
-                let name = WeightId::AttnBias(l, AttnProj::O).onnx_name();
-                let bias = b.weight(&name, bias.view().into_dyn());
-                b.binary("Add", &summed, &bias)
-            }
-            None => summed,
-        }
-    })
+    let w = streams(heads_out(&o.w, heads, dh), heads_out(&fast, heads, dh));
+    project_o_with(b, l, o, y, (&format!("{HEADS}{STREAMS}"), w))
 }
 
 /// An MLP projection of both streams, `[W^T; W'^T]` stored `[2, 1, in, out]`: `[2, 1, T, in]` ->
@@ -149,20 +117,9 @@ fn project_mlp(
     x: &str,
 ) -> String {
     let fast = merged(acc, l, Target::Mlp(p), &lin.w);
-    b.scoped(p.module(), |b| {
-        let t = |w: &Array2<f32>| w.t().as_standard_layout().to_owned().insert_axis(Axis(0));
-        let w = streams(t(&lin.w).into_dyn(), t(&fast).into_dyn());
-        let name = WeightId::Mlp(l, p).onnx_name() + TRANSPOSED + STREAMS;
-        let w = b.weight(&name, w.view());
-        let y = b.binary("MatMul", x, &w);
-        match &lin.b {
-            Some(bias) => {
-                let bias = b.weight(&WeightId::MlpBias(l, p).onnx_name(), bias.view().into_dyn());
-                b.binary("Add", &y, &bias)
-            }
-            None => y,
-        }
-    })
+    let t = |w: &Array2<f32>| w.t().as_standard_layout().to_owned().insert_axis(Axis(0));
+    let w = streams(t(&lin.w).into_dyn(), t(&fast).into_dyn());
+    project_mlp_with(b, l, p, lin, x, (&format!("{TRANSPOSED}{STREAMS}"), w))
 }
 
 /// `(slow, fast)` halves of a stacked `[2, ...]`.

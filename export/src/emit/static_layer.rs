@@ -110,10 +110,31 @@ pub(crate) fn project_heads(
         AttnProj::Q => config.num_attention_heads,
         _ => config.num_key_value_heads,
     };
+    let w = heads_in(&lin.w, heads, config.head_dim);
+    project_heads_with(b, config, l, p, lin, h, (HEADS, w))
+}
+
+/// [`project_heads`] with the weight given: `w` stored under the projection's name plus `suffix`
+/// (the merged-adapter draft's stacked `[2, n, D, Dh]`); the bias `[n, 1, Dh]` broadcasts over
+/// any leading axes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn project_heads_with(
+    b: &mut GraphBuilder,
+    config: &ModelConfig,
+    l: usize,
+    p: AttnProj,
+    lin: &Linear,
+    h: &str,
+    (suffix, w): (&str, ArrayD<f32>),
+) -> String {
+    let heads = match p {
+        AttnProj::Q => config.num_attention_heads,
+        _ => config.num_key_value_heads,
+    };
     let dh = config.head_dim;
     b.scoped(p.module(), |b| {
-        let name = WeightId::Attn(l, p).onnx_name() + HEADS;
-        let w = b.weight(&name, heads_in(&lin.w, heads, dh).view());
+        let name = WeightId::Attn(l, p).onnx_name() + suffix;
+        let w = b.weight(&name, w.view());
         let y = b.binary("MatMul", h, &w);
         match &lin.b {
             Some(bias) => {
@@ -198,10 +219,22 @@ pub(crate) fn project_mlp(
     lin: &Linear,
     x: &str,
 ) -> String {
+    let wt = lin.w.t().as_standard_layout().to_owned().into_dyn();
+    project_mlp_with(b, l, p, lin, x, (TRANSPOSED, wt))
+}
+
+/// [`project_mlp`] with the weight given: `w` stored under the projection's name plus `suffix`.
+pub(crate) fn project_mlp_with(
+    b: &mut GraphBuilder,
+    l: usize,
+    p: MlpProj,
+    lin: &Linear,
+    x: &str,
+    (suffix, w): (&str, ArrayD<f32>),
+) -> String {
     b.scoped(p.module(), |b| {
-        let name = WeightId::Mlp(l, p).onnx_name() + TRANSPOSED;
-        let wt = lin.w.t().as_standard_layout().to_owned().into_dyn();
-        let w = b.weight(&name, wt.view());
+        let name = WeightId::Mlp(l, p).onnx_name() + suffix;
+        let w = b.weight(&name, w.view());
         let y = b.binary("MatMul", x, &w);
         match &lin.b {
             Some(bias) => {
@@ -286,9 +319,21 @@ pub(crate) fn project_o(
     o: &Linear,
     y: &str,
 ) -> String {
+    let w = heads_out(&o.w, config.num_attention_heads, config.head_dim);
+    project_o_with(b, l, o, y, (HEADS, w))
+}
+
+/// [`project_o`] with the weight given: `w` stored under o's name plus `suffix` (the
+/// merged-adapter draft's stacked `[2, H, Dh, D]`).
+pub(crate) fn project_o_with(
+    b: &mut GraphBuilder,
+    l: usize,
+    o: &Linear,
+    y: &str,
+    (suffix, w): (&str, ArrayD<f32>),
+) -> String {
     b.scoped(AttnProj::O.module(), |b| {
-        let name = WeightId::Attn(l, AttnProj::O).onnx_name() + HEADS;
-        let w = heads_out(&o.w, config.num_attention_heads, config.head_dim);
+        let name = WeightId::Attn(l, AttnProj::O).onnx_name() + suffix;
         let w = b.weight(&name, w.view());
         let per_head = b.binary("MatMul", y, &w); // [B, H, T, D]
         let axis1 = b.const_i64(&[1]);
