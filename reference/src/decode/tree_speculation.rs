@@ -164,21 +164,9 @@ pub fn tree_speculative_generate(
     stop_tokens: &[u32],
     sampling: Option<SamplingParams>,
 ) -> Result<(TreeSpeculativeOutput, KvCache)> {
-    if prompt.is_empty() {
-        return Err(empty_prompt());
-    }
-    // the last round's tree may reach past the budget
-    let capacity = prompt.len() + max_new_tokens + tree.nodes();
-    let mut backend = ReferenceTreeSpeculation::new(m2r2, draft_gate, capacity)?;
-    let out = tree_speculate(
-        &mut backend,
-        tree,
-        prompt,
-        max_new_tokens,
-        stop_tokens,
-        sampling,
-    )?;
-    Ok((out, backend.into_cache()))
+    let request = (prompt, max_new_tokens, stop_tokens);
+    let drafting = TreeDrafting::Fixed(None);
+    generate_on_reference(m2r2, (draft_gate, None), tree, drafting, request, sampling)
 }
 
 /// [`tree_speculative_generate`] with dynamic drafting per branch ([`tree_speculate_dynamic`]):
@@ -198,22 +186,16 @@ pub fn tree_speculative_generate_dynamic(
     stop_tokens: &[u32],
     sampling: Option<SamplingParams>,
 ) -> Result<(TreeSpeculativeOutput, KvCache)> {
-    if prompt.is_empty() {
-        return Err(empty_prompt());
-    }
-    let capacity = prompt.len() + max_new_tokens + tree.nodes();
-    let mut backend =
-        ReferenceTreeSpeculation::new(m2r2, draft_gate, capacity)?.with_gate(Some(gate));
-    let out = tree_speculate_dynamic(
-        &mut backend,
+    let request = (prompt, max_new_tokens, stop_tokens);
+    let drafting = TreeDrafting::Dynamic(threshold);
+    generate_on_reference(
+        m2r2,
+        (draft_gate, Some(gate)),
         tree,
-        threshold,
-        prompt,
-        max_new_tokens,
-        stop_tokens,
+        drafting,
+        request,
         sampling,
-    )?;
-    Ok((out, backend.into_cache()))
+    )
 }
 
 /// Greedy [`tree_speculative_generate`] with a prompt-lookup branch beside `tree` in each round
@@ -230,20 +212,33 @@ pub fn tree_speculative_generate_with_lookup(
     max_new_tokens: usize,
     stop_tokens: &[u32],
 ) -> Result<(TreeSpeculativeOutput, KvCache)> {
+    let request = (prompt, max_new_tokens, stop_tokens);
+    let drafting = TreeDrafting::Fixed(Some(lookup));
+    generate_on_reference(m2r2, (draft_gate, None), tree, drafting, request, None)
+}
+
+/// The reference wrappers' common body: a [`ReferenceTreeSpeculation`] at `draft_gate` scoring
+/// with `gate`, its cache holding the prompt, the budget and the largest tree a round may verify
+/// (the last round's may reach past the budget), then [`tree_speculate_drafting`].
+fn generate_on_reference(
+    m2r2: M2r2<'_>,
+    (draft_gate, gate): (usize, Option<GateKind>),
+    tree: &TokenTree,
+    drafting: TreeDrafting,
+    (prompt, max_new_tokens, stop_tokens): (&[u32], usize, &[u32]),
+    sampling: Option<SamplingParams>,
+) -> Result<(TreeSpeculativeOutput, KvCache)> {
     if prompt.is_empty() {
         return Err(empty_prompt());
     }
-    // the last round's tree may reach past the budget
-    let capacity = prompt.len() + max_new_tokens + largest_tree(tree, Some(lookup)).nodes();
-    let mut backend = ReferenceTreeSpeculation::new(m2r2, draft_gate, capacity)?;
-    let out = tree_speculate_with_lookup(
-        &mut backend,
-        tree,
-        lookup,
-        prompt,
-        max_new_tokens,
-        stop_tokens,
-    )?;
+    let lookup = match drafting {
+        TreeDrafting::Fixed(lookup) => lookup,
+        TreeDrafting::Dynamic(_) => None,
+    };
+    let capacity = prompt.len() + max_new_tokens + largest_tree(tree, lookup).nodes();
+    let mut backend = ReferenceTreeSpeculation::new(m2r2, draft_gate, capacity)?.with_gate(gate);
+    let request = (prompt, max_new_tokens, stop_tokens);
+    let out = tree_speculate_drafting(&mut backend, tree, drafting, request, sampling)?;
     Ok((out, backend.into_cache()))
 }
 
