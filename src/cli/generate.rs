@@ -99,10 +99,20 @@ pub fn run(args: &Args) -> Result<()> {
     let loaded = common::load(&args.model.model)?;
     let weights = args.m2r2.weights(&loaded)?;
     let mut settings = args.m2r2.settings(&loaded, &weights)?;
+    // how the tree grows: per branch while this gate's score passes its threshold, or whole
+    let mut grown = None;
+    if args.m2r2.dynamic_draft
+        && let DraftLength::Dynamic {
+            gate, threshold, ..
+        } = settings.draft_length
+    {
+        grown = Some((gate, threshold));
+    }
     let tree = match (tree, config_tree(args, sampling.is_some(), &weights.config)) {
         (Some(widths), _) => Some(widths),
         (None, Some(t)) => {
             settings.draft_gate = args.m2r2.draft_gate.unwrap_or(t.draft_gate);
+            grown = t.dynamic.as_ref().map(|d| (d.gate, d.threshold));
             Some(t.widths.clone())
         }
         // a lookup branch beside the chain 1,1,... of the draft length (the config's, fixed)
@@ -111,16 +121,14 @@ pub fn run(args: &Args) -> Result<()> {
     };
     if let Some(widths) = &tree {
         // a tree drafts up to its depth every round; with --dynamic-draft (not the config's
-        // default drafting) it grows per branch while the gate's score passes its threshold
-        settings.draft_length = match settings.draft_length {
-            DraftLength::Dynamic {
-                gate, threshold, ..
-            } if args.m2r2.dynamic_draft => DraftLength::Dynamic {
+        // chain drafting) or the config tree's `dynamic` it grows per branch
+        settings.draft_length = match grown {
+            Some((gate, threshold)) => DraftLength::Dynamic {
                 max: widths.len(),
                 gate,
                 threshold,
             },
-            _ => DraftLength::Fixed(widths.len()),
+            None => DraftLength::Fixed(widths.len()),
         };
     }
     let prompt = common::prompt_tokens(&loaded, &args.prompt)?;

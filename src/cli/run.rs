@@ -143,11 +143,23 @@ pub fn run(args: &Args) -> Result<()> {
     // the config's default tree (`tune-drafting --write`) when nothing asks for other drafting;
     // else a lookup branch beside the chain 1,1,... of the draft length (the export's, fixed)
     let asks_otherwise = args.draft_len.is_some() || args.dynamic_draft;
+    // how the tree grows: per branch while this gate's score passes its threshold, or whole
+    let mut grown = None;
+    if args.dynamic_draft
+        && let DraftLength::Dynamic {
+            gate, threshold, ..
+        } = settings.draft_length
+    {
+        grown = Some((gate, threshold));
+    }
     let tree = match (tree, &export.manifest.m2r2.draft_tree) {
         (Some(widths), _) => Some(widths),
         (None, Some(t)) if args.mode == RunMode::Speculative && !asks_otherwise => {
             match t.draft_gate == export.manifest.draft_gate {
-                true => Some(t.widths.clone()),
+                true => {
+                    grown = t.dynamic.as_ref().map(|d| (d.gate, d.threshold));
+                    Some(t.widths.clone())
+                }
                 false => {
                     eprintln!(
                         "note: the M2R2 config's draft_tree drafts at gate {}, this export at \
@@ -161,22 +173,17 @@ pub fn run(args: &Args) -> Result<()> {
         (None, _) if lookup.is_some() => Some(vec![1; settings.draft_length.max()]),
         (None, _) => None,
     };
-    // a tree drafts up to its depth every round; with --dynamic-draft it grows per branch while
-    // the gate's score passes its threshold
-    let mut dynamic = None;
+    // a tree drafts up to its depth every round; with --dynamic-draft or the config tree's
+    // `dynamic` it grows per branch while the gate's score passes its threshold
+    let dynamic = tree.as_ref().and(grown);
     if let Some(widths) = &tree {
-        settings.draft_length = match settings.draft_length {
-            DraftLength::Dynamic {
-                gate, threshold, ..
-            } if args.dynamic_draft => {
-                dynamic = Some((gate, threshold));
-                DraftLength::Dynamic {
-                    max: widths.len(),
-                    gate,
-                    threshold,
-                }
-            }
-            _ => DraftLength::Fixed(widths.len()),
+        settings.draft_length = match dynamic {
+            Some((gate, threshold)) => DraftLength::Dynamic {
+                max: widths.len(),
+                gate,
+                threshold,
+            },
+            None => DraftLength::Fixed(widths.len()),
         };
     }
     if args.ep.ort_compare.is_some() {

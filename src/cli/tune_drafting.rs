@@ -7,13 +7,15 @@
 //! step, proposing and feeding draft steps, verifications of 1..=max+1 rows; the steps of token
 //! trees: draft levels of n nodes, verifications of each tree); then every
 //! policy (fixed 1..=max drafts; dynamic drafting with each gate kind, threshold and maximum; the
-//! tree shapes) is replayed on the traces (`simulate`, `simulate_tree`) and priced with the
-//! measured step costs. The predicted speed-ups choose a winner per engine; `--write DIR` stores
+//! tree shapes, whole and grown per branch by the confidence or entropy gate at each threshold) is
+//! replayed on the traces (`simulate`, `simulate_tree`, `simulate_dynamic_tree`) and priced with
+//! the measured step costs. The predicted speed-ups choose a winner per engine; `--write DIR` stores
 //! them in an M2R2 weights folder's
 //! config as the defaults of `--mode speculative`: the chain (`draft_gate`, `draft_len`,
 //! `dynamic_draft`: ONNX Runtime's winner with `--onnx`, else the reference's best chain) and, when
 //! a tree beats that chain, a tree (`draft_tree`: ONNX Runtime's fastest tree with `--onnx`, else
-//! the reference's), which `generate` and `run` draft by default. Confirm the winners with real
+//! the reference's; grown per branch when that is the winner), which `generate` and `run` draft
+//! by default. Confirm the winners with real
 //! decoding (`generate`, `run`, scripts/bench_speculative.py).
 
 use crate::cli::args::m2r2::{M2r2Args, OnOff};
@@ -31,7 +33,8 @@ use reference::base::tree::TokenTree;
 use reference::decode::draft_sim::tree::shape_text;
 use reference::decode::draft_sim::tree_steps::{time_tree_steps, time_tree_steps_on};
 use reference::decode::draft_sim::{
-    Policy, Simulated, StepCosts, TREE_SHAPES, Trace, simulate, simulate_tree, trace,
+    Policy, Simulated, StepCosts, TREE_SHAPES, Trace, simulate, simulate_dynamic_tree,
+    simulate_tree, trace,
 };
 use reference::decode::draft_verify::ReferenceSpeculation;
 use reference::decode::drafting::check_draft_gate;
@@ -69,7 +72,7 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 6)]
     pub max_draft: usize,
     /// The policy families tried, comma-separated: chain (fixed and dynamic drafting), tree
-    /// (token trees, priced on the reference only)
+    /// (token trees; priced on ONNX Runtime too with --onnx)
     #[arg(
         long,
         value_enum,
@@ -282,6 +285,20 @@ fn tree_shapes(args: &Args) -> Result<Vec<Vec<usize>>> {
     Ok(shapes)
 }
 
+/// `shapes` and each one's shallower prefixes (`2,1,1`: also `2` and `2,1`), each once.
+fn with_prefixes(shapes: &[Vec<usize>]) -> Vec<Vec<usize>> {
+    let mut all: Vec<Vec<usize>> = Vec::new();
+    for widths in shapes {
+        for depth in 1..=widths.len() {
+            let prefix = widths[..depth].to_vec();
+            if !all.contains(&prefix) {
+                all.push(prefix);
+            }
+        }
+    }
+    all
+}
+
 pub fn run(args: &Args) -> Result<()> {
     if args.max_draft == 0 || args.repeats == 0 {
         bail!("--max-draft and --repeats must be at least 1");
@@ -327,12 +344,15 @@ pub fn run(args: &Args) -> Result<()> {
         .iter()
         .map(|&g| trace_gate(&loaded, &weights, g, &data, args.max_draft))
         .collect::<Result<Vec<_>>>()?;
+    // a tree grown per branch that stops at depth k verifies the shape's first k depths: those
+    // trees' steps are timed too
+    let timed = with_prefixes(&shapes);
     let mut costs = Vec::new();
     for &g in &gates {
-        costs.push(reference_costs(&loaded, &weights, g, args, &shapes)?);
+        costs.push(reference_costs(&loaded, &weights, g, args, &timed)?);
     }
     let onnx = match &args.onnx {
-        Some(dir) => Some(onnx_costs(&loaded, &weights, dir, args, &shapes)?),
+        Some(dir) => Some(onnx_costs(&loaded, &weights, dir, args, &timed)?),
         None => None,
     };
     let policies = if chains { policies(args) } else { vec![] };
@@ -376,23 +396,41 @@ pub fn run(args: &Args) -> Result<()> {
             });
         }
         for widths in &shapes {
-            let mut sim = Simulated::default();
-            for points in &t.samples {
-                sim.add(&simulate_tree(points, widths)?);
+            // the whole shape every round, then grown per branch by each gate and threshold
+            // (ARLA's score needs fast rows the timed tree levels do not run: not priced)
+            let mut growths = vec![None];
+            for gate in [GateKind::Confidence, GateKind::Entropy] {
+                growths.extend(args.thresholds.iter().map(|&t| Some((gate, t))));
             }
-            results.push(PolicyResult {
-                draft_gate: t.gate,
-                family: Family::Tree,
-                policy: format!("tree {}", shape_text(widths)),
-                draft_len: widths.len(),
-                dynamic_draft: None,
-                draft_tree: Some(widths.clone()),
-                tree_nodes: Some(TokenTree::from_widths(widths)?.nodes()),
-                tokens_per_round: sim.tokens_per_round(),
-                proposals_per_round: sim.proposals_per_round(),
-                speedup_reference: sim.speedup(&reference.costs),
-                speedup_onnx: ort.and_then(|c| sim.speedup(&c.costs)),
-            });
+            for grown in growths {
+                let mut sim = Simulated::default();
+                for points in &t.samples {
+                    sim.add(&match grown {
+                        None => simulate_tree(points, widths)?,
+                        Some(g) => simulate_dynamic_tree(points, widths, g)?,
+                    });
+                }
+                let shape = shape_text(widths);
+                results.push(PolicyResult {
+                    draft_gate: t.gate,
+                    family: Family::Tree,
+                    policy: match grown {
+                        None => format!("tree {shape}"),
+                        Some((gate, threshold)) => {
+                            format!("tree {shape}, dynamic {gate} >= {threshold}")
+                        }
+                    },
+                    draft_len: widths.len(),
+                    dynamic_draft: grown
+                        .map(|(gate, threshold)| DynamicDraftConfig { gate, threshold }),
+                    draft_tree: Some(widths.clone()),
+                    tree_nodes: Some(TokenTree::from_widths(widths)?.nodes()),
+                    tokens_per_round: sim.tokens_per_round(),
+                    proposals_per_round: sim.proposals_per_round(),
+                    speedup_reference: sim.speedup(&reference.costs),
+                    speedup_onnx: ort.and_then(|c| sim.speedup(&c.costs)),
+                });
+            }
         }
     }
     let by_reference = |r: &PolicyResult| r.speedup_reference.unwrap_or(0.0);
@@ -429,6 +467,7 @@ pub fn run(args: &Args) -> Result<()> {
         written.draft_tree = defaults.tree.as_ref().map(|t| DraftTreeConfig {
             draft_gate: t.draft_gate,
             widths: t.draft_tree.clone().expect("a tree's widths"),
+            dynamic: t.dynamic_draft.clone(),
         });
         let file = dir.join(reference::m2r2::config::M2R2_CONFIG_FILE);
         written
@@ -777,8 +816,8 @@ fn print(r: &Report, top: usize) {
         println!();
     }
     println!(
-        "by family: each fixed length, the best dynamic policy of each gate kind, and each tree, \
-         per draft gate:"
+        "by family: each fixed length, the best dynamic policy of each gate kind, and each tree \
+         whole and best grown by each gate kind, per draft gate:"
     );
     println!();
     let mut shown: Vec<(usize, String)> = Vec::new();
@@ -786,9 +825,10 @@ fn print(r: &Report, top: usize) {
         .policies
         .iter()
         .filter(|p| {
-            let kind = match &p.dynamic_draft {
-                Some(d) => format!("dynamic {}", d.gate),
-                None => p.policy.clone(),
+            let kind = match (&p.draft_tree, &p.dynamic_draft) {
+                (Some(w), Some(d)) => format!("tree {} dynamic {}", shape_text(w), d.gate),
+                (None, Some(d)) => format!("dynamic {}", d.gate),
+                (_, None) => p.policy.clone(),
             };
             let key = (p.draft_gate, kind);
             let new = !shown.contains(&key);

@@ -91,7 +91,8 @@ fn tune_drafting_ranks_writes_and_refuses() {
     // reference at 3 gates + ONNX Runtime at the export's gate; verify costs for 1..=4 rows; tree
     // steps on both: the shapes no deeper than 3 (2,1 2,1,1 3,1,1 2,2,1 3,2,1) have proposing
     // levels of 1, 2, 3, 4 and 6 nodes, leaf levels of 2, 3, 4 and 6, and 5, 7, 10, 11 and 16
-    // nodes
+    // nodes; grown per branch, a round may stop after any depth, so the prefixes' trees (2, 3,
+    // 2,2 and 3,2: 3, 4, 7 and 10 nodes) are verified too
     let costs = report["costs"].as_array().unwrap();
     assert_eq!(costs.len(), 4, "{report}");
     assert!(
@@ -109,7 +110,7 @@ fn tune_drafting_ranks_writes_and_refuses() {
         let tree = &c["costs"]["tree"];
         assert_eq!(timed(&tree["propose"]), [1, 2, 3, 4, 6], "{c}");
         assert_eq!(timed(&tree["leaves"]), [2, 3, 4, 6], "{c}");
-        assert_eq!(timed(&tree["verify"]), [5, 7, 10, 11, 16], "{c}");
+        assert_eq!(timed(&tree["verify"]), [3, 4, 5, 7, 10, 11, 16], "{c}");
     }
     assert!(
         costs[3]["engine"]
@@ -118,13 +119,48 @@ fn tune_drafting_ranks_writes_and_refuses() {
             .starts_with("onnxruntime")
     );
 
-    // per gate: fixed 1..=3, 3 gate kinds x 2 thresholds x 3 lengths, and 5 trees
+    // per gate: fixed 1..=3, 3 gate kinds x 2 thresholds x 3 lengths, and 5 trees, each whole and
+    // grown per branch by 2 gate kinds (confidence, entropy) x 2 thresholds
     let policies = report["policies"].as_array().unwrap();
-    assert_eq!(policies.len(), 3 * (3 + 3 * 2 * 3 + 5), "{report}");
+    assert_eq!(
+        policies.len(),
+        3 * (3 + 3 * 2 * 3 + 5 * (1 + 2 * 2)),
+        "{report}"
+    );
     let trees: Vec<&Value> = policies.iter().filter(|p| p["family"] == "tree").collect();
-    assert_eq!(trees.len(), 15);
+    assert_eq!(trees.len(), 75);
+    let grown: Vec<&&Value> = trees
+        .iter()
+        .filter(|t| t["dynamic_draft"].is_object())
+        .collect();
+    assert_eq!(grown.len(), 60);
     let export_gate = costs[3]["gate"].as_u64().unwrap();
-    for t in &trees {
+    for t in &grown {
+        // the rounds replayed per branch (`simulate_dynamic_tree`, tested against the decoder
+        // there); here the report: priced on each engine, named by its gate and threshold
+        let d = &t["dynamic_draft"];
+        let gate = d["gate"].as_str().unwrap();
+        assert!(gate == "confidence" || gate == "entropy", "{t}");
+        let shape = ids(&t["draft_tree"]);
+        let shape: Vec<String> = shape.iter().map(|w| w.to_string()).collect();
+        assert_eq!(
+            t["policy"],
+            format!(
+                "tree {}, dynamic {gate} >= {}",
+                shape.join(","),
+                d["threshold"]
+            ),
+        );
+        assert!(t["speedup_reference"].as_f64().unwrap() > 0.0, "{t}");
+        assert_eq!(
+            t["speedup_onnx"].is_f64(),
+            t["draft_gate"].as_u64() == Some(export_gate),
+            "{t}"
+        );
+        let tokens = t["tokens_per_round"].as_f64().unwrap();
+        assert!((1.0..=4.0).contains(&tokens), "{t}");
+    }
+    for t in trees.iter().filter(|t| t["dynamic_draft"].is_null()) {
         // priced on each engine from its own step costs (ONNX Runtime at the export's gate)
         let gate = t["draft_gate"].as_u64().unwrap() as usize;
         let want = tree_speedup(t, &costs[gate - 1]);
@@ -153,7 +189,7 @@ fn tune_drafting_ranks_writes_and_refuses() {
         .iter()
         .filter(|p| p["speedup_onnx"].is_f64())
         .collect();
-    assert_eq!(onnx_priced.len(), 21 + 5);
+    assert_eq!(onnx_priced.len(), 21 + 25);
     let onnx_speed = |p: &Value| p["speedup_onnx"].as_f64().unwrap();
     let best_onnx = &report["best_onnx"];
     assert!(
@@ -189,13 +225,16 @@ fn tune_drafting_ranks_writes_and_refuses() {
     );
     match defaults["tree"].is_null() {
         true => assert!(written.get("draft_tree").is_none(), "{written}"),
-        false => assert_eq!(
-            written["draft_tree"],
-            serde_json::json!({
+        false => {
+            let mut want = serde_json::json!({
                 "draft_gate": defaults["tree"]["draft_gate"],
                 "widths": defaults["tree"]["draft_tree"],
-            })
-        ),
+            });
+            if defaults["tree"]["dynamic_draft"].is_object() {
+                want["dynamic"] = defaults["tree"]["dynamic_draft"].clone();
+            }
+            assert_eq!(written["draft_tree"], want);
+        }
     }
     // the written default decodes like greedy
     let prompt = [
@@ -240,7 +279,11 @@ fn tune_drafting_ranks_writes_and_refuses() {
     ])
     .json();
     let policies = tuned["policies"].as_array().unwrap();
-    assert_eq!(policies.len(), 4, "2 shapes at 2 gates: {tuned}");
+    assert_eq!(
+        policies.len(),
+        2 * 2 * (1 + 2 * 9),
+        "2 shapes at 2 gates, whole and grown by 2 gates x 9 thresholds: {tuned}"
+    );
     assert!(policies.iter().all(|p| p["family"] == "tree"));
     assert!(tuned["defaults"]["chain"].is_null() && tuned["best_onnx"].is_null());
     let tree = &tuned["defaults"]["tree"];
@@ -258,6 +301,11 @@ fn tune_drafting_ranks_writes_and_refuses() {
     let decoded = generate_json(&spec);
     assert_eq!(decoded["tokens"], greedy["tokens"]);
     assert_eq!(ids(&decoded["draft_tree"]), widths, "{decoded}");
+    assert_eq!(
+        decoded["dynamic_tree"].is_object(),
+        tree["dynamic_draft"].is_object(),
+        "{decoded}"
+    );
     assert_eq!(
         decoded["m2r2"]["draft_gate"], tree["draft_gate"],
         "{decoded}"
@@ -305,6 +353,44 @@ fn tune_drafting_ranks_writes_and_refuses() {
             .get("draft_tree")
             .is_none()
     );
+    // a config tree grown per branch is drafted so by default on both engines
+    let mut grown = config(&dir.path().join("t"));
+    grown["draft_tree"] = serde_json::json!({
+        "draft_gate": 1,
+        "widths": [2, 1, 1],
+        "dynamic": {"gate": "confidence", "threshold": 0.3},
+    });
+    std::fs::write(dir.path().join("t/m2r2_config.json"), grown.to_string()).unwrap();
+    let decoded = generate_json(&spec);
+    assert_eq!(decoded["tokens"], greedy["tokens"]);
+    assert_eq!(ids(&decoded["draft_tree"]), [2, 1, 1], "{decoded}");
+    assert_eq!(decoded["dynamic_tree"]["gate"], "confidence", "{decoded}");
+    let grown_export = p("grown-export");
+    ok(&[
+        "export",
+        "--model",
+        "tiny",
+        "--m2r2",
+        &t,
+        "--out",
+        &grown_export,
+    ]);
+    let args = [
+        &[
+            "run",
+            "--onnx",
+            &grown_export,
+            "--json",
+            "--mode",
+            "speculative",
+        ][..],
+        &prompt[2..],
+    ];
+    let on_onnx = ok(&args.concat()).json();
+    assert_eq!(on_onnx["tokens"], greedy["tokens"]);
+    assert_eq!(ids(&on_onnx["draft_tree"]), [2, 1, 1], "{on_onnx}");
+    let threshold = on_onnx["dynamic_tree"]["threshold"].as_f64().unwrap();
+    assert_eq!(threshold as f32, 0.3, "{on_onnx}");
     // chains alone: the winner is a chain, and the tree default is dropped
     ok(&[
         "tune-drafting",

@@ -396,7 +396,7 @@ pub fn simulate(points: &[Vec<DraftPoint>], policy: Policy) -> Result<Simulated>
 pub mod tree;
 pub mod tree_steps;
 
-pub use tree::{TREE_SHAPES, simulate_tree};
+pub use tree::{TREE_SHAPES, simulate_dynamic_tree, simulate_tree};
 
 #[cfg(test)]
 mod tests;

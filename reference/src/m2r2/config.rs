@@ -86,12 +86,13 @@ pub struct DynamicDraftConfig {
     pub threshold: f32,
 }
 
-/// A token tree as the reference's default drafting for speculative decoding (`generate --mode
-/// speculative` without `--draft-len`, `--dynamic-draft` or `--draft-tree`, greedy only): the tree
-/// of shape `widths` (`W1,W2,...`, `decode/tree_speculation.rs`) drafted at gate `draft_gate`.
-/// Chosen by measurement (`m2r2 tune-drafting`, docs/TRAINING.md) when a tree is the reference's
-/// fastest policy. The ONNX runner runs no trees yet: it drafts the chain of `draft_len` and
-/// `dynamic_draft` at its export's gate, as does the reference when it samples.
+/// A token tree as the default drafting for speculative decoding (`generate --mode speculative`
+/// and `run --onnx DIR --mode speculative` without `--draft-len`, `--dynamic-draft` or
+/// `--draft-tree`, greedy only): the tree of shape `widths` (`W1,W2,...`,
+/// `decode/tree_speculation.rs`) drafted at gate `draft_gate`, grown per branch while `dynamic`'s
+/// gate scores at least its threshold when it is set. Chosen by measurement (`m2r2
+/// tune-drafting`, docs/TRAINING.md) when a tree beats the chain. Sampling drafts the chain of
+/// `draft_len` and `dynamic_draft`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DraftTreeConfig {
@@ -99,6 +100,11 @@ pub struct DraftTreeConfig {
     pub draft_gate: usize,
     /// The children of each node per depth: `[2, 1, 1]` is two chains of three drafts.
     pub widths: Vec<usize>,
+    /// Grow the tree per branch (`--dynamic-draft` with `--draft-tree`): a node gets its children
+    /// only while this gate's score of its draft is at least the threshold; `None`: the whole
+    /// shape every round (configs from before dynamic trees).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic: Option<DynamicDraftConfig>,
 }
 
 /// The M2R2 settings of one adapted model.
@@ -306,6 +312,14 @@ impl M2r2Config {
                      [2, 1, 1])"
                         .into(),
                 );
+            }
+            if let Some(d) = &t.dynamic
+                && !d.threshold.is_finite()
+            {
+                return bad(format!(
+                    "`draft_tree.dynamic.threshold` must be a finite number, got {}",
+                    d.threshold
+                ));
             }
             // a round needs one cache row per node beyond the prompt and the tokens
             if tree.nodes() > model.max_position_embeddings {
@@ -687,6 +701,7 @@ mod tests {
         c.draft_tree = Some(DraftTreeConfig {
             draft_gate: 2,
             widths: vec![2, 1, 1],
+            dynamic: None,
         });
         c.save(dir.path()).unwrap();
         let text = std::fs::read_to_string(dir.path().join(M2R2_CONFIG_FILE)).unwrap();
@@ -696,6 +711,36 @@ mod tests {
             serde_json::json!({"draft_gate": 2, "widths": [2, 1, 1]})
         );
         assert_eq!(M2r2Config::load(dir.path(), &model).unwrap(), c);
+        // grown per branch
+        let mut grown = c.clone();
+        grown.draft_tree.as_mut().unwrap().dynamic = Some(DynamicDraftConfig {
+            gate: GateKind::Confidence,
+            threshold: 0.25,
+        });
+        grown.save(dir.path()).unwrap();
+        let json: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join(M2R2_CONFIG_FILE)).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            json["draft_tree"]["dynamic"],
+            serde_json::json!({"gate": "confidence", "threshold": 0.25})
+        );
+        assert_eq!(M2r2Config::load(dir.path(), &model).unwrap(), grown);
+        let mut bad = grown.clone();
+        bad.draft_tree
+            .as_mut()
+            .unwrap()
+            .dynamic
+            .as_mut()
+            .unwrap()
+            .threshold = f32::NAN;
+        let err = bad.validate(&model, "m").unwrap_err().to_string();
+        assert!(
+            err.contains("`draft_tree.dynamic.threshold` must be a finite number"),
+            "{err}"
+        );
+        c.save(dir.path()).unwrap();
         // unknown fields inside it are refused like everywhere else
         std::fs::write(
             dir.path().join(M2R2_CONFIG_FILE),
@@ -719,7 +764,11 @@ mod tests {
             (1, vec![9, 9], "at most 64"),
         ] {
             let mut bad = c.clone();
-            bad.draft_tree = Some(DraftTreeConfig { draft_gate, widths });
+            bad.draft_tree = Some(DraftTreeConfig {
+                draft_gate,
+                widths,
+                dynamic: None,
+            });
             let err = bad.validate(&model, "m").unwrap_err().to_string();
             assert!(err.contains(want), "{err:?} should contain {want:?}");
         }
@@ -732,6 +781,7 @@ mod tests {
         bad.draft_tree = Some(DraftTreeConfig {
             draft_gate: 1,
             widths: vec![3, 1],
+            dynamic: None,
         });
         let err = bad.validate(&short, "m").unwrap_err().to_string();
         assert!(

@@ -9,6 +9,7 @@
 use super::{DraftPoint, Simulated};
 use crate::base::tree::TokenTree;
 use crate::error::{Error, Result};
+use crate::m2r2::exit_gate::GateKind;
 
 /// The tree shapes `m2r2 tune-drafting` tries beside chains **[ours]**: a runner-up at the first
 /// depth, where a chain's first draft is most often wrong and a second candidate is cheapest
@@ -80,6 +81,83 @@ pub fn simulate_tree(points: &[Vec<DraftPoint>], widths: &[usize]) -> Result<Sim
             sim.tree_proposing[n] += 1;
         }
         sim.tree_leaves[levels[widths.len()]] += 1;
+        sim.tree_verifies[nodes] += 1;
+        sim.rounds += 1;
+        let emitted = (accepted + 1).min(points.len() - i);
+        sim.emitted += emitted;
+        i += emitted;
+    }
+    Ok(sim)
+}
+
+/// Replay greedy tree speculation grown per branch (`--draft-tree W --dynamic-draft`,
+/// `tree_speculation::dynamic_round`): a node of depth `d < D` gets its `W_{d+1}` children only
+/// when `gate`'s score of its draft is `>= threshold`.
+///
+/// Exact for what the emitted tokens depend on: the greedy-path node at depth `d` is point
+/// `(i, d)`, so a round accepts depth `d + 1` while that point's score passes and its rank is
+/// below `W_{d+1}`. Estimated, as [`simulate`](super::simulate) estimates a chain's proposals
+/// after a wrong draft: the nodes off the greedy path have no traced score, so each depth grows
+/// or stops as a whole with the greedy-path point's score (a level of `n_d` nodes proposes, and
+/// depth `d + 1` has `n_d W_{d+1}` nodes or none). With a chain shape (`1,1,...`) that is exactly
+/// dynamic chain drafting at most `D`; with every score passing, exactly [`simulate_tree`].
+///
+/// Counts per round: the accepted depth, the nodes of the proposing levels as proposals, a
+/// proposing level per depth reached above `D` ([`Simulated::tree_proposing`]), a leaf level when
+/// depth `D` is reached, one verification of the nodes grown.
+///
+/// # Errors
+/// A shape [`TokenTree::from_widths`] refuses or no widths, or a trace without `gate`'s scores.
+pub fn simulate_dynamic_tree(
+    points: &[Vec<DraftPoint>],
+    widths: &[usize],
+    (gate, threshold): (GateKind, f32),
+) -> Result<Simulated> {
+    let tree = TokenTree::from_widths(widths)?;
+    if widths.is_empty() {
+        return Err(Error::Invalid(
+            "a token tree must draft: give at least one width".into(),
+        ));
+    }
+    if points.iter().flatten().any(|p| p.score(gate).is_none()) {
+        return Err(Error::Invalid(format!(
+            "dynamic drafting with the {gate} gate needs its scores, and the trace has none"
+        )));
+    }
+    let levels = level_sizes(widths);
+    let point = |i: usize, k: usize| {
+        points
+            .get(i)
+            .and_then(|r| r.get(k))
+            .or_else(|| points.get(i + k).and_then(|r| r.first()))
+    };
+    let mut sim = Simulated {
+        tree_proposing: vec![0; levels.iter().max().expect("the root") + 1],
+        tree_leaves: vec![0; levels[widths.len()] + 1],
+        tree_verifies: vec![0; tree.nodes() + 1],
+        ..Simulated::default()
+    };
+    let mut i = 0;
+    while i < points.len() {
+        let (mut nodes, mut proposing, mut accepted, mut on_path) = (0, 0, 0, true);
+        for (d, &n) in levels.iter().enumerate() {
+            nodes += n;
+            let Some(&w) = widths.get(d) else {
+                sim.tree_leaves[n] += 1;
+                break;
+            };
+            sim.tree_proposing[n] += 1;
+            proposing += n;
+            // past the trace's end the decoder stops anyway: count the level, stop there
+            let p = point(i, d);
+            if p.and_then(|p| p.score(gate)).is_none_or(|s| s < threshold) {
+                break;
+            }
+            on_path = on_path && p.is_some_and(|p| p.rank < w);
+            accepted += usize::from(on_path);
+        }
+        sim.accepted.push(accepted);
+        sim.proposals.push(proposing);
         sim.tree_verifies[nodes] += 1;
         sim.rounds += 1;
         let emitted = (accepted + 1).min(points.len() - i);

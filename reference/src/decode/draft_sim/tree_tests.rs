@@ -6,10 +6,13 @@ use super::*;
 use crate::base::generate::{GenerateOptions, generate};
 use crate::base::tree::TokenTree;
 use crate::decode::draft_verify::ReferenceSpeculation;
-use crate::decode::tree_speculation::{top_candidates, tree_speculative_generate};
+use crate::decode::tree_speculation::{
+    top_candidates, tree_speculative_generate, tree_speculative_generate_dynamic,
+};
 use crate::io::builtin;
 use crate::m2r2::bridge::{BridgeConfig, BridgeSite};
 use crate::m2r2::draft_head::DraftHead;
+use crate::m2r2::exit_gate::GateKind;
 use crate::m2r2::fast_stream::M2r2;
 use crate::m2r2::weights::M2r2Weights;
 use rand::{Rng, SeedableRng};
@@ -303,4 +306,218 @@ fn tree_steps_time_what_the_shapes_need() {
     assert!(time_tree_steps(m2r2, 2, &[1], &[], 1).is_err());
     assert!(time_tree_steps(m2r2, 2, &[1], &shapes, 0).is_err());
     assert!(time_tree_steps(m2r2, 4, &[1], &shapes, 1).is_err());
+}
+
+/// A trace of `(rank, confidence)` per point.
+fn scored(rounds: &[&[(usize, f32)]]) -> Trace {
+    rounds
+        .iter()
+        .map(|round| {
+            round
+                .iter()
+                .map(|&(rank, confidence)| DraftPoint {
+                    agrees: rank == 0,
+                    rank,
+                    confidence,
+                    entropy: 0.5,
+                    arla: None,
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn hand_computed_dynamic_tree_rounds() {
+    let gate = (GateKind::Confidence, 0.5);
+    // depth-1 trace: point (i, k) is (i + k, 0)
+    let p = scored(&[
+        &[(0, 0.9)],
+        &[(1, 0.8)],
+        &[(0, 0.2)],
+        &[(0, 0.9)],
+        &[(3, 0.7)],
+    ]);
+    // 2,1 from 0: root 0.9 grows (rank 0 < 2: depth 1 held), depth 1 (point 1) 0.8 grows, rank 1
+    // >= 1: 1 accepted, 1 + 2 + 2 nodes, levels 1 and 2 propose, 2 leaves; from 2: the root
+    // scores 0.2, no children: 0 accepted, one node; from 3: 0.9 grows, held; depth 1 (point 4)
+    // 0.7 grows, rank 3 >= 1: 1 accepted; 2 + 1 + 2 tokens
+    let sim = simulate_dynamic_tree(&p, &[2, 1], gate).unwrap();
+    assert_eq!(sim.accepted, [1, 0, 1]);
+    assert_eq!((sim.rounds, sim.emitted), (3, 5));
+    assert_eq!(sim.proposals, [3, 1, 3]);
+    assert_eq!(sim.tree_proposing, [0, 3, 2]);
+    assert_eq!(sim.tree_leaves, [0, 0, 2]);
+    assert_eq!((sim.tree_verifies[5], sim.tree_verifies[1]), (2, 1));
+    assert_eq!(sim.tree_verifies.iter().sum::<usize>(), 3);
+    // a node that stops the path holds nothing below it even when its rank would
+    let p = scored(&[&[(0, 0.9), (0, 0.1), (0, 0.9)], &[(0, 0.9)], &[(0, 0.9)]]);
+    let sim = simulate_dynamic_tree(&p, &[1, 1, 1], gate).unwrap();
+    assert_eq!(sim.accepted[0], 1);
+    assert_eq!(sim.proposals[0], 2);
+    assert!(simulate_dynamic_tree(&p, &[], gate).is_err());
+    assert!(
+        simulate_dynamic_tree(&p, &[2], (GateKind::Arla, 0.5)).is_err(),
+        "no ARLA scores traced"
+    );
+}
+
+/// Two identities: a chain shape `1,...,1` of depth `D` replays dynamic chain drafting at most
+/// `D` (its levels are the chain's steps: a proposing level of one node is a proposing draft step,
+/// the leaf level the feeding step, a tree of `n` nodes a verification of `n` rows), and with no
+/// score below the threshold a dynamic tree is the fixed tree (but past the trace's end).
+#[test]
+fn dynamic_trees_reduce_to_chains_and_fixed_trees() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    for case in 0..300 {
+        let len = rng.random_range(1..30);
+        let depth = rng.random_range(1..4);
+        let trace: Trace = (0..len)
+            .map(|_| {
+                (0..depth)
+                    .map(|_| {
+                        let rank = [0, 0, 1, 2, 5][rng.random_range(0..5)];
+                        DraftPoint {
+                            agrees: rank == 0,
+                            rank,
+                            confidence: rng.random_range(0.0..1.0),
+                            entropy: rng.random_range(0.0..1.0),
+                            arla: Some(rng.random_range(0.0..1.0)),
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        let gate = [GateKind::Confidence, GateKind::Entropy, GateKind::Arla][case % 3];
+        let threshold = rng.random_range(0.0..1.0);
+        let max = rng.random_range(1..5);
+        let chain = simulate(
+            &trace,
+            Policy::Dynamic {
+                gate,
+                threshold,
+                max,
+            },
+        )
+        .unwrap();
+        let tree = simulate_dynamic_tree(&trace, &vec![1; max], (gate, threshold)).unwrap();
+        let context = format!("case {case}, {gate} >= {threshold}, at most {max}");
+        assert_eq!(tree.accepted, chain.accepted, "{context}");
+        assert_eq!(tree.proposals, chain.proposals, "{context}");
+        assert_eq!((tree.rounds, tree.emitted), (chain.rounds, chain.emitted));
+        assert_eq!(
+            tree.tree_proposing.get(1).copied(),
+            Some(chain.propose_steps)
+        );
+        assert_eq!(tree.tree_leaves.get(1).copied(), Some(chain.feed_steps));
+        let rows = |v: &[usize]| {
+            v.iter()
+                .enumerate()
+                .filter(|(_, c)| **c > 0)
+                .map(|(n, c)| (n, *c))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            rows(&tree.tree_verifies),
+            rows(&chain.verifies),
+            "{context}"
+        );
+
+        let widths: Vec<usize> = (0..rng.random_range(1..4))
+            .map(|_| rng.random_range(1..4))
+            .collect();
+        // every round but the last (past the trace's end the dynamic round stops drafting, as
+        // the chain simulation does, while a fixed tree drafts whole)
+        let fixed = simulate_tree(&trace, &widths).unwrap();
+        let all = simulate_dynamic_tree(&trace, &widths, (gate, f32::NEG_INFINITY)).unwrap();
+        let context = format!("case {case}, tree {widths:?}");
+        assert_eq!(all.accepted, fixed.accepted, "{context}");
+        assert_eq!((all.rounds, all.emitted), (fixed.rounds, fixed.emitted));
+        let but_last = |s: &Simulated| s.proposals[..s.rounds - 1].to_vec();
+        assert_eq!(but_last(&all), but_last(&fixed), "{context}");
+    }
+}
+
+/// The simulation predicts the rounds `tree_speculative_generate_dynamic` runs: the same number and
+/// the same accepted depth in every round but the last, on the built-in models (plain, pruned
+/// head, bridged), every gate, several shapes and thresholds; for chain shapes whose drafts were all
+/// accepted also the nodes that scored. Rounds that stop early and rounds that accept must both
+/// occur.
+#[test]
+fn predicts_dynamic_tree_speculation() {
+    let shapes: [&[usize]; 4] = [&[2, 1, 1], &[3, 2, 1], &[1, 1, 1], &[2]];
+    let (mut stopped, mut accepting) = (0, 0);
+    for name in builtin::BUILTIN_NAMES {
+        let model = builtin::builtin(name).unwrap();
+        for (variant, weights) in variants(name, &model) {
+            let m2r2 = M2r2::new(&model, &weights);
+            let prompt = [5, 17, 3, 9];
+            let options = GenerateOptions {
+                max_new_tokens: 40,
+                stop_tokens: vec![],
+                sampling: None,
+            };
+            let response = generate(&model, &prompt, &options, &mut |_, _| {})
+                .unwrap()
+                .tokens;
+            let capacity = prompt.len() + response.len() + 8;
+            for gate in 1..=weights.config.num_gates() {
+                let mut backend = ReferenceSpeculation::new(m2r2, gate, None, capacity).unwrap();
+                let trace = trace(&mut backend, &prompt, &response, 3).unwrap();
+                // thresholds at quantiles of the traced confidences, so rounds both grow and stop
+                let mut scores: Vec<f32> = trace.iter().flatten().map(|p| p.confidence).collect();
+                scores.sort_by(f32::total_cmp);
+                for q in [0.25, 0.6] {
+                    let threshold = scores[(q * (scores.len() - 1) as f64) as usize];
+                    for widths in shapes {
+                        let context = format!(
+                            "{name} {variant}, gate {gate}, tree {widths:?}, >= {threshold}"
+                        );
+                        let tree = TokenTree::from_widths(widths).unwrap();
+                        let (real, _) = tree_speculative_generate_dynamic(
+                            m2r2,
+                            gate,
+                            (GateKind::Confidence, threshold),
+                            &tree,
+                            &prompt,
+                            response.len(),
+                            &[],
+                            None,
+                        )
+                        .unwrap();
+                        assert_eq!(real.tokens, response, "{context}");
+                        let sim = simulate_dynamic_tree(
+                            &trace,
+                            widths,
+                            (GateKind::Confidence, threshold),
+                        )
+                        .unwrap();
+                        assert_eq!(sim.rounds, real.rounds.len(), "{context}");
+                        assert_eq!(sim.emitted, response.len() - 1, "{context}");
+                        let last = real.rounds.len() - 1;
+                        for (r, round) in real.rounds.iter().enumerate().take(last) {
+                            assert_eq!(round.accepted, sim.accepted[r], "{context}, round {r}");
+                            // a chain whose drafts were all accepted (after a wrong one the
+                            // scores are estimated, as the chain simulation's are)
+                            if widths.iter().all(|&w| w == 1)
+                                && round.accepted + 1 == round.tree.nodes()
+                            {
+                                assert_eq!(
+                                    round.scores.len(),
+                                    sim.proposals[r],
+                                    "{context}, round {r}"
+                                );
+                            }
+                            stopped += usize::from(round.tree.nodes() < tree.nodes());
+                            accepting += usize::from(round.accepted > 0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        stopped > 0 && accepting > 0,
+        "stopped {stopped}, accepting {accepting}"
+    );
 }
