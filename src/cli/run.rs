@@ -176,6 +176,10 @@ pub fn run(args: &Args) -> Result<()> {
     // a tree drafts up to its depth every round; with --dynamic-draft or the config tree's
     // `dynamic` it grows per branch while the gate's score passes its threshold
     let dynamic = tree.as_ref().and(grown);
+    if let Some((gate, threshold)) = dynamic {
+        // the report's gate is the one that grows the tree
+        (settings.gate, settings.threshold) = (gate, threshold);
+    }
     if let Some(widths) = &tree {
         settings.draft_length = match dynamic {
             Some((gate, threshold)) => DraftLength::Dynamic {

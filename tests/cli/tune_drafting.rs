@@ -365,6 +365,7 @@ fn tune_drafting_ranks_writes_and_refuses() {
     assert_eq!(decoded["tokens"], greedy["tokens"]);
     assert_eq!(ids(&decoded["draft_tree"]), [2, 1, 1], "{decoded}");
     assert_eq!(decoded["dynamic_tree"]["gate"], "confidence", "{decoded}");
+    assert_eq!(decoded["m2r2"]["gate"], "confidence", "{decoded}");
     let grown_export = p("grown-export");
     ok(&[
         "export",
@@ -391,6 +392,7 @@ fn tune_drafting_ranks_writes_and_refuses() {
     assert_eq!(ids(&on_onnx["draft_tree"]), [2, 1, 1], "{on_onnx}");
     let threshold = on_onnx["dynamic_tree"]["threshold"].as_f64().unwrap();
     assert_eq!(threshold as f32, 0.3, "{on_onnx}");
+    assert_eq!(on_onnx["m2r2"]["gate"], "confidence", "{on_onnx}");
     // chains alone: the winner is a chain, and the tree default is dropped
     ok(&[
         "tune-drafting",
