@@ -33,7 +33,7 @@ use reference::base::tree::TokenTree;
 use reference::decode::draft_sim::tree::shape_text;
 use reference::decode::draft_sim::tree_steps::{time_tree_steps, time_tree_steps_on};
 use reference::decode::draft_sim::{
-    Policy, Simulated, StepCosts, TREE_SHAPES, Trace, simulate, simulate_dynamic_tree,
+    Policy, Simulated, StepCosts, TREE_SHAPES, Trace, TreeCosts, simulate, simulate_dynamic_tree,
     simulate_tree, trace,
 };
 use reference::decode::draft_verify::ReferenceSpeculation;
@@ -152,6 +152,18 @@ struct EngineCosts {
 }
 
 impl EngineCosts {
+    /// Add the tree steps. A tree grown per branch whose root scores below the threshold verifies
+    /// the root alone: one row, which is the chain's verification of 1 row.
+    fn set_tree(&mut self, mut tree: TreeCosts) {
+        if tree.verify.is_empty() {
+            tree.verify.push(None);
+        }
+        if tree.verify[0].is_none() {
+            tree.verify[0] = self.costs.verify.first().copied();
+        }
+        self.costs.tree = Some(tree);
+    }
+
     fn for_policy(&self, policy: Policy) -> Option<StepCosts> {
         match policy {
             Policy::Dynamic {
@@ -229,7 +241,7 @@ fn fastest<'a>(
 
 /// The defaults, one chain and at most one tree for both engines as the config holds them: by
 /// ONNX Runtime's predictions when it was priced (the deployment), else by the reference's. The
-/// tree only when it beats that chain on the same engine.
+/// tree only when it beats that chain on every engine priced: both draft it by default.
 fn defaults(results: &[PolicyResult], onnx: bool) -> Defaults {
     let speedup = |r: &PolicyResult| match onnx {
         true => r.speedup_onnx,
@@ -239,8 +251,14 @@ fn defaults(results: &[PolicyResult], onnx: bool) -> Defaults {
         results.iter().filter(|r| r.family == Family::Chain),
         speedup,
     );
+    let beats = |t: &PolicyResult, c: &PolicyResult| {
+        speedup(t) > speedup(c)
+            && (!onnx
+                || t.speedup_reference
+                    .is_some_and(|s| c.speedup_reference < Some(s)))
+    };
     let tree = fastest(results.iter().filter(|r| r.family == Family::Tree), speedup)
-        .filter(|t| chain.is_none_or(|c| speedup(t) > speedup(c)));
+        .filter(|t| chain.is_none_or(|c| beats(t, c)));
     Defaults {
         chain: chain.cloned(),
         tree: tree.cloned(),
@@ -616,7 +634,7 @@ fn reference_costs(
     };
     let mut costs = engine_costs("reference".into(), gate, times, arla);
     if !shapes.is_empty() {
-        costs.costs.tree = Some(time_tree_steps(m2r2, gate, &prompt, shapes, args.repeats)?);
+        costs.set_tree(time_tree_steps(m2r2, gate, &prompt, shapes, args.repeats)?);
     }
     Ok(costs)
 }
@@ -660,7 +678,7 @@ fn onnx_costs(
         let backend = OnnxSpeculation::load(&export, &ep, None)?;
         let trees = time_tree_steps_on(backend, &prompt, shapes, args.repeats)
             .with_context(|| format!("cannot time token trees on {}", dir.display()))?;
-        costs.costs.tree = Some(trees);
+        costs.set_tree(trees);
     }
     Ok(costs)
 }
