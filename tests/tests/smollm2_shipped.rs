@@ -21,15 +21,15 @@ const PROMPTS: usize = 3;
 const NEW_TOKENS: usize = 64;
 /// Mean accepted length (tokens per verification round, bonus token included) over the rounds of
 /// the `PROMPTS` prompts with the shipped weights and their default drafting policy (draft gate 1
-/// with the bridge, dynamic drafting while the confidence is >= 0.3, at most 1 draft): measured
-/// 1.4104 over 134 rounds (2026-11-26, docs/journal/2026-11-26-bridge.md; the weights before the
-/// bridge, with at most 2 drafts at confidence >= 0.5, measured 1.3103 over 145); greedy decoding
-/// is deterministic, so the floor is the measurement rounded down. Dynamic drafting proposes only
-/// where the gate is confident, so many rounds verify the base token alone:
+/// after 2 layers, with the bridge; dynamic drafting while the confidence is >= 0.2, at most 1
+/// draft): measured 1.4104 over 134 rounds (2026-11-27, docs/journal/2026-11-27-shallow-gate.md;
+/// the seven-layer gate before it, at confidence >= 0.3, measured the same 1.4104 over 134);
+/// greedy decoding is deterministic, so the floor is the measurement rounded down. Dynamic
+/// drafting proposes only where the gate is confident, so many rounds verify the base token alone:
 const MIN_MEAN_ACCEPTED: f64 = 1.41;
-/// Of the rounds that drafted, those whose first draft was accepted: measured 0.5851 (55 of 94;
-/// the lower threshold drafts in more rounds than before, 48 at 0.7708).
-const MIN_FIRST_ACCEPTED: f64 = 0.58;
+/// Of the rounds that drafted, those whose first draft was accepted: measured 0.5000 (55 of 110;
+/// the seven-layer gate drafted in fewer rounds, 55 of 94 at 0.5851).
+const MIN_FIRST_ACCEPTED: f64 = 0.50;
 
 /// `(prompt, greedy response)` token ids of the first `n` development samples.
 fn dev_samples(n: usize) -> Vec<(Vec<u32>, Vec<u32>)> {
