@@ -156,8 +156,14 @@ fn five_sabotages(suite: &Suite, targets: &[Target; 3], prompt: &[&str], other_m
                             .as_str()
                             .unwrap()
                             .contains("reads verifier.onnx's final_states");
+                    // a decode's lines name every graph it runs: `feed+draft+verifier.onnx`
+                    let stem = target.graph.trim_end_matches(".onnx");
+                    let in_decode = graph
+                        .trim_end_matches(".onnx")
+                        .split('+')
+                        .any(|g| g == stem);
                     assert!(
-                        graph.contains(target.graph) || through_bridge,
+                        in_decode || through_bridge,
                         "{} sabotaged: {e}",
                         target.graph
                     );

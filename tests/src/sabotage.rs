@@ -64,13 +64,13 @@ pub const TINY_TARGETS: [Target; 3] = [
 ];
 
 /// The same three sabotages for `m2r2 export --model smollm2` (shipped M2R2 weights, draft gate 1:
-/// draft layers 0..7, verifier layers 7..30), measured the same way:
-/// - `model.onnx`: final norm x 1.05, `logits` off by 1.6, argmaxes kept;
-/// - `verifier.onnx`: column 3 of the first verifier layer's `o_proj` (`[576, 576]`) zeroed:
-///   verifier `logits` off by 0.23;
-/// - `draft.onnx`: column 0 of layer 6's `down_proj` adapter `lora_B` (`[576, 16]`) zeroed:
-///   `draft_logits` (pruned head, `[T, 4096]`) off by 1.2, `exit_prob` by 6e-3, `hidden_states`
-///   untouched.
+/// draft layers 0..2, verifier layers 2..30):
+/// - `model.onnx`: final norm x 1.05 (`logits` off by 1.6 with the earlier weights, argmaxes kept);
+/// - `verifier.onnx`: column 3 of the first verifier layer's `o_proj` (`[576, 576]`) zeroed;
+/// - `draft.onnx`: column 0 of layer 1's `down_proj` adapter `lora_B` (`[576, 16]`) zeroed, the
+///   last layer of the draft gate's interval.
+///
+/// `five_sabotages_on_smollm2` checks that each is caught in the tensor it changes and only there.
 pub const SMOLLM2_TARGETS: [Target; 3] = [
     Target {
         graph: "model.onnx",
@@ -79,12 +79,12 @@ pub const SMOLLM2_TARGETS: [Target; 3] = [
     },
     Target {
         graph: "verifier.onnx",
-        initializer: "model.layers.7.self_attn.o_proj.weight",
+        initializer: "model.layers.2.self_attn.o_proj.weight",
         how: Sabotage::ZeroColumn(3),
     },
     Target {
         graph: "draft.onnx",
-        initializer: "base_model.model.model.layers.6.mlp.down_proj.lora_B.weight",
+        initializer: "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight",
         how: Sabotage::ZeroColumn(0),
     },
 ];
