@@ -366,6 +366,14 @@ fn tune_drafting_ranks_writes_and_refuses() {
         "dynamic": {"gate": "confidence", "threshold": 0.3},
     });
     std::fs::write(dir.path().join("t/m2r2_config.json"), grown.to_string()).unwrap();
+    let info = ok(&["info", "--model", "tiny", "--m2r2", &t]);
+    assert!(
+        info.stdout.contains(
+            "default tree  gate 1, widths 2,1,1, grown per branch while confidence >= 0.3"
+        ),
+        "{}",
+        info.stdout
+    );
     let decoded = generate_json(&spec);
     assert_eq!(decoded["tokens"], greedy["tokens"]);
     assert_eq!(ids(&decoded["draft_tree"]), [2, 1, 1], "{decoded}");

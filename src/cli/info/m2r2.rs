@@ -52,6 +52,7 @@ pub fn describe(weights: &M2r2Weights, source: &str) -> Value {
             "draft_len": config.draft_len,
             "dynamic_draft": dynamic,
             "draft_head_tokens": weights.draft_head.as_ref().map(|h| h.len()),
+            "draft_tree": config.draft_tree,
         },
         "arla": {
             "present": weights.arla.is_some(),
@@ -116,6 +117,25 @@ pub fn print_text(m: &Value) {
         None => "full draft head".into(),
     };
     println!("drafting      gate {}, {policy}, {head}", draft["gate"]);
+    if let Some(tree) = draft["draft_tree"].as_object() {
+        let widths: Vec<String> = tree["widths"]
+            .as_array()
+            .map(|w| w.iter().map(|w| w.to_string()).collect())
+            .unwrap_or_default();
+        let grown = match tree.get("dynamic").and_then(|d| d.as_object()) {
+            Some(d) => format!(
+                ", grown per branch while {} >= {}",
+                d["gate"].as_str().unwrap_or(""),
+                d["threshold"]
+            ),
+            None => String::new(),
+        };
+        println!(
+            "default tree  gate {}, widths {}{grown} (greedy speculative decoding)",
+            tree["draft_gate"],
+            widths.join(",")
+        );
+    }
     let arla = &m["arla"];
     println!(
         "ARLA          {}, latent {}, threshold {}",
