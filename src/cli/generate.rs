@@ -119,21 +119,8 @@ pub fn run(args: &Args) -> Result<()> {
         (None, None) if lookup.is_some() => Some(vec![1; settings.draft_length.max()]),
         (None, None) => None,
     };
-    if let Some((gate, threshold)) = grown.filter(|_| tree.is_some()) {
-        // the report's gate is the one that grows the tree
-        (settings.gate, settings.threshold) = (gate, threshold);
-    }
     if let Some(widths) = &tree {
-        // a tree drafts up to its depth every round; with --dynamic-draft (not the config's
-        // chain drafting) or the config tree's `dynamic` it grows per branch
-        settings.draft_length = match grown {
-            Some((gate, threshold)) => DraftLength::Dynamic {
-                max: widths.len(),
-                gate,
-                threshold,
-            },
-            None => DraftLength::Fixed(widths.len()),
-        };
+        crate::cli::args::tree::draft_tree_settings(&mut settings, widths, grown);
     }
     let prompt = common::prompt_tokens(&loaded, &args.prompt)?;
     let request = DecodeRequest {

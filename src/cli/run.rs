@@ -176,19 +176,8 @@ pub fn run(args: &Args) -> Result<()> {
     // a tree drafts up to its depth every round; with --dynamic-draft or the config tree's
     // `dynamic` it grows per branch while the gate's score passes its threshold
     let dynamic = tree.as_ref().and(grown);
-    if let Some((gate, threshold)) = dynamic {
-        // the report's gate is the one that grows the tree
-        (settings.gate, settings.threshold) = (gate, threshold);
-    }
     if let Some(widths) = &tree {
-        settings.draft_length = match dynamic {
-            Some((gate, threshold)) => DraftLength::Dynamic {
-                max: widths.len(),
-                gate,
-                threshold,
-            },
-            None => DraftLength::Fixed(widths.len()),
-        };
+        crate::cli::args::tree::draft_tree_settings(&mut settings, widths, dynamic);
     }
     if args.ep.ort_compare.is_some() {
         bail!(

@@ -337,14 +337,7 @@ pub fn simulate(points: &[Vec<DraftPoint>], policy: Policy) -> Result<Simulated>
             "dynamic drafting with the {gate} gate needs its scores, and the trace has none"
         )));
     }
-    // the k-th draft of a round starting at i: traced to that depth, or (exact without a
-    // bridge) the first draft of a round starting at i + k
-    let point = |i: usize, k: usize| {
-        points
-            .get(i)
-            .and_then(|r| r.get(k))
-            .or_else(|| points.get(i + k).and_then(|r| r.first()))
-    };
+    let point = |i: usize, k: usize| round_point(points, i, k);
     let mut sim = Simulated {
         verifies: vec![0; max + 2],
         ..Simulated::default()
@@ -391,6 +384,15 @@ pub fn simulate(points: &[Vec<DraftPoint>], policy: Policy) -> Result<Simulated>
         i += emitted;
     }
     Ok(sim)
+}
+
+/// The `k`-th draft of a round starting at response position `i`: traced to that depth, or (exact
+/// without a bridge) the first draft of a round starting at `i + k`; `None` past the trace.
+fn round_point(points: &[Vec<DraftPoint>], i: usize, k: usize) -> Option<&DraftPoint> {
+    points
+        .get(i)
+        .and_then(|r| r.get(k))
+        .or_else(|| points.get(i + k).and_then(|r| r.first()))
 }
 
 pub mod tree;

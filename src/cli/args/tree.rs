@@ -4,7 +4,10 @@
 
 use anyhow::{Result, anyhow, bail};
 use reference::base::tree::TokenTree;
+use reference::decode::mode::M2r2Settings;
 use reference::decode::prompt_lookup::LookupConfig;
+use reference::decode::speculative::DraftLength;
+use reference::m2r2::exit_gate::GateKind;
 
 /// What the command was asked besides the tree.
 pub struct TreeRequest<'a> {
@@ -70,4 +73,25 @@ pub fn prompt_lookup(
         );
     }
     Ok(Some(LookupConfig::new(tokens)))
+}
+
+/// Make `settings` draft the tree of shape `widths`: up to its depth every round, or grown per
+/// branch while `grown`'s gate scores at least its threshold (`--dynamic-draft`, or the config
+/// tree's `dynamic`), which is then the gate the report names.
+pub fn draft_tree_settings(
+    settings: &mut M2r2Settings,
+    widths: &[usize],
+    grown: Option<(GateKind, f32)>,
+) {
+    settings.draft_length = match grown {
+        Some((gate, threshold)) => {
+            (settings.gate, settings.threshold) = (gate, threshold);
+            DraftLength::Dynamic {
+                max: widths.len(),
+                gate,
+                threshold,
+            }
+        }
+        None => DraftLength::Fixed(widths.len()),
+    };
 }

@@ -6,7 +6,7 @@
 //! is fixed by the shape: a draft level per depth (the levels above the leaves propose) and one
 //! verification of all nodes.
 
-use super::{DraftPoint, Simulated};
+use super::{DraftPoint, Simulated, round_point};
 use crate::base::tree::TokenTree;
 use crate::error::{Error, Result};
 use crate::m2r2::exit_gate::GateKind;
@@ -46,27 +46,10 @@ pub fn level_sizes(widths: &[usize]) -> Vec<usize> {
 /// # Errors
 /// A shape [`TokenTree::from_widths`] refuses, or one that drafts nothing (no widths).
 pub fn simulate_tree(points: &[Vec<DraftPoint>], widths: &[usize]) -> Result<Simulated> {
-    let tree = TokenTree::from_widths(widths)?;
-    if widths.is_empty() {
-        return Err(Error::Invalid(
-            "a token tree must draft: give at least one width".into(),
-        ));
-    }
-    let levels = level_sizes(widths);
-    let nodes = tree.nodes();
+    let (levels, mut sim) = tree_rounds(widths)?;
+    let nodes: usize = levels.iter().sum();
     let proposing = nodes - levels[widths.len()];
-    let point = |i: usize, k: usize| {
-        points
-            .get(i)
-            .and_then(|r| r.get(k))
-            .or_else(|| points.get(i + k).and_then(|r| r.first()))
-    };
-    let mut sim = Simulated {
-        tree_proposing: vec![0; levels.iter().max().expect("the root") + 1],
-        tree_leaves: vec![0; levels[widths.len()] + 1],
-        tree_verifies: vec![0; nodes + 1],
-        ..Simulated::default()
-    };
+    let point = |i: usize, k: usize| round_point(points, i, k);
     let mut i = 0;
     while i < points.len() {
         let accepted = widths
@@ -113,30 +96,13 @@ pub fn simulate_dynamic_tree(
     widths: &[usize],
     (gate, threshold): (GateKind, f32),
 ) -> Result<Simulated> {
-    let tree = TokenTree::from_widths(widths)?;
-    if widths.is_empty() {
-        return Err(Error::Invalid(
-            "a token tree must draft: give at least one width".into(),
-        ));
-    }
+    let (levels, mut sim) = tree_rounds(widths)?;
     if points.iter().flatten().any(|p| p.score(gate).is_none()) {
         return Err(Error::Invalid(format!(
             "dynamic drafting with the {gate} gate needs its scores, and the trace has none"
         )));
     }
-    let levels = level_sizes(widths);
-    let point = |i: usize, k: usize| {
-        points
-            .get(i)
-            .and_then(|r| r.get(k))
-            .or_else(|| points.get(i + k).and_then(|r| r.first()))
-    };
-    let mut sim = Simulated {
-        tree_proposing: vec![0; levels.iter().max().expect("the root") + 1],
-        tree_leaves: vec![0; levels[widths.len()] + 1],
-        tree_verifies: vec![0; tree.nodes() + 1],
-        ..Simulated::default()
-    };
+    let point = |i: usize, k: usize| round_point(points, i, k);
     let mut i = 0;
     while i < points.len() {
         let (mut nodes, mut proposing, mut accepted, mut on_path) = (0, 0, 0, true);
@@ -165,6 +131,28 @@ pub fn simulate_dynamic_tree(
         i += emitted;
     }
     Ok(sim)
+}
+
+/// The nodes at each depth of the shape `widths` and an empty [`Simulated`] with room for its
+/// rounds' draft levels and verifications.
+///
+/// # Errors
+/// A shape [`TokenTree::from_widths`] refuses, or no widths.
+fn tree_rounds(widths: &[usize]) -> Result<(Vec<usize>, Simulated)> {
+    TokenTree::from_widths(widths)?;
+    if widths.is_empty() {
+        return Err(Error::Invalid(
+            "a token tree must draft: give at least one width".into(),
+        ));
+    }
+    let levels = level_sizes(widths);
+    let sim = Simulated {
+        tree_proposing: vec![0; levels.iter().max().expect("the root") + 1],
+        tree_leaves: vec![0; levels[widths.len()] + 1],
+        tree_verifies: vec![0; levels.iter().sum::<usize>() + 1],
+        ..Simulated::default()
+    };
+    Ok((levels, sim))
 }
 
 /// A shape as it is written: `2,1,1`.
