@@ -273,6 +273,16 @@ impl Simulated {
         add_counts(&mut self.tree_verifies, &other.tree_verifies);
     }
 
+    /// Count a round that accepted `accepted` drafts with `left` traced positions to go; returns
+    /// the tokens it emits (the base token included; the trace's end cuts the last round).
+    fn close_round(&mut self, accepted: usize, left: usize) -> usize {
+        self.accepted.push(accepted);
+        self.rounds += 1;
+        let emitted = (accepted + 1).min(left);
+        self.emitted += emitted;
+        emitted
+    }
+
     /// Mean tokens emitted per verification.
     pub fn tokens_per_round(&self) -> f64 {
         self.emitted as f64 / self.rounds.max(1) as f64
@@ -376,12 +386,8 @@ pub fn simulate(points: &[Vec<DraftPoint>], policy: Policy) -> Result<Simulated>
             .map_while(|k| point(i, k))
             .take_while(|p| p.agrees)
             .count();
-        sim.accepted.push(accepted);
         sim.verifies[proposed + 1] += 1;
-        sim.rounds += 1;
-        let emitted = (accepted + 1).min(points.len() - i);
-        sim.emitted += emitted;
-        i += emitted;
+        i += sim.close_round(accepted, points.len() - i);
     }
     Ok(sim)
 }

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::base::generate::{GenerateOptions, generate};
+use crate::base::model::Model;
 use crate::decode::draft_verify::ReferenceSpeculation;
 use crate::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
 use crate::io::builtin;
@@ -122,14 +123,7 @@ fn predicts_the_speculative_loop() {
         let depth = if bridged { 4 } else { 1 };
         let m2r2 = M2r2::new(&model, &weights);
         let prompt = [5, 17, 3, 9];
-        let greedy_options = GenerateOptions {
-            max_new_tokens: 48,
-            stop_tokens: vec![],
-            sampling: None,
-        };
-        let response = generate(&model, &prompt, &greedy_options, &mut |_, _| {})
-            .unwrap()
-            .tokens;
+        let response = greedy_response(&model, &prompt, 48);
         let capacity = prompt.len() + response.len() + 8;
         // (accepted drafts, rejected rounds): the comparison must see both
         let mut seen = (0, 0);
@@ -210,14 +204,7 @@ fn trace_refuses_a_response_that_is_not_greedy() {
     let model = builtin::builtin("tiny").unwrap();
     let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
     let mut backend = ReferenceSpeculation::new(M2r2::new(&model, &weights), 1, None, 32).unwrap();
-    let options = GenerateOptions {
-        max_new_tokens: 6,
-        stop_tokens: vec![],
-        sampling: None,
-    };
-    let mut response = generate(&model, &[1, 2], &options, &mut |_, _| {})
-        .unwrap()
-        .tokens;
+    let mut response = greedy_response(&model, &[1, 2], 6);
     response[3] = (response[3] + 1) % model.config.vocab_size as u32;
     let err = trace(&mut backend, &[1, 2], &response, 1)
         .unwrap_err()
@@ -225,4 +212,16 @@ fn trace_refuses_a_response_that_is_not_greedy() {
     assert!(err.contains("response token 3"), "{err}");
     assert!(trace(&mut backend, &[], &response, 1).is_err());
     assert!(trace(&mut backend, &[1, 2], &response, 0).is_err());
+}
+
+/// The model's greedy continuation of `prompt`, `n` tokens (no stop token).
+pub(super) fn greedy_response(model: &Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let options = GenerateOptions {
+        max_new_tokens: n,
+        stop_tokens: vec![],
+        sampling: None,
+    };
+    generate(model, prompt, &options, &mut |_, _| {})
+        .unwrap()
+        .tokens
 }

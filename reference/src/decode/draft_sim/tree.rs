@@ -58,17 +58,13 @@ pub fn simulate_tree(points: &[Vec<DraftPoint>], widths: &[usize]) -> Result<Sim
             .map_while(|(k, &w)| point(i, k).map(|p| p.rank < w))
             .take_while(|&held| held)
             .count();
-        sim.accepted.push(accepted);
         sim.proposals.push(proposing);
         for &n in &levels[..widths.len()] {
             sim.tree_proposing[n] += 1;
         }
         sim.tree_leaves[levels[widths.len()]] += 1;
         sim.tree_verifies[nodes] += 1;
-        sim.rounds += 1;
-        let emitted = (accepted + 1).min(points.len() - i);
-        sim.emitted += emitted;
-        i += emitted;
+        i += sim.close_round(accepted, points.len() - i);
     }
     Ok(sim)
 }
@@ -122,13 +118,9 @@ pub fn simulate_dynamic_tree(
             on_path = on_path && p.is_some_and(|p| p.rank < w);
             accepted += usize::from(on_path);
         }
-        sim.accepted.push(accepted);
         sim.proposals.push(proposing);
         sim.tree_verifies[nodes] += 1;
-        sim.rounds += 1;
-        let emitted = (accepted + 1).min(points.len() - i);
-        sim.emitted += emitted;
-        i += emitted;
+        i += sim.close_round(accepted, points.len() - i);
     }
     Ok(sim)
 }

@@ -1,9 +1,9 @@
 //! Token trees in the simulator: ranks against `top_candidates`, tree rounds against hand-computed
 //! ones and against `tree_speculative_generate` itself, the timed steps against a real round.
 
+use super::tests::greedy_response;
 use super::tree_steps::{TreeRoundSteps, time_tree_steps};
 use super::*;
-use crate::base::generate::{GenerateOptions, generate};
 use crate::base::tree::TokenTree;
 use crate::decode::draft_verify::ReferenceSpeculation;
 use crate::decode::tree_speculation::{
@@ -187,14 +187,7 @@ fn predicts_tree_speculation() {
         for (variant, weights) in variants(name, &model) {
             let m2r2 = M2r2::new(&model, &weights);
             let prompt = [5, 17, 3, 9];
-            let options = GenerateOptions {
-                max_new_tokens: 48,
-                stop_tokens: vec![],
-                sampling: None,
-            };
-            let response = generate(&model, &prompt, &options, &mut |_, _| {})
-                .unwrap()
-                .tokens;
+            let response = greedy_response(&model, &prompt, 48);
             let capacity = prompt.len() + response.len() + 8;
             for gate in 1..=weights.config.num_gates() {
                 let depth = if weights.bridge_at(gate).is_some() {
@@ -452,14 +445,7 @@ fn predicts_dynamic_tree_speculation() {
         for (variant, weights) in variants(name, &model) {
             let m2r2 = M2r2::new(&model, &weights);
             let prompt = [5, 17, 3, 9];
-            let options = GenerateOptions {
-                max_new_tokens: 40,
-                stop_tokens: vec![],
-                sampling: None,
-            };
-            let response = generate(&model, &prompt, &options, &mut |_, _| {})
-                .unwrap()
-                .tokens;
+            let response = greedy_response(&model, &prompt, 40);
             let capacity = prompt.len() + response.len() + 8;
             for gate in 1..=weights.config.num_gates() {
                 let mut backend = ReferenceSpeculation::new(m2r2, gate, None, capacity).unwrap();
