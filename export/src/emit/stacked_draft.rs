@@ -29,8 +29,8 @@ use crate::builder::{Attr, GraphBuilder};
 use crate::emit::layer::norm_weights;
 use crate::emit::static_draft::fast_attention;
 use crate::emit::static_layer::{
-    HEADS, StaticContext, TRANSPOSED, attention, heads_in, heads_out, project_heads_with,
-    project_mlp_with, project_o_with, rms_normalization, scatter,
+    HEADS, StaticContext, TRANSPOSED, attention, heads_in, heads_out, proj_heads,
+    project_heads_with, project_mlp_with, project_o_with, rms_normalization, scatter,
 };
 use ndarray::{Array2, ArrayD, Axis, stack};
 use reference::base::config::ModelConfig;
@@ -81,10 +81,7 @@ fn project_heads(
     lin: &Linear,
     h: &str,
 ) -> String {
-    let heads = match p {
-        AttnProj::Q => config.num_attention_heads,
-        _ => config.num_key_value_heads,
-    };
+    let heads = proj_heads(config, p);
     let dh = config.head_dim;
     let fast = merged(acc, l, Target::Attn(p), &lin.w);
     let w = streams(heads_in(&lin.w, heads, dh), heads_in(&fast, heads, dh));

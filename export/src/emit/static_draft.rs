@@ -28,7 +28,7 @@ use crate::builder::{Attr, GraphBuilder};
 use crate::emit::layer::norm_weights;
 use crate::emit::moe::moe_block;
 use crate::emit::static_layer::{
-    HEADS, StaticContext, TRANSPOSED, attention, project_heads, project_mlp, project_o,
+    HEADS, StaticContext, TRANSPOSED, attention, proj_heads, project_heads, project_mlp, project_o,
     rms_normalization, rope, scatter,
 };
 use ndarray::{Array2, ArrayD};
@@ -106,10 +106,7 @@ fn delta_heads(
 ) -> Option<String> {
     let target = Target::Attn(p);
     let lora = adapter(acc, l, target)?;
-    let heads = match p {
-        AttnProj::Q => config.num_attention_heads,
-        _ => config.num_key_value_heads,
-    };
+    let heads = proj_heads(config, p);
     let (dh, r) = (config.head_dim, lora.rank());
     Some(b.scoped("lora", |b| {
         let at = lora_weight(b, l, target, LoraPart::A, TRANSPOSED, transposed(lora.a()));

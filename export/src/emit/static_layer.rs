@@ -97,6 +97,14 @@ pub(crate) fn heads_bias(b: &Array1<f32>, heads: usize, dh: usize) -> ArrayD<f32
         .into_dyn()
 }
 
+/// The heads of a q, k or v projection: the query heads for q, the key/value heads otherwise.
+pub(crate) fn proj_heads(config: &ModelConfig, p: AttnProj) -> usize {
+    match p {
+        AttnProj::Q => config.num_attention_heads,
+        _ => config.num_key_value_heads,
+    }
+}
+
 /// `h @ W_heads (+ b)` for q, k or v of layer `l`: `[B, 1, T, D]` -> `[B, n, T, Dh]`.
 pub(crate) fn project_heads(
     b: &mut GraphBuilder,
@@ -106,10 +114,7 @@ pub(crate) fn project_heads(
     lin: &Linear,
     h: &str,
 ) -> String {
-    let heads = match p {
-        AttnProj::Q => config.num_attention_heads,
-        _ => config.num_key_value_heads,
-    };
+    let heads = proj_heads(config, p);
     let w = heads_in(&lin.w, heads, config.head_dim);
     project_heads_with(b, config, l, p, lin, h, (HEADS, w))
 }
@@ -127,10 +132,7 @@ pub(crate) fn project_heads_with(
     h: &str,
     (suffix, w): (&str, ArrayD<f32>),
 ) -> String {
-    let heads = match p {
-        AttnProj::Q => config.num_attention_heads,
-        _ => config.num_key_value_heads,
-    };
+    let heads = proj_heads(config, p);
     let dh = config.head_dim;
     b.scoped(p.module(), |b| {
         let name = WeightId::Attn(l, p).onnx_name() + suffix;
