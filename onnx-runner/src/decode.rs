@@ -22,14 +22,13 @@ use reference::base::tree::TokenTree;
 use reference::base::work::Work;
 use reference::decode::drafting::{Drafting, DraftingRequest, resolve_drafting};
 use reference::decode::early_exit::KvPolicy;
-use reference::decode::mode::tree_speculative_run_with_lookup;
+use reference::decode::mode::tree_run_on;
 use reference::decode::mode::{
     DecodeRequest, M2r2Settings, Mode, ModeRun, greedy_run, greedy_step, speculative_run,
 };
 use reference::decode::prompt_lookup::LookupConfig;
 use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
 use reference::decode::timed::Timed;
-use reference::decode::tree_speculation::{TreeDrafting, tree_speculate_drafting};
 use reference::m2r2::exit_gate::GateKind;
 use std::time::Instant;
 
@@ -149,24 +148,14 @@ pub fn decode_tree(
     let tree = TokenTree::from_widths(widths)?;
     let n = export.manifest.config.num_hidden_layers;
     let mut backend = OnnxSpeculation::load(export, ep, dynamic.map(|d| d.0))?;
-    let start = Instant::now();
-    let drafting = TreeDrafting::new(dynamic.map(|d| d.1), lookup)?;
-    let prompt = (
-        request.prompt,
-        request.max_new_tokens,
-        &request.stop_tokens[..],
-    );
-    let out = tree_speculate_drafting(
+    let run = tree_run_on(
         &mut backend,
-        &tree,
-        drafting,
-        prompt,
-        request.sampling.clone(),
+        (&tree, widths),
+        (dynamic, lookup),
+        request,
+        n,
+        |_| Work::default(),
     )?;
-    let seconds = start.elapsed().as_secs_f64();
-    let mut run =
-        tree_speculative_run_with_lookup(out, &tree, widths, lookup, n, seconds, Work::default());
-    run.set_dynamic_tree(dynamic);
     Ok(OnnxRun {
         run,
         ep_used: ep_used(&backend),

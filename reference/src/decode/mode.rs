@@ -26,6 +26,7 @@ use crate::decode::speculative::{
     DraftLength, Round, SpeculativeOptions, SpeculativeOutput, speculative_generate,
 };
 use crate::decode::timed::Timed;
+use crate::decode::tree_backend::TreeBackend;
 use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
 use crate::decode::tree_speculation::{
     TreeDrafting, TreeRound, TreeSpeculativeOutput, tree_speculate_drafting,
@@ -332,6 +333,35 @@ pub fn tree_speculative_mode_run(
     };
     let mut backend = ReferenceTreeSpeculation::new(m2r2, settings.draft_gate, capacity)?
         .with_gate(dynamic.map(|d| d.0));
+    let run = tree_run_on(
+        &mut backend,
+        (&tree, widths),
+        (dynamic, lookup),
+        request,
+        n,
+        |b| b.work(),
+    )?;
+    for &token in &run.tokens {
+        on_token(token);
+    }
+    Ok(run)
+}
+
+/// The tree loop ([`tree_speculate_drafting`]) of `request` on any engine's `backend`, timed from
+/// the prefill on, and its report: the tree `tree` of shape `widths`, grown per branch while
+/// `dynamic`'s gate scores at least its threshold, or whole with an optional `lookup` branch; `n`
+/// layers; `work` reads the backend's counted work after the run.
+///
+/// # Errors
+/// Both `dynamic` and `lookup` ([`TreeDrafting::new`]), and the loop's.
+pub fn tree_run_on<B: TreeBackend>(
+    backend: &mut B,
+    (tree, widths): (&TokenTree, &[usize]),
+    (dynamic, lookup): (Option<(GateKind, f32)>, Option<LookupConfig>),
+    request: &DecodeRequest<'_>,
+    n: usize,
+    work: impl FnOnce(&B) -> Work,
+) -> Result<ModeRun> {
     let drafting = TreeDrafting::new(dynamic.map(|d| d.1), lookup)?;
     let request_tuple = (
         request.prompt,
@@ -340,18 +370,15 @@ pub fn tree_speculative_mode_run(
     );
     let start = Instant::now();
     let out = tree_speculate_drafting(
-        &mut backend,
-        &tree,
+        backend,
+        tree,
         drafting,
         request_tuple,
         request.sampling.clone(),
     )?;
     let seconds = start.elapsed().as_secs_f64();
-    for &token in &out.tokens {
-        on_token(token);
-    }
-    let work = backend.work();
-    let mut run = tree_speculative_run_with_lookup(out, &tree, widths, lookup, n, seconds, work);
+    let work = work(backend);
+    let mut run = tree_speculative_run_with_lookup(out, tree, widths, lookup, n, seconds, work);
     run.set_dynamic_tree(dynamic);
     Ok(run)
 }
