@@ -42,27 +42,43 @@ impl Golden {
             )));
         }
         self.check_config(config)?;
-        let (greedy, logits) = replay_on(
-            backend,
+        let (greedy, logits) = self.replay_logits(backend, graph, tol)?;
+        Ok(CheckReport {
+            entries: vec![
+                logits,
+                compare_int_rows("tokens", graph, &ids(&self.tokens), &ids(&greedy), 1, true),
+            ],
+        })
+    }
+
+    /// The base model's logits recomputed on `greedy` (called `graph`) along the recorded tokens
+    /// (teacher forcing) against the recorded ones, and the tokens greedy decoding chose there.
+    ///
+    /// # Errors
+    /// The engine's.
+    pub(in crate::golden) fn replay_logits(
+        &self,
+        greedy: &mut dyn GreedyBackend,
+        graph: &str,
+        tol: Tolerance,
+    ) -> Result<(Vec<u32>, TensorCheck)> {
+        let (chosen, logits) = replay_on(
+            greedy,
             self.logits.ncols(),
             &self.prompt_tokens,
             self.tokens.len(),
             Some(&self.tokens),
             &[],
         )?;
-        Ok(CheckReport {
-            entries: vec![
-                compare_rows(
-                    "logits",
-                    graph,
-                    self.logits.view(),
-                    logits.view(),
-                    tol,
-                    false,
-                ),
-                compare_int_rows("tokens", graph, &ids(&self.tokens), &ids(&greedy), 1, true),
-            ],
-        })
+        let check = compare_rows(
+            "logits",
+            graph,
+            self.logits.view(),
+            logits.view(),
+            tol,
+            false,
+        );
+        Ok((chosen, check))
     }
 
     /// Compare `actual` (for example a deployment's own recording) with this golden, tensor by

@@ -16,7 +16,6 @@ use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
 use crate::error::{Error, Result};
 use crate::golden::Golden;
 use crate::golden::check::token_ids;
-use crate::golden::record::replay_on;
 use crate::golden::report::{
     CheckReport, Divergence, TensorCheck, Tolerance, compare_int_rows, compare_rows, compare_stops,
 };
@@ -258,24 +257,8 @@ impl Golden {
         step_rounds: &[Option<usize>],
         tol: Tolerance,
     ) -> Result<TensorCheck> {
-        let n = self.tokens.len();
-        let (_, logits) = replay_on(
-            greedy,
-            self.logits.ncols(),
-            &self.prompt_tokens,
-            n,
-            Some(&self.tokens),
-            &[],
-        )?;
-        Ok(compare_rows(
-            "logits",
-            graph,
-            self.logits.view(),
-            logits.view(),
-            tol,
-            false,
-        )
-        .in_rounds("step", step_rounds))
+        let (_, logits) = self.replay_logits(greedy, graph, tol)?;
+        Ok(logits.in_rounds("step", step_rounds))
     }
 
     /// Replay this speculative golden on `engine` (the reference, or an ONNX Runtime deployment's
