@@ -33,8 +33,8 @@ def main():
     deep_config = json.load(open(os.path.join(deep, "m2r2_config.json")))
     g = config["gates"][0]
     if config["gates"][1:] != deep_config["gates"]:
-        sys.exit(f"{shallow} has gates {config['gates']}: expected {g} then {deep} 's "
-                 f"{deep_config['gates']}")
+        sys.exit(f"{shallow} has gates {config['gates']}: expected {g} followed by the gates "
+                 f"of {deep}, {deep_config['gates']}")
     for key in ["rank", "alpha", "targets"]:
         if config[key] != deep_config[key]:
             sys.exit(f"`{key}` differs: {config[key]} in {shallow}, {deep_config[key]} in {deep}")
@@ -58,4 +58,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (OSError, KeyError, ValueError) as e:  # a missing or malformed folder: say which
+        sys.exit(f"regate_draft_gate.py: {e}")
