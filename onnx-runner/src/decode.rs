@@ -49,6 +49,7 @@ pub fn settings(export: &ExportDir, request: DraftingRequest) -> Result<M2r2Sett
         gate,
         threshold,
         draft_length,
+        ..
     } = resolve_drafting(
         &m.m2r2,
         request,
@@ -64,6 +65,7 @@ pub fn settings(export: &ExportDir, request: DraftingRequest) -> Result<M2r2Sett
         gates: m.m2r2.gates.clone(),
         gate,
         threshold,
+        gate_thresholds: None,
         kv_policy: KvPolicy::Exact,
         draft_gate: m.draft_gate,
         draft_length,

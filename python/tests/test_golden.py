@@ -547,6 +547,18 @@ class ReadRefusals(TempDir):
             "tensor `exit_gate` has unsupported dtype F32",
         )
         self.assertRefused(self.save(tensors, kv_policy="fast"), "metadata `kv_policy` = `fast`")
+        # early exit's thresholds: one number, or one per gate
+        j = exits.gate_scores.shape[1]
+        per_gate = ",".join(["1.01"] + ["0.5"] * (j - 1))
+        read = m2r2_golden.read(self.save(tensors, threshold=per_gate))
+        self.assertEqual(read.metadata["threshold"], per_gate)
+        self.assertRefused(
+            self.save(tensors, threshold=per_gate + ",0.5"),
+            f"metadata `threshold` has {j + 1} per-gate thresholds for {j} gates",
+        )
+        self.assertRefused(
+            self.save(tensors, threshold="high"), "metadata `threshold` = `high` is not valid"
+        )
 
     def test_truncated_and_corrupt_files(self):
         src = Path(reference_golden("M2R2_GOLDEN_GREEDY")).read_bytes()

@@ -19,6 +19,7 @@ pub fn settings_json(settings: &M2r2Settings) -> Value {
         "gates": settings.gates,
         "gate": settings.gate.name(),
         "threshold": decimal(settings.threshold),
+        "gate_thresholds": settings.gate_thresholds.as_ref().map(|t| t.iter().map(|&x| decimal(x)).collect::<Vec<_>>()),
         "kv_policy": settings.kv_policy.to_string(),
         "draft_gate": settings.draft_gate,
         "draft_len": draft_len,
@@ -166,7 +167,10 @@ pub fn trace_lines(
         } => {
             lines.push(format!(
                 "trace: early exit, gate {} >= {} at gates after layers {:?} (of {n}), kv {}",
-                settings.gate, settings.threshold, settings.gates, settings.kv_policy
+                settings.gate,
+                settings.exit_threshold(),
+                settings.gates,
+                settings.kv_policy
             ));
             for (i, step) in run.steps.iter().enumerate() {
                 let scores: Vec<String> = step

@@ -1,17 +1,23 @@
 //! `m2r2 train-arla`: train ARLA (docs/m2r2/arla.md) on top of trained adapters with binary
 //! cross-entropy on "the exit token equals the base model's token", then calibrate its threshold on
-//! held-out (development) data for a target agreement. Prints the early-exit sweep of ARLA next to
-//! the confidence and entropy gates on the same tokens.
+//! held-out (development) data for a target agreement: one threshold shared by every gate
+//! (`arla.threshold`), and one per gate for each of the three gate kinds; the kind with the
+//! fewest layers per token becomes the folder's default early exit (`early_exit`).
+//! Prints the early-exit sweep of ARLA next to the confidence and entropy gates on the same
+//! tokens, and the calibration of each.
 
 use crate::cli::args::trained::{Trained, TrainedArgs};
 use crate::cli::progress;
 use anyhow::{Context, Result, bail};
 use reference::m2r2::arla::Arla;
+use reference::m2r2::config::EarlyExitConfig;
+use reference::m2r2::exit_gate::GateKind;
+use reference::m2r2::exit_threshold::ExitThreshold;
 use std::path::PathBuf;
 use std::time::Instant;
 use train::arla_trainer::{
-    ArlaOptions, SweepPoint, TokenGates, arla_accuracy, arla_scores, calibrate, collect,
-    default_thresholds, sweep, train,
+    ArlaOptions, SweepPoint, TokenGates, arla_accuracy, arla_scores, calibrate, calibrate_per_gate,
+    collect, default_thresholds, sweep, train,
 };
 
 #[derive(clap::Args, Debug)]
@@ -49,12 +55,13 @@ fn print_sweep(name: &str, points: &[SweepPoint]) {
     println!("| threshold | agreement | layers/token | exits per gate |");
     println!("|---|---|---|---|");
     for p in points.iter().filter(|p| {
-        ((p.threshold * 10.0).round() - p.threshold * 10.0).abs() < 1e-4 || p.threshold > 1.0
+        let t = p.shared().unwrap_or(f32::NAN);
+        ((t * 10.0).round() - t * 10.0).abs() < 1e-4 || t > 1.0
     }) {
         let exits: Vec<String> = p.exits.iter().map(|e| format!("{e:.2}")).collect();
         println!(
             "| {:.2} | {:.3} | {:.2} | {} |",
-            p.threshold,
+            p.thresholds[0],
             p.agreement,
             p.layers_per_token,
             exits.join(" / ")
@@ -150,22 +157,67 @@ pub fn run(args: &Args) -> Result<()> {
         "calibrated for agreement >= {} on the --dev-data samples:",
         args.target_agreement
     );
-    for (name, points) in [
-        ("arla", &arla_points),
-        ("confidence", &conf_points),
-        ("entropy", &ent_points),
+    let arla_scores = arla_scores(&arla, &dev_tokens, eps);
+    let per_gate = |scores: &[Vec<f32>]| {
+        calibrate_per_gate(
+            &dev_tokens,
+            scores,
+            gates,
+            n,
+            &thresholds,
+            args.target_agreement,
+        )
+    };
+    // (gate kind, per-gate point) with the fewest layers, ARLA first on ties
+    let mut best_exit: Option<(GateKind, SweepPoint)> = None;
+    for (name, points, scores) in [
+        ("arla", &arla_points, arla_scores),
+        (
+            "confidence",
+            &conf_points,
+            scores_of(&dev_tokens, |t| &t.confidence),
+        ),
+        (
+            "entropy",
+            &ent_points,
+            scores_of(&dev_tokens, |t| &t.entropy),
+        ),
     ] {
         match calibrate(points, args.target_agreement) {
             Some(p) => println!(
-                "  {name}: threshold {:.2}, agreement {:.3}, layers/token {:.2}",
-                p.threshold, p.agreement, p.layers_per_token
+                "  {name}, one threshold: {:.2}, agreement {:.3}, layers/token {:.2}",
+                p.thresholds[0], p.agreement, p.layers_per_token
             ),
             None => println!("  {name}: no threshold reaches the target"),
+        }
+        let Some(p) = per_gate(&scores) else { continue };
+        let t: Vec<String> = p.thresholds.iter().map(|t| format!("{t:.2}")).collect();
+        let exits: Vec<String> = p.exits.iter().map(|e| format!("{e:.2}")).collect();
+        println!(
+            "  {name}, one per gate: {}, agreement {:.3}, layers/token {:.2}, exits per gate {}",
+            t.join(","),
+            p.agreement,
+            p.layers_per_token,
+            exits.join(" / ")
+        );
+        let kind: GateKind = name.parse()?;
+        if best_exit
+            .as_ref()
+            .is_none_or(|(_, b)| p.layers_per_token < b.layers_per_token)
+        {
+            best_exit = Some((kind, p));
         }
     }
     let best = calibrate(&arla_points, args.target_agreement)
         .expect("the never-exit threshold reaches any target agreement <= 1");
-    weights.config.arla.threshold = best.threshold;
+    weights.config.arla.threshold = best.thresholds[0];
+    // only when it exits at all: a folder whose early exit would never exit keeps the old default
+    weights.config.early_exit = best_exit
+        .filter(|(_, p)| p.layers_per_token < n as f64)
+        .map(|(gate, p)| EarlyExitConfig {
+            gate,
+            thresholds: p.thresholds,
+        });
     weights.arla = Some(arla);
     weights
         .save_dir(&args.out)
@@ -173,10 +225,18 @@ pub fn run(args: &Args) -> Result<()> {
     if args.f16 {
         train::ship::to_f16_in_place(&args.out)?;
     }
+    let per_gate = match &weights.config.early_exit {
+        Some(e) => format!(
+            ", early exit: {} >= {}",
+            e.gate,
+            ExitThreshold::PerGate(e.thresholds.clone())
+        ),
+        None => String::new(),
+    };
     println!(
-        "wrote {} (arla.threshold = {:.2}{})",
+        "wrote {} (arla.threshold = {:.2}{per_gate}{})",
         args.out.display(),
-        best.threshold,
+        best.thresholds[0],
         if args.f16 { ", f16" } else { "" }
     );
     Ok(())

@@ -292,6 +292,73 @@ fn init_m2r2_writes_a_folder_generate_uses() {
     );
 }
 
+/// `--threshold X1,X2,...`: early exit's threshold per gate. Gate 1 closed and the others open:
+/// every decoded token exits at gate 2, and the report says which thresholds ran. Outside early
+/// exit, or with a count that is not one per gate, it is refused.
+#[test]
+fn early_exit_takes_a_threshold_per_gate() {
+    let j = num_gates(&run("tiny", &[]));
+    assert!(j >= 2, "tiny has several gates");
+    let mut per_gate = vec!["2"];
+    per_gate.extend(std::iter::repeat_n("0", j - 1));
+    let per_gate = per_gate.join(",");
+    let v = run(
+        "tiny",
+        &[
+            "--mode",
+            "early-exit",
+            "--gate",
+            "confidence",
+            "--threshold",
+            &per_gate,
+        ],
+    );
+    let hist = ids(&v["exit_histogram"]);
+    let decoded = ids(&v["tokens"]).len() - 1;
+    assert_eq!((hist[0], hist[1] as usize), (0, decoded), "{hist:?}");
+    let mut want = vec![2.0];
+    want.extend(std::iter::repeat_n(0.0, j - 1));
+    assert_eq!(v["m2r2"]["gate_thresholds"], serde_json::json!(want));
+    // one number: shared, as before
+    let shared = run("tiny", &["--mode", "early-exit", "--threshold", "2"]);
+    assert_eq!(shared["m2r2"]["gate_thresholds"], Value::Null);
+    assert_eq!(shared["m2r2"]["threshold"], 2.0);
+
+    let base = [
+        "generate",
+        "--model",
+        "tiny",
+        "--tokens",
+        PROMPT,
+        "--max-new-tokens",
+        "4",
+    ];
+    let with = |extra: &[&str]| -> Vec<String> {
+        base.iter().chain(extra).map(|s| s.to_string()).collect()
+    };
+    let two_too_many = vec!["0.5"; j + 2].join(",");
+    for (args, want) in [
+        (
+            with(&["--mode", "speculative", "--threshold", &per_gate]),
+            "one threshold per gate is for --mode early-exit".to_string(),
+        ),
+        (
+            with(&["--mode", "early-exit", "--threshold", &two_too_many]),
+            format!(
+                "--threshold has {} thresholds ({two_too_many}) for {j} exit gates",
+                j + 2
+            ),
+        ),
+        (
+            with(&["--mode", "early-exit", "--threshold", "0.5;0.6"]),
+            "threshold `0.5;0.6` is not a number".to_string(),
+        ),
+    ] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails(&args, &[&want]);
+    }
+}
+
 #[test]
 fn bad_flags_are_refused_clearly() {
     let base = ["generate", "--tokens", PROMPT, "--max-new-tokens", "4"];

@@ -32,7 +32,7 @@ impl Problem {
             max_new_tokens: self.base.new_tokens,
             stop_tokens: vec![],
             gate: self.gate,
-            threshold: self.threshold,
+            threshold: self.threshold.into(),
             kv_policy,
             sampling: None,
         }
@@ -145,7 +145,7 @@ fn a_gate_that_never_fires_equals_the_base_model() {
                 max_new_tokens: 20,
                 stop_tokens: vec![],
                 gate,
-                threshold: 1.5,
+                threshold: 1.5.into(),
                 kv_policy: KvPolicy::Exact,
                 sampling: None,
             };
@@ -174,7 +174,7 @@ fn zero_adapters_exit_at_the_first_gate_with_the_base_head() {
         max_new_tokens: 8,
         stop_tokens: vec![],
         gate: GateKind::Confidence,
-        threshold: 0.0,
+        threshold: 0.0.into(),
         kv_policy: KvPolicy::Exact,
         sampling: None,
     };

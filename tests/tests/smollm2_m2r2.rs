@@ -58,7 +58,7 @@ fn smollm2_random_adapters_are_lossless() {
         max_new_tokens: steps,
         stop_tokens: vec![],
         gate: GateKind::Confidence,
-        threshold: 0.5,
+        threshold: 0.5.into(),
         kv_policy: KvPolicy::Exact,
         sampling: None,
     };

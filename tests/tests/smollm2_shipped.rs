@@ -124,3 +124,50 @@ fn shipped_smollm2_weights_are_lossless_and_accept_drafts() {
         "mean accepted length {mean:.3} < {MIN_MEAN_ACCEPTED} (docs/TRAINING.md)"
     );
 }
+
+/// The shipped default early exit (the config's `early_exit`: the confidence gate with one
+/// threshold per gate, calibrated on validation data, docs/m2r2/early_exit.md) is what `--mode
+/// early-exit` resolves to, and it exits: of 32 tokens after the first development prompt, some
+/// are emitted before the last layer. (With one threshold for all gates, ARLA calibrated to 1.01
+/// and the default never exited.) The `exact` cache is still the base model's.
+#[test]
+fn shipped_smollm2_default_early_exit_exits() {
+    use reference::decode::drafting::{DraftingRequest, resolve_drafting};
+    use reference::decode::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
+    use reference::m2r2::exit_threshold::ExitThreshold;
+    if let Err(e) = reference::io::hub::require_smollm2() {
+        panic!("{e}");
+    }
+    let loaded = reference::io::load::load_model("smollm2").unwrap_or_else(|e| panic!("{e}"));
+    let model = &loaded.model;
+    let weights = M2r2Weights::builtin_for("smollm2", &model.config).unwrap();
+    let default = weights
+        .config
+        .early_exit
+        .clone()
+        .expect("the shipped config has a default early exit");
+    let d = resolve_drafting(&weights.config, DraftingRequest::default(), true, "").unwrap();
+    assert_eq!(d.gate, default.gate);
+    assert_eq!(d.gate_thresholds.as_ref(), Some(&default.thresholds));
+    let options = EarlyExitOptions {
+        max_new_tokens: 32,
+        stop_tokens: vec![],
+        gate: d.gate,
+        threshold: ExitThreshold::PerGate(default.thresholds.clone()),
+        kv_policy: KvPolicy::Exact,
+        sampling: None,
+    };
+    let (prompt, _) = dev_samples(1).remove(0);
+    let out = early_exit_generate(M2r2::new(model, &weights), &prompt, &options).unwrap();
+    let exits = out.exit_histogram(weights.config.num_gates());
+    let exited: usize = exits[..exits.len() - 1].iter().sum();
+    assert!(exited > 0, "no token exited early: {exits:?}");
+    let fed: Vec<u32> = prompt
+        .iter()
+        .chain(&out.tokens[..out.tokens.len() - 1])
+        .copied()
+        .collect();
+    let mut base = model.new_cache(fed.len()).unwrap();
+    model.forward(&fed, &mut base).unwrap();
+    assert!(out.cache.prefix_equals(&base, fed.len()));
+}

@@ -9,7 +9,10 @@
 //! Calibration simulates early exit (docs/m2r2/early_exit.md) per token on held-out data: exit at
 //! the first gate whose score reaches the threshold; an exited token agrees with the base model
 //! when its label is 1, a token that never exits runs the full model and agrees. The threshold kept
-//! is the one with the fewest layers per token among those reaching the target agreement.
+//! is the one with the fewest layers per token among those reaching the target agreement: one
+//! shared by every gate ([`calibrate`]), or one per gate ([`calibrate_per_gate`]), which lets a
+//! gate that is confident and often wrong (a shallow draft gate) stop exiting without raising the
+//! others' thresholds.
 
 use crate::adamw::{AdamW, AdamWConfig, clip_grad_norm};
 use crate::arla::{ArlaParams, backward, bce, forward};
@@ -196,10 +199,11 @@ pub fn arla_accuracy(scores: &[Vec<f32>], tokens: &[TokenGates]) -> (f64, f64) {
     (loss / n.max(1) as f64, right as f64 / n.max(1) as f64)
 }
 
-/// One threshold of an early-exit sweep.
+/// One point of an early-exit sweep: a threshold per gate and what early exit does with them.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SweepPoint {
-    pub threshold: f32,
+    /// tau per gate: a token exits at the first gate `g` whose score is `>= thresholds[g]`.
+    pub thresholds: Vec<f32>,
     /// Fraction of tokens equal to the base model's.
     pub agreement: f64,
     /// Mean layers computed before the token is emitted (`e_g` at an exit, `N` otherwise).
@@ -208,7 +212,47 @@ pub struct SweepPoint {
     pub exits: Vec<f64>,
 }
 
-/// Simulate early exit over `tokens` with per-gate `scores` for each threshold.
+impl SweepPoint {
+    /// The threshold every gate shares, if they share one.
+    pub fn shared(&self) -> Option<f32> {
+        let first = *self.thresholds.first()?;
+        self.thresholds.iter().all(|&t| t == first).then_some(first)
+    }
+}
+
+/// Simulate early exit over `tokens` with per-gate `scores` and one threshold per gate.
+pub fn simulate(
+    tokens: &[TokenGates],
+    scores: &[Vec<f32>],
+    gate_layers: &[usize],
+    num_layers: usize,
+    thresholds: &[f32],
+) -> SweepPoint {
+    let n = tokens.len().max(1) as f64;
+    let (mut agree, mut layers) = (0usize, 0usize);
+    let mut exits = vec![0usize; gate_layers.len()];
+    for (t, s) in tokens.iter().zip(scores) {
+        match s.iter().zip(thresholds).position(|(&x, &tau)| x >= tau) {
+            Some(g) => {
+                exits[g] += 1;
+                layers += gate_layers[g];
+                agree += usize::from(t.agree[g]);
+            }
+            None => {
+                layers += num_layers;
+                agree += 1;
+            }
+        }
+    }
+    SweepPoint {
+        thresholds: thresholds.to_vec(),
+        agreement: agree as f64 / n,
+        layers_per_token: layers as f64 / n,
+        exits: exits.iter().map(|&e| e as f64 / n).collect(),
+    }
+}
+
+/// Simulate early exit over `tokens` for each shared threshold (every gate the same).
 pub fn sweep(
     tokens: &[TokenGates],
     scores: &[Vec<f32>],
@@ -216,46 +260,96 @@ pub fn sweep(
     num_layers: usize,
     thresholds: &[f32],
 ) -> Vec<SweepPoint> {
-    let n = tokens.len().max(1) as f64;
     thresholds
         .iter()
         .map(|&tau| {
-            let (mut agree, mut layers) = (0usize, 0usize);
-            let mut exits = vec![0usize; gate_layers.len()];
-            for (t, s) in tokens.iter().zip(scores) {
-                match s.iter().position(|&x| x >= tau) {
-                    Some(g) => {
-                        exits[g] += 1;
-                        layers += gate_layers[g];
-                        agree += usize::from(t.agree[g]);
-                    }
-                    None => {
-                        layers += num_layers;
-                        agree += 1;
-                    }
-                }
-            }
-            SweepPoint {
-                threshold: tau,
-                agreement: agree as f64 / n,
-                layers_per_token: layers as f64 / n,
-                exits: exits.iter().map(|&e| e as f64 / n).collect(),
-            }
+            let shared = vec![tau; gate_layers.len()];
+            simulate(tokens, scores, gate_layers, num_layers, &shared)
         })
         .collect()
+}
+
+/// Whether `a` is the better calibration: fewer layers per token, then higher agreement.
+fn fewer_layers(a: &SweepPoint, b: &SweepPoint) -> bool {
+    a.layers_per_token < b.layers_per_token
+        || (a.layers_per_token == b.layers_per_token && a.agreement > b.agreement)
 }
 
 /// The sweep point with the fewest layers per token whose agreement reaches `target` (the largest
 /// threshold on ties); `None` if no threshold reaches it.
 pub fn calibrate(points: &[SweepPoint], target: f64) -> Option<&SweepPoint> {
+    let first = |p: &SweepPoint| p.thresholds.first().copied().unwrap_or(f32::NAN);
     points
         .iter()
         .filter(|p| p.agreement >= target)
         .min_by(|a, b| {
             a.layers_per_token
                 .total_cmp(&b.layers_per_token)
-                .then(b.threshold.total_cmp(&a.threshold))
+                .then(first(b).total_cmp(&first(a)))
         })
+}
+
+/// A threshold per gate with the fewest layers per token whose agreement reaches `target`, by
+/// local search from the best shared threshold: a move changes one gate's threshold, or two gates'
+/// at once, to any of `candidates`, and is kept when it saves layers (or keeps them and agrees
+/// more) without falling under the target. Pairs matter: closing a confident, often wrong gate
+/// costs layers until a later gate's threshold falls to catch its tokens. It stops when no move
+/// helps. Never worse than [`calibrate`] over the same candidates; `None` when no shared threshold
+/// reaches the target (add one above 1, which never exits, to make sure one does).
+pub fn calibrate_per_gate(
+    tokens: &[TokenGates],
+    scores: &[Vec<f32>],
+    gate_layers: &[usize],
+    num_layers: usize,
+    candidates: &[f32],
+    target: f64,
+) -> Option<SweepPoint> {
+    let shared = sweep(tokens, scores, gate_layers, num_layers, candidates);
+    let mut best = calibrate(&shared, target)?.clone();
+    let j = gate_layers.len();
+    let pairs: Vec<(usize, usize)> = (0..j)
+        .flat_map(|a| (a + 1..j).map(move |b| (a, b)))
+        .collect();
+    // one gate's moves, then two gates' when no single move helps
+    let try_moves = |best: &mut SweepPoint, moves: &mut dyn Iterator<Item = Vec<f32>>| {
+        let mut changed = false;
+        for thresholds in moves {
+            let p = simulate(tokens, scores, gate_layers, num_layers, &thresholds);
+            if p.agreement >= target && fewer_layers(&p, best) {
+                *best = p;
+                changed = true;
+            }
+        }
+        changed
+    };
+    loop {
+        let start = best.thresholds.clone();
+        let mut singles = (0..j).flat_map(|g| {
+            let start = start.clone();
+            candidates.iter().map(move |&tau| {
+                let mut t = start.clone();
+                t[g] = tau;
+                t
+            })
+        });
+        if try_moves(&mut best, &mut singles) {
+            continue;
+        }
+        let mut doubles = pairs.iter().flat_map(|&(a, b)| {
+            let start = start.clone();
+            candidates.iter().flat_map(move |&ta| {
+                let start = start.clone();
+                candidates.iter().map(move |&tb| {
+                    let mut t = start.clone();
+                    (t[a], t[b]) = (ta, tb);
+                    t
+                })
+            })
+        });
+        if !try_moves(&mut best, &mut doubles) {
+            return Some(best);
+        }
+    }
 }
 
 /// Thresholds `0, 0.02, ..., 1` and `1.01` (never exits).
@@ -293,7 +387,63 @@ mod tests {
         assert_eq!(points[1].exits, vec![0.5, 0.5]);
         // 0.95: nobody exits.
         assert_eq!(points[2].layers_per_token, 6.0);
-        assert_eq!(calibrate(&points, 0.9).unwrap().threshold, 0.7);
-        assert_eq!(calibrate(&points, 0.4).unwrap().threshold, 0.5);
+        assert_eq!(calibrate(&points, 0.9).unwrap().shared(), Some(0.7));
+        assert_eq!(calibrate(&points, 0.4).unwrap().shared(), Some(0.5));
+        // Per gate, no move of one or both gates saves a layer at agreement 0.9: the shared point
+        // is the answer.
+        let candidates = [0.5, 0.7, 0.95];
+        let per_gate = calibrate_per_gate(&tokens, &scores, &[2, 4], 6, &candidates, 0.9).unwrap();
+        assert_eq!(per_gate.thresholds, vec![0.7, 0.7]);
+        assert_eq!(per_gate.layers_per_token, 3.0);
+    }
+
+    /// Gates after layers 2 and 4 of 6 where gate 1 is confident and wrong: no shared threshold
+    /// exits without disagreeing, one per gate exits both tokens at gate 2 (4 layers, not 6).
+    #[test]
+    fn per_gate_thresholds_skip_a_confident_wrong_gate() {
+        let tokens = [token([false, true]), token([false, true])];
+        let scores = vec![vec![0.9, 0.9], vec![0.8, 0.9]];
+        let candidates = [0.5, 0.8, 0.9, 1.01];
+        let shared = sweep(&tokens, &scores, &[2, 4], 6, &candidates);
+        let best = calibrate(&shared, 1.0).unwrap();
+        assert_eq!((best.shared(), best.layers_per_token), (Some(1.01), 6.0));
+        let per_gate = calibrate_per_gate(&tokens, &scores, &[2, 4], 6, &candidates, 1.0).unwrap();
+        assert_eq!(per_gate.thresholds, vec![1.01, 0.5]);
+        assert_eq!((per_gate.agreement, per_gate.layers_per_token), (1.0, 4.0));
+        assert_eq!(per_gate.exits, vec![0.0, 1.0]);
+        assert_eq!(per_gate.shared(), None);
+    }
+
+    /// A case only a move of both gates improves, at target 0.75. Token G is confident and wrong
+    /// at gate 1 and right at gate 2; F is wrong at gate 2; H and I are right at gate 2. The best
+    /// shared threshold, 0.8, exits G at gate 1 (wrong) and runs the rest fully: 5 layers, 0.75.
+    /// Raising gate 1 alone sends G to gate 2 but costs layers elsewhere (5.5); lowering gate 2
+    /// alone exits F wrongly (0.5). Both at once: G right at gate 2, F, H, I at gate 2: 4 layers,
+    /// 0.75.
+    #[test]
+    fn per_gate_calibration_moves_two_gates_at_once() {
+        let tokens = [
+            token([false, true]),
+            token([false, false]),
+            token([false, true]),
+            token([false, true]),
+        ];
+        let scores = vec![
+            vec![0.9, 0.9],
+            vec![0.3, 0.6],
+            vec![0.3, 0.6],
+            vec![0.3, 0.6],
+        ];
+        let candidates = [0.5, 0.8, 0.95, 1.01];
+        let shared = sweep(&tokens, &scores, &[2, 4], 6, &candidates);
+        let best = calibrate(&shared, 0.75).unwrap();
+        assert_eq!((best.shared(), best.layers_per_token), (Some(0.8), 5.0));
+        let raise_1 = simulate(&tokens, &scores, &[2, 4], 6, &[0.95, 0.8]);
+        assert_eq!(raise_1.layers_per_token, 5.5);
+        let lower_2 = simulate(&tokens, &scores, &[2, 4], 6, &[0.8, 0.5]);
+        assert_eq!(lower_2.agreement, 0.5);
+        let per_gate = calibrate_per_gate(&tokens, &scores, &[2, 4], 6, &candidates, 0.75).unwrap();
+        assert_eq!(per_gate.thresholds, vec![0.95, 0.5]);
+        assert_eq!((per_gate.agreement, per_gate.layers_per_token), (0.75, 4.0));
     }
 }

@@ -88,6 +88,17 @@ class _File:
         except ValueError:
             raise self.error(f"metadata `{key}` = `{value}` is not valid (a number)") from None
 
+    def numbers(self, key: str) -> List[float]:
+        """One number, or a comma-separated list of them (early exit's per-gate thresholds)."""
+        value = self.field(key)
+        try:
+            return [float(part) for part in value.split(",")]
+        except ValueError:
+            raise self.error(
+                f"metadata `{key}` = `{value}` is not valid (a number, or one per gate separated "
+                "by commas)"
+            ) from None
+
     def id_list(self, key: str) -> List[int]:
         """A JSON list of token ids (each in ``0..=u32::MAX``), as ``stop_tokens`` holds."""
         value = self.field(key)
@@ -223,7 +234,11 @@ def _early_exit(file: _File, n: int) -> Dict[str, np.ndarray]:
     if not isinstance(gates, list):
         raise file.error("metadata `m2r2_config` has no `gates` list")
     file.choice("gate", _GATES)
-    file.number("threshold")
+    thresholds = file.numbers("threshold")
+    if len(thresholds) > 1 and len(thresholds) != len(gates):
+        raise file.error(
+            f"metadata `threshold` has {len(thresholds)} per-gate thresholds for {len(gates)} gates"
+        )
     file.choice("kv_policy", _KV_POLICIES)
     exit_gate = file.tensor("exit_gate", "I64")
     file.expect_shape("exit_gate", exit_gate, (n,))

@@ -32,14 +32,18 @@ pub struct DraftingRequest {
 pub struct Drafting {
     pub gate: GateKind,
     pub threshold: f32,
+    /// Early exit: the config's per-gate thresholds (`early_exit`), replacing `threshold`, when
+    /// neither `--threshold` nor another `--gate` is asked for.
+    pub gate_thresholds: Option<Vec<f32>>,
     pub draft_length: DraftLength,
 }
 
 /// Resolve a drafting request against an M2R2 config, the same way for the reference and for an
 /// export. Speculative decoding without `--draft-len` follows the config's `dynamic_draft` when it
-/// has one (its gate and threshold, unless `--gate` / `--threshold` are given); otherwise gate
-/// `arla` when ARLA weights exist (else `confidence`), threshold `arla.threshold`, and `draft_len`
-/// drafts per verification. `lacks_arla` says why `arla` is unavailable ("... have none (...)").
+/// has one (its gate and threshold, unless `--gate` / `--threshold` are given); early exit follows
+/// its `early_exit` (gate and per-gate thresholds) likewise; otherwise gate `arla` when ARLA
+/// weights exist (else `confidence`), threshold `arla.threshold`, and `draft_len` drafts per
+/// verification. `lacks_arla` says why `arla` is unavailable ("... have none (...)").
 ///
 /// Errors ([`Error::Invalid`]): `arla` asked for, or the config's default, without ARLA weights; a
 /// threshold that is not finite; `--draft-len 0`.
@@ -54,6 +58,17 @@ pub fn resolve_drafting(
         .dynamic_draft
         .as_ref()
         .filter(|_| request.speculative && request.draft_len.is_none());
+    let default_exit = config.early_exit.as_ref().filter(|_| !request.speculative);
+    if let Some(e) = default_exit
+        && request.gate.is_none()
+        && e.gate == GateKind::Arla
+        && !has_arla
+    {
+        return invalid(format!(
+            "the M2R2 config exits early with the arla gate (`early_exit.gate`), and {lacks_arla}: \
+             give --gate confidence or --gate entropy"
+        ));
+    }
     let gate = match (request.gate, default_dynamic) {
         (Some(GateKind::Arla), _) if !has_arla => {
             return invalid(format!(
@@ -69,8 +84,11 @@ pub fn resolve_drafting(
             ));
         }
         (None, Some(d)) => d.gate,
-        (None, None) if has_arla => GateKind::Arla,
-        (None, None) => GateKind::Confidence,
+        (None, None) => match default_exit {
+            Some(e) => e.gate,
+            None if has_arla => GateKind::Arla,
+            None => GateKind::Confidence,
+        },
     };
     let threshold = request
         .threshold
@@ -93,9 +111,13 @@ pub fn resolve_drafting(
     } else {
         DraftLength::Fixed(request.draft_len.unwrap_or(config.draft_len).max(1))
     };
+    let gate_thresholds = default_exit
+        .filter(|e| e.gate == gate && request.threshold.is_none())
+        .map(|e| e.thresholds.clone());
     Ok(Drafting {
         gate,
         threshold,
+        gate_thresholds,
         draft_length,
     })
 }
@@ -111,7 +133,7 @@ pub fn check_draft_gate(config: &M2r2Config, draft_gate: usize, named: &str) -> 
 mod tests {
     use super::*;
     use crate::io::builtin::tiny_config;
-    use crate::m2r2::config::DynamicDraftConfig;
+    use crate::m2r2::config::{DynamicDraftConfig, EarlyExitConfig};
 
     fn request(speculative: bool) -> DraftingRequest {
         DraftingRequest {
@@ -200,6 +222,57 @@ mod tests {
             true,
         ));
         assert_eq!(err, "--draft-len must be at least 1");
+    }
+
+    /// The config's `early_exit` is early exit's default gate and per-gate thresholds; `--gate`
+    /// another kind or `--threshold` replaces the thresholds; speculative decoding ignores it; a
+    /// default on the arla gate without ARLA weights is an error naming the field.
+    #[test]
+    fn early_exit_follows_the_config_and_the_flags() {
+        let mut config = M2r2Config::default_for(&tiny_config());
+        let j = config.num_gates();
+        let thresholds: Vec<f32> = (0..j).map(|g| 1.01 - 0.1 * g as f32).collect();
+        config.early_exit = Some(EarlyExitConfig {
+            gate: GateKind::Confidence,
+            thresholds: thresholds.clone(),
+        });
+        let d = resolve(&config, request(false), true).unwrap();
+        assert_eq!(d.gate, GateKind::Confidence);
+        assert_eq!(d.gate_thresholds, Some(thresholds.clone()));
+        // the same gate asked for by name keeps them
+        let gate = |g| DraftingRequest {
+            gate: Some(g),
+            ..request(false)
+        };
+        let d = resolve(&config, gate(GateKind::Confidence), true).unwrap();
+        assert_eq!(d.gate_thresholds, Some(thresholds.clone()));
+        // another gate, or a threshold, does not
+        let d = resolve(&config, gate(GateKind::Entropy), true).unwrap();
+        assert_eq!((d.gate, d.gate_thresholds), (GateKind::Entropy, None));
+        let d = resolve(
+            &config,
+            DraftingRequest {
+                threshold: Some(0.7),
+                ..request(false)
+            },
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            (d.gate, d.threshold, d.gate_thresholds),
+            (GateKind::Confidence, 0.7, None)
+        );
+        // speculative decoding: the drafting defaults
+        let d = resolve(&config, request(true), true).unwrap();
+        assert_eq!((d.gate, d.gate_thresholds), (GateKind::Arla, None));
+        // arla as the default without ARLA weights
+        config.early_exit.as_mut().unwrap().gate = GateKind::Arla;
+        let err = error(resolve(&config, request(false), false));
+        assert!(
+            err.contains("`early_exit.gate`") && err.contains("none here (test)"),
+            "{err}"
+        );
+        resolve(&config, gate(GateKind::Entropy), false).unwrap();
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //!
 //! Per token, run interval by interval. At gate `g` the fast exit state `u_g` gives exit logits
 //! `LMHead(FinalNorm(u_g))` and a gate score (ARLA, confidence or entropy); when the score reaches the
-//! threshold the token is emitted from the exit logits and its remaining layers are skipped.
+//! gate's threshold (shared by every gate, or one per gate: `m2r2/exit_threshold.rs`) the token is
+//! emitted from the exit logits and its remaining layers are skipped.
 //!
 //! The skipped layers' K/V are needed by later tokens. Two policies:
 //! - `exact` (default): the skipped slow layers of exited tokens are computed later, batched with the
@@ -22,7 +23,8 @@ use crate::base::sampling::{Sampler, SamplingParams};
 use crate::base::work::Work;
 use crate::error::{Error, Result};
 use crate::m2r2::cost::CostModel;
-use crate::m2r2::exit_gate::{GateKind, gate_score};
+use crate::m2r2::exit_gate::{GateKind, gate_score, should_exit};
+use crate::m2r2::exit_threshold::ExitThreshold;
 use crate::m2r2::fast_stream::M2r2;
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2, Axis, concatenate, s};
 
@@ -60,8 +62,8 @@ pub struct EarlyExitOptions {
     pub max_new_tokens: usize,
     pub stop_tokens: Vec<u32>,
     pub gate: GateKind,
-    /// Exit when the gate's score is at least this.
-    pub threshold: f32,
+    /// Exit at gate `g` when its score is at least `threshold.at(g)`.
+    pub threshold: ExitThreshold,
     pub kv_policy: KvPolicy,
     /// `None`: greedy.
     pub sampling: Option<SamplingParams>,
@@ -190,6 +192,9 @@ pub fn early_exit_generate(
             "the ARLA gate needs ARLA weights (arla.safetensors)".into(),
         ));
     }
+    options
+        .threshold
+        .check(m2r2.weights.config.num_gates(), "the early-exit threshold")?;
     let mut run = EarlyExit::prefill(m2r2, prompt, options)?;
     if options.max_new_tokens > 0 {
         let mut token = run.first_token();
@@ -278,8 +283,8 @@ impl<'a> EarlyExit<'a> {
             exit_states.push(interval.exit_states.row(0).to_owned());
             let (logits, score) = self.exit_head(&exit_states)?;
             scores.push(score);
-            if score >= self.options.threshold {
-                let gate = j + 1;
+            let gate = j + 1;
+            if should_exit(score, self.options.threshold.at(gate)) {
                 self.skip_layers(s, config.gate_layer(gate), exit_states[j].view(), p);
                 return Ok(self.emit_next(p, &logits, Some(gate), scores));
             }

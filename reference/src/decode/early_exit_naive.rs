@@ -98,8 +98,8 @@ fn step_naive(
             eps,
         )?;
         scores.push(score);
-        if should_exit(score, options.threshold) {
-            let gate = j + 1;
+        let gate = j + 1;
+        if should_exit(score, options.threshold.at(gate)) {
             let exit_layer = config.gate_layer(gate);
             match options.kv_policy {
                 KvPolicy::Exact => {
@@ -160,11 +160,12 @@ mod tests {
     use crate::decode::early_exit::early_exit_generate;
     use crate::io::builtin;
     use crate::m2r2::exit_gate::GateKind;
+    use crate::m2r2::exit_threshold::ExitThreshold;
     use crate::m2r2::weights::M2r2Weights;
 
     /// For both KV policies, every gate kind and thresholds that exit never, sometimes and always,
-    /// greedy and sampled: the naive twin emits the production decoder's tokens with the same exits,
-    /// bitwise the same scores, and the same cache.
+    /// shared and per gate (gate 1 closed), greedy and sampled: the naive twin emits the production
+    /// decoder's tokens with the same exits, bitwise the same scores, and the same cache.
     #[test]
     fn naive_early_exit_is_early_exit_generate() {
         let (mut exited, mut ran_through) = (0, 0);
@@ -172,13 +173,20 @@ mod tests {
             let model = builtin::builtin(name).unwrap();
             let weights = M2r2Weights::builtin_for(name, &model.config).unwrap();
             let m2r2 = M2r2::new(&model, &weights);
+            let j = weights.config.num_gates();
+            // gate 1 closed, the others open wide
+            let closed_first: Vec<f32> = (0..j).map(|g| if g == 0 { 2.0 } else { 0.05 }).collect();
             for kv_policy in [KvPolicy::Exact, KvPolicy::FastKv] {
                 for (gate, threshold) in [
-                    (GateKind::Arla, 0.5),
-                    (GateKind::Confidence, 0.05),
-                    (GateKind::Entropy, 0.2),
-                    (GateKind::Confidence, 2.0),
-                    (GateKind::Confidence, 0.0),
+                    (GateKind::Arla, 0.5.into()),
+                    (GateKind::Confidence, 0.05.into()),
+                    (GateKind::Entropy, 0.2.into()),
+                    (GateKind::Confidence, 2.0.into()),
+                    (GateKind::Confidence, 0.0.into()),
+                    (
+                        GateKind::Confidence,
+                        ExitThreshold::PerGate(closed_first.clone()),
+                    ),
                 ] {
                     for sampling in [
                         None,
@@ -193,7 +201,7 @@ mod tests {
                             max_new_tokens: 12,
                             stop_tokens: vec![],
                             gate,
-                            threshold,
+                            threshold: threshold.clone(),
                             kv_policy,
                             sampling,
                         };
@@ -215,6 +223,14 @@ mod tests {
                         }
                         assert_eq!(cache.len(), fast.cache.len(), "{what}");
                         assert!(cache.prefix_equals(&fast.cache, cache.len()), "{what}");
+                        if let ExitThreshold::PerGate(_) = threshold {
+                            // a closed gate never exits; the open ones do
+                            assert!(trace.iter().all(|t| t.exit_gate != Some(1)), "{what}");
+                            assert!(
+                                j < 2 || trace.iter().any(|t| t.exit_gate.is_some()),
+                                "{what}"
+                            );
+                        }
                         exited += trace.iter().filter(|t| t.exit_gate.is_some()).count();
                         ran_through += trace[1..].iter().filter(|t| t.exit_gate.is_none()).count();
                     }

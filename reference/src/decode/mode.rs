@@ -33,6 +33,7 @@ use crate::decode::tree_speculation::{
 };
 use crate::error::Result;
 use crate::m2r2::exit_gate::GateKind;
+use crate::m2r2::exit_threshold::ExitThreshold;
 use crate::m2r2::fast_stream::M2r2;
 use crate::m2r2::weights::M2r2Weights;
 use std::time::Instant;
@@ -69,12 +70,25 @@ pub struct M2r2Settings {
     pub gates: Vec<usize>,
     pub gate: GateKind,
     pub threshold: f32,
+    /// Early exit only: one threshold per gate in place of `threshold` (`--threshold A,B,...`, or
+    /// the config's `early_exit`); `None`: `threshold` at every gate.
+    pub gate_thresholds: Option<Vec<f32>>,
     pub kv_policy: KvPolicy,
     pub draft_gate: usize,
     pub draft_length: DraftLength,
     /// `K` of the pruned draft head the speculative drafts use; `None`: the full head (or not
     /// speculative).
     pub draft_head_tokens: Option<usize>,
+}
+
+impl M2r2Settings {
+    /// The early-exit threshold: per gate when set, else `threshold` at every gate.
+    pub fn exit_threshold(&self) -> ExitThreshold {
+        match &self.gate_thresholds {
+            Some(t) => ExitThreshold::PerGate(t.clone()),
+            None => ExitThreshold::Shared(self.threshold),
+        }
+    }
 }
 
 /// One emitted token, whatever the mode.
@@ -229,7 +243,7 @@ pub fn run_mode(
                 max_new_tokens: request.max_new_tokens,
                 stop_tokens: request.stop_tokens.clone(),
                 gate: settings.gate,
-                threshold: settings.threshold,
+                threshold: settings.exit_threshold(),
                 kv_policy: settings.kv_policy,
                 sampling: request.sampling.clone(),
             };

@@ -20,6 +20,7 @@ use crate::base::weight_names::Target;
 use crate::error::{Error, Result};
 use crate::m2r2::bridge_config::BridgeConfig;
 use crate::m2r2::exit_gate::GateKind;
+use crate::m2r2::exit_threshold::ExitThreshold;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::ops::Range;
 use std::path::Path;
@@ -75,6 +76,19 @@ pub struct ArlaConfig {
     pub threshold: f32,
 }
 
+/// The default of `--mode early-exit` (docs/m2r2/early_exit.md): exit at the first gate `g` whose
+/// `gate` score is `>= thresholds[g - 1]` (`m2r2::exit_threshold`). `m2r2 train-arla` calibrates
+/// one threshold per gate for each gate kind on held-out data and writes the kind that computes
+/// the fewest layers at its target agreement. `None`: gate `arla` (else `confidence`) with
+/// `arla.threshold` at every gate (folders from before per-gate thresholds).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EarlyExitConfig {
+    pub gate: GateKind,
+    /// One per gate; above 1 closes a gate.
+    pub thresholds: Vec<f32>,
+}
+
 /// Dynamic drafting as the default of speculative decoding (docs/m2r2/speculative.md): keep
 /// drafting while the draft gate's score is `>= threshold`, at most `draft_len` tokens. Chosen by
 /// measurement for shipped weights (docs/PERFORMANCE.md); `--draft-len N` still asks for fixed
@@ -126,6 +140,9 @@ pub struct M2r2Config {
     /// Linear maps carrying adapters (attention projections only on MoE models).
     pub targets: Vec<Target>,
     pub arla: ArlaConfig,
+    /// The default early exit: gate and per-gate thresholds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_exit: Option<EarlyExitConfig>,
     /// `None`: speculative decoding drafts `draft_len` tokens per verification.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dynamic_draft: Option<DynamicDraftConfig>,
@@ -196,6 +213,7 @@ impl M2r2Config {
                 latent: DEFAULT_ARLA_LATENT,
                 threshold: DEFAULT_THRESHOLD,
             },
+            early_exit: None,
             dynamic_draft: None,
             draft_tree: None,
             bridge: None,
@@ -293,6 +311,11 @@ impl M2r2Config {
                 "`arla.threshold` must be a finite number, got {}",
                 self.arla.threshold
             ));
+        }
+        if let Some(e) = &self.early_exit {
+            ExitThreshold::PerGate(e.thresholds.clone())
+                .check(self.num_gates(), "`early_exit.thresholds`")
+                .map_err(|e| Error::config(file, e.to_string()))?;
         }
         if let Some(d) = &self.dynamic_draft
             && !d.threshold.is_finite()
@@ -685,6 +708,59 @@ mod tests {
         });
         let err = c.validate(&model, "m").unwrap_err().to_string();
         assert!(err.contains("`dynamic_draft.threshold`"), "{err}");
+    }
+
+    /// `early_exit`: absent by default (and from older files), round-trips, and its thresholds are
+    /// one finite number per gate, else an error naming the field and the file.
+    #[test]
+    fn early_exit_round_trips_and_is_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = tiny_config();
+        let mut c = M2r2Config::default_for(&model);
+        assert!(c.early_exit.is_none());
+        c.save(dir.path()).unwrap();
+        let old = std::fs::read_to_string(dir.path().join(M2R2_CONFIG_FILE)).unwrap();
+        assert!(!old.contains("early_exit"), "{old}");
+        let j = c.num_gates();
+        c.early_exit = Some(EarlyExitConfig {
+            gate: GateKind::Entropy,
+            thresholds: vec![0.75; j],
+        });
+        c.save(dir.path()).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(M2R2_CONFIG_FILE)).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(
+            json["early_exit"],
+            serde_json::json!({"gate": "entropy", "thresholds": vec![0.75; j]})
+        );
+        assert_eq!(M2r2Config::load(dir.path(), &model).unwrap(), c);
+        for (thresholds, want) in [
+            (vec![0.75; j + 1], format!("has {} thresholds", j + 1)),
+            (vec![], format!("has 0 thresholds () for {j} exit gates")),
+            (
+                vec![f32::NAN; j],
+                "must be finite numbers, got NaN".to_string(),
+            ),
+        ] {
+            let mut bad = c.clone();
+            bad.early_exit.as_mut().unwrap().thresholds = thresholds;
+            let err = bad.validate(&model, "cfg.json").unwrap_err().to_string();
+            assert!(
+                err.contains("cfg.json")
+                    && err.contains("`early_exit.thresholds`")
+                    && err.contains(&want),
+                "{err}"
+            );
+        }
+        std::fs::write(
+            dir.path().join(M2R2_CONFIG_FILE),
+            text.replace("\"thresholds\"", "\"threshold\""),
+        )
+        .unwrap();
+        let err = M2r2Config::load(dir.path(), &model)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `threshold`"), "{err}");
     }
 
     #[test]

@@ -343,7 +343,7 @@ mod tests {
                         max_new_tokens: 16,
                         stop_tokens: vec![],
                         gate,
-                        threshold,
+                        threshold: threshold.into(),
                         kv_policy,
                         sampling: None,
                     };

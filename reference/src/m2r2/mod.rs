@@ -10,6 +10,7 @@ pub mod config;
 pub mod cost;
 pub mod draft_head;
 pub mod exit_gate;
+pub mod exit_threshold;
 pub mod fast_stream;
 pub mod fast_stream_naive;
 pub mod shipped;

@@ -16,6 +16,7 @@ use reference::decode::drafting::{Drafting, DraftingRequest, check_draft_gate, r
 use reference::decode::early_exit::KvPolicy;
 use reference::io::load::LoadedModel;
 use reference::m2r2::exit_gate::GateKind;
+use reference::m2r2::exit_threshold::ExitThreshold;
 use reference::m2r2::weights::M2r2Weights;
 use std::path::Path;
 
@@ -65,9 +66,10 @@ pub struct M2r2Args {
     #[arg(long, value_name = "GATE", value_parser = parse_gate)]
     pub gate: Option<GateKind>,
     /// Exit (early-exit) or keep drafting (--dynamic-draft) while the gate score is >= X (default:
-    /// the M2R2 config's arla.threshold; > 1 never exits)
-    #[arg(long, value_name = "X", allow_negative_numbers = true)]
-    pub threshold: Option<f32>,
+    /// the M2R2 config's arla.threshold; > 1 never exits). Early exit also takes one per gate,
+    /// X1,X2,... (default: the M2R2 config's early_exit thresholds when it has them)
+    #[arg(long, value_name = "X", allow_negative_numbers = true, value_parser = parse_threshold)]
+    pub threshold: Option<ExitThreshold>,
     /// K/V of the layers an exited token skipped: exact (computed later, equals the base model) |
     /// fast-kv (filled from the exit state, approximate)
     #[arg(long, value_name = "POLICY", value_parser = parse_kv_policy, default_value = "exact")]
@@ -90,6 +92,10 @@ pub struct M2r2Args {
 }
 
 fn parse_gate(text: &str) -> Result<GateKind, String> {
+    text.parse().map_err(|e: reference::Error| e.to_string())
+}
+
+fn parse_threshold(text: &str) -> Result<ExitThreshold, String> {
     text.parse().map_err(|e: reference::Error| e.to_string())
 }
 
@@ -152,16 +158,30 @@ impl M2r2Args {
     /// Resolve every default against `weights` and check the flags (clear errors, before decoding).
     pub fn settings(&self, loaded: &LoadedModel, weights: &M2r2Weights) -> Result<M2r2Settings> {
         let config = &weights.config;
+        let early_exit = self.mode == ModeArg::EarlyExit;
+        let threshold = match &self.threshold {
+            None => None,
+            Some(ExitThreshold::Shared(t)) => Some(*t),
+            Some(per_gate) if !early_exit => bail!(
+                "--threshold {per_gate}: one threshold per gate is for --mode early-exit; drafting \
+                 takes one number"
+            ),
+            Some(per_gate) => {
+                per_gate.check(config.num_gates(), "--threshold")?;
+                None
+            }
+        };
         let Drafting {
             gate,
             threshold,
+            gate_thresholds,
             draft_length,
         } = resolve_drafting(
             config,
             DraftingRequest {
                 speculative: self.mode == ModeArg::Speculative,
                 gate: self.gate,
-                threshold: self.threshold,
+                threshold,
                 draft_len: self.draft_len,
                 dynamic_draft: self.dynamic_draft,
             },
@@ -173,12 +193,18 @@ impl M2r2Args {
         )?;
         let draft_gate = self.draft_gate.unwrap_or(config.draft_gate);
         check_draft_gate(config, draft_gate, "--draft-gate")?;
+        // early exit: `--threshold X1,X2,...`, else the config's (`resolve_drafting`)
+        let gate_thresholds = match &self.threshold {
+            Some(ExitThreshold::PerGate(t)) => Some(t.clone()),
+            _ => gate_thresholds,
+        };
         Ok(M2r2Settings {
             mode: self.mode.into(),
             source: self.source(loaded),
             gates: config.gates.clone(),
             gate,
             threshold,
+            gate_thresholds,
             kv_policy: self.kv_policy,
             draft_gate,
             draft_length,

@@ -341,6 +341,7 @@ fn m2r2_modes(demo: &mut Demo) -> Result<()> {
             gates: weights.config.gates.clone(),
             gate: GateKind::Arla,
             threshold,
+            gate_thresholds: None,
             kv_policy: KvPolicy::Exact,
             draft_gate: 1,
             draft_length,
@@ -415,7 +416,7 @@ fn m2r2_modes(demo: &mut Demo) -> Result<()> {
             max_new_tokens: M2R2_TOKENS,
             stop_tokens: vec![],
             gate: GateKind::Arla,
-            threshold,
+            threshold: threshold.into(),
             kv_policy: KvPolicy::Exact,
             sampling: None,
         };

@@ -178,7 +178,7 @@ fn record_m2r2(
                 max_new_tokens: args.steps,
                 stop_tokens,
                 gate: settings.gate,
-                threshold: settings.threshold,
+                threshold: settings.exit_threshold(),
                 kv_policy: settings.kv_policy,
                 sampling: None,
             };

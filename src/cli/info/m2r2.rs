@@ -59,6 +59,10 @@ pub fn describe(weights: &M2r2Weights, source: &str) -> Value {
             "latent": config.arla.latent,
             "threshold": real(config.arla.threshold),
         },
+        "early_exit": config.early_exit.as_ref().map(|e| json!({
+            "gate": e.gate.name(),
+            "thresholds": e.thresholds.iter().map(|&x| real(x)).collect::<Vec<_>>(),
+        })),
         "bridge": weights.bridge.as_ref().map(|b| json!({
             "gate": config.bridge.as_ref().map(|c| c.gate),
             "rank": b.rank(),
@@ -147,6 +151,14 @@ pub fn print_text(m: &Value) {
         arla["latent"],
         arla["threshold"]
     );
+    match m["early_exit"].as_object() {
+        Some(e) => println!(
+            "early exit    gate {}, thresholds {} (one per gate)",
+            e["gate"].as_str().unwrap_or("?"),
+            list(&e["thresholds"])
+        ),
+        None => println!("early exit    gate arla (else confidence) at arla.threshold"),
+    }
     let bridge = &m["bridge"];
     match bridge.as_object() {
         Some(b) => println!(

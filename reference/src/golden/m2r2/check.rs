@@ -59,7 +59,7 @@ impl Golden {
                     max_new_tokens: n,
                     stop_tokens: self.stops().to_vec(),
                     gate: *gate,
-                    threshold: *threshold,
+                    threshold: threshold.clone(),
                     kv_policy: *kv_policy,
                     sampling: None,
                 };

@@ -41,6 +41,7 @@ use crate::decode::early_exit::KvPolicy;
 use crate::decode::speculative::{DraftLength, SpeculativeOutput};
 use crate::error::{Error, Result};
 use crate::m2r2::exit_gate::GateKind;
+use crate::m2r2::exit_threshold::ExitThreshold;
 use crate::m2r2::weights::M2r2Weights;
 use ndarray::Array2;
 use safetensors::Dtype;
@@ -74,7 +75,9 @@ pub struct M2r2Golden {
 pub enum M2r2Record {
     EarlyExit {
         gate: GateKind,
-        threshold: f32,
+        /// Shared, or per gate (metadata `threshold` = `A,B,...`, written since per-gate
+        /// thresholds; older readers refuse such files by name).
+        threshold: ExitThreshold,
         kv_policy: KvPolicy,
         /// `[n]` 1-based exit gate, 0 = all layers
         exit_gate: Vec<i64>,
@@ -431,7 +434,15 @@ impl M2r2Golden {
                 let policy = parsed("kv_policy")?;
                 M2r2Record::EarlyExit {
                     gate: gate.parse().map_err(|_| bad("gate", &gate))?,
-                    threshold: number("threshold")?,
+                    threshold: {
+                        let t = parsed("threshold")?;
+                        let threshold: ExitThreshold =
+                            t.parse().map_err(|_| bad("threshold", &t))?;
+                        threshold
+                            .check(j, "metadata `threshold`")
+                            .map_err(|_| bad("threshold", &t))?;
+                        threshold
+                    },
                     kv_policy: policy.parse().map_err(|_| bad("kv_policy", &policy))?,
                     exit_gate,
                     gate_scores: Array2::from_shape_vec((n, j), scores).expect("shape checked"),

@@ -61,7 +61,7 @@ impl Golden {
             logits,
             M2r2Record::EarlyExit {
                 gate: options.gate,
-                threshold: options.threshold,
+                threshold: options.threshold.clone(),
                 kv_policy: options.kv_policy,
                 exit_gate,
                 gate_scores,

@@ -18,12 +18,12 @@ pub(super) fn setup(name: &str) -> (Model, M2r2Weights) {
 }
 
 /// A threshold that makes the built-in models exit at some steps and not at others.
-fn ee_options(threshold: f32) -> EarlyExitOptions {
+fn ee_options(threshold: impl Into<ExitThreshold>) -> EarlyExitOptions {
     EarlyExitOptions {
         max_new_tokens: 0,
         stop_tokens: vec![],
         gate: GateKind::Arla,
-        threshold,
+        threshold: threshold.into(),
         kv_policy: KvPolicy::Exact,
         sampling: None,
     }
@@ -94,6 +94,52 @@ fn early_exit_round_trip_and_self_check() {
         );
         assert!(exit_gate[1..].contains(&0), "{name}: some run all layers");
         assert_checks_exactly(&back, m2r2);
+    }
+}
+
+/// Per-gate thresholds (gate 1 closed, the others at the mixed threshold): recorded as
+/// `threshold` = `A,B,...`, read back, checked with no difference; a count that is not one per
+/// gate, or text that is not numbers, is refused naming the metadata.
+#[test]
+fn early_exit_per_gate_thresholds_round_trip_and_check() {
+    let (model, weights) = setup("tiny");
+    let m2r2 = M2r2::new(&model, &weights);
+    let prompt = [1, 2, 3];
+    let tau = mixed_threshold(m2r2, &prompt);
+    let j = weights.config.num_gates();
+    assert!(j >= 2, "tiny has several gates");
+    let mut per_gate = vec![tau; j];
+    per_gate[0] = 2.0;
+    let threshold = ExitThreshold::PerGate(per_gate);
+    let g = Golden::record_early_exit(m2r2, "tiny", &prompt, 12, &ee_options(threshold.clone()))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.safetensors");
+    g.write(&path).unwrap();
+    let back = round_trip(&g);
+    let M2r2Record::EarlyExit {
+        exit_gate,
+        threshold: read,
+        ..
+    } = &back.m2r2.as_ref().unwrap().record
+    else {
+        unreachable!()
+    };
+    assert_eq!(read, &threshold);
+    assert!(!exit_gate.contains(&1), "gate 1 is closed: {exit_gate:?}");
+    assert!(exit_gate[1..].iter().any(|&e| e > 1), "later gates exit");
+    assert_checks_exactly(&back, m2r2);
+    for bad in [vec![tau.to_string(); j + 1].join(","), "2.0;0.5".into()] {
+        g.write(&path).unwrap();
+        rewrite(&path, |(_, meta)| {
+            meta.insert("threshold".into(), bad.clone());
+        });
+        let err = Golden::read(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("g.safetensors")
+                && err.contains(&format!("metadata `threshold` = `{bad}` is not valid")),
+            "{err}"
+        );
     }
 }
 
