@@ -69,7 +69,6 @@ fn prompt_lookup(args: &Args, sampling: bool) -> Result<Option<LookupConfig>> {
     crate::cli::args::tree::prompt_lookup(
         args.prompt_lookup,
         args.m2r2.mode == ModeArg::Speculative,
-        args.m2r2.dynamic_draft,
         sampling,
     )
 }
@@ -115,8 +114,10 @@ pub fn run(args: &Args) -> Result<()> {
             grown = t.dynamic.as_ref().map(|d| (d.gate, d.threshold));
             Some(t.widths.clone())
         }
-        // a lookup branch beside the chain 1,1,... of the draft length (the config's, fixed)
-        (None, None) if lookup.is_some() => Some(vec![1; settings.draft_length.max()]),
+        // a lookup branch beside the chain of the draft length, dynamic or fixed as configured
+        (None, None) if lookup.is_some() => {
+            Some(crate::cli::args::tree::lookup_chain(&settings, &mut grown))
+        }
         (None, None) => None,
     };
     if let Some(widths) = &tree {

@@ -7,7 +7,7 @@
 use crate::cli::args::m2r2::OnOff;
 use crate::cli::args::model::PromptArgs;
 use crate::cli::args::onnx::{EpArgs, check_draft_head};
-use crate::cli::args::tree::{TreeRequest, prompt_lookup, tree_widths};
+use crate::cli::args::tree::{TreeRequest, lookup_chain, prompt_lookup, tree_widths};
 use crate::cli::common;
 use crate::cli::report::trace_lines;
 use crate::cli::report::{json_report, print_summary};
@@ -119,12 +119,7 @@ pub fn run(args: &Args) -> Result<()> {
         speculative: args.mode == RunMode::Speculative,
         draft_len: args.draft_len,
     })?;
-    let lookup = prompt_lookup(
-        args.prompt_lookup,
-        args.mode == RunMode::Speculative,
-        args.dynamic_draft,
-        false,
-    )?;
+    let lookup = prompt_lookup(args.prompt_lookup, args.mode == RunMode::Speculative, false)?;
     let export = ExportDir::open(&args.onnx)?;
     let tokenizer = export.tokenizer()?;
     let prompt = common::prompt_tokens_with(
@@ -141,7 +136,7 @@ pub fn run(args: &Args) -> Result<()> {
         args.draft_head,
     )?;
     // the config's default tree (`tune-drafting --write`) when nothing asks for other drafting;
-    // else a lookup branch beside the chain 1,1,... of the draft length (the export's, fixed)
+    // else a lookup branch beside the chain of the draft length, dynamic or fixed as configured
     let asks_otherwise = args.draft_len.is_some() || args.dynamic_draft;
     // how the tree grows: per branch while this gate's score passes its threshold, or whole
     let mut grown = None;
@@ -170,7 +165,7 @@ pub fn run(args: &Args) -> Result<()> {
                 }
             }
         }
-        (None, _) if lookup.is_some() => Some(vec![1; settings.draft_length.max()]),
+        (None, _) if lookup.is_some() => Some(lookup_chain(&settings, &mut grown)),
         (None, _) => None,
     };
     // a tree drafts up to its depth every round; with --dynamic-draft or the config tree's

@@ -363,11 +363,11 @@ pub fn tree_speculative_mode_run(
 
 /// The tree loop ([`tree_speculate_drafting`]) of `request` on any engine's `backend`, timed from
 /// the prefill on, and its report: the tree `tree` of shape `widths`, grown per branch while
-/// `dynamic`'s gate scores at least its threshold, or whole with an optional `lookup` branch; `n`
+/// `dynamic`'s gate scores at least its threshold, or whole, with an optional `lookup` branch; `n`
 /// layers; `work` reads the backend's counted work after the run.
 ///
 /// # Errors
-/// Both `dynamic` and `lookup` ([`TreeDrafting::new`]), and the loop's.
+/// The loop's.
 pub fn tree_run_on<B: TreeBackend>(
     backend: &mut B,
     (tree, widths): (&TokenTree, &[usize]),
@@ -376,7 +376,10 @@ pub fn tree_run_on<B: TreeBackend>(
     n: usize,
     work: impl FnOnce(&B) -> Work,
 ) -> Result<ModeRun> {
-    let drafting = TreeDrafting::new(dynamic.map(|d| d.1), lookup)?;
+    let drafting = TreeDrafting {
+        threshold: dynamic.map(|d| d.1),
+        lookup,
+    };
     let request_tuple = (
         request.prompt,
         request.max_new_tokens,

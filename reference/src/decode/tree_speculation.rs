@@ -43,10 +43,11 @@
 //! with and without a bridge, greedy and sampled with the same seed (tested).
 //!
 //! **A prompt-lookup branch** ([`tree_speculate_with_lookup`], `decode/prompt_lookup.rs`;
-//! greedy): each round may also hang a chain of tokens copied from the context at the root. Its
-//! nodes carry fixed tokens, run their slow rows with their depth and propose nothing; the root's
-//! drafted children skip the branch's first token, so no two siblings are alike. Acceptance is
-//! the same rule on the round's tree, so the output stays greedy decoding's.
+//! greedy): each round may also hang a chain of tokens copied from the context at the root, beside
+//! the whole shape or beside a tree grown per branch ([`dynamic_round_with_lookup`]). Its nodes
+//! carry fixed tokens, run their slow rows with their depth and propose nothing, each the last node
+//! of its depth; the root's drafted children skip the branch's first token, so no two siblings are
+//! alike. Acceptance is the same rule on the round's tree, so the output stays greedy decoding's.
 //!
 //! **The bridge per branch** ([`crate::m2r2::bridge`], the chain's rule in
 //! `decode/bridge_state.rs` applied along each path): a proposing node at position `p` reads the
@@ -165,8 +166,14 @@ pub fn tree_speculative_generate(
     sampling: Option<SamplingParams>,
 ) -> Result<(TreeSpeculativeOutput, KvCache)> {
     let request = (prompt, max_new_tokens, stop_tokens);
-    let drafting = TreeDrafting::Fixed(None);
-    generate_on_reference(m2r2, (draft_gate, None), tree, drafting, request, sampling)
+    generate_on_reference(
+        m2r2,
+        (draft_gate, None),
+        tree,
+        TreeDrafting::FIXED,
+        request,
+        sampling,
+    )
 }
 
 /// [`tree_speculative_generate`] with dynamic drafting per branch ([`tree_speculate_dynamic`]):
@@ -187,7 +194,10 @@ pub fn tree_speculative_generate_dynamic(
     sampling: Option<SamplingParams>,
 ) -> Result<(TreeSpeculativeOutput, KvCache)> {
     let request = (prompt, max_new_tokens, stop_tokens);
-    let drafting = TreeDrafting::Dynamic(threshold);
+    let drafting = TreeDrafting {
+        threshold: Some(threshold),
+        lookup: None,
+    };
     generate_on_reference(
         m2r2,
         (draft_gate, Some(gate)),
@@ -213,8 +223,43 @@ pub fn tree_speculative_generate_with_lookup(
     stop_tokens: &[u32],
 ) -> Result<(TreeSpeculativeOutput, KvCache)> {
     let request = (prompt, max_new_tokens, stop_tokens);
-    let drafting = TreeDrafting::Fixed(Some(lookup));
+    let drafting = TreeDrafting {
+        threshold: None,
+        lookup: Some(lookup),
+    };
     generate_on_reference(m2r2, (draft_gate, None), tree, drafting, request, None)
+}
+
+/// Greedy [`tree_speculative_generate_dynamic`] with a prompt-lookup branch at the root of each
+/// round that `lookup` finds one: the tree grows per branch from the draft's scores, the branch
+/// hangs beside it ([`dynamic_round_with_lookup`]).
+///
+/// # Errors
+/// [`tree_speculative_generate_dynamic`]'s, and suffix lengths [`LookupConfig::check`] refuses.
+#[allow(clippy::too_many_arguments)]
+pub fn tree_speculative_generate_dynamic_with_lookup(
+    m2r2: M2r2<'_>,
+    draft_gate: usize,
+    (gate, threshold): (GateKind, f32),
+    tree: &TokenTree,
+    lookup: LookupConfig,
+    prompt: &[u32],
+    max_new_tokens: usize,
+    stop_tokens: &[u32],
+) -> Result<(TreeSpeculativeOutput, KvCache)> {
+    let request = (prompt, max_new_tokens, stop_tokens);
+    let drafting = TreeDrafting {
+        threshold: Some(threshold),
+        lookup: Some(lookup),
+    };
+    generate_on_reference(
+        m2r2,
+        (draft_gate, Some(gate)),
+        tree,
+        drafting,
+        request,
+        None,
+    )
 }
 
 /// The reference wrappers' common body: a [`ReferenceTreeSpeculation`] at `draft_gate` scoring
@@ -231,11 +276,7 @@ fn generate_on_reference(
     if prompt.is_empty() {
         return Err(empty_prompt());
     }
-    let lookup = match drafting {
-        TreeDrafting::Fixed(lookup) => lookup,
-        TreeDrafting::Dynamic(_) => None,
-    };
-    let capacity = prompt.len() + max_new_tokens + largest_tree(tree, lookup).nodes();
+    let capacity = prompt.len() + max_new_tokens + largest_tree(tree, drafting.lookup).nodes();
     let mut backend = ReferenceTreeSpeculation::new(m2r2, draft_gate, capacity)?.with_gate(gate);
     let request = (prompt, max_new_tokens, stop_tokens);
     let out = tree_speculate_drafting(&mut backend, tree, drafting, request, sampling)?;
@@ -278,7 +319,7 @@ pub(crate) fn tree_speculate_with<B: TreeBackend>(
     sampling: Option<TreeSampling>,
 ) -> Result<TreeSpeculativeOutput> {
     let request = (prompt, max_new_tokens, stop_tokens);
-    speculate(backend, tree, TreeDrafting::Fixed(None), request, sampling)
+    speculate(backend, tree, TreeDrafting::FIXED, request, sampling)
 }
 
 /// [`tree_speculate`] with dynamic drafting per branch: `tree` is the largest shape a round may
@@ -302,7 +343,10 @@ pub fn tree_speculate_dynamic<B: TreeBackend>(
     speculate(
         backend,
         tree,
-        TreeDrafting::Dynamic(threshold),
+        TreeDrafting {
+            threshold: Some(threshold),
+            lookup: None,
+        },
         request,
         sampling,
     )
@@ -327,37 +371,30 @@ pub fn tree_speculate_with_lookup<B: TreeBackend>(
     speculate(
         backend,
         tree,
-        TreeDrafting::Fixed(Some(lookup)),
+        TreeDrafting {
+            threshold: None,
+            lookup: Some(lookup),
+        },
         request,
         None,
     )
 }
 
-/// How a round's tree is drafted.
+/// How a round's tree is drafted: the whole shape every round, or grown a level at a time within
+/// it (`threshold`: a node gets children when its gate score is at least this), with a
+/// prompt-lookup branch at the root in the rounds where `lookup` finds one (greedy only).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum TreeDrafting {
-    /// The whole shape every round, with a lookup branch at the root when one is found.
-    Fixed(Option<LookupConfig>),
-    /// Grown a level at a time within the shape: a node gets children when its gate score is
-    /// at least this.
-    Dynamic(f32),
+pub struct TreeDrafting {
+    pub threshold: Option<f32>,
+    pub lookup: Option<LookupConfig>,
 }
 
 impl TreeDrafting {
-    /// The drafting asked for: grown per branch above `threshold`, or the whole shape with an
-    /// optional `lookup` branch.
-    ///
-    /// # Errors
-    /// Both at once (a lookup branch beside dynamic drafting is not built).
-    pub fn new(threshold: Option<f32>, lookup: Option<LookupConfig>) -> Result<Self> {
-        match (threshold, lookup) {
-            (Some(_), Some(_)) => Err(Error::Invalid(
-                "a prompt-lookup branch beside dynamic drafting is not built yet".into(),
-            )),
-            (Some(threshold), None) => Ok(TreeDrafting::Dynamic(threshold)),
-            (None, lookup) => Ok(TreeDrafting::Fixed(lookup)),
-        }
-    }
+    /// The whole shape every round, nothing else.
+    pub const FIXED: TreeDrafting = TreeDrafting {
+        threshold: None,
+        lookup: None,
+    };
 }
 
 /// Tree speculation with any [`TreeDrafting`]: [`tree_speculate`], [`tree_speculate_with_lookup`]
@@ -372,7 +409,7 @@ pub fn tree_speculate_drafting<B: TreeBackend>(
     (prompt, max_new_tokens, stop_tokens): (&[u32], usize, &[u32]),
     sampling: Option<SamplingParams>,
 ) -> Result<TreeSpeculativeOutput> {
-    if let TreeDrafting::Fixed(Some(lookup)) = drafting {
+    if let Some(lookup) = drafting.lookup {
         if sampling.is_some() {
             return Err(Error::Invalid(
                 "a prompt-lookup branch is verified greedily only: sampling with it is not \
@@ -395,10 +432,7 @@ fn speculate<B: TreeBackend>(
     (prompt, max_new_tokens, stop_tokens): (&[u32], usize, &[u32]),
     mut sampling: Option<TreeSampling>,
 ) -> Result<TreeSpeculativeOutput> {
-    let (lookup, threshold) = match drafting {
-        TreeDrafting::Fixed(lookup) => (lookup, None),
-        TreeDrafting::Dynamic(threshold) => (None, Some(threshold)),
-    };
+    let TreeDrafting { threshold, lookup } = drafting;
     debug_assert!(lookup.is_none() || sampling.is_none());
     if prompt.is_empty() {
         return Err(empty_prompt());
@@ -429,7 +463,9 @@ fn speculate<B: TreeBackend>(
         context.extend_from_slice(&out.tokens[context.len() - prompt.len()..]);
         let guess = lookup.map_or_else(Vec::new, |l| l.guess(&context));
         let round = match threshold {
-            Some(threshold) => dynamic_round(backend, tree, threshold, last, sampling.as_mut())?,
+            Some(threshold) => {
+                dynamic_round_around(backend, tree, threshold, last, &guess, sampling.as_mut())?
+            }
             None if guess.is_empty() => tree_round(backend, tree, last, sampling.as_mut())?,
             None => tree_round_with_lookup(backend, tree, last, &guess)?,
         };
@@ -576,63 +612,123 @@ pub fn dynamic_round<B: TreeBackend>(
     shape: &TokenTree,
     threshold: f32,
     last: u32,
+    sampling: Option<&mut TreeSampling>,
+) -> Result<TreeRound> {
+    dynamic_round_around(backend, shape, threshold, last, &[], sampling)
+}
+
+/// A greedy [`dynamic_round`] with `guess` (a prompt-lookup branch) as a chain at the root: its
+/// nodes carry their tokens, run their rows through the draft layers and propose nothing, each
+/// the last node of its depth (as [`with_lookup_branch`] numbers them); the root's drafted
+/// children skip the guessed token. The grown tree and the branch are verified together.
+///
+/// # Errors
+/// [`dynamic_round`]'s.
+pub fn dynamic_round_with_lookup<B: TreeBackend>(
+    backend: &mut B,
+    shape: &TokenTree,
+    threshold: f32,
+    last: u32,
+    guess: &[u32],
+) -> Result<TreeRound> {
+    dynamic_round_around(backend, shape, threshold, last, guess, None)
+}
+
+/// [`dynamic_round`] with an optional lookup branch `guess` (empty: none; greedy only).
+fn dynamic_round_around<B: TreeBackend>(
+    backend: &mut B,
+    shape: &TokenTree,
+    threshold: f32,
+    last: u32,
+    guess: &[u32],
     mut sampling: Option<&mut TreeSampling>,
 ) -> Result<TreeRound> {
-    let depth = shape.max_depth();
+    debug_assert!(guess.is_empty() || sampling.is_none());
     // the shape's width at each depth 1..=D (a shape from widths is uniform per depth)
-    let widths: Vec<usize> = (0..depth)
+    let widths: Vec<usize> = (0..shape.max_depth())
         .map(|d| shape.children(shape.level(d).start).len())
         .collect();
     let (mut parents, mut tokens) = (Vec::new(), vec![last]);
     let mut drafts = vec![Vec::new()];
     let mut scores = Vec::new();
+    // the branch's node of each depth 1..=guess.len(), in order
+    let mut branch: Vec<usize> = Vec::new();
     let mut tree = TokenTree::from_parents(&parents)?;
-    for d in 0..=depth {
+    for d in 0.. {
         let level = tree.level(d);
         if level.is_empty() {
             break;
         }
-        // the children each node of this depth would get (none at the shape's last depth)
+        // the branch's node of this depth (the root at 0) takes the next guessed token as its
+        // child, and proposes nothing itself beyond the root
+        let branch_node = if d == 0 {
+            Some(0)
+        } else {
+            branch.get(d - 1).copied()
+        };
+        let guessed = branch_node.and(guess.get(d).copied());
+        // the children each drafted node of this depth would get (none past the shape)
         let width = widths.get(d).copied();
         let proposing: Vec<usize> = match width {
-            Some(_) => (0..level.len()).collect(),
+            Some(_) => (0..level.len())
+                .filter(|&r| d == 0 || !branch.contains(&(level.start + r)))
+                .collect(),
             None => Vec::new(),
         };
         let drafted = backend.draft_level(&tree, d, &tokens[level.clone()], &proposing)?;
-        if proposing.is_empty() {
-            break;
-        }
-        let level_scores = drafted.scores.ok_or_else(|| {
-            Error::Invalid(
-                "dynamic drafting needs the draft gate's score: give the engine a gate".into(),
-            )
-        })?;
-        for (row, &score) in level_scores.iter().enumerate() {
-            scores.push(score);
-            if score < threshold {
-                continue;
-            }
-            let node = level.start + row;
-            let logits = drafted.logits.row(row);
-            let logits = logits.as_slice().expect("contiguous");
-            let children = match sampling.as_deref_mut() {
-                Some(s) => {
-                    let (drawn, q) = s.children(logits, width.expect("proposing"));
-                    drafts[node] = q;
-                    drawn
+        if !proposing.is_empty() {
+            let level_scores = drafted.scores.ok_or_else(|| {
+                Error::Invalid(
+                    "dynamic drafting needs the draft gate's score: give the engine a gate".into(),
+                )
+            })?;
+            let width = width.expect("proposing");
+            for (i, &score) in level_scores.iter().enumerate() {
+                scores.push(score);
+                if score < threshold {
+                    continue;
                 }
-                None => top_candidates(logits, width.expect("proposing")),
-            };
-            for token in children {
-                parents.push(node);
-                tokens.push(token);
-                drafts.push(Vec::new());
+                let node = level.start + proposing[i];
+                let logits = drafted.logits.row(i);
+                let logits = logits.as_slice().expect("contiguous");
+                let children = match sampling.as_deref_mut() {
+                    Some(s) => {
+                        let (drawn, q) = s.children(logits, width);
+                        drafts[node] = q;
+                        drawn
+                    }
+                    // the root's drafted children skip the guessed token (no two siblings alike)
+                    None => match guessed.filter(|_| node == 0) {
+                        Some(g) => top_candidates(logits, width + 1)
+                            .into_iter()
+                            .filter(|&t| t != g)
+                            .take(width)
+                            .collect(),
+                        None => top_candidates(logits, width),
+                    },
+                };
+                for token in children {
+                    parents.push(node);
+                    tokens.push(token);
+                    drafts.push(Vec::new());
+                }
             }
+        }
+        if let (Some(parent), Some(token)) = (branch_node, guessed) {
+            // last of the next depth: every drafted child of this depth is numbered before it
+            branch.push(tokens.len());
+            parents.push(parent);
+            tokens.push(token);
+            drafts.push(Vec::new());
         }
         tree = TokenTree::from_parents(&parents)?;
     }
     let round = finish_round(backend, &tree, tokens, &drafts, sampling)?;
-    Ok(TreeRound { scores, ..round })
+    Ok(TreeRound {
+        scores,
+        lookup: branch,
+        ..round
+    })
 }
 
 /// Draft depth `d` of `tree` (after depths `0..d`): the depth's nodes (`tokens` of
@@ -917,6 +1013,8 @@ pub(crate) mod tests {
         stop: Option<u32>,
         /// A prompt-lookup branch: most tokens, and the suffix lengths (in either order).
         lookup: Option<(usize, usize, usize)>,
+        /// Dynamic drafting: the confidence threshold a node needs for children.
+        dynamic: Option<f32>,
     }
 
     const VOCAB: u32 = 40;
@@ -939,6 +1037,7 @@ pub(crate) mod tests {
             (
                 prop::option::weighted(0.3, 0..VOCAB),
                 prop::option::of((1usize..8, 1usize..4, 1usize..4)),
+                prop::option::of(0.0f32..0.3),
             ),
         )
             .prop_map(
@@ -949,7 +1048,7 @@ pub(crate) mod tests {
                     (pruned, bridge),
                     prompt,
                     new_tokens,
-                    (stop, lookup),
+                    (stop, lookup, dynamic),
                 )| {
                     Problem {
                         layers,
@@ -964,6 +1063,7 @@ pub(crate) mod tests {
                         new_tokens,
                         stop,
                         lookup,
+                        dynamic,
                     }
                 },
             )
@@ -1014,18 +1114,39 @@ pub(crate) mod tests {
             let stop: Vec<u32> = self.stop.into_iter().collect();
             let want = greedy(&model, &self.prompt, self.new_tokens, &stop).unwrap();
             let (prompt, budget) = (&self.prompt, self.new_tokens);
-            let (got, cache) = match self.lookup {
-                Some((len, a, b)) => {
-                    let lookup = LookupConfig {
-                        max_tokens: len,
-                        max_ngram: a.max(b),
-                        min_ngram: a.min(b),
-                    };
-                    tree_speculative_generate_with_lookup(
-                        m2r2, gate, &tree, lookup, prompt, budget, &stop,
-                    )
+            let lookup = self.lookup.map(|(len, a, b)| LookupConfig {
+                max_tokens: len,
+                max_ngram: a.max(b),
+                min_ngram: a.min(b),
+            });
+            let confidence = |t| (GateKind::Confidence, t);
+            let (got, cache) = match (lookup, self.dynamic) {
+                (Some(lookup), None) => tree_speculative_generate_with_lookup(
+                    m2r2, gate, &tree, lookup, prompt, budget, &stop,
+                ),
+                (Some(lookup), Some(t)) => tree_speculative_generate_dynamic_with_lookup(
+                    m2r2,
+                    gate,
+                    confidence(t),
+                    &tree,
+                    lookup,
+                    prompt,
+                    budget,
+                    &stop,
+                ),
+                (None, Some(t)) => tree_speculative_generate_dynamic(
+                    m2r2,
+                    gate,
+                    confidence(t),
+                    &tree,
+                    prompt,
+                    budget,
+                    &stop,
+                    None,
+                ),
+                (None, None) => {
+                    tree_speculative_generate(m2r2, gate, &tree, prompt, budget, &stop, None)
                 }
-                None => tree_speculative_generate(m2r2, gate, &tree, prompt, budget, &stop, None),
             }
             .unwrap();
             prop_assert_eq!(&got.tokens, &want);
@@ -1044,7 +1165,8 @@ pub(crate) mod tests {
         #![proptest_config(ProptestConfig::with_cases(48))]
         /// Greedy tree speculation is greedy decoding, token for token, and leaves its cache:
         /// dense and MoE, sliding windows, any gate, trees up to 24 nodes, a pruned draft head,
-        /// a bridge at the draft gate (entry, gate or both), stop tokens, a prompt-lookup branch.
+        /// a bridge at the draft gate (entry, gate or both), stop tokens, a prompt-lookup branch,
+        /// trees grown per branch (dynamic drafting), with and without the branch.
         #[test]
         fn tree_speculation_is_greedy(problem in problem_strategy()) {
             problem.check()?;
@@ -1102,6 +1224,54 @@ pub(crate) mod tests {
                         got.lookup_nodes() + got.rounds.len() * tree.nodes(),
                         got.verified_nodes()
                     );
+                    accepted += got.lookup_accepted();
+                }
+            }
+        }
+        assert!(accepted > 0, "no lookup token was accepted");
+    }
+
+    /// Dynamic drafting with a lookup branch on a repetitive prompt (the built-in models, a chain
+    /// and a tree shape, thresholds that grow always, sometimes and never): greedy decoding's
+    /// tokens and cache, each branch node last at its depth, no two siblings alike, branch tokens
+    /// accepted; a threshold above 1 verifies the branch alone.
+    #[test]
+    fn lookup_branches_beside_dynamic_drafting() {
+        let mut accepted = 0;
+        for name in builtin::BUILTIN_NAMES {
+            let model = builtin::builtin(name).unwrap();
+            let weights = M2r2Weights::builtin_for(name, &model.config).unwrap();
+            let m2r2 = M2r2::new(&model, &weights);
+            let prompt = [7u32, 2, 9, 4, 1, 7, 2, 9, 4, 1, 7, 2];
+            let want = greedy(&model, &prompt, 40, &[]).unwrap();
+            for spec in ["1", "2,1"] {
+                let tree = TokenTree::parse(spec).unwrap();
+                for threshold in [0.0, 0.1, 2.0] {
+                    let (got, cache) = tree_speculative_generate_dynamic_with_lookup(
+                        m2r2,
+                        1,
+                        (GateKind::Confidence, threshold),
+                        &tree,
+                        LookupConfig::new(4),
+                        &prompt,
+                        40,
+                        &[],
+                    )
+                    .unwrap();
+                    let what = format!("{name} {spec} >= {threshold}");
+                    assert_eq!(got.tokens, want, "{what}");
+                    assert!(is_greedy_cache(&model, &prompt, &got.tokens, &cache));
+                    for round in &got.rounds {
+                        assert!(distinct_siblings(round), "{what}: {round:?}");
+                        for (d, &node) in round.lookup.iter().enumerate() {
+                            assert_eq!(round.tree.depth(node), d + 1, "{what}");
+                            assert_eq!(node, round.tree.level(d + 1).end - 1, "{what}");
+                        }
+                        if threshold > 1.0 {
+                            assert_eq!(round.tree.nodes(), 1 + round.lookup.len(), "{what}");
+                        }
+                    }
+                    assert!(got.lookup_rounds() > 0, "{what}: no round found a match");
                     accepted += got.lookup_accepted();
                 }
             }

@@ -47,11 +47,10 @@ pub fn tree_widths(request: &TreeRequest<'_>) -> Result<Option<Vec<usize>>> {
 /// `--prompt-lookup N`'s branch (`None` for 0).
 ///
 /// # Errors
-/// A branch outside speculative decoding, beside `--dynamic-draft` or with sampling, each named.
+/// A branch outside speculative decoding or with sampling, each named.
 pub fn prompt_lookup(
     tokens: usize,
     speculative: bool,
-    dynamic_draft: bool,
     sampling: bool,
 ) -> Result<Option<LookupConfig>> {
     if tokens == 0 {
@@ -60,12 +59,6 @@ pub fn prompt_lookup(
     if !speculative {
         bail!("--prompt-lookup adds a branch to speculative drafts: add --mode speculative");
     }
-    if dynamic_draft {
-        bail!(
-            "--prompt-lookup with --dynamic-draft: a lookup branch beside dynamic drafting is not \
-             built yet (give --draft-len N or --draft-tree W1,W2,...)"
-        );
-    }
     if sampling {
         bail!(
             "--prompt-lookup verifies greedily only: speculative sampling with a lookup branch is \
@@ -73,6 +66,20 @@ pub fn prompt_lookup(
         );
     }
     Ok(Some(LookupConfig::new(tokens)))
+}
+
+/// The tree a lookup branch hangs beside when no tree is asked for: the chain `1,1,...` of the
+/// settings' draft length, grown per branch (`grown`) when their drafting is dynamic (the
+/// config's `dynamic_draft` or `--dynamic-draft`), so the branch joins the drafting the run
+/// would have without it.
+pub fn lookup_chain(settings: &M2r2Settings, grown: &mut Option<(GateKind, f32)>) -> Vec<usize> {
+    if let DraftLength::Dynamic {
+        gate, threshold, ..
+    } = settings.draft_length
+    {
+        *grown = Some((gate, threshold));
+    }
+    vec![1; settings.draft_length.max()]
 }
 
 /// Make `settings` draft the tree of shape `widths`: up to its depth every round, or grown per
