@@ -48,11 +48,12 @@ pub struct Args {
     pub draft_tree: Option<String>,
     /// Speculative decoding with a prompt-lookup branch: each round also verifies up to N tokens
     /// copied from the text so far (what followed the latest earlier occurrence of its last 3, else
-    /// 2, tokens) at no draft step; 0: off. Greedy only, on the reference; beside the tree
-    /// (--draft-tree or the config's draft_tree), else beside a chain of --draft-len (default: the
-    /// M2R2 config's draft_len) drafts every round
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    pub prompt_lookup: usize,
+    /// 2, tokens) at no draft step; 0: off. Greedy only; beside the tree (--draft-tree or the
+    /// config's draft_tree), else beside the chain of the draft length, grown per branch when the
+    /// drafting is dynamic. Default: the M2R2 config's prompt_lookup (speculative, greedy, no
+    /// --draft-tree / --draft-len / --dynamic-draft), else off
+    #[arg(long, value_name = "N")]
+    pub prompt_lookup: Option<usize>,
 }
 
 /// `--draft-tree`'s widths, by the rules `run` shares (`cli/args/tree.rs`).
@@ -64,13 +65,13 @@ fn tree_widths(args: &Args) -> Result<Option<Vec<usize>>> {
     })
 }
 
-/// `--prompt-lookup`'s branch, by the rules `run` shares (`cli/args/tree.rs`).
+/// `--prompt-lookup`'s branch, by the rules `run` shares (`cli/args/tree.rs`); `None` when the
+/// flag is not given.
 fn prompt_lookup(args: &Args, sampling: bool) -> Result<Option<LookupConfig>> {
-    crate::cli::args::tree::prompt_lookup(
-        args.prompt_lookup,
-        args.m2r2.mode == ModeArg::Speculative,
-        sampling,
-    )
+    let Some(n) = args.prompt_lookup else {
+        return Ok(None);
+    };
+    crate::cli::args::tree::prompt_lookup(n, args.m2r2.mode == ModeArg::Speculative, sampling)
 }
 
 /// The M2R2 config's default tree (`draft_tree`, chosen by `tune-drafting`), when nothing asks
@@ -97,6 +98,15 @@ pub fn run(args: &Args) -> Result<()> {
     let lookup = prompt_lookup(args, sampling.is_some())?;
     let loaded = common::load(&args.model.model)?;
     let weights = args.m2r2.weights(&loaded)?;
+    let lookup = crate::cli::args::tree::lookup_or_default(
+        (args.prompt_lookup, lookup),
+        (
+            args.m2r2.mode == ModeArg::Speculative,
+            sampling.is_some(),
+            args.draft_tree.is_some() || args.m2r2.draft_len.is_some() || args.m2r2.dynamic_draft,
+        ),
+        weights.config.prompt_lookup,
+    );
     let mut settings = args.m2r2.settings(&loaded, &weights)?;
     // how the tree grows: per branch while this gate's score passes its threshold, or whole
     let mut grown = None;

@@ -7,7 +7,9 @@
 use crate::cli::args::m2r2::OnOff;
 use crate::cli::args::model::PromptArgs;
 use crate::cli::args::onnx::{EpArgs, check_draft_head};
-use crate::cli::args::tree::{TreeRequest, lookup_chain, prompt_lookup, tree_widths};
+use crate::cli::args::tree::{
+    TreeRequest, lookup_chain, lookup_or_default, prompt_lookup, tree_widths,
+};
 use crate::cli::common;
 use crate::cli::report::trace_lines;
 use crate::cli::report::{json_report, print_summary};
@@ -81,10 +83,12 @@ pub struct Args {
     pub draft_tree: Option<String>,
     /// Speculative, greedy: each round also verifies a branch of up to N tokens copied from the
     /// text so far (what followed the latest earlier occurrence of its last 3, else 2, tokens)
-    /// beside the tree (--draft-tree), else beside a chain of --draft-len (default: the export's
-    /// draft_len); 0: off (as `m2r2 generate --prompt-lookup`)
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    pub prompt_lookup: usize,
+    /// beside the tree (--draft-tree), else beside the chain of the draft length, grown per branch
+    /// when the drafting is dynamic; 0: off. Default: the export's M2R2 config's prompt_lookup (no
+    /// --draft-tree / --draft-len / --dynamic-draft), else off (as `m2r2 generate
+    /// --prompt-lookup`)
+    #[arg(long, value_name = "N")]
+    pub prompt_lookup: Option<usize>,
 }
 
 fn parse_gate(text: &str) -> Result<GateKind, String> {
@@ -119,7 +123,11 @@ pub fn run(args: &Args) -> Result<()> {
         speculative: args.mode == RunMode::Speculative,
         draft_len: args.draft_len,
     })?;
-    let lookup = prompt_lookup(args.prompt_lookup, args.mode == RunMode::Speculative, false)?;
+    let speculative = args.mode == RunMode::Speculative;
+    let explicit = match args.prompt_lookup {
+        Some(n) => prompt_lookup(n, speculative, false)?,
+        None => None,
+    };
     let export = ExportDir::open(&args.onnx)?;
     let tokenizer = export.tokenizer()?;
     let prompt = common::prompt_tokens_with(
@@ -138,6 +146,11 @@ pub fn run(args: &Args) -> Result<()> {
     // the config's default tree (`tune-drafting --write`) when nothing asks for other drafting;
     // else a lookup branch beside the chain of the draft length, dynamic or fixed as configured
     let asks_otherwise = args.draft_len.is_some() || args.dynamic_draft;
+    let lookup = lookup_or_default(
+        (args.prompt_lookup, explicit),
+        (speculative, false, asks_otherwise || tree.is_some()),
+        export.manifest.m2r2.prompt_lookup,
+    );
     // how the tree grows: per branch while this gate's score passes its threshold, or whole
     let mut grown = None;
     if args.dynamic_draft

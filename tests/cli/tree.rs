@@ -439,6 +439,65 @@ fn smollm2_lookup_decodes_like_greedy() {
     assert!(run["lookup_accepted"].as_u64().unwrap() > 0, "{run}");
 }
 
+/// The M2R2 config's `prompt_lookup` is greedy speculative decoding's default branch on both
+/// engines: used when nothing asks for other drafting, off with `--prompt-lookup 0`, with
+/// `--draft-len`, and when sampling.
+#[test]
+fn the_config_prompt_lookup_is_the_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("m2r2");
+    let f = folder.to_str().unwrap();
+    ok(&["init-m2r2", "--model", "tiny", "--seed", "3", "--out", f]);
+    let path = folder.join("m2r2_config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["prompt_lookup"] = serde_json::json!(3);
+    std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+    let prompt = [
+        "--model",
+        "tiny",
+        "--m2r2",
+        f,
+        "--tokens",
+        "5,9,14,3,5,9,14,3,5,9",
+        "--max-new-tokens",
+        "24",
+    ];
+    let greedy = generate_json(&[&prompt[..], &["--mode", "greedy"]].concat());
+    let run =
+        |extra: &[&str]| generate_json(&[&prompt[..], &["--mode", "speculative"], extra].concat());
+    let default = run(&[]);
+    assert_eq!(ids(&default["tokens"]), ids(&greedy["tokens"]));
+    check_lookup_report(&default, &[1, 1, 1, 1], 3, false);
+    assert!(default["lookup_rounds"].as_u64().unwrap() > 0, "{default}");
+    let branch = |r: &Value| r["prompt_lookup"].as_u64().unwrap_or(0);
+    for extra in [
+        &["--prompt-lookup", "0"][..],
+        &["--draft-len", "2"],
+        &["--temperature", "0.8", "--seed", "1"],
+    ] {
+        assert_eq!(branch(&run(extra)), 0, "{extra:?}");
+    }
+    // ONNX Runtime reads it from the export's manifest
+    let out = dir.path().join("export");
+    let o = out.to_str().unwrap();
+    ok(&["export", "--model", "tiny", "--m2r2", f, "--out", o]);
+    let onnx = ok(&[
+        &["run", "--onnx", o, "--json", "--mode", "speculative"][..],
+        &prompt[4..],
+    ]
+    .concat())
+    .json();
+    for field in [
+        "tokens",
+        "rounds",
+        "prompt_lookup",
+        "lookup_rounds",
+        "lookup_accepted",
+    ] {
+        assert_eq!(onnx[field], default[field], "{field}");
+    }
+}
+
 #[test]
 fn bad_lookups_are_refused() {
     let base = [

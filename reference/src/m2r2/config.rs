@@ -15,7 +15,7 @@
 //! ```
 
 use crate::base::config::ModelConfig;
-use crate::base::tree::TokenTree;
+use crate::base::tree::{MAX_TREE_NODES, TokenTree};
 use crate::base::weight_names::Target;
 use crate::error::{Error, Result};
 use crate::m2r2::bridge_config::BridgeConfig;
@@ -150,6 +150,11 @@ pub struct M2r2Config {
     /// chain of `draft_len` / `dynamic_draft` at `draft_gate`, as the ONNX runner always does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft_tree: Option<DraftTreeConfig>,
+    /// Speculative decoding's default prompt-lookup branch (`decode/prompt_lookup.rs`): each
+    /// round also verifies up to this many tokens copied from the text so far, beside the drafts
+    /// (greedy, when nothing asks for other drafting); `None`: no branch (folders from before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_lookup: Option<usize>,
     /// The bridge from the last verified slow state into the draft ([`crate::m2r2::bridge`]);
     /// `None`: drafts read only their own token (weights folders from before the bridge).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -216,6 +221,7 @@ impl M2r2Config {
             early_exit: None,
             dynamic_draft: None,
             draft_tree: None,
+            prompt_lookup: None,
             bridge: None,
             seed: None,
         }
@@ -323,6 +329,15 @@ impl M2r2Config {
             return bad(format!(
                 "`dynamic_draft.threshold` must be a finite number, got {}",
                 d.threshold
+            ));
+        }
+        if let Some(n) = self.prompt_lookup
+            && !(1..MAX_TREE_NODES).contains(&n)
+        {
+            return bad(format!(
+                "`prompt_lookup` = {n} is out of range: a branch has 1..={} tokens (a round \
+                 verifies at most {MAX_TREE_NODES} nodes)",
+                MAX_TREE_NODES - 1
             ));
         }
         if let Some(t) = &self.draft_tree {
@@ -761,6 +776,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("unknown field `threshold`"), "{err}");
+    }
+
+    /// `prompt_lookup`: absent by default (and from older files), round-trips, and is refused
+    /// outside 1..=63 naming the field and the file.
+    #[test]
+    fn prompt_lookup_round_trips_and_is_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = tiny_config();
+        let mut c = M2r2Config::default_for(&model);
+        assert!(c.prompt_lookup.is_none());
+        c.save(dir.path()).unwrap();
+        let old = std::fs::read_to_string(dir.path().join(M2R2_CONFIG_FILE)).unwrap();
+        assert!(!old.contains("prompt_lookup"), "{old}");
+        c.prompt_lookup = Some(4);
+        c.save(dir.path()).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(M2R2_CONFIG_FILE)).unwrap();
+        assert!(text.contains("\"prompt_lookup\": 4"), "{text}");
+        assert_eq!(M2r2Config::load(dir.path(), &model).unwrap(), c);
+        for n in [0, MAX_TREE_NODES] {
+            let mut bad = c.clone();
+            bad.prompt_lookup = Some(n);
+            let err = bad.validate(&model, "cfg.json").unwrap_err().to_string();
+            assert!(
+                err.contains("cfg.json") && err.contains(&format!("`prompt_lookup` = {n}")),
+                "{err}"
+            );
+        }
     }
 
     #[test]

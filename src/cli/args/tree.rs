@@ -68,6 +68,22 @@ pub fn prompt_lookup(
     Ok(Some(LookupConfig::new(tokens)))
 }
 
+/// `--prompt-lookup` when given (`flag`: `explicit`, already checked by [`prompt_lookup`]), else
+/// the M2R2 config's `prompt_lookup` (`config`) in greedy speculative decoding when nothing asks
+/// for other drafting (`chooses_drafting`: `--draft-tree`, `--draft-len` or `--dynamic-draft`).
+pub fn lookup_or_default(
+    (flag, explicit): (Option<usize>, Option<LookupConfig>),
+    (speculative, sampling, chooses_drafting): (bool, bool, bool),
+    config: Option<usize>,
+) -> Option<LookupConfig> {
+    match flag {
+        Some(_) => explicit,
+        None => config
+            .filter(|_| speculative && !sampling && !chooses_drafting)
+            .map(LookupConfig::new),
+    }
+}
+
 /// The tree a lookup branch hangs beside when no tree is asked for: the chain `1,1,...` of the
 /// settings' draft length, grown per branch (`grown`) when their drafting is dynamic (the
 /// config's `dynamic_draft` or `--dynamic-draft`), so the branch joins the drafting the run

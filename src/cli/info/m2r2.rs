@@ -53,6 +53,7 @@ pub fn describe(weights: &M2r2Weights, source: &str) -> Value {
             "dynamic_draft": dynamic,
             "draft_head_tokens": weights.draft_head.as_ref().map(|h| h.len()),
             "draft_tree": config.draft_tree,
+            "prompt_lookup": config.prompt_lookup,
         },
         "arla": {
             "present": weights.arla.is_some(),
@@ -120,7 +121,14 @@ pub fn print_text(m: &Value) {
         Some(k) => format!("pruned draft head of {k} tokens"),
         None => "full draft head".into(),
     };
-    println!("drafting      gate {}, {policy}, {head}", draft["gate"]);
+    let lookup = match draft["prompt_lookup"].as_u64() {
+        Some(n) => format!(", a prompt-lookup branch of up to {n} tokens (greedy)"),
+        None => String::new(),
+    };
+    println!(
+        "drafting      gate {}, {policy}, {head}{lookup}",
+        draft["gate"]
+    );
     if let Some(tree) = draft["draft_tree"].as_object() {
         let widths: Vec<String> = tree["widths"]
             .as_array()
