@@ -53,14 +53,20 @@ fn dev_samples(n: usize) -> Vec<(Vec<u32>, Vec<u32>)> {
         .collect()
 }
 
-#[test]
-fn shipped_smollm2_weights_are_lossless_and_accept_drafts() {
+/// SmolLM2 and its default M2R2 weights (the shipped ones); fails when the GGUF was not fetched.
+fn shipped() -> (reference::io::load::LoadedModel, M2r2Weights) {
     if let Err(e) = reference::io::hub::require_smollm2() {
         panic!("{e}");
     }
     let loaded = reference::io::load::load_model("smollm2").unwrap_or_else(|e| panic!("{e}"));
+    let weights = M2r2Weights::builtin_for("smollm2", &loaded.model.config).unwrap();
+    (loaded, weights)
+}
+
+#[test]
+fn shipped_smollm2_weights_are_lossless_and_accept_drafts() {
+    let (loaded, weights) = shipped();
     let model = &loaded.model;
-    let weights = M2r2Weights::builtin_for("smollm2", &model.config).unwrap();
     assert!(
         !weights.accelerator.is_zero(),
         "smollm2's default M2R2 weights must be the shipped trained ones"
@@ -135,12 +141,8 @@ fn shipped_smollm2_default_early_exit_exits() {
     use reference::decode::drafting::{DraftingRequest, resolve_drafting};
     use reference::decode::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
     use reference::m2r2::exit_threshold::ExitThreshold;
-    if let Err(e) = reference::io::hub::require_smollm2() {
-        panic!("{e}");
-    }
-    let loaded = reference::io::load::load_model("smollm2").unwrap_or_else(|e| panic!("{e}"));
+    let (loaded, weights) = shipped();
     let model = &loaded.model;
-    let weights = M2r2Weights::builtin_for("smollm2", &model.config).unwrap();
     let default = weights
         .config
         .early_exit
@@ -186,12 +188,8 @@ fn shipped_smollm2_lookup_default_is_lossless_and_accepts_more() {
     use reference::base::tree::TokenTree;
     use reference::decode::prompt_lookup::LookupConfig;
     use reference::decode::tree_speculation::tree_speculative_generate_dynamic_with_lookup;
-    if let Err(e) = reference::io::hub::require_smollm2() {
-        panic!("{e}");
-    }
-    let loaded = reference::io::load::load_model("smollm2").unwrap_or_else(|e| panic!("{e}"));
+    let (loaded, weights) = shipped();
     let model = &loaded.model;
-    let weights = M2r2Weights::builtin_for("smollm2", &model.config).unwrap();
     let config = &weights.config;
     let branch = config
         .prompt_lookup

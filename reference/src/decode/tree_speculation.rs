@@ -1184,18 +1184,47 @@ pub(crate) mod tests {
         })
     }
 
+    /// A prompt that repeats itself, so that lookup branches find matches.
+    const REPETITIVE: [u32; 12] = [7, 2, 9, 4, 1, 7, 2, 9, 4, 1, 7, 2];
+
+    /// Each built-in model with its built-in M2R2 weights.
+    fn builtin_models() -> Vec<(&'static str, Model, M2r2Weights)> {
+        builtin::BUILTIN_NAMES
+            .iter()
+            .map(|&name| {
+                let model = builtin::builtin(name).unwrap();
+                let weights = M2r2Weights::builtin_for(name, &model.config).unwrap();
+                (name, model, weights)
+            })
+            .collect()
+    }
+
+    /// A greedy tree decode of [`REPETITIVE`]: `want`'s tokens, greedy decoding's cache, and no
+    /// two siblings alike in any round.
+    fn assert_greedy_rounds(
+        model: &Model,
+        (want, got, cache): (&[u32], &TreeSpeculativeOutput, &KvCache),
+        what: &str,
+    ) {
+        assert_eq!(got.tokens, want, "{what}");
+        assert!(
+            is_greedy_cache(model, &REPETITIVE, &got.tokens, cache),
+            "{what}"
+        );
+        for round in &got.rounds {
+            assert!(distinct_siblings(round), "{what}: {round:?}");
+        }
+    }
+
     /// A repetitive prompt on the built-in models, chains and a tree with a lookup branch: greedy
     /// decoding's tokens and cache, branches that are accepted, no two siblings alike, and the
     /// rounds without a match verify the drafted tree alone.
     #[test]
     fn lookup_branches_are_accepted_and_stay_greedy() {
         let mut accepted = 0;
-        for name in builtin::BUILTIN_NAMES {
-            let model = builtin::builtin(name).unwrap();
-            let weights = M2r2Weights::builtin_for(name, &model.config).unwrap();
+        for (name, model, weights) in builtin_models() {
             let m2r2 = M2r2::new(&model, &weights);
-            let prompt = [7u32, 2, 9, 4, 1, 7, 2, 9, 4, 1, 7, 2];
-            let want = greedy(&model, &prompt, 40, &[]).unwrap();
+            let want = greedy(&model, &REPETITIVE, 40, &[]).unwrap();
             for spec in ["1", "1,1,1", "2,1"] {
                 let tree = TokenTree::parse(spec).unwrap();
                 for len in [1, 4] {
@@ -1205,16 +1234,14 @@ pub(crate) mod tests {
                         1,
                         &tree,
                         lookup,
-                        &prompt,
+                        &REPETITIVE,
                         40,
                         &[],
                     )
                     .unwrap();
                     let what = format!("{name} {spec} lookup {len}");
-                    assert_eq!(got.tokens, want, "{what}");
-                    assert!(is_greedy_cache(&model, &prompt, &got.tokens, &cache));
+                    assert_greedy_rounds(&model, (&want, &got, &cache), &what);
                     for round in &got.rounds {
-                        assert!(distinct_siblings(round), "{what}: {round:?}");
                         let fits = round.lookup.len();
                         assert!(fits <= len, "{what}");
                         assert_eq!(round.tree.nodes(), tree.nodes() + fits, "{what}");
@@ -1238,12 +1265,9 @@ pub(crate) mod tests {
     #[test]
     fn lookup_branches_beside_dynamic_drafting() {
         let mut accepted = 0;
-        for name in builtin::BUILTIN_NAMES {
-            let model = builtin::builtin(name).unwrap();
-            let weights = M2r2Weights::builtin_for(name, &model.config).unwrap();
+        for (name, model, weights) in builtin_models() {
             let m2r2 = M2r2::new(&model, &weights);
-            let prompt = [7u32, 2, 9, 4, 1, 7, 2, 9, 4, 1, 7, 2];
-            let want = greedy(&model, &prompt, 40, &[]).unwrap();
+            let want = greedy(&model, &REPETITIVE, 40, &[]).unwrap();
             for spec in ["1", "2,1"] {
                 let tree = TokenTree::parse(spec).unwrap();
                 for threshold in [0.0, 0.1, 2.0] {
@@ -1253,16 +1277,14 @@ pub(crate) mod tests {
                         (GateKind::Confidence, threshold),
                         &tree,
                         LookupConfig::new(4),
-                        &prompt,
+                        &REPETITIVE,
                         40,
                         &[],
                     )
                     .unwrap();
                     let what = format!("{name} {spec} >= {threshold}");
-                    assert_eq!(got.tokens, want, "{what}");
-                    assert!(is_greedy_cache(&model, &prompt, &got.tokens, &cache));
+                    assert_greedy_rounds(&model, (&want, &got, &cache), &what);
                     for round in &got.rounds {
-                        assert!(distinct_siblings(round), "{what}: {round:?}");
                         for (d, &node) in round.lookup.iter().enumerate() {
                             assert_eq!(round.tree.depth(node), d + 1, "{what}");
                             assert_eq!(node, round.tree.level(d + 1).end - 1, "{what}");
