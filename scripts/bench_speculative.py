@@ -120,4 +120,5 @@ def main():
         print(f"| {engine} | {name} | {tps:.1f} | {ratio} | {mean} | {pos} | {'yes' if t['same'] else 'NO'} |")
         sys.stdout.flush()
 
-main()
+if __name__ == "__main__":
+    main()

@@ -8,10 +8,10 @@
 #     [--row 'NAME: FLAGS' ...]   (default rows: the shipped default and the shared thresholds)
 #
 # Prompts are the first N samples of data/distill/smollm2-dev (chat template applied, token ids).
-import argparse, json, shlex, subprocess, sys
+import argparse, os, shlex, sys
 
-B = "./target/release/m2r2"
-DATA = "data/distill/smollm2-dev"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_speculative as bs  # noqa: E402  (its prompt reader and `generate` runner)
 
 ROWS = [
     "default (config early_exit):",
@@ -19,21 +19,6 @@ ROWS = [
     "confidence, one threshold 0.94: --gate confidence --threshold 0.94",
     "arla, one per gate: --gate arla --threshold 0.7,1.01,0.98,0.98",
 ]
-
-
-def prompts(n):
-    with open(f"{DATA}/samples.jsonl") as f:
-        rows = [json.loads(line) for line in f][:n]
-    return [",".join(map(str, r["tokens"][: r["prompt_len"]])) for r in rows]
-
-
-def generate(ids, new_tokens, extra):
-    args = [B, "generate", "--model", "smollm2", "--tokens", ids, "--max-new-tokens", str(new_tokens), "--json"] + extra
-    out = subprocess.run(args, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"FAILED: {' '.join(args)}\n{out.stderr[-600:]}")
-    return json.loads(out.stdout)
-
 
 def same_prefix(a, b):
     n = 0
@@ -45,23 +30,22 @@ def same_prefix(a, b):
 
 
 def main():
-    global B
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=6)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--bin", default=B)
+    ap.add_argument("--bin", default=bs.B)
     ap.add_argument("--row", action="append", help="'NAME: FLAGS' (replaces the default rows)")
     args = ap.parse_args()
-    B = args.bin
+    bs.B = args.bin
     rows = [r.split(":", 1) for r in (args.row or ROWS)]
-    ids = prompts(args.prompts)
-    greedy = [generate(p, args.new_tokens, [])["tokens"] for p in ids]
+    ids = bs.prompts(args.prompts)
+    greedy = [bs.run("generate", p, args.new_tokens, [])["tokens"] for p in ids]
     print("| early exit | layers before emitting, per token | exits per gate (all prompts) | tokens equal to greedy before the first difference (per prompt) | identical outputs |")
     print("|---|---|---|---|---|")
     for name, flags in rows:
         layers, decoded, hist, prefix, identical = 0.0, 0, None, [], 0
         for p, want in zip(ids, greedy):
-            r = generate(p, args.new_tokens, ["--mode", "early-exit"] + shlex.split(flags))
+            r = bs.run("generate", p, args.new_tokens, ["--mode", "early-exit"] + shlex.split(flags))
             layers += r["layers_at_emit_per_token"] * (len(r["tokens"]) - 1)
             decoded += len(r["tokens"]) - 1
             h = r["exit_histogram"]
