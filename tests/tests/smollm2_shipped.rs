@@ -187,7 +187,7 @@ const MIN_MEAN_ACCEPTED_LOOKUP: f64 = 1.43;
 fn shipped_smollm2_lookup_default_is_lossless_and_accepts_more() {
     use reference::base::tree::TokenTree;
     use reference::decode::prompt_lookup::LookupConfig;
-    use reference::decode::tree_speculation::tree_speculative_generate_dynamic_with_lookup;
+    use reference::decode::tree_speculation::{TreeDrafting, tree_speculative_generate_drafting};
     let (loaded, weights) = shipped();
     let model = &loaded.model;
     let config = &weights.config;
@@ -201,15 +201,17 @@ fn shipped_smollm2_lookup_default_is_lossless_and_accepts_more() {
     let chain = TokenTree::chain(config.draft_len).unwrap();
     let (mut emitted, mut rounds, mut from_branch) = (0usize, 0usize, 0usize);
     for (i, (prompt, greedy)) in dev_samples(PROMPTS).into_iter().enumerate() {
-        let (out, _) = tree_speculative_generate_dynamic_with_lookup(
+        let drafting = TreeDrafting {
+            threshold: Some(d.threshold),
+            lookup: Some(LookupConfig::new(branch)),
+        };
+        let (out, _) = tree_speculative_generate_drafting(
             M2r2::new(model, &weights),
-            config.draft_gate,
-            (d.gate, d.threshold),
+            (config.draft_gate, Some(d.gate)),
             &chain,
-            LookupConfig::new(branch),
-            &prompt,
-            NEW_TOKENS,
-            &[],
+            drafting,
+            (&prompt, NEW_TOKENS, &[]),
+            None,
         )
         .unwrap();
         let n = NEW_TOKENS.min(greedy.len());

@@ -44,7 +44,8 @@
 //!
 //! **A prompt-lookup branch** ([`tree_speculate_with_lookup`], `decode/prompt_lookup.rs`;
 //! greedy): each round may also hang a chain of tokens copied from the context at the root, beside
-//! the whole shape or beside a tree grown per branch ([`dynamic_round_with_lookup`]). Its nodes
+//! the whole shape or beside a tree grown per branch ([`dynamic_round_with_lookup`],
+//! [`tree_speculative_generate_drafting`]). Its nodes
 //! carry fixed tokens, run their slow rows with their depth and propose nothing, each the last node
 //! of its depth; the root's drafted children skip the branch's first token, so no two siblings are
 //! alike. Acceptance is the same rule on the round's tree, so the output stays greedy decoding's.
@@ -166,7 +167,7 @@ pub fn tree_speculative_generate(
     sampling: Option<SamplingParams>,
 ) -> Result<(TreeSpeculativeOutput, KvCache)> {
     let request = (prompt, max_new_tokens, stop_tokens);
-    generate_on_reference(
+    tree_speculative_generate_drafting(
         m2r2,
         (draft_gate, None),
         tree,
@@ -198,7 +199,7 @@ pub fn tree_speculative_generate_dynamic(
         threshold: Some(threshold),
         lookup: None,
     };
-    generate_on_reference(
+    tree_speculative_generate_drafting(
         m2r2,
         (draft_gate, Some(gate)),
         tree,
@@ -227,45 +228,19 @@ pub fn tree_speculative_generate_with_lookup(
         threshold: None,
         lookup: Some(lookup),
     };
-    generate_on_reference(m2r2, (draft_gate, None), tree, drafting, request, None)
+    tree_speculative_generate_drafting(m2r2, (draft_gate, None), tree, drafting, request, None)
 }
 
-/// Greedy [`tree_speculative_generate_dynamic`] with a prompt-lookup branch at the root of each
-/// round that `lookup` finds one: the tree grows per branch from the draft's scores, the branch
-/// hangs beside it ([`dynamic_round_with_lookup`]).
+/// Tree speculation on the reference with any [`TreeDrafting`] (the wrappers above name the common
+/// ones; a lookup branch beside a grown tree is `TreeDrafting { threshold: Some(..), lookup:
+/// Some(..) }`): a [`ReferenceTreeSpeculation`] at `draft_gate` scoring with `gate`, its cache
+/// holding the prompt, the budget and the largest tree a round may verify (the last round's may
+/// reach past the budget), then [`tree_speculate_drafting`]. Returns the output and the cache.
 ///
 /// # Errors
-/// [`tree_speculative_generate_dynamic`]'s, and suffix lengths [`LookupConfig::check`] refuses.
-#[allow(clippy::too_many_arguments)]
-pub fn tree_speculative_generate_dynamic_with_lookup(
-    m2r2: M2r2<'_>,
-    draft_gate: usize,
-    (gate, threshold): (GateKind, f32),
-    tree: &TokenTree,
-    lookup: LookupConfig,
-    prompt: &[u32],
-    max_new_tokens: usize,
-    stop_tokens: &[u32],
-) -> Result<(TreeSpeculativeOutput, KvCache)> {
-    let request = (prompt, max_new_tokens, stop_tokens);
-    let drafting = TreeDrafting {
-        threshold: Some(threshold),
-        lookup: Some(lookup),
-    };
-    generate_on_reference(
-        m2r2,
-        (draft_gate, Some(gate)),
-        tree,
-        drafting,
-        request,
-        None,
-    )
-}
-
-/// The reference wrappers' common body: a [`ReferenceTreeSpeculation`] at `draft_gate` scoring
-/// with `gate`, its cache holding the prompt, the budget and the largest tree a round may verify
-/// (the last round's may reach past the budget), then [`tree_speculate_drafting`].
-fn generate_on_reference(
+/// [`tree_speculative_generate`]'s, [`tree_speculate_drafting`]'s, and dynamic drafting without
+/// `gate`.
+pub fn tree_speculative_generate_drafting(
     m2r2: M2r2<'_>,
     (draft_gate, gate): (usize, Option<GateKind>),
     tree: &TokenTree,
@@ -1124,15 +1099,16 @@ pub(crate) mod tests {
                 (Some(lookup), None) => tree_speculative_generate_with_lookup(
                     m2r2, gate, &tree, lookup, prompt, budget, &stop,
                 ),
-                (Some(lookup), Some(t)) => tree_speculative_generate_dynamic_with_lookup(
+                (Some(lookup), Some(t)) => tree_speculative_generate_drafting(
                     m2r2,
-                    gate,
-                    confidence(t),
+                    (gate, Some(GateKind::Confidence)),
                     &tree,
-                    lookup,
-                    prompt,
-                    budget,
-                    &stop,
+                    TreeDrafting {
+                        threshold: Some(t),
+                        lookup: Some(lookup),
+                    },
+                    (prompt, budget, &stop),
+                    None,
                 ),
                 (None, Some(t)) => tree_speculative_generate_dynamic(
                     m2r2,
@@ -1271,15 +1247,17 @@ pub(crate) mod tests {
             for spec in ["1", "2,1"] {
                 let tree = TokenTree::parse(spec).unwrap();
                 for threshold in [0.0, 0.1, 2.0] {
-                    let (got, cache) = tree_speculative_generate_dynamic_with_lookup(
+                    let drafting = TreeDrafting {
+                        threshold: Some(threshold),
+                        lookup: Some(LookupConfig::new(4)),
+                    };
+                    let (got, cache) = tree_speculative_generate_drafting(
                         m2r2,
-                        1,
-                        (GateKind::Confidence, threshold),
+                        (1, Some(GateKind::Confidence)),
                         &tree,
-                        LookupConfig::new(4),
-                        &REPETITIVE,
-                        40,
-                        &[],
+                        drafting,
+                        (&REPETITIVE, 40, &[]),
+                        None,
                     )
                     .unwrap();
                     let what = format!("{name} {spec} >= {threshold}");
