@@ -462,6 +462,12 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let defaults = defaults(&results, onnx.is_some());
     let mut notes = Vec::new();
+    if let Some(n) = config.prompt_lookup {
+        notes.push(format!(
+            "the M2R2 config's prompt-lookup branch (up to {n} tokens) is not priced: every \
+             policy here is predicted without it, and --write keeps it as it is"
+        ));
+    }
     let default = defaults.tree.as_ref().or(defaults.chain.as_ref());
     if default.is_some() && default != Some(&best_reference) {
         notes.push(format!(

@@ -477,3 +477,68 @@ fn tune_drafting_ranks_writes_and_refuses() {
     );
     refused(&["--tree", "2,0"], &["--tree", "the width at depth 2 is 0"]);
 }
+
+/// `--write` changes only the drafting defaults it chose: a hand-set prompt-lookup branch and the
+/// early-exit default stay as they were, and the report says the branch was not priced.
+#[test]
+fn tune_drafting_keeps_what_it_does_not_price() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    std::fs::write(
+        dir.path().join("prompts.jsonl"),
+        "{\"id\": \"a\", \"prompt\": \"Count to 3.\"}\n",
+    )
+    .unwrap();
+    let (prompts, data, w) = (p("prompts.jsonl"), p("data"), p("w"));
+    ok(&[
+        "distill-data",
+        "--model",
+        "tiny",
+        "--prompts",
+        &prompts,
+        "--out",
+        &data,
+        "--max-new-tokens",
+        "16",
+    ]);
+    ok(&["init-m2r2", "--model", "tiny", "--seed", "1", "--out", &w]);
+    let path = dir.path().join("w").join("m2r2_config.json");
+    let mut c = config(&dir.path().join("w"));
+    let j = c["gates"].as_array().unwrap().len();
+    let early_exit = serde_json::json!({"gate": "confidence", "thresholds": vec![0.5; j]});
+    c["prompt_lookup"] = serde_json::json!(2);
+    c["early_exit"] = early_exit.clone();
+    std::fs::write(&path, serde_json::to_string_pretty(&c).unwrap()).unwrap();
+    let run = ok(&[
+        "tune-drafting",
+        "--model",
+        "tiny",
+        "--m2r2",
+        &w,
+        "--data",
+        &data,
+        "--draft-gates",
+        "1",
+        "--families",
+        "chain",
+        "--max-draft",
+        "1",
+        "--repeats",
+        "1",
+        "--json",
+        "--write",
+        &w,
+    ]);
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    let notes = report["notes"].as_array().unwrap();
+    assert!(
+        notes.iter().any(|n| n
+            .as_str()
+            .unwrap()
+            .contains("prompt-lookup branch (up to 2 tokens) is not priced")),
+        "{report}"
+    );
+    let written = config(&dir.path().join("w"));
+    assert_eq!(written["prompt_lookup"], 2);
+    assert_eq!(written["early_exit"], early_exit);
+}
