@@ -646,7 +646,7 @@ fn dynamic_round_around<B: TreeBackend>(
         let width = widths.get(d).copied();
         let proposing: Vec<usize> = match width {
             Some(_) => (0..level.len())
-                .filter(|&r| d == 0 || !branch.contains(&(level.start + r)))
+                .filter(|&r| !branch.contains(&(level.start + r)))
                 .collect(),
             None => Vec::new(),
         };
@@ -666,22 +666,14 @@ fn dynamic_round_around<B: TreeBackend>(
                 let node = level.start + proposing[i];
                 let logits = drafted.logits.row(i);
                 let logits = logits.as_slice().expect("contiguous");
-                let children = match sampling.as_deref_mut() {
-                    Some(s) => {
-                        let (drawn, q) = s.children(logits, width);
-                        drafts[node] = q;
-                        drawn
-                    }
-                    // the root's drafted children skip the guessed token (no two siblings alike)
-                    None => match guessed.filter(|_| node == 0) {
-                        Some(g) => top_candidates(logits, width + 1)
-                            .into_iter()
-                            .filter(|&t| t != g)
-                            .take(width)
-                            .collect(),
-                        None => top_candidates(logits, width),
-                    },
-                };
+                // the root's drafted children skip the guessed token
+                let taken: Vec<u32> = guessed.filter(|_| node == 0).into_iter().collect();
+                let children = drafted_children(
+                    logits,
+                    (width, &taken),
+                    sampling.as_deref_mut(),
+                    &mut drafts[node],
+                );
                 for token in children {
                     parents.push(node);
                     tokens.push(token);
@@ -758,22 +750,41 @@ fn draft_depth_around<B: TreeBackend>(
         let wanted = children.len() - taken.len();
         let logits = logits.row(row);
         let logits = logits.as_slice().expect("contiguous");
-        let best = match sampling.as_deref_mut() {
-            Some(s) => {
-                let (drawn, q) = s.children(logits, wanted);
-                drafts[node] = q;
-                drawn
-            }
-            None => top_candidates(logits, wanted + taken.len())
-                .into_iter()
-                .filter(|token| !taken.contains(token))
-                .collect(),
-        };
+        let best = drafted_children(
+            logits,
+            (wanted, &taken),
+            sampling.as_deref_mut(),
+            &mut drafts[node],
+        );
         for (child, token) in children.filter(drafted).zip(best) {
             tokens[child] = token;
         }
     }
     Ok(())
+}
+
+/// The tokens of a proposing node's `wanted` drafted children from its draft `logits`: drawn with
+/// `sampling` (its draft distribution `q` goes to `draft`), else its top candidates other than
+/// `taken` (tokens its other children already carry, a lookup branch's), so no two siblings are
+/// alike. The fixed and the grown rounds draft their children here.
+fn drafted_children(
+    logits: &[f32],
+    (wanted, taken): (usize, &[u32]),
+    sampling: Option<&mut TreeSampling>,
+    draft: &mut Vec<f32>,
+) -> Vec<u32> {
+    match sampling {
+        Some(s) => {
+            let (drawn, q) = s.children(logits, wanted);
+            *draft = q;
+            drawn
+        }
+        None => top_candidates(logits, wanted + taken.len())
+            .into_iter()
+            .filter(|token| !taken.contains(token))
+            .take(wanted)
+            .collect(),
+    }
 }
 
 /// The `k` tokens with the highest logits, best first; ties (and `-inf`s) in token order, NaN
