@@ -484,23 +484,8 @@ fn tune_drafting_ranks_writes_and_refuses() {
 fn tune_drafting_keeps_what_it_does_not_price() {
     let dir = tempfile::tempdir().unwrap();
     let p = |name: &str| dir.path().join(name).display().to_string();
-    std::fs::write(
-        dir.path().join("prompts.jsonl"),
-        "{\"id\": \"a\", \"prompt\": \"Count to 3.\"}\n",
-    )
-    .unwrap();
-    let (prompts, data, w) = (p("prompts.jsonl"), p("data"), p("w"));
-    ok(&[
-        "distill-data",
-        "--model",
-        "tiny",
-        "--prompts",
-        &prompts,
-        "--out",
-        &data,
-        "--max-new-tokens",
-        "16",
-    ]);
+    super::train::distill_tiny(dir.path(), &[("prompts.jsonl", "a", 1, "data")]);
+    let (data, w) = (p("data"), p("w"));
     ok(&["init-m2r2", "--model", "tiny", "--seed", "1", "--out", &w]);
     let path = dir.path().join("w").join("m2r2_config.json");
     let mut c = config(&dir.path().join("w"));

@@ -509,6 +509,12 @@ mod tests {
     use crate::base::weight_names::{AttnProj, MlpProj};
     use crate::io::builtin::{tiny_config, tiny_moe_config};
 
+    /// Save `c` into `dir` and read the file back as text.
+    fn saved(c: &M2r2Config, dir: &Path) -> String {
+        c.save(dir).unwrap();
+        std::fs::read_to_string(dir.join(M2R2_CONFIG_FILE)).unwrap()
+    }
+
     fn with_layers(n: usize) -> ModelConfig {
         ModelConfig {
             num_hidden_layers: n,
@@ -653,8 +659,7 @@ mod tests {
         let model = tiny_config();
         let mut c = M2r2Config::default_for(&model);
         c.seed = Some(7);
-        c.save(dir.path()).unwrap();
-        let text = std::fs::read_to_string(dir.path().join(M2R2_CONFIG_FILE)).unwrap();
+        let text = saved(&c, dir.path());
         assert!(
             text.contains("\"q_proj\"") && text.contains("\"down_proj\""),
             "{text}"
@@ -698,8 +703,7 @@ mod tests {
             gate: GateKind::Confidence,
             threshold: 0.5,
         });
-        c.save(dir.path()).unwrap();
-        let text = std::fs::read_to_string(dir.path().join(M2R2_CONFIG_FILE)).unwrap();
+        let text = saved(&c, dir.path());
         assert!(text.contains("\"gate\": \"confidence\""), "{text}");
         assert_eq!(M2r2Config::load(dir.path(), &model).unwrap(), c);
         let cases = [
@@ -733,16 +737,14 @@ mod tests {
         let model = tiny_config();
         let mut c = M2r2Config::default_for(&model);
         assert!(c.early_exit.is_none());
-        c.save(dir.path()).unwrap();
-        let old = std::fs::read_to_string(dir.path().join(M2R2_CONFIG_FILE)).unwrap();
+        let old = saved(&c, dir.path());
         assert!(!old.contains("early_exit"), "{old}");
         let j = c.num_gates();
         c.early_exit = Some(EarlyExitConfig {
             gate: GateKind::Entropy,
             thresholds: vec![0.75; j],
         });
-        c.save(dir.path()).unwrap();
-        let text = std::fs::read_to_string(dir.path().join(M2R2_CONFIG_FILE)).unwrap();
+        let text = saved(&c, dir.path());
         let json: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(
             json["early_exit"],
@@ -786,12 +788,10 @@ mod tests {
         let model = tiny_config();
         let mut c = M2r2Config::default_for(&model);
         assert!(c.prompt_lookup.is_none());
-        c.save(dir.path()).unwrap();
-        let old = std::fs::read_to_string(dir.path().join(M2R2_CONFIG_FILE)).unwrap();
+        let old = saved(&c, dir.path());
         assert!(!old.contains("prompt_lookup"), "{old}");
         c.prompt_lookup = Some(4);
-        c.save(dir.path()).unwrap();
-        let text = std::fs::read_to_string(dir.path().join(M2R2_CONFIG_FILE)).unwrap();
+        let text = saved(&c, dir.path());
         assert!(text.contains("\"prompt_lookup\": 4"), "{text}");
         assert_eq!(M2r2Config::load(dir.path(), &model).unwrap(), c);
         for n in [0, MAX_TREE_NODES] {
@@ -812,8 +812,7 @@ mod tests {
         let mut c = M2r2Config::default_for(&model);
         // absent by default, and a file without it (written before trees) loads
         assert!(c.draft_tree.is_none());
-        c.save(dir.path()).unwrap();
-        let old = std::fs::read_to_string(dir.path().join(M2R2_CONFIG_FILE)).unwrap();
+        let old = saved(&c, dir.path());
         assert!(!old.contains("draft_tree"), "{old}");
         assert_eq!(M2r2Config::load(dir.path(), &model).unwrap(), c);
         c.draft_tree = Some(DraftTreeConfig {
@@ -821,8 +820,7 @@ mod tests {
             widths: vec![2, 1, 1],
             dynamic: None,
         });
-        c.save(dir.path()).unwrap();
-        let text = std::fs::read_to_string(dir.path().join(M2R2_CONFIG_FILE)).unwrap();
+        let text = saved(&c, dir.path());
         let json: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(
             json["draft_tree"],
