@@ -159,16 +159,17 @@ impl M2r2Args {
     pub fn settings(&self, loaded: &LoadedModel, weights: &M2r2Weights) -> Result<M2r2Settings> {
         let config = &weights.config;
         let early_exit = self.mode == ModeArg::EarlyExit;
-        let threshold = match &self.threshold {
-            None => None,
-            Some(ExitThreshold::Shared(t)) => Some(*t),
+        // `--threshold X` for every use, or `X1,X2,...` per gate for early exit only
+        let (threshold, per_gate) = match &self.threshold {
+            None => (None, None),
+            Some(ExitThreshold::Shared(t)) => (Some(*t), None),
             Some(per_gate) if !early_exit => bail!(
                 "--threshold {per_gate}: one threshold per gate is for --mode early-exit; drafting \
                  takes one number"
             ),
-            Some(per_gate) => {
+            Some(per_gate @ ExitThreshold::PerGate(t)) => {
                 per_gate.check(config.num_gates(), "--threshold")?;
-                None
+                (None, Some(t.clone()))
             }
         };
         let Drafting {
@@ -194,10 +195,7 @@ impl M2r2Args {
         let draft_gate = self.draft_gate.unwrap_or(config.draft_gate);
         check_draft_gate(config, draft_gate, "--draft-gate")?;
         // early exit: `--threshold X1,X2,...`, else the config's (`resolve_drafting`)
-        let gate_thresholds = match &self.threshold {
-            Some(ExitThreshold::PerGate(t)) => Some(t.clone()),
-            _ => gate_thresholds,
-        };
+        let gate_thresholds = per_gate.or(gate_thresholds);
         Ok(M2r2Settings {
             mode: self.mode.into(),
             source: self.source(loaded),
