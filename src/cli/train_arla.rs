@@ -129,60 +129,34 @@ pub fn run(args: &Args) -> Result<()> {
     let thresholds = default_thresholds();
     let gates = &config.gates;
     let n = model.config.num_hidden_layers;
-    let arla_points = sweep(
-        &dev_tokens,
-        &arla_scores(&arla, &dev_tokens, eps),
-        gates,
-        n,
-        &thresholds,
-    );
-    let conf_points = sweep(
-        &dev_tokens,
-        &scores_of(&dev_tokens, |t| &t.confidence),
-        gates,
-        n,
-        &thresholds,
-    );
-    let ent_points = sweep(
-        &dev_tokens,
-        &scores_of(&dev_tokens, |t| &t.entropy),
-        gates,
-        n,
-        &thresholds,
-    );
-    print_sweep("ARLA", &arla_points);
-    print_sweep("confidence", &conf_points);
-    print_sweep("entropy", &ent_points);
+    // each gate kind's scores of the dev tokens, and its sweep of shared thresholds
+    let kinds: Vec<(GateKind, Vec<Vec<f32>>)> = vec![
+        (GateKind::Arla, arla_scores(&arla, &dev_tokens, eps)),
+        (
+            GateKind::Confidence,
+            scores_of(&dev_tokens, |t| &t.confidence),
+        ),
+        (GateKind::Entropy, scores_of(&dev_tokens, |t| &t.entropy)),
+    ];
+    let sweeps: Vec<Vec<SweepPoint>> = kinds
+        .iter()
+        .map(|(_, scores)| sweep(&dev_tokens, scores, gates, n, &thresholds))
+        .collect();
+    for ((kind, _), points) in kinds.iter().zip(&sweeps) {
+        let title = match kind {
+            GateKind::Arla => "ARLA",
+            other => other.name(),
+        };
+        print_sweep(title, points);
+    }
     println!(
         "calibrated for agreement >= {} on the --dev-data samples:",
         args.target_agreement
     );
-    let arla_scores = arla_scores(&arla, &dev_tokens, eps);
-    let per_gate = |scores: &[Vec<f32>]| {
-        calibrate_per_gate(
-            &dev_tokens,
-            scores,
-            gates,
-            n,
-            &thresholds,
-            args.target_agreement,
-        )
-    };
     // (gate kind, per-gate point) with the fewest layers, ARLA first on ties
     let mut best_exit: Option<(GateKind, SweepPoint)> = None;
-    for (name, points, scores) in [
-        ("arla", &arla_points, arla_scores),
-        (
-            "confidence",
-            &conf_points,
-            scores_of(&dev_tokens, |t| &t.confidence),
-        ),
-        (
-            "entropy",
-            &ent_points,
-            scores_of(&dev_tokens, |t| &t.entropy),
-        ),
-    ] {
+    for ((kind, scores), points) in kinds.iter().zip(&sweeps) {
+        let name = kind.name();
         match calibrate(points, args.target_agreement) {
             Some(p) => println!(
                 "  {name}, one threshold: {:.2}, agreement {:.3}, layers/token {:.2}",
@@ -190,7 +164,15 @@ pub fn run(args: &Args) -> Result<()> {
             ),
             None => println!("  {name}: no threshold reaches the target"),
         }
-        let Some(p) = per_gate(&scores) else { continue };
+        let per_gate = calibrate_per_gate(
+            &dev_tokens,
+            scores,
+            gates,
+            n,
+            &thresholds,
+            args.target_agreement,
+        );
+        let Some(p) = per_gate else { continue };
         let t: Vec<String> = p.thresholds.iter().map(|t| format!("{t:.2}")).collect();
         let exits: Vec<String> = p.exits.iter().map(|e| format!("{e:.2}")).collect();
         println!(
@@ -200,15 +182,14 @@ pub fn run(args: &Args) -> Result<()> {
             p.layers_per_token,
             exits.join(" / ")
         );
-        let kind: GateKind = name.parse()?;
         if best_exit
             .as_ref()
             .is_none_or(|(_, b)| p.layers_per_token < b.layers_per_token)
         {
-            best_exit = Some((kind, p));
+            best_exit = Some((*kind, p));
         }
     }
-    let best = calibrate(&arla_points, args.target_agreement)
+    let best = calibrate(&sweeps[0], args.target_agreement)
         .expect("the never-exit threshold reaches any target agreement <= 1");
     weights.config.arla.threshold = best.thresholds[0];
     // only when it exits at all: a folder whose early exit would never exit keeps the old default
