@@ -436,7 +436,10 @@ fn speculate<B: TreeBackend>(
     let mut context = prompt.to_vec();
     while out.tokens.len() < max_new_tokens && !stop_tokens.contains(&last) {
         context.extend_from_slice(&out.tokens[context.len() - prompt.len()..]);
-        let guess = lookup.map_or_else(Vec::new, |l| l.guess(&context));
+        // at most the branch the largest tree holds (`with_lookup_branch` caps it to fit one
+        // verify chunk), for fixed and grown trees alike
+        let mut guess = lookup.map_or_else(Vec::new, |l| l.guess(&context));
+        guess.truncate(largest.nodes() - tree.nodes());
         let round = match threshold {
             Some(threshold) => {
                 dynamic_round_around(backend, tree, threshold, last, &guess, sampling.as_mut())?
@@ -819,6 +822,7 @@ pub(crate) mod tests {
     use crate::base::config::{Architecture, ModelConfig, MoeConfig};
     use crate::base::generate::greedy;
     use crate::base::model::Model;
+    use crate::base::tree::MAX_TREE_NODES;
     use crate::decode::draft_verify::ReferenceSpeculation;
     use crate::decode::speculative::{
         DraftLength, SpeculativeBackend, SpeculativeOptions, speculative_generate,
@@ -1288,6 +1292,39 @@ pub(crate) mod tests {
             }
         }
         assert!(accepted > 0, "no lookup token was accepted");
+    }
+
+    /// A branch longer than a verify chunk holds is cut to fit beside a grown tree as beside a
+    /// fixed one (`with_lookup_branch`'s cap): no round passes MAX_TREE_NODES, and the output
+    /// stays greedy.
+    #[test]
+    fn a_long_branch_beside_a_grown_tree_fits_one_chunk() {
+        for (name, model, weights) in builtin_models() {
+            let m2r2 = M2r2::new(&model, &weights);
+            let want = greedy(&model, &REPETITIVE, 40, &[]).unwrap();
+            let tree = TokenTree::parse("2,1").unwrap();
+            let drafting = TreeDrafting {
+                threshold: Some(0.0),
+                lookup: Some(LookupConfig::new(2 * MAX_TREE_NODES)),
+            };
+            let (got, cache) = tree_speculative_generate_drafting(
+                m2r2,
+                (1, Some(GateKind::Confidence)),
+                &tree,
+                drafting,
+                (&REPETITIVE, 40, &[]),
+                None,
+            )
+            .unwrap();
+            assert_greedy_rounds(&model, (&want, &got, &cache), name);
+            let room = MAX_TREE_NODES - tree.nodes();
+            assert!(got.rounds.iter().all(|r| r.lookup.len() <= room), "{name}");
+            assert!(got.rounds.iter().all(|r| r.tree.nodes() <= MAX_TREE_NODES));
+            assert!(
+                got.rounds.iter().any(|r| r.lookup.len() > tree.nodes()),
+                "{name}"
+            );
+        }
     }
 
     /// A guess that equals the top draft: the root's drafted child takes the runner-up, so the
