@@ -251,17 +251,11 @@ pub fn tree_speculative_generate_drafting(
     if prompt.is_empty() {
         return Err(empty_prompt());
     }
-    let capacity = prompt.len() + max_new_tokens + largest_tree(tree, drafting.lookup).nodes();
+    let capacity = prompt.len() + max_new_tokens + drafting.largest_tree(tree).nodes();
     let mut backend = ReferenceTreeSpeculation::new(m2r2, draft_gate, capacity)?.with_gate(gate);
     let request = (prompt, max_new_tokens, stop_tokens);
     let out = tree_speculate_drafting(&mut backend, tree, drafting, request, sampling)?;
     Ok((out, backend.into_cache()))
-}
-
-/// The largest tree a round may verify: `tree` with the longest lookup branch.
-fn largest_tree(tree: &TokenTree, lookup: Option<LookupConfig>) -> TokenTree {
-    let branch = lookup.map_or(0, |l| l.max_tokens);
-    with_lookup_branch(tree, branch).tree
 }
 
 /// Tree speculation on any engine: prefill `prompt`, then rounds of [`tree_round`] until
@@ -370,6 +364,13 @@ impl TreeDrafting {
         threshold: None,
         lookup: None,
     };
+
+    /// The largest tree a round may verify: `tree` with the longest lookup branch (as many of
+    /// its tokens as one verify chunk holds).
+    pub fn largest_tree(&self, tree: &TokenTree) -> TokenTree {
+        let branch = self.lookup.map_or(0, |l| l.max_tokens);
+        with_lookup_branch(tree, branch).tree
+    }
 }
 
 /// Tree speculation with any [`TreeDrafting`]: [`tree_speculate`], [`tree_speculate_with_lookup`]
@@ -412,7 +413,7 @@ fn speculate<B: TreeBackend>(
     if prompt.is_empty() {
         return Err(empty_prompt());
     }
-    let largest = largest_tree(tree, lookup);
+    let largest = drafting.largest_tree(tree);
     backend.check_tree(
         &largest,
         backend.len() + prompt.len() + max_new_tokens + largest.nodes(),

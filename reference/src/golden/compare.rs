@@ -266,27 +266,24 @@ fn compare_records(
         }
         (
             M2r2Record::SpeculativeTree {
-                widths: wa,
+                recipe: ra,
                 rounds: a,
                 graphs: ga,
-                ..
             },
             M2r2Record::SpeculativeTree {
-                widths: wb,
+                recipe: rb,
                 rounds: b,
                 graphs: gb,
-                ..
             },
         ) => {
-            if wa != wb {
+            if ra.widths != rb.widths || ra.grown != rb.grown || ra.lookup != rb.lookup {
                 return Err(Error::Invalid(format!(
                     "the goldens draft different token trees ({} vs {})",
-                    super::tree::widths_text(wa),
-                    super::tree::widths_text(wb)
+                    ra.describe(),
+                    rb.describe()
                 )));
             }
-            let tree = crate::base::tree::TokenTree::from_widths(wa)?;
-            let rounds = compare_tree_rounds(ACTUAL, &tree, a, b);
+            let rounds = compare_tree_rounds(ACTUAL, a, b);
             // Rows are comparable up to the first round that differs.
             let same = rounds.first_row.unwrap_or(a.len().min(b.len()));
             let mut entries = vec![rounds];
@@ -294,7 +291,6 @@ fn compare_records(
                 (ACTUAL, ACTUAL),
                 ga,
                 gb,
-                &tree,
                 a,
                 same,
                 tol,

@@ -2,7 +2,8 @@
 //! naming the file, the tensor and the metadata key.
 
 use super::{
-    GOLDEN_FORMAT, GOLDEN_FORMAT_VERSION, Golden, M2r2Golden, Pins, TREE_FORMAT_VERSION, Tolerance,
+    GOLDEN_FORMAT, GOLDEN_FORMAT_VERSION, GROWN_TREE_FORMAT_VERSION, Golden, M2r2Golden, Pins,
+    TREE_FORMAT_VERSION, Tolerance,
 };
 use crate::error::{Error, Result};
 use ndarray::Array2;
@@ -16,6 +17,15 @@ impl Golden {
         {
             return Err(Error::Invalid(format!(
                 "a token-tree golden is format version {TREE_FORMAT_VERSION} at least, not {}",
+                self.version
+            )));
+        }
+        if self.m2r2.as_ref().is_some_and(M2r2Golden::is_varying_tree)
+            && self.version < GROWN_TREE_FORMAT_VERSION
+        {
+            return Err(Error::Invalid(format!(
+                "a golden of token trees that change from round to round is format version \
+                 {GROWN_TREE_FORMAT_VERSION} at least, not {}",
                 self.version
             )));
         }
@@ -114,7 +124,7 @@ impl Golden {
         let version = file.field("format_version")?;
         let mode = file.field("mode")?;
         match (version.as_str(), mode.as_str()) {
-            ("1", "greedy") | ("2" | "3" | "4", _) => {}
+            ("1", "greedy") | ("2" | "3" | "4" | "5", _) => {}
             ("1", other) => {
                 return Err(Error::format(
                     &label,

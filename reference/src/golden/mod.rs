@@ -40,7 +40,7 @@ mod report;
 
 pub use m2r2::{
     EngineGraphs, GraphOutputs, M2r2Golden, M2r2Record, RoundTensors, SpeculativeEngine,
-    TreeEngine, TreeRounds, early_exit_logits, tree, weights_hash,
+    TreeEngine, TreeRecipe, TreeRounds, early_exit_logits, tree, weights_hash,
 };
 pub use report::{
     CheckReport, Divergence, TensorCheck, Tolerance, compare, compare_int_rows, compare_ints,
@@ -49,11 +49,14 @@ pub use report::{
 
 pub const GOLDEN_FORMAT: &str = "m2r2-golden";
 /// The newest format version this reads.
-pub const GOLDEN_FORMAT_VERSION: u32 = 4;
+pub const GOLDEN_FORMAT_VERSION: u32 = 5;
 /// The version goldens without a token tree are written as (their layout has not changed since).
 pub const WRITTEN_FORMAT_VERSION: u32 = 3;
 /// The format version that introduced token-tree speculative goldens (written as such).
 pub const TREE_FORMAT_VERSION: u32 = 4;
+/// The format version that introduced token trees that change from round to round (grown per
+/// branch, with a prompt-lookup branch), written as such; fixed trees stay version 4.
+pub const GROWN_TREE_FORMAT_VERSION: u32 = 5;
 /// The format version that introduced the M2R2 modes.
 pub const M2R2_FORMAT_VERSION: u32 = 2;
 /// Default tolerance of `golden check` on logits: f32 through a different but valid reduction order

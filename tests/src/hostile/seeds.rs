@@ -4,12 +4,14 @@
 use super::Target;
 use crate::fixture_dir;
 use reference::Model;
+use reference::decode::prompt_lookup::LookupConfig;
 use reference::decode::speculative::{DraftLength, SpeculativeOptions};
-use reference::golden::Golden;
+use reference::golden::{Golden, TreeRecipe};
 use reference::io::builtin::{self, BUILTIN_VOCAB};
 use reference::io::gguf::builder::Builder;
 use reference::io::tokenizer::Tokenizer;
 use reference::m2r2::draft_head::DraftHead;
+use reference::m2r2::exit_gate::GateKind;
 use reference::m2r2::fast_stream::M2r2;
 use reference::m2r2::weights::M2r2Weights;
 use safetensors::SafeTensors;
@@ -282,7 +284,8 @@ fn folder_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
     files
 }
 
-/// A greedy golden, a speculative one and a token-tree one of tiny.
+/// A greedy golden, a speculative one, a token-tree one and one of trees grown per branch beside a
+/// prompt-lookup branch (format version 5) of tiny.
 fn golden_files() -> Vec<(String, Vec<u8>)> {
     let model = tiny();
     let weights = M2r2Weights::builtin_for("tiny", &model.config).expect("built-in weights");
@@ -313,11 +316,26 @@ fn golden_files() -> Vec<(String, Vec<u8>)> {
         &[],
     )
     .expect("records");
+    let recipe = TreeRecipe {
+        grown: Some((GateKind::Confidence, 0.5)),
+        lookup: Some(LookupConfig::new(2)),
+        ..TreeRecipe::fixed(1, &[2, 1])
+    };
+    let grown = Golden::record_tree_drafting(
+        M2r2::new(model, &weights),
+        "tiny",
+        &[1, 2, 1, 2],
+        6,
+        &recipe,
+        &[],
+    )
+    .expect("records");
     let dir = tempfile::tempdir().expect("a temporary folder");
     [
         ("greedy.golden.safetensors", greedy),
         ("speculative.golden.safetensors", spec),
         ("tree.golden.safetensors", tree),
+        ("grown-tree.golden.safetensors", grown),
     ]
     .into_iter()
     .map(|(name, g)| {

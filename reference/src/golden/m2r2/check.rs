@@ -131,18 +131,17 @@ impl Golden {
                 };
                 self.check_speculative_on(engine, tol)
             }
-            M2r2Record::SpeculativeTree {
-                draft_gate, widths, ..
-            } => {
-                let nodes = super::tree::tree_of(widths)?.nodes();
-                let capacity = self.prompt_tokens.len() + n + nodes;
-                let mut speculation = ReferenceTreeSpeculation::new(m2r2, *draft_gate, capacity)?;
+            M2r2Record::SpeculativeTree { recipe, .. } => {
+                let capacity = self.prompt_tokens.len() + n + recipe.largest()?.nodes();
+                let mut speculation =
+                    ReferenceTreeSpeculation::new(m2r2, recipe.draft_gate, capacity)?
+                        .with_gate(recipe.grown.map(|g| g.0));
                 let engine = TreeEngine {
                     speculation: &mut speculation,
                     greedy: &mut ReferenceGreedy::new(m2r2.model),
                     config: &m2r2.model.config,
                     weights_hash: Some(&hash),
-                    draft_gate: *draft_gate,
+                    draft_gate: recipe.draft_gate,
                     graphs: EngineGraphs::REFERENCE,
                 };
                 self.check_tree_on(engine, tol)
@@ -151,13 +150,16 @@ impl Golden {
     }
 
     /// The draft gate (1-based) and the scored gate of a speculative golden, chain or token tree
-    /// (which scores none), to build the engine that replays it; `None` for other modes.
+    /// (a grown tree's gate; a fixed tree scores none), to build the engine that replays it;
+    /// `None` for other modes.
     pub fn speculative_gates(&self) -> Option<(usize, Option<GateKind>)> {
         match self.m2r2.as_ref().map(|m| &m.record) {
             Some(M2r2Record::Speculative {
                 draft_gate, gate, ..
             }) => Some((*draft_gate, *gate)),
-            Some(M2r2Record::SpeculativeTree { draft_gate, .. }) => Some((*draft_gate, None)),
+            Some(M2r2Record::SpeculativeTree { recipe, .. }) => {
+                Some((recipe.draft_gate, recipe.grown.map(|g| g.0)))
+            }
             _ => None,
         }
     }
@@ -202,7 +204,7 @@ impl Golden {
     fn draft_max(&self) -> usize {
         match self.m2r2.as_ref().map(|m| &m.record) {
             Some(M2r2Record::Speculative { draft_length, .. }) => draft_length.max(),
-            Some(M2r2Record::SpeculativeTree { widths, .. }) => widths.len(),
+            Some(M2r2Record::SpeculativeTree { recipe, .. }) => recipe.widths.len(),
             _ => 0,
         }
     }

@@ -34,8 +34,9 @@
 //! at, or the final logits when it ran all layers. Speculative: the base model's (verify) logits
 //! each token was emitted from (row 0: the prompt's).
 //!
-//! Speculative goldens that draft a token tree (`draft_length` = `tree`, format version 4) record
-//! the tree's rounds instead of `round_drafted` and `round_scores`: see [`tree`].
+//! Speculative goldens that draft a token tree (`draft_length` = `tree`, format version 4; 5 when
+//! the tree changes from round to round) record the tree's rounds instead of `round_drafted` and
+//! `round_scores`: see [`tree`].
 use super::file::{GoldenFile, f32_bytes};
 use crate::decode::early_exit::KvPolicy;
 use crate::decode::speculative::{DraftLength, SpeculativeOutput};
@@ -52,13 +53,16 @@ mod record;
 #[cfg(test)]
 mod tests;
 pub mod tree;
+mod tree_file;
+#[cfg(test)]
+mod tree_grown_tests;
 #[cfg(test)]
 mod tree_tests;
 
 pub use check::{EngineGraphs, REFERENCE, SpeculativeEngine};
 pub(super) use check::{compare_graph_outputs, compare_rounds, compare_scores};
 pub use record::early_exit_logits;
-pub use tree::{TreeEngine, TreeRounds};
+pub use tree::{TreeEngine, TreeRecipe, TreeRounds};
 pub(super) use tree::{compare_tree_graph_outputs, compare_tree_rounds};
 
 /// What an M2R2 golden records besides the greedy fields.
@@ -95,12 +99,11 @@ pub enum M2r2Record {
         /// format version 3.
         graphs: Option<Box<GraphOutputs>>,
     },
-    /// Speculative decoding with a token tree (format version 4, [`tree`]).
+    /// Speculative decoding with a token tree (format version 4; 5 when rounds grow or carry a
+    /// lookup branch: [`tree`]).
     SpeculativeTree {
-        /// 1-based
-        draft_gate: usize,
-        /// `draft_tree`: the widths `W1,W2,...` per depth
-        widths: Vec<usize>,
+        /// The shape, the draft gate, and how each round's tree is chosen.
+        recipe: TreeRecipe,
         rounds: TreeRounds,
         /// `verify_logits`: the prompt's row, then every node of every round; `draft_logits`:
         /// every proposing node of every round
@@ -341,17 +344,21 @@ impl M2r2Golden {
             }))
             .collect(),
             M2r2Record::SpeculativeTree {
-                widths,
+                recipe,
                 rounds,
                 graphs,
-                ..
-            } => tree::tree_tensors(widths, rounds, graphs),
+            } => tree_file::tree_tensors(recipe, rounds, graphs),
         }
     }
 
     /// Whether this records a token tree (format version 4).
     pub fn is_tree(&self) -> bool {
         matches!(self.record, M2r2Record::SpeculativeTree { .. })
+    }
+
+    /// Whether this records token trees that change from round to round (format version 5).
+    pub fn is_varying_tree(&self) -> bool {
+        matches!(&self.record, M2r2Record::SpeculativeTree { recipe, .. } if recipe.varies())
     }
 
     /// Extra metadata of this mode.
@@ -389,14 +396,8 @@ impl M2r2Golden {
                     }
                 }
             }
-            M2r2Record::SpeculativeTree {
-                draft_gate, widths, ..
-            } => {
-                meta.push(("draft_gate".into(), draft_gate.to_string()));
-                meta.push(("gate".into(), "none".into()));
-                meta.push(("draft_max".into(), widths.len().to_string()));
-                meta.push(("draft_length".into(), "tree".into()));
-                meta.push(("draft_tree".into(), tree::widths_text(widths)));
+            M2r2Record::SpeculativeTree { recipe, .. } => {
+                meta.extend(tree_file::tree_metadata(recipe));
             }
         }
         meta
@@ -449,7 +450,7 @@ impl M2r2Golden {
                 }
             }
             "speculative" if parsed("draft_length")? == "tree" => {
-                tree::read_tree(file, n, version)?
+                tree_file::read_tree(file, n, version)?
             }
             "speculative" => {
                 let draft_gate = parsed("draft_gate")?;

@@ -1,48 +1,144 @@
-//! Token-tree speculative goldens (format version 4): a greedy decode drafting a token tree
+//! Token-tree speculative goldens: a greedy decode drafting a token tree
 //! (`decode/tree_speculation.rs`) with every round's tree, the accepted node, and what the
 //! verifier and the draft produced, so each graph is checked on its own.
 //!
-//! Dimensions: `R` rounds, `T` the tree's nodes (root included), `P` its proposing nodes (those
-//! with children: the draft's rows of a round), `V` vocabulary.
+//! Two layouts ([`tree_file`](super::tree_file) reads and writes them):
+//! - **format version 4**, a fixed tree: every round drafts the whole shape `W1,W2,...`, so every
+//!   round's tree is the same and both logits tensors are rectangular;
+//! - **format version 5**, trees that change from round to round: grown per branch while the
+//!   draft gate's score passes a threshold (dynamic drafting), and/or with a prompt-lookup branch
+//!   at the root. Each round's tree, its lookup nodes and its gate scores are recorded too, and
+//!   the check reruns the same drafting policy.
 //!
-//! | tensor             | dtype | shape          | meaning                                            |
-//! |--------------------|-------|----------------|----------------------------------------------------|
-//! | `round_tree_tokens`| I64   | `[R, T]`       | every node's token, breadth-first; node 0 (the root) is the last emitted token |
-//! | `round_node`       | I64   | `[R]`          | the accepted node (its path's drafts were accepted) |
-//! | `round_accepted`   | I64   | `[R]`          | drafts accepted: the accepted node's depth         |
-//! | `round_base_token` | I64   | `[R]`          | the base token after the accepted path             |
-//! | `verify_logits`    | F32   | `[1 + R T, V]` | the prompt's last row, then per round every node's verified row: row `1 + r T + i` is node `i` of round `r` |
-//! | `draft_logits`     | F32   | `[R P, V]`     | per round the draft's logits of each proposing node, breadth-first |
-//! | `draft_rows`       | I64   | `[R P, 2]`     | `(round, node)` of each row of `draft_logits`      |
+//! Dimensions: `R` rounds, `T` the largest round's nodes (root included), `P_r` round `r`'s
+//! proposing nodes (the draft's rows of the round), `V` vocabulary.
 //!
-//! Every round drafts the whole tree, so both logits tensors are rectangular without padding;
-//! `draft_rows` names each draft row's round and node (it follows from the shape, and a reader
-//! refuses a file where it does not).
+//! | tensor              | dtype | shape            | meaning                                           |
+//! |---------------------|-------|------------------|---------------------------------------------------|
+//! | `round_tree_tokens` | I64   | `[R, T]`         | every node's token, breadth-first, -1 past the round's tree; node 0 (the root) is the last emitted token |
+//! | `round_node`        | I64   | `[R]`            | the accepted node (its path's drafts were accepted) |
+//! | `round_accepted`    | I64   | `[R]`            | drafts accepted: the accepted node's depth        |
+//! | `round_base_token`  | I64   | `[R]`            | the base token after the accepted path            |
+//! | `verify_logits`     | F32   | `[1 + Σ T_r, V]` | the prompt's last row, then per round every node's verified row, node by node |
+//! | `draft_logits`      | F32   | `[Σ P_r, V]`     | per round the draft's logits of each proposing node, breadth-first |
+//! | `draft_rows`        | I64   | `[Σ P_r, 2]`     | `(round, node)` of each row of `draft_logits`     |
+//! | `round_tree_parents`| I64   | `[R, T - 1]`     | (version 5) the parent of nodes `1..T_r`, -1 past the round's tree |
+//! | `round_lookup`      | I64   | `[R, L]`         | (version 5) the lookup branch's nodes by depth, -1 past them |
+//! | `round_scores`      | F32   | `[R, S]`         | (version 5) the draft gate's score of each proposing node of a grown round, breadth-first, NaN past them |
 //!
-//! Metadata: `draft_length` = `tree`, `draft_tree` (the widths `W1,W2,...`), `draft_max` (the
-//! depth), `gate` = `none` (a tree scores no gate), `draft_gate`.
+//! The proposing nodes follow from the round's tree: in a fixed tree the nodes with a drafted
+//! (not looked-up) child; in a grown round every node above the shape's depth that is not on the
+//! lookup branch (each runs the draft and is scored; those under the threshold got no children).
+//! A reader refuses a file whose `draft_rows` or scores disagree with that.
+//!
+//! Metadata: `draft_length` = `tree`, `draft_tree` (the shape's widths `W1,W2,...`), `draft_max`
+//! (its depth), `draft_gate`, `gate` (`none`, or the gate a grown tree scores with). Version 5
+//! adds `tree_threshold` (grown trees) and `prompt_lookup`, `prompt_lookup_ngram` (`MIN,MAX`) for
+//! a lookup branch.
 
 use super::record::m2r2_golden;
 use super::{EngineGraphs, GraphOutputs, M2r2Record, step_rounds};
 use crate::base::config::ModelConfig;
 use crate::base::generate::GreedyBackend;
 use crate::base::tree::TokenTree;
+use crate::decode::prompt_lookup::LookupConfig;
 use crate::decode::tree_backend::LevelDraft;
 use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
 use crate::decode::tree_speculation::{
-    TreeBackend, TreeRound, TreeSpeculativeOutput, tree_speculate,
+    TreeBackend, TreeDrafting, TreeRound, TreeSpeculativeOutput, tree_speculate_drafting,
 };
 use crate::error::{Error, Result};
-use crate::golden::file::GoldenFile;
 use crate::golden::report::{CheckReport, Divergence, TensorCheck, Tolerance, compare_rows};
-use crate::golden::{Golden, TREE_FORMAT_VERSION};
+use crate::golden::{GROWN_TREE_FORMAT_VERSION, Golden, TREE_FORMAT_VERSION};
+use crate::m2r2::exit_gate::GateKind;
 use crate::m2r2::fast_stream::M2r2;
 use ndarray::{Array2, ArrayView1, Axis, s};
+
+/// How a token-tree golden drafts: the shape, where, and how a round's tree is chosen.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TreeRecipe {
+    /// 1-based
+    pub draft_gate: usize,
+    /// `draft_tree`: the widths `W1,W2,...` per depth (the largest tree a round grows)
+    pub widths: Vec<usize>,
+    /// Grown per branch while this gate's score is at least the threshold; `None`: the whole
+    /// shape every round.
+    pub grown: Option<(GateKind, f32)>,
+    /// A prompt-lookup branch at the root in the rounds that find one.
+    pub lookup: Option<LookupConfig>,
+}
+
+impl TreeRecipe {
+    /// The whole shape `widths` every round, drafted at `draft_gate`.
+    pub fn fixed(draft_gate: usize, widths: &[usize]) -> Self {
+        TreeRecipe {
+            draft_gate,
+            widths: widths.to_vec(),
+            grown: None,
+            lookup: None,
+        }
+    }
+
+    /// The drafting policy of the tree loop.
+    pub fn drafting(&self) -> TreeDrafting {
+        TreeDrafting {
+            threshold: self.grown.map(|g| g.1),
+            lookup: self.lookup,
+        }
+    }
+
+    /// Whether rounds may differ from the shape (format version 5).
+    pub fn varies(&self) -> bool {
+        self.grown.is_some() || self.lookup.is_some()
+    }
+
+    /// The shape.
+    ///
+    /// # Errors
+    /// Widths `TokenTree::from_widths` refuses.
+    pub fn shape(&self) -> Result<TokenTree> {
+        TokenTree::from_widths(&self.widths)
+    }
+
+    /// The largest tree a round may verify: the shape with the longest lookup branch.
+    ///
+    /// # Errors
+    /// [`TreeRecipe::shape`]'s.
+    pub fn largest(&self) -> Result<TokenTree> {
+        Ok(self.drafting().largest_tree(&self.shape()?))
+    }
+
+    /// The depth below which a grown round's nodes all run the draft (`None`: a fixed tree).
+    fn grown_depth(&self) -> Option<usize> {
+        self.grown.map(|_| self.widths.len())
+    }
+
+    /// The recipe in words: `2,1,1`, `1,1,1 grown while confidence >= 0.3, a lookup branch of
+    /// up to 4 tokens`.
+    pub fn describe(&self) -> String {
+        widths_text(&self.widths) + &self.policy()
+    }
+
+    /// How rounds differ from the shape, in words after it (empty for a fixed tree).
+    pub fn policy(&self) -> String {
+        let mut text = String::new();
+        if let Some((gate, threshold)) = self.grown {
+            text += &format!(" grown while {gate} >= {threshold}");
+        }
+        if let Some(l) = self.lookup {
+            text += &format!(", a lookup branch of up to {} tokens", l.max_tokens);
+        }
+        text
+    }
+}
 
 /// The rounds of a token-tree speculative decode as tensors (module docs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TreeRounds {
-    /// `[R, T]` every node's token, breadth-first (node 0: the root, the last emitted token)
+    /// Every round's tree: the shape, or the tree the round grew, with its lookup branch.
+    pub trees: Vec<TokenTree>,
+    /// `[R, T]` every node's token, breadth-first (node 0: the root, the last emitted token), -1
+    /// past the round's tree
     pub tokens: Array2<i64>,
     /// `[R]` the accepted node
     pub node: Vec<i64>,
@@ -50,6 +146,13 @@ pub struct TreeRounds {
     pub accepted: Vec<i64>,
     /// `[R]` the base model's token after the accepted path (correction or bonus)
     pub base_token: Vec<i64>,
+    /// Per round, the lookup branch's nodes by depth (empty: none).
+    pub lookup: Vec<Vec<usize>>,
+    /// Per round, the nodes the draft proposed from (its rows of `draft_logits`), breadth-first.
+    pub proposing: Vec<Vec<usize>>,
+    /// `[R, S]` per grown round the draft gate's score of each proposing node, NaN past them
+    /// (`S = 0` when no round was grown).
+    pub scores: Array2<f32>,
 }
 
 impl TreeRounds {
@@ -62,34 +165,63 @@ impl TreeRounds {
         self.node.is_empty()
     }
 
-    /// The rounds of a tree decode of `nodes`-node trees.
-    pub fn from_rounds(rounds: &[TreeRound], nodes: usize) -> TreeRounds {
+    /// The rounds of a tree decode: `tokens` is as wide as the largest round's tree and at least
+    /// `min_nodes`; `grown_depth` is the shape's depth when rounds were grown per branch.
+    pub fn from_rounds(
+        rounds: &[TreeRound],
+        min_nodes: usize,
+        grown_depth: Option<usize>,
+    ) -> TreeRounds {
+        let nodes = rounds
+            .iter()
+            .map(|r| r.tree.nodes())
+            .max()
+            .unwrap_or(0)
+            .max(min_nodes);
         let mut tokens = Array2::from_elem((rounds.len(), nodes), -1i64);
+        let width = rounds.iter().map(|r| r.scores.len()).max().unwrap_or(0);
+        let mut scores = Array2::from_elem((rounds.len(), width), f32::NAN);
         for (r, round) in rounds.iter().enumerate() {
-            for (i, &t) in round.tokens.iter().enumerate().take(nodes) {
+            for (i, &t) in round.tokens.iter().enumerate() {
                 tokens[[r, i]] = i64::from(t);
+            }
+            for (i, &x) in round.scores.iter().enumerate() {
+                scores[[r, i]] = x;
             }
         }
         TreeRounds {
+            trees: rounds.iter().map(|r| r.tree.clone()).collect(),
             tokens,
             node: rounds.iter().map(|r| r.node as i64).collect(),
             accepted: rounds.iter().map(|r| r.accepted as i64).collect(),
             base_token: rounds.iter().map(|r| i64::from(r.base_token)).collect(),
+            lookup: rounds.iter().map(|r| r.lookup.clone()).collect(),
+            proposing: rounds
+                .iter()
+                .map(|r| proposing_in(&r.tree, &r.lookup, grown_depth))
+                .collect(),
+            scores,
         }
     }
 
     /// `(round, node)` of each row of `verify_logits` (`None` for the prompt's row).
-    pub fn verify_rows(&self, tree: &TokenTree) -> Vec<Option<(usize, usize)>> {
+    pub fn verify_rows(&self) -> Vec<Option<(usize, usize)>> {
         std::iter::once(None)
-            .chain((0..self.len()).flat_map(|r| (0..tree.nodes()).map(move |i| Some((r, i)))))
+            .chain(
+                self.trees
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(r, t)| (0..t.nodes()).map(move |i| Some((r, i)))),
+            )
             .collect()
     }
 
     /// `(round, node)` of each row of `draft_logits`.
-    pub fn draft_rows(&self, tree: &TokenTree) -> Vec<(usize, usize)> {
-        let proposing = proposing_nodes(tree);
-        (0..self.len())
-            .flat_map(|r| proposing.iter().map(move |&i| (r, i)))
+    pub fn draft_rows(&self) -> Vec<(usize, usize)> {
+        self.proposing
+            .iter()
+            .enumerate()
+            .flat_map(|(r, p)| p.iter().map(move |&i| (r, i)))
             .collect()
     }
 
@@ -99,16 +231,26 @@ impl TreeRounds {
     }
 }
 
-/// The nodes of `tree` that propose (have children), breadth-first: the draft's rows of a round.
+/// The nodes of `tree` that propose (have children), breadth-first: the draft's rows of a round
+/// of a fixed tree without a lookup branch.
 pub fn proposing_nodes(tree: &TokenTree) -> Vec<usize> {
-    (0..tree.nodes())
-        .filter(|&i| !tree.children(i).is_empty())
-        .collect()
+    proposing_in(tree, &[], None)
 }
 
-/// The tree of recorded widths.
-pub(super) fn tree_of(widths: &[usize]) -> Result<TokenTree> {
-    TokenTree::from_widths(widths)
+/// The nodes of a round's `tree` the draft ran its logits for, breadth-first (module docs): with
+/// `grown_depth` every node above it off the `lookup` branch, else every node with a drafted
+/// (not looked-up) child.
+pub(super) fn proposing_in(
+    tree: &TokenTree,
+    lookup: &[usize],
+    grown_depth: Option<usize>,
+) -> Vec<usize> {
+    (0..tree.nodes())
+        .filter(|&i| match grown_depth {
+            Some(depth) => tree.depth(i) < depth && !lookup.contains(&i),
+            None => tree.children(i).any(|c| !lookup.contains(&c)),
+        })
+        .collect()
 }
 
 /// The widths as the metadata writes them: `2,1,1`.
@@ -123,14 +265,12 @@ pub fn widths_text(widths: &[usize]) -> String {
 impl Golden {
     /// Record up to `steps` greedy tokens after `prompt` by token-tree speculation on the
     /// reference (`decode/tree_speculation.rs`), drafting the tree of `widths` from `draft_gate`
-    /// (1-based) every round and stopping after the first of `stop_tokens`. `logits` holds the
-    /// verify logits each token was emitted from; `verify_logits` every node's verified row and
-    /// `draft_logits` every proposing node's draft logits, round by round. Written as format
+    /// (1-based) every round and stopping after the first of `stop_tokens`: a fixed tree
+    /// ([`Golden::record_tree_drafting`] records the other drafting policies). Written as format
     /// version 4.
     ///
     /// # Errors
-    /// A tree shape `TokenTree::from_widths` refuses, and what [`ReferenceTreeSpeculation::new`]
-    /// and [`tree_speculate`] refuse.
+    /// [`Golden::record_tree_drafting`]'s.
     pub fn record_tree_speculative(
         m2r2: M2r2<'_>,
         name: &str,
@@ -140,11 +280,33 @@ impl Golden {
         widths: &[usize],
         stop_tokens: &[u32],
     ) -> Result<Golden> {
-        let tree = tree_of(widths)?;
-        let capacity = prompt.len() + steps + tree.nodes();
-        let mut backend = ReferenceTreeSpeculation::new(m2r2, draft_gate, capacity)?;
-        let run = run_tree_on(&mut backend, &tree, prompt, steps, stop_tokens)?;
-        let rounds = TreeRounds::from_rounds(&run.out.rounds, tree.nodes());
+        let recipe = TreeRecipe::fixed(draft_gate, widths);
+        Golden::record_tree_drafting(m2r2, name, prompt, steps, &recipe, stop_tokens)
+    }
+
+    /// Record up to `steps` greedy tokens after `prompt` by token-tree speculation on the
+    /// reference drafting as `recipe` says, stopping after the first of `stop_tokens`. `logits`
+    /// holds the verify logits each token was emitted from; `verify_logits` every node's verified
+    /// row and `draft_logits` every proposing node's draft logits, round by round; a grown tree
+    /// also its gate scores. Written as format version 4 for a fixed tree, 5 otherwise.
+    ///
+    /// # Errors
+    /// A tree shape `TokenTree::from_widths` refuses, and what [`ReferenceTreeSpeculation::new`]
+    /// and [`tree_speculate_drafting`] refuse (a grown tree's gate without its weights).
+    pub fn record_tree_drafting(
+        m2r2: M2r2<'_>,
+        name: &str,
+        prompt: &[u32],
+        steps: usize,
+        recipe: &TreeRecipe,
+        stop_tokens: &[u32],
+    ) -> Result<Golden> {
+        let shape = recipe.shape()?;
+        let capacity = prompt.len() + steps + recipe.largest()?.nodes();
+        let mut backend = ReferenceTreeSpeculation::new(m2r2, recipe.draft_gate, capacity)?
+            .with_gate(recipe.grown.map(|g| g.0));
+        let run = run_tree_on(&mut backend, recipe, prompt, steps, stop_tokens)?;
+        let rounds = TreeRounds::from_rounds(&run.out.rounds, shape.nodes(), recipe.grown_depth());
         let mut golden = m2r2_golden(
             m2r2,
             name,
@@ -153,49 +315,58 @@ impl Golden {
             run.out.tokens,
             run.logits,
             M2r2Record::SpeculativeTree {
-                draft_gate,
-                widths: widths.to_vec(),
+                recipe: recipe.clone(),
                 rounds,
                 graphs: Box::new(run.graphs),
             },
         );
         golden.stop_tokens = Some(stop_tokens.to_vec());
         golden.max_steps = Some(steps);
-        golden.version = TREE_FORMAT_VERSION;
+        golden.version = match recipe.varies() {
+            true => GROWN_TREE_FORMAT_VERSION,
+            false => TREE_FORMAT_VERSION,
+        };
         Ok(golden)
     }
 
     /// The token tree's widths of a token-tree speculative golden (`None` for other goldens).
     pub fn draft_tree(&self) -> Option<&[usize]> {
+        self.tree_recipe().map(|r| &r.widths[..])
+    }
+
+    /// How a token-tree speculative golden drafts (`None` for other goldens).
+    pub fn tree_recipe(&self) -> Option<&TreeRecipe> {
         match self.m2r2.as_ref().map(|m| &m.record) {
-            Some(M2r2Record::SpeculativeTree { widths, .. }) => Some(widths),
+            Some(M2r2Record::SpeculativeTree { recipe, .. }) => Some(recipe),
             _ => None,
         }
     }
 
     /// Replay this token-tree golden on `engine` (the reference, or an export's graphs through
     /// ONNX Runtime) and check every graph on its own:
-    /// - `tokens`, `stop` and `rounds`: the engine's own tree loop ([`tree_speculate`]) for the
-    ///   recorded tree, budget and stop tokens; the first round whose node tokens, accepted node
-    ///   or base token differ is reported once, naming the node;
+    /// - `tokens`, `stop` and `rounds`: the engine's own tree loop ([`tree_speculate_drafting`])
+    ///   with the recorded drafting (shape, growth, lookup branch), budget and stop tokens; the
+    ///   first round whose tree, node tokens, accepted node or base token differ is reported
+    ///   once, naming the node;
     /// - `logits`: the base model recomputed on `engine.greedy` along the recorded tokens;
-    /// - `verify_logits`, `draft_logits`: the recorded rounds replayed with the recorded node
-    ///   tokens fed (each depth drafted, the tree verified, the recorded path kept), so every
-    ///   node's verified row and every proposing node's draft logits are compared with the
-    ///   recording even after the engine's own decode has parted from it.
+    /// - `verify_logits`, `draft_logits` (and `round_scores` of a grown tree): the recorded
+    ///   rounds replayed with the recorded trees and node tokens fed (each depth drafted, the
+    ///   tree verified, the recorded path kept), so every node's verified row and every proposing
+    ///   node's draft logits are compared with the recording even after the engine's own decode
+    ///   has parted from it.
     ///
     /// Floats within `tol`, integers exactly.
     ///
     /// # Errors
     /// Not a token-tree golden; another model config, other M2R2 weights (or an engine that
     /// cannot say which it runs) or another draft gate than recorded; an engine error (a tree
-    /// the engine cannot hold is refused by it, naming its limits).
+    /// the engine cannot hold is refused by it, naming its limits; a grown tree on an engine
+    /// without the recorded gate).
     pub fn check_tree_on(&self, engine: TreeEngine<'_>, tol: Tolerance) -> Result<CheckReport> {
         let Some((
             recorded,
             M2r2Record::SpeculativeTree {
-                draft_gate,
-                widths,
+                recipe,
                 rounds,
                 graphs: want,
             },
@@ -211,10 +382,10 @@ impl Golden {
             recorded,
             engine.config,
             engine.weights_hash,
-            *draft_gate,
+            recipe.draft_gate,
             engine.draft_gate,
         )?;
-        let tree = tree_of(widths)?;
+        let shape = recipe.shape()?;
         let graphs = engine.graphs;
         let n = self.tokens.len();
 
@@ -222,15 +393,15 @@ impl Golden {
         engine.speculation.reset();
         let run = run_tree_on(
             engine.speculation,
-            &tree,
+            recipe,
             &self.prompt_tokens,
             n,
             self.stops(),
         )?;
-        let got = TreeRounds::from_rounds(&run.out.rounds, tree.nodes());
+        let got = TreeRounds::from_rounds(&run.out.rounds, shape.nodes(), recipe.grown_depth());
         let step_rounds = rounds.step_rounds(n);
         let mut entries = self.decoded_checks(graphs.decode, &run.out.tokens, &step_rounds);
-        entries.push(compare_tree_rounds(graphs.decode, &tree, rounds, &got));
+        entries.push(compare_tree_rounds(graphs.decode, rounds, &got));
         // the base model along the recorded tokens
         entries.push(self.base_logits_check(engine.greedy, graphs.greedy, &step_rounds, tol)?);
 
@@ -238,7 +409,7 @@ impl Golden {
         engine.speculation.reset();
         let replayed = replay_tree_rounds(
             engine.speculation,
-            &tree,
+            &recipe.largest()?,
             &self.prompt_tokens,
             &self.tokens,
             rounds,
@@ -246,12 +417,20 @@ impl Golden {
         entries.extend(compare_tree_graph_outputs(
             (graphs.verify, graphs.draft),
             want,
-            &replayed,
-            &tree,
+            &replayed.graphs,
             rounds,
             rounds.len(),
             tol,
         ));
+        if recipe.grown.is_some() {
+            let scores = replayed.scores_like(&rounds.scores);
+            entries.push(super::compare_scores(
+                graphs.draft,
+                &rounds.scores,
+                &scores,
+                tol,
+            ));
+        }
         Ok(CheckReport { entries })
     }
 }
@@ -259,7 +438,8 @@ impl Golden {
 /// An engine a token-tree golden is replayed on, and what it was built from (checked against
 /// the golden before anything runs).
 pub struct TreeEngine<'a> {
-    /// Runs the tree loop: drafts depth by depth, verifies the tree, keeps the accepted path.
+    /// Runs the tree loop: drafts depth by depth, verifies the tree, keeps the accepted path; for
+    /// a grown tree it scores proposing rows with the recorded gate.
     pub speculation: &'a mut dyn TreeBackend,
     /// Recomputes the logits along the recorded tokens.
     pub greedy: &'a mut dyn GreedyBackend,
@@ -280,20 +460,22 @@ pub(super) struct TreeRun {
     pub(super) graphs: GraphOutputs,
 }
 
-/// Greedy token-tree speculation on any engine for up to `steps` tokens (stopping after the
-/// first of `stops`), collecting the logits each token was emitted from (the prompt's last row,
-/// then per round the verified rows of the accepted path), every node's verified row and every
-/// proposing node's draft logits.
+/// Greedy token-tree speculation on any engine drafting as `recipe` says, for up to `steps`
+/// tokens (stopping after the first of `stops`), collecting the logits each token was emitted
+/// from (the prompt's last row, then per round the verified rows of the accepted path), every
+/// node's verified row and every proposing node's draft logits.
 pub(super) fn run_tree_on(
     backend: &mut dyn TreeBackend,
-    tree: &TokenTree,
+    recipe: &TreeRecipe,
     prompt: &[u32],
     steps: usize,
     stops: &[u32],
 ) -> Result<TreeRun> {
     let vocab = backend.vocab_size();
     let mut recording = TreeRecording::new(backend);
-    let out = tree_speculate(&mut recording, tree, prompt, steps, stops, None)?;
+    let request = (prompt, steps, stops);
+    let shape = recipe.shape()?;
+    let out = tree_speculate_drafting(&mut recording, &shape, recipe.drafting(), request, None)?;
     let mut logits = Array2::zeros((out.tokens.len(), vocab));
     if !out.tokens.is_empty() {
         logits
@@ -304,7 +486,7 @@ pub(super) fn run_tree_on(
     // stop token): token k of the round from the verified row of the path's node at depth k.
     let mut row = 1;
     for (round, verified) in out.rounds.iter().zip(&recording.verified) {
-        let path = tree.path(round.node);
+        let path = round.tree.path(round.node);
         let emitted = (round.accepted + 1).min(out.tokens.len() - row);
         for (k, &node) in path.iter().enumerate().take(emitted) {
             logits.row_mut(row + k).assign(&verified.row(node));
@@ -320,11 +502,39 @@ pub(super) fn run_tree_on(
     })
 }
 
-/// Replay recorded tree rounds on `backend` with the recorded tokens fed (teacher forcing): the
-/// prompt, then per round the root (the last emitted token) and the recorded node tokens depth by
-/// depth, the tree verified, and the recorded path kept as far as the round emitted. What the
-/// engine's graphs produce is comparable with the recording even after its own decode has
-/// parted from it.
+/// What a replay of recorded rounds produced: the graphs' rows, and the draft gate's scores of
+/// each round's proposing nodes (empty where the engine scored none).
+pub(super) struct Replayed {
+    pub(super) graphs: GraphOutputs,
+    pub(super) scores: Vec<Vec<f32>>,
+}
+
+impl Replayed {
+    /// The scores as a `[R, S]` tensor as wide as `like` (NaN past each round's), to compare.
+    fn scores_like(&self, like: &Array2<f32>) -> Array2<f32> {
+        let width = self
+            .scores
+            .iter()
+            .map(Vec::len)
+            .max()
+            .unwrap_or(0)
+            .max(like.ncols());
+        let mut out = Array2::from_elem((self.scores.len(), width), f32::NAN);
+        for (r, row) in self.scores.iter().enumerate() {
+            for (i, &x) in row.iter().enumerate() {
+                out[[r, i]] = x;
+            }
+        }
+        out
+    }
+}
+
+/// Replay recorded tree rounds on `backend` with the recorded trees and tokens fed (teacher
+/// forcing): the prompt, then per round the root (the last emitted token) and the recorded node
+/// tokens depth by depth (the recorded proposing nodes asking for draft rows), the tree verified,
+/// and the recorded path kept as far as the round emitted. What the engine's graphs produce is
+/// comparable with the recording even after its own decode has parted from it. `largest` is the
+/// largest tree a round may verify, checked with the engine first.
 ///
 /// # Errors
 /// An engine error (a tree the engine cannot hold, named by it); an engine that returns another
@@ -332,25 +542,28 @@ pub(super) fn run_tree_on(
 /// vocabulary.
 pub(super) fn replay_tree_rounds(
     backend: &mut dyn TreeBackend,
-    tree: &TokenTree,
+    largest: &TokenTree,
     prompt: &[u32],
     tokens: &[u32],
     rounds: &TreeRounds,
-) -> Result<GraphOutputs> {
+) -> Result<Replayed> {
     let vocab = backend.vocab_size();
     backend.check_tree(
-        tree,
-        backend.len() + prompt.len() + tokens.len() + tree.nodes(),
+        largest,
+        backend.len() + prompt.len() + tokens.len() + largest.nodes(),
     )?;
     let mut recording = TreeRecording::new(backend);
     recording.prefill(prompt)?;
+    let mut scores = Vec::with_capacity(rounds.len());
     let (mut last, mut row) = (tokens.first().copied(), 1);
     for r in 0..rounds.len() {
         let Some(root) = last else { break };
+        let tree = &rounds.trees[r];
         let mut fed = rounds
             .tokens
             .row(r)
             .iter()
+            .take(tree.nodes())
             .enumerate()
             .map(|(i, &t)| {
                 u32::try_from(t)
@@ -372,11 +585,12 @@ pub(super) fn replay_tree_rounds(
             )));
         }
         fed[0] = root;
+        let mut round_scores = Vec::new();
         for d in 0..=tree.max_depth() {
             let level = tree.level(d);
-            let proposing: Vec<usize> = level
-                .clone()
-                .filter(|&i| !tree.children(i).is_empty())
+            let proposing: Vec<usize> = rounds.proposing[r]
+                .iter()
+                .filter(|i| level.contains(i))
                 .map(|i| i - level.start)
                 .collect();
             let drafted = recording.draft_level(tree, d, &fed[level], &proposing)?;
@@ -387,7 +601,9 @@ pub(super) fn replay_tree_rounds(
                     proposing.len()
                 )));
             }
+            round_scores.extend(drafted.scores.into_iter().flatten());
         }
+        scores.push(round_scores);
         let verified = recording.verify_tree(tree)?.nrows();
         if verified != tree.nodes() {
             return Err(Error::Invalid(format!(
@@ -410,15 +626,24 @@ pub(super) fn replay_tree_rounds(
         last = tokens.get(row + emitted - 1).copied();
         row += emitted;
     }
-    recording.graph_outputs(vocab)
+    Ok(Replayed {
+        graphs: recording.graph_outputs(vocab)?,
+        scores,
+    })
 }
 
-/// The rounds of two tree decodes, round by round: the first round whose node tokens, accepted
-/// node or base token differ is the divergence (naming the node); every later round follows from
-/// it and is not reported again.
+/// The parents of nodes `1..` of `tree`.
+fn parents(tree: &TokenTree) -> Vec<i64> {
+    (1..tree.nodes())
+        .map(|i| tree.parent(i).map_or(-1, |p| p as i64))
+        .collect()
+}
+
+/// The rounds of two tree decodes, round by round: the first round whose tree, node tokens,
+/// accepted node or base token differ is the divergence (naming the node); every later round
+/// follows from it and is not reported again.
 pub(in crate::golden) fn compare_tree_rounds(
     graph: &str,
-    tree: &TokenTree,
     want: &TreeRounds,
     got: &TreeRounds,
 ) -> TensorCheck {
@@ -426,17 +651,29 @@ pub(in crate::golden) fn compare_tree_rounds(
     let mut first: Option<Divergence> = None;
     let mut rows_over = 0;
     for r in 0..common {
+        let tree = &want.trees[r];
+        let (pw, pg) = (parents(tree), parents(&got.trees[r]));
         let (tw, tg) = (want.tokens.row(r), got.tokens.row(r));
-        let node_token = (0..tw.len().max(tg.len())).find(|&i| tw.get(i) != tg.get(i));
-        let differs = if let Some(i) = node_token {
-            let depth = (i < tree.nodes()).then(|| tree.depth(i));
+        // tokens past a round's tree are padding
+        let token = |t: ArrayView1<i64>, i: usize| t.get(i).copied().filter(|&t| t >= 0);
+        let parent_at = (0..pw.len().max(pg.len())).find(|&i| pw.get(i) != pg.get(i));
+        let node_token =
+            (0..tw.len().max(tg.len())).find(|&i| token(tw.view(), i) != token(tg.view(), i));
+        let differs = if let Some(i) = parent_at {
             Some((
-                match depth {
-                    Some(d) => format!("node {i} (depth {d}) token"),
-                    None => format!("node {i} token"),
+                format!("tree: node {}'s parent", i + 1),
+                pw.get(i).into_iter().copied().collect(),
+                pg.get(i).into_iter().copied().collect(),
+                false,
+            ))
+        } else if let Some(i) = node_token {
+            Some((
+                match i < tree.nodes() {
+                    true => format!("node {i} (depth {}) token", tree.depth(i)),
+                    false => format!("node {i} token"),
                 },
-                tw.get(i).into_iter().copied().collect(),
-                tg.get(i).into_iter().copied().collect(),
+                token(tw.view(), i).into_iter().collect(),
+                token(tg.view(), i).into_iter().collect(),
                 true,
             ))
         } else if want.node[r] != got.node[r] {
@@ -471,7 +708,13 @@ pub(in crate::golden) fn compare_tree_rounds(
     if first.is_none() && want.len() != got.len() {
         // the same rounds as far as both go, then one decode has more
         let extra = |t: &TreeRounds| match common < t.len() {
-            true => t.tokens.row(common).to_vec(),
+            true => t
+                .tokens
+                .row(common)
+                .iter()
+                .copied()
+                .filter(|&x| x >= 0)
+                .collect(),
             false => vec![],
         };
         first = Some(Divergence {
@@ -498,7 +741,6 @@ pub(in crate::golden) fn compare_tree_graph_outputs(
     graphs: (&str, &str),
     want: &GraphOutputs,
     got: &GraphOutputs,
-    tree: &TokenTree,
     rounds: &TreeRounds,
     rounds_compared: usize,
     tol: Tolerance,
@@ -517,13 +759,13 @@ pub(in crate::golden) fn compare_tree_graph_outputs(
         compare_rows(name, graph, head(w).view(), head(g).view(), tol, false)
             .in_tree_rounds(row_name, &of_row)
     };
-    let draft_rows = rounds.draft_rows(tree).into_iter().map(Some).collect();
+    let draft_rows = rounds.draft_rows().into_iter().map(Some).collect();
     [
         compare(
             "verify_logits",
             graphs.0,
             "verified row",
-            rounds.verify_rows(tree),
+            rounds.verify_rows(),
             &want.verify_logits,
             &got.verify_logits,
         ),
@@ -536,184 +778,6 @@ pub(in crate::golden) fn compare_tree_graph_outputs(
             &got.draft_logits,
         ),
     ]
-}
-
-/// The tensors of a tree record, `(name, dtype, shape, bytes)` (module docs).
-pub(super) fn tree_tensors(
-    widths: &[usize],
-    rounds: &TreeRounds,
-    graphs: &GraphOutputs,
-) -> Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> {
-    use crate::golden::file::f32_bytes;
-    use safetensors::Dtype;
-    let ints = |v: &mut dyn Iterator<Item = &i64>| -> Vec<u8> {
-        v.flat_map(|x| x.to_le_bytes()).collect()
-    };
-    let rows: Vec<i64> = match tree_of(widths) {
-        Ok(tree) => rounds
-            .draft_rows(&tree)
-            .into_iter()
-            .flat_map(|(r, i)| [r as i64, i as i64])
-            .collect(),
-        Err(_) => vec![],
-    };
-    vec![
-        (
-            "round_tree_tokens".into(),
-            Dtype::I64,
-            rounds.tokens.shape().to_vec(),
-            ints(&mut rounds.tokens.iter()),
-        ),
-        (
-            "round_node".into(),
-            Dtype::I64,
-            vec![rounds.node.len()],
-            ints(&mut rounds.node.iter()),
-        ),
-        (
-            "round_accepted".into(),
-            Dtype::I64,
-            vec![rounds.accepted.len()],
-            ints(&mut rounds.accepted.iter()),
-        ),
-        (
-            "round_base_token".into(),
-            Dtype::I64,
-            vec![rounds.base_token.len()],
-            ints(&mut rounds.base_token.iter()),
-        ),
-        (
-            "verify_logits".into(),
-            Dtype::F32,
-            graphs.verify_logits.shape().to_vec(),
-            f32_bytes(graphs.verify_logits.iter()),
-        ),
-        (
-            "draft_logits".into(),
-            Dtype::F32,
-            graphs.draft_logits.shape().to_vec(),
-            f32_bytes(graphs.draft_logits.iter()),
-        ),
-        (
-            "draft_rows".into(),
-            Dtype::I64,
-            vec![rows.len() / 2, 2],
-            ints(&mut rows.iter()),
-        ),
-    ]
-}
-
-/// Read a tree record (metadata `draft_length` = `tree`); `n` is the number of tokens. Every
-/// tensor is checked against the tree's shape and the rounds against the tree (accepted nodes
-/// that exist, accepted counts that are their depths, node tokens that are ids).
-pub(super) fn read_tree(file: &GoldenFile<'_>, n: usize, version: u32) -> Result<M2r2Record> {
-    let format = |msg: String| Error::format(&file.label, msg);
-    if version < TREE_FORMAT_VERSION {
-        return Err(format(format!(
-            "metadata `draft_length` = `tree`: token-tree goldens are format version \
-             {TREE_FORMAT_VERSION}, this file says {version}"
-        )));
-    }
-    let draft_gate = file.field("draft_gate")?;
-    let draft_gate: usize = draft_gate
-        .parse()
-        .map_err(|_| file.bad("draft_gate", &draft_gate))?;
-    let spec = file.field("draft_tree")?;
-    let tree = TokenTree::parse(&spec)
-        .map_err(|e| format(format!("metadata `draft_tree` = `{spec}`: {e}")))?;
-    let widths: Vec<usize> = spec
-        .split(',')
-        .map(|w| w.trim().parse().expect("checked by TokenTree::parse"))
-        .collect();
-    if file.count("draft_max")? != widths.len() {
-        return Err(file.bad("draft_max", &file.field("draft_max")?));
-    }
-    if file.field("gate")? != "none" {
-        return Err(file.bad("gate", &file.field("gate")?));
-    }
-    let nodes = tree.nodes();
-    let (shape, node) = file.i64s("round_node")?;
-    let r = node.len();
-    file.expect_shape("round_node", &shape, &[r])?;
-    if r == 0 && n > 1 {
-        return Err(format(format!(
-            "tensor `round_node` has no rounds for {n} tokens"
-        )));
-    }
-    let (shape, accepted) = file.i64s("round_accepted")?;
-    file.expect_shape("round_accepted", &shape, &[r])?;
-    let (shape, base_token) = file.i64s("round_base_token")?;
-    file.expect_shape("round_base_token", &shape, &[r])?;
-    let (shape, tokens) = file.i64s("round_tree_tokens")?;
-    file.expect_shape("round_tree_tokens", &shape, &[r, nodes])?;
-    for (round, (&a, &i)) in accepted.iter().zip(&node).enumerate() {
-        let Some(i) = usize::try_from(i).ok().filter(|&i| i < nodes) else {
-            return Err(format(format!(
-                "tensor `round_node`: round {round} accepts node {i}, the tree has nodes 0..{nodes}"
-            )));
-        };
-        if a != tree.depth(i) as i64 {
-            return Err(format(format!(
-                "tensor `round_accepted`: round {round} accepted {a} drafts, but its node {i} \
-                 is at depth {}",
-                tree.depth(i)
-            )));
-        }
-    }
-    if let Some(k) = tokens.iter().position(|&t| u32::try_from(t).is_err()) {
-        return Err(format(format!(
-            "tensor `round_tree_tokens`: round {} node {} holds token id {}",
-            k / nodes,
-            k % nodes,
-            tokens[k]
-        )));
-    }
-    let rounds = TreeRounds {
-        tokens: Array2::from_shape_vec((r, nodes), tokens).expect("shape checked"),
-        node,
-        accepted,
-        base_token,
-    };
-    let proposals = r
-        .checked_mul(proposing_nodes(&tree).len())
-        .ok_or_else(|| format("too many rounds".into()))?;
-    let verified = r
-        .checked_mul(nodes)
-        .and_then(|x| x.checked_add(1))
-        .ok_or_else(|| format("too many rounds".into()))?;
-    let (shape, rows) = file.i64s("draft_rows")?;
-    file.expect_shape("draft_rows", &shape, &[proposals, 2])?;
-    let want: Vec<i64> = rounds
-        .draft_rows(&tree)
-        .into_iter()
-        .flat_map(|(r, i)| [r as i64, i as i64])
-        .collect();
-    if rows != want {
-        let k = rows
-            .iter()
-            .zip(&want)
-            .position(|(a, b)| a != b)
-            .unwrap_or(0)
-            / 2;
-        return Err(format(format!(
-            "tensor `draft_rows`: row {k} is (round {}, node {}), but tree {spec} proposes from \
-             (round {}, node {}) there",
-            rows[2 * k],
-            rows[2 * k + 1],
-            want[2 * k],
-            want[2 * k + 1]
-        )));
-    }
-    let graphs = GraphOutputs {
-        verify_logits: super::logits_rows(file, "verify_logits", verified)?,
-        draft_logits: super::logits_rows(file, "draft_logits", proposals)?,
-    };
-    Ok(M2r2Record::SpeculativeTree {
-        draft_gate,
-        widths,
-        rounds,
-        graphs: Box::new(graphs),
-    })
 }
 
 /// A tree engine that keeps the prefill, draft and verify logits it returns.

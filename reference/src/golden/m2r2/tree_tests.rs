@@ -19,11 +19,10 @@ fn tree_golden(m2r2: M2r2<'_>, widths: &[usize], steps: usize) -> Golden {
 fn parts(g: &Golden) -> (&[usize], &TreeRounds, &GraphOutputs) {
     match g.m2r2.as_ref().map(|m| &m.record) {
         Some(M2r2Record::SpeculativeTree {
-            widths,
+            recipe,
             rounds,
             graphs,
-            ..
-        }) => (widths, rounds, graphs),
+        }) => (&recipe.widths, rounds, graphs),
         other => panic!("not a tree golden: {other:?}"),
     }
 }
