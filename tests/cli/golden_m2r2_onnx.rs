@@ -160,8 +160,9 @@ fn speculative_goldens_on_onnx_runtime() {
 }
 
 /// docs/GOLDEN.md's walk-through on SmolLM2 (the real m2r2 cache, where scripts/test.sh fetched
-/// it): a greedy and a speculative golden of the shipped weights, the f32 export, both checks OK
-/// at the defaults, the report naming the engine.
+/// it): a greedy golden, a speculative one of the chain loop and one of the default drafting (the
+/// dynamic chain with a lookup branch) of the shipped weights, the f32 export, all checks OK at
+/// the defaults, the report naming the engine.
 #[test]
 fn smollm2_walk_through() {
     let cache = reference::io::hub::cache_dir();
@@ -195,8 +196,46 @@ fn smollm2_walk_through() {
         ]
         .concat(),
     );
+    // what `generate --mode speculative` runs by default on SmolLM2: the config's dynamic chain
+    // with its prompt-lookup branch (a token-tree golden of format version 5), on a prompt whose
+    // answer quotes it, so rounds verify and accept branches
+    let lookup = p("l.safetensors");
+    let written: Value = serde_json::from_str(
+        &real(&[
+            "golden",
+            "write",
+            "--model",
+            "smollm2",
+            "--prompt",
+            "Repeat exactly: the quick brown fox jumps over the lazy dog.",
+            "--chat",
+            "--steps",
+            "24",
+            "--mode",
+            "speculative",
+            "--prompt-lookup",
+            "4",
+            "--json",
+            "--out",
+            &lookup,
+        ])
+        .stdout,
+    )
+    .unwrap();
+    assert_eq!(written["format_version"], 5, "{written}");
+    assert_eq!(written["prompt_lookup"], 4, "{written}");
+    assert!(written["tree_grown"]["threshold"].is_number(), "{written}");
+    let bytes = std::fs::read(&lookup).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let verified_branch = st
+        .tensor("round_lookup")
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .any(|b| i64::from_le_bytes(b.try_into().unwrap()) > 0);
+    assert!(verified_branch, "no round verified a lookup branch");
     real(&["export", "--model", "smollm2", "--out", &onnx]);
-    for file in [&greedy, &spec] {
+    for file in [&greedy, &spec, &lookup] {
         let run = real(&["golden", "check", file, "--onnx", &onnx, "--json"]);
         let report: Value = serde_json::from_str(&run.stdout).unwrap();
         assert_eq!(report["ok"], true, "{report}");
@@ -211,6 +250,16 @@ fn smollm2_walk_through() {
         "feed+draft+verifier.onnx rounds         OK",
         "verifier.onnx            verify_logits  OK",
         "draft.onnx               draft_logits   OK",
+        "draft.onnx               round_scores   OK",
+        "overall: OK",
+    ] {
+        assert!(run.stdout.contains(line), "{line}:\n{}", run.stdout);
+    }
+    let run = real(&["golden", "check", &lookup, "--onnx", &onnx]);
+    for line in [
+        "a lookup branch of up to 4 tokens",
+        "feed+draft+verifier.onnx rounds         OK",
+        "verifier.onnx            verify_logits  OK",
         "draft.onnx               round_scores   OK",
         "overall: OK",
     ] {

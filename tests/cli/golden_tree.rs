@@ -388,3 +388,141 @@ fn tree_goldens_on_onnx_runtime() {
         run.stdout
     );
 }
+
+/// Trees that change from round to round (format version 5): `--draft-tree` grown per branch
+/// (`--dynamic-draft`) with a `--prompt-lookup` branch, and a lookup branch beside the chain of
+/// the draft length. Each checks on the reference and on ONNX Runtime (dynamic and static
+/// exports) with the gate's scores; a broken verifier fails its own line; a lookup branch outside
+/// speculative decoding is refused before anything is written.
+#[test]
+fn varying_tree_goldens_on_both_engines() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let (onnx, onnx_static) = (p("onnx"), p("onnx-static"));
+    ok(&["export", "--model", "tiny", "--out", &onnx]);
+    ok(&[
+        "export",
+        "--model",
+        "tiny",
+        "--static-cache",
+        "64",
+        "--out",
+        &onnx_static,
+    ]);
+    let write = |out: &str, extra: &[&str]| {
+        let mut args = vec![
+            "golden",
+            "write",
+            "--model",
+            "tiny",
+            "--tokens",
+            "1,2,3,4,1,2,3",
+            "--steps",
+            "20",
+            "--mode",
+            "speculative",
+            "--json",
+            "--out",
+            out,
+        ];
+        args.extend_from_slice(extra);
+        ok(&args).json()
+    };
+    let grown = p("grown.golden.safetensors");
+    let written = write(
+        &grown,
+        &[
+            "--draft-tree",
+            TREE,
+            "--dynamic-draft",
+            "--prompt-lookup",
+            "3",
+        ],
+    );
+    assert_eq!(written["format_version"], 5, "{written}");
+    assert_eq!(written["prompt_lookup"], 3, "{written}");
+    assert_eq!(written["tree_grown"]["gate"], "arla", "{written}");
+    let chain = p("chain.golden.safetensors");
+    let written = write(&chain, &["--draft-len", "2", "--prompt-lookup", "2"]);
+    assert_eq!(
+        (&written["draft_tree"], &written["tree_grown"]),
+        (&serde_json::json!([1, 1]), &Value::Null),
+        "{written}"
+    );
+    // the recorded rounds carry lookup branches and trees of more than one shape
+    let parents = read_i64(&grown, "round_tree_parents");
+    let lookup = read_i64(&grown, "round_lookup");
+    assert!(lookup.iter().any(|&i| i > 0), "{lookup:?}");
+    let rounds = read_i64(&grown, "round_node").len();
+    let width = parents.len() / rounds;
+    assert!(
+        parents.chunks(width).any(|row| row != &parents[..width]),
+        "every round grew the same tree: {parents:?}"
+    );
+
+    for golden in [&grown, &chain] {
+        let run = ok(&["golden", "check", golden]);
+        assert!(run.stdout.contains("format 5"), "{}", run.stdout);
+        for export in [&onnx, &onnx_static] {
+            let report = ok(&["golden", "check", golden, "--onnx", export, "--json"]).json();
+            assert_eq!(report["ok"], true, "{report}");
+            let mut want = vec![
+                "tokens",
+                "rounds",
+                "logits",
+                "verify_logits",
+                "draft_logits",
+            ];
+            if golden == &grown {
+                want.push("round_scores");
+            }
+            assert_eq!(names(&report, "name"), want, "{report}");
+        }
+    }
+    let run = ok(&["golden", "check", &grown, "--onnx", &onnx]);
+    assert!(
+        run.stdout
+            .contains("grown while arla >= 0.5, a lookup branch of up to 3 tokens"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        line(&run.stdout, "draft.onnx", "round_scores").contains(" OK "),
+        "{}",
+        run.stdout
+    );
+
+    // a broken verifier: its rows of every node, lookup nodes included, fail its own line
+    let target = &TINY_TARGETS[1];
+    let broken = p("broken");
+    sabotage_export(
+        Path::new(&onnx),
+        Path::new(&broken),
+        target.graph,
+        target.initializer,
+        target.how,
+    )
+    .unwrap();
+    let run = m2r2(&["golden", "check", &grown, "--onnx", &broken]);
+    assert_eq!(run.code, Some(1), "{}", run.stdout);
+    assert!(
+        line(&run.stdout, "verifier.onnx", "verify_logits").contains("NOT OK"),
+        "{}",
+        run.stdout
+    );
+
+    fails(
+        &[
+            "golden",
+            "write",
+            "--tokens",
+            "1,2",
+            "--prompt-lookup",
+            "2",
+            "--out",
+            &p("refused.safetensors"),
+        ],
+        &["--prompt-lookup adds a branch to speculative drafts: add --mode speculative"],
+    );
+    assert!(!Path::new(&p("refused.safetensors")).exists());
+}

@@ -91,11 +91,14 @@ fn check_file(args: &CheckArgs, engine: &mut Engine, file: &Path) -> Outcome {
         golden.prompt_tokens.len(),
         golden.tokens.len(),
     )];
+    let (tree_grown, prompt_lookup) = super::tree_policy_json(&golden);
     let mut fields = json!({
         "file": file.display().to_string(),
         "golden_model": golden.model,
         "mode": golden.mode,
         "draft_tree": golden.draft_tree(),
+        "tree_grown": tree_grown,
+        "prompt_lookup": prompt_lookup,
         "format_version": golden.format_version(),
         "stop_tokens": golden.stop_tokens,
     });

@@ -54,11 +54,20 @@ pub struct WriteArgs {
     #[command(flatten)]
     pub m2r2: M2r2Args,
     /// Speculative goldens: draft a token tree of widths W1,W2,... per depth (`2,1,1`), as
-    /// `generate --draft-tree` does; the golden records every round's tree, the accepted node and
-    /// every node's verified row (format version 4). Without it a speculative golden drafts a
-    /// chain (the M2R2 config's default tree is not taken: a golden records what it is asked for)
+    /// `generate --draft-tree` does, grown per branch with --dynamic-draft; the golden records
+    /// every round's tree, the accepted node and every node's verified row (format version 4; 5
+    /// when rounds grow or carry a lookup branch). Without it a speculative golden drafts a chain
+    /// (the M2R2 config's default tree and lookup branch are not taken: a golden records what it
+    /// is asked for)
     #[arg(long, value_name = "W1,W2,...")]
     pub draft_tree: Option<String>,
+    /// Speculative goldens: add a prompt-lookup branch of up to N tokens to every round that
+    /// finds one, as `generate --prompt-lookup` does: beside --draft-tree, else beside the chain
+    /// of the draft length, grown per branch when the drafting is dynamic (what `generate` runs
+    /// by default on a config with `prompt_lookup`). Recorded as a token-tree golden of format
+    /// version 5; 0: off (the default)
+    #[arg(long, value_name = "N")]
+    pub prompt_lookup: Option<usize>,
     /// Steps (tokens) to record
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub steps: usize,
@@ -211,15 +220,16 @@ fn settings_line(golden: &Golden) -> String {
             "early-exit (gate {gate} >= {threshold}, kv {kv_policy}, m2r2 {})",
             m2r2.weights_hash
         ),
-        M2r2Record::SpeculativeTree {
-            draft_gate, widths, ..
-        } => {
-            let nodes = reference::base::tree::TokenTree::from_widths(widths)
+        M2r2Record::SpeculativeTree { recipe, .. } => {
+            let nodes = recipe
+                .shape()
                 .map(|t| format!(" ({} nodes)", t.nodes()))
                 .unwrap_or_default();
             format!(
-                "speculative (draft gate {draft_gate}, token tree {}{nodes}, m2r2 {})",
-                reference::golden::tree::widths_text(widths),
+                "speculative (draft gate {}, token tree {}{nodes}{}, m2r2 {})",
+                recipe.draft_gate,
+                reference::golden::tree::widths_text(&recipe.widths),
+                recipe.policy(),
                 m2r2.weights_hash
             )
         }
@@ -242,6 +252,17 @@ fn settings_line(golden: &Golden) -> String {
             )
         }
     }
+}
+
+/// A token-tree golden's drafting policy as JSON fields: `tree_grown` (`{gate, threshold}` or
+/// null) and `prompt_lookup` (the branch's most tokens, or null); null for other goldens.
+fn tree_policy_json(golden: &Golden) -> (serde_json::Value, serde_json::Value) {
+    let recipe = golden.tree_recipe();
+    let grown = recipe.and_then(|r| r.grown).map(
+        |(gate, threshold)| serde_json::json!({ "gate": gate.to_string(), "threshold": threshold }),
+    );
+    let lookup = recipe.and_then(|r| r.lookup).map(|l| l.max_tokens);
+    (serde_json::json!(grown), serde_json::json!(lookup))
 }
 
 /// How a golden's decode ended, in words: `stopped at end of turn`, `ran the whole budget`, or

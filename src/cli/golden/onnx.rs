@@ -13,7 +13,6 @@ use onnx_runner::ep::EpConfig;
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::manifest::ExportDir;
 use onnx_runner::speculation::OnnxSpeculation;
-use reference::base::tree::TokenTree;
 use reference::golden::{CheckReport, EngineGraphs, Golden, SpeculativeEngine, TreeEngine};
 use reference::io::tokenizer::Tokenizer;
 use reference::m2r2::exit_gate::GateKind;
@@ -129,9 +128,10 @@ impl OnnxEngine {
                 manifest.draft_gate
             );
         }
+        // the largest tree a round verifies (with its lookup branch)
         let tree = golden
-            .draft_tree()
-            .map(TokenTree::from_widths)
+            .tree_recipe()
+            .map(reference::golden::TreeRecipe::largest)
             .transpose()?;
         // rows per verification: a tree's drafted nodes, a chain's drafts
         let rows = match &tree {

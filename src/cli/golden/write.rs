@@ -5,13 +5,13 @@
 use super::{SUITE_SUFFIX, WriteArgs};
 use crate::cli::args::m2r2::ModeArg;
 use crate::cli::args::model::PromptArgs;
-use crate::cli::args::tree::{TreeRequest, tree_widths};
+use crate::cli::args::tree::{TreeRequest, lookup_chain, prompt_lookup, tree_widths};
 use crate::cli::common;
 use anyhow::{Context, Result, bail};
 use reference::decode::early_exit::EarlyExitOptions;
-use reference::decode::mode::Mode;
+use reference::decode::mode::{M2r2Settings, Mode};
 use reference::decode::speculative::{DraftLength, SpeculativeOptions};
-use reference::golden::{Golden, Pins, Tolerance};
+use reference::golden::{Golden, Pins, Tolerance, TreeRecipe};
 use reference::io::load::LoadedModel;
 use reference::m2r2::fast_stream::M2r2;
 use serde_json::json;
@@ -38,17 +38,14 @@ pub(super) fn write(args: &WriteArgs) -> Result<()> {
             Tolerance::check_bound(name, x)?;
         }
     }
-    // refused before the model loads: a tree outside speculative decoding, with a draft length
-    tree_widths(&TreeRequest {
-        spec: args.draft_tree.as_deref(),
-        speculative: args.m2r2.mode == ModeArg::Speculative,
-        draft_len: args.m2r2.draft_len,
-    })?;
-    if args.draft_tree.is_some() && args.m2r2.dynamic_draft {
-        bail!(
-            "--draft-tree with --dynamic-draft: a tree golden records fixed trees; trees grown              per branch (and their gate scores) are not recorded yet (drop --dynamic-draft)"
-        );
-    }
+    // refused before the model loads: a tree outside speculative decoding, with a draft length;
+    // a lookup branch outside it
+    tree_widths(&tree_request(args))?;
+    prompt_lookup(
+        args.prompt_lookup.unwrap_or(0),
+        args.m2r2.mode == ModeArg::Speculative,
+        false,
+    )?;
     let loaded = common::load(&args.model.model)?;
     // (output path, prompt arguments) of every golden to write
     let jobs: Vec<(PathBuf, PromptArgs)> = match &args.prompts {
@@ -115,12 +112,15 @@ pub(super) fn write(args: &WriteArgs) -> Result<()> {
                 golden.config_hash
             );
         }
+        let (tree_grown, prompt_lookup) = super::tree_policy_json(&golden);
         written.push(json!({
             "file": out.display().to_string(),
             "model": golden.model,
             "config_hash": golden.config_hash,
             "mode": golden.mode,
             "draft_tree": golden.draft_tree(),
+            "tree_grown": tree_grown,
+            "prompt_lookup": prompt_lookup,
             "format_version": golden.format_version(),
             "prompt_tokens": golden.prompt_tokens,
             "tokens": golden.tokens,
@@ -184,20 +184,14 @@ fn record_m2r2(
             };
             Golden::record_early_exit(m2r2, &loaded.name, prompt, args.steps, &options)?
         }
-        Mode::Speculative if args.draft_tree.is_some() => {
-            let widths = tree_widths(&TreeRequest {
-                spec: args.draft_tree.as_deref(),
-                speculative: true,
-                draft_len: args.m2r2.draft_len,
-            })?
-            .expect("--draft-tree given");
-            Golden::record_tree_speculative(
+        Mode::Speculative if args.draft_tree.is_some() || args.prompt_lookup.unwrap_or(0) > 0 => {
+            let recipe = tree_recipe(args, &settings)?;
+            Golden::record_tree_drafting(
                 m2r2,
                 &loaded.name,
                 prompt,
                 args.steps,
-                settings.draft_gate,
-                &widths,
+                &recipe,
                 &stop_tokens,
             )?
         }
@@ -223,4 +217,42 @@ fn record_m2r2(
         }
     };
     Ok(golden)
+}
+
+fn tree_request(args: &WriteArgs) -> TreeRequest<'_> {
+    TreeRequest {
+        spec: args.draft_tree.as_deref(),
+        speculative: args.m2r2.mode == ModeArg::Speculative,
+        draft_len: args.m2r2.draft_len,
+    }
+}
+
+/// The token tree a speculative golden drafts, as `generate` would with the same flags: the
+/// `--draft-tree` shape (grown per branch with `--dynamic-draft`), else the chain of the draft
+/// length beside a `--prompt-lookup` branch (grown when the drafting is dynamic).
+fn tree_recipe(args: &WriteArgs, settings: &M2r2Settings) -> Result<TreeRecipe> {
+    let lookup = prompt_lookup(args.prompt_lookup.unwrap_or(0), true, false)?;
+    let dynamic = |settings: &M2r2Settings| match settings.draft_length {
+        DraftLength::Dynamic {
+            gate, threshold, ..
+        } => Some((gate, threshold)),
+        DraftLength::Fixed(_) => None,
+    };
+    let (widths, grown) = match tree_widths(&tree_request(args))? {
+        Some(widths) => (
+            widths,
+            dynamic(settings).filter(|_| args.m2r2.dynamic_draft),
+        ),
+        None => {
+            let mut grown = None;
+            let widths = lookup_chain(settings, &mut grown);
+            (widths, grown)
+        }
+    };
+    Ok(TreeRecipe {
+        draft_gate: settings.draft_gate,
+        widths,
+        grown,
+        lookup,
+    })
 }
