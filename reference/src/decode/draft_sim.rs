@@ -40,9 +40,14 @@
 //! it at depth `k` when `rank < W_{k+1}`. [`simulate_tree`] replays tree rounds on the same trace;
 //! a round's cost is its draft levels (one chunk per depth) and one verification of all its nodes
 //! ([`TreeCosts`]). Tested against `tree_speculative_generate` round by round.
+//!
+//! **Prompt-lookup branches** ([`lookup`]): the branch is copied from the context, which the trace
+//! knows, so its accepted length is exact; the drafted children at the root skip its token, which
+//! [`DraftPoint::top`] tells. [`simulate_lookup`] replays fixed and grown trees with a branch.
 
 use crate::base::ops::argmax;
 use crate::decode::speculative::SpeculativeBackend;
+use crate::decode::tree_speculation::top_candidates;
 use crate::error::{Error, Result};
 use crate::m2r2::exit_gate::{GateKind, gate_score};
 
@@ -61,7 +66,14 @@ pub struct DraftPoint {
     pub entropy: f32,
     /// ARLA's `p_exit`, when the backend scores with ARLA.
     pub arla: Option<f32>,
+    /// The draft's best candidates, best first as token trees rank them (`u32::MAX` past the
+    /// vocabulary): a prompt-lookup branch's token among them moves the root's drafted children
+    /// down one rank ([`lookup`]).
+    pub top: [u32; TOP_CANDIDATES],
 }
+
+/// The draft's best candidates a [`DraftPoint`] keeps.
+pub const TOP_CANDIDATES: usize = 4;
 
 impl DraftPoint {
     /// The score `gate` gives this draft (`None`: ARLA was not traced).
@@ -149,12 +161,20 @@ pub fn trace(
                 .draft(response[i + k], true)?
                 .ok_or_else(|| Error::Invalid("the draft step proposed nothing".into()))?;
             let score = |kind| gate_score(kind, None, &[], &draft.logits, 0.0);
+            let mut top = [u32::MAX; TOP_CANDIDATES];
+            for (slot, t) in top
+                .iter_mut()
+                .zip(top_candidates(&draft.logits, TOP_CANDIDATES))
+            {
+                *slot = t;
+            }
             round.push(DraftPoint {
                 agrees: argmax(&draft.logits) as u32 == response[i + k + 1],
                 rank: candidate_rank(&draft.logits, response[i + k + 1]),
                 confidence: score(GateKind::Confidence)?,
                 entropy: score(GateKind::Entropy)?,
                 arla: draft.score,
+                top,
             });
         }
         let base = backend.verify()?;
@@ -401,11 +421,15 @@ fn round_point(points: &[Vec<DraftPoint>], i: usize, k: usize) -> Option<&DraftP
         .or_else(|| points.get(i + k).and_then(|r| r.first()))
 }
 
+pub mod lookup;
 pub mod tree;
 pub mod tree_steps;
 
+pub use lookup::simulate_lookup;
 pub use tree::{TREE_SHAPES, simulate_dynamic_tree, simulate_tree};
 
+#[cfg(test)]
+mod lookup_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

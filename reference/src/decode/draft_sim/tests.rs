@@ -21,6 +21,7 @@ fn points(agrees: &[bool], confidence: &[f32]) -> Trace {
                 confidence,
                 entropy: 0.0,
                 arla: None,
+                top: [u32::MAX; TOP_CANDIDATES],
             }]
         })
         .collect()

@@ -30,6 +30,7 @@ fn ranked(ranks: &[&[usize]]) -> Trace {
                     confidence: 0.5,
                     entropy: 0.5,
                     arla: None,
+                    top: [u32::MAX; TOP_CANDIDATES],
                 })
                 .collect()
         })
@@ -314,6 +315,7 @@ fn scored(rounds: &[&[(usize, f32)]]) -> Trace {
                     confidence,
                     entropy: 0.5,
                     arla: None,
+                    top: [u32::MAX; TOP_CANDIDATES],
                 })
                 .collect()
         })
@@ -376,6 +378,7 @@ fn dynamic_trees_reduce_to_chains_and_fixed_trees() {
                             confidence: rng.random_range(0.0..1.0),
                             entropy: rng.random_range(0.0..1.0),
                             arla: Some(rng.random_range(0.0..1.0)),
+                            top: [u32::MAX; TOP_CANDIDATES],
                         }
                     })
                     .collect()
