@@ -8,15 +8,19 @@
 //! trees: draft levels of n nodes, verifications of each tree); then every
 //! policy (fixed 1..=max drafts; dynamic drafting with each gate kind, threshold and maximum; the
 //! tree shapes, whole and grown per branch by the confidence or entropy gate at each threshold) is
-//! replayed on the traces (`simulate`, `simulate_tree`, `simulate_dynamic_tree`) and priced with
-//! the measured step costs. The predicted speed-ups choose a winner per engine; `--write DIR` stores
+//! replayed on the traces (`simulate`, `simulate_tree`, `simulate_dynamic_tree`), and again beside
+//! a prompt-lookup branch of each `--prompt-lookup` length (`simulate_guesses`, on the tree loop),
+//! and priced with the measured step costs. The predicted speed-ups choose a winner per engine; `--write DIR` stores
 //! them in an M2R2 weights folder's
 //! config as the defaults of `--mode speculative`: the chain (`draft_gate`, `draft_len`,
 //! `dynamic_draft`: ONNX Runtime's winner with `--onnx`, else the reference's best chain) and, when
 //! a tree beats that chain, a tree (`draft_tree`: ONNX Runtime's fastest tree with `--onnx`, else
-//! the reference's; grown per branch when that is the winner), which `generate` and `run` draft
-//! by default. Confirm the winners with real
+//! the reference's; grown per branch when that is the winner), and the branch length whose
+//! defaults are fastest (`prompt_lookup`), which `generate` and `run` draft by default. Confirm the winners with real
 //! decoding (`generate`, `run`, scripts/bench_speculative.py).
+
+mod lookup;
+mod print;
 
 use crate::cli::args::m2r2::{M2r2Args, OnOff};
 use crate::cli::args::model::ModelArgs;
@@ -38,6 +42,7 @@ use reference::decode::draft_sim::{
 };
 use reference::decode::draft_verify::ReferenceSpeculation;
 use reference::decode::drafting::check_draft_gate;
+use reference::decode::prompt_lookup::with_lookup_branch;
 use reference::io::load::LoadedModel;
 use reference::m2r2::config::{DraftTreeConfig, DynamicDraftConfig, M2r2Config};
 use reference::m2r2::exit_gate::GateKind;
@@ -85,6 +90,16 @@ pub struct Args {
     /// `reference::decode::draft_sim::TREE_SHAPES` no deeper than --max-draft)
     #[arg(long = "tree", value_name = "W1,W2,...")]
     pub trees: Vec<String>,
+    /// Prompt-lookup branches tried beside every chain and tree, comma-separated token counts
+    /// (each policy is also priced without one; 0 alone: no branch priced, and --write keeps the
+    /// config's prompt_lookup)
+    #[arg(
+        long,
+        value_name = "N,...",
+        value_delimiter = ',',
+        default_value = "0,2,4,8"
+    )]
+    pub prompt_lookup: Vec<usize>,
     /// Dynamic drafting thresholds tried, comma-separated
     #[arg(
         long,
@@ -109,8 +124,9 @@ pub struct Args {
     #[arg(long)]
     pub json: bool,
     /// Write the winners into the m2r2_config.json of this M2R2 weights folder: the chain default
-    /// (draft_gate, draft_len, dynamic_draft) and the default tree (draft_tree, or none), by ONNX
-    /// Runtime's predictions with --onnx, else the reference's
+    /// (draft_gate, draft_len, dynamic_draft), the default tree (draft_tree, or none) and the
+    /// prompt-lookup branch (prompt_lookup, or none), by ONNX Runtime's predictions with --onnx,
+    /// else the reference's
     #[arg(long, value_name = "DIR")]
     pub write: Option<PathBuf>,
 }
@@ -190,6 +206,9 @@ struct PolicyResult {
     draft_tree: Option<Vec<usize>>,
     /// A tree's nodes (the rows of its verification), the root included.
     tree_nodes: Option<usize>,
+    /// A prompt-lookup branch of up to this many tokens beside the chain or tree (the tree loop
+    /// drafts a chain `1,1,...` then).
+    prompt_lookup: Option<usize>,
     tokens_per_round: f64,
     /// Proposing draft steps per round; for a tree, its nodes with children.
     proposals_per_round: f64,
@@ -208,6 +227,10 @@ struct Defaults {
     /// there; else the reference's best tree when it beats the chain default on the reference.
     /// `None`: both engines draft the chain default.
     tree: Option<PolicyResult>,
+    /// `prompt_lookup`: the branch beside the chain and the tree above (chosen with them: the
+    /// branch length whose defaults are fastest), `None` for no branch; `None` too when no branch
+    /// was priced (the folder's is kept).
+    prompt_lookup: Option<usize>,
 }
 
 #[derive(Serialize)]
@@ -239,16 +262,56 @@ fn fastest<'a>(
     })
 }
 
-/// The defaults, one chain and at most one tree for both engines as the config holds them: by
-/// ONNX Runtime's predictions when it was priced (the deployment), else by the reference's. The
-/// tree only when it beats that chain on every engine priced: both draft it by default.
+/// The defaults, one chain and at most one tree for both engines as the config holds them, and a
+/// prompt-lookup branch beside them: for each branch length (none included) the chain and tree
+/// of [`defaults_of`], then the length whose default (the tree when there is one, else the chain)
+/// is fastest, by ONNX Runtime's predictions when it was priced, else by the reference's.
 fn defaults(results: &[PolicyResult], onnx: bool) -> Defaults {
     let speedup = |r: &PolicyResult| match onnx {
         true => r.speedup_onnx,
         false => r.speedup_reference,
     };
+    let mut lengths: Vec<Option<usize>> = vec![None];
+    for r in results {
+        if !lengths.contains(&r.prompt_lookup) {
+            lengths.push(r.prompt_lookup);
+        }
+    }
+    let mut best: Option<(Defaults, f64)> = None;
+    for length in lengths {
+        let same: Vec<&PolicyResult> = results
+            .iter()
+            .filter(|r| r.prompt_lookup == length)
+            .collect();
+        let d = defaults_of(&same, onnx);
+        let Some(s) = d.tree.as_ref().or(d.chain.as_ref()).and_then(speedup) else {
+            continue;
+        };
+        if best.as_ref().is_none_or(|(_, b)| s > *b) {
+            best = Some((
+                Defaults {
+                    prompt_lookup: length,
+                    ..d
+                },
+                s,
+            ));
+        }
+    }
+    best.map_or_else(|| defaults_of(&[], onnx), |(d, _)| d)
+}
+
+/// The defaults among `results` of one branch length: the fastest chain, and the fastest tree
+/// when it beats that chain on every engine priced (both draft it by default).
+fn defaults_of(results: &[&PolicyResult], onnx: bool) -> Defaults {
+    let speedup = |r: &PolicyResult| match onnx {
+        true => r.speedup_onnx,
+        false => r.speedup_reference,
+    };
     let chain = fastest(
-        results.iter().filter(|r| r.family == Family::Chain),
+        results
+            .iter()
+            .copied()
+            .filter(|r| r.family == Family::Chain),
         speedup,
     );
     let beats = |t: &PolicyResult, c: &PolicyResult| {
@@ -257,11 +320,15 @@ fn defaults(results: &[PolicyResult], onnx: bool) -> Defaults {
                 || t.speedup_reference
                     .is_some_and(|s| c.speedup_reference < Some(s)))
     };
-    let tree = fastest(results.iter().filter(|r| r.family == Family::Tree), speedup)
-        .filter(|t| chain.is_none_or(|c| beats(t, c)));
+    let tree = fastest(
+        results.iter().copied().filter(|r| r.family == Family::Tree),
+        speedup,
+    )
+    .filter(|t| chain.is_none_or(|c| beats(t, c)));
     Defaults {
         chain: chain.cloned(),
         tree: tree.cloned(),
+        prompt_lookup: chain.and_then(|c| c.prompt_lookup),
     }
 }
 
@@ -329,6 +396,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let chains = args.families.contains(&Family::Chain);
     let shapes = tree_shapes(args)?;
+    let branches = lookup_branches(args)?;
     let loaded = common::load(&args.model.model)?;
     let m2r2_args = M2r2Args {
         draft_head: args.draft_head,
@@ -363,17 +431,24 @@ pub fn run(args: &Args) -> Result<()> {
         .map(|&g| trace_gate(&loaded, &weights, g, &data, args.max_draft))
         .collect::<Result<Vec<_>>>()?;
     // a tree grown per branch that stops at depth k verifies the shape's first k depths: those
-    // trees' steps are timed too
-    let timed = with_prefixes(&shapes);
+    // trees' steps are timed too; beside a lookup branch a chain runs on the tree loop as the
+    // tree 1,1,...
+    let mut timed = with_prefixes(&shapes);
+    if chains && !branches.is_empty() {
+        timed.extend((1..=args.max_draft).map(|k| vec![1; k]));
+    }
+    let timed = (&timed[..], &branches[..]);
     let mut costs = Vec::new();
     for &g in &gates {
-        costs.push(reference_costs(&loaded, &weights, g, args, &timed)?);
+        costs.push(reference_costs(&loaded, &weights, g, args, timed)?);
     }
     let onnx = match &args.onnx {
-        Some(dir) => Some(onnx_costs(&loaded, &weights, dir, args, &timed)?),
+        Some(dir) => Some(onnx_costs(&loaded, &weights, dir, args, timed)?),
         None => None,
     };
     let policies = if chains { policies(args) } else { vec![] };
+    let growths = growths(args);
+    let samples = lookup::sample_guesses(&data, branches.iter().copied().max().unwrap_or(0));
     let mut results = Vec::new();
     for (t, reference) in traces.iter().zip(&costs) {
         let ort = onnx.as_ref().filter(|c| c.gate == t.gate);
@@ -407,6 +482,7 @@ pub fn run(args: &Args) -> Result<()> {
                 dynamic_draft,
                 draft_tree: None,
                 tree_nodes: None,
+                prompt_lookup: None,
                 tokens_per_round: sim.tokens_per_round(),
                 proposals_per_round: sim.proposals_per_round(),
                 speedup_reference: speedup(reference),
@@ -414,13 +490,7 @@ pub fn run(args: &Args) -> Result<()> {
             });
         }
         for widths in &shapes {
-            // the whole shape every round, then grown per branch by each gate and threshold
-            // (ARLA's score needs fast rows the timed tree levels do not run: not priced)
-            let mut growths = vec![None];
-            for gate in [GateKind::Confidence, GateKind::Entropy] {
-                growths.extend(args.thresholds.iter().map(|&t| Some((gate, t))));
-            }
-            for grown in growths {
+            for &grown in &growths {
                 let mut sim = Simulated::default();
                 for points in &t.samples {
                     sim.add(&match grown {
@@ -443,6 +513,7 @@ pub fn run(args: &Args) -> Result<()> {
                         .map(|(gate, threshold)| DynamicDraftConfig { gate, threshold }),
                     draft_tree: Some(widths.clone()),
                     tree_nodes: Some(TokenTree::from_widths(widths)?.nodes()),
+                    prompt_lookup: None,
                     tokens_per_round: sim.tokens_per_round(),
                     proposals_per_round: sim.proposals_per_round(),
                     speedup_reference: sim.speedup(&reference.costs),
@@ -450,6 +521,18 @@ pub fn run(args: &Args) -> Result<()> {
                 });
             }
         }
+        let candidates = lookup::Candidates {
+            chains: &policies,
+            shapes: &shapes,
+            growths: &growths,
+        };
+        results.extend(lookup::lookup_results(
+            t,
+            &samples,
+            &branches,
+            &candidates,
+            (reference, ort),
+        )?);
     }
     let by_reference = |r: &PolicyResult| r.speedup_reference.unwrap_or(0.0);
     results.sort_by(|a, b| by_reference(b).total_cmp(&by_reference(a)));
@@ -462,10 +545,10 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let defaults = defaults(&results, onnx.is_some());
     let mut notes = Vec::new();
-    if let Some(n) = config.prompt_lookup {
+    if let Some(n) = config.prompt_lookup.filter(|_| branches.is_empty()) {
         notes.push(format!(
             "the M2R2 config's prompt-lookup branch (up to {n} tokens) is not priced: every \
-             policy here is predicted without it, and --write keeps it as it is"
+             policy here is predicted without it (--prompt-lookup 0), and --write keeps it as it is"
         ));
     }
     let default = defaults.tree.as_ref().or(defaults.chain.as_ref());
@@ -493,6 +576,9 @@ pub fn run(args: &Args) -> Result<()> {
             widths: t.draft_tree.clone().expect("a tree's widths"),
             dynamic: t.dynamic_draft.clone(),
         });
+        if !branches.is_empty() {
+            written.prompt_lookup = defaults.prompt_lookup;
+        }
         let file = dir.join(reference::m2r2::config::M2R2_CONFIG_FILE);
         written
             .validate(&loaded.model.config, &file.display().to_string())
@@ -516,7 +602,7 @@ pub fn run(args: &Args) -> Result<()> {
     if args.json {
         common::print_json(&report)?;
     } else {
-        print(&report, args.top);
+        print::print(&report, args.top);
     }
     if let Some(dir) = &args.write {
         eprintln!(
@@ -539,7 +625,40 @@ fn describe_defaults(d: &Defaults) -> String {
         Some(t) => format!("reference tree: draft gate {}, {}", t.draft_gate, t.policy),
         None => "reference tree: none (the reference drafts the chain)".into(),
     };
-    format!("{chain}; {tree}")
+    let lookup = match d.prompt_lookup {
+        Some(n) => format!("prompt lookup: up to {n} tokens"),
+        None => "prompt lookup: none".into(),
+    };
+    format!("{chain}; {tree}; {lookup}")
+}
+
+/// How a tree grows: whole every round, then per branch by each gate and threshold (ARLA's score
+/// needs fast rows the timed tree levels do not run: not priced).
+fn growths(args: &Args) -> Vec<Option<(GateKind, f32)>> {
+    let mut growths = vec![None];
+    for gate in [GateKind::Confidence, GateKind::Entropy] {
+        growths.extend(args.thresholds.iter().map(|&t| Some((gate, t))));
+    }
+    growths
+}
+
+/// The prompt-lookup branch lengths priced (`--prompt-lookup` without 0), each once, ascending.
+///
+/// # Errors
+/// A length the M2R2 config cannot hold (`prompt_lookup` is at most 63).
+fn lookup_branches(args: &Args) -> Result<Vec<usize>> {
+    let mut branches: Vec<usize> = args
+        .prompt_lookup
+        .iter()
+        .copied()
+        .filter(|&n| n > 0)
+        .collect();
+    if let Some(n) = branches.iter().find(|&&n| n > 63) {
+        bail!("--prompt-lookup {n}: a branch is at most 63 tokens (the M2R2 config's range)");
+    }
+    branches.sort_unstable();
+    branches.dedup();
+    Ok(branches)
 }
 
 fn trace_gate(
@@ -617,7 +736,7 @@ fn reference_costs(
     weights: &M2r2Weights,
     gate: usize,
     args: &Args,
-    shapes: &[Vec<usize>],
+    (shapes, branches): (&[Vec<usize>], &[usize]),
 ) -> Result<EngineCosts> {
     let prompt = bench_prompt(loaded, COST_PROMPT);
     let capacity = COST_PROMPT + args.repeats + args.max_draft + 4;
@@ -640,7 +759,8 @@ fn reference_costs(
     };
     let mut costs = engine_costs("reference".into(), gate, times, arla);
     if !shapes.is_empty() {
-        costs.set_tree(time_tree_steps(m2r2, gate, &prompt, shapes, args.repeats)?);
+        let trees = time_tree_steps(m2r2, gate, &prompt, (shapes, branches), args.repeats)?;
+        costs.set_tree(trees);
     }
     Ok(costs)
 }
@@ -650,14 +770,17 @@ fn onnx_costs(
     weights: &M2r2Weights,
     dir: &std::path::Path,
     args: &Args,
-    shapes: &[Vec<usize>],
+    (shapes, branches): (&[Vec<usize>], &[usize]),
 ) -> Result<EngineCosts> {
     let export = open_matching_export(loaded, weights, dir)?;
     onnx_runner::runtime::init()?;
-    // rows per run (a TensorRT profile's limit): the longest chain's, or the largest tree's
+    // rows per run (a TensorRT profile's limit): the longest chain's, or the largest tree's with
+    // the longest lookup branch
     let mut rows = args.max_draft;
+    let longest = branches.iter().copied().max().unwrap_or(0);
     for widths in shapes {
-        rows = rows.max(TokenTree::from_widths(widths)?.nodes() - 1);
+        let tree = TokenTree::from_widths(widths)?;
+        rows = rows.max(with_lookup_branch(&tree, longest).tree.nodes() - 1);
     }
     let ep = args.ep.config(&export, rows);
     let prompt = bench_prompt(loaded, COST_PROMPT);
@@ -682,7 +805,7 @@ fn onnx_costs(
     if !shapes.is_empty() {
         // the tree loop's own steps on the export's graphs (no gate: trees are drafted whole)
         let backend = OnnxSpeculation::load(&export, &ep, None)?;
-        let trees = time_tree_steps_on(backend, &prompt, shapes, args.repeats)
+        let trees = time_tree_steps_on(backend, &prompt, (shapes, branches), args.repeats)
             .with_context(|| format!("cannot time token trees on {}", dir.display()))?;
         costs.set_tree(trees);
     }
@@ -716,182 +839,4 @@ fn describe(policy: Policy) -> String {
             max,
         } => format!("dynamic {gate} >= {threshold}, at most {max}"),
     }
-}
-
-fn speed(s: Option<f64>) -> String {
-    s.map_or("-".into(), |s| format!("{s:.2}x"))
-}
-
-/// A table of policies with their predictions.
-fn print_policies<'a>(policies: impl Iterator<Item = &'a PolicyResult>) {
-    println!(
-        "| draft gate | drafting | tokens per verification | proposals per round | reference | ONNX Runtime |"
-    );
-    println!("|---|---|---|---|---|---|");
-    for p in policies {
-        let onnx = speed(p.speedup_onnx);
-        println!(
-            "| {} | {} | {:.2} | {:.2} | {} | {} |",
-            p.draft_gate,
-            p.policy,
-            p.tokens_per_round,
-            p.proposals_per_round,
-            speed(p.speedup_reference),
-            onnx
-        );
-    }
-}
-
-fn ms(v: Option<f64>) -> String {
-    v.map_or("-".into(), |ms| format!("{ms:.1}"))
-}
-
-/// The tree step costs: one column per timed size of each kind.
-fn print_tree_costs(costs: &[EngineCosts]) {
-    let trees: Vec<&EngineCosts> = costs.iter().filter(|c| c.costs.tree.is_some()).collect();
-    let Some(first) = trees.first().and_then(|c| c.costs.tree.as_ref()) else {
-        return;
-    };
-    let sizes = |v: &[Option<f64>]| -> Vec<usize> {
-        (1..=v.len()).filter(|&n| v[n - 1].is_some()).collect()
-    };
-    let columns = [
-        ("propose", sizes(&first.propose)),
-        ("leaves", sizes(&first.leaves)),
-        ("verify", sizes(&first.verify)),
-    ];
-    println!(
-        "token tree steps, ms (median): a draft level of n nodes that propose (propose n) or of \
-         n leaves (leaves n), a verification of a tree of n nodes (verify n):"
-    );
-    println!();
-    let header: Vec<String> = columns
-        .iter()
-        .flat_map(|(kind, sizes)| sizes.iter().map(move |n| format!("{kind} {n}")))
-        .collect();
-    println!("| engine | draft gate | {} |", header.join(" | "));
-    println!("|---|---|{}", "---|".repeat(header.len()));
-    for c in trees {
-        let t = c.costs.tree.as_ref().expect("filtered");
-        let cells: Vec<String> = [(&t.propose, &columns[0].1), (&t.leaves, &columns[1].1)]
-            .into_iter()
-            .chain([(&t.verify, &columns[2].1)])
-            .flat_map(|(v, sizes)| sizes.iter().map(|&n| ms(v.get(n - 1).copied().flatten())))
-            .collect();
-        println!("| {} | {} | {} |", c.engine, c.gate, cells.join(" | "));
-    }
-    println!();
-}
-
-fn print(r: &Report, top: usize) {
-    println!(
-        "{} with M2R2 weights {}: {} samples of {}",
-        r.model, r.m2r2, r.samples, r.data
-    );
-    println!();
-    println!("| draft gate | drafts traced | agreement with the next greedy token | seconds |");
-    println!("|---|---|---|---|");
-    for t in &r.traces {
-        println!(
-            "| {} | {} | {:.3} | {:.1} |",
-            t.gate, t.points, t.agreement, t.seconds
-        );
-    }
-    println!();
-    println!("step costs, ms (median):");
-    println!();
-    let rows = r.costs.first().map_or(0, |c| c.costs.verify.len());
-    let header: Vec<String> = (1..=rows).map(|n| format!("verify {n}")).collect();
-    println!(
-        "| engine | draft gate | greedy | propose | propose (ARLA) | feed | {} |",
-        header.join(" | ")
-    );
-    println!("|---|---|---|---|---|---|{}", "---|".repeat(rows));
-    for c in &r.costs {
-        let verify: Vec<String> = c.costs.verify.iter().map(|v| format!("{v:.1}")).collect();
-        println!(
-            "| {} | {} | {:.1} | {:.1} | {} | {:.1} | {} |",
-            c.engine,
-            c.gate,
-            c.costs.greedy,
-            c.costs.propose,
-            ms(c.propose_arla_ms),
-            c.costs.feed,
-            verify.join(" | ")
-        );
-    }
-    println!();
-    print_tree_costs(&r.costs);
-    println!("predicted speed-up over greedy decoding, best first on the reference:");
-    println!();
-    print_policies(r.policies.iter().take(top));
-    println!();
-    if r.best_onnx.is_some() {
-        println!("best first on ONNX Runtime (at the export's draft gate):");
-        println!();
-        let mut onnx: Vec<&PolicyResult> = r
-            .policies
-            .iter()
-            .filter(|p| p.speedup_onnx.is_some())
-            .collect();
-        let by_onnx = |p: &PolicyResult| p.speedup_onnx.unwrap_or(0.0);
-        onnx.sort_by(|a, b| by_onnx(b).total_cmp(&by_onnx(a)));
-        print_policies(onnx.into_iter().take(top));
-        println!();
-    }
-    println!(
-        "by family: each fixed length, the best dynamic policy of each gate kind, and each tree \
-         whole and best grown by each gate kind, per draft gate:"
-    );
-    println!();
-    let mut shown: Vec<(usize, String)> = Vec::new();
-    let mut family: Vec<&PolicyResult> = r
-        .policies
-        .iter()
-        .filter(|p| {
-            let kind = match (&p.draft_tree, &p.dynamic_draft) {
-                (Some(w), Some(d)) => format!("tree {} dynamic {}", shape_text(w), d.gate),
-                (None, Some(d)) => format!("dynamic {}", d.gate),
-                (_, None) => p.policy.clone(),
-            };
-            let key = (p.draft_gate, kind);
-            let new = !shown.contains(&key);
-            if new {
-                shown.push(key);
-            }
-            new
-        })
-        .collect();
-    let order = |p: &PolicyResult| {
-        (
-            p.draft_gate,
-            p.family == Family::Tree,
-            p.dynamic_draft.is_some(),
-            p.draft_len,
-            p.tree_nodes,
-        )
-    };
-    family.sort_by_key(|p| order(p));
-    print_policies(family.into_iter());
-    println!();
-    for note in &r.notes {
-        println!("note: {note}");
-    }
-    let best = |engine: &str, p: &PolicyResult, s: Option<f64>| {
-        println!(
-            "best on {engine}: draft gate {}, {} ({})",
-            p.draft_gate,
-            p.policy,
-            speed(s)
-        );
-    };
-    best(
-        "the reference",
-        &r.best_reference,
-        r.best_reference.speedup_reference,
-    );
-    if let Some(o) = &r.best_onnx {
-        best("ONNX Runtime", o, o.speedup_onnx);
-    }
-    println!("defaults (--write): {}", describe_defaults(&r.defaults));
 }

@@ -75,6 +75,8 @@ fn tune_drafting_ranks_writes_and_refuses() {
         &onnx,
         "--repeats",
         "1",
+        "--prompt-lookup",
+        "0",
         "--json",
         "--write",
         &w,
@@ -278,6 +280,8 @@ fn tune_drafting_ranks_writes_and_refuses() {
         "1,2",
         "--repeats",
         "1",
+        "--prompt-lookup",
+        "0",
         "--json",
         "--write",
         &t,
@@ -423,6 +427,8 @@ fn tune_drafting_ranks_writes_and_refuses() {
         "0.5",
         "--repeats",
         "1",
+        "--prompt-lookup",
+        "0",
         "--write",
         &t,
     ]);
@@ -462,6 +468,8 @@ fn tune_drafting_ranks_writes_and_refuses() {
         &onnx,
         "--repeats",
         "1",
+        "--prompt-lookup",
+        "0",
         "--json",
     ]);
     let report: Value = serde_json::from_str(&trees_only.stdout).unwrap();
@@ -478,8 +486,9 @@ fn tune_drafting_ranks_writes_and_refuses() {
     refused(&["--tree", "2,0"], &["--tree", "the width at depth 2 is 0"]);
 }
 
-/// `--write` changes only the drafting defaults it chose: a hand-set prompt-lookup branch and the
-/// early-exit default stay as they were, and the report says the branch was not priced.
+/// `--write` changes only the drafting defaults it chose: with `--prompt-lookup 0` a hand-set
+/// prompt-lookup branch stays as it was (the report says it was not priced), and so does the
+/// early-exit default.
 #[test]
 fn tune_drafting_keeps_what_it_does_not_price() {
     let dir = tempfile::tempdir().unwrap();
@@ -510,6 +519,8 @@ fn tune_drafting_keeps_what_it_does_not_price() {
         "1",
         "--repeats",
         "1",
+        "--prompt-lookup",
+        "0",
         "--json",
         "--write",
         &w,
@@ -526,4 +537,114 @@ fn tune_drafting_keeps_what_it_does_not_price() {
     let written = config(&dir.path().join("w"));
     assert_eq!(written["prompt_lookup"], 2);
     assert_eq!(written["early_exit"], early_exit);
+}
+
+/// `--prompt-lookup N,...` prices every chain and tree again beside a branch of each length (on
+/// the tree loop's step costs, both engines), and `--write` stores the branch length whose
+/// defaults are fastest with them; the written default decodes like greedy.
+#[test]
+fn tune_drafting_prices_lookup_branches() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    super::train::distill_tiny(dir.path(), &[("prompts.jsonl", "a", 2, "data")]);
+    let (data, w, onnx) = (p("data"), p("w"), p("onnx"));
+    ok(&["init-m2r2", "--model", "tiny", "--seed", "1", "--out", &w]);
+    ok(&["export", "--model", "tiny", "--m2r2", &w, "--out", &onnx]);
+    let report = ok(&[
+        "tune-drafting",
+        "--model",
+        "tiny",
+        "--m2r2",
+        &w,
+        "--data",
+        &data,
+        "--max-draft",
+        "2",
+        "--thresholds",
+        "0.5",
+        "--tree",
+        "2,1",
+        "--prompt-lookup",
+        "0,2,4",
+        "--onnx",
+        &onnx,
+        "--repeats",
+        "1",
+        "--json",
+        "--write",
+        &w,
+    ])
+    .json();
+    let policies = report["policies"].as_array().unwrap();
+    // per gate (3): without a branch, fixed 1..=2, 3 gate kinds x 1 threshold x 2 lengths, the
+    // tree whole and grown by 2 gate kinds; beside each branch (2) the same but ARLA's chains
+    let with = |n: Option<u64>| -> Vec<&Value> {
+        policies
+            .iter()
+            .filter(|p| p["prompt_lookup"].as_u64() == n)
+            .collect()
+    };
+    assert_eq!(with(None).len(), 3 * (2 + 6 + 3), "{report}");
+    for n in [2, 4] {
+        let beside = with(Some(n));
+        assert_eq!(beside.len(), 3 * (2 + 4 + 3), "{report}");
+        for q in &beside {
+            let policy = q["policy"].as_str().unwrap();
+            assert!(policy.ends_with(&format!(", lookup {n}")), "{q}");
+            assert!(q["speedup_reference"].as_f64().unwrap() > 0.0, "{q}");
+            // priced on ONNX Runtime at the export's gate (its tree steps were timed with the
+            // branches' rows)
+            assert_eq!(q["speedup_onnx"].is_f64(), q["draft_gate"] == 1, "{q}");
+        }
+    }
+    // the default beats every chain on ONNX Runtime, its branch the one written
+    let defaults = &report["defaults"];
+    let default = match defaults["tree"].is_null() {
+        true => &defaults["chain"],
+        false => &defaults["tree"],
+    };
+    let onnx_speed = |p: &Value| p["speedup_onnx"].as_f64().unwrap_or(0.0);
+    for q in policies.iter().filter(|p| p["family"] == "chain") {
+        assert!(onnx_speed(q) <= onnx_speed(default), "{q} beats {default}");
+    }
+    assert_eq!(
+        defaults["prompt_lookup"], default["prompt_lookup"],
+        "{defaults}"
+    );
+    let written = config(&dir.path().join("w"));
+    assert_eq!(
+        written.get("prompt_lookup").unwrap_or(&Value::Null),
+        &defaults["prompt_lookup"],
+        "{written}"
+    );
+    let prompt = [
+        "--model",
+        "tiny",
+        "--tokens",
+        "5,6,7,5,6",
+        "--max-new-tokens",
+        "20",
+    ];
+    let greedy = generate_json(&prompt);
+    let mut spec = prompt.to_vec();
+    spec.extend(["--mode", "speculative", "--m2r2", &w]);
+    let decoded = generate_json(&spec);
+    assert_eq!(decoded["tokens"], greedy["tokens"]);
+    assert_eq!(
+        decoded["prompt_lookup"], defaults["prompt_lookup"],
+        "{decoded}"
+    );
+
+    fails(
+        &[
+            "tune-drafting",
+            "--model",
+            "tiny",
+            "--data",
+            &data,
+            "--prompt-lookup",
+            "2,64",
+        ],
+        &["--prompt-lookup 64", "at most 63"],
+    );
 }

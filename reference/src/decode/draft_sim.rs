@@ -425,7 +425,7 @@ pub mod lookup;
 pub mod tree;
 pub mod tree_steps;
 
-pub use lookup::simulate_lookup;
+pub use lookup::{lookup_guesses, simulate_guesses, simulate_lookup};
 pub use tree::{TREE_SHAPES, simulate_dynamic_tree, simulate_tree};
 
 #[cfg(test)]

@@ -46,6 +46,20 @@ fn held(p: &DraftPoint, width: usize, skipped: Option<u32>) -> bool {
             && skipped.is_some_and(|g| p.top[..width].contains(&g)))
 }
 
+/// The guess of `lookup` at every position of `response` after `prompt` (position `i`: the round
+/// whose root is `response[i]`, guessing from `prompt ++ response[..=i]`), for the positions of a
+/// trace (all but the last token). A shorter branch guesses a prefix of a longer one's guess, so
+/// one call serves every branch length up to `lookup.max_tokens`.
+pub fn lookup_guesses(prompt: &[u32], response: &[u32], lookup: LookupConfig) -> Vec<Vec<u32>> {
+    let mut context = prompt.to_vec();
+    (0..response.len().saturating_sub(1))
+        .map(|i| {
+            context.push(response[i]);
+            lookup.guess(&context)
+        })
+        .collect()
+}
+
 /// Replay greedy tree speculation with a prompt-lookup branch (`lookup`) beside the tree of shape
 /// `widths`, drafted whole every round or grown per branch while `grown`'s gate scores at least
 /// its threshold, on one sample's trace of `response` after `prompt` (`response` has one token
@@ -63,19 +77,43 @@ pub fn simulate_lookup(
     grown: Option<(GateKind, f32)>,
     lookup: LookupConfig,
 ) -> Result<Simulated> {
+    lookup.check()?;
+    let guesses = lookup_guesses(prompt, response, lookup);
+    simulate_guesses(
+        points,
+        (response, &guesses),
+        widths,
+        grown,
+        lookup.max_tokens,
+    )
+}
+
+/// [`simulate_lookup`] with each position's guess given ([`lookup_guesses`] of a config whose
+/// `max_tokens` is at least `branch`), cut to `branch` tokens.
+///
+/// # Errors
+/// [`simulate_lookup`]'s but the suffix lengths, and guesses that are not one per position.
+pub fn simulate_guesses(
+    points: &[Vec<DraftPoint>],
+    (response, guesses): (&[u32], &[Vec<u32>]),
+    widths: &[usize],
+    grown: Option<(GateKind, f32)>,
+    branch: usize,
+) -> Result<Simulated> {
     let shape = TokenTree::from_widths(widths)?;
     if widths.is_empty() {
         return Err(Error::Invalid(
             "a token tree must draft: give at least one width".into(),
         ));
     }
-    lookup.check()?;
-    if response.len() != points.len() + 1 {
+    if response.len() != points.len() + 1 || guesses.len() != points.len() {
         return Err(Error::Invalid(format!(
-            "a trace of {} positions is of a response of {} tokens, not {}",
+            "a trace of {} positions is of a response of {} tokens and as many guesses, not {} \
+             and {}",
             points.len(),
             points.len() + 1,
-            response.len()
+            response.len(),
+            guesses.len()
         )));
     }
     if let Some((gate, _)) = grown
@@ -86,15 +124,12 @@ pub fn simulate_lookup(
         )));
     }
     let levels = level_sizes(widths);
-    let room = MAX_TREE_NODES.saturating_sub(shape.nodes());
+    let room = MAX_TREE_NODES.saturating_sub(shape.nodes()).min(branch);
     let point = |i: usize, k: usize| round_point(points, i, k);
     let mut sim = Simulated::default();
-    let mut context = prompt.to_vec();
     let mut i = 0;
     while i < points.len() {
-        context.extend_from_slice(&response[context.len() - prompt.len()..=i]);
-        let mut guess = lookup.guess(&context);
-        guess.truncate(room);
+        let guess = &guesses[i][..guesses[i].len().min(room)];
         let branch = guess.len();
         let matched = guess
             .iter()

@@ -162,3 +162,46 @@ fn predicts_lookup_speculation() {
         "{branch_wins} of {rounds_checked} rounds accepted a branch"
     );
 }
+
+/// The steps `time_tree_steps` times for shapes (with their prefixes) and branches price every
+/// round `simulate_lookup` counts, fixed and grown.
+#[test]
+fn timed_steps_price_every_lookup_round() {
+    let model = builtin::builtin("tiny").unwrap();
+    let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
+    let m2r2 = M2r2::new(&model, &weights);
+    let prompt = [5, 17, 3, 9, 5, 17, 3];
+    let response = greedy_response(&model, &prompt, 32);
+    let mut backend =
+        ReferenceSpeculation::new(m2r2, 1, None, prompt.len() + response.len() + 8).unwrap();
+    let trace = trace(&mut backend, &prompt, &response, 1).unwrap();
+    let shapes = [vec![1], vec![2], vec![2, 1], vec![1, 1]];
+    let branches = [2, 4];
+    let tree =
+        super::tree_steps::time_tree_steps(m2r2, 1, &prompt, (&shapes, &branches), 1).unwrap();
+    let costs = StepCosts {
+        greedy: 1.0,
+        propose: 1.0,
+        feed: 1.0,
+        verify: vec![1.0],
+        tree: Some(tree),
+    };
+    for widths in [&[1][..], &[2, 1], &[1, 1]] {
+        for grown in [None, Some((GateKind::Confidence, 0.5))] {
+            for &b in &branches {
+                let sim = simulate_lookup(
+                    &trace,
+                    (&prompt, &response),
+                    widths,
+                    grown,
+                    LookupConfig::new(b),
+                )
+                .unwrap();
+                assert!(
+                    sim.milliseconds(&costs).is_some(),
+                    "{widths:?} {grown:?} {b}: {sim:?}"
+                );
+            }
+        }
+    }
+}

@@ -10,6 +10,7 @@ use super::TreeCosts;
 use super::tree::level_sizes;
 use crate::base::ops::argmax;
 use crate::base::tree::TokenTree;
+use crate::decode::prompt_lookup::with_lookup_branch;
 use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
 use crate::decode::tree_speculation::{TreeBackend, draft_depth};
 use crate::error::{Error, Result};
@@ -129,12 +130,12 @@ pub fn time_tree_steps(
     m2r2: M2r2<'_>,
     draft_gate: usize,
     prompt: &[u32],
-    shapes: &[Vec<usize>],
+    (shapes, branches): (&[Vec<usize>], &[usize]),
     repeats: usize,
 ) -> Result<TreeCosts> {
-    let max_nodes = timing_trees(shapes)?.max_nodes;
+    let max_nodes = timing_trees(shapes, branches)?.max_nodes;
     let backend = ReferenceTreeSpeculation::new(m2r2, draft_gate, prompt.len() + max_nodes)?;
-    time_tree_steps_on(backend, prompt, shapes, repeats)
+    time_tree_steps_on(backend, prompt, (shapes, branches), repeats)
 }
 
 /// The trees [`time_tree_steps_on`] runs for `shapes`.
@@ -150,7 +151,7 @@ struct TimingTrees {
     max_nodes: usize,
 }
 
-fn timing_trees(shapes: &[Vec<usize>]) -> Result<TimingTrees> {
+fn timing_trees(shapes: &[Vec<usize>], branches: &[usize]) -> Result<TimingTrees> {
     if shapes.is_empty() || shapes.iter().any(Vec::is_empty) {
         return Err(Error::Invalid(
             "timing tree steps needs at least one shape with a width, and one repeat".into(),
@@ -158,14 +159,40 @@ fn timing_trees(shapes: &[Vec<usize>]) -> Result<TimingTrees> {
     }
     let (mut proposing, mut leaves) = (BTreeSet::new(), BTreeSet::new());
     let mut verify: Vec<TokenTree> = Vec::new();
+    let mut add_verify = |tree: TokenTree| {
+        if !verify.iter().any(|t| t.nodes() == tree.nodes()) {
+            verify.push(tree);
+        }
+    };
     for widths in shapes {
         let tree = TokenTree::from_widths(widths)?;
         let levels = level_sizes(widths);
         let (&leaf, above) = levels.split_last().expect("the root");
         proposing.extend(above.iter().copied());
         leaves.insert(leaf);
-        if !verify.iter().any(|t| t.nodes() == tree.nodes()) {
-            verify.push(tree);
+        add_verify(tree);
+    }
+    // with a lookup branch of `b` tokens (`draft_sim::lookup`): each depth `1..=b` one more row,
+    // depths past the tree the branch's node alone; the shape drafted whole, or grown and stopped
+    // at any depth (every level of a prefix proposing), or at the root alone
+    let root_only: Vec<usize> = Vec::new();
+    for &b in branches.iter().filter(|&&b| b > 0) {
+        for widths in shapes.iter().chain([&root_only]) {
+            let shape = TokenTree::from_widths(widths)?;
+            let merged = with_lookup_branch(&shape, b).tree;
+            let b = merged.nodes() - shape.nodes();
+            let levels = level_sizes(widths);
+            let depth = widths.len();
+            for d in 0..=depth.max(b) {
+                let rows = levels.get(d).copied().unwrap_or(0) + usize::from((1..=b).contains(&d));
+                if d <= depth {
+                    proposing.insert(rows);
+                }
+                if d >= depth {
+                    leaves.insert(rows);
+                }
+            }
+            add_verify(merged);
         }
     }
     let propose_trees = proposing
@@ -196,7 +223,8 @@ fn timing_trees(shapes: &[Vec<usize>]) -> Result<TimingTrees> {
 /// Time the steps the tree shapes `shapes` need on `backend` (at its draft gate), after `prompt`:
 /// each size of draft level that proposes (a level of `W` nodes with children: the second level of
 /// the tree `W,1`), each size of leaf level (the second level of `W`), and each shape's
-/// verification (after drafting it). Measured in rounds, one of each per round, after one warm-up
+/// verification (after drafting it); with lookup branches of `branches` tokens beside them
+/// (`draft_sim::lookup`), also the levels and verifications those rounds run. Measured in rounds, one of each per round, after one warm-up
 /// round; each figure is the median of `repeats` rounds (as `m2r2 bench --cost-shape` times chain
 /// steps). Levels are timed below the root: one more key than at the root, the same rows.
 ///
@@ -206,7 +234,7 @@ fn timing_trees(shapes: &[Vec<usize>]) -> Result<TimingTrees> {
 pub fn time_tree_steps_on<B: TreeBackend>(
     backend: B,
     prompt: &[u32],
-    shapes: &[Vec<usize>],
+    (shapes, branches): (&[Vec<usize>], &[usize]),
     repeats: usize,
 ) -> Result<TreeCosts> {
     let TimingTrees {
@@ -216,7 +244,7 @@ pub fn time_tree_steps_on<B: TreeBackend>(
         leaf_trees,
         verify,
         ..
-    } = timing_trees(shapes)?;
+    } = timing_trees(shapes, branches)?;
     if repeats == 0 {
         return Err(Error::Invalid(
             "timing tree steps needs at least one shape with a width, and one repeat".into(),

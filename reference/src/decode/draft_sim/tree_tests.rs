@@ -279,7 +279,7 @@ fn tree_steps_time_what_the_shapes_need() {
     let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
     let m2r2 = M2r2::new(&model, &weights);
     let shapes = [vec![2, 1], vec![3, 2, 1]];
-    let costs = time_tree_steps(m2r2, 2, &[1, 2, 3, 4], &shapes, 2).unwrap();
+    let costs = time_tree_steps(m2r2, 2, &[1, 2, 3, 4], (&shapes, &[]), 2).unwrap();
     let timed = |v: &[Option<f64>]| -> Vec<usize> {
         v.iter()
             .enumerate()
@@ -297,9 +297,15 @@ fn tree_steps_time_what_the_shapes_need() {
         assert!(costs.round_ms(widths).is_some());
     }
     assert!(costs.round_ms(&[2, 2, 1]).is_none());
-    assert!(time_tree_steps(m2r2, 2, &[1], &[], 1).is_err());
-    assert!(time_tree_steps(m2r2, 2, &[1], &shapes, 0).is_err());
-    assert!(time_tree_steps(m2r2, 4, &[1], &shapes, 1).is_err());
+    // a lookup branch of 2 beside 1: levels 1, 1 + 1, then the branch's node alone (1), 4 nodes;
+    // grown and stopped at the root: the root proposing, then 1, 1 (3 nodes)
+    let costs = time_tree_steps(m2r2, 2, &[1, 2, 3, 4], (&[vec![1]], &[2]), 1).unwrap();
+    assert_eq!(timed(&costs.propose), [1, 2]);
+    assert_eq!(timed(&costs.leaves), [1, 2]);
+    assert_eq!(timed(&costs.verify), [2, 3, 4]);
+    assert!(time_tree_steps(m2r2, 2, &[1], (&[], &[]), 1).is_err());
+    assert!(time_tree_steps(m2r2, 2, &[1], (&shapes, &[]), 0).is_err());
+    assert!(time_tree_steps(m2r2, 4, &[1], (&shapes, &[]), 1).is_err());
 }
 
 /// A trace of `(rank, confidence)` per point.
