@@ -26,6 +26,23 @@ fn older_fixtures() -> [PathBuf; 2] {
     ]
 }
 
+/// tiny exported twice into `dir`: the default (dynamic) export and a static one of 64 positions.
+fn tiny_exports(dir: &Path) -> (String, String) {
+    let p = |name: &str| dir.join(name).display().to_string();
+    let (onnx, onnx_static) = (p("onnx"), p("onnx-static"));
+    ok(&["export", "--model", "tiny", "--out", &onnx]);
+    ok(&[
+        "export",
+        "--model",
+        "tiny",
+        "--static-cache",
+        "64",
+        "--out",
+        &onnx_static,
+    ]);
+    (onnx, onnx_static)
+}
+
 fn write_tree(out: &str, steps: &str, extra: &[&str]) {
     let mut args = vec![
         "golden",
@@ -267,17 +284,7 @@ fn tree_goldens_write_and_check_on_the_reference() {
 fn tree_goldens_on_onnx_runtime() {
     let dir = tempfile::tempdir().unwrap();
     let p = |name: &str| dir.path().join(name).display().to_string();
-    let (onnx, onnx_static) = (p("onnx"), p("onnx-static"));
-    ok(&["export", "--model", "tiny", "--out", &onnx]);
-    ok(&[
-        "export",
-        "--model",
-        "tiny",
-        "--static-cache",
-        "64",
-        "--out",
-        &onnx_static,
-    ]);
+    let (onnx, onnx_static) = tiny_exports(dir.path());
     let golden = p("tree.golden.safetensors");
     write_tree(&golden, "12", &["--expect-dtype", "f32"]);
 
@@ -398,17 +405,7 @@ fn tree_goldens_on_onnx_runtime() {
 fn varying_tree_goldens_on_both_engines() {
     let dir = tempfile::tempdir().unwrap();
     let p = |name: &str| dir.path().join(name).display().to_string();
-    let (onnx, onnx_static) = (p("onnx"), p("onnx-static"));
-    ok(&["export", "--model", "tiny", "--out", &onnx]);
-    ok(&[
-        "export",
-        "--model",
-        "tiny",
-        "--static-cache",
-        "64",
-        "--out",
-        &onnx_static,
-    ]);
+    let (onnx, onnx_static) = tiny_exports(dir.path());
     let write = |out: &str, extra: &[&str]| {
         let mut args = vec![
             "golden",

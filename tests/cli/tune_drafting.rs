@@ -33,6 +33,25 @@ fn tree_speedup(policy: &Value, costs: &Value) -> f64 {
         / round
 }
 
+/// `generate --mode speculative` with the M2R2 folder `w`'s defaults emits greedy decoding's 20
+/// tokens after `tokens`; returns its report.
+fn default_decodes_like_greedy(w: &str, tokens: &str) -> Value {
+    let prompt = [
+        "--model",
+        "tiny",
+        "--tokens",
+        tokens,
+        "--max-new-tokens",
+        "20",
+    ];
+    let greedy = generate_json(&prompt);
+    let mut spec = prompt.to_vec();
+    spec.extend(["--mode", "speculative", "--m2r2", w]);
+    let decoded = generate_json(&spec);
+    assert_eq!(decoded["tokens"], greedy["tokens"], "{decoded}");
+    decoded
+}
+
 #[test]
 fn tune_drafting_ranks_writes_and_refuses() {
     let dir = tempfile::tempdir().unwrap();
@@ -244,6 +263,7 @@ fn tune_drafting_ranks_writes_and_refuses() {
         }
     }
     // the written default decodes like greedy
+    default_decodes_like_greedy(&w, "5,6,7");
     let prompt = [
         "--model",
         "tiny",
@@ -253,9 +273,6 @@ fn tune_drafting_ranks_writes_and_refuses() {
         "20",
     ];
     let greedy = generate_json(&prompt);
-    let mut spec = prompt.to_vec();
-    spec.extend(["--mode", "speculative", "--m2r2", &w]);
-    assert_eq!(generate_json(&spec)["tokens"], greedy["tokens"]);
 
     // trees alone: the winner is a tree, written as the reference's default beside the folder's
     // chain (kept: no chain was priced); generate drafts it without flags, flags still override
@@ -617,19 +634,7 @@ fn tune_drafting_prices_lookup_branches() {
         &defaults["prompt_lookup"],
         "{written}"
     );
-    let prompt = [
-        "--model",
-        "tiny",
-        "--tokens",
-        "5,6,7,5,6",
-        "--max-new-tokens",
-        "20",
-    ];
-    let greedy = generate_json(&prompt);
-    let mut spec = prompt.to_vec();
-    spec.extend(["--mode", "speculative", "--m2r2", &w]);
-    let decoded = generate_json(&spec);
-    assert_eq!(decoded["tokens"], greedy["tokens"]);
+    let decoded = default_decodes_like_greedy(&w, "5,6,7,5,6");
     assert_eq!(
         decoded["prompt_lookup"], defaults["prompt_lookup"],
         "{decoded}"

@@ -492,6 +492,38 @@ pub(super) type RawGolden = (
     std::collections::HashMap<String, String>,
 );
 
+/// An edit of a golden file setting element `index` of the I64 tensor `name` to `value`.
+pub(super) fn set_i64(name: &'static str, index: usize, value: i64) -> impl Fn(&mut RawGolden) {
+    move |(tensors, _): &mut RawGolden| {
+        let t = tensors.iter_mut().find(|t| t.0 == name).unwrap();
+        t.3[8 * index..8 * index + 8].copy_from_slice(&value.to_le_bytes());
+    }
+}
+
+/// An edit of a golden file setting metadata `key` to `value`.
+pub(super) fn set_meta(key: &'static str, value: &'static str) -> impl Fn(&mut RawGolden) {
+    move |(_, meta): &mut RawGolden| {
+        meta.insert(key.into(), value.into());
+    }
+}
+
+/// Write `g` to `path`, edit it, and check that reading it fails naming the file and `needle`.
+pub(super) fn refused_after(
+    g: &Golden,
+    path: &std::path::Path,
+    edit: &dyn Fn(&mut RawGolden),
+    needle: &str,
+) {
+    g.write(path).unwrap();
+    rewrite(path, edit);
+    let err = Golden::read(path).unwrap_err().to_string();
+    let name = path.file_name().unwrap().to_str().unwrap();
+    assert!(
+        err.contains(name) && err.contains(needle),
+        "{needle}: {err}"
+    );
+}
+
 /// Rewrite the golden at `path` through `edit` of its raw tensors and metadata.
 pub(super) fn rewrite(path: &std::path::Path, edit: impl FnOnce(&mut RawGolden)) {
     let bytes = std::fs::read(path).unwrap();

@@ -3,7 +3,7 @@
 //! themselves bit for bit, record greedy decoding's tokens, report a tampered tree, token or
 //! score where it differs, and a reader refuses a file that does not agree with itself.
 
-use super::tests::{RawGolden, rewrite, round_trip, setup};
+use super::tests::{RawGolden, refused_after, rewrite, round_trip, set_i64, set_meta, setup};
 use super::tree::TreeRecipe;
 use super::*;
 use crate::decode::prompt_lookup::LookupConfig;
@@ -33,6 +33,13 @@ fn rounds_mut(g: &mut Golden) -> &mut TreeRounds {
         Some(M2r2Record::SpeculativeTree { rounds, .. }) => rounds,
         _ => panic!("not a tree golden"),
     }
+}
+
+/// The first round that verified a lookup branch.
+fn lookup_round(rounds: &TreeRounds) -> usize {
+    (0..rounds.len())
+        .find(|&r| !rounds.lookup[r].is_empty())
+        .expect("a lookup round")
 }
 
 /// A threshold that grows some nodes and not others: the median of the confidence gate's scores
@@ -161,10 +168,7 @@ fn tampered_trees_tokens_and_scores_are_reported() {
     let all = recipes(m2r2);
     let g = record(m2r2, &all[2], 20);
     let rounds = rounds_of(&g);
-    // a round with a lookup branch
-    let r = (0..rounds.len())
-        .find(|&r| !rounds.lookup[r].is_empty())
-        .expect("a lookup round");
+    let r = lookup_round(rounds);
     let branch = rounds.lookup[r][0];
 
     let mut tampered = g.clone();
@@ -212,42 +216,22 @@ fn inconsistent_varying_tree_files_are_refused() {
     let all = recipes(m2r2);
     let g = record(m2r2, &all[2], 20);
     let rounds = rounds_of(&g);
-    let r = (0..rounds.len())
-        .find(|&r| !rounds.lookup[r].is_empty())
-        .expect("a lookup round");
+    let r = lookup_round(rounds);
     let (width, branch_width) = (
         rounds.tokens.ncols() - 1,
         rounds.lookup.iter().map(Vec::len).max().unwrap(),
     );
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.safetensors");
-    let refused = |edit: &dyn Fn(&mut RawGolden), needle: &str| {
-        g.write(&path).unwrap();
-        rewrite(&path, edit);
-        let err = Golden::read(&path).unwrap_err().to_string();
-        assert!(
-            err.contains("t.safetensors") && err.contains(needle),
-            "{needle}: {err}"
-        );
-    };
-    let set = |name: &'static str, index: usize, value: i64| {
-        move |(tensors, _): &mut RawGolden| {
-            let t = tensors.iter_mut().find(|t| t.0 == name).unwrap();
-            t.3[8 * index..8 * index + 8].copy_from_slice(&value.to_le_bytes());
-        }
-    };
-    let meta = |key: &'static str, value: &'static str| {
-        move |(_, meta): &mut RawGolden| {
-            meta.insert(key.into(), value.into());
-        }
-    };
+    let refused =
+        |edit: &dyn Fn(&mut RawGolden), needle: &str| refused_after(&g, &path, edit, needle);
     // node 1's parent cannot be itself
     refused(
-        &set("round_tree_parents", r * width, 1),
+        &set_i64("round_tree_parents", r * width, 1),
         &format!("tensor `round_tree_parents`: round {r}"),
     );
     refused(
-        &set("round_lookup", r * branch_width, 0),
+        &set_i64("round_lookup", r * branch_width, 0),
         &format!("tensor `round_lookup`: round {r}: node 0 is not the branch's node of depth 1"),
     );
     refused(
@@ -260,16 +244,16 @@ fn inconsistent_varying_tree_files_are_refused() {
         &format!("tensor `round_scores`: round {r} holds 0 scores"),
     );
     refused(
-        &meta("tree_threshold", "inf"),
+        &set_meta("tree_threshold", "inf"),
         "metadata `tree_threshold` = `inf`",
     );
-    refused(&meta("gate", "none"), "metadata `gate` = `none`");
+    refused(&set_meta("gate", "none"), "metadata `gate` = `none`");
     refused(
-        &meta("prompt_lookup_ngram", "3,2"),
+        &set_meta("prompt_lookup_ngram", "3,2"),
         "metadata `prompt_lookup_ngram` = `3,2`",
     );
     refused(
-        &meta("format_version", "4"),
+        &set_meta("format_version", "4"),
         "trees that change from round to round are format version 5, this file says 4",
     );
     let mut old = g.clone();

@@ -2,7 +2,7 @@
 //! tampering reported at its round and node, inconsistent files refused, a chain-shaped tree
 //! recording what the chain golden records.
 
-use super::tests::{RawGolden, rewrite, round_trip, setup, spec_options};
+use super::tests::{RawGolden, refused_after, round_trip, set_i64, set_meta, setup, spec_options};
 use super::tree::{TreeEngine, TreeRounds, proposing_nodes};
 use super::*;
 use crate::base::generate::ReferenceGreedy;
@@ -238,51 +238,36 @@ fn inconsistent_tree_files_are_refused() {
     let g = tree_golden(m2r2, &[2, 1, 1], 10);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.safetensors");
-    let refused = |edit: &dyn Fn(&mut RawGolden), needle: &str| {
-        g.write(&path).unwrap();
-        rewrite(&path, edit);
-        let err = Golden::read(&path).unwrap_err().to_string();
-        assert!(
-            err.contains("t.safetensors") && err.contains(needle),
-            "{err}"
-        );
-    };
-    let set = |name: &'static str, index: usize, value: i64| {
-        move |(tensors, _): &mut RawGolden| {
-            let t = tensors.iter_mut().find(|t| t.0 == name).unwrap();
-            t.3[8 * index..8 * index + 8].copy_from_slice(&value.to_le_bytes());
-        }
-    };
-    let meta = |key: &'static str, value: &'static str| {
-        move |(_, meta): &mut RawGolden| {
-            meta.insert(key.into(), value.into());
-        }
-    };
+    let refused =
+        |edit: &dyn Fn(&mut RawGolden), needle: &str| refused_after(&g, &path, edit, needle);
     refused(
-        &set("round_node", 0, 7),
+        &set_i64("round_node", 0, 7),
         "round 0 accepts node 7, the tree has nodes 0..7",
     );
-    refused(&set("round_node", 0, -1), "round 0 accepts node -1");
+    refused(&set_i64("round_node", 0, -1), "round 0 accepts node -1");
     let (_, rounds, _) = parts(&g);
     let depth = rounds.accepted[0];
     refused(
-        &set("round_accepted", 0, depth + 1),
+        &set_i64("round_accepted", 0, depth + 1),
         &format!("round 0 accepted {} drafts", depth + 1),
     );
     refused(
-        &set("round_tree_tokens", 3, -5),
+        &set_i64("round_tree_tokens", 3, -5),
         "round 0 node 3 holds token id -5",
     );
     refused(
-        &set("draft_rows", 1, 4),
+        &set_i64("draft_rows", 1, 4),
         "tensor `draft_rows`: row 0 is (round 0, node 4)",
     );
-    refused(&meta("draft_tree", "2,0"), "metadata `draft_tree` = `2,0`");
-    refused(&meta("draft_tree", "3,1,1"), "round_tree_tokens");
-    refused(&meta("draft_max", "2"), "metadata `draft_max` = `2`");
-    refused(&meta("gate", "arla"), "metadata `gate` = `arla`");
     refused(
-        &meta("format_version", "3"),
+        &set_meta("draft_tree", "2,0"),
+        "metadata `draft_tree` = `2,0`",
+    );
+    refused(&set_meta("draft_tree", "3,1,1"), "round_tree_tokens");
+    refused(&set_meta("draft_max", "2"), "metadata `draft_max` = `2`");
+    refused(&set_meta("gate", "arla"), "metadata `gate` = `arla`");
+    refused(
+        &set_meta("format_version", "3"),
         "token-tree goldens are format version 4, this file says 3",
     );
     // a tree golden is never written below version 4
