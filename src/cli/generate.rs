@@ -48,10 +48,11 @@ pub struct Args {
     pub draft_tree: Option<String>,
     /// Speculative decoding with a prompt-lookup branch: each round also verifies up to N tokens
     /// copied from the text so far (what followed the latest earlier occurrence of its last 3, else
-    /// 2, tokens) at no draft step; 0: off. Greedy only; beside the tree (--draft-tree or the
-    /// config's draft_tree), else beside the chain of the draft length, grown per branch when the
-    /// drafting is dynamic. Default: the M2R2 config's prompt_lookup (speculative, greedy, no
-    /// --draft-tree / --draft-len / --dynamic-draft), else off
+    /// 2, tokens) at no draft step; 0: off. Beside the tree (--draft-tree or the config's
+    /// draft_tree), else beside the chain of the draft length, grown per branch when the drafting
+    /// is dynamic; with --temperature its tokens are verified as deterministic proposals
+    /// (lossless). Default: the M2R2 config's prompt_lookup (speculative, greedy, no --draft-tree
+    /// / --draft-len / --dynamic-draft), else off
     #[arg(long, value_name = "N")]
     pub prompt_lookup: Option<usize>,
 }
@@ -67,11 +68,11 @@ fn tree_widths(args: &Args) -> Result<Option<Vec<usize>>> {
 
 /// `--prompt-lookup`'s branch, by the rules `run` shares (`cli/args/tree.rs`); `None` when the
 /// flag is not given.
-fn prompt_lookup(args: &Args, sampling: bool) -> Result<Option<LookupConfig>> {
+fn prompt_lookup(args: &Args) -> Result<Option<LookupConfig>> {
     let Some(n) = args.prompt_lookup else {
         return Ok(None);
     };
-    crate::cli::args::tree::prompt_lookup(n, args.m2r2.mode == ModeArg::Speculative, sampling)
+    crate::cli::args::tree::prompt_lookup(n, args.m2r2.mode == ModeArg::Speculative)
 }
 
 /// The M2R2 config's default tree (`draft_tree`, chosen by `tune-drafting`), when nothing asks
@@ -95,7 +96,7 @@ fn config_tree<'a>(
 pub fn run(args: &Args) -> Result<()> {
     let sampling = args.sampling.params()?;
     let tree = tree_widths(args)?;
-    let lookup = prompt_lookup(args, sampling.is_some())?;
+    let lookup = prompt_lookup(args)?;
     let loaded = common::load(&args.model.model)?;
     let weights = args.m2r2.weights(&loaded)?;
     let lookup = crate::cli::args::tree::lookup_or_default(

@@ -125,7 +125,7 @@ pub fn run(args: &Args) -> Result<()> {
     })?;
     let speculative = args.mode == RunMode::Speculative;
     let explicit = match args.prompt_lookup {
-        Some(n) => prompt_lookup(n, speculative, false)?,
+        Some(n) => prompt_lookup(n, speculative)?,
         None => None,
     };
     let export = ExportDir::open(&args.onnx)?;

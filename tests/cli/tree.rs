@@ -230,7 +230,6 @@ fn bad_trees_and_conflicts_are_refused() {
         "--max-new-tokens",
         "4",
     ];
-    let spec = |extra: &[&'static str]| [&base[..], &["--mode", "speculative"], extra].concat();
     fails(
         &spec(&["--draft-tree", "0,1"]),
         &["--draft-tree", "the width at depth 1 is 0"],
@@ -474,6 +473,7 @@ fn the_config_prompt_lookup_is_the_default() {
     }
 }
 
+/// A branch outside speculative decoding is refused; with sampling it runs (seeded); 0 is off.
 #[test]
 fn bad_lookups_are_refused() {
     let base = [
@@ -488,11 +488,30 @@ fn bad_lookups_are_refused() {
         "2",
     ];
     fails(&base, &["--prompt-lookup", "--mode speculative"]);
-    let spec = |extra: &[&'static str]| [&base[..], &["--mode", "speculative"], extra].concat();
-    fails(
-        &spec(&["--temperature", "0.8"]),
-        &["--prompt-lookup", "greedily only"],
-    );
+    // sampled: the branch's tokens are verified as deterministic proposals (lossless: the
+    // chi-square test in decode/tree_sampling.rs); the same seed gives the same tokens
+    let sampled = |seed: &'static str| {
+        generate_json(&[
+            "--model",
+            "tiny",
+            "--tokens",
+            "1,2,1,2",
+            "--max-new-tokens",
+            "16",
+            "--mode",
+            "speculative",
+            "--prompt-lookup",
+            "2",
+            "--temperature",
+            "0.8",
+            "--seed",
+            seed,
+        ])
+    };
+    let (a, b) = (sampled("3"), sampled("3"));
+    assert_eq!(a["tokens"], b["tokens"]);
+    assert_eq!(a["prompt_lookup"], 2, "{a}");
+    assert!(a["lookup_rounds"].as_u64().is_some(), "{a}");
     // 0 is off: the chain loop as without the flag
     let off = generate_json(&[
         "--model",

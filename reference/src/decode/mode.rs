@@ -315,14 +315,15 @@ pub fn run_mode(
 
 /// Speculative decoding with the token tree of shape `widths` (`W1,W2,...`), drafting at
 /// `settings.draft_gate` (`decode/tree_speculation.rs`): greedy, or speculative sampling with
-/// `request.sampling` (`decode/tree_sampling.rs`); with `lookup`, greedy with a prompt-lookup
-/// branch at the root of the rounds that find one (`decode/prompt_lookup.rs`). `on_token` sees
+/// `request.sampling` (`decode/tree_sampling.rs`); with `lookup`, a prompt-lookup branch at the
+/// root of the rounds that find one (`decode/prompt_lookup.rs`; sampled, its tokens are verified
+/// as deterministic proposals). `on_token` sees
 /// every emitted token after the loop. The draft and verify steps' work is counted
 /// (`ReferenceTreeSpeculation::work`).
 ///
 /// # Errors
-/// A shape [`TokenTree::from_widths`] refuses, a draft gate outside `1..=J`, `lookup` with
-/// sampling, and [`tree_speculate`]'s or [`tree_speculate_with_lookup`]'s.
+/// A shape [`TokenTree::from_widths`] refuses, a draft gate outside `1..=J`, and
+/// [`tree_speculate`]'s or [`tree_speculate_with_lookup`]'s.
 pub fn tree_speculative_mode_run(
     model: &Model,
     weights: &M2r2Weights,

@@ -32,11 +32,15 @@
 //! (`r_j(x) = 0` after `x` was rejected). That matters when `q` is peaked (low temperature); it
 //! is not built.
 //!
-//! **Every child must come from its parent's `q`.** A child proposed another way (a prompt-lookup
-//! branch, say) is not covered by this rule: SpecInfer's theorem allows one distribution per
-//! child, so such a child would be tested against its own proposal distribution (one-hot for a
-//! deterministic proposal: accepted with probability `r_{j-1}(x)`, residual `r_{j-1}` without
-//! `x`), which [`verify_node`] does not take.
+//! **A child proposed another way: a prompt-lookup branch [ours].** The branch's tokens are
+//! copied from the context, not drawn from `q`. SpecInfer's step allows one proposal distribution
+//! per candidate, so such a child is tested against its own: one-hot on its token `g`, a
+//! deterministic proposal (it depends on the emitted text only, never on this round's random
+//! draws). Accepted with probability `min(1, r_{j-1}(g) / 1) = r_{j-1}(g)`; rejected, the residual
+//! is `norm(max(0, r_{j-1} - onehot(g)))`: `r_{j-1}` without `g`. Step `j` is then plain
+//! speculative sampling of `r_{j-1}` with that proposal, which emits `r_{j-1}`, and the induction
+//! holds ([`verify_node_with_fixed`]; tested with the chi-square test beside drafted children,
+//! whole and grown).
 
 use crate::base::sampling::{SamplingParams, draw, sampling_distribution};
 use crate::base::tree::TokenTree;
@@ -71,6 +75,41 @@ pub fn verify_node<R: Rng>(p: Vec<f32>, q: &[f32], candidates: &[u32], rng: &mut
             return NodeChoice::Accept(j);
         }
         r = residual(r, q);
+    }
+    NodeChoice::Sample(draw(&r, rng) as u32)
+}
+
+/// [`verify_node`] where some candidates were proposed deterministically (`fixed[j]`: a
+/// prompt-lookup branch's token, proposed with probability one) and the others drawn from `q`:
+/// a fixed candidate `x` is accepted with probability `r(x)`, and rejected leaves `r` without `x`
+/// (module docs). One uniform number per candidate tried and one for the final sample.
+///
+/// # Shapes
+/// - `p`, `q`: `[V]`, each summing to one (`q` may be empty when every candidate is fixed)
+/// - `fixed`: one per candidate
+pub fn verify_node_with_fixed<R: Rng>(
+    p: Vec<f32>,
+    q: &[f32],
+    (candidates, fixed): (&[u32], &[bool]),
+    rng: &mut R,
+) -> NodeChoice {
+    let mut r = p;
+    for (j, (&x, &fixed)) in candidates.iter().zip(fixed).enumerate() {
+        let x = x as usize;
+        let u: f32 = rng.random();
+        if fixed {
+            if u < r[x] {
+                return NodeChoice::Accept(j);
+            }
+            let mut onehot = vec![0.0; r.len()];
+            onehot[x] = 1.0;
+            r = residual(r, &onehot);
+        } else {
+            if q[x] > 0.0 && u < (r[x] / q[x]).min(1.0) {
+                return NodeChoice::Accept(j);
+            }
+            r = residual(r, q);
+        }
     }
     NodeChoice::Sample(draw(&r, rng) as u32)
 }
@@ -134,15 +173,17 @@ impl TreeSampling {
     }
 
     /// The accepted node and the base token after it: the node rule from the root down.
-    /// `tokens[i]` is node `i`'s token, `drafts[i]` the `q` its children were drawn from (empty at
-    /// a leaf), `base` row `i` node `i`'s base logits.
+    /// `tokens[i]` is node `i`'s token, `drafts[i]` the `q` its drafted children were drawn from
+    /// (empty at a leaf), `base` row `i` node `i`'s base logits, `fixed` the nodes proposed
+    /// deterministically (a lookup branch, ascending: [`verify_node_with_fixed`] at their
+    /// parents, tried before their drafted siblings).
     ///
     /// # Shapes
     /// - `base`: `[T, V]`
     pub fn accept(
         &mut self,
         tree: &TokenTree,
-        tokens: &[u32],
+        (tokens, fixed): (&[u32], &[usize]),
         drafts: &[Vec<f32>],
         base: &Array2<f32>,
     ) -> (usize, u32) {
@@ -151,9 +192,25 @@ impl TreeSampling {
             let p =
                 sampling_distribution(base.row(node).as_slice().expect("contiguous"), &self.params);
             let children = tree.children(node);
-            let candidates = &tokens[children.clone()];
-            match (self.rule)(p, &drafts[node], candidates, &mut self.rng) {
-                NodeChoice::Accept(j) => node = children.start + j,
+            // the children tried in order: a lookup branch's first (a guess that holds goes on
+            // for its whole branch), then the drafted ones
+            let is_fixed = |c: &usize| fixed.binary_search(c).is_ok();
+            let order: Vec<usize> = children
+                .clone()
+                .filter(is_fixed)
+                .chain(children.clone().filter(|c| !is_fixed(c)))
+                .collect();
+            let candidates: Vec<u32> = order.iter().map(|&c| tokens[c]).collect();
+            let choice = match order.iter().any(is_fixed) {
+                true => {
+                    let fixed: Vec<bool> = order.iter().map(is_fixed).collect();
+                    let proposals = (&candidates[..], &fixed[..]);
+                    verify_node_with_fixed(p, &drafts[node], proposals, &mut self.rng)
+                }
+                false => (self.rule)(p, &drafts[node], &candidates, &mut self.rng),
+            };
+            match choice {
+                NodeChoice::Accept(j) => node = order[j],
                 NodeChoice::Sample(token) => return (node, token),
             }
         }
@@ -571,6 +628,103 @@ mod tests {
             "chi-square {x:.2?} above 20.515"
         );
         assert!(root_only > 100 && partial > 100 && whole > 100, "weak test");
+    }
+
+    /// A prompt-lookup branch's tokens are tested as deterministic proposals: accepted with
+    /// probability `r(g)`, and rejected they leave `r` without `g` for the siblings after them and
+    /// the final sample (hand-computed, with scripted uniforms).
+    #[test]
+    fn fixed_candidates_hand_computed() {
+        let p = [0.5, 0.25, 0.25, 0.0];
+        let q = [0.25, 0.25, 0.5, 0.0];
+        let run = |candidates: &[u32], fixed: &[bool], uniforms: &[f32]| {
+            let mut rng = Scripted::new(uniforms);
+            verify_node_with_fixed(p.to_vec(), &q, (candidates, fixed), &mut rng)
+        };
+        // the branch's token 0 first: accepted when u < p(0) = 0.5
+        assert_eq!(run(&[0], &[true], &[0.4375]), NodeChoice::Accept(0));
+        // rejected: r = p without 0 = (0, 0.5, 0.5, 0); the final sample's uniform 0.25 -> 1
+        assert_eq!(run(&[0], &[true], &[0.5, 0.25]), NodeChoice::Sample(1));
+        // then a drafted 2 tested against r: r(2) / q(2) = 0.5 / 0.5 -> accepted for any u < 1
+        assert_eq!(
+            run(&[0, 2], &[true, false], &[0.5, 0.875]),
+            NodeChoice::Accept(1)
+        );
+        // a drafted 0 first (r(0) / q(0) = 2: accepted), as verify_node
+        assert_eq!(
+            run(&[0, 1], &[false, true], &[0.875]),
+            NodeChoice::Accept(0)
+        );
+        // a fixed 3 that p gives nothing: rejected even at u = 0, and r stays p (0.625 -> 1)
+        assert_eq!(run(&[3], &[true], &[0.0, 0.625]), NodeChoice::Sample(1));
+    }
+
+    /// Sampling with a prompt-lookup branch keeps the distribution: 6 tokens, prompt `3 1 3`, a
+    /// branch of up to 2 tokens looked up by suffixes of 1 or 2 (so most rounds find one, right
+    /// or wrong), beside the chain `1` and the tree `2,1`, whole and grown at the median score;
+    /// 4000 seeds, tokens 1 to 4 against the exact marginals (the chi-square test above). Rounds
+    /// must accept the branch and reject it, else the test is weak.
+    #[test]
+    fn sampling_with_a_lookup_branch_preserves_the_distribution() {
+        use crate::decode::prompt_lookup::LookupConfig;
+        use crate::decode::tree_speculation::{TreeDrafting, tree_speculate_drafting};
+        let (model, weights) = six_token_problem(false);
+        let (prompt, k) = ([3u32, 1, 3], 4);
+        let lookup = LookupConfig {
+            max_tokens: 2,
+            max_ngram: 2,
+            min_ngram: 1,
+        };
+        let want = exact_marginals(&model, &prompt, &params(0), k);
+        for (spec, grown) in [("1", false), ("2,1", false), ("2,1", true)] {
+            let shape = TokenTree::parse(spec).unwrap();
+            let run = |seed: u64, threshold: Option<f32>| {
+                let capacity = prompt.len() + k + shape.nodes() + lookup.max_tokens;
+                let mut backend =
+                    ReferenceTreeSpeculation::new(M2r2::new(&model, &weights), 1, capacity)
+                        .unwrap()
+                        .with_gate(Some(GateKind::Confidence));
+                let drafting = TreeDrafting {
+                    threshold,
+                    lookup: Some(lookup),
+                };
+                let request = (&prompt[..], k, &[][..]);
+                tree_speculate_drafting(&mut backend, &shape, drafting, request, Some(params(seed)))
+                    .unwrap()
+            };
+            let threshold = grown.then(|| {
+                let mut seen: Vec<f32> = (0..50)
+                    .flat_map(|seed| run(seed, Some(-1.0)).rounds)
+                    .flat_map(|r| r.scores)
+                    .collect();
+                seen.sort_by(f32::total_cmp);
+                seen[seen.len() / 2]
+            });
+            let mut counts = vec![vec![0usize; model.config.vocab_size]; k];
+            let (mut taken, mut refused) = (0, 0);
+            for seed in 0..4000 {
+                let out = run(seed, threshold);
+                for (j, &t) in out.tokens.iter().enumerate() {
+                    counts[j][t as usize] += 1;
+                }
+                for r in out.rounds.iter().filter(|r| !r.lookup.is_empty()) {
+                    match r.lookup_accepted() > 0 {
+                        true => taken += 1,
+                        false => refused += 1,
+                    }
+                }
+            }
+            let x: Vec<f64> = counts.iter().zip(&want).map(|(c, m)| chi2(c, m)).collect();
+            println!(
+                "tree {spec} grown {grown}: chi-square {x:.2?}; branch accepted in {taken} \
+                 rounds, rejected in {refused}"
+            );
+            assert!(
+                x.iter().all(|&x| x < 20.515),
+                "tree {spec} grown {grown}: chi-square {x:.2?} above 20.515"
+            );
+            assert!(taken > 100 && refused > 100, "weak test");
+        }
     }
 
     /// A chain tree with sampling is the chain loop with the same seed, bit for bit: the same

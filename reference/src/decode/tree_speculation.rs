@@ -374,10 +374,11 @@ impl TreeDrafting {
 }
 
 /// Tree speculation with any [`TreeDrafting`]: [`tree_speculate`], [`tree_speculate_with_lookup`]
-/// or [`tree_speculate_dynamic`] (what the command lines call).
+/// or [`tree_speculate_dynamic`] (what the command lines call). With sampling, a lookup branch's
+/// tokens are verified as deterministic proposals (`tree_sampling::verify_node_with_fixed`).
 ///
 /// # Errors
-/// Theirs, and a lookup branch with sampling (verified greedily only).
+/// Theirs, and suffix lengths [`LookupConfig::check`] refuses.
 pub fn tree_speculate_drafting<B: TreeBackend>(
     backend: &mut B,
     tree: &TokenTree,
@@ -386,13 +387,6 @@ pub fn tree_speculate_drafting<B: TreeBackend>(
     sampling: Option<SamplingParams>,
 ) -> Result<TreeSpeculativeOutput> {
     if let Some(lookup) = drafting.lookup {
-        if sampling.is_some() {
-            return Err(Error::Invalid(
-                "a prompt-lookup branch is verified greedily only: sampling with it is not \
-                 built yet"
-                    .into(),
-            ));
-        }
         lookup.check()?;
     }
     let sampling = sampling.map(TreeSampling::new).transpose()?;
@@ -400,7 +394,7 @@ pub fn tree_speculate_drafting<B: TreeBackend>(
     speculate(backend, tree, drafting, request, sampling)
 }
 
-/// The loop: a lookup branch (greedy only) or a sampler, never both.
+/// The loop: drafting, a lookup branch beside it, greedy or sampled.
 fn speculate<B: TreeBackend>(
     backend: &mut B,
     tree: &TokenTree,
@@ -409,7 +403,6 @@ fn speculate<B: TreeBackend>(
     mut sampling: Option<TreeSampling>,
 ) -> Result<TreeSpeculativeOutput> {
     let TreeDrafting { threshold, lookup } = drafting;
-    debug_assert!(lookup.is_none() || sampling.is_none());
     if prompt.is_empty() {
         return Err(empty_prompt());
     }
@@ -445,8 +438,7 @@ fn speculate<B: TreeBackend>(
             Some(threshold) => {
                 dynamic_round_around(backend, tree, threshold, last, &guess, sampling.as_mut())?
             }
-            None if guess.is_empty() => tree_round(backend, tree, last, sampling.as_mut())?,
-            None => tree_round_with_lookup(backend, tree, last, &guess)?,
+            None => round_with_lookup(backend, tree, last, &guess, sampling.as_mut())?,
         };
         let path = round.tree.path(round.node);
         let mut emitted: Vec<u32> = path[1..].iter().map(|&i| round.tokens[i]).collect();
@@ -499,13 +491,24 @@ pub fn tree_round_with_lookup<B: TreeBackend>(
     last: u32,
     guess: &[u32],
 ) -> Result<TreeRound> {
+    round_with_lookup(backend, tree, last, guess, None)
+}
+
+/// [`tree_round_with_lookup`], greedy or sampled.
+fn round_with_lookup<B: TreeBackend>(
+    backend: &mut B,
+    tree: &TokenTree,
+    last: u32,
+    guess: &[u32],
+    sampling: Option<&mut TreeSampling>,
+) -> Result<TreeRound> {
     let merged = with_lookup_branch(tree, guess.len());
     let fixed: Vec<(usize, u32)> = merged.lookup.iter().copied().zip(guess.to_vec()).collect();
-    round_around(backend, &merged.tree, last, &fixed, None)
+    round_around(backend, &merged.tree, last, &fixed, sampling)
 }
 
 /// [`tree_round`] where the nodes of `fixed` (`(node, token)`, ascending) already carry their
-/// tokens (a lookup branch, greedy only): see [`draft_depth`]'s `fixed`.
+/// tokens (a lookup branch): see [`draft_depth`]'s `fixed`.
 fn round_around<B: TreeBackend>(
     backend: &mut B,
     tree: &TokenTree,
@@ -532,7 +535,7 @@ fn round_around<B: TreeBackend>(
             &mut drafts,
         )?;
     }
-    let round = finish_round(backend, tree, tokens, &drafts, sampling)?;
+    let round = finish_round(backend, tree, (tokens, &fixed), &drafts, sampling)?;
     Ok(TreeRound {
         lookup: fixed,
         ..round
@@ -541,18 +544,19 @@ fn round_around<B: TreeBackend>(
 
 /// A round's verification and acceptance, once every node has its token: the tree through the
 /// upper layers as one chunk, then the accepted node (greedily, or by speculative sampling with
-/// the proposing nodes' draft distributions `drafts`).
+/// the proposing nodes' draft distributions `drafts`, the `fixed` nodes (a lookup branch,
+/// ascending) as deterministic proposals).
 fn finish_round<B: TreeBackend>(
     backend: &mut B,
     tree: &TokenTree,
-    tokens: Vec<u32>,
+    (tokens, fixed): (Vec<u32>, &[usize]),
     drafts: &[Vec<f32>],
     sampling: Option<&mut TreeSampling>,
 ) -> Result<TreeRound> {
     let n = backend.len();
     let base = backend.verify_tree(tree)?; // [T, V]
     let (node, base_token) = match sampling {
-        Some(s) => s.accept(tree, &tokens, drafts, &base),
+        Some(s) => s.accept(tree, (&tokens, fixed), drafts, &base),
         None => {
             let choice = |i: usize| argmax(base.row(i).as_slice().expect("contiguous")) as u32;
             // accept: follow the base model's choices down the tree
@@ -622,7 +626,6 @@ fn dynamic_round_around<B: TreeBackend>(
     guess: &[u32],
     mut sampling: Option<&mut TreeSampling>,
 ) -> Result<TreeRound> {
-    debug_assert!(guess.is_empty() || sampling.is_none());
     // the shape's width at each depth 1..=D (a shape from widths is uniform per depth)
     let widths: Vec<usize> = (0..shape.max_depth())
         .map(|d| shape.children(shape.level(d).start).len())
@@ -694,7 +697,7 @@ fn dynamic_round_around<B: TreeBackend>(
         }
         tree = TokenTree::from_parents(&parents)?;
     }
-    let round = finish_round(backend, &tree, tokens, &drafts, sampling)?;
+    let round = finish_round(backend, &tree, (tokens, &branch), &drafts, sampling)?;
     Ok(TreeRound {
         scores,
         lookup: branch,

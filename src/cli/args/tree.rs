@@ -47,23 +47,13 @@ pub fn tree_widths(request: &TreeRequest<'_>) -> Result<Option<Vec<usize>>> {
 /// `--prompt-lookup N`'s branch (`None` for 0).
 ///
 /// # Errors
-/// A branch outside speculative decoding or with sampling, each named.
-pub fn prompt_lookup(
-    tokens: usize,
-    speculative: bool,
-    sampling: bool,
-) -> Result<Option<LookupConfig>> {
+/// A branch outside speculative decoding, named.
+pub fn prompt_lookup(tokens: usize, speculative: bool) -> Result<Option<LookupConfig>> {
     if tokens == 0 {
         return Ok(None);
     }
     if !speculative {
         bail!("--prompt-lookup adds a branch to speculative drafts: add --mode speculative");
-    }
-    if sampling {
-        bail!(
-            "--prompt-lookup verifies greedily only: speculative sampling with a lookup branch is \
-             not built yet (drop --temperature/--top-k/--top-p)"
-        );
     }
     Ok(Some(LookupConfig::new(tokens)))
 }

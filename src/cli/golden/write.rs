@@ -44,7 +44,6 @@ pub(super) fn write(args: &WriteArgs) -> Result<()> {
     prompt_lookup(
         args.prompt_lookup.unwrap_or(0),
         args.m2r2.mode == ModeArg::Speculative,
-        false,
     )?;
     let loaded = common::load(&args.model.model)?;
     // (output path, prompt arguments) of every golden to write
@@ -231,7 +230,7 @@ fn tree_request(args: &WriteArgs) -> TreeRequest<'_> {
 /// `--draft-tree` shape (grown per branch with `--dynamic-draft`), else the chain of the draft
 /// length beside a `--prompt-lookup` branch (grown when the drafting is dynamic).
 fn tree_recipe(args: &WriteArgs, settings: &M2r2Settings) -> Result<TreeRecipe> {
-    let lookup = prompt_lookup(args.prompt_lookup.unwrap_or(0), true, false)?;
+    let lookup = prompt_lookup(args.prompt_lookup.unwrap_or(0), true)?;
     let dynamic = |settings: &M2r2Settings| match settings.draft_length {
         DraftLength::Dynamic {
             gate, threshold, ..
