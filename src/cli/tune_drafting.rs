@@ -69,6 +69,10 @@ pub struct Args {
     /// Trace only the first N samples
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
+    /// Trace only the first N tokens of each response: price decoding of that length (later
+    /// tokens of long answers repeat their context more, which favours longer lookup branches)
+    #[arg(long, value_name = "N")]
+    pub max_new_tokens: Option<usize>,
     /// Draft gates tried, comma-separated (default: all)
     #[arg(long, value_name = "G,...", value_delimiter = ',')]
     pub draft_gates: Vec<usize>,
@@ -423,6 +427,16 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if let Some(n) = args.limit {
         data.truncate(n);
+    }
+    if let Some(n) = args.max_new_tokens {
+        if n < 2 {
+            bail!(
+                "--max-new-tokens {n}: a response is traced from its second token: give 2 or more"
+            );
+        }
+        for d in &mut data {
+            d.tokens.truncate(d.prompt_len + n);
+        }
     }
     let source = m2r2_args.source(&loaded);
 
