@@ -230,6 +230,7 @@ fn bad_trees_and_conflicts_are_refused() {
         "--max-new-tokens",
         "4",
     ];
+    let spec = |extra: &[&'static str]| [&base[..], &["--mode", "speculative"], extra].concat();
     fails(
         &spec(&["--draft-tree", "0,1"]),
         &["--draft-tree", "the width at depth 1 is 0"],
