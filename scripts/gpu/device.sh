@@ -103,10 +103,11 @@ if [ "$ACTION" = merged ]; then
     python3 "$R/scripts/gpu/ort_profile_summary.py" $G/prof/spec 2>&1 | head -28
   fi
   if more $BUDGET; then
-    step "goldens written by the reference here (chain and tree), checked on the merged export on CUDA"
+    step "goldens written by the reference here (chain, tree, the default with its lookup branch), checked on the merged export on CUDA"
     timeout 60 $M golden write --model smollm2 --chat --prompt "$P" --steps 32 --mode speculative --out $G/spec.golden.safetensors > /dev/null 2>&1
     timeout 60 $M golden write --model smollm2 --chat --prompt "$P" --steps 32 --mode speculative --draft-tree 2,1,1 --out $G/tree.golden.safetensors > /dev/null 2>&1
-    for g in spec tree; do echo "--- $g"; timeout 60 $M golden check $G/$g.golden.safetensors --onnx $G/exp-merged --ep cuda 2>&1 | tail -4; done
+    timeout 60 $M golden write --model smollm2 --chat --prompt "Repeat exactly: the quick brown fox jumps over the lazy dog." --steps 24 --mode speculative --prompt-lookup 4 --out $G/lookup.golden.safetensors > /dev/null 2>&1
+    for g in spec tree lookup; do echo "--- $g"; timeout 60 $M golden check $G/$g.golden.safetensors --onnx $G/exp-merged --ep cuda 2>&1 | tail -4; done
   fi
   step end
   exit 0
@@ -150,10 +151,11 @@ if [ "$ACTION" = spec ]; then
     echo "exit $?"; tail -3 "$RESULTS/equivalence_cuda.log"
   fi
   if more $BUDGET; then
-    step "goldens written by the reference here (chain and tree), checked on the static export on CUDA"
+    step "goldens written by the reference here (chain, tree, the default with its lookup branch), checked on the static export on CUDA"
     timeout 60 $M golden write --model smollm2 --chat --prompt "$P" --steps 32 --mode speculative --out $G/spec.golden.safetensors
     timeout 60 $M golden write --model smollm2 --chat --prompt "$P" --steps 32 --mode speculative --draft-tree 2,1,1 --out $G/tree.golden.safetensors
-    for g in spec tree; do echo "--- $g"; timeout 60 $M golden check $G/$g.golden.safetensors --onnx $G/exp-static --ep cuda 2>&1 | tail -4; done
+    timeout 60 $M golden write --model smollm2 --chat --prompt "Repeat exactly: the quick brown fox jumps over the lazy dog." --steps 24 --mode speculative --prompt-lookup 4 --out $G/lookup.golden.safetensors
+    for g in spec tree lookup; do echo "--- $g"; timeout 60 $M golden check $G/$g.golden.safetensors --onnx $G/exp-static --ep cuda 2>&1 | tail -4; done
   fi
   step end
   exit 0
