@@ -3,9 +3,11 @@
 Goldens written by the reference come in by environment variable (the Rust test writes them with
 `m2r2 golden write`, format version 3, stopping at end of turn): M2R2_GOLDEN_GREEDY (tiny, prompt
 1,2,3, 6 steps, greedy), M2R2_GOLDEN_SPECULATIVE (the same prompt and steps, `--mode speculative
---draft-len 2`) and M2R2_GOLDEN_EARLY_EXIT (the same, `--mode early-exit`). Files of versions 1
-and 2 are made from them by dropping what those versions lack. A missing variable fails the tests
-that need it; nothing is skipped.
+--draft-len 2`) and M2R2_GOLDEN_EARLY_EXIT (the same, `--mode early-exit`); M2R2_GOLDEN_TREE (the
+same prompt and steps, `--draft-tree 2,1,1`: format version 4) and M2R2_GOLDEN_GROWN_TREE (prompt
+1,2,3,4,1,2,3, 20 steps, `--draft-tree 2,1,1 --dynamic-draft --prompt-lookup 3`: version 5).
+Files of versions 1 and 2 are made from them by dropping what those versions lack. A missing
+variable fails the tests that need it; nothing is skipped.
 """
 
 import json
@@ -15,6 +17,7 @@ import unittest
 from pathlib import Path
 
 import numpy as np
+from safetensors import safe_open
 from safetensors.numpy import save_file
 
 import m2r2_golden
@@ -418,7 +421,7 @@ class ReadRefusals(TempDir):
         self.assertRefused(self.save(config="{oops"), "metadata `config` is not valid JSON")
 
     def test_unsupported_versions_and_modes(self):
-        self.assertRefused(self.save(format_version="4"), "format version 4 is not supported")
+        self.assertRefused(self.save(format_version="6"), "format version 6 is not supported")
         self.assertRefused(self.save(format_version="03"), "format version 03 is not supported")
         self.assertRefused(
             self.save(format_version="1", mode="speculative"), "version 1 has no mode `speculative`"
@@ -581,3 +584,89 @@ class ReadRefusals(TempDir):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ReadTreeGoldens(TempDir):
+    """Token-tree goldens (versions 4 and 5) read and validated: each round's tree, the rows of
+    the graphs' logits they imply, and files that disagree with themselves refused by name."""
+
+    def setUp(self):
+        super().setUp()
+        self.fixed = reference_golden("M2R2_GOLDEN_TREE")
+        self.grown = reference_golden("M2R2_GOLDEN_GROWN_TREE")
+
+    def test_fixed_and_varying_trees(self):
+        greedy = m2r2_golden.read(reference_golden("M2R2_GOLDEN_GREEDY"))
+        for path, version in ((self.fixed, 4), (self.grown, 5)):
+            with self.subTest(version=version):
+                g = m2r2_golden.read(path)
+                self.assertEqual(g.format_version, version)
+                self.assertEqual(g.draft_tree, [2, 1, 1])
+                trees = g.round_trees
+                self.assertEqual(len(trees), g.round_node.shape[0])
+                # the prompt's row, then every node of every round
+                self.assertEqual(g.verify_logits.shape[0], 1 + sum(t.nodes for t in trees))
+                self.assertEqual(g.draft_logits.shape[0], g.draft_rows.shape[0])
+                for k, t in enumerate(trees):
+                    self.assertEqual(int(g.round_accepted[k]), t.depths[int(g.round_node[k])])
+                np.testing.assert_array_equal(g.verify_logits[0], g.logits[0])
+        # a fixed tree: every round the shape; lossless: greedy's tokens
+        g = m2r2_golden.read(self.fixed)
+        self.assertTrue(all(t == m2r2_golden.tree.from_widths([2, 1, 1]) for t in g.round_trees))
+        np.testing.assert_array_equal(g.tokens, greedy.tokens)
+        self.assertIsNone(g.round_tree_parents)
+        # grown with a lookup branch: rounds of more than one tree, and branches
+        g = m2r2_golden.read(self.grown)
+        self.assertGreater(len({tuple(t.parents) for t in g.round_trees}), 1)
+        self.assertTrue((g.round_lookup > 0).any())
+        self.assertIn("round_scores", g.m2r2_tensors())
+
+    def rewrite(self, path: str, tensors=None, **metadata) -> str:
+        """``path`` with some tensors and metadata replaced."""
+        with safe_open(path, framework="np") as f:
+            t = {k: f.get_tensor(k) for k in f.keys()}
+            m = dict(f.metadata())
+        t.update(tensors or {})
+        m.update(metadata)
+        out = self.path("bad.golden.safetensors")
+        save_file(t, out, metadata=m)
+        return out
+
+    def assertRefused(self, path: str, *needles: str):
+        with self.assertRaises(ValueError) as e:
+            m2r2_golden.read(path)
+        for needle in (path, *needles):
+            self.assertIn(needle, str(e.exception))
+
+    def test_inconsistent_tree_files_are_refused(self):
+        g = m2r2_golden.read(self.grown)
+        parents = g.round_tree_parents.copy()
+        parents[0, 0] = 1  # node 1 its own parent
+        self.assertRefused(
+            self.rewrite(self.grown, {"round_tree_parents": parents}),
+            "tensor `round_tree_parents`: round 0",
+        )
+        k = int(np.argmax((g.round_lookup >= 0).any(axis=1)))
+        lookup = g.round_lookup.copy()
+        lookup[k, 0] = 0
+        self.assertRefused(
+            self.rewrite(self.grown, {"round_lookup": lookup}),
+            f"tensor `round_lookup`: round {k}: node 0",
+        )
+        rows = g.draft_rows.copy()
+        rows[0, 1] += 1
+        self.assertRefused(self.rewrite(self.grown, {"draft_rows": rows}), "`draft_rows`")
+        node = g.round_node.copy()
+        node[0] = 99
+        self.assertRefused(self.rewrite(self.grown, {"round_node": node}), "accepts node 99")
+        self.assertRefused(
+            self.rewrite(self.grown, format_version="4"),
+            "trees that change from round to round are format version 5",
+        )
+        self.assertRefused(
+            self.rewrite(self.fixed, format_version="3"), "token-tree goldens are format version 4"
+        )
+        self.assertRefused(self.rewrite(self.fixed, draft_tree="2,0"), "metadata `draft_tree`")
+        self.assertRefused(
+            self.rewrite(self.grown, prompt_lookup_ngram="3,2"), "metadata `prompt_lookup_ngram`"
+        )

@@ -1,5 +1,6 @@
 //! The Python package `python/`: it pip-installs without writing into `python/`, its unit tests
-//! pass on goldens the reference wrote (format version 3), a golden it writes
+//! pass on goldens the reference wrote (format version 3, and token trees of versions 4 and 5,
+//! which it reads), a golden it writes
 //! from ONNX Runtime's Python API (the example script on an export of `tiny`) passes `m2r2 golden
 //! compare` against the reference's, while a perturbed one fails naming the perturbed logit, and
 //! a speculative golden it writes compares with the reference's.
@@ -164,6 +165,34 @@ fn python_package_writes_goldens_that_compare() {
         "--out",
         &early_exit,
     ]);
+    // token-tree goldens: a fixed tree (format 4), grown with a lookup branch (format 5)
+    let (tree, grown_tree) = (s("tree.golden.safetensors"), s("grown.golden.safetensors"));
+    let speculative_tree = |prompt: &str, steps: &str, out: &str, extra: &[&str]| {
+        let args = [
+            "golden",
+            "write",
+            "--model",
+            "tiny",
+            "--tokens",
+            prompt,
+            "--steps",
+            steps,
+            "--mode",
+            "speculative",
+            "--draft-tree",
+            "2,1,1",
+            "--out",
+            out,
+        ];
+        ok(&[&args[..], extra].concat());
+    };
+    speculative_tree("1,2,3", "6", &tree, &[]);
+    speculative_tree(
+        "1,2,3,4,1,2,3",
+        "20",
+        &grown_tree,
+        &["--dynamic-draft", "--prompt-lookup", "3"],
+    );
     ok(&["export", "--model", "tiny", "--out", &onnx]);
 
     // the package's unit tests (from python/tests, no bytecode written there), on the installed copy
@@ -182,6 +211,8 @@ fn python_package_writes_goldens_that_compare() {
             ("M2R2_GOLDEN_GREEDY", OsStr::new(&reference)),
             ("M2R2_GOLDEN_SPECULATIVE", OsStr::new(&speculative)),
             ("M2R2_GOLDEN_EARLY_EXIT", OsStr::new(&early_exit)),
+            ("M2R2_GOLDEN_TREE", OsStr::new(&tree)),
+            ("M2R2_GOLDEN_GROWN_TREE", OsStr::new(&grown_tree)),
         ],
     );
     println!("{report}");

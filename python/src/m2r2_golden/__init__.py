@@ -8,11 +8,11 @@
                       stop_tokens=EOS_IDS, max_steps=ref.max_steps)
     # then: m2r2 golden compare ref.golden.safetensors mine.golden.safetensors --atol 2e-4
 
-Reads format versions 1, 2 and 3; writes version 3 (a speculative golden without the graphs'
-logits: version 2).
+Reads format versions 1 to 5 (4 and 5: token-tree speculative goldens, `m2r2_golden.tree`);
+writes version 3 (a speculative golden without the graphs' logits: version 2).
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 from .golden import (
     FORMAT,
@@ -24,6 +24,7 @@ from .golden import (
     proposal_rounds,
     verify_rounds,
 )
+from . import tree
 from .reader import read
 from .writer import WRITER, write, write_greedy, write_speculative
 
@@ -37,6 +38,7 @@ __all__ = [
     "Golden",
     "proposal_rounds",
     "read",
+    "tree",
     "verify_rounds",
     "write",
     "write_greedy",

@@ -3,10 +3,12 @@
 Dimensions: P prompt tokens, n emitted tokens, V vocabulary, J gates, R speculative rounds,
 M = draft_max, T verified rows, Q draft proposals.
 
-Format versions (the reference's reader, reference/src/golden/file.rs, reads all three):
+Format versions (the reference's reader, reference/src/golden/file.rs, reads them all):
 1 greedy only; 2 adds the M2R2 modes (early-exit, speculative); 3, written for every mode now, adds
 the metadata `stop_tokens` and `max_steps`, the optional pins `atol`, `rtol`, `expect_dtype`, and
-the speculative tensors `verify_logits` and `draft_logits`.
+the speculative tensors `verify_logits` and `draft_logits`; 4, speculative goldens of a fixed token
+tree; 5, token trees that change from round to round (`tree.py`). This package writes 3 (and 2),
+and reads 1 to 5.
 """
 
 from __future__ import annotations
@@ -25,7 +27,16 @@ GREEDY_FORMAT_VERSION = 1
 # The version that introduced the M2R2 modes; a speculative golden without the graphs' logits is
 # still written as this one (writer.write_speculative).
 M2R2_FORMAT_VERSION = 2
-READ_VERSIONS = (GREEDY_FORMAT_VERSION, M2R2_FORMAT_VERSION, FORMAT_VERSION)
+# Token-tree speculative goldens (read only): a fixed tree, trees that change from round to round.
+TREE_FORMAT_VERSION = 4
+GROWN_TREE_FORMAT_VERSION = 5
+READ_VERSIONS = (
+    GREEDY_FORMAT_VERSION,
+    M2R2_FORMAT_VERSION,
+    FORMAT_VERSION,
+    TREE_FORMAT_VERSION,
+    GROWN_TREE_FORMAT_VERSION,
+)
 MODES = ("greedy", "early-exit", "speculative")
 # The export precisions a golden can pin (metadata `expect_dtype`).
 DTYPES = ("f32", "f16")
@@ -92,6 +103,16 @@ class Golden:
     # speculative (format version 3): rows in the order of verify_rounds / proposal_rounds
     verify_logits: Optional[np.ndarray] = None  # float32 [T, V]: the prompt's row, verified rows
     draft_logits: Optional[np.ndarray] = None  # float32 [Q, V]: the draft's, at every proposal
+    # token tree (format versions 4 and 5, read only; tree.py): per round every node's token (-1
+    # past the round's tree), the accepted node, `(round, node)` of each draft_logits row; version 5
+    # also each round's tree, lookup nodes and gate scores (round_scores [R, S], NaN padded)
+    round_tree_tokens: Optional[np.ndarray] = None  # int64 [R, T]
+    round_node: Optional[np.ndarray] = None  # int64 [R]
+    draft_rows: Optional[np.ndarray] = None  # int64 [sum P_r, 2]
+    round_tree_parents: Optional[np.ndarray] = None  # int64 [R, T - 1]: -1 padded
+    round_lookup: Optional[np.ndarray] = None  # int64 [R, L]: -1 padded
+    # every round's tree (tree.Tree), for a token-tree golden
+    round_trees: Optional[list] = None
     # the file it was read from or written to, for messages
     path: Optional[str] = None
 
@@ -168,10 +189,22 @@ class Golden:
     def vocab_size(self) -> int:
         return int(self.logits.shape[1])
 
+    @property
+    def draft_tree(self) -> Optional[List[int]]:
+        """A token-tree golden's shape ``[W1, W2, ...]`` (metadata ``draft_tree``), else ``None``."""
+        if self.metadata.get("draft_length") != "tree":
+            return None
+        return [int(w) for w in self.metadata["draft_tree"].split(",")]
+
     def m2r2_tensors(self) -> Dict[str, np.ndarray]:
-        """The mode's tensors this golden holds, by name: version 2's, and for a version-3
-        speculative golden ``verify_logits`` and ``draft_logits`` (empty for greedy)."""
+        """The mode's tensors this golden holds, by name: version 2's, for a version-3
+        speculative golden ``verify_logits`` and ``draft_logits``, and a token tree's (empty for
+        greedy)."""
         names = M2R2_TENSORS.get(self.mode, ()) + GRAPH_TENSORS.get(self.mode, ())
+        if self.draft_tree is not None:
+            from .tree import TREE_TENSORS, VARYING_TREE_TENSORS
+
+            names = TREE_TENSORS + VARYING_TREE_TENSORS
         tensors = {name: getattr(self, name) for name in names}
         return {name: t for name, t in tensors.items() if t is not None}
 

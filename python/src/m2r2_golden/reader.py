@@ -1,4 +1,4 @@
-"""Reading a golden file of format version 1, 2 or 3, validated as docs/GOLDEN.md specifies and as
+"""Reading a golden file of format version 1 to 5, validated as docs/GOLDEN.md specifies and as
 the reference's reader does (reference/src/golden/file.rs, reference/src/golden/m2r2/mod.rs): every
 error is a ValueError naming the file and the tensor or metadata key."""
 
@@ -15,9 +15,9 @@ from safetensors import SafetensorError, safe_open
 from .golden import (
     DTYPES,
     FORMAT,
-    FORMAT_VERSION,
     GREEDY_FORMAT_VERSION,
     READ_VERSIONS,
+    TREE_FORMAT_VERSION,
     Golden,
     proposal_rounds,
     verify_rounds,
@@ -180,7 +180,7 @@ def _read(file: _File) -> Golden:
     elif version not in [str(v) for v in READ_VERSIONS]:
         raise file.error(
             f"golden format version {version} is not supported (metadata `format_version`; "
-            f"this reader reads {GREEDY_FORMAT_VERSION} to {FORMAT_VERSION})"
+            f"this reader reads {GREEDY_FORMAT_VERSION} to {READ_VERSIONS[-1]})"
         )
     v = int(version)
     for key in ("model", "config_hash"):
@@ -257,12 +257,14 @@ def _speculative(file: _File, n: int, version: int) -> Dict[str, np.ndarray]:
     gate = file.choice("gate", ("none",) + _GATES)
     m = file.integer("draft_max")
     length = file.field("draft_length")
+    if length == "tree":
+        return _tree(file, n, version, gate, m)
     if length == "dynamic":
         if gate == "none":
             raise file.error("metadata `gate` = `none` is not valid (dynamic draft length)")
         file.number("draft_threshold")
     elif length != "fixed":
-        raise file.error(f"metadata `draft_length` = `{length}` is not valid (fixed, dynamic)")
+        raise file.error(f"metadata `draft_length` = `{length}` is not valid (fixed, dynamic, tree)")
     accepted = file.tensor("round_accepted", "I64")
     if accepted.ndim != 1:
         shape = _shape(accepted.shape)
@@ -298,3 +300,56 @@ def _speculative(file: _File, n: int, version: int) -> Dict[str, np.ndarray]:
                 )
             tensors[name] = values
     return tensors
+
+
+def _tree(file: _File, n: int, version: int, gate: str, depth: int) -> dict:
+    """A token-tree record (metadata ``draft_length`` = ``tree``; tree.py): version 4 drafts the
+    shape ``draft_tree`` every round; version 5 may grow it per branch (``tree_threshold``, with
+    ``gate`` the gate that scores) and hang a prompt-lookup branch at the root (``prompt_lookup``,
+    ``prompt_lookup_ngram``)."""
+    from . import tree
+
+    if version < TREE_FORMAT_VERSION:
+        raise file.error(
+            f"metadata `draft_length` = `tree`: token-tree goldens are format version "
+            f"{TREE_FORMAT_VERSION}, this file says {version}"
+        )
+    spec = file.field("draft_tree")
+    try:
+        widths = [int(w) for w in spec.split(",")]
+        tree.from_widths(widths)
+    except ValueError:
+        raise file.error(f"metadata `draft_tree` = `{spec}` is not valid (widths W1,W2,...)") from None
+    if depth != len(widths):
+        raise file.error(f"metadata `draft_max` = `{depth}` is not valid (the tree's depth)")
+    newer = tree.GROWN_TREE_FORMAT_VERSION
+    grown = "tree_threshold" in file.metadata
+    if grown:
+        if version < newer:
+            raise file.error(
+                f"metadata `tree_threshold`: trees that change from round to round are format "
+                f"version {newer}, this file says {version}"
+            )
+        if gate == "none":
+            raise file.error("metadata `gate` = `none` is not valid (a tree grown per branch)")
+        if not np.isfinite(file.number("tree_threshold")):
+            raise file.error("metadata `tree_threshold` is not valid (a finite number)")
+    elif gate != "none":
+        raise file.error(f"metadata `gate` = `{gate}` is not valid (a tree drafted whole)")
+    branch = 0
+    if "prompt_lookup" in file.metadata:
+        if version < newer:
+            raise file.error(
+                f"metadata `prompt_lookup`: trees that change from round to round are format "
+                f"version {newer}, this file says {version}"
+            )
+        branch = file.integer("prompt_lookup")
+        ngram = file.field("prompt_lookup_ngram")
+        parts = ngram.split(",")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts) or not (
+            1 <= int(parts[0]) <= int(parts[1])
+        ) or branch == 0:
+            raise file.error(f"metadata `prompt_lookup_ngram` = `{ngram}` is not valid (MIN,MAX)")
+    fields, trees = tree.read_tree_record(file, n, version, widths, grown, branch)
+    fields["round_trees"] = trees
+    return fields
