@@ -670,3 +670,62 @@ class ReadTreeGoldens(TempDir):
         self.assertRefused(
             self.rewrite(self.grown, prompt_lookup_ngram="3,2"), "metadata `prompt_lookup_ngram`"
         )
+
+
+def tree_inputs(g: m2r2_golden.Golden) -> dict:
+    """The per-round inputs of write_tree, taken from a token-tree golden."""
+    trees = g.round_trees
+    inputs = dict(
+        prompt_tokens=g.prompt_tokens,
+        tokens=g.tokens,
+        logits=g.logits,
+        round_trees=[t.parents for t in trees],
+        round_tree_tokens=[list(g.round_tree_tokens[k][: t.nodes]) for k, t in enumerate(trees)],
+        round_node=g.round_node,
+        round_accepted=g.round_accepted,
+        round_base_token=g.round_base_token,
+        verify_logits=g.verify_logits,
+        draft_logits=g.draft_logits,
+        stop_tokens=g.stop_tokens,
+        max_steps=g.max_steps,
+    )
+    if g.round_lookup is not None:
+        inputs["round_lookup"] = [[int(i) for i in row if i >= 0] for row in g.round_lookup]
+        inputs["round_scores"] = [[float(x) for x in row if not np.isnan(x)] for row in g.round_scores]
+    return inputs
+
+
+class WriteTree(TempDir):
+    """write_tree: a tree decode with a reference golden's recipe, validated by reading it back."""
+
+    def test_round_trip_of_reference_tree_goldens(self):
+        for var, version in (("M2R2_GOLDEN_TREE", 4), ("M2R2_GOLDEN_GROWN_TREE", 5)):
+            with self.subTest(var=var):
+                ref = m2r2_golden.read(reference_golden(var))
+                out = self.path(f"{version}.golden.safetensors")
+                g = m2r2_golden.write_tree(out, like=ref, **tree_inputs(ref))
+                self.assertEqual(g.format_version, version)
+                back = m2r2_golden.read(out)
+                self.assertEqual(back.round_trees, ref.round_trees)
+                for name, t in ref.m2r2_tensors().items():
+                    np.testing.assert_array_equal(back.m2r2_tensors()[name], t, err_msg=name)
+                for key in ("draft_tree", "gate", "tree_threshold", "prompt_lookup"):
+                    self.assertEqual(back.metadata.get(key), ref.metadata.get(key), key)
+
+    def test_refuses_inputs_that_do_not_fit(self):
+        ref = m2r2_golden.read(reference_golden("M2R2_GOLDEN_GROWN_TREE"))
+        out = self.path("bad.golden.safetensors")
+        inputs = tree_inputs(ref)
+        short = dict(inputs, draft_logits=ref.draft_logits[1:])
+        with self.assertRaisesRegex(ValueError, "draft_logits"):
+            m2r2_golden.write_tree(out, like=ref, **short)
+        self.assertFalse(Path(out).exists())
+        self.assertFalse(Path(out + ".partial").exists())
+        scores = [row[1:] for row in inputs["round_scores"]]
+        with self.assertRaisesRegex(ValueError, "round_scores"):
+            m2r2_golden.write_tree(out, like=ref, **dict(inputs, round_scores=scores))
+        with self.assertRaisesRegex(ValueError, "round 0's tree"):
+            m2r2_golden.write_tree(out, like=ref, **dict(inputs, round_trees=[[1]] + inputs["round_trees"][1:]))
+        greedy = reference_golden("M2R2_GOLDEN_GREEDY")
+        with self.assertRaisesRegex(ValueError, "not a token-tree golden"):
+            m2r2_golden.write_tree(out, like=greedy, **inputs)

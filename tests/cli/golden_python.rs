@@ -3,7 +3,8 @@
 //! which it reads), a golden it writes
 //! from ONNX Runtime's Python API (the example script on an export of `tiny`) passes `m2r2 golden
 //! compare` against the reference's, while a perturbed one fails naming the perturbed logit, and
-//! a speculative golden it writes compares with the reference's.
+//! speculative goldens it writes (a chain; token trees, fixed and grown with a lookup branch)
+//! compare with the reference's.
 //!
 //! Needs `M2R2_PYTHON`: a Python with the packages of scripts/onnx-check/requirements.txt
 //! (onnxruntime, numpy, safetensors, setuptools), set up by scripts/test.sh.
@@ -28,6 +29,28 @@ m2r2_golden.write_speculative(v3, like=g, verify_logits=g.verify_logits,
                               draft_logits=g.draft_logits, stop_tokens=g.stop_tokens,
                               max_steps=g.max_steps, **rounds)
 m2r2_golden.write_speculative(v2, like=g, **rounds)
+";
+
+/// Rewrites the reference's token-tree golden (argv 1) with `write_tree` from its own rounds, as a
+/// deployment running token trees would record its decode (argv 2).
+const WRITE_TREE: &str = "\
+import sys
+import numpy as np
+import m2r2_golden
+ref, out = sys.argv[1:]
+g = m2r2_golden.read(ref)
+trees = g.round_trees
+extra = {}
+if g.round_lookup is not None:
+    extra['round_lookup'] = [[int(i) for i in row if i >= 0] for row in g.round_lookup]
+    extra['round_scores'] = [[float(x) for x in row if not np.isnan(x)] for row in g.round_scores]
+m2r2_golden.write_tree(
+    out, like=g, prompt_tokens=g.prompt_tokens, tokens=g.tokens, logits=g.logits,
+    round_trees=[t.parents for t in trees],
+    round_tree_tokens=[list(g.round_tree_tokens[k][:t.nodes]) for k, t in enumerate(trees)],
+    round_node=g.round_node, round_accepted=g.round_accepted, round_base_token=g.round_base_token,
+    verify_logits=g.verify_logits, draft_logits=g.draft_logits, stop_tokens=g.stop_tokens,
+    max_steps=g.max_steps, **extra)
 ";
 
 /// The interpreter with the pinned packages (`M2R2_PYTHON`, set by scripts/test.sh).
@@ -330,6 +353,19 @@ fn python_package_writes_goldens_that_compare() {
         for name in ["verify_logits ", "draft_logits "] {
             assert!(line(name).contains(graphs), "{}", run.stdout);
         }
+        assert!(run.stdout.contains("overall: OK"), "{}", run.stdout);
+    }
+    // token trees written by the package compare with the reference's and check on it
+    for golden in [&tree, &grown_tree] {
+        let mine = format!("{golden}.python");
+        run_python(
+            &["-c", WRITE_TREE, golden.as_str(), &mine].map(OsStr::new),
+            &with_site,
+        );
+        let run = ok(&["golden", "compare", golden, &mine]);
+        assert!(run.stdout.contains("overall: OK"), "{}", run.stdout);
+        assert!(!run.stdout.contains("NOT OK"), "{}", run.stdout);
+        let run = ok(&["golden", "check", &mine]);
         assert!(run.stdout.contains("overall: OK"), "{}", run.stdout);
     }
     assert_unchanged(&pkg, &sources, "the package's tests and example");

@@ -9,7 +9,8 @@
     # then: m2r2 golden compare ref.golden.safetensors mine.golden.safetensors --atol 2e-4
 
 Reads format versions 1 to 5 (4 and 5: token-tree speculative goldens, `m2r2_golden.tree`);
-writes version 3 (a speculative golden without the graphs' logits: version 2).
+writes version 3 (a speculative golden without the graphs' logits: version 2; a token tree with
+`write_tree`: 4, or 5 when the rounds' trees change).
 """
 
 __version__ = "0.3.0"
@@ -26,6 +27,7 @@ from .golden import (
 )
 from . import tree
 from .reader import read
+from .tree_writer import write_tree
 from .writer import WRITER, write, write_greedy, write_speculative
 
 __all__ = [
@@ -43,4 +45,5 @@ __all__ = [
     "write",
     "write_greedy",
     "write_speculative",
+    "write_tree",
 ]

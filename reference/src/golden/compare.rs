@@ -295,6 +295,23 @@ fn compare_records(
                 same,
                 tol,
             ));
+            if ra.grown.is_some() {
+                // the gate scores that grew each round, as wide as the wider file's
+                let width = a.scores.ncols().max(b.scores.ncols());
+                let widen = |x: &ndarray::Array2<f32>| {
+                    let rows = x.nrows().min(same);
+                    let mut out = ndarray::Array2::from_elem((rows, width), f32::NAN);
+                    out.slice_mut(ndarray::s![.., ..x.ncols()])
+                        .assign(&x.slice(ndarray::s![..rows, ..]));
+                    out
+                };
+                entries.push(compare_scores(
+                    ACTUAL,
+                    &widen(&a.scores),
+                    &widen(&b.scores),
+                    tol,
+                ));
+            }
             Ok(entries)
         }
         (M2r2Record::SpeculativeTree { .. }, M2r2Record::Speculative { .. })

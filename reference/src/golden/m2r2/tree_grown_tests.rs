@@ -262,7 +262,8 @@ fn inconsistent_varying_tree_files_are_refused() {
     assert!(err.contains("format version 5 at least"), "{err}");
 }
 
-/// Two varying-tree goldens compare file to file; other recipes are refused by name.
+/// Two varying-tree goldens compare file to file (the scores that grew the trees too); other
+/// recipes are refused by name.
 #[test]
 fn varying_tree_goldens_compare_file_to_file() {
     let (model, weights) = setup("tiny");
@@ -272,6 +273,21 @@ fn varying_tree_goldens_compare_file_to_file() {
     let g = record(m2r2, &all[2], 12);
     let report = g.compare_to(&g, tol, &|_| None).unwrap();
     assert!(report.ok(), "{report:?}");
+    let names: Vec<&str> = report.entries.iter().map(|e| e.name.as_str()).collect();
+    assert!(
+        names.ends_with(&["draft_logits", "round_scores"]),
+        "{names:?}"
+    );
+    // a moved score fails round_scores alone, at its round
+    let mut moved = g.clone();
+    rounds_mut(&mut moved).scores[[1, 0]] += 0.25;
+    let report = g.compare_to(&moved, tol, &|_| None).unwrap();
+    let bad: Vec<&TensorCheck> = report.entries.iter().filter(|e| !e.ok).collect();
+    assert_eq!(bad.len(), 1, "{report:?}");
+    assert_eq!(
+        (bad[0].name.as_str(), bad[0].first_row),
+        ("round_scores", Some(1))
+    );
     let other = record(m2r2, &all[0], 12);
     let err = g
         .compare_to(&other, tol, &|_| None)
