@@ -35,6 +35,14 @@ fn rounds_mut(g: &mut Golden) -> &mut TreeRounds {
     }
 }
 
+/// 20 tokens grown with a lookup branch (the third of [`recipes`]), and its first round that
+/// verified a branch.
+fn grown_with_lookup(m2r2: M2r2<'_>) -> (Golden, usize) {
+    let g = record(m2r2, &recipes(m2r2)[2], 20);
+    let r = lookup_round(rounds_of(&g));
+    (g, r)
+}
+
 /// The first round that verified a lookup branch.
 fn lookup_round(rounds: &TreeRounds) -> usize {
     (0..rounds.len())
@@ -165,10 +173,8 @@ fn a_fixed_recipe_stays_version_4() {
 fn tampered_trees_tokens_and_scores_are_reported() {
     let (model, weights) = setup("tiny");
     let m2r2 = M2r2::new(&model, &weights);
-    let all = recipes(m2r2);
-    let g = record(m2r2, &all[2], 20);
+    let (g, r) = grown_with_lookup(m2r2);
     let rounds = rounds_of(&g);
-    let r = lookup_round(rounds);
     let branch = rounds.lookup[r][0];
 
     let mut tampered = g.clone();
@@ -213,10 +219,8 @@ fn tampered_trees_tokens_and_scores_are_reported() {
 fn inconsistent_varying_tree_files_are_refused() {
     let (model, weights) = setup("tiny");
     let m2r2 = M2r2::new(&model, &weights);
-    let all = recipes(m2r2);
-    let g = record(m2r2, &all[2], 20);
+    let (g, r) = grown_with_lookup(m2r2);
     let rounds = rounds_of(&g);
-    let r = lookup_round(rounds);
     let (width, branch_width) = (
         rounds.tokens.ncols() - 1,
         rounds.lookup.iter().map(Vec::len).max().unwrap(),
