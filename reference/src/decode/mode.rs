@@ -323,7 +323,7 @@ pub fn run_mode(
 ///
 /// # Errors
 /// A shape [`TokenTree::from_widths`] refuses, a draft gate outside `1..=J`, and
-/// [`tree_speculate`]'s or [`tree_speculate_with_lookup`]'s.
+/// [`tree_speculate_drafting`]'s.
 pub fn tree_speculative_mode_run(
     model: &Model,
     weights: &M2r2Weights,

@@ -2,7 +2,7 @@
 //! (`decode/tree_speculation.rs`) with every round's tree, the accepted node, and what the
 //! verifier and the draft produced, so each graph is checked on its own.
 //!
-//! Two layouts ([`tree_file`](super::tree_file) reads and writes them):
+//! Two layouts (`tree_file.rs` reads and writes them):
 //! - **format version 4**, a fixed tree: every round drafts the whole shape `W1,W2,...`, so every
 //!   round's tree is the same and both logits tensors are rectangular;
 //! - **format version 5**, trees that change from round to round: grown per branch while the
