@@ -189,12 +189,20 @@ fn smollm2_walk_through() {
     let mut args = vec!["golden", "write"];
     args.extend(prompt);
     real(&[&args[..], &["--steps", "8", "--out", &greedy]].concat());
-    real(
+    let chain = real(
         &[
             &args[..],
             &["--steps", "16", "--mode", "speculative", "--out", &spec],
         ]
         .concat(),
+    );
+    // the chain loop, not the default drafting: the note says how to record that
+    assert!(
+        chain
+            .stderr
+            .contains("add --prompt-lookup 4 to record that"),
+        "{}",
+        chain.stderr
     );
     // what `generate --mode speculative` runs by default on SmolLM2: the config's dynamic chain
     // with its prompt-lookup branch (a token-tree golden of format version 5), on a prompt whose

@@ -195,6 +195,17 @@ fn record_m2r2(
             )?
         }
         Mode::Speculative => {
+            if let Some(n) = weights.config.prompt_lookup.filter(|_| {
+                args.prompt_lookup.is_none()
+                    && args.m2r2.draft_len.is_none()
+                    && !args.m2r2.dynamic_draft
+            }) {
+                eprintln!(
+                    "note: this golden records the chain loop; `generate --mode speculative` \
+                     also verifies the M2R2 config's prompt-lookup branch (up to {n} tokens): add \
+                     --prompt-lookup {n} to record that"
+                );
+            }
             // The draft gate's score is recorded when it decides the draft length.
             let gate = matches!(settings.draft_length, DraftLength::Dynamic { .. })
                 .then_some(settings.gate);
