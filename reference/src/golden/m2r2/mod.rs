@@ -53,9 +53,11 @@ mod record;
 #[cfg(test)]
 mod tests;
 pub mod tree;
+mod tree_compare;
 mod tree_file;
 #[cfg(test)]
 mod tree_grown_tests;
+mod tree_replay;
 #[cfg(test)]
 mod tree_tests;
 
@@ -63,7 +65,7 @@ pub use check::{EngineGraphs, REFERENCE, SpeculativeEngine};
 pub(super) use check::{compare_graph_outputs, compare_rounds, compare_scores};
 pub use record::early_exit_logits;
 pub use tree::{TreeEngine, TreeRecipe, TreeRounds};
-pub(super) use tree::{compare_tree_graph_outputs, compare_tree_rounds};
+pub(super) use tree_compare::{compare_tree_graph_outputs, compare_tree_rounds};
 
 /// What an M2R2 golden records besides the greedy fields.
 #[derive(Clone, Debug, PartialEq)]
