@@ -58,6 +58,7 @@ mod tree_file;
 #[cfg(test)]
 mod tree_grown_tests;
 mod tree_replay;
+mod tree_rounds;
 #[cfg(test)]
 mod tree_tests;
 

@@ -2,7 +2,7 @@
 //! token) and the graphs' rows along them, each row named by its round and node.
 
 use super::GraphOutputs;
-use super::tree::TreeRounds;
+use super::tree_rounds::TreeRounds;
 use crate::base::tree::TokenTree;
 use crate::golden::report::{Divergence, TensorCheck, Tolerance, compare_rows};
 use ndarray::{Array2, ArrayView1, s};

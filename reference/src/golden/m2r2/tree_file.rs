@@ -2,7 +2,7 @@
 //! [`TreeRounds`] (layouts in [`tree`](super::tree)), and a reader that refuses a file that does
 //! not agree with itself, naming the file, the tensor and the round.
 
-use super::tree::{TreeRecipe, TreeRounds, proposing_in, widths_text};
+use super::tree_rounds::{TreeRecipe, TreeRounds, proposing_in, widths_text};
 use super::{GraphOutputs, M2r2Record};
 use crate::base::tree::TokenTree;
 use crate::decode::prompt_lookup::LookupConfig;

@@ -3,7 +3,7 @@
 //! verifier ([`replay_tree_rounds`]), every prefill, draft and verify output kept
 //! ([`TreeRecording`]).
 
-use super::tree::{TreeRecipe, TreeRounds};
+use super::tree_rounds::{TreeRecipe, TreeRounds};
 use super::{EngineGraphs, GraphOutputs};
 use crate::base::config::ModelConfig;
 use crate::base::generate::GreedyBackend;
