@@ -462,7 +462,11 @@ pub fn run(args: &Args) -> Result<()> {
     };
     let policies = if chains { policies(args) } else { vec![] };
     let growths = growths(args);
-    let samples = lookup::sample_guesses(&data, branches.iter().copied().max().unwrap_or(0));
+    // each sample's guesses, once for every gate (none when no branch is priced)
+    let samples = match branches.iter().copied().max() {
+        Some(longest) => lookup::sample_guesses(&data, longest),
+        None => Vec::new(),
+    };
     let mut results = Vec::new();
     for (t, reference) in traces.iter().zip(&costs) {
         let ort = onnx.as_ref().filter(|c| c.gate == t.gate);

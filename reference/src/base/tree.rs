@@ -220,7 +220,8 @@ impl TokenTree {
 }
 
 /// `W1,W2,...` as written.
-fn shape_text(widths: &[usize]) -> String {
+/// A shape as it is written: `2,1,1`.
+pub fn shape_text(widths: &[usize]) -> String {
     let text: Vec<String> = widths.iter().map(usize::to_string).collect();
     text.join(",")
 }

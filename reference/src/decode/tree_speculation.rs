@@ -429,15 +429,21 @@ fn speculate<B: TreeBackend>(
     // what lookup searches: the prompt and the emitted tokens, the root last
     let mut context = prompt.to_vec();
     while out.tokens.len() < max_new_tokens && !stop_tokens.contains(&last) {
-        context.extend_from_slice(&out.tokens[context.len() - prompt.len()..]);
         // at most the branch the largest tree holds (`with_lookup_branch` caps it to fit one
         // verify chunk), for fixed and grown trees alike
-        let mut guess = lookup.map_or_else(Vec::new, |l| l.guess(&context));
+        let mut guess = match lookup {
+            Some(l) => {
+                context.extend_from_slice(&out.tokens[context.len() - prompt.len()..]);
+                l.guess(&context)
+            }
+            None => Vec::new(),
+        };
         guess.truncate(largest.nodes() - tree.nodes());
         let round = match threshold {
             Some(threshold) => {
                 dynamic_round_around(backend, tree, threshold, last, &guess, sampling.as_mut())?
             }
+            None if guess.is_empty() => tree_round(backend, tree, last, sampling.as_mut())?,
             None => round_with_lookup(backend, tree, last, &guess, sampling.as_mut())?,
         };
         let path = round.tree.path(round.node);
@@ -1194,6 +1200,18 @@ pub(crate) mod tests {
             .collect()
     }
 
+    /// 40 greedy tokens after [`REPETITIVE`] drafted at gate 1 as `drafting` says, scored by the
+    /// confidence gate.
+    fn grown_on_repetitive(
+        m2r2: M2r2<'_>,
+        tree: &TokenTree,
+        drafting: TreeDrafting,
+    ) -> (TreeSpeculativeOutput, KvCache) {
+        let request = (&REPETITIVE[..], 40, &[][..]);
+        let gate = (1, Some(GateKind::Confidence));
+        tree_speculative_generate_drafting(m2r2, gate, tree, drafting, request, None).unwrap()
+    }
+
     /// A greedy tree decode of [`REPETITIVE`]: `want`'s tokens, greedy decoding's cache, and no
     /// two siblings alike in any round.
     fn assert_greedy_rounds(
@@ -1270,15 +1288,7 @@ pub(crate) mod tests {
                         threshold: Some(threshold),
                         lookup: Some(LookupConfig::new(4)),
                     };
-                    let (got, cache) = tree_speculative_generate_drafting(
-                        m2r2,
-                        (1, Some(GateKind::Confidence)),
-                        &tree,
-                        drafting,
-                        (&REPETITIVE, 40, &[]),
-                        None,
-                    )
-                    .unwrap();
+                    let (got, cache) = grown_on_repetitive(m2r2, &tree, drafting);
                     let what = format!("{name} {spec} >= {threshold}");
                     assert_greedy_rounds(&model, (&want, &got, &cache), &what);
                     for round in &got.rounds {
@@ -1311,15 +1321,7 @@ pub(crate) mod tests {
                 threshold: Some(0.0),
                 lookup: Some(LookupConfig::new(2 * MAX_TREE_NODES)),
             };
-            let (got, cache) = tree_speculative_generate_drafting(
-                m2r2,
-                (1, Some(GateKind::Confidence)),
-                &tree,
-                drafting,
-                (&REPETITIVE, 40, &[]),
-                None,
-            )
-            .unwrap();
+            let (got, cache) = grown_on_repetitive(m2r2, &tree, drafting);
             assert_greedy_rounds(&model, (&want, &got, &cache), name);
             let room = MAX_TREE_NODES - tree.nodes();
             assert!(got.rounds.iter().all(|r| r.lookup.len() <= room), "{name}");

@@ -147,11 +147,4 @@ fn tree_rounds(widths: &[usize]) -> Result<(Vec<usize>, Simulated)> {
     Ok((levels, sim))
 }
 
-/// A shape as it is written: `2,1,1`.
-pub fn shape_text(widths: &[usize]) -> String {
-    widths
-        .iter()
-        .map(|w| w.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
+pub use crate::base::tree::shape_text;

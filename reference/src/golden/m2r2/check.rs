@@ -5,7 +5,7 @@
 use super::record::{
     early_exit_logits, golden_early_exit_options, replay_rounds, run_speculative_on,
 };
-use super::tree::TreeEngine;
+use super::tree_replay::TreeEngine;
 use super::{GraphOutputs, M2r2Golden, M2r2Record, RoundTensors, weights_hash};
 use crate::base::config::ModelConfig;
 use crate::base::generate::{GreedyBackend, ReferenceGreedy};
@@ -482,10 +482,21 @@ pub(in crate::golden) fn compare_rounds(
         });
         rows_over = 1;
     }
+    rounds_verdict(graph, first, rows_over, (want.len(), got.len()))
+}
+
+/// The `rounds` line of two decodes of `rounds` (golden, recomputed) rounds: equal, or the first
+/// divergence and how many rounds differ (a chain's and a tree's alike).
+pub(in crate::golden) fn rounds_verdict(
+    graph: &str,
+    first: Option<Divergence>,
+    rows_over: usize,
+    (want, got): (usize, usize),
+) -> TensorCheck {
     let note = if first.is_none() {
-        format!("{} rounds equal", want.len())
+        format!("{want} rounds equal")
     } else {
-        format!("golden {} rounds, recomputed {}", want.len(), got.len())
+        format!("golden {want} rounds, recomputed {got}")
     };
     TensorCheck::exact("rounds", graph, "round", first, rows_over, note)
 }

@@ -101,12 +101,7 @@ pub(in crate::golden) fn compare_tree_rounds(
         });
         rows_over = 1;
     }
-    let note = if first.is_none() {
-        format!("{} rounds equal", want.len())
-    } else {
-        format!("golden {} rounds, recomputed {}", want.len(), got.len())
-    };
-    TensorCheck::exact("rounds", graph, "round", first, rows_over, note)
+    super::check::rounds_verdict(graph, first, rows_over, (want.len(), got.len()))
 }
 
 /// `verify_logits` (recomputed by `graphs.0`) and `draft_logits` (by `graphs.1`) of a tree

@@ -210,10 +210,4 @@ pub(super) fn proposing_in(
 }
 
 /// The widths as the metadata writes them: `2,1,1`.
-pub fn widths_text(widths: &[usize]) -> String {
-    widths
-        .iter()
-        .map(|w| w.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
+pub use crate::base::tree::shape_text as widths_text;
