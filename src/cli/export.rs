@@ -36,7 +36,7 @@ pub struct Args {
     )]
     pub graphs: Vec<String>,
     /// Draft gate g_d, 1-based, where draft.onnx ends and verifier.onnx starts (default: the M2R2
-    /// config's draft_gate)
+    /// config's draft gate for ONNX Runtime, `onnx_drafting.draft_gate`, else `draft_gate`)
     #[arg(long, value_name = "G")]
     pub draft_gate: Option<usize>,
     /// ONNX opset (17..=21) of the dynamic graphs (static graphs are always opset 24)
@@ -85,7 +85,8 @@ pub fn run(args: &Args) -> Result<()> {
         model_name: loaded.name.clone(),
         opset: args.opset,
         weights_dtype: args.weights_dtype,
-        draft_gate: args.draft_gate.unwrap_or(m2r2.config.draft_gate),
+        // ONNX Runtime's draft gate (`onnx_drafting` when the config has it)
+        draft_gate: args.draft_gate.unwrap_or(m2r2.config.for_onnx().draft_gate),
         static_cache: args.static_cache,
         merge_adapters: args.merge_adapters,
     };

@@ -146,10 +146,12 @@ pub fn run(args: &Args) -> Result<()> {
     // the config's default tree (`tune-drafting --write`) when nothing asks for other drafting;
     // else a lookup branch beside the chain of the draft length, dynamic or fixed as configured
     let asks_otherwise = args.draft_len.is_some() || args.dynamic_draft;
+    // ONNX Runtime's drafting defaults (`onnx_drafting` when the config has it)
+    let drafting = export.manifest.m2r2.for_onnx();
     let lookup = lookup_or_default(
         (args.prompt_lookup, explicit),
         (speculative, false, asks_otherwise || tree.is_some()),
-        export.manifest.m2r2.prompt_lookup,
+        drafting.prompt_lookup,
     );
     // how the tree grows: per branch while this gate's score passes its threshold, or whole
     let mut grown = None;
@@ -160,7 +162,7 @@ pub fn run(args: &Args) -> Result<()> {
     {
         grown = Some((gate, threshold));
     }
-    let tree = match (tree, &export.manifest.m2r2.draft_tree) {
+    let tree = match (tree, &drafting.draft_tree) {
         (Some(widths), _) => Some(widths),
         (None, Some(t)) if args.mode == RunMode::Speculative && !asks_otherwise => {
             match t.draft_gate == export.manifest.draft_gate {

@@ -10,14 +10,13 @@
 //! tree shapes, whole and grown per branch by the confidence or entropy gate at each threshold) is
 //! replayed on the traces (`simulate`, `simulate_tree`, `simulate_dynamic_tree`), and again beside
 //! a prompt-lookup branch of each `--prompt-lookup` length (`simulate_guesses`, on the tree loop),
-//! and priced with the measured step costs. The predicted speed-ups choose a winner per engine; `--write DIR` stores
-//! them in an M2R2 weights folder's
-//! config as the defaults of `--mode speculative`: the chain (`draft_gate`, `draft_len`,
-//! `dynamic_draft`: ONNX Runtime's winner with `--onnx`, else the reference's best chain) and, when
-//! a tree beats that chain, a tree (`draft_tree`: ONNX Runtime's fastest tree with `--onnx`, else
-//! the reference's; grown per branch when that is the winner), and the branch length whose
-//! defaults are fastest (`prompt_lookup`), which `generate` and `run` draft by default. Confirm the winners with real
-//! decoding (`generate`, `run`, scripts/bench_speculative.py).
+//! and priced with the measured step costs. The predicted speed-ups choose defaults per engine:
+//! its fastest chain (`draft_gate`, `draft_len`, `dynamic_draft`), its fastest tree when that
+//! beats the chain (`draft_tree`, grown per branch when that is the winner) and the branch length
+//! whose defaults are fastest (`prompt_lookup`). `--write DIR` stores the reference's at the top
+//! level of an M2R2 weights folder's config (`generate` drafts them by default) and, with `--onnx`,
+//! ONNX Runtime's in `onnx_drafting` where they differ (`export` and `run` draft those). Confirm
+//! the winners with real decoding (`generate`, `run`, scripts/bench_speculative.py).
 
 mod lookup;
 mod print;
@@ -44,7 +43,7 @@ use reference::decode::draft_verify::ReferenceSpeculation;
 use reference::decode::drafting::check_draft_gate;
 use reference::decode::prompt_lookup::with_lookup_branch;
 use reference::io::load::LoadedModel;
-use reference::m2r2::config::{DraftTreeConfig, DynamicDraftConfig, M2r2Config};
+use reference::m2r2::config::{DraftTreeConfig, DynamicDraftConfig, EngineDrafting, M2r2Config};
 use reference::m2r2::exit_gate::GateKind;
 use reference::m2r2::fast_stream::M2r2;
 use reference::m2r2::weights::M2r2Weights;
@@ -220,16 +219,15 @@ struct PolicyResult {
     speedup_onnx: Option<f64>,
 }
 
-/// What `--write` stores (or would store): the defaults of `--mode speculative` per engine.
+/// What `--write` stores (or would store): one engine's defaults of `--mode speculative`, the
+/// reference's at the top level of the config, ONNX Runtime's in `onnx_drafting`.
 #[derive(Serialize)]
 struct Defaults {
-    /// `draft_gate`, `draft_len`, `dynamic_draft`: what ONNX Runtime drafts (its winner with
-    /// `--onnx`, else the reference's best chain), and the reference when it has no tree or
-    /// samples; `None` when no chain was priced (the folder's is kept).
+    /// `draft_gate`, `draft_len`, `dynamic_draft`: the engine's fastest chain, drafted when it has
+    /// no tree or samples; `None` when no chain was priced (the folder's is kept).
     chain: Option<PolicyResult>,
-    /// `draft_tree`: with `--onnx`, ONNX Runtime's best tree when it beats the chain default
-    /// there; else the reference's best tree when it beats the chain default on the reference.
-    /// `None`: both engines draft the chain default.
+    /// `draft_tree`: the engine's fastest tree when it beats the chain default there; `None`: the
+    /// engine drafts the chain default.
     tree: Option<PolicyResult>,
     /// `prompt_lookup`: the branch beside the chain and the tree above (chosen with them: the
     /// branch length whose defaults are fastest), `None` for no branch; `None` too when no branch
@@ -250,7 +248,10 @@ struct Report {
     /// The fastest policy on each engine.
     best_reference: PolicyResult,
     best_onnx: Option<PolicyResult>,
+    /// The reference's defaults (the config's top level).
     defaults: Defaults,
+    /// ONNX Runtime's, with `--onnx` (the config's `onnx_drafting` when they differ).
+    onnx_defaults: Option<Defaults>,
     notes: Vec<String>,
 }
 
@@ -266,10 +267,10 @@ fn fastest<'a>(
     })
 }
 
-/// The defaults, one chain and at most one tree for both engines as the config holds them, and a
-/// prompt-lookup branch beside them: for each branch length (none included) the chain and tree
-/// of [`defaults_of`], then the length whose default (the tree when there is one, else the chain)
-/// is fastest, by ONNX Runtime's predictions when it was priced, else by the reference's.
+/// One engine's defaults (ONNX Runtime's when `onnx`, else the reference's): a chain, at most one
+/// tree and a prompt-lookup branch beside them. For each branch length (none included) the chain
+/// and tree of [`defaults_of`], then the length whose default (the tree when there is one, else
+/// the chain) is fastest by the engine's predictions.
 fn defaults(results: &[PolicyResult], onnx: bool) -> Defaults {
     let speedup = |r: &PolicyResult| match onnx {
         true => r.speedup_onnx,
@@ -304,8 +305,8 @@ fn defaults(results: &[PolicyResult], onnx: bool) -> Defaults {
     best.map_or_else(|| defaults_of(&[], onnx), |(d, _)| d)
 }
 
-/// The defaults among `results` of one branch length: the fastest chain, and the fastest tree
-/// when it beats that chain on every engine priced (both draft it by default).
+/// One engine's defaults among `results` of one branch length: the fastest chain, and the fastest
+/// tree when it beats that chain.
 fn defaults_of(results: &[&PolicyResult], onnx: bool) -> Defaults {
     let speedup = |r: &PolicyResult| match onnx {
         true => r.speedup_onnx,
@@ -318,17 +319,11 @@ fn defaults_of(results: &[&PolicyResult], onnx: bool) -> Defaults {
             .filter(|r| r.family == Family::Chain),
         speedup,
     );
-    let beats = |t: &PolicyResult, c: &PolicyResult| {
-        speedup(t) > speedup(c)
-            && (!onnx
-                || t.speedup_reference
-                    .is_some_and(|s| c.speedup_reference < Some(s)))
-    };
     let tree = fastest(
         results.iter().copied().filter(|r| r.family == Family::Tree),
         speedup,
     )
-    .filter(|t| chain.is_none_or(|c| beats(t, c)));
+    .filter(|t| chain.is_none_or(|c| speedup(t) > speedup(c)));
     Defaults {
         chain: chain.cloned(),
         tree: tree.cloned(),
@@ -561,7 +556,8 @@ pub fn run(args: &Args) -> Result<()> {
     if onnx.is_some() && best_onnx.is_none() {
         bail!("no policy could be priced on ONNX Runtime");
     }
-    let defaults = defaults(&results, onnx.is_some());
+    let onnx_defaults = onnx.is_some().then(|| defaults(&results, true));
+    let defaults = defaults(&results, false);
     let mut notes = Vec::new();
     if let Some(n) = config.prompt_lookup.filter(|_| branches.is_empty()) {
         notes.push(format!(
@@ -569,34 +565,19 @@ pub fn run(args: &Args) -> Result<()> {
              policy here is predicted without it (--prompt-lookup 0), and --write keeps it as it is"
         ));
     }
-    let default = defaults.tree.as_ref().or(defaults.chain.as_ref());
-    if default.is_some() && default != Some(&best_reference) {
-        notes.push(format!(
-            "the reference's best ({}) is not the default, which the config holds once for \
-             both engines (chosen by {}'s predictions): the reference drafts the default",
-            best_reference.policy,
-            match onnx.as_ref() {
-                Some(c) => c.engine.as_str(),
-                None => "the reference",
-            }
-        ));
-    }
     if let Some(dir) = &args.write {
-        let mut written = M2r2Config::load(dir, &loaded.model.config)
+        let folder = M2r2Config::load(dir, &loaded.model.config)
             .with_context(|| format!("--write {}: not an M2R2 weights folder", dir.display()))?;
-        if let Some(c) = &defaults.chain {
-            written.draft_gate = c.draft_gate;
-            written.draft_len = c.draft_len;
-            written.dynamic_draft = c.dynamic_draft.clone();
+        let priced_lookup = !branches.is_empty();
+        let top = applied(&defaults, folder.drafting(), priced_lookup);
+        // ONNX Runtime's own only where it differs; without --onnx the folder's is kept
+        let onnx_drafting = match &onnx_defaults {
+            Some(d) => Some(applied(d, folder.for_onnx().drafting(), priced_lookup)),
+            None => folder.onnx_drafting.clone(),
         }
-        written.draft_tree = defaults.tree.as_ref().map(|t| DraftTreeConfig {
-            draft_gate: t.draft_gate,
-            widths: t.draft_tree.clone().expect("a tree's widths"),
-            dynamic: t.dynamic_draft.clone(),
-        });
-        if !branches.is_empty() {
-            written.prompt_lookup = defaults.prompt_lookup;
-        }
+        .filter(|o| *o != top);
+        let mut written = folder.with_drafting(&top);
+        written.onnx_drafting = onnx_drafting;
         let file = dir.join(reference::m2r2::config::M2R2_CONFIG_FILE);
         written
             .validate(&loaded.model.config, &file.display().to_string())
@@ -615,6 +596,7 @@ pub fn run(args: &Args) -> Result<()> {
         best_reference,
         best_onnx,
         defaults,
+        onnx_defaults,
         notes,
     };
     if args.json {
@@ -623,8 +605,12 @@ pub fn run(args: &Args) -> Result<()> {
         print::print(&report, args.top);
     }
     if let Some(dir) = &args.write {
+        let onnx = match &report.onnx_defaults {
+            Some(d) => format!("; for ONNX Runtime {}", describe_defaults(d)),
+            None => String::new(),
+        };
         eprintln!(
-            "wrote {} into {}",
+            "wrote {}{onnx} into {}",
             describe_defaults(&report.defaults),
             dir.join(reference::m2r2::config::M2R2_CONFIG_FILE)
                 .display()
@@ -633,15 +619,34 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// The defaults in words: "chain: draft gate 1, fixed 2; reference tree: draft gate 1, tree 2,1".
+/// `base` (an engine's drafting in the folder) with the chain, tree and branch `d` chose; what
+/// was not priced (no chain, no branch length) stays as it was.
+fn applied(d: &Defaults, mut base: EngineDrafting, priced_lookup: bool) -> EngineDrafting {
+    if let Some(c) = &d.chain {
+        base.draft_gate = c.draft_gate;
+        base.draft_len = c.draft_len;
+        base.dynamic_draft = c.dynamic_draft.clone();
+    }
+    base.draft_tree = d.tree.as_ref().map(|t| DraftTreeConfig {
+        draft_gate: t.draft_gate,
+        widths: t.draft_tree.clone().expect("a tree's widths"),
+        dynamic: t.dynamic_draft.clone(),
+    });
+    if priced_lookup {
+        base.prompt_lookup = d.prompt_lookup;
+    }
+    base
+}
+
+/// The defaults in words: "chain: draft gate 1, fixed 2; tree: draft gate 1, tree 2,1; ...".
 fn describe_defaults(d: &Defaults) -> String {
     let chain = match &d.chain {
         Some(c) => format!("chain: draft gate {}, {}", c.draft_gate, c.policy),
         None => "chain: unchanged (no chain priced)".into(),
     };
     let tree = match &d.tree {
-        Some(t) => format!("reference tree: draft gate {}, {}", t.draft_gate, t.policy),
-        None => "reference tree: none (the reference drafts the chain)".into(),
+        Some(t) => format!("tree: draft gate {}, {}", t.draft_gate, t.policy),
+        None => "tree: none (the chain)".into(),
     };
     let lookup = match d.prompt_lookup {
         Some(n) => format!("prompt lookup: up to {n} tokens"),

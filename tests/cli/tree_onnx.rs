@@ -4,6 +4,7 @@
 //! static buffers cannot hold refused with the limits.
 
 use super::{fails, generate_json, ids, ok};
+use serde_json::Value;
 
 #[test]
 fn exports_run_trees_like_the_reference() {
@@ -192,4 +193,72 @@ fn prompt_lookup_on_onnx_runtime() {
         }
     }
     assert!(found > 0, "no lookup token accepted");
+}
+
+/// A config's `onnx_drafting` (ONNX Runtime's own defaults, written by `tune-drafting --write
+/// --onnx` when its winner differs) is what a plain export is cut at and what `run` drafts without
+/// flags; `generate` drafts the top level; `info` shows both.
+#[test]
+fn onnx_drafting_is_what_exports_and_runs_draft() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w, e) = (dir.path().join("w"), dir.path().join("e"));
+    let (ws, es) = (w.to_str().unwrap(), e.to_str().unwrap());
+    ok(&["init-m2r2", "--model", "tiny", "--seed", "1", "--out", ws]);
+    let path = w.join("m2r2_config.json");
+    let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    c["draft_len"] = 1.into();
+    c["onnx_drafting"] = serde_json::json!({
+        "draft_gate": 2,
+        "draft_len": 1,
+        "draft_tree": {"draft_gate": 2, "widths": [2, 1]},
+        "prompt_lookup": 3,
+    });
+    std::fs::write(&path, c.to_string()).unwrap();
+    let prompt = [
+        "--tokens",
+        "5,9,14,3,5,9,14,3,5,9",
+        "--max-new-tokens",
+        "24",
+    ];
+    let spec = [&["--mode", "speculative"][..], &prompt].concat();
+    // the reference: the top level, a chain of one draft at gate 1 and no branch
+    let reference = generate_json(&[&["--model", "tiny", "--m2r2", ws][..], &spec].concat());
+    assert_eq!(reference["m2r2"]["draft_gate"], 1, "{reference}");
+    assert!(reference["draft_tree"].is_null(), "{reference}");
+    // ONNX Runtime: the export is cut at gate 2, and run drafts the tree 2,1 there with a branch
+    ok(&["export", "--model", "tiny", "--m2r2", ws, "--out", es]);
+    let got = ok(&[&["run", "--onnx", es, "--json"][..], &spec].concat()).json();
+    assert_eq!(got["m2r2"]["draft_gate"], 2, "{got}");
+    assert_eq!(got["draft_tree"], serde_json::json!([2, 1]), "{got}");
+    assert_eq!(got["prompt_lookup"], 3, "{got}");
+    // the same rounds as the reference drafting those settings by flags
+    let flags = [
+        "--draft-tree",
+        "2,1",
+        "--draft-gate",
+        "2",
+        "--prompt-lookup",
+        "3",
+    ];
+    let asked = generate_json(&[&["--model", "tiny", "--m2r2", ws][..], &spec, &flags].concat());
+    for field in ["tokens", "rounds", "lookup_rounds", "mean_tree_nodes"] {
+        assert_eq!(got[field], asked[field], "{field}");
+    }
+    assert_eq!(got["tokens"], reference["tokens"]);
+    let info = ok(&["info", "--model", "tiny", "--m2r2", ws, "--json"]).json();
+    assert_eq!(info["m2r2"]["draft"]["gate"], 1, "{info}");
+    assert_eq!(info["m2r2"]["onnx_draft"]["gate"], 2, "{info}");
+    assert_eq!(info["m2r2"]["onnx_draft"]["prompt_lookup"], 3, "{info}");
+    let text = ok(&["info", "--model", "tiny", "--m2r2", ws]).stdout;
+    assert!(
+        text.contains("ONNX Runtime  its own drafting defaults"),
+        "{text}"
+    );
+    // a bad value in the section is refused at load, naming the file and the section
+    c["onnx_drafting"]["draft_gate"] = 9.into();
+    std::fs::write(&path, c.to_string()).unwrap();
+    fails(
+        &["generate", "--model", "tiny", "--m2r2", ws, "--tokens", "5"],
+        &["m2r2_config.json", "`onnx_drafting`: `draft_gate` = 9"],
+    );
 }

@@ -220,47 +220,65 @@ fn tune_drafting_ranks_writes_and_refuses() {
             .iter()
             .all(|p| onnx_speed(p) <= onnx_speed(best_onnx))
     );
-    let fastest = |family: &str| {
-        onnx_priced
-            .iter()
+    // each engine's defaults: its fastest chain, and its fastest tree when that beats the chain
+    // there; the reference's at the config's top level, ONNX Runtime's in `onnx_drafting` where
+    // they differ
+    let on_reference = |p: &Value| p["speedup_reference"].as_f64().unwrap();
+    let fastest = |speed: &dyn Fn(&Value) -> f64, pool: &[&Value], family: &str| {
+        pool.iter()
             .copied()
             .filter(|p| p["family"] == family)
-            .reduce(|a, b| if onnx_speed(b) > onnx_speed(a) { b } else { a })
+            .reduce(|a, b| if speed(b) > speed(a) { b } else { a })
             .unwrap()
+            .clone()
     };
-    // with --onnx the defaults follow ONNX Runtime's predictions (the config holds one chain and
-    // at most one tree for both engines): its fastest chain, and its fastest tree when that beats
-    // the chain there and on the reference (both engines draft it)
-    let defaults = &report["defaults"];
-    let onnx_chain = fastest("chain");
-    assert_eq!(&defaults["chain"], onnx_chain);
-    let on_reference = |p: &Value| p["speedup_reference"].as_f64().unwrap();
-    let tree = fastest("tree");
-    match onnx_speed(tree) > onnx_speed(onnx_chain) && on_reference(tree) > on_reference(onnx_chain)
-    {
-        true => assert_eq!(&defaults["tree"], fastest("tree")),
-        false => assert!(defaults["tree"].is_null(), "{defaults}"),
-    }
-    let best_onnx = onnx_chain;
-    let written = config(&dir.path().join("w"));
-    assert_eq!(written["draft_gate"], best_onnx["draft_gate"]);
-    assert_eq!(written["draft_len"], best_onnx["draft_len"]);
-    assert_eq!(
-        written.get("dynamic_draft").unwrap_or(&Value::Null),
-        &best_onnx["dynamic_draft"]
-    );
-    match defaults["tree"].is_null() {
-        true => assert!(written.get("draft_tree").is_none(), "{written}"),
-        false => {
-            let mut want = serde_json::json!({
-                "draft_gate": defaults["tree"]["draft_gate"],
-                "widths": defaults["tree"]["draft_tree"],
-            });
-            if defaults["tree"]["dynamic_draft"].is_object() {
-                want["dynamic"] = defaults["tree"]["dynamic_draft"].clone();
-            }
-            assert_eq!(written["draft_tree"], want);
+    let all: Vec<&Value> = policies.iter().collect();
+    let chosen = |speed: &dyn Fn(&Value) -> f64, pool: &[&Value], defaults: &Value| {
+        let chain = fastest(speed, pool, "chain");
+        assert_eq!(defaults["chain"], chain, "{defaults}");
+        let tree = fastest(speed, pool, "tree");
+        match speed(&tree) > speed(&chain) {
+            true => assert_eq!(defaults["tree"], tree, "{defaults}"),
+            false => assert!(defaults["tree"].is_null(), "{defaults}"),
         }
+    };
+    chosen(&on_reference, &all, &report["defaults"]);
+    chosen(&onnx_speed, &onnx_priced, &report["onnx_defaults"]);
+    // the config's drafting fields written from an engine's defaults
+    let drafting = |defaults: &Value| {
+        let chain = &defaults["chain"];
+        let mut want = serde_json::json!({
+            "draft_gate": chain["draft_gate"],
+            "draft_len": chain["draft_len"],
+        });
+        if chain["dynamic_draft"].is_object() {
+            want["dynamic_draft"] = chain["dynamic_draft"].clone();
+        }
+        if defaults["tree"].is_object() {
+            let tree = &defaults["tree"];
+            want["draft_tree"] = serde_json::json!({
+                "draft_gate": tree["draft_gate"],
+                "widths": tree["draft_tree"],
+            });
+            if tree["dynamic_draft"].is_object() {
+                want["draft_tree"]["dynamic"] = tree["dynamic_draft"].clone();
+            }
+        }
+        want
+    };
+    let written = config(&dir.path().join("w"));
+    let top = drafting(&report["defaults"]);
+    for key in ["draft_gate", "draft_len", "dynamic_draft", "draft_tree"] {
+        assert_eq!(
+            written.get(key).unwrap_or(&Value::Null),
+            &top[key],
+            "{key}: {written}"
+        );
+    }
+    let onnx_drafting = drafting(&report["onnx_defaults"]);
+    match onnx_drafting == top {
+        true => assert!(written.get("onnx_drafting").is_none(), "{written}"),
+        false => assert_eq!(written["onnx_drafting"], onnx_drafting, "{written}"),
     }
     // the written default decodes like greedy
     default_decodes_like_greedy(&w, "5,6,7");
@@ -614,26 +632,38 @@ fn tune_drafting_prices_lookup_branches() {
             assert_eq!(q["speedup_onnx"].is_f64(), q["draft_gate"] == 1, "{q}");
         }
     }
-    // the default beats every chain on ONNX Runtime, its branch the one written
-    let defaults = &report["defaults"];
-    let default = match defaults["tree"].is_null() {
-        true => &defaults["chain"],
-        false => &defaults["tree"],
-    };
-    let onnx_speed = |p: &Value| p["speedup_onnx"].as_f64().unwrap_or(0.0);
-    for q in policies.iter().filter(|p| p["family"] == "chain") {
-        assert!(onnx_speed(q) <= onnx_speed(default), "{q} beats {default}");
-    }
-    assert_eq!(
-        defaults["prompt_lookup"], default["prompt_lookup"],
-        "{defaults}"
-    );
+    // each engine's default beats every chain there, its branch the one written for it (ONNX
+    // Runtime's in `onnx_drafting` when its defaults differ from the reference's)
     let written = config(&dir.path().join("w"));
-    assert_eq!(
-        written.get("prompt_lookup").unwrap_or(&Value::Null),
-        &defaults["prompt_lookup"],
-        "{written}"
-    );
+    let engines = [
+        ("defaults", "speedup_reference", &written),
+        (
+            "onnx_defaults",
+            "speedup_onnx",
+            written.get("onnx_drafting").unwrap_or(&written),
+        ),
+    ];
+    for (key, speedup, drafting) in engines {
+        let defaults = &report[key];
+        let default = match defaults["tree"].is_null() {
+            true => &defaults["chain"],
+            false => &defaults["tree"],
+        };
+        let speed = |p: &Value| p[speedup].as_f64().unwrap_or(0.0);
+        for q in policies.iter().filter(|p| p["family"] == "chain") {
+            assert!(speed(q) <= speed(default), "{key}: {q} beats {default}");
+        }
+        assert_eq!(
+            defaults["prompt_lookup"], default["prompt_lookup"],
+            "{defaults}"
+        );
+        assert_eq!(
+            drafting.get("prompt_lookup").unwrap_or(&Value::Null),
+            &defaults["prompt_lookup"],
+            "{key}: {written}"
+        );
+    }
+    let defaults = &report["defaults"];
     let decoded = default_decodes_like_greedy(&w, "5,6,7,5,6");
     assert_eq!(
         decoded["prompt_lookup"], defaults["prompt_lookup"],

@@ -22,6 +22,7 @@ use crate::m2r2::bridge_config::BridgeConfig;
 use crate::m2r2::exit_gate::GateKind;
 use crate::m2r2::exit_threshold::ExitThreshold;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::borrow::Cow;
 use std::ops::Range;
 use std::path::Path;
 
@@ -121,6 +122,23 @@ pub struct DraftTreeConfig {
     pub dynamic: Option<DynamicDraftConfig>,
 }
 
+/// ONNX Runtime's own drafting defaults (`onnx_drafting`), where `m2r2 tune-drafting` measured a
+/// different winner there than on the reference (docs/TRAINING.md): the fields of the same names
+/// at the top level of [`M2r2Config`], which the reference drafts. A plain `m2r2 export` cuts the
+/// draft graphs at this `draft_gate`, and the ONNX runner drafts the rest by default.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineDrafting {
+    pub draft_gate: usize,
+    pub draft_len: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic_draft: Option<DynamicDraftConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_tree: Option<DraftTreeConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_lookup: Option<usize>,
+}
+
 /// The M2R2 settings of one adapted model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -159,6 +177,10 @@ pub struct M2r2Config {
     /// `None`: drafts read only their own token (weights folders from before the bridge).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bridge: Option<BridgeConfig>,
+    /// ONNX Runtime's drafting defaults where they differ from the reference's (the fields
+    /// above); `None`: both engines draft those ([`M2r2Config::for_onnx`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub onnx_drafting: Option<EngineDrafting>,
     /// The seed `init-m2r2` drew the weights from (informational; `None` for trained weights).
     #[serde(default)]
     pub seed: Option<u64>,
@@ -223,6 +245,7 @@ impl M2r2Config {
             draft_tree: None,
             prompt_lookup: None,
             bridge: None,
+            onnx_drafting: None,
             seed: None,
         }
     }
@@ -372,7 +395,49 @@ impl M2r2Config {
             b.validate(model.hidden_size).or_else(bad)?;
             numbered("bridge.gate", b.gate)?;
         }
+        if self.onnx_drafting.is_some() {
+            // the same checks on the settings ONNX Runtime drafts, named as its section
+            self.for_onnx().validate(model, file).map_err(|e| match e {
+                Error::Config { file, msg } => {
+                    Error::config(file, format!("`onnx_drafting`: {msg}"))
+                }
+                other => other,
+            })?;
+        }
         Ok(())
+    }
+
+    /// The drafting the reference's defaults hold, as an [`EngineDrafting`].
+    pub fn drafting(&self) -> EngineDrafting {
+        EngineDrafting {
+            draft_gate: self.draft_gate,
+            draft_len: self.draft_len,
+            dynamic_draft: self.dynamic_draft.clone(),
+            draft_tree: self.draft_tree.clone(),
+            prompt_lookup: self.prompt_lookup,
+        }
+    }
+
+    /// These settings with `drafting` as the drafting defaults (and no `onnx_drafting`).
+    pub fn with_drafting(&self, drafting: &EngineDrafting) -> M2r2Config {
+        M2r2Config {
+            draft_gate: drafting.draft_gate,
+            draft_len: drafting.draft_len,
+            dynamic_draft: drafting.dynamic_draft.clone(),
+            draft_tree: drafting.draft_tree.clone(),
+            prompt_lookup: drafting.prompt_lookup,
+            onnx_drafting: None,
+            ..self.clone()
+        }
+    }
+
+    /// The settings ONNX Runtime drafts by default: `onnx_drafting` in place of the top-level
+    /// drafting fields when the config has it, else these settings as they are.
+    pub fn for_onnx(&self) -> Cow<'_, M2r2Config> {
+        match &self.onnx_drafting {
+            Some(d) => Cow::Owned(self.with_drafting(d)),
+            None => Cow::Borrowed(self),
+        }
     }
 
     /// Read `dir/m2r2_config.json` and validate it against `model`.
@@ -803,6 +868,80 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    /// `onnx_drafting`: absent by default (and from older files); `for_onnx` swaps in its fields
+    /// and nothing else; it round-trips, and its fields are checked as the top level's are, the
+    /// message naming the section.
+    #[test]
+    fn onnx_drafting_replaces_the_drafting_defaults_for_onnx_runtime() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = tiny_config();
+        let mut c = M2r2Config::default_for(&model);
+        assert!(c.onnx_drafting.is_none());
+        assert!(!saved(&c, dir.path()).contains("onnx_drafting"));
+        assert!(matches!(c.for_onnx(), Cow::Borrowed(b) if *b == c));
+        c.prompt_lookup = Some(4);
+        let onnx = EngineDrafting {
+            draft_gate: 2,
+            draft_len: 2,
+            dynamic_draft: Some(DynamicDraftConfig {
+                gate: GateKind::Entropy,
+                threshold: 0.5,
+            }),
+            draft_tree: Some(DraftTreeConfig {
+                draft_gate: 2,
+                widths: vec![2, 1],
+                dynamic: None,
+            }),
+            prompt_lookup: None,
+        };
+        c.onnx_drafting = Some(onnx.clone());
+        let text = saved(&c, dir.path());
+        assert!(text.contains("\"onnx_drafting\""), "{text}");
+        assert_eq!(M2r2Config::load(dir.path(), &model).unwrap(), c);
+
+        let for_onnx = c.for_onnx().into_owned();
+        assert_eq!(for_onnx.drafting(), onnx);
+        assert!(for_onnx.onnx_drafting.is_none());
+        // everything but the drafting is the config's own
+        assert_eq!(
+            for_onnx.with_drafting(&c.drafting()),
+            M2r2Config {
+                onnx_drafting: None,
+                ..c.clone()
+            }
+        );
+        // the reference's defaults are the top level's
+        assert_eq!(c.drafting().draft_gate, 1);
+        assert_eq!(c.drafting().prompt_lookup, Some(4));
+
+        type Spoil = fn(&mut EngineDrafting);
+        let cases: [(Spoil, &str); 4] = [
+            (|d| d.draft_len = 0, "`draft_len` must be at least 1"),
+            (|d| d.draft_gate = 9, "`draft_gate` = 9 is out of range"),
+            (|d| d.prompt_lookup = Some(0), "`prompt_lookup` = 0"),
+            (
+                |d| d.draft_tree.as_mut().unwrap().widths = vec![],
+                "`draft_tree.widths`",
+            ),
+        ];
+        for (spoil, said) in cases {
+            let mut bad = c.clone();
+            spoil(bad.onnx_drafting.as_mut().unwrap());
+            let err = bad.validate(&model, "cfg.json").unwrap_err().to_string();
+            assert!(
+                err.contains("cfg.json") && err.contains("`onnx_drafting`: ") && err.contains(said),
+                "{err}"
+            );
+        }
+        // an unknown field inside the section is refused by name
+        let text = text.replace("\"draft_len\": 2", "\"draft_len\": 2, \"depth\": 3");
+        std::fs::write(dir.path().join(M2R2_CONFIG_FILE), text).unwrap();
+        let err = M2r2Config::load(dir.path(), &model)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("depth"), "{err}");
     }
 
     #[test]

@@ -59,7 +59,9 @@ impl OnnxEngine {
         let export = ExportDir::open(dir)?;
         let runtime = onnx_runner::runtime::init()?;
         args.ep.check_single_cuda_graph("golden check")?;
-        let ep = args.ep.config(&export, export.manifest.m2r2.draft_len);
+        let ep = args
+            .ep
+            .config(&export, export.manifest.m2r2.for_onnx().draft_len);
         let model = OnnxModel::load(&export, &ep)?;
         let ep_name = model.session().ep_used().name().to_string();
         let dtype = export.manifest.weights_dtype.clone();
@@ -136,7 +138,7 @@ impl OnnxEngine {
         // rows per verification: a tree's drafted nodes, a chain's drafts
         let rows = match &tree {
             Some(tree) => tree.nodes() - 1,
-            None => manifest.m2r2.draft_len,
+            None => manifest.m2r2.for_onnx().draft_len,
         };
         let speculation = match &mut self.speculation {
             Some((loaded, loaded_rows, speculation)) if *loaded == gate && *loaded_rows == rows => {

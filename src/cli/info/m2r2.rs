@@ -4,6 +4,7 @@
 
 use crate::cli::common;
 use reference::m2r2::accelerator::Lora;
+use reference::m2r2::config::EngineDrafting;
 use reference::m2r2::weights::M2r2Weights;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -34,9 +35,7 @@ pub fn describe(weights: &M2r2Weights, source: &str) -> Value {
             })
         })
         .collect();
-    let dynamic = config.dynamic_draft.as_ref().map(|d| {
-        json!({"gate": d.gate.to_string(), "threshold": real(d.threshold), "at_most": config.draft_len})
-    });
+    let head_tokens = weights.draft_head.as_ref().map(|h| h.len());
     let parameters = acc.parameter_count();
     json!({
         "source": source,
@@ -47,14 +46,9 @@ pub fn describe(weights: &M2r2Weights, source: &str) -> Value {
         "targets": acc.targets.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "adapter_parameters": parameters,
         "adapter_bytes_f16": 2 * parameters,
-        "draft": {
-            "gate": config.draft_gate,
-            "draft_len": config.draft_len,
-            "dynamic_draft": dynamic,
-            "draft_head_tokens": weights.draft_head.as_ref().map(|h| h.len()),
-            "draft_tree": config.draft_tree,
-            "prompt_lookup": config.prompt_lookup,
-        },
+        "draft": drafting(&config.drafting(), head_tokens),
+        // ONNX Runtime's own defaults (`onnx_drafting`); null: it drafts `draft`
+        "onnx_draft": config.onnx_drafting.as_ref().map(|d| drafting(d, head_tokens)),
         "arla": {
             "present": weights.arla.is_some(),
             "latent": config.arla.latent,
@@ -71,6 +65,21 @@ pub fn describe(weights: &M2r2Weights, source: &str) -> Value {
             "scales": b.maps.keys().map(|&s| real(b.scale(s).unwrap_or(1.0))).collect::<Vec<_>>(),
             "parameters": b.parameter_count(),
         })),
+    })
+}
+
+/// One engine's drafting defaults: `draft` and `onnx_draft` of `info --json`.
+fn drafting(d: &EngineDrafting, head_tokens: Option<usize>) -> Value {
+    let dynamic = d.dynamic_draft.as_ref().map(|x| {
+        json!({"gate": x.gate.to_string(), "threshold": real(x.threshold), "at_most": d.draft_len})
+    });
+    json!({
+        "gate": d.draft_gate,
+        "draft_len": d.draft_len,
+        "dynamic_draft": dynamic,
+        "draft_head_tokens": head_tokens,
+        "draft_tree": d.draft_tree,
+        "prompt_lookup": d.prompt_lookup,
     })
 }
 
@@ -107,46 +116,10 @@ pub fn print_text(m: &Value) {
         },
         list(&m["targets"])
     );
-    let draft = &m["draft"];
-    let policy = match draft["dynamic_draft"].as_object() {
-        Some(d) => format!(
-            "dynamic: while {} >= {}, at most {}",
-            d["gate"].as_str().unwrap_or(""),
-            d["threshold"],
-            d["at_most"]
-        ),
-        None => format!("fixed: {} per verification", draft["draft_len"]),
-    };
-    let head = match draft["draft_head_tokens"].as_u64() {
-        Some(k) => format!("pruned draft head of {k} tokens"),
-        None => "full draft head".into(),
-    };
-    let lookup = match draft["prompt_lookup"].as_u64() {
-        Some(n) => format!(", a prompt-lookup branch of up to {n} tokens (greedy)"),
-        None => String::new(),
-    };
-    println!(
-        "drafting      gate {}, {policy}, {head}{lookup}",
-        draft["gate"]
-    );
-    if let Some(tree) = draft["draft_tree"].as_object() {
-        let widths: Vec<String> = tree["widths"]
-            .as_array()
-            .map(|w| w.iter().map(|w| w.to_string()).collect())
-            .unwrap_or_default();
-        let grown = match tree.get("dynamic").and_then(|d| d.as_object()) {
-            Some(d) => format!(
-                ", grown per branch while {} >= {}",
-                d["gate"].as_str().unwrap_or(""),
-                d["threshold"]
-            ),
-            None => String::new(),
-        };
-        println!(
-            "default tree  gate {}, widths {}{grown} (greedy speculative decoding)",
-            tree["draft_gate"],
-            widths.join(",")
-        );
+    print_drafting("drafting     ", "default tree ", &m["draft"]);
+    if m["onnx_draft"].is_object() {
+        println!("ONNX Runtime  its own drafting defaults (`onnx_drafting`):");
+        print_drafting("  drafting   ", "  tree       ", &m["onnx_draft"]);
     }
     let arla = &m["arla"];
     println!(
@@ -209,4 +182,45 @@ fn list(v: &Value) -> String {
         .map(|x| x.as_str().map_or_else(|| x.to_string(), str::to_owned))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// One engine's drafting defaults as text, each line under its label.
+fn print_drafting(label: &str, tree_label: &str, draft: &Value) {
+    let policy = match draft["dynamic_draft"].as_object() {
+        Some(d) => format!(
+            "dynamic: while {} >= {}, at most {}",
+            d["gate"].as_str().unwrap_or(""),
+            d["threshold"],
+            d["at_most"]
+        ),
+        None => format!("fixed: {} per verification", draft["draft_len"]),
+    };
+    let head = match draft["draft_head_tokens"].as_u64() {
+        Some(k) => format!("pruned draft head of {k} tokens"),
+        None => "full draft head".into(),
+    };
+    let lookup = match draft["prompt_lookup"].as_u64() {
+        Some(n) => format!(", a prompt-lookup branch of up to {n} tokens (greedy)"),
+        None => String::new(),
+    };
+    println!("{label} gate {}, {policy}, {head}{lookup}", draft["gate"]);
+    if let Some(tree) = draft["draft_tree"].as_object() {
+        let widths: Vec<String> = tree["widths"]
+            .as_array()
+            .map(|w| w.iter().map(|w| w.to_string()).collect())
+            .unwrap_or_default();
+        let grown = match tree.get("dynamic").and_then(|d| d.as_object()) {
+            Some(d) => format!(
+                ", grown per branch while {} >= {}",
+                d["gate"].as_str().unwrap_or(""),
+                d["threshold"]
+            ),
+            None => String::new(),
+        };
+        println!(
+            "{tree_label} gate {}, widths {}{grown} (greedy speculative decoding)",
+            tree["draft_gate"],
+            widths.join(",")
+        );
+    }
 }

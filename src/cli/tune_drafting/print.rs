@@ -183,5 +183,11 @@ pub(super) fn print(r: &Report, top: usize) {
     if let Some(o) = &r.best_onnx {
         best("ONNX Runtime", o, o.speedup_onnx);
     }
-    println!("defaults (--write): {}", describe_defaults(&r.defaults));
+    println!(
+        "defaults (--write), the reference: {}",
+        describe_defaults(&r.defaults)
+    );
+    if let Some(d) = &r.onnx_defaults {
+        println!("defaults (--write), ONNX Runtime: {}", describe_defaults(d));
+    }
 }

@@ -260,6 +260,14 @@ fn m2r2_files(draft_head: bool) -> Vec<(String, Vec<u8>)> {
         weights = weights
             .with_bridge(&model.config, bridge, 5, 0.5)
             .expect("a bridge");
+        // and ONNX Runtime's own drafting defaults, so that section is fuzzed too
+        weights.config.onnx_drafting = Some(reference::m2r2::config::EngineDrafting {
+            draft_gate: 2,
+            draft_len: 2,
+            dynamic_draft: None,
+            draft_tree: None,
+            prompt_lookup: Some(3),
+        });
     }
     let dir = tempfile::tempdir().expect("a temporary folder");
     weights.save_dir(dir.path()).expect("the weights save");
