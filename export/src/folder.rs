@@ -214,6 +214,8 @@ pub fn manifest(request: &ExportRequest<'_>) -> Value {
         // The identity of the exported M2R2 weights, as golden files record it: `golden check
         // --onnx` refuses a speculative golden of other weights.
         "m2r2_hash": reference::golden::weights_hash(m2r2),
+        // the same without the decoding defaults (`reference::golden::WeightsId`)
+        "m2r2_weights_hash": reference::golden::weights_hash_without_defaults(m2r2),
         "draft_head_tokens": m2r2.draft_head.as_ref().map(|h| h.len()),
         "draft_head_file": m2r2.draft_head.as_ref().map(|_| DRAFT_HEAD_FILE),
         "opset": o.opset,

@@ -59,6 +59,11 @@ pub struct Manifest {
     /// were recorded with.
     #[serde(default)]
     pub m2r2_hash: Option<String>,
+    /// [`reference::golden::weights_hash_without_defaults`] of the same weights (absent in
+    /// manifests written before it): with it, goldens written since are checked by the weights
+    /// alone, whatever drafting defaults the folder was exported with.
+    #[serde(default)]
+    pub m2r2_weights_hash: Option<String>,
     /// `K` of the pruned draft head: draft.onnx's `draft_logits` is `[batch, seq, K]`, scores of
     /// the token ids in [`draft_head_file`](Self::draft_head_file). Absent or null: `[batch, seq,
     /// V]`.

@@ -70,6 +70,7 @@ class ReadReferenceGoldens(unittest.TestCase):
         self.assertEqual((g.format_version, g.mode), (3, "speculative"))
         self.assertEqual(g.metadata["draft_max"], "2")
         self.assertRegex(g.m2r2_hash, r"^[0-9a-f]{16}$")
+        self.assertRegex(g.m2r2_weights_hash, r"^[0-9a-f]{16}$")
         self.assertIn("gates", g.m2r2_config)
         r = g.round_accepted.shape[0]
         self.assertGreater(r, 0)

@@ -303,3 +303,74 @@ fn manifest_layers_must_match_the_graphs() {
         &["model.onnx", "export the folder again"],
     );
 }
+
+/// A golden written before the drafting defaults are chosen again (here by hand, as `tune-drafting
+/// --write` would) still checks on the reference and on an export made afterwards: both match it
+/// by `m2r2_weights_hash`. Other adapters are still refused, naming both identities.
+#[test]
+fn goldens_outlive_a_new_drafting_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let (w, golden, onnx) = (p("w"), p("g.safetensors"), p("onnx"));
+    ok(&["init-m2r2", "--model", "tiny", "--seed", "1", "--out", &w]);
+    ok(&[
+        "golden",
+        "write",
+        "--model",
+        "tiny",
+        "--m2r2",
+        &w,
+        "--tokens",
+        "1,2,3",
+        "--steps",
+        "10",
+        "--mode",
+        "speculative",
+        "--draft-len",
+        "2",
+        "--out",
+        &golden,
+    ]);
+    let config = dir.path().join("w").join("m2r2_config.json");
+    let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    c["draft_len"] = 3.into();
+    c["prompt_lookup"] = 4.into();
+    c["dynamic_draft"] = serde_json::json!({"gate": "confidence", "threshold": 0.25});
+    std::fs::write(&config, c.to_string()).unwrap();
+    ok(&["export", "--model", "tiny", "--m2r2", &w, "--out", &onnx]);
+    for engine in [&["--model", "tiny", "--m2r2", &w][..], &["--onnx", &onnx]] {
+        let args = [&["golden", "check", &golden][..], engine].concat();
+        let report = ok(&[&args[..], &["--json"]].concat()).json();
+        assert_eq!(report["ok"], true, "{engine:?}: {report}");
+    }
+    // other adapters: refused on both engines
+    let (other, other_onnx) = (p("other"), p("other-onnx"));
+    ok(&[
+        "init-m2r2",
+        "--model",
+        "tiny",
+        "--seed",
+        "2",
+        "--out",
+        &other,
+    ]);
+    ok(&[
+        "export",
+        "--model",
+        "tiny",
+        "--m2r2",
+        &other,
+        "--out",
+        &other_onnx,
+    ]);
+    for engine in [
+        &["--model", "tiny", "--m2r2", &other][..],
+        &["--onnx", &other_onnx],
+    ] {
+        let args = [&["golden", "check", &golden][..], engine].concat();
+        fails(
+            &args,
+            &["not the ones this golden was recorded with", "weights hash"],
+        );
+    }
+}

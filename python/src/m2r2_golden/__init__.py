@@ -13,7 +13,7 @@ writes version 3 (a speculative golden without the graphs' logits: version 2; a 
 `write_tree`: 4, or 5 when the rounds' trees change).
 """
 
-__version__ = "0.3.0"
+__version__ = "0.3.1"
 
 from .golden import (
     FORMAT,

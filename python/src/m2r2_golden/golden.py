@@ -153,7 +153,15 @@ class Golden:
 
     @property
     def m2r2_hash(self) -> Optional[str]:
+        """The M2R2 weights and settings the golden was recorded with (a hash)."""
         return self.metadata.get("m2r2_hash")
+
+    @property
+    def m2r2_weights_hash(self) -> Optional[str]:
+        """The same weights' hash without the decoding defaults (``draft_len``,
+        ``prompt_lookup``, ...), which the reference checks by when both sides have one; ``None``
+        in goldens written before it."""
+        return self.metadata.get("m2r2_weights_hash")
 
     @property
     def stop_tokens(self) -> Optional[List[int]]:

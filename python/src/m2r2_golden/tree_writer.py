@@ -27,6 +27,7 @@ from .writer import _decode, _metadata, _model_config, _stops_and_pins
 _TREE_KEYS = (
     "m2r2_config",
     "m2r2_hash",
+    "m2r2_weights_hash",
     "draft_gate",
     "gate",
     "draft_max",

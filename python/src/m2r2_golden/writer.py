@@ -39,6 +39,7 @@ _U32_MAX = 2**32 - 1
 _SPECULATIVE_KEYS = (
     "m2r2_config",
     "m2r2_hash",
+    "m2r2_weights_hash",
     "draft_gate",
     "gate",
     "draft_max",

@@ -171,10 +171,10 @@ impl Golden {
             false,
         ));
         if let (Some(want), Some(got)) = (&self.m2r2, &actual.m2r2) {
-            if want.weights_hash != got.weights_hash {
+            if !got.weights.matches(&want.weights) {
                 return Err(Error::Invalid(format!(
-                    "the goldens were recorded with different M2R2 weights (hash {} vs {})",
-                    want.weights_hash, got.weights_hash
+                    "the goldens were recorded with different M2R2 weights ({} vs {})",
+                    want.weights, got.weights
                 )));
             }
             entries.extend(compare_records(&want.record, &got.record, tol)?);

@@ -40,7 +40,8 @@ mod report;
 
 pub use m2r2::{
     EngineGraphs, GraphOutputs, M2r2Golden, M2r2Record, RoundTensors, SpeculativeEngine,
-    TreeEngine, TreeRecipe, TreeRounds, early_exit_logits, tree, weights_hash,
+    TreeEngine, TreeRecipe, TreeRounds, WeightsId, early_exit_logits, tree, weights_hash,
+    weights_hash_without_defaults,
 };
 pub use report::{
     CheckReport, Divergence, TensorCheck, Tolerance, compare, compare_int_rows, compare_ints,

@@ -123,6 +123,10 @@ impl OnnxEngine {
                  predates `m2r2_hash`): export it again with this m2r2 to check speculative goldens"
             );
         };
+        let hash = reference::golden::WeightsId {
+            hash,
+            without_defaults: manifest.m2r2_weights_hash.clone(),
+        };
         if manifest.draft_gate != draft_gate {
             bail!(
                 "this golden drafts at gate {draft_gate}, export {dir} at gate {}: export with \
@@ -163,7 +167,7 @@ impl OnnxEngine {
                     speculation,
                     greedy: &mut self.model,
                     config: &manifest.config,
-                    weights_hash: Some(&hash),
+                    weights: Some(&hash),
                     draft_gate: manifest.draft_gate,
                     graphs: GRAPHS,
                 };
@@ -174,7 +178,7 @@ impl OnnxEngine {
                     speculation,
                     greedy: &mut self.model,
                     config: &manifest.config,
-                    weights_hash: Some(&hash),
+                    weights: Some(&hash),
                     draft_gate: manifest.draft_gate,
                     graphs: GRAPHS,
                 };

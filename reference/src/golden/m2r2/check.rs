@@ -6,7 +6,7 @@ use super::record::{
     early_exit_logits, golden_early_exit_options, replay_rounds, run_speculative_on,
 };
 use super::tree_replay::TreeEngine;
-use super::{GraphOutputs, M2r2Golden, M2r2Record, RoundTensors, weights_hash};
+use super::{GraphOutputs, M2r2Golden, M2r2Record, RoundTensors, WeightsId};
 use crate::base::config::ModelConfig;
 use crate::base::generate::{GreedyBackend, ReferenceGreedy};
 use crate::decode::draft_verify::ReferenceSpeculation;
@@ -38,11 +38,11 @@ impl Golden {
             return self.check(m2r2.model, atol);
         };
         self.check_config(&m2r2.model.config)?;
-        let hash = weights_hash(m2r2.weights);
-        if hash != recorded.weights_hash {
+        let id = WeightsId::of(m2r2.weights);
+        if !id.matches(&recorded.weights) {
             return Err(Error::Invalid(format!(
-                "the M2R2 weights (hash {hash}) are not the ones this golden was recorded with (hash {})",
-                recorded.weights_hash
+                "the M2R2 weights ({id}) are not the ones this golden was recorded with ({})",
+                recorded.weights
             )));
         }
         let tol = Tolerance::absolute(atol);
@@ -125,7 +125,7 @@ impl Golden {
                     speculation: &mut speculation,
                     greedy: &mut ReferenceGreedy::new(m2r2.model),
                     config: &m2r2.model.config,
-                    weights_hash: Some(&hash),
+                    weights: Some(&id),
                     draft_gate: *draft_gate,
                     graphs: EngineGraphs::REFERENCE,
                 };
@@ -140,7 +140,7 @@ impl Golden {
                     speculation: &mut speculation,
                     greedy: &mut ReferenceGreedy::new(m2r2.model),
                     config: &m2r2.model.config,
-                    weights_hash: Some(&hash),
+                    weights: Some(&id),
                     draft_gate: recipe.draft_gate,
                     graphs: EngineGraphs::REFERENCE,
                 };
@@ -170,25 +170,25 @@ impl Golden {
         &self,
         recorded: &M2r2Golden,
         config: &ModelConfig,
-        weights_hash: Option<&str>,
+        weights: Option<&WeightsId>,
         draft_gate: usize,
         engine_gate: usize,
     ) -> Result<()> {
         self.check_config(config)?;
-        match weights_hash {
-            Some(hash) if hash == recorded.weights_hash => {}
-            Some(hash) => {
+        match weights {
+            Some(id) if id.matches(&recorded.weights) => {}
+            Some(id) => {
                 return Err(Error::Invalid(format!(
-                    "the engine's M2R2 weights (hash {hash}) are not the ones this golden was \
-                     recorded with (hash {})",
-                    recorded.weights_hash
+                    "the engine's M2R2 weights ({id}) are not the ones this golden was recorded \
+                     with ({})",
+                    recorded.weights
                 )));
             }
             None => {
                 return Err(Error::Invalid(format!(
                     "the engine does not say which M2R2 weights it runs, so a golden recorded with \
-                     M2R2 weights {} cannot be checked on it",
-                    recorded.weights_hash
+                     M2R2 weights ({}) cannot be checked on it",
+                    recorded.weights
                 )));
             }
         }
@@ -306,7 +306,7 @@ impl Golden {
         self.check_engine(
             recorded,
             engine.config,
-            engine.weights_hash,
+            engine.weights,
             *draft_gate,
             engine.draft_gate,
         )?;
@@ -509,8 +509,8 @@ pub struct SpeculativeEngine<'a> {
     /// Recomputes the logits along the recorded tokens.
     pub greedy: &'a mut dyn GreedyBackend,
     pub config: &'a ModelConfig,
-    /// [`weights_hash`] of the M2R2 weights the engine runs (`None`: unknown, refused).
-    pub weights_hash: Option<&'a str>,
+    /// The M2R2 weights the engine runs ([`WeightsId`]; `None`: unknown, refused).
+    pub weights: Option<&'a WeightsId>,
     /// The gate it drafts at, 1-based.
     pub draft_gate: usize,
     /// What the engine calls the parts that recompute each tensor.

@@ -26,7 +26,9 @@
 //!
 //! Metadata of both modes: `m2r2_config` (the [`M2r2Config`](crate::m2r2::config::M2r2Config) as
 //! JSON, with its `bridge` entry when the drafts read the verified state), `m2r2_hash`
-//! ([`weights_hash`], the bridge's maps included). Early exit: `gate`, `threshold`, `kv_policy`.
+//! ([`weights_hash`], the bridge's maps included) and, since the drafting defaults were left out
+//! of a second hash, `m2r2_weights_hash` ([`weights_hash_without_defaults`]; see [`WeightsId`]).
+//! Early exit: `gate`, `threshold`, `kv_policy`.
 //! Speculative: `draft_gate` (1-based), `gate` (scored at each proposal, or `none`),
 //! `draft_length` (`fixed` or `dynamic`), `draft_max`, and `draft_threshold` when dynamic.
 //!
@@ -61,6 +63,8 @@ mod tree_replay;
 mod tree_rounds;
 #[cfg(test)]
 mod tree_tests;
+#[cfg(test)]
+mod weights_id_tests;
 
 pub use check::{EngineGraphs, REFERENCE, SpeculativeEngine};
 pub(super) use check::{compare_graph_outputs, compare_rounds, compare_scores};
@@ -73,9 +77,55 @@ pub(super) use tree_compare::{compare_tree_graph_outputs, compare_tree_rounds};
 pub struct M2r2Golden {
     /// `m2r2_config`: the M2R2 settings as JSON
     pub config_json: String,
-    /// `m2r2_hash`: [`weights_hash`] of the M2R2 weights recorded with
-    pub weights_hash: String,
+    /// `m2r2_hash` and `m2r2_weights_hash`: the M2R2 weights recorded with.
+    pub weights: WeightsId,
     pub record: M2r2Record,
+}
+
+/// Which M2R2 weights a golden was recorded with, or an engine runs: two hashes of them.
+///
+/// The first, `m2r2_hash`, covers the whole `m2r2_config.json`, decoding defaults included, so
+/// re-choosing the drafting policy (`tune-drafting --write`) or an early-exit threshold changed it
+/// and orphaned every golden of those weights. The second, `m2r2_weights_hash`, leaves out the
+/// defaults a golden records for itself. Two identities match by the second when both have it
+/// (goldens and exports from before it have only the first), else by the first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WeightsId {
+    /// `m2r2_hash`: [`weights_hash`].
+    pub hash: String,
+    /// `m2r2_weights_hash`: [`weights_hash_without_defaults`]; `None` in goldens and export
+    /// manifests written before it.
+    pub without_defaults: Option<String>,
+}
+
+impl WeightsId {
+    /// Both hashes of `weights`.
+    pub fn of(weights: &M2r2Weights) -> Self {
+        WeightsId {
+            hash: weights_hash(weights),
+            without_defaults: Some(weights_hash_without_defaults(weights)),
+        }
+    }
+
+    /// Whether these are the weights `recorded` names: by `m2r2_weights_hash` when both have it,
+    /// else by `m2r2_hash`.
+    pub fn matches(&self, recorded: &WeightsId) -> bool {
+        match (&self.without_defaults, &recorded.without_defaults) {
+            (Some(a), Some(b)) => a == b,
+            _ => self.hash == recorded.hash,
+        }
+    }
+}
+
+/// `hash H` (`hash H, weights hash W` when it has the second): how messages name an identity.
+impl std::fmt::Display for WeightsId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "hash {}", self.hash)?;
+        if let Some(w) = &self.without_defaults {
+            write!(f, ", weights hash {w}")?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -218,8 +268,42 @@ fn step_rounds(accepted: &[i64], n: usize) -> Vec<Option<usize>> {
 
 /// SHA-256 (first 8 bytes, hex) of the M2R2 settings, every adapter and ARLA tensor's bytes and
 /// the pruned draft head's token ids (when there is one), in a fixed order: a check with other
-/// adapters, gates or draft head is refused.
+/// adapters, gates or draft head is refused. `m2r2_hash` of goldens and export manifests.
 pub fn weights_hash(weights: &M2r2Weights) -> String {
+    let config = serde_json::to_string(&weights.config).expect("config serialises");
+    hash_with(&config, weights)
+}
+
+/// The decoding defaults of `m2r2_config.json`, which a golden records for itself (or, for
+/// `seed`, which only says where the weights came from).
+const DECODING_DEFAULTS: [&str; 8] = [
+    "draft_gate",
+    "draft_len",
+    "dynamic_draft",
+    "draft_tree",
+    "prompt_lookup",
+    "onnx_drafting",
+    "early_exit",
+    "seed",
+];
+
+/// [`weights_hash`] with the settings' decoding defaults left out (the drafting fields,
+/// `early_exit`, `arla.threshold`, `seed`): what the weights compute, whatever they draft or exit
+/// by default. `m2r2_weights_hash` of goldens and export manifests.
+pub fn weights_hash_without_defaults(weights: &M2r2Weights) -> String {
+    let mut config = serde_json::to_value(&weights.config).expect("config serialises");
+    let object = config.as_object_mut().expect("the config is a JSON object");
+    for key in DECODING_DEFAULTS {
+        object.remove(key);
+    }
+    if let Some(arla) = object.get_mut("arla").and_then(|a| a.as_object_mut()) {
+        arla.remove("threshold");
+    }
+    hash_with(&format!("weights {config}"), weights)
+}
+
+/// The hash of `config` (the settings as text) and every tensor of `weights`.
+fn hash_with(config: &str, weights: &M2r2Weights) -> String {
     let mut h = Sha256::new();
     let mut tensor = |name: &str, values: &mut dyn Iterator<Item = &f32>| {
         h.update(name.as_bytes());
@@ -227,8 +311,7 @@ pub fn weights_hash(weights: &M2r2Weights) -> String {
             h.update(v.to_le_bytes());
         }
     };
-    let config = serde_json::to_string(&weights.config).expect("config serialises");
-    tensor(&config, &mut std::iter::empty());
+    tensor(config, &mut std::iter::empty());
     let acc = &weights.accelerator;
     let header = format!(
         "accelerator rank {} alpha {} rslora {} targets {:?}",
@@ -368,8 +451,11 @@ impl M2r2Golden {
     pub(super) fn metadata(&self) -> Vec<(String, String)> {
         let mut meta = vec![
             ("m2r2_config".to_string(), self.config_json.clone()),
-            ("m2r2_hash".to_string(), self.weights_hash.clone()),
+            ("m2r2_hash".to_string(), self.weights.hash.clone()),
         ];
+        if let Some(w) = &self.weights.without_defaults {
+            meta.push(("m2r2_weights_hash".to_string(), w.clone()));
+        }
         match &self.record {
             M2r2Record::EarlyExit {
                 gate,
@@ -538,7 +624,16 @@ impl M2r2Golden {
         };
         Ok(M2r2Golden {
             config_json,
-            weights_hash: parsed("m2r2_hash")?,
+            weights: WeightsId {
+                hash: parsed("m2r2_hash")?,
+                without_defaults: match file.meta.get("m2r2_weights_hash") {
+                    Some(w) if w.len() == 16 && w.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                        Some(w.clone())
+                    }
+                    Some(w) => return Err(bad("m2r2_weights_hash", w)),
+                    None => None,
+                },
+            },
             record,
         })
     }

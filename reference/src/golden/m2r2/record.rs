@@ -1,7 +1,7 @@
 //! Recording the M2R2 modes' goldens: decode early-exit or self-speculatively with the reference and
 //! keep every step's decisions and the logits each token was emitted from.
 
-use super::{GraphOutputs, M2r2Golden, M2r2Record, RoundTensors, weights_hash};
+use super::{GraphOutputs, M2r2Golden, M2r2Record, RoundTensors, WeightsId};
 use crate::base::ops::argmax;
 use crate::decode::draft_verify::ReferenceSpeculation;
 use crate::decode::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate};
@@ -134,7 +134,7 @@ pub(super) fn m2r2_golden(
         logits,
         m2r2: Some(M2r2Golden {
             config_json: serde_json::to_string(&m2r2.weights.config).expect("config serialises"),
-            weights_hash: weights_hash(m2r2.weights),
+            weights: WeightsId::of(m2r2.weights),
             record,
         }),
         writer: Some(env!("CARGO_PKG_VERSION").into()),

@@ -446,14 +446,14 @@ fn speculative_engine_refusals() {
     let m2r2 = M2r2::new(&model, &weights);
     let options = spec_options(DraftLength::Fixed(2));
     let g = Golden::record_speculative(m2r2, "tiny", &[1, 2], 6, 1, None, &options).unwrap();
-    let hash = weights_hash(&weights);
-    let check = |draft_gate: usize, hash: Option<&str>| {
+    let hash = WeightsId::of(&weights);
+    let check = |draft_gate: usize, hash: Option<&WeightsId>| {
         let mut speculation = ReferenceSpeculation::new(m2r2, draft_gate, None, 32).unwrap();
         let engine = SpeculativeEngine {
             speculation: &mut speculation,
             greedy: &mut ReferenceGreedy::new(&model),
             config: &model.config,
-            weights_hash: hash,
+            weights: hash,
             draft_gate,
             graphs: EngineGraphs::REFERENCE,
         };
@@ -467,7 +467,11 @@ fn speculative_engine_refusals() {
     );
     let err = check(1, None).unwrap_err().to_string();
     assert!(err.contains("does not say which M2R2 weights"), "{err}");
-    let err = check(1, Some("0123456789abcdef")).unwrap_err().to_string();
+    let other = WeightsId {
+        hash: "0123456789abcdef".into(),
+        without_defaults: Some("0123456789abcdef".into()),
+    };
+    let err = check(1, Some(&other)).unwrap_err().to_string();
     assert!(err.contains("not the ones this golden"), "{err}");
     let greedy = Golden::record_greedy(&model, "tiny", &[1, 2], 3).unwrap();
     let mut speculation = ReferenceSpeculation::new(m2r2, 1, None, 32).unwrap();
@@ -475,7 +479,7 @@ fn speculative_engine_refusals() {
         speculation: &mut speculation,
         greedy: &mut ReferenceGreedy::new(&model),
         config: &model.config,
-        weights_hash: Some(&hash),
+        weights: Some(&hash),
         draft_gate: 1,
         graphs: EngineGraphs::REFERENCE,
     };

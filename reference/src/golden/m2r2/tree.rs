@@ -167,7 +167,7 @@ impl Golden {
         self.check_engine(
             recorded,
             engine.config,
-            engine.weights_hash,
+            engine.weights,
             recipe.draft_gate,
             engine.draft_gate,
         )?;

@@ -4,7 +4,7 @@
 //! ([`TreeRecording`]).
 
 use super::tree_rounds::{TreeRecipe, TreeRounds};
-use super::{EngineGraphs, GraphOutputs};
+use super::{EngineGraphs, GraphOutputs, WeightsId};
 use crate::base::config::ModelConfig;
 use crate::base::generate::GreedyBackend;
 use crate::base::tree::TokenTree;
@@ -24,8 +24,8 @@ pub struct TreeEngine<'a> {
     /// Recomputes the logits along the recorded tokens.
     pub greedy: &'a mut dyn GreedyBackend,
     pub config: &'a ModelConfig,
-    /// `weights_hash` of the M2R2 weights the engine runs (`None`: unknown, refused).
-    pub weights_hash: Option<&'a str>,
+    /// The M2R2 weights the engine runs (`WeightsId`; `None`: unknown, refused).
+    pub weights: Option<&'a WeightsId>,
     /// The gate it drafts at, 1-based.
     pub draft_gate: usize,
     /// What the engine calls the parts that recompute each tensor.

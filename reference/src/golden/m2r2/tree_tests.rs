@@ -333,14 +333,14 @@ fn tree_engine_refusals() {
     let (model, weights) = setup("tiny");
     let m2r2 = M2r2::new(&model, &weights);
     let g = tree_golden(m2r2, &[2, 1], 6);
-    let hash = weights_hash(&weights);
-    let check = |golden: &Golden, draft_gate: usize, hash: Option<&str>| {
+    let hash = WeightsId::of(&weights);
+    let check = |golden: &Golden, draft_gate: usize, hash: Option<&WeightsId>| {
         let mut speculation = ReferenceTreeSpeculation::new(m2r2, draft_gate, 32).unwrap();
         let engine = TreeEngine {
             speculation: &mut speculation,
             greedy: &mut ReferenceGreedy::new(&model),
             config: &model.config,
-            weights_hash: hash,
+            weights: hash,
             draft_gate,
             graphs: EngineGraphs::REFERENCE,
         };
@@ -372,7 +372,7 @@ fn tree_engine_refusals() {
         speculation: &mut speculation,
         greedy: &mut ReferenceGreedy::new(&model),
         config: &model.config,
-        weights_hash: Some(&hash),
+        weights: Some(&hash),
         draft_gate: 1,
         graphs: EngineGraphs::REFERENCE,
     };
