@@ -463,6 +463,10 @@ pub fn print_engines(engines: &[EngineResult]) {
         "  (accepted: tokens emitted per verification; ms/draft: one token through draft.onnx or the \
          reference's lower layers with the fast stream; ms/verify: one verify chunk)"
     );
+    println!(
+        "  (a fixed chain on a pseudo-random prompt: it prices the steps, not the default \
+         drafting's speed-up on text, which scripts/bench_speculative.py measures on real prompts)"
+    );
 }
 
 /// Run from `m2r2 bench` when `--onnx` is given.
