@@ -7,7 +7,9 @@
 #   3. sets up a Python venv with the pinned packages of scripts/onnx-check/requirements.txt (onnx,
 #      onnxruntime, numpy, safetensors, setuptools) under the m2r2 cache and exports M2R2_PYTHON, for
 #      the exporter's onnx.checker tests and the golden-file Python package's tests (python/),
-#   4. runs every test of the workspace with every feature. Tests on the real model are part of it,
+#   4. builds the API docs with rustdoc's warnings as errors (a broken intra-doc link fails here,
+#      in under a minute, before the long run),
+#   5. runs every test of the workspace with every feature. Tests on the real model are part of it,
 #      never skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,4 +39,5 @@ pyenv="${M2R2_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/m2r2}/pyenv"
 "$pyenv/bin/pip" install -q --disable-pip-version-check -r scripts/onnx-check/requirements.txt
 export M2R2_PYTHON="$pyenv/bin/python"
 
+RUSTDOCFLAGS="-D warnings" cargo doc --quiet --no-deps --workspace --features linalg
 cargo test --workspace --features linalg

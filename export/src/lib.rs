@@ -10,7 +10,7 @@
 //! Layout: [`proto`] (generated protobuf types, apart), [`builder`] (a small graph builder),
 //! [`emit`] (one emitter per reference module, same file names), [`graphs`] (the four graphs and
 //! their interfaces), [`static_graph`] (the same four with fixed KV buffers written in place,
-//! `--static-cache`, docs/STATIC.md), [`write`] (protobuf files, external data), [`folder`] (the
+//! `--static-cache`, docs/STATIC.md), [`write`](mod@write) (protobuf files, external data), [`folder`] (the
 //! export folder: manifest, onnxruntime-genai config, tokenizer files), [`summary`] (per-graph
 //! statistics), [`check`] (the graphs under ONNX Runtime against the reference).
 

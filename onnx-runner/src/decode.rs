@@ -6,7 +6,7 @@
 //!   ([`speculative_generate`] over [`OnnxSpeculation`], timed by [`Timed`]).
 //!
 //! - speculative with a token tree ([`decode_tree`]): the reference's tree loop
-//!   ([`tree_speculate`]) over the same graphs of a static export.
+//!   ([`tree_speculate`](reference::decode::tree_speculation::tree_speculate)) over the same graphs of a static export.
 //!
 //! The drafting settings come from the export's M2R2 settings and the request, by the library's
 //! one policy ([`resolve_drafting`]).

@@ -2,7 +2,7 @@
 //!
 //! Registration is fail-fast: the provider is registered with `error_on_failure`, so a provider
 //! that ONNX Runtime cannot set up (not compiled into the library, CUDA libraries missing, no
-//! device) is an [`Error::ExecutionProvider`](crate::Error::ExecutionProvider) carrying the
+//! device) is an [`Error::ExecutionProvider`] carrying the
 //! provider's own reason. Only with [`EpConfig::fallback`] (`--ep-fallback`) does the session fall
 //! back to the CPU, and then [`OnnxSession::ep_used`](crate::session::OnnxSession::ep_used) says so.
 //!

@@ -9,7 +9,7 @@
 //! dA = s * (dy B)^T x                [r, in]
 //! ```
 //! `W` and `b` are base weights: frozen, no gradient. Their products (`x W^T`, `dy W`) run as
-//! parallel GEMMs over the whole batch ([`gemm`](crate::gemm)); the rank-`r` LoRA products are small.
+//! parallel GEMMs over the whole batch ([`gemm`]); the rank-`r` LoRA products are small.
 
 use crate::gemm;
 use crate::real::{Real, lift};

@@ -17,7 +17,7 @@
 //! The residual stream is 4-D, `[B, 1, T, D]`, so each projection broadcasts over the heads of a
 //! weight stored head-major (`[H, D, Dh]`): no `Reshape` / `Transpose` between the projections and
 //! the 4-D `Attention` (the form TensorRT's parser maps onto its attention layer). verifier.onnx,
-//! whose chunks have several rows, computes q, k and v as one GEMM instead ([`project_qkv`]), then
+//! whose chunks have several rows, computes q, k and v as one GEMM instead (`project_qkv`), then
 //! reshapes and transposes them head-major. Weights are
 //! stored in the layouts the `MatMul`s read, under their name plus a suffix ([`HEADS`],
 //! [`TRANSPOSED`]), so the written graph has no weight-side nodes either.
@@ -51,7 +51,7 @@ pub struct StaticContext<'a> {
     /// f32 `[B, 1, T, L + T]`, additive, draft.onnx only: the fast rows' view of the buffer and of
     /// their own keys (`static_draft`)
     pub fast_attn_mask: Option<&'a str>,
-    /// q, k and v as one GEMM ([`project_qkv`]: verifier.onnx, whose chunks have several rows),
+    /// q, k and v as one GEMM (`project_qkv`: verifier.onnx, whose chunks have several rows),
     /// else three products broadcast over the heads (one node fewer per layer; as fast for a row)
     pub fused_qkv: bool,
 }

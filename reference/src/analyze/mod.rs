@@ -16,7 +16,7 @@
 //! gate's layer, so the adapters' gain is visible (with zero adapters `u_g == s_{e_g}`). Cosines are
 //! summarised over positions as mean / min / max, agreements as a fraction of positions.
 //!
-//! With the `linalg` feature, [`pca_2d`] (`pca.rs`) projects a residual trajectory `s_0..s_N` (and the fast
+//! With the `linalg` feature, `pca_2d` (`pca.rs`) projects a residual trajectory `s_0..s_N` (and the fast
 //! exit states) onto its top two principal components.
 //!
 //! Dimension legend as in the crate root; `P` points of a trajectory (`N + 1`), `J` gates.

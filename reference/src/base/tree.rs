@@ -26,14 +26,14 @@
 //! [`KvCache::compact`](super::kv_cache::KvCache::compact) moves the accepted path's slots to the
 //! positions `n ..` (rows already rotated for those positions, so the copy is exact).
 //!
-//! Shape `W1,W2,...` **[ours]**: the root has `W1` children, each node at depth `d >= 1` has
+//! Shape `W1,W2,...` **\[ours\]**: the root has `W1` children, each node at depth `d >= 1` has
 //! `W_{d+1}`; `2,1,1` is two chains of three drafts (7 nodes), and `1,1,...,1` (m ones) the chain
 //! of `--draft-len m`.
 
 use crate::error::{Error, Result};
 use std::ops::Range;
 
-/// The most nodes (root and drafts) a tree may have: the rows of one verify chunk **[ours]**. The
+/// The most nodes (root and drafts) a tree may have: the rows of one verify chunk **\[ours\]**. The
 /// batch-invariant product stays near a decode step's cost up to about 16 rows (`matmul.rs`); 64
 /// leaves room for wide trees without letting a typo ask for millions of rows.
 pub const MAX_TREE_NODES: usize = 64;

@@ -36,7 +36,7 @@
 //! the `k`-th chain draft along the true tokens sees (the same cache rows, bitwise, and with a
 //! bridge its parent's exit state, the previous draft's). So each point also keeps the *rank* of
 //! the next greedy token among the draft's candidates ([`DraftPoint::rank`], ranked as
-//! [`top_candidates`](crate::decode::tree_speculation::top_candidates) ranks them): the tree holds
+//! [`top_candidates`] ranks them): the tree holds
 //! it at depth `k` when `rank < W_{k+1}`. [`simulate_tree`] replays tree rounds on the same trace;
 //! a round's cost is its draft levels (one chunk per depth) and one verification of all its nodes
 //! ([`TreeCosts`]). Tested against `tree_speculative_generate` round by round.
@@ -92,7 +92,7 @@ impl DraftPoint {
 pub type Trace = Vec<Vec<DraftPoint>>;
 
 /// The rank of `token` among `logits` in
-/// [`top_candidates`](crate::decode::tree_speculation::top_candidates)'s order (highest logit first, equal
+/// [`top_candidates`]'s order (highest logit first, equal
 /// logits in token order, NaN last): `top_candidates(logits, V)[rank] == token`, in one pass.
 ///
 /// # Panics

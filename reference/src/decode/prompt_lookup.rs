@@ -21,7 +21,7 @@
 //! In a round the guess becomes a chain attached at the root of the drafted tree
 //! ([`with_lookup_branch`]): its nodes carry fixed tokens, run only their slow rows through the
 //! draft layers (they propose nothing) and are verified with the rest of the tree, so greedy
-//! acceptance keeps them exactly when greedy decoding would have emitted them. **[ours]**: the
+//! acceptance keeps them exactly when greedy decoding would have emitted them. **\[ours\]**: the
 //! branch beside a self-speculative tree, and the root's drafted children skipping the guessed
 //! token (`decode/tree_speculation.rs`).
 

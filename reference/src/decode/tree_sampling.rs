@@ -24,7 +24,7 @@
 //! independently of how it was chosen, so the argument repeats down the tree and every token is
 //! distributed as sampling from the base model.
 //!
-//! **Why i.i.d. and not without replacement [ours]:** the i.i.d. rule is the chain's rule with one
+//! **Why i.i.d. and not without replacement \[ours\]:** the i.i.d. rule is the chain's rule with one
 //! shared `q` (no per-sibling renormalisation), so a chain is bit for bit the chain loop with the
 //! same seed (tested), and its proof is SpecInfer's as written. Drawing without replacement (with
 //! Recursive Speculative Decoding's correction, Jeon et al., 2024) avoids duplicate siblings,
@@ -32,7 +32,7 @@
 //! (`r_j(x) = 0` after `x` was rejected). That matters when `q` is peaked (low temperature); it
 //! is not built.
 //!
-//! **A child proposed another way: a prompt-lookup branch [ours].** The branch's tokens are
+//! **A child proposed another way: a prompt-lookup branch \[ours\].** The branch's tokens are
 //! copied from the context, not drawn from `q`. SpecInfer's step allows one proposal distribution
 //! per candidate, so such a child is tested against its own: one-hot on its token `g`, a
 //! deterministic proposal (it depends on the emitted text only, never on this round's random

@@ -34,7 +34,7 @@
 //! node is chosen from the root by [`TreeSampling::accept`] (SpecInfer's multi-step speculative
 //! sampling): lossless in distribution, `None` is greedy as above.
 //!
-//! **[ours]**, this version: the drafts of one depth run as one chunk, each depth after the one
+//! **\[ours\]**, this version: the drafts of one depth run as one chunk, each depth after the one
 //! before. **Dynamic drafting per branch** ([`tree_speculate_dynamic`], [`dynamic_round`]): the
 //! shape is the largest tree a round may draft; the round grows it a level at a time and a node
 //! gets its children only when the draft gate scores it at least the threshold (EAGLE-2 grows
@@ -486,7 +486,7 @@ pub fn tree_round<B: TreeBackend>(
 }
 
 /// A greedy [`tree_round`] on `tree` with `guess` as a chain at its root
-/// ([`with_lookup_branch`](crate::decode::prompt_lookup::with_lookup_branch)): the round's tree
+/// ([`with_lookup_branch`]): the round's tree
 /// is the merged one; `tree` itself when `guess` is empty.
 ///
 /// # Errors

@@ -9,7 +9,7 @@
 //!   ([`ModelConfig::hash`]), `config` (the config as JSON), `mode`, `m2r2_version`.
 //!
 //! Format versions. Version 1: greedy only. Version 2: the M2R2 modes (`early-exit`,
-//! `speculative`), their extra tensors and metadata listed in [`m2r2`]. Version 3 (every golden
+//! `speculative`), their extra tensors and metadata listed in `m2r2/mod.rs`. Version 3 (every golden
 //! written now without a token tree) adds what a deployment's check needs:
 //! - metadata `stop_tokens` (JSON ids the decode stops after, the model's end-of-turn tokens;
 //!   `[]` when it was to run the whole budget, `--ignore-eos`) and `max_steps` (the budget); a
@@ -17,7 +17,7 @@
 //!   the whole budget and do not say so;
 //! - optional pins of the suite: `atol`, `rtol`, `expect_dtype` (the export precision it is for);
 //! - speculative files: `verify_logits` and `draft_logits`, what the verifier and the draft
-//!   produced along the recorded rounds ([`m2r2`]), so that each graph is checked on its own.
+//!   produced along the recorded rounds (`m2r2/check.rs`), so that each graph is checked on its own.
 //!
 //! Version 4: speculative goldens that draft a token tree (`draft_length` = `tree`, the tree's
 //! rounds and every node's verified row, [`m2r2::tree`]). Only those are written as version 4:

@@ -13,7 +13,7 @@
 //! Only the fast rows get the adapter term; `B = 0` makes the fast stream equal to the slow one.
 //! Each layer belongs to exactly one interval, so it has at most one adapter. The fast stream runs
 //! only in intervals that end at a gate (`0..J`), so [`Accelerator::zeros`] and
-//! [`Accelerator::random`] put adapters on layers `0 .. e_J` and none after the last gate [ours].
+//! [`Accelerator::random`] put adapters on layers `0 .. e_J` and none after the last gate \[ours\].
 //!
 //! Storage is the PEFT LoRA layout (`io::peft`), so adapters trained with PEFT load unchanged.
 
@@ -32,7 +32,7 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// [ours] `Accelerator::random` draws `B ~ N(0, sigma^2)` with `sigma = RANDOM_DELTA_RATIO /
+/// \[ours\] `Accelerator::random` draws `B ~ N(0, sigma^2)` with `sigma = RANDOM_DELTA_RATIO /
 /// (scale * sqrt(r))`. With `A ~ N(0, 1/in)`, an input of unit RMS gives `A x` entries of unit
 /// variance, so the adapter term `scale * B A x` has an RMS of about `RANDOM_DELTA_RATIO` times
 /// that of the base projection `W x` (whose weights are `N(0, 1/in)` in the built-in models): a

@@ -1,4 +1,4 @@
-//! The bridge [ours]: the draft reads the last verified slow state (docs/m2r2/bridge.md).
+//! The bridge \[ours\]: the draft reads the last verified slow state (docs/m2r2/bridge.md).
 //!
 //! Every verification computes the final slow residual `s_N` of each verified position; the draft
 //! of the next position throws it away in plain M2R2. The bridge feeds it back in. For the draft

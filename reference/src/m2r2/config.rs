@@ -29,22 +29,22 @@ use std::path::Path;
 /// File name of the M2R2 settings inside an M2R2 weights folder.
 pub const M2R2_CONFIG_FILE: &str = "m2r2_config.json";
 
-/// Default number of exit gates J [ours].
+/// Default number of exit gates J \[ours\].
 pub const DEFAULT_NUM_GATES: usize = 3;
-/// Default adapter rank r [ours].
+/// Default adapter rank r \[ours\].
 pub const DEFAULT_RANK: usize = 16;
-/// Default adapter alpha (scale `alpha / r` = 2 at the default rank) [ours].
+/// Default adapter alpha (scale `alpha / r` = 2 at the default rank) \[ours\].
 pub const DEFAULT_ALPHA: f32 = 32.0;
 /// The largest ARLA latent size accepted (a file's value sizes fresh ARLA weights in
 /// `train-arla`; real ones are 64).
 pub const MAX_ARLA_LATENT: usize = 1 << 16;
-/// Default ARLA latent size `d_lat` [ours].
+/// Default ARLA latent size `d_lat` \[ours\].
 pub const DEFAULT_ARLA_LATENT: usize = 64;
-/// Default exit threshold tau: exit when the gate score is `>= tau` [ours].
+/// Default exit threshold tau: exit when the gate score is `>= tau` \[ours\].
 pub const DEFAULT_THRESHOLD: f32 = 0.5;
-/// Default draft gate `g_d` (1-based) [ours].
+/// Default draft gate `g_d` (1-based) \[ours\].
 pub const DEFAULT_DRAFT_GATE: usize = 1;
-/// Default draft length gamma [ours].
+/// Default draft length gamma \[ours\].
 pub const DEFAULT_DRAFT_LEN: usize = 4;
 
 /// In `m2r2_config.json` a target is its module name (`q_proj`, ...).

@@ -7,7 +7,7 @@
 //! | `confidence` | `max_v softmax(logits)_v` (CALM-style)   | the exit logits     |
 //! | `entropy`    | `1 - H(softmax(logits)) / ln V`          | the exit logits     |
 //!
-//! The entropy score is normalised [ours] so that, like the others, it lies in `[0, 1]` and higher
+//! The entropy score is normalised \[ours\] so that, like the others, it lies in `[0, 1]` and higher
 //! means more confident: 1 for a one-hot distribution, 0 for the uniform one.
 
 use crate::error::{Error, Result};

@@ -1,5 +1,5 @@
 //! Early exit's threshold tau (docs/m2r2/early_exit.md): one shared by every gate, or one per gate
-//! [ours]. A token exits at the first gate `g` whose score is `>= tau_g`
+//! \[ours\]. A token exits at the first gate `g` whose score is `>= tau_g`
 //! ([`should_exit`](crate::m2r2::exit_gate::should_exit)); a threshold above 1 closes a gate.
 //!
 //! Why per gate: calibration keeps the thresholds with the fewest layers per token at a target

@@ -7,7 +7,7 @@
 //! |-------------|---------------------------------------------------------------|-------------------|
 //! | `lazy`      | none: every miss is loaded on demand                          | -                 |
 //! | `next-gate` | router of `l` on `RMSNorm_l(s_{l-1})`, the slow state entering layer `l-1` (Mixtral-offloading) | start of layer `l-1` |
-//! | `m2r2`      | router of `l` on `RMSNorm_l(f)`, the fast state at aligned depth `d_j(i)` with `d_j(i-1) <= l < d_j(i)` [ours] | end of the fast stream's `i`-th layer of interval `j` |
+//! | `m2r2`      | router of `l` on `RMSNorm_l(f)`, the fast state at aligned depth `d_j(i)` with `d_j(i-1) <= l < d_j(i)` \[ours\] | end of the fast stream's `i`-th layer of interval `j` |
 //! | `oracle`    | the experts the slow stream really uses                       | start of the token |
 //!
 //! `RMSNorm_l` is layer `l`'s own `post_attention_layernorm`, the norm its router reads. The m2r2
@@ -193,7 +193,7 @@ impl std::str::FromStr for Predictor {
 }
 
 /// The MoE layers that `m2r2` predicts after the fast stream's `i`-th layer (`i = 1..=k_j`) in
-/// interval `j` [ours]: those whose MoE input lies between the previous aligned depth and this one,
+/// interval `j` \[ours\]: those whose MoE input lies between the previous aligned depth and this one,
 /// `d_j(i-1) <= l < d_j(i)`. The caller drops layers that are not in the future.
 pub fn m2r2_targets(config: &M2r2Config, j: usize, i: usize) -> Range<usize> {
     config.aligned_depth(j, i - 1)..config.aligned_depth(j, i)

@@ -1,7 +1,7 @@
 //! The deployment that the expert-prefetch simulator models (docs/MOE_AOT.md), per-layer compute
 //! times from the cost model, and sweeps over capacity and bandwidth.
 //!
-//! Defaults [ours], chosen to resemble an on-device GPU serving an offloaded MoE model at batch 1
+//! Defaults \[ours\], chosen to resemble an on-device GPU serving an offloaded MoE model at batch 1
 //! (docs/MOE_AOT.md explains them):
 //!
 //! | parameter | default | what it stands for |

@@ -26,7 +26,7 @@ pub struct EpArgs {
     /// TensorRT: build fp16 engines
     #[arg(long)]
     pub trt_fp16: bool,
-    /// TensorRT: engine and timing cache folder (default: <DIR>/trt_cache)
+    /// TensorRT: engine and timing cache folder (default: DIR/trt_cache)
     #[arg(long, value_name = "DIR")]
     pub trt_cache: Option<PathBuf>,
     /// ONNX Runtime: a pool of N intra-op threads for each session (default: one pool with a

@@ -2,7 +2,7 @@
 //! x_t)` for several weight rows against every input row of a chunk, with each weight row read from
 //! memory once.
 //!
-//! Every implementation computes exactly [`dot`](super::dot)'s sum in [`dot`](super::dot)'s order
+//! Every implementation computes exactly [`dot`]'s sum in [`dot`]'s order
 //! (16 lanes of separately rounded products and sums, lanes added left to right, then the tail left
 //! to right, no fused multiply-add), so they give the same bits on every input; the tests compare
 //! each one, forced, with [`linear_naive`](super::linear_naive). What differs is how many lanes an
@@ -10,7 +10,7 @@
 //!
 //! | kernel     | where                        | per instruction | tile (weight rows x input rows) |
 //! |------------|------------------------------|-----------------|---------------------------------|
-//! | `Portable` | everywhere (the definition)  | what the compiler makes of [`dot`](super::dot) | 1 x 1 |
+//! | `Portable` | everywhere (the definition)  | what the compiler makes of [`dot`] | 1 x 1 |
 //! | `Avx2`     | x86-64 with AVX2 (runtime check) | 8 lanes (`__m256`) | 1 x 4 (then 1 x 3, 1 x 2, 1 x 1) |
 //! | `Avx512`   | x86-64 with AVX-512F (runtime check) | 16 lanes (`__m512`: one register is one dot) | 4 x 6 for chunks (then 1 x 6 for the last rows), 1 x 1 for decode |
 //! | `Neon`     | aarch64 (NEON is baseline there) | 4 lanes (`float32x4_t`) | 2 x 2 |
@@ -25,7 +25,7 @@
 //! dependency to save one `is_x86_feature_detected!`; `pulp`'s portable SIMD types also hide the
 //! register block the speed comes from, and `multiversion` clones a function per feature set but
 //! leaves the blocking to the compiler, whose auto-vectoriser does not keep a block of
-//! accumulators in registers (the portable path shows what it makes of [`dot`](super::dot)).
+//! accumulators in registers (the portable path shows what it makes of [`dot`]).
 //!
 //! The SIMD loops read through raw pointers and pass their accumulators to a step function by
 //! value: with a bounds check per load, or with the accumulator array updated in place, LLVM kept
@@ -36,7 +36,7 @@ use super::dot;
 /// One implementation of the tile of dot products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
-    /// [`dot`](super::dot) itself, pair by pair: the definition, on every CPU.
+    /// [`dot`] itself, pair by pair: the definition, on every CPU.
     Portable,
     /// x86-64 AVX2 (8-lane) tiles.
     Avx2,

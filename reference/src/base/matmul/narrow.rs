@@ -2,9 +2,9 @@
 //! 64), whose dots are one or a few 16-lane chunks each. The tile path spends such a dot on its
 //! sequential lane sum (16 dependent additions) and its per-row set-up: 22 ns per output, 34 µs for
 //! SmolLM2's `[1, 16] x [1536, 16]^T`, about 0.8 ms of every draft step in all. Here a block of
-//! [`BLOCK`] weight rows is transposed into a local buffer so that each step of [`dot`]'s order, the
+//! `BLOCK` weight rows is transposed into a local buffer so that each step of [`dot`]'s order, the
 //! lane sums over the chunks, then the lanes added left to right, then the tail, runs for
-//! [`BLOCK`] outputs side by side (one vertical operation), which the compiler vectorises without
+//! `BLOCK` outputs side by side (one vertical operation), which the compiler vectorises without
 //! changing any output's order of operations: every value is bitwise [`dot`]'s (tested against
 //! `linear_naive`).
 //!

@@ -11,7 +11,7 @@ use crate::base::tree::TokenTree;
 use crate::error::{Error, Result};
 use crate::m2r2::exit_gate::GateKind;
 
-/// The tree shapes `m2r2 tune-drafting` tries beside chains **[ours]**: a runner-up at the first
+/// The tree shapes `m2r2 tune-drafting` tries beside chains **\[ours\]**: a runner-up at the first
 /// depth, where a chain's first draft is most often wrong and a second candidate is cheapest
 /// (`2,1`, `2,1,1`, `3,1,1`, `4,1,1,1`), and a second candidate one depth down (`2,2,1`,
 /// `3,2,1`). At most 17 nodes, one verification chunk of the size whose cost stays near a decode

@@ -78,7 +78,7 @@ impl Golden {
     ///
     /// # Errors
     /// A tree shape `TokenTree::from_widths` refuses, and what [`ReferenceTreeSpeculation::new`]
-    /// and [`tree_speculate_drafting`] refuse (a grown tree's gate without its weights).
+    /// and [`tree_speculate_drafting`](crate::decode::tree_speculation::tree_speculate_drafting) refuse (a grown tree's gate without its weights).
     pub fn record_tree_drafting(
         m2r2: M2r2<'_>,
         name: &str,
@@ -130,7 +130,7 @@ impl Golden {
 
     /// Replay this token-tree golden on `engine` (the reference, or an export's graphs through
     /// ONNX Runtime) and check every graph on its own:
-    /// - `tokens`, `stop` and `rounds`: the engine's own tree loop ([`tree_speculate_drafting`])
+    /// - `tokens`, `stop` and `rounds`: the engine's own tree loop ([`tree_speculate_drafting`](crate::decode::tree_speculation::tree_speculate_drafting))
     ///   with the recorded drafting (shape, growth, lookup branch), budget and stop tokens; the
     ///   first round whose tree, node tokens, accepted node or base token differ is reported
     ///   once, naming the node;
