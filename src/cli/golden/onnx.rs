@@ -9,11 +9,12 @@
 use super::{CheckArgs, ChosenTolerance};
 use crate::cli::args::onnx::EpArgs;
 use anyhow::{Context, Result, bail};
-use onnx_runner::ep::EpConfig;
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::manifest::ExportDir;
 use onnx_runner::speculation::OnnxSpeculation;
-use reference::golden::{CheckReport, EngineGraphs, Golden, SpeculativeEngine, TreeEngine};
+use reference::golden::{
+    CheckReport, EngineGraphs, Golden, M2r2Record, SpeculativeEngine, TreeEngine,
+};
 use reference::io::tokenizer::Tokenizer;
 use reference::m2r2::exit_gate::GateKind;
 use std::path::Path;
@@ -38,7 +39,6 @@ const GRAPHS: EngineGraphs<'static> = EngineGraphs {
 pub(super) struct OnnxEngine {
     export: ExportDir,
     ep_args: EpArgs,
-    ep: EpConfig,
     model: OnnxModel,
     /// The speculative graphs, loaded for the gate they score (ARLA, confidence, entropy or none)
     /// and the rows one verification runs (a chain's drafts, a tree's drafted nodes: TensorRT's
@@ -78,7 +78,6 @@ impl OnnxEngine {
         Ok(OnnxEngine {
             export,
             ep_args: args.ep.clone(),
-            ep,
             model,
             speculation: None,
             name,
@@ -139,10 +138,11 @@ impl OnnxEngine {
             .tree_recipe()
             .map(reference::golden::TreeRecipe::largest)
             .transpose()?;
-        // rows per verification: a tree's drafted nodes, a chain's drafts
-        let rows = match &tree {
-            Some(tree) => tree.nodes() - 1,
-            None => manifest.m2r2.for_onnx().draft_len,
+        // rows per verification: a tree's drafted nodes, the chain's recorded longest draft
+        let rows = match (&tree, golden.m2r2.as_ref().map(|m| &m.record)) {
+            (Some(tree), _) => tree.nodes() - 1,
+            (None, Some(M2r2Record::Speculative { draft_length, .. })) => draft_length.max(),
+            (None, _) => manifest.m2r2.for_onnx().draft_len,
         };
         let speculation = match &mut self.speculation {
             Some((loaded, loaded_rows, speculation)) if *loaded == gate && *loaded_rows == rows => {
@@ -150,10 +150,7 @@ impl OnnxEngine {
             }
             slot => {
                 *slot = None; // one set of sessions at a time
-                let ep = match &tree {
-                    Some(_) => self.ep_args.config(&self.export, rows),
-                    None => self.ep.clone(),
-                };
+                let ep = self.ep_args.config(&self.export, rows);
                 let loaded = OnnxSpeculation::load(&self.export, &ep, gate)
                     .with_context(|| format!("cannot load the speculative graphs of {dir}"))?;
                 &mut slot.insert((gate, rows, loaded)).2
