@@ -4,7 +4,7 @@ usage: python3 scripts/regate_draft_gate.py SHALLOW DEEP OUT
 
 SHALLOW: a `m2r2 train --gates G,E1,E2,... --train-gates 1` output (gate 1 after G layers, its
 adapters on code layers 0..G trained, usually with a bridge); DEEP: a folder whose gates are
-E1,E2,... (the same rank, alpha and targets). OUT gets SHALLOW's config (its gates, bridge and
+E1,E2,... (the same rank, alpha and targets), or G,E1,E2,..., whose gate 1 is then replaced. OUT gets SHALLOW's config (its gates, bridge and
 drafting settings), its adapters on layers 0..G and bridge, and DEEP's adapters on layers G..,
 all tensors in f16. DEEP's adapters on layers G..E1 were trained for an interval that started at
 layer 0, so early exit at gate 2 reads them from a slow state they were not trained on; retrain
@@ -32,9 +32,10 @@ def main():
     config = json.load(open(os.path.join(shallow, "m2r2_config.json")))
     deep_config = json.load(open(os.path.join(deep, "m2r2_config.json")))
     g = config["gates"][0]
-    if config["gates"][1:] != deep_config["gates"]:
+    # DEEP without the shallow gate (it goes in front), or with it (its gate 1 is replaced)
+    if deep_config["gates"] not in (config["gates"][1:], config["gates"]):
         sys.exit(f"{shallow} has gates {config['gates']}: expected {g} followed by the gates "
-                 f"of {deep}, {deep_config['gates']}")
+                 f"of {deep}, {deep_config['gates']} (or the same gates)")
     for key in ["rank", "alpha", "targets"]:
         if config[key] != deep_config[key]:
             sys.exit(f"`{key}` differs: {config[key]} in {shallow}, {deep_config[key]} in {deep}")
