@@ -254,6 +254,16 @@ fn onnx_drafting_is_what_exports_and_runs_draft() {
         text.contains("ONNX Runtime  its own drafting defaults"),
         "{text}"
     );
+    // and `info --onnx` says what the export drafts by default
+    let export_info = ok(&["info", "--onnx", es, "--json"]).json();
+    let drafting = &export_info["drafting"];
+    assert_eq!(drafting["gate"], 2, "{export_info}");
+    assert_eq!(drafting["draft_tree"]["widths"], serde_json::json!([2, 1]));
+    assert_eq!(drafting["prompt_lookup"], 3, "{export_info}");
+    assert!(
+        export_info["m2r2_weights_hash"].is_string(),
+        "{export_info}"
+    );
     // a bad value in the section is refused at load, naming the file and the section
     c["onnx_drafting"]["draft_gate"] = 9.into();
     std::fs::write(&path, c.to_string()).unwrap();

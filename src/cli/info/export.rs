@@ -1,5 +1,6 @@
 //! `m2r2 info --onnx DIR`: what an export folder holds, read from its manifest and its graphs:
-//! the model and M2R2 settings it was written with, the draft split, and per graph its file,
+//! the model and M2R2 settings it was written with, the draft split, the drafting `run --mode
+//! speculative` does by default (the config's `onnx_drafting` when it has one), and per graph its file,
 //! size, node count (per decoder layer), opset and whether its KV cache is static (fixed
 //! buffers of `L` positions written in place) or grows every step.
 
@@ -79,6 +80,9 @@ pub fn describe(dir: &Path) -> Result<Value> {
         "bridge": m.m2r2.bridge.as_ref().is_some_and(|b| b.gate == m.draft_gate),
         "draft_head_tokens": m.draft_head_tokens,
         "m2r2_hash": m.m2r2_hash,
+        "m2r2_weights_hash": m.m2r2_weights_hash,
+        // what `run --mode speculative` drafts on this export without flags
+        "drafting": super::m2r2::drafting(&m.m2r2.for_onnx().drafting(), m.draft_head_tokens),
         "static_cache": m.static_cache.as_ref().map(|s| json!({"l_max": s.l_max, "opset": s.opset, "merged_adapters": s.merged_adapters})),
         "genai_config": dir.join("genai_config.json").is_file(),
         "graphs": graphs,
@@ -122,6 +126,7 @@ pub fn print_text(info: &Value) {
             None => "none".into(),
         }
     );
+    super::m2r2::print_drafting("drafting     ", "default tree ", &info["drafting"]);
     match info["static_cache"].as_object() {
         Some(sc) => println!(
             "KV cache      static: fixed buffers of {} positions, written in place (opset {}){}",

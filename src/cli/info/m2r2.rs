@@ -68,8 +68,9 @@ pub fn describe(weights: &M2r2Weights, source: &str) -> Value {
     })
 }
 
-/// One engine's drafting defaults: `draft` and `onnx_draft` of `info --json`.
-fn drafting(d: &EngineDrafting, head_tokens: Option<usize>) -> Value {
+/// One engine's drafting defaults: `draft` and `onnx_draft` of `info --json` (and `drafting` of
+/// `info --onnx --json`).
+pub(super) fn drafting(d: &EngineDrafting, head_tokens: Option<usize>) -> Value {
     let dynamic = d.dynamic_draft.as_ref().map(|x| {
         json!({"gate": x.gate.to_string(), "threshold": real(x.threshold), "at_most": d.draft_len})
     });
@@ -185,7 +186,7 @@ fn list(v: &Value) -> String {
 }
 
 /// One engine's drafting defaults as text, each line under its label.
-fn print_drafting(label: &str, tree_label: &str, draft: &Value) {
+pub(super) fn print_drafting(label: &str, tree_label: &str, draft: &Value) {
     let policy = match draft["dynamic_draft"].as_object() {
         Some(d) => format!(
             "dynamic: while {} >= {}, at most {}",
