@@ -436,13 +436,9 @@ pub(in crate::golden) fn compare_rounds(
     want: &RoundTensors,
     got: &RoundTensors,
 ) -> TensorCheck {
-    let common = want.len().min(got.len());
-    let mut first: Option<Divergence> = None;
-    let mut rows_over = 0;
-    for r in 0..common {
-        let (dw, dg) = (want.drafted_in(r), got.drafted_in(r));
+    let differs = |r: usize| {
         let parts = [
-            ("drafted", dw, dg, true),
+            ("drafted", want.drafted_in(r), got.drafted_in(r), true),
             (
                 "accepted",
                 vec![want.accepted[r]],
@@ -456,43 +452,47 @@ pub(in crate::golden) fn compare_rounds(
                 true,
             ),
         ];
-        let Some((what, golden, recomputed, tokens)) =
-            parts.into_iter().find(|(_, w, g, _)| w != g)
-        else {
-            continue;
-        };
-        rows_over += 1;
-        first.get_or_insert(Divergence {
+        let (what, golden, recomputed, tokens) = parts.into_iter().find(|(_, w, g, _)| w != g)?;
+        Some(Divergence {
             row: r,
             what: what.into(),
             golden,
             recomputed,
             tokens,
-        });
-    }
-    if first.is_none() && want.len() != got.len() {
-        // the same rounds as far as both go, then one decode has more
-        let extra = |t: &RoundTensors| (common < t.len()).then(|| t.drafted_in(common));
-        first = Some(Divergence {
-            row: common,
-            what: "drafted".into(),
-            golden: extra(want).unwrap_or_default(),
-            recomputed: extra(got).unwrap_or_default(),
-            tokens: true,
-        });
-        rows_over = 1;
-    }
-    rounds_verdict(graph, first, rows_over, (want.len(), got.len()))
+        })
+    };
+    let extra = |t: &RoundTensors, r: usize| (r < t.len()).then(|| t.drafted_in(r));
+    let past_the_end = |r: usize| Divergence {
+        row: r,
+        what: "drafted".into(),
+        golden: extra(want, r).unwrap_or_default(),
+        recomputed: extra(got, r).unwrap_or_default(),
+        tokens: true,
+    };
+    rounds_check(graph, (want.len(), got.len()), differs, past_the_end)
 }
 
-/// The `rounds` line of two decodes of `rounds` (golden, recomputed) rounds: equal, or the first
-/// divergence and how many rounds differ (a chain's and a tree's alike).
-pub(in crate::golden) fn rounds_verdict(
+/// The `rounds` line of two decodes of `rounds` (golden, recomputed) rounds, a chain's and a
+/// tree's alike: `differs(r)` compares round `r` of both; the first round that differs is the
+/// divergence (every later round follows from it and is not reported again). When they agree as
+/// far as both go and one has more, `past_the_end(r)` names the first extra round `r`.
+pub(in crate::golden) fn rounds_check(
     graph: &str,
-    first: Option<Divergence>,
-    rows_over: usize,
     (want, got): (usize, usize),
+    differs: impl Fn(usize) -> Option<Divergence>,
+    past_the_end: impl Fn(usize) -> Divergence,
 ) -> TensorCheck {
+    let common = want.min(got);
+    let mut first: Option<Divergence> = None;
+    let mut rows_over = 0;
+    for d in (0..common).filter_map(differs) {
+        rows_over += 1;
+        first.get_or_insert(d);
+    }
+    if first.is_none() && want != got {
+        first = Some(past_the_end(common));
+        rows_over = 1;
+    }
     let note = if first.is_none() {
         format!("{want} rounds equal")
     } else {

@@ -22,10 +22,7 @@ pub(in crate::golden) fn compare_tree_rounds(
     want: &TreeRounds,
     got: &TreeRounds,
 ) -> TensorCheck {
-    let common = want.len().min(got.len());
-    let mut first: Option<Divergence> = None;
-    let mut rows_over = 0;
-    for r in 0..common {
+    let differs = |r: usize| {
         let tree = &want.trees[r];
         let (pw, pg) = (parents(tree), parents(&got.trees[r]));
         let (tw, tg) = (want.tokens.row(r), got.tokens.row(r));
@@ -34,15 +31,15 @@ pub(in crate::golden) fn compare_tree_rounds(
         let parent_at = (0..pw.len().max(pg.len())).find(|&i| pw.get(i) != pg.get(i));
         let node_token =
             (0..tw.len().max(tg.len())).find(|&i| token(tw.view(), i) != token(tg.view(), i));
-        let differs = if let Some(i) = parent_at {
-            Some((
+        let (what, golden, recomputed, tokens) = if let Some(i) = parent_at {
+            (
                 format!("tree: node {}'s parent", i + 1),
                 pw.get(i).into_iter().copied().collect(),
                 pg.get(i).into_iter().copied().collect(),
                 false,
-            ))
+            )
         } else if let Some(i) = node_token {
-            Some((
+            (
                 match i < tree.nodes() {
                     true => format!("node {i} (depth {}) token", tree.depth(i)),
                     false => format!("node {i} token"),
@@ -50,58 +47,51 @@ pub(in crate::golden) fn compare_tree_rounds(
                 token(tw.view(), i).into_iter().collect(),
                 token(tg.view(), i).into_iter().collect(),
                 true,
-            ))
+            )
         } else if want.node[r] != got.node[r] {
-            Some((
+            (
                 "accepted node".to_string(),
                 vec![want.node[r]],
                 vec![got.node[r]],
                 false,
-            ))
+            )
         } else if want.base_token[r] != got.base_token[r] {
-            Some((
+            (
                 "base token".to_string(),
                 vec![want.base_token[r]],
                 vec![got.base_token[r]],
                 true,
-            ))
+            )
         } else {
-            None
+            return None;
         };
-        let Some((what, golden, recomputed, tokens)) = differs else {
-            continue;
-        };
-        rows_over += 1;
-        first.get_or_insert(Divergence {
+        Some(Divergence {
             row: r,
             what,
             golden,
             recomputed,
             tokens,
-        });
-    }
-    if first.is_none() && want.len() != got.len() {
-        // the same rounds as far as both go, then one decode has more
-        let extra = |t: &TreeRounds| match common < t.len() {
-            true => t
-                .tokens
-                .row(common)
-                .iter()
-                .copied()
-                .filter(|&x| x >= 0)
-                .collect(),
-            false => vec![],
-        };
-        first = Some(Divergence {
-            row: common,
-            what: "node tokens".into(),
-            golden: extra(want),
-            recomputed: extra(got),
-            tokens: true,
-        });
-        rows_over = 1;
-    }
-    super::check::rounds_verdict(graph, first, rows_over, (want.len(), got.len()))
+        })
+    };
+    // the node tokens of the first round one decode has and the other has not
+    let extra = |t: &TreeRounds, r: usize| match r < t.len() {
+        true => t
+            .tokens
+            .row(r)
+            .iter()
+            .copied()
+            .filter(|&x| x >= 0)
+            .collect(),
+        false => vec![],
+    };
+    let past_the_end = |r: usize| Divergence {
+        row: r,
+        what: "node tokens".into(),
+        golden: extra(want, r),
+        recomputed: extra(got, r),
+        tokens: true,
+    };
+    super::check::rounds_check(graph, (want.len(), got.len()), differs, past_the_end)
 }
 
 /// `verify_logits` (recomputed by `graphs.0`) and `draft_logits` (by `graphs.1`) of a tree
