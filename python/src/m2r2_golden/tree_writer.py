@@ -21,22 +21,11 @@ from .tree import (
     from_widths,
     proposing,
 )
-from .writer import _decode, _metadata, _model_config, _stops_and_pins
+from .writer import _M2R2_KEYS, _decode, _metadata, _model_config, _stops_and_pins
 
-# The metadata of a tree golden's recipe, copied from `like`.
-_TREE_KEYS = (
-    "m2r2_config",
-    "m2r2_hash",
-    "m2r2_weights_hash",
-    "draft_gate",
-    "gate",
-    "draft_max",
-    "draft_length",
-    "draft_tree",
-    "tree_threshold",
-    "prompt_lookup",
-    "prompt_lookup_ngram",
-)
+# The metadata of a tree golden's recipe, copied from `like`: the weights and drafting settings,
+# and the tree's own.
+_TREE_KEYS = _M2R2_KEYS + ("draft_tree", "tree_threshold", "prompt_lookup", "prompt_lookup_ngram")
 
 
 def _padded(rows: Sequence[Sequence], width: int, pad, dtype) -> np.ndarray:

@@ -35,8 +35,9 @@ from .reader import PathLike, read
 WRITER = "m2r2-golden-python"
 _HASH = re.compile(r"[0-9a-f]{16}")
 _U32_MAX = 2**32 - 1
-# The speculative settings a speculative golden copies from the one it is written like.
-_SPECULATIVE_KEYS = (
+# The M2R2 weights and drafting settings every speculative golden, chain or tree, copies from
+# the one it is written like.
+_M2R2_KEYS = (
     "m2r2_config",
     "m2r2_hash",
     "m2r2_weights_hash",
@@ -44,8 +45,9 @@ _SPECULATIVE_KEYS = (
     "gate",
     "draft_max",
     "draft_length",
-    "draft_threshold",
 )
+# A chain's: those and its dynamic drafting's threshold.
+_SPECULATIVE_KEYS = _M2R2_KEYS + ("draft_threshold",)
 
 
 def write(
