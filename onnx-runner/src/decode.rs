@@ -51,7 +51,7 @@ pub fn settings(export: &ExportDir, request: DraftingRequest) -> Result<M2r2Sett
         draft_length,
         ..
     } = resolve_drafting(
-        &m.m2r2.for_onnx(),
+        &m.m2r2,
         request,
         m.has_arla,
         "this export has none (draft.onnx has no exit_prob)",

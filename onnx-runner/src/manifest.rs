@@ -47,6 +47,10 @@ pub struct Manifest {
     pub exporter_version: String,
     pub model_name: String,
     pub config: ModelConfig,
+    /// The M2R2 settings as ONNX Runtime drafts them: [`ExportDir::open`] puts the config's
+    /// `onnx_drafting` (ONNX Runtime's own drafting defaults, when it has them) in place of its
+    /// top-level drafting fields ([`M2r2Config::for_onnx`]), so every default read here is this
+    /// engine's.
     pub m2r2: M2r2Config,
     /// g_d, 1-based: the gate the draft / verifier split was made at.
     pub draft_gate: usize,
@@ -127,7 +131,7 @@ impl ExportDir {
             }
             Err(e) => return Err(Error::io(&path, e)),
         };
-        let manifest: Manifest =
+        let mut manifest: Manifest =
             serde_json::from_str(&text).map_err(|e| bad(format!("not a valid manifest: {e}")))?;
         if manifest.format_version != FORMAT_VERSION {
             return Err(bad(format!(
@@ -137,6 +141,7 @@ impl ExportDir {
         }
         manifest.config.validate(&file)?;
         manifest.m2r2.validate(&manifest.config, &file)?;
+        manifest.m2r2 = manifest.m2r2.for_onnx().into_owned();
         let expected = manifest
             .m2r2
             .gates

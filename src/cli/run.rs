@@ -146,8 +146,8 @@ pub fn run(args: &Args) -> Result<()> {
     // the config's default tree (`tune-drafting --write`) when nothing asks for other drafting;
     // else a lookup branch beside the chain of the draft length, dynamic or fixed as configured
     let asks_otherwise = args.draft_len.is_some() || args.dynamic_draft;
-    // ONNX Runtime's drafting defaults (`onnx_drafting` when the config has it)
-    let drafting = export.manifest.m2r2.for_onnx();
+    // ONNX Runtime's drafting defaults (`onnx_drafting` when the config has it; `Manifest::m2r2`)
+    let drafting = &export.manifest.m2r2;
     let lookup = lookup_or_default(
         (args.prompt_lookup, explicit),
         (speculative, false, asks_otherwise || tree.is_some()),

@@ -155,9 +155,7 @@ pub fn measure(
             );
         }
         let m = &export.manifest;
-        if m.draft_gate != first.draft_gate
-            || m.m2r2.for_onnx().draft_len != first.m2r2.for_onnx().draft_len
-        {
+        if m.draft_gate != first.draft_gate || m.m2r2.draft_len != first.m2r2.draft_len {
             bail!(
                 "the exports draft differently ({} at gate {}, {} at gate {}): bench exports made \
                  with the same M2R2 settings",
@@ -168,7 +166,7 @@ pub fn measure(
             );
         }
     }
-    let draft_len = first.m2r2.for_onnx().draft_len.max(1);
+    let draft_len = first.m2r2.draft_len.max(1);
     let bench = SpecBench::new(loaded, first.draft_gate, draft_len, sizes)?;
     let bandwidth = cost_shape::bandwidth(sizes);
     let runtime = onnx_runner::runtime::init()?;

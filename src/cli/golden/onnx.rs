@@ -59,9 +59,7 @@ impl OnnxEngine {
         let export = ExportDir::open(dir)?;
         let runtime = onnx_runner::runtime::init()?;
         args.ep.check_single_cuda_graph("golden check")?;
-        let ep = args
-            .ep
-            .config(&export, export.manifest.m2r2.for_onnx().draft_len);
+        let ep = args.ep.config(&export, export.manifest.m2r2.draft_len);
         let model = OnnxModel::load(&export, &ep)?;
         let ep_name = model.session().ep_used().name().to_string();
         let dtype = export.manifest.weights_dtype.clone();
@@ -142,7 +140,7 @@ impl OnnxEngine {
         let rows = match (&tree, golden.m2r2.as_ref().map(|m| &m.record)) {
             (Some(tree), _) => tree.nodes() - 1,
             (None, Some(M2r2Record::Speculative { draft_length, .. })) => draft_length.max(),
-            (None, _) => manifest.m2r2.for_onnx().draft_len,
+            (None, _) => manifest.m2r2.draft_len,
         };
         let speculation = match &mut self.speculation {
             Some((loaded, loaded_rows, speculation)) if *loaded == gate && *loaded_rows == rows => {

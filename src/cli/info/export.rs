@@ -82,7 +82,7 @@ pub fn describe(dir: &Path) -> Result<Value> {
         "m2r2_hash": m.m2r2_hash,
         "m2r2_weights_hash": m.m2r2_weights_hash,
         // what `run --mode speculative` drafts on this export without flags
-        "drafting": super::m2r2::drafting(&m.m2r2.for_onnx().drafting(), m.draft_head_tokens),
+        "drafting": super::m2r2::drafting(&m.m2r2.drafting(), m.draft_head_tokens),
         "static_cache": m.static_cache.as_ref().map(|s| json!({"l_max": s.l_max, "opset": s.opset, "merged_adapters": s.merged_adapters})),
         "genai_config": dir.join("genai_config.json").is_file(),
         "graphs": graphs,
