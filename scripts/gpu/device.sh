@@ -13,6 +13,10 @@
 #                                                  # a plain static one (BUDGET 300)
 #   bash scripts/gpu/device.sh verify PACK RESULTS # short: trees on CUDA, the merged export's cost shape and
 #                                                  # 3 dev prompts (about 100 s; run 9)
+#   bash scripts/gpu/device.sh tune PACK RESULTS   # run 10: HEAD's CUDA checks, greedy against today's export
+#                                                  # and onnxruntime-genai's builder graph (wheels in .whl),
+#                                                  # tune-drafting priced on CUDA, dev prompts, an Nsight Compute
+#                                                  # kernel profile; starts nothing new past BUDGET seconds (480)
 set -uo pipefail
 ACTION=$1
 PACK=$(cd "$2" && pwd)
@@ -21,7 +25,7 @@ mkdir -p $G/parts
 for c in "$PACK"/c[0-9]*; do [ -f "$c" ] && cp "$c" $G/parts/; done
 ls $G/parts
 [ "$ACTION" = stash ] && exit 0
-case "$ACTION" in run | quick | static | spec | merged | verify) ;; *) echo "usage: device.sh stash|run|quick|static|spec|merged|verify PACK [RESULTS]" >&2; exit 2 ;; esac
+case "$ACTION" in run | quick | static | spec | merged | verify | tune) ;; *) echo "usage: device.sh stash|run|quick|static|spec|merged|verify|tune PACK [RESULTS]" >&2; exit 2 ;; esac
 full() { [ "$ACTION" = run ]; }
 RESULTS=$3
 R=$(pwd)
@@ -49,6 +53,73 @@ ldd $G/libonnxruntime_providers_cuda.so | grep -E 'not found|cublas|cudnn|cudart
 export ORT_DYLIB_PATH=$G/libonnxruntime.so.$ORT_GPU_VERSION M2R2_CACHE=$G/cache
 M=$G/m2r2
 P="Explain how a refrigerator works."
+
+if [ "$ACTION" = tune ]; then
+  SECONDS=0
+  BUDGET=${BUDGET:-480}
+  more() { [ $SECONDS -lt "$1" ] || { echo "(skipped: ${SECONDS}s used)"; false; }; }
+  oks() { echo "exit $2; OK lines $(grep -cE '^OK ' "$1")"; grep -E 'NOT OK|test result|panicked|error' "$1" | head -4 | cut -c1-400; }
+  step "static graphs on CUDA against the reference: greedy (graphs on and off), speculative every step shape captured (static_cache.rs)"
+  timeout 90 $G/static_cache --ignored --nocapture --test-threads 1 ort_cuda > "$RESULTS/static_cuda.log" 2>&1
+  oks "$RESULTS/static_cuda.log" $?
+  step "token trees on CUDA against the reference: dynamic, static, merged; graphs on and off (trees.rs)"
+  timeout 60 $G/trees --ignored --nocapture --test-threads 1 ort_cuda > "$RESULTS/trees_cuda.log" 2>&1
+  oks "$RESULTS/trees_cuda.log" $?
+  step "export SmolLM2: today's export, and static (L = 256) with --merge-adapters"
+  timeout 60 $M export --model smollm2 --out $G/exp > /dev/null && echo "dynamic written"
+  timeout 60 $M export --model smollm2 --out $G/exp-merged --static-cache 256 --merge-adapters > /dev/null && echo "merged written"
+  step "bench: greedy and speculative tok/s, today's export against the merged static one, CUDA graphs off and on (alternating)"
+  timeout 90 $M bench --model smollm2 --onnx $G/exp --onnx $G/exp-merged --ep cuda --cuda-graph both --repeats 3 \
+    --decode-tokens 64 2>&1 | tail -9
+  step "bench --cost-shape: merged static, CUDA graphs on"
+  timeout 60 $M bench --model smollm2 --cost-shape --onnx $G/exp-merged --ep cuda --repeats 3 --decode-tokens 16 \
+    2>&1 | grep -E 'engine|onnxruntime|bandwidth'
+  if more $((BUDGET - 360)); then
+    step "onnxruntime-genai's builder graph of SmolLM2 (fp32, CUDA) beside m2r2's exports: greedy, 5 dev prompts, 128 tokens"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $G/site "$R"/.whl/*.whl > /dev/null 2>&1 \
+      && echo "onnxruntime-genai-cuda and gguf installed"
+    PYTHONPATH=$G/site timeout 240 python3 "$R/scripts/gpu/genai_builder.py" --gguf $G/cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+      --work $G/genai --ort-gpu-dir $G --bin $M --cuda-graph --prompts 5 --new-tokens 128 \
+      --row "today's export: --onnx $G/exp --ep cuda" --row "static, graphs off: --onnx $G/exp-merged --ep cuda --cuda-graph off" \
+      --row "static, CUDA graphs: --onnx $G/exp-merged --ep cuda" 2>&1 | tee "$RESULTS/genai.txt" | tail -12 | cut -c1-400
+  fi
+  if more $((BUDGET - 270)); then
+    step "tune-drafting priced on CUDA (12 validation samples, 128 tokens; gate 1, the merged export's), written to a copy"
+    cp -r "$R/reference/assets/smollm2-m2r2" $G/tuned
+    timeout 150 $M tune-drafting --model smollm2 --m2r2 $G/tuned --data "$R/data/distill/smollm2-magpie-val" --limit 12 \
+      --max-new-tokens 128 --draft-gates 1 --max-draft 4 --tree 2 --tree 3 --tree 4 --tree 2,1 --tree 3,1 --tree 2,1,1 \
+      --tree 4,1,1 --onnx $G/exp-merged --ep cuda --repeats 3 --top 12 \
+      --write $G/tuned > "$RESULTS/tune_cuda.txt" 2>&1
+    echo "exit $?"; tail -45 "$RESULTS/tune_cuda.txt" | cut -c1-200
+    python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1])).get("onnx_drafting")))' $G/tuned/m2r2_config.json
+    timeout 60 $M export --model smollm2 --m2r2 $G/tuned --out $G/exp-tuned --static-cache 256 --merge-adapters > /dev/null \
+      && echo "tuned merged written" && $M info --onnx $G/exp-tuned 2>&1 | grep -iE 'draft' | head -3
+  fi
+  if more $((BUDGET - 120)); then
+    step "5 dev prompts, 128 tokens, merged static export on CUDA: greedy, shipped default, CUDA-tuned default, fixed rows"
+    extra=(); [ -d $G/exp-tuned ] && extra=(--onnx-extra "default tuned on CUDA: $G/exp-tuned")
+    timeout 240 python3 "$R/scripts/bench_speculative.py" --bin $M --no-reference --ep cuda --onnx-pruned $G/exp-merged \
+      --prompts 5 --new-tokens 128 --onnx-row 'tree 3: --draft-tree 3' --onnx-row 'tree 4: --draft-tree 4' "${extra[@]}" \
+      2>&1 | tail -8
+  fi
+  if more $((BUDGET - 40)); then
+    step "Nsight Compute: every kernel of a 12-token greedy decode on the merged static export, CUDA graphs off"
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    N="$NCU --csv --metrics gpu__time_duration.sum --clock-control none --cache-control none"
+    timeout 90 $N --log-file $G/ncu.csv $M run --onnx $G/exp-merged --ep cuda --cuda-graph off \
+      --tokens 1,2,3 --max-new-tokens 12 > /dev/null 2> "$RESULTS/ncu.err"
+    echo "exit $?"; tail -2 "$RESULTS/ncu.err" | cut -c1-300
+    python3 "$R/scripts/gpu/ncu_kernels.py" $G/ncu.csv --steps 12 --top 30 | tee "$RESULTS/ncu_kernels.txt"
+    if more $BUDGET; then
+      step "Nsight Compute, CUDA graphs on, each replayed graph one result: the GPU time of a whole decode step"
+      timeout 60 $N --log-file $G/ncu_graph.csv --graph-profiling graph $M run --onnx $G/exp-merged --ep cuda \
+        --tokens 1,2,3 --max-new-tokens 12 > /dev/null 2> "$RESULTS/ncu_graph.err"
+      echo "exit $?"; python3 "$R/scripts/gpu/ncu_kernels.py" $G/ncu_graph.csv --top 5 --last 12 | tee "$RESULTS/ncu_graph.txt"
+    fi
+  fi
+  step end
+  exit 0
+fi
 
 if [ "$ACTION" = verify ]; then
   step "token trees on CUDA against the reference (trees.rs: dynamic, static, merged; graphs on and off)"
