@@ -74,12 +74,20 @@ pub(super) fn drafting(d: &EngineDrafting, head_tokens: Option<usize>) -> Value 
     let dynamic = d.dynamic_draft.as_ref().map(|x| {
         json!({"gate": x.gate.to_string(), "threshold": real(x.threshold), "at_most": d.draft_len})
     });
+    // written field by field: serde_json widens an f32 to f64 digits (0.30000001192092896)
+    let tree = d.draft_tree.as_ref().map(|t| {
+        let mut tree = json!({"draft_gate": t.draft_gate, "widths": t.widths});
+        if let Some(x) = &t.dynamic {
+            tree["dynamic"] = json!({"gate": x.gate.to_string(), "threshold": real(x.threshold)});
+        }
+        tree
+    });
     json!({
         "gate": d.draft_gate,
         "draft_len": d.draft_len,
         "dynamic_draft": dynamic,
         "draft_head_tokens": head_tokens,
-        "draft_tree": d.draft_tree,
+        "draft_tree": tree,
         "prompt_lookup": d.prompt_lookup,
     })
 }
@@ -223,5 +231,46 @@ pub(super) fn print_drafting(label: &str, tree_label: &str, draft: &Value) {
             tree["draft_gate"],
             widths.join(",")
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reference::m2r2::config::{DraftTreeConfig, DynamicDraftConfig};
+    use reference::m2r2::exit_gate::GateKind;
+
+    #[test]
+    fn drafting_thresholds_keep_their_shortest_decimal_form() {
+        let grown = DynamicDraftConfig {
+            gate: GateKind::Confidence,
+            threshold: 0.3,
+        };
+        let d = EngineDrafting {
+            draft_gate: 1,
+            draft_len: 1,
+            dynamic_draft: Some(grown.clone()),
+            draft_tree: Some(DraftTreeConfig {
+                draft_gate: 1,
+                widths: vec![3],
+                dynamic: Some(grown),
+            }),
+            prompt_lookup: Some(4),
+        };
+        let v = drafting(&d, None);
+        assert_eq!(v["dynamic_draft"]["threshold"], json!(0.3));
+        assert_eq!(v["draft_tree"]["dynamic"]["threshold"], json!(0.3));
+        assert_eq!(v["draft_tree"]["dynamic"]["gate"], "confidence");
+        assert_eq!(v["draft_tree"]["widths"], json!([3]));
+        // a whole-shape tree has no `dynamic`, as in the config file
+        let whole = EngineDrafting {
+            draft_tree: Some(DraftTreeConfig {
+                draft_gate: 1,
+                widths: vec![2, 1],
+                dynamic: None,
+            }),
+            ..d
+        };
+        assert!(drafting(&whole, None)["draft_tree"].get("dynamic").is_none());
     }
 }
