@@ -25,7 +25,7 @@ pub const MIN_OPSET: i64 = 17;
 pub const MAX_OPSET: i64 = 21;
 pub const DEFAULT_OPSET: i64 = 17;
 /// The opset of static-cache graphs (`export --static-cache`): `RMSNormalization` and
-/// `RotaryEmbedding` (23), `Attention` and `TensorScatter` (24), `Swish` (24).
+/// `RotaryEmbedding` (23), `Attention` and `TensorScatter` (24).
 pub const STATIC_OPSET: i64 = 24;
 
 /// The IR version that goes with an opset (onnx's VERSION_TABLE): at most 12, below the 13 that

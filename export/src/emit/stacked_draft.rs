@@ -27,6 +27,7 @@
 
 use crate::builder::{Attr, GraphBuilder};
 use crate::emit::layer::norm_weights;
+use crate::emit::ops::swiglu;
 use crate::emit::static_draft::fast_attention;
 use crate::emit::static_layer::{
     HEADS, StaticContext, TRANSPOSED, attention, heads_in, heads_out, proj_heads,
@@ -196,8 +197,7 @@ pub fn stacked_draft_layer(
         let y = b.scoped("mlp", |b| {
             let gate = project_mlp(b, acc, l, MlpProj::Gate, &m.gate, &h);
             let up = project_mlp(b, acc, l, MlpProj::Up, &m.up, &h);
-            let silu = b.node("Swish", &[&gate], vec![("alpha", Attr::Float(1.0))]);
-            let act = b.binary("Mul", &silu, &up);
+            let act = swiglu(b, &gate, &up);
             project_mlp(b, acc, l, MlpProj::Down, &m.down, &act)
         });
         StackedDraftOutput {

@@ -27,6 +27,7 @@
 use crate::builder::{Attr, GraphBuilder};
 use crate::emit::layer::norm_weights;
 use crate::emit::moe::moe_block;
+use crate::emit::ops::swiglu;
 use crate::emit::static_layer::{
     HEADS, StaticContext, TRANSPOSED, attention, proj_heads, project_heads, project_mlp, project_o,
     rms_normalization, rope, scatter,
@@ -301,13 +302,9 @@ pub fn static_draft_layer(
                 };
                 let (gate, gate_f) = pair(b, MlpProj::Gate, &h, &h_f);
                 let (up, up_f) = pair(b, MlpProj::Up, &h, &h_f);
-                // silu(gate) = gate * sigmoid(gate): Swish (opset 24) with alpha 1
-                let act = |b: &mut GraphBuilder, gate: &str, up: &str| {
-                    let silu = b.node("Swish", &[gate], vec![("alpha", Attr::Float(1.0))]);
-                    b.binary("Mul", &silu, up)
-                };
-                let a = act(b, &gate, &up);
-                let a_f = b.scoped("fast", |b| act(b, &gate_f, &up_f));
+                // silu(gate) * up as g * Sigmoid(g) * u (static_layer.rs: not Swish)
+                let a = swiglu(b, &gate, &up);
+                let a_f = b.scoped("fast", |b| swiglu(b, &gate_f, &up_f));
                 pair(b, MlpProj::Down, &a, &a_f)
             }),
             FeedForward::Moe(moe) => {

@@ -5,26 +5,33 @@
 //!
 //! ```text
 //! h      = RMSNormalization(s)                               [B, 1, T, D]
-//! q,k,v  = h @ W_heads (+ b)                                 [B, H|Hkv, T, Dh]
+//! q,k,v  = Split(h @ W_qkv_heads (+ b))                      [B, H|Hkv, T, Dh]
 //!          (verifier.onnx: Split(Transpose(Reshape(h @ W_qkv^T (+ b)))), one GEMM)
 //! q,k    = RotaryEmbedding(q|k, cos, sin, position_ids)
 //! K,V    = TensorScatter(past, k|v, write_indices)           [B, Hkv, L, Dh]  (the layer's present)
 //! y      = Attention(q, K, V, attn_mask)                     [B, H, T, Dh]    (GQA: head i reads i / G)
 //! s     += ReduceSum_heads(y @ Wo_heads) (+ b_o)             [B, 1, T, D]
-//! s     += FFN(RMSNormalization(s))                          (SwiGLU with Swish; MoE as moe.rs)
+//! s     += FFN(RMSNormalization(s))                          (SwiGLU: g * Sigmoid(g) * u; MoE as moe.rs)
 //! ```
 //!
 //! The residual stream is 4-D, `[B, 1, T, D]`, so each projection broadcasts over the heads of a
-//! weight stored head-major (`[H, D, Dh]`): no `Reshape` / `Transpose` between the projections and
-//! the 4-D `Attention` (the form TensorRT's parser maps onto its attention layer). verifier.onnx,
-//! whose chunks have several rows, computes q, k and v as one GEMM instead (`project_qkv`), then
-//! reshapes and transposes them head-major. Weights are
-//! stored in the layouts the `MatMul`s read, under their name plus a suffix ([`HEADS`],
-//! [`TRANSPOSED`]), so the written graph has no weight-side nodes either.
+//! weight stored head-major (`[H, D, Dh]`; q, k and v stacked as `[H + 2 Hkv, D, Dh]`, one
+//! product, then split): no `Reshape` / `Transpose` between the projections and the 4-D
+//! `Attention` (the form TensorRT's parser maps onto its attention layer). verifier.onnx, whose
+//! chunks have several rows, computes q, k and v as one GEMM instead (`project_qkv`), then
+//! reshapes and transposes them head-major. Weights are stored in the layouts the `MatMul`s read,
+//! under their name plus a suffix ([`HEADS`], [`QKV_HEADS`], [`TRANSPOSED`]), so the written graph
+//! has no weight-side nodes either.
+//!
+//! SiLU is written `g * Sigmoid(g)` ([`swiglu`]), not opset 24's `Swish`: ONNX Runtime 1.31 has
+//! no `Swish` kernel and inlines its function body (`Cast`, `Mul`, `Sigmoid`, `Mul`: four kernels
+//! a layer at run time, though one node in the file), while it fuses `g * Sigmoid(g)` into one
+//! `QuickGelu` kernel on the CPU and CUDA providers (docs/STATIC.md, "Nodes at run time").
 
 use crate::builder::{Attr, GraphBuilder};
 use crate::emit::layer::norm_weights;
 use crate::emit::moe::moe_block;
+use crate::emit::ops::swiglu;
 use ndarray::{Array1, Array2, Array3, ArrayD};
 use reference::base::config::ModelConfig;
 use reference::base::model::Model;
@@ -52,7 +59,8 @@ pub struct StaticContext<'a> {
     /// their own keys (`static_draft`)
     pub fast_attn_mask: Option<&'a str>,
     /// q, k and v as one GEMM (`project_qkv`: verifier.onnx, whose chunks have several rows),
-    /// else three products broadcast over the heads (one node fewer per layer; as fast for a row)
+    /// else one product broadcast over all their heads and a `Split` (`project_qkv_heads`: two
+    /// nodes where `project_qkv` takes four; as fast for a row)
     pub fused_qkv: bool,
 }
 
@@ -151,11 +159,46 @@ pub(crate) fn project_heads_with(
 
 /// Suffix of the fused q/k/v weight `[D, (H + 2 Hkv) Dh]` (`W_q^T | W_k^T | W_v^T`).
 pub const QKV: &str = ".qkv_fused";
+/// Suffix of the stacked head-major q/k/v weight `[H + 2 Hkv, D, Dh]` (q's heads, k's, v's).
+pub const QKV_HEADS: &str = ".qkv_heads";
+
+/// The q, k and v projections of a layer with their head counts (`H`, `Hkv`, `Hkv`).
+fn qkv_parts<'a>(
+    config: &ModelConfig,
+    attn: &'a reference::base::weights::Attention,
+) -> [(&'a Linear, usize); 3] {
+    let (h, hkv) = (config.num_attention_heads, config.num_key_value_heads);
+    [(&attn.q, h), (&attn.k, hkv), (&attn.v, hkv)]
+}
+
+/// q, k and v's biases end to end, `[(H + 2 Hkv) Dh]` (zeros for a projection without one);
+/// `None` when none has one.
+fn qkv_bias(parts: &[(&Linear, usize); 3], dh: usize) -> Option<Vec<f32>> {
+    parts.iter().any(|(lin, _)| lin.b.is_some()).then(|| {
+        parts
+            .iter()
+            .flat_map(|(lin, n)| match &lin.b {
+                Some(b) => b.to_vec(),
+                None => vec![0.0; n * dh],
+            })
+            .collect()
+    })
+}
+
+/// `[B, H + 2 Hkv, T, Dh]` split along the heads into q `[B, H, T, Dh]`, k and v `[B, Hkv, T, Dh]`.
+fn split_qkv(b: &mut GraphBuilder, config: &ModelConfig, y: &str) -> (String, String, String) {
+    let (h, hkv) = (config.num_attention_heads, config.num_key_value_heads);
+    let sizes = b.const_i64(&[h as i64, hkv as i64, hkv as i64]);
+    let mut qkv = b.node_n("Split", &[y, &sizes], 3, vec![("axis", Attr::Int(1))]);
+    let v = qkv.pop().expect("three parts");
+    let k = qkv.pop().expect("three parts");
+    (qkv.pop().expect("three parts"), k, v)
+}
 
 /// q, k and v of layer `l` as one product: `h @ [W_q; W_k; W_v]^T (+ [b_q; b_k; b_v])` `[B, 1, T,
 /// (H + 2 Hkv) Dh]`, reshaped to `[B, T, H + 2 Hkv, Dh]`, transposed to `[B, H + 2 Hkv, T, Dh]`
 /// and split into q `[B, H, T, Dh]`, k and v `[B, Hkv, T, Dh]`. One GEMM of `T` rows instead of
-/// three products broadcast over the heads: cuBLAS serves the broadcast form badly for 2-16 rows
+/// a product broadcast over the heads: cuBLAS serves the broadcast form badly for 2-16 rows
 /// (docs/GPU.md, `scripts/gpu/gemm_shapes.py`: 5.5x the one-row time on an H100, the plain form
 /// 1.8x).
 pub(crate) fn project_qkv(
@@ -165,13 +208,12 @@ pub(crate) fn project_qkv(
     attn: &reference::base::weights::Attention,
     x: &str,
 ) -> (String, String, String) {
-    let (h, hkv, dh) = (
-        config.num_attention_heads,
-        config.num_key_value_heads,
+    let (n, dh) = (
+        config.num_attention_heads + 2 * config.num_key_value_heads,
         config.head_dim,
     );
-    let parts = [&attn.q, &attn.k, &attn.v];
-    let w: Vec<ndarray::ArrayView2<f32>> = parts.iter().map(|lin| lin.w.t()).collect();
+    let parts = qkv_parts(config, attn);
+    let w: Vec<ndarray::ArrayView2<f32>> = parts.iter().map(|(lin, _)| lin.w.t()).collect();
     let fused = ndarray::concatenate(ndarray::Axis(1), &w)
         .expect("q, k and v read the same hidden size")
         .as_standard_layout()
@@ -179,16 +221,7 @@ pub(crate) fn project_qkv(
         .into_dyn();
     let name = WeightId::Attn(l, AttnProj::Q).onnx_name() + QKV;
     let weight = b.weight(&name, fused.view());
-    // one bias for the three (zeros for a projection without one)
-    let bias = parts.iter().any(|lin| lin.b.is_some()).then(|| {
-        let all: Vec<f32> = parts
-            .iter()
-            .zip([h, hkv, hkv])
-            .flat_map(|(lin, n)| match &lin.b {
-                Some(b) => b.to_vec(),
-                None => vec![0.0; n * dh],
-            })
-            .collect();
+    let bias = qkv_bias(&parts, dh).map(|all| {
         let name = WeightId::AttnBias(l, AttnProj::Q).onnx_name() + QKV;
         b.weight(&name, ndarray::Array1::from(all).view().into_dyn())
     });
@@ -198,18 +231,52 @@ pub(crate) fn project_qkv(
             Some(bias) => b.binary("Add", &y, bias),
             None => y,
         };
-        let shape = b.const_i64(&[0, -1, (h + 2 * hkv) as i64, dh as i64]);
+        let shape = b.const_i64(&[0, -1, n as i64, dh as i64]);
         let y = b.binary("Reshape", &y, &shape); // [B, T, H + 2 Hkv, Dh]
         let y = b.node(
             "Transpose",
             &[&y],
             vec![("perm", Attr::Ints(vec![0, 2, 1, 3]))],
         ); // [B, H + 2 Hkv, T, Dh]
-        let sizes = b.const_i64(&[h as i64, hkv as i64, hkv as i64]);
-        let mut qkv = b.node_n("Split", &[&y, &sizes], 3, vec![("axis", Attr::Int(1))]);
-        let v = qkv.pop().expect("three parts");
-        let k = qkv.pop().expect("three parts");
-        (qkv.pop().expect("three parts"), k, v)
+        split_qkv(b, config, &y)
+    })
+}
+
+/// q, k and v of layer `l` as one product broadcast over the heads of all three: `h [B, 1, T, D]
+/// @ [W_q; W_k; W_v]_heads [H + 2 Hkv, D, Dh] (+ b)` is `[B, H + 2 Hkv, T, Dh]`, split into q, k
+/// and v. Two nodes (three with biases) where three separate products took three: model.onnx and
+/// feed.onnx, whose steps are one row (the form cuBLAS serves well there, [`project_qkv`]).
+pub(crate) fn project_qkv_heads(
+    b: &mut GraphBuilder,
+    config: &ModelConfig,
+    l: usize,
+    attn: &reference::base::weights::Attention,
+    x: &str,
+) -> (String, String, String) {
+    let dh = config.head_dim;
+    let parts = qkv_parts(config, attn);
+    let w: Vec<ArrayD<f32>> = parts
+        .iter()
+        .map(|(lin, n)| heads_in(&lin.w, *n, dh))
+        .collect();
+    let views: Vec<_> = w.iter().map(|w| w.view()).collect();
+    let stacked = ndarray::concatenate(ndarray::Axis(0), &views)
+        .expect("q, k and v read the same hidden size");
+    let name = WeightId::Attn(l, AttnProj::Q).onnx_name() + QKV_HEADS;
+    let weight = b.weight(&name, stacked.view());
+    let bias = qkv_bias(&parts, dh).map(|all| {
+        let heads = all.len() / dh;
+        let name = WeightId::AttnBias(l, AttnProj::Q).onnx_name() + QKV_HEADS;
+        let bias = heads_bias(&ndarray::Array1::from(all), heads, dh);
+        b.weight(&name, bias.view())
+    });
+    b.scoped("qkv_proj", |b| {
+        let y = b.binary("MatMul", x, &weight); // [B, H + 2 Hkv, T, Dh]
+        let y = match &bias {
+            Some(bias) => b.binary("Add", &y, bias),
+            None => y,
+        };
+        split_qkv(b, config, &y)
     })
 }
 
@@ -384,11 +451,7 @@ pub fn static_decoder_layer(
             // [B, H, T, Dh], [B, Hkv, T, Dh] twice
             let (q, k, v) = match cx.fused_qkv {
                 true => project_qkv(b, config, l, a, &h),
-                false => (
-                    project_heads(b, config, l, AttnProj::Q, &a.q, &h),
-                    project_heads(b, config, l, AttnProj::K, &a.k, &h),
-                    project_heads(b, config, l, AttnProj::V, &a.v, &h),
-                ),
+                false => project_qkv_heads(b, config, l, a, &h),
             };
             let q = rope(b, cx, &q);
             let k = rope(b, cx, &k);
@@ -407,9 +470,7 @@ pub fn static_decoder_layer(
             FeedForward::Dense(m) => b.scoped("mlp", |b| {
                 let gate = project_mlp(b, l, MlpProj::Gate, &m.gate, &h);
                 let up = project_mlp(b, l, MlpProj::Up, &m.up, &h);
-                // silu(gate) = gate * sigmoid(gate): Swish (opset 24) with alpha 1
-                let silu = b.node("Swish", &[&gate], vec![("alpha", Attr::Float(1.0))]);
-                let act = b.binary("Mul", &silu, &up);
+                let act = swiglu(b, &gate, &up);
                 project_mlp(b, l, MlpProj::Down, &m.down, &act)
             }),
             FeedForward::Moe(moe) => moe_block(b, moe, l, config.hidden_size, &h, None).0,
