@@ -358,6 +358,19 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
             "export with a larger --static-cache",
         ],
     );
+    // a second static export (merged adapters) is named by its folder in the bench table
+    let merged = dir.path().join("merged");
+    let m = merged.to_str().unwrap();
+    super::ok(&[
+        "export",
+        "--model",
+        "tiny",
+        "--out",
+        m,
+        "--static-cache",
+        "40",
+        "--merge-adapters",
+    ]);
     let report = super::ok(&[
         "bench",
         "--model",
@@ -366,6 +379,8 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
         d,
         "--onnx",
         s,
+        "--onnx",
+        m,
         "--json",
         "--prompt-len",
         "8",
@@ -386,9 +401,15 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
         .collect();
     assert_eq!(
         names,
-        ["reference", "onnxruntime-cpu", "onnxruntime-cpu static"]
+        [
+            "reference",
+            "onnxruntime-cpu",
+            "onnxruntime-cpu static",
+            "onnxruntime-cpu static (merged)"
+        ]
     );
     assert_eq!(engines[2]["static_cache"], 40);
+    assert_eq!(engines[3]["static_cache"], 40);
     for e in engines {
         assert_eq!(e["speculative_equals_greedy"], true, "{e}");
         assert!(e["greedy_tokens_per_second"].as_f64().unwrap() > 0.0, "{e}");

@@ -231,8 +231,10 @@ pub fn measure(
             name.push_str(" cuda-graph");
         }
         let taken = |name: &str| results.iter().any(|e| e.engine == name);
-        if let Some(l_max) = model.static_l_max().filter(|_| taken(&name)) {
-            name = format!("{name} L={l_max}");
+        // a second export of the same kind: named by its folder (two static ones may differ in
+        // L, in --merge-adapters, or in the build that wrote them)
+        if let Some(folder) = dir.file_name().filter(|_| taken(&name)) {
+            name = format!("{name} ({})", folder.to_string_lossy());
         }
         if taken(&name) {
             name = format!("{name} #{}", results.len());

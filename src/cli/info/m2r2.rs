@@ -271,6 +271,10 @@ mod tests {
             }),
             ..d
         };
-        assert!(drafting(&whole, None)["draft_tree"].get("dynamic").is_none());
+        assert!(
+            drafting(&whole, None)["draft_tree"]
+                .get("dynamic")
+                .is_none()
+        );
     }
 }
