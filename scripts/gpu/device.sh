@@ -68,9 +68,14 @@ if [ "$ACTION" = tune ]; then
   step "export SmolLM2: today's export, and static (L = 256) with --merge-adapters"
   timeout 60 $M export --model smollm2 --out $G/exp > /dev/null && echo "dynamic written"
   timeout 60 $M export --model smollm2 --out $G/exp-merged --static-cache 256 --merge-adapters > /dev/null && echo "merged written"
-  step "bench: greedy and speculative tok/s, today's export against the merged static one, CUDA graphs off and on (alternating)"
-  timeout 90 $M bench --model smollm2 --onnx $G/exp --onnx $G/exp-merged --ep cuda --cuda-graph both --repeats 3 \
-    --decode-tokens 64 2>&1 | tail -9
+  base=()
+  if [ -x $G/m2r2-baseline ]; then
+    timeout 60 $G/m2r2-baseline export --model smollm2 --out $G/exp-merged-base --static-cache 256 --merge-adapters \
+      > /dev/null && echo "the baseline build's merged static export written" && base=(--onnx $G/exp-merged-base)
+  fi
+  step "bench: greedy and speculative tok/s, today's export against the merged static one (and the baseline build's), CUDA graphs off and on (alternating)"
+  timeout 120 $M bench --model smollm2 --onnx $G/exp --onnx $G/exp-merged "${base[@]}" --ep cuda --cuda-graph both \
+    --repeats 3 --decode-tokens 64 2>&1 | tail -11
   step "bench --cost-shape: merged static, CUDA graphs on"
   timeout 60 $M bench --model smollm2 --cost-shape --onnx $G/exp-merged --ep cuda --repeats 3 --decode-tokens 16 \
     2>&1 | grep -E 'engine|onnxruntime|bandwidth'
