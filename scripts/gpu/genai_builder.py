@@ -33,6 +33,7 @@ def prompts(n):
 def hf_folder(gguf, out):
     if os.path.exists(f"{out}/config.json"):
         return
+    os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")  # no network there
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     folder, name = os.path.split(gguf)
