@@ -16,7 +16,7 @@
 #   bash scripts/gpu/device.sh tune PACK RESULTS   # run 10: HEAD's CUDA checks, greedy against today's export
 #                                                  # and onnxruntime-genai's builder graph (wheels in .whl),
 #                                                  # tune-drafting priced on CUDA, dev prompts, an Nsight Compute
-#                                                  # kernel profile; starts nothing new past BUDGET seconds (480)
+#                                                  # kernel profile; starts no step past what BUDGET (500 s) leaves it
 set -uo pipefail
 ACTION=$1
 PACK=$(cd "$2" && pwd)
@@ -56,7 +56,10 @@ P="Explain how a refrigerator works."
 
 if [ "$ACTION" = tune ]; then
   SECONDS=0
-  BUDGET=${BUDGET:-480}
+  # each step starts only while its expected length still fits (seconds: about 150 for the first
+  # four, then genai 100, tune 70, dev prompts 75, ncu 60 and 20); the worst case ends near
+  # BUDGET + 60 s, so a run call of 600 s holds BUDGET = 500
+  BUDGET=${BUDGET:-500}
   more() { [ $SECONDS -lt "$1" ] || { echo "(skipped: ${SECONDS}s used)"; false; }; }
   oks() { echo "exit $2; OK lines $(grep -cE '^OK ' "$1")"; grep -E 'NOT OK|test result|panicked|error' "$1" | head -4 | cut -c1-400; }
   step "static graphs on CUDA against the reference: greedy (graphs on and off), speculative every step shape captured (static_cache.rs)"
@@ -79,16 +82,16 @@ if [ "$ACTION" = tune ]; then
   step "bench --cost-shape: merged static, CUDA graphs on"
   timeout 60 $M bench --model smollm2 --cost-shape --onnx $G/exp-merged --ep cuda --repeats 3 --decode-tokens 16 \
     2>&1 | grep -E 'engine|onnxruntime|bandwidth'
-  if more $((BUDGET - 360)); then
-    step "onnxruntime-genai's builder graph of SmolLM2 (fp32, CUDA) beside m2r2's exports: greedy, 5 dev prompts, 128 tokens"
+  if more $((BUDGET - 120)); then
+    step "onnxruntime-genai's builder graph of SmolLM2 (fp32, CUDA) beside m2r2's exports: greedy, 3 dev prompts, 128 tokens"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $G/site "$R"/.whl/*.whl > /dev/null 2>&1 \
       && echo "onnxruntime-genai-cuda and gguf installed"
-    PYTHONPATH=$G/site timeout 240 python3 "$R/scripts/gpu/genai_builder.py" --gguf $G/cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
-      --work $G/genai --ort-gpu-dir $G --bin $M --cuda-graph --prompts 5 --new-tokens 128 \
+    PYTHONPATH=$G/site timeout 200 python3 "$R/scripts/gpu/genai_builder.py" --gguf $G/cache/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+      --work $G/genai --ort-gpu-dir $G --bin $M --cuda-graph --prompts 3 --new-tokens 128 \
       --row "today's export: --onnx $G/exp --ep cuda" --row "static, graphs off: --onnx $G/exp-merged --ep cuda --cuda-graph off" \
       --row "static, CUDA graphs: --onnx $G/exp-merged --ep cuda" 2>&1 | tee "$RESULTS/genai.txt" | tail -12 | cut -c1-400
   fi
-  if more $((BUDGET - 270)); then
+  if more $((BUDGET - 90)); then
     step "tune-drafting priced on CUDA (12 validation samples, 128 tokens; gate 1, the merged export's), written to a copy"
     cp -r "$R/reference/assets/smollm2-m2r2" $G/tuned
     timeout 150 $M tune-drafting --model smollm2 --m2r2 $G/tuned --data "$R/data/distill/smollm2-magpie-val" --limit 12 \
@@ -100,14 +103,14 @@ if [ "$ACTION" = tune ]; then
     timeout 60 $M export --model smollm2 --m2r2 $G/tuned --out $G/exp-tuned --static-cache 256 --merge-adapters > /dev/null \
       && echo "tuned merged written" && $M info --onnx $G/exp-tuned 2>&1 | grep -iE 'draft' | head -3
   fi
-  if more $((BUDGET - 120)); then
+  if more $((BUDGET - 90)); then
     step "5 dev prompts, 128 tokens, merged static export on CUDA: greedy, shipped default, CUDA-tuned default, fixed rows"
     extra=(); [ -d $G/exp-tuned ] && extra=(--onnx-extra "default tuned on CUDA: $G/exp-tuned")
-    timeout 240 python3 "$R/scripts/bench_speculative.py" --bin $M --no-reference --ep cuda --onnx-pruned $G/exp-merged \
+    timeout 200 python3 "$R/scripts/bench_speculative.py" --bin $M --no-reference --ep cuda --onnx-pruned $G/exp-merged \
       --prompts 5 --new-tokens 128 --onnx-row 'tree 3: --draft-tree 3' --onnx-row 'tree 4: --draft-tree 4' "${extra[@]}" \
       2>&1 | tail -8
   fi
-  if more $((BUDGET - 40)); then
+  if more $((BUDGET - 70)); then
     step "Nsight Compute: every kernel of a 12-token greedy decode on the merged static export, CUDA graphs off"
     NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
     N="$NCU --csv --metrics gpu__time_duration.sum --clock-control none --cache-control none"
@@ -115,7 +118,7 @@ if [ "$ACTION" = tune ]; then
       --tokens 1,2,3 --max-new-tokens 12 > /dev/null 2> "$RESULTS/ncu.err"
     echo "exit $?"; tail -2 "$RESULTS/ncu.err" | cut -c1-300
     python3 "$R/scripts/gpu/ncu_kernels.py" $G/ncu.csv --steps 12 --top 30 | tee "$RESULTS/ncu_kernels.txt"
-    if more $BUDGET; then
+    if more $((BUDGET - 25)); then
       step "Nsight Compute, CUDA graphs on, each replayed graph one result: the GPU time of a whole decode step"
       timeout 60 $N --log-file $G/ncu_graph.csv --graph-profiling graph $M run --onnx $G/exp-merged --ep cuda \
         --tokens 1,2,3 --max-new-tokens 12 > /dev/null 2> "$RESULTS/ncu_graph.err"
