@@ -110,8 +110,8 @@ fn tune_drafting_ranks_writes_and_refuses() {
         assert!((0.0..=1.0).contains(&a), "{t}");
     }
     // reference at 3 gates + ONNX Runtime at the export's gate; verify costs for 1..=4 rows; tree
-    // steps on both: the shapes no deeper than 3 (2,1 2,1,1 3,1,1 2,2,1 3,2,1) have proposing
-    // levels of 1, 2, 3, 4 and 6 nodes, leaf levels of 2, 3, 4 and 6, and 5, 7, 10, 11 and 16
+    // steps on both: the shapes no deeper than 3 (3 4 2,1 2,1,1 3,1,1 2,2,1 3,2,1) have proposing
+    // levels of 1, 2, 3, 4 and 6 nodes, leaf levels of 2, 3, 4 and 6, and 4, 5, 7, 10, 11 and 16
     // nodes; grown per branch, a round may stop after any depth, so the prefixes' trees (2, 3,
     // 2,2 and 3,2: 3, 4, 7 and 10 nodes) are verified too, and the root alone (1 node: the
     // chain's verification of 1 row)
@@ -142,21 +142,21 @@ fn tune_drafting_ranks_writes_and_refuses() {
             .starts_with("onnxruntime")
     );
 
-    // per gate: fixed 1..=3, 3 gate kinds x 2 thresholds x 3 lengths, and 5 trees, each whole and
+    // per gate: fixed 1..=3, 3 gate kinds x 2 thresholds x 3 lengths, and 7 trees, each whole and
     // grown per branch by 2 gate kinds (confidence, entropy) x 2 thresholds
     let policies = report["policies"].as_array().unwrap();
     assert_eq!(
         policies.len(),
-        3 * (3 + 3 * 2 * 3 + 5 * (1 + 2 * 2)),
+        3 * (3 + 3 * 2 * 3 + 7 * (1 + 2 * 2)),
         "{report}"
     );
     let trees: Vec<&Value> = policies.iter().filter(|p| p["family"] == "tree").collect();
-    assert_eq!(trees.len(), 75);
+    assert_eq!(trees.len(), 105);
     let grown: Vec<&&Value> = trees
         .iter()
         .filter(|t| t["dynamic_draft"].is_object())
         .collect();
-    assert_eq!(grown.len(), 60);
+    assert_eq!(grown.len(), 84);
     let export_gate = costs[3]["gate"].as_u64().unwrap();
     for t in &grown {
         // the rounds replayed per branch (`simulate_dynamic_tree`, tested against the decoder
@@ -212,7 +212,7 @@ fn tune_drafting_ranks_writes_and_refuses() {
         .iter()
         .filter(|p| p["speedup_onnx"].is_f64())
         .collect();
-    assert_eq!(onnx_priced.len(), 21 + 25);
+    assert_eq!(onnx_priced.len(), 21 + 35);
     let onnx_speed = |p: &Value| p["speedup_onnx"].as_f64().unwrap();
     let best_onnx = &report["best_onnx"];
     assert!(

@@ -13,10 +13,14 @@ use crate::m2r2::exit_gate::GateKind;
 
 /// The tree shapes `m2r2 tune-drafting` tries beside chains **\[ours\]**: a runner-up at the first
 /// depth, where a chain's first draft is most often wrong and a second candidate is cheapest
-/// (`2,1`, `2,1,1`, `3,1,1`, `4,1,1,1`), and a second candidate one depth down (`2,2,1`,
-/// `3,2,1`). At most 17 nodes, one verification chunk of the size whose cost stays near a decode
-/// step's (`base/tree.rs`, `MAX_TREE_NODES`).
-pub const TREE_SHAPES: [&[usize]; 6] = [
+/// (`2,1`, `2,1,1`, `3,1,1`, `4,1,1,1`), a second candidate one depth down (`2,2,1`, `3,2,1`),
+/// and one wide level (`3`, `4`: a single draft step a round, for providers whose verify chunk
+/// costs about the same for 2 to 16 rows, as CUDA graphs do, docs/GPU.md run 9). At most 17
+/// nodes, one verification chunk of the size whose cost stays near a decode step's
+/// (`base/tree.rs`, `MAX_TREE_NODES`).
+pub const TREE_SHAPES: [&[usize]; 8] = [
+    &[3],
+    &[4],
     &[2, 1],
     &[2, 1, 1],
     &[3, 1, 1],

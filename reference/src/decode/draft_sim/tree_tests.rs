@@ -180,7 +180,7 @@ fn variants(name: &str, model: &crate::base::model::Model) -> Vec<(&'static str,
 #[test]
 fn predicts_tree_speculation() {
     let mut shapes: Vec<&[usize]> = TREE_SHAPES.to_vec();
-    shapes.extend([&[1, 1][..], &[3]]);
+    shapes.extend([&[1, 1][..], &[2]]);
     let deepest = shapes.iter().map(|s| s.len()).max().unwrap();
     let mut runner_ups = 0;
     for name in builtin::BUILTIN_NAMES {
