@@ -7,6 +7,21 @@ use reference::golden::{Golden, M2r2Golden, M2r2Record};
 use serde_json::Value;
 use std::path::Path;
 
+/// Fresh M2R2 weights for tiny (`init-m2r2 --seed SEED`) in `m2r2`, exported to `onnx`: the
+/// "other adapters" a golden must refuse.
+fn other_weights_exported(seed: &str, m2r2: &str, onnx: &str) {
+    ok(&[
+        "init-m2r2",
+        "--model",
+        "tiny",
+        "--seed",
+        seed,
+        "--out",
+        m2r2,
+    ]);
+    ok(&["export", "--model", "tiny", "--m2r2", m2r2, "--out", onnx]);
+}
+
 #[test]
 fn speculative_goldens_on_onnx_runtime() {
     let dir = tempfile::tempdir().unwrap();
@@ -123,26 +138,8 @@ fn speculative_goldens_on_onnx_runtime() {
         &["drafts at gate 2", "--draft-gate 2"],
     );
     // an export of other M2R2 weights
-    let other = p("other-m2r2");
-    ok(&[
-        "init-m2r2",
-        "--model",
-        "tiny",
-        "--seed",
-        "7",
-        "--out",
-        &other,
-    ]);
     let onnx_other = p("onnx-other");
-    ok(&[
-        "export",
-        "--model",
-        "tiny",
-        "--m2r2",
-        &other,
-        "--out",
-        &onnx_other,
-    ]);
+    other_weights_exported("7", &p("other-m2r2"), &onnx_other);
     fails(
         &["golden", "check", &fixed, "--onnx", &onnx_other],
         &["M2R2 weights", "not the ones this golden was recorded with"],
@@ -345,24 +342,7 @@ fn goldens_outlive_a_new_drafting_policy() {
     }
     // other adapters: refused on both engines
     let (other, other_onnx) = (p("other"), p("other-onnx"));
-    ok(&[
-        "init-m2r2",
-        "--model",
-        "tiny",
-        "--seed",
-        "2",
-        "--out",
-        &other,
-    ]);
-    ok(&[
-        "export",
-        "--model",
-        "tiny",
-        "--m2r2",
-        &other,
-        "--out",
-        &other_onnx,
-    ]);
+    other_weights_exported("2", &other, &other_onnx);
     for engine in [
         &["--model", "tiny", "--m2r2", &other][..],
         &["--onnx", &other_onnx],
