@@ -32,6 +32,10 @@ R=$(pwd)
 mkdir -p "$RESULTS"
 exec > >(tee -a "$RESULTS/gpu.log") 2>&1
 step() { echo; echo "=== $(date -u +%H:%M:%S) $*"; }
+# more N: true while fewer than N seconds of this action have passed (SECONDS is reset per action)
+more() { [ $SECONDS -lt "$1" ] || { echo "(skipped: ${SECONDS}s used)"; false; }; }
+# oks LOG EXIT: a test binary's exit status, its OK lines and its first failures
+oks() { echo "exit $2; OK lines $(grep -cE '^OK ' "$1")"; grep -E 'NOT OK|test result|panicked|error' "$1" | head -4 | cut -c1-400; }
 source "$PACK/manifest"
 if [ ! -f $G/m2r2 ]; then
   step unpack
@@ -60,8 +64,6 @@ if [ "$ACTION" = tune ]; then
   # four, then genai 100, tune 70, dev prompts 75, ncu 60 and 20); the worst case ends near
   # BUDGET + 60 s, so a run call of 600 s holds BUDGET = 500
   BUDGET=${BUDGET:-500}
-  more() { [ $SECONDS -lt "$1" ] || { echo "(skipped: ${SECONDS}s used)"; false; }; }
-  oks() { echo "exit $2; OK lines $(grep -cE '^OK ' "$1")"; grep -E 'NOT OK|test result|panicked|error' "$1" | head -4 | cut -c1-400; }
   step "static graphs on CUDA against the reference: greedy (graphs on and off), speculative every step shape captured (static_cache.rs)"
   timeout 90 $G/static_cache --ignored --nocapture --test-threads 1 ort_cuda > "$RESULTS/static_cuda.log" 2>&1
   oks "$RESULTS/static_cuda.log" $?
@@ -150,7 +152,6 @@ fi
 if [ "$ACTION" = merged ]; then
   SECONDS=0
   BUDGET=${BUDGET:-300}
-  more() { [ $SECONDS -lt "$1" ] || { echo "(skipped: ${SECONDS}s used)"; false; }; }
   step "token trees on CUDA against the reference: dynamic, static and static with merged adapters, graphs on and off (trees.rs)"
   timeout 150 $G/trees --ignored --nocapture --test-threads 1 ort_cuda > "$RESULTS/trees_cuda.log" 2>&1
   echo "exit $?; OK lines $(grep -cE '^OK ' "$RESULTS/trees_cuda.log")"
@@ -195,8 +196,6 @@ fi
 if [ "$ACTION" = spec ]; then
   SECONDS=0
   BUDGET=${BUDGET:-360}
-  more() { [ $SECONDS -lt "$1" ] || { echo "(skipped: ${SECONDS}s used)"; false; }; }
-  oks() { echo "exit $2; OK lines $(grep -cE '^OK ' "$1")"; grep -E 'NOT OK|test result|panicked|error' "$1" | head -4 | cut -c1-400; }
   step "static speculative graphs on CUDA, every step shape captured, against graphs off (static_cache.rs)"
   timeout 120 $G/static_cache --ignored --nocapture --test-threads 1 ort_cuda_graph_speculative > "$RESULTS/static_spec_cuda.log" 2>&1
   oks "$RESULTS/static_spec_cuda.log" $?
