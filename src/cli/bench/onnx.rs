@@ -437,15 +437,21 @@ pub fn print_table(r: &OnnxBenchResult) {
     );
 }
 
-/// The engines' table rows and the legend.
+/// The engines' table rows and the legend; the engine column is as wide as its longest name.
 pub fn print_engines(engines: &[EngineResult]) {
+    let width = engines
+        .iter()
+        .map(|e| e.engine.len())
+        .max()
+        .unwrap_or(0)
+        .max(30);
     println!(
-        "  {:<30} {:>14} {:>14} {:>10} {:>12} {:>13} {:>9}",
+        "  {:<width$} {:>14} {:>14} {:>10} {:>12} {:>13} {:>9}",
         "engine", "greedy tok/s", "spec tok/s", "accepted", "ms/draft", "ms/verify", "lossless"
     );
     for e in engines {
         println!(
-            "  {:<30} {:>14.1} {:>14.1} {:>10.2} {:>12.2} {:>13.2} {:>9}",
+            "  {:<width$} {:>14.1} {:>14.1} {:>10.2} {:>12.2} {:>13.2} {:>9}",
             e.engine,
             e.greedy_tokens_per_second,
             e.speculative_tokens_per_second,
