@@ -149,7 +149,7 @@ pub fn build_static(
         attn_mask: &attn_mask,
         write_indices: &write_indices,
         fast_attn_mask: fast_attn_mask.as_deref(),
-        fused_qkv: kind == GraphKind::Verifier,
+        row_gemms: kind == GraphKind::Verifier,
     };
 
     // the residual stream is [B, 1, T, D] inside (static_layer.rs), [B, T, D] at the interface

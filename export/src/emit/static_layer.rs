@@ -58,10 +58,10 @@ pub struct StaticContext<'a> {
     /// f32 `[B, 1, T, L + T]`, additive, draft.onnx only: the fast rows' view of the buffer and of
     /// their own keys (`static_draft`)
     pub fast_attn_mask: Option<&'a str>,
-    /// q, k and v as one GEMM (`project_qkv`: verifier.onnx, whose chunks have several rows),
-    /// else one product broadcast over all their heads and a `Split` (`project_qkv_heads`: two
-    /// nodes where `project_qkv` takes four; as fast for a row)
-    pub fused_qkv: bool,
+    /// q, k and v, and o, as plain GEMMs over the chunk's rows (`project_qkv`, `project_o_rows`:
+    /// verifier.onnx, whose chunks have several rows), else products broadcast over the heads
+    /// (`project_qkv_heads`, `project_o`: fewer nodes, as fast for one row)
+    pub row_gemms: bool,
 }
 
 /// What a static layer produced.
@@ -424,6 +424,47 @@ pub(crate) fn project_o_with(
     })
 }
 
+/// `o_proj` as one GEMM of the chunk's rows: `y` transposed to `[B, T, H, Dh]`, reshaped to `[B,
+/// 1, T, H Dh]` and multiplied by `W_o^T` (stored transposed) (+ bias). Two nodes more than
+/// [`project_o`], for verifier.onnx: with several rows the head-broadcast product and its
+/// `ReduceSum` cost ONNX Runtime's CPU provider about twice the GEMM (docs/STATIC.md), and cuBLAS
+/// serves the broadcast form badly there ([`project_qkv`]).
+///
+/// # Shapes
+/// - `y`: `[B, H, T, Dh]` -> `[B, 1, T, D]`
+pub(crate) fn project_o_rows(
+    b: &mut GraphBuilder,
+    config: &ModelConfig,
+    l: usize,
+    o: &Linear,
+    y: &str,
+) -> String {
+    let wt = o.w.t().as_standard_layout().to_owned().into_dyn();
+    let width = (config.num_attention_heads * config.head_dim) as i64;
+    b.scoped(AttnProj::O.module(), |b| {
+        let name = WeightId::Attn(l, AttnProj::O).onnx_name() + TRANSPOSED;
+        let w = b.weight(&name, wt.view());
+        let rows = b.node(
+            "Transpose",
+            &[y],
+            vec![("perm", Attr::Ints(vec![0, 2, 1, 3]))],
+        ); // [B, T, H, Dh]
+        let shape = b.const_i64(&[0, 1, -1, width]);
+        let rows = b.binary("Reshape", &rows, &shape); // [B, 1, T, H Dh]
+        let out = b.binary("MatMul", &rows, &w); // [B, 1, T, D]
+        match &o.b {
+            Some(bias) => {
+                let bias = b.weight(
+                    &WeightId::AttnBias(l, AttnProj::O).onnx_name(),
+                    bias.view().into_dyn(),
+                );
+                b.binary("Add", &out, &bias)
+            }
+            None => out,
+        }
+    })
+}
+
 /// Layer `l` in the scope `layers.{l}`.
 ///
 /// # Shapes
@@ -449,7 +490,7 @@ pub fn static_decoder_layer(
                 rms_normalization(b, s, &attn_norm, eps)
             });
             // [B, H, T, Dh], [B, Hkv, T, Dh] twice
-            let (q, k, v) = match cx.fused_qkv {
+            let (q, k, v) = match cx.row_gemms {
                 true => project_qkv(b, config, l, a, &h),
                 false => project_qkv_heads(b, config, l, a, &h),
             };
@@ -458,7 +499,10 @@ pub fn static_decoder_layer(
             let present_key = scatter(b, cx, past_key, &k);
             let present_value = scatter(b, cx, past_value, &v);
             let y = attention(b, config, &q, &present_key, &present_value, cx.attn_mask);
-            let o = project_o(b, config, l, &a.o, &y);
+            let o = match cx.row_gemms {
+                true => project_o_rows(b, config, l, &a.o, &y),
+                false => project_o(b, config, l, &a.o, &y),
+            };
             (b.binary("Add", s, &o), present_key, present_value)
         });
 
