@@ -411,17 +411,20 @@ pub(crate) fn project_o_with(
             &[&per_head, &axis1],
             vec![("keepdims", Attr::Int(1))],
         ); // [B, 1, T, D]
-        match &o.b {
-            Some(bias) => {
-                let bias = b.weight(
-                    &WeightId::AttnBias(l, AttnProj::O).onnx_name(),
-                    bias.view().into_dyn(),
-                );
-                b.binary("Add", &summed, &bias)
-            }
-            None => summed,
-        }
+        add_o_bias(b, l, o, summed)
     })
+}
+
+/// `x + b_o` where o has a bias, else `x`.
+fn add_o_bias(b: &mut GraphBuilder, l: usize, o: &Linear, x: String) -> String {
+    match &o.b {
+        Some(bias) => {
+            let name = WeightId::AttnBias(l, AttnProj::O).onnx_name();
+            let bias = b.weight(&name, bias.view().into_dyn());
+            b.binary("Add", &x, &bias)
+        }
+        None => x,
+    }
 }
 
 /// `o_proj` as one GEMM of the chunk's rows: `y` transposed to `[B, T, H, Dh]`, reshaped to `[B,
@@ -452,16 +455,7 @@ pub(crate) fn project_o_rows(
         let shape = b.const_i64(&[0, 1, -1, width]);
         let rows = b.binary("Reshape", &rows, &shape); // [B, 1, T, H Dh]
         let out = b.binary("MatMul", &rows, &w); // [B, 1, T, D]
-        match &o.b {
-            Some(bias) => {
-                let bias = b.weight(
-                    &WeightId::AttnBias(l, AttnProj::O).onnx_name(),
-                    bias.view().into_dyn(),
-                );
-                b.binary("Add", &out, &bias)
-            }
-            None => out,
-        }
+        add_o_bias(b, l, o, out)
     })
 }
 
