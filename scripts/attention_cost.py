@@ -3,7 +3,10 @@
 # mask), as the static graphs run it (docs/STATIC.md, "Speed"). Times one session run of the
 # lone node, Python's per-run overhead included.
 #
-#   python3 scripts/attention_cost.py [--lengths 64,256,1024] [--threads 2] [--runs 2000]
+#   python3 scripts/attention_cost.py [--lengths 64,256,1024] [--threads 2] [--runs 2000] [--filled F]
+#
+# --filled F: only the first F positions are filled (the mask hides the rest), timed with and
+# without opset 24's `nonpad_kv_seqlen` = F, to see whether the kernel then skips the padding.
 #
 # Needs onnx and onnxruntime (scripts/onnx-check/requirements.txt).
 import argparse, time
@@ -14,15 +17,28 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 
-def model(length, heads, kv_heads, dh):
-    io = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
-    node = helper.make_node("Attention", ["q", "k", "v", "mask"], ["y"], q_num_heads=heads, kv_num_heads=kv_heads)
+def model(length, heads, kv_heads, dh, nonpad=False):
+    io = lambda name, shape, t=TensorProto.FLOAT: helper.make_tensor_value_info(name, t, shape)
+    inputs = ["q", "k", "v", "mask"] + (["", "", "nonpad"] if nonpad else [])
+    node = helper.make_node("Attention", inputs, ["y"], q_num_heads=heads, kv_num_heads=kv_heads)
     graph = helper.make_graph(
         [node], "attention",
         [io("q", [1, heads, 1, dh]), io("k", [1, kv_heads, length, dh]), io("v", [1, kv_heads, length, dh]),
-         io("mask", [1, 1, 1, length])],
+         io("mask", [1, 1, 1, length])] + ([io("nonpad", [1], TensorProto.INT64)] if nonpad else []),
         [io("y", None)])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)], ir_version=10)
+
+
+def time_us(graph, feeds, threads, runs):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(graph.SerializeToString(), options)
+    for _ in range(50):
+        out = session.run(None, feeds)[0]
+    start = time.perf_counter()
+    for _ in range(runs):
+        session.run(None, feeds)
+    return (time.perf_counter() - start) / runs * 1e6, out
 
 
 def main():
@@ -30,26 +46,29 @@ def main():
     ap.add_argument("--lengths", default="64,256,1024")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=2000)
+    ap.add_argument("--filled", type=int, help="filled positions (at most each length)")
     a = ap.parse_args()
     heads, kv_heads, dh = 9, 3, 64
     print(f"onnxruntime {ort.__version__}, {a.threads} threads, {a.runs} runs each")
     rng = np.random.default_rng(0)
     for length in map(int, a.lengths.split(",")):
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = a.threads
-        session = ort.InferenceSession(model(length, heads, kv_heads, dh).SerializeToString(), options)
+        filled = min(a.filled or length, length)
+        mask = np.full((1, 1, 1, length), np.finfo(np.float32).min, np.float32)
+        mask[..., :filled] = 0.0
         feeds = {
             "q": rng.random((1, heads, 1, dh), dtype=np.float32),
             "k": rng.random((1, kv_heads, length, dh), dtype=np.float32),
             "v": rng.random((1, kv_heads, length, dh), dtype=np.float32),
-            "mask": np.zeros((1, 1, 1, length), np.float32),
+            "mask": mask,
         }
-        for _ in range(50):
-            session.run(None, feeds)
-        start = time.perf_counter()
-        for _ in range(a.runs):
-            session.run(None, feeds)
-        print(f"L = {length:5}: {(time.perf_counter() - start) / a.runs * 1e6:7.1f} us per run")
+        us, want = time_us(model(length, heads, kv_heads, dh), feeds, a.threads, a.runs)
+        line = f"L = {length:5}: {us:7.1f} us per run"
+        if a.filled:
+            feeds["nonpad"] = np.array([filled], np.int64)
+            with_nonpad, got = time_us(model(length, heads, kv_heads, dh, True), feeds, a.threads, a.runs)
+            assert np.allclose(got, want, atol=1e-5), "nonpad_kv_seqlen changed the result"
+            line += f" ({filled} filled); with nonpad_kv_seqlen = {filled}: {with_nonpad:7.1f} us"
+        print(line)
 
 
 if __name__ == "__main__":
