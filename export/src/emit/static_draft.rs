@@ -30,9 +30,9 @@ use crate::emit::moe::moe_block;
 use crate::emit::ops::swiglu;
 use crate::emit::static_layer::{
     HEADS, StaticContext, TRANSPOSED, attention, proj_heads, project_heads, project_mlp, project_o,
-    rms_normalization, rope, scatter,
+    rms_normalization, rope, scatter, transposed,
 };
-use ndarray::{Array2, ArrayD};
+use ndarray::ArrayD;
 use reference::base::config::ModelConfig;
 use reference::base::weight_names::{AttnProj, MlpProj, Target};
 use reference::base::weights::FeedForward;
@@ -89,11 +89,6 @@ fn lora_weight(
     }
     .name();
     b.weight(&(name + suffix), data.view())
-}
-
-/// `[X, Y]` transposed into a standard-layout `[Y, X]`.
-fn transposed(w: &Array2<f32>) -> ArrayD<f32> {
-    w.t().as_standard_layout().to_owned().into_dyn()
 }
 
 /// `c (x A^T) B_heads` of q, k or v: `x` `[B, 1, T, D]` -> `[B, n, T, Dh]`.

@@ -86,6 +86,11 @@ pub(crate) fn heads_in(w: &Array2<f32>, heads: usize, dh: usize) -> ArrayD<f32> 
         .into_dyn()
 }
 
+/// `[X, Y]` transposed into a standard-layout `[Y, X]`: a `W^T` weight stored under [`TRANSPOSED`].
+pub(crate) fn transposed(w: &Array2<f32>) -> ArrayD<f32> {
+    w.t().as_standard_layout().to_owned().into_dyn()
+}
+
 /// `W_o [D, H*Dh]` as `[H, Dh, D]`, so `y [B, H, T, Dh] @ W` summed over heads is `y W_o^T`.
 pub(crate) fn heads_out(w: &Array2<f32>, heads: usize, dh: usize) -> ArrayD<f32> {
     let d = w.nrows();
@@ -288,8 +293,7 @@ pub(crate) fn project_mlp(
     lin: &Linear,
     x: &str,
 ) -> String {
-    let wt = lin.w.t().as_standard_layout().to_owned().into_dyn();
-    project_mlp_with(b, l, p, lin, x, (TRANSPOSED, wt))
+    project_mlp_with(b, l, p, lin, x, (TRANSPOSED, transposed(&lin.w)))
 }
 
 /// [`project_mlp`] with the weight given: `w` stored under the projection's name plus `suffix`.
@@ -442,7 +446,7 @@ pub(crate) fn project_o_rows(
     o: &Linear,
     y: &str,
 ) -> String {
-    let wt = o.w.t().as_standard_layout().to_owned().into_dyn();
+    let wt = transposed(&o.w);
     let width = (config.num_attention_heads * config.head_dim) as i64;
     b.scoped(AttnProj::O.module(), |b| {
         let name = WeightId::Attn(l, AttnProj::O).onnx_name() + TRANSPOSED;
