@@ -302,15 +302,21 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
     let (dynamic, fixed) = (dir.path().join("dynamic"), dir.path().join("static"));
     let (d, s) = (dynamic.to_str().unwrap(), fixed.to_str().unwrap());
     super::ok(&["export", "--model", "tiny", "--out", d]);
-    super::ok(&[
-        "export",
-        "--model",
-        "tiny",
-        "--out",
-        s,
-        "--static-cache",
-        "40",
-    ]);
+    // tiny with a static cache of 40 positions into `out`
+    let static_export = |out: &str, more: &[&str]| {
+        let mut args = vec![
+            "export",
+            "--model",
+            "tiny",
+            "--out",
+            out,
+            "--static-cache",
+            "40",
+        ];
+        args.extend(more);
+        super::ok(&args);
+    };
+    static_export(s, &[]);
     let want = super::generate_json(&[
         "--model",
         "tiny",
@@ -361,16 +367,7 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
     // a second static export (merged adapters) is named by its folder in the bench table
     let merged = dir.path().join("merged");
     let m = merged.to_str().unwrap();
-    super::ok(&[
-        "export",
-        "--model",
-        "tiny",
-        "--out",
-        m,
-        "--static-cache",
-        "40",
-        "--merge-adapters",
-    ]);
+    static_export(m, &["--merge-adapters"]);
     let report = super::ok(&[
         "bench",
         "--model",
