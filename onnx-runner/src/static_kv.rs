@@ -205,11 +205,15 @@ impl StaticKv {
         let fixed = first_past.and_then(|i| i.dims.get(2)).cloned();
         if fixed != Some(Dim::Fixed(l_max)) {
             let name = first_past.map_or("past_key_values.*", |i| i.name.as_str());
+            let positions = match fixed {
+                Some(dim) => format!("`{dim}` positions"),
+                None => "no positions axis".into(),
+            };
             return Err(Error::Export {
                 file,
                 msg: format!(
                     "m2r2_export.json says static_cache.l_max = {l_max}, but the graph's `{name}` \
-                     has {fixed:?} positions (the manifest and the graph disagree: export the \
+                     has {positions} (the manifest and the graph disagree: export the \
                      folder again)"
                 ),
             });

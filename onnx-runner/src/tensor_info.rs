@@ -30,6 +30,17 @@ pub enum Dim {
     Symbolic(String),
 }
 
+/// `256`, or the dimension's name (`?` when the graph names none).
+impl std::fmt::Display for Dim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Dim::Fixed(n) => write!(f, "{n}"),
+            Dim::Symbolic(s) if s.is_empty() => f.write_str("?"),
+            Dim::Symbolic(s) => f.write_str(s),
+        }
+    }
+}
+
 /// Name, element type and dimensions of a graph input or output.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorInfo {
@@ -41,15 +52,7 @@ pub struct TensorInfo {
 impl TensorInfo {
     /// `f32 [batch, 2, past_sequence_length, 8]`
     pub fn describe(&self) -> String {
-        let dims: Vec<String> = self
-            .dims
-            .iter()
-            .map(|d| match d {
-                Dim::Fixed(n) => n.to_string(),
-                Dim::Symbolic(s) if s.is_empty() => "?".into(),
-                Dim::Symbolic(s) => s.clone(),
-            })
-            .collect();
+        let dims: Vec<String> = self.dims.iter().map(Dim::to_string).collect();
         format!("{} [{}]", self.dtype, dims.join(", "))
     }
 

@@ -364,6 +364,32 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
             "export with a larger --static-cache",
         ],
     );
+    // a manifest whose L disagrees with the graphs' buffers is refused, naming both
+    let edited = dir.path().join("edited");
+    std::fs::create_dir(&edited).unwrap();
+    for entry in std::fs::read_dir(&fixed).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, edited.join(path.file_name().unwrap())).unwrap();
+    }
+    let manifest = edited.join("m2r2_export.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    json["static_cache"]["l_max"] = 41.into();
+    std::fs::write(&manifest, json.to_string()).unwrap();
+    super::fails(
+        &[
+            "run",
+            "--onnx",
+            edited.to_str().unwrap(),
+            "--tokens",
+            "1,2,3",
+        ],
+        &[
+            "model.onnx",
+            "static_cache.l_max = 41",
+            "has `40` positions",
+        ],
+    );
     // a second static export (merged adapters) is named by its folder in the bench table
     let merged = dir.path().join("merged");
     let m = merged.to_str().unwrap();
