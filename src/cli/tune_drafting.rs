@@ -412,12 +412,11 @@ pub fn run(args: &Args) -> Result<()> {
         check_draft_gate(config, g, "--draft-gates: gate")?;
     }
     let (mut data, meta) = train::data::read(&args.data, loaded.model.config.vocab_size)?;
-    if meta.temperature.is_some() {
+    if let Some(temperature) = meta.temperature {
         bail!(
-            "{} holds sampled responses (temperature {:?}): tracing needs the model's greedy \
-             responses (distill-data without --temperature)",
+            "{} holds sampled responses (temperature {temperature}): tracing needs the model's \
+             greedy responses (distill-data without --temperature)",
             args.data.display(),
-            meta.temperature
         );
     }
     if let Some(n) = args.limit {

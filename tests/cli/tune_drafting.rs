@@ -473,7 +473,7 @@ fn tune_drafting_ranks_writes_and_refuses() {
     distill("sampled", &["--temperature", "0.8"]);
     fails(
         &["tune-drafting", "--model", "tiny", "--data", &p("sampled")],
-        &["sampled responses", "greedy"],
+        &["sampled responses (temperature 0.8)", "greedy"],
     );
     let refused = |extra: &[&str], needles: &[&str]| {
         let data = p("data");
