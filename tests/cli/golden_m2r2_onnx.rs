@@ -162,17 +162,7 @@ fn speculative_goldens_on_onnx_runtime() {
 /// the defaults, the report naming the engine.
 #[test]
 fn smollm2_walk_through() {
-    let cache = reference::io::hub::cache_dir();
-    let real = |args: &[&str]| {
-        let run = super::m2r2_env(args, &[("M2R2_CACHE", cache.as_os_str())]);
-        assert_eq!(
-            run.code,
-            Some(0),
-            "m2r2 {args:?} failed (run `m2r2 fetch smollm2` first):\n{}",
-            run.stderr
-        );
-        run
-    };
+    let real = super::smollm2_ok;
     let dir = tempfile::tempdir().unwrap();
     let p = |name: &str| dir.path().join(name).display().to_string();
     let (greedy, spec, onnx) = (p("g.safetensors"), p("s.safetensors"), p("smollm2"));

@@ -74,6 +74,20 @@ fn fails(args: &[&str], needles: &[&str]) -> Run {
     run
 }
 
+/// Run with the real m2r2 cache (SmolLM2 and its shipped weights, where scripts/test.sh fetched
+/// them) and require success.
+fn smollm2_ok(args: &[&str]) -> Run {
+    let cache = reference::io::hub::cache_dir();
+    let run = m2r2_env(args, &[("M2R2_CACHE", cache.as_os_str())]);
+    assert_eq!(
+        run.code,
+        Some(0),
+        "m2r2 {args:?} failed (run `m2r2 fetch smollm2` first):\n{}",
+        run.stderr
+    );
+    run
+}
+
 fn generate_json(args: &[&str]) -> Value {
     let mut all = vec!["generate", "--json"];
     all.extend_from_slice(args);

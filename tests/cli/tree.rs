@@ -184,19 +184,7 @@ fn tiny_trees_sample() {
 /// bridge at gate 1 is read per branch, and trees decode like greedy.
 #[test]
 fn smollm2_trees_decode_like_greedy() {
-    let cache = reference::io::hub::cache_dir();
-    let real = |args: &[&str]| {
-        let mut all = vec!["generate", "--json"];
-        all.extend_from_slice(args);
-        let run = super::m2r2_env(&all, &[("M2R2_CACHE", cache.as_os_str())]);
-        assert_eq!(
-            run.code,
-            Some(0),
-            "m2r2 {all:?} failed (run `m2r2 fetch smollm2` first):\n{}",
-            run.stderr
-        );
-        run.json()
-    };
+    let real = |args: &[&str]| super::smollm2_ok(&[&["generate", "--json"], args].concat()).json();
     let prompt = [
         "--model",
         "smollm2",
@@ -380,19 +368,7 @@ fn tiny_lookup_branches_decode_like_greedy() {
 /// with a lookup branch decodes like greedy on a prompt that its answer quotes.
 #[test]
 fn smollm2_lookup_decodes_like_greedy() {
-    let cache = reference::io::hub::cache_dir();
-    let real = |args: &[&str]| {
-        let mut all = vec!["generate", "--json"];
-        all.extend_from_slice(args);
-        let run = super::m2r2_env(&all, &[("M2R2_CACHE", cache.as_os_str())]);
-        assert_eq!(
-            run.code,
-            Some(0),
-            "m2r2 {all:?} failed (run `m2r2 fetch smollm2` first):\n{}",
-            run.stderr
-        );
-        run.json()
-    };
+    let real = |args: &[&str]| super::smollm2_ok(&[&["generate", "--json"], args].concat()).json();
     let prompt = [
         "--model",
         "smollm2",
