@@ -433,9 +433,29 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
     );
     assert_eq!(engines[2]["static_cache"], 40);
     assert_eq!(engines[3]["static_cache"], 40);
-    for e in engines {
+    // one timed run: each paired ratio is that run's own quotient, so median = min = max = the
+    // engine's figures divided
+    let tps = |e: &serde_json::Value, key: &str| e[key].as_f64().unwrap();
+    let first_greedy = tps(&engines[1], "greedy_tokens_per_second");
+    for (i, e) in engines.iter().enumerate() {
         assert_eq!(e["speculative_equals_greedy"], true, "{e}");
-        assert!(e["greedy_tokens_per_second"].as_f64().unwrap() > 0.0, "{e}");
+        let greedy = tps(e, "greedy_tokens_per_second");
+        assert!(greedy > 0.0, "{e}");
+        let spread = |s: &serde_json::Value, want: f64| {
+            for key in ["median", "min", "max"] {
+                let got = s[key].as_f64().unwrap();
+                assert!(
+                    (got - want).abs() <= 1e-9 * want,
+                    "{key} {got} vs {want}: {e}"
+                );
+            }
+        };
+        let spec = tps(e, "speculative_tokens_per_second");
+        spread(&e["speculative_over_greedy"], spec / greedy);
+        match i {
+            0 | 1 => assert!(e["greedy_over_first_export"].is_null(), "{e}"),
+            _ => spread(&e["greedy_over_first_export"], greedy / first_greedy),
+        }
     }
 }
 

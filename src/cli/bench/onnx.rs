@@ -48,6 +48,37 @@ pub struct EngineResult {
     pub ms_per_verify_step: f64,
     /// Greedy tokens equal speculative tokens (lossless), in every timed run.
     pub speculative_equals_greedy: bool,
+    /// Speculative over greedy tokens/s of this engine, paired within each timed run.
+    pub speculative_over_greedy: Spread,
+    /// Greedy tokens/s over the first export's in the same timed run (the runs alternate), for
+    /// every export after the first; `None` for the first and for the reference.
+    pub greedy_over_first_export: Option<Spread>,
+}
+
+/// How a ratio measured once per timed run spread over the runs: its median, lowest and highest.
+/// Paired within a run, so a machine that slows down between runs moves both sides.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    fn of(xs: &[f64]) -> Spread {
+        Spread {
+            median: median(xs),
+            min: xs.iter().copied().fold(f64::INFINITY, f64::min),
+            max: xs.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        }
+    }
+}
+
+impl std::fmt::Display for Spread {
+    /// `1.04x (0.98-1.09)`
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.2}x ({:.2}-{:.2})", self.median, self.min, self.max)
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -222,7 +253,8 @@ pub fn measure(
 
     let mut results = vec![summarise("reference".into(), &reference_runs)];
     let mut tokens_equal_reference = true;
-    for (model, _, runs, tokens, dir) in &engines {
+    let first_greedy: Vec<f64> = engines[0].2.iter().map(|r| r.0).collect();
+    for (k, (model, _, runs, tokens, dir)) in engines.iter().enumerate() {
         let mut name = format!("onnxruntime-{}", model.session().ep_used().name());
         if model.static_l_max().is_some() {
             name.push_str(" static");
@@ -242,6 +274,14 @@ pub fn measure(
         let mut engine = summarise(name, runs);
         engine.onnx = Some(dir.display().to_string());
         engine.static_cache = model.static_l_max();
+        if k > 0 {
+            let paired: Vec<f64> = runs
+                .iter()
+                .zip(&first_greedy)
+                .map(|(r, f)| r.0 / f)
+                .collect();
+            engine.greedy_over_first_export = Some(Spread::of(&paired));
+        }
         results.push(engine);
         tokens_equal_reference &= *tokens == reference_tokens;
     }
@@ -392,6 +432,13 @@ fn summarise(engine: String, runs: &[(f64, SpecRun)]) -> EngineResult {
         ms_per_draft_step: m(&|r| r.1.ms_per_draft),
         ms_per_verify_step: m(&|r| r.1.ms_per_verify),
         speculative_equals_greedy: runs.iter().all(|r| r.1.equals_greedy),
+        speculative_over_greedy: Spread::of(
+            &runs
+                .iter()
+                .map(|r| r.1.tokens_per_second / r.0)
+                .collect::<Vec<_>>(),
+        ),
+        greedy_over_first_export: None,
     }
 }
 
@@ -465,6 +512,7 @@ pub fn print_engines(engines: &[EngineResult]) {
             }
         );
     }
+    print_spreads(engines, width);
     println!(
         "  (accepted: tokens emitted per verification; ms/draft: one token through draft.onnx or the \
          reference's lower layers with the fast stream; ms/verify: one verify chunk)"
@@ -473,6 +521,40 @@ pub fn print_engines(engines: &[EngineResult]) {
         "  (a fixed chain on a pseudo-random prompt: it prices the steps, not the default \
          drafting's speed-up on text, which scripts/bench_speculative.py measures on real prompts)"
     );
+}
+
+/// The ratios paired within each timed run, median (lowest-highest): what a side-by-side
+/// comparison should quote on a noisy machine. The second column only with several exports.
+fn print_spreads(engines: &[EngineResult], width: usize) {
+    let exports: Vec<&EngineResult> = engines.iter().filter(|e| e.onnx.is_some()).collect();
+    let several = exports.len() > 1;
+    let mut header = format!(
+        "  {:<width$} {:>22}",
+        "ratios paired per run", "spec / greedy"
+    );
+    if several {
+        header.push_str(&format!(" {:>26}", "greedy / first export"));
+    }
+    println!("{header}");
+    for e in engines {
+        let mut row = format!(
+            "  {:<width$} {:>22}",
+            e.engine,
+            e.speculative_over_greedy.to_string()
+        );
+        if several {
+            let over_first = e
+                .greedy_over_first_export
+                .map_or("-".into(), |s| s.to_string());
+            row.push_str(&format!(" {over_first:>26}"));
+        }
+        println!("{row}");
+    }
+    let mut legend = "  (median (lowest-highest) of one ratio per timed run".to_string();
+    if several {
+        legend.push_str(&format!("; first export: {}", exports[0].engine));
+    }
+    println!("{legend})");
 }
 
 /// Run from `m2r2 bench` when `--onnx` is given.
