@@ -35,6 +35,8 @@ step() { echo; echo "=== $(date -u +%H:%M:%S) $*"; }
 # more N: true while fewer than N seconds of this action have passed (SECONDS is reset per action)
 more() { [ $SECONDS -lt "$1" ] || { echo "(skipped: ${SECONDS}s used)"; false; }; }
 # oks LOG EXIT: a test binary's exit status, its OK lines and its first failures
+# `bench --onnx`'s tables without the loading lines (their length grows with the engines)
+table() { grep -vE '^(loaded |ONNX Runtime [0-9])' | tail -40; }
 oks() { echo "exit $2; OK lines $(grep -cE '^OK ' "$1")"; grep -E 'NOT OK|test result|panicked|error' "$1" | head -4 | cut -c1-400; }
 source "$PACK/manifest"
 if [ ! -f $G/m2r2 ]; then
@@ -80,7 +82,7 @@ if [ "$ACTION" = tune ]; then
   fi
   step "bench: greedy and speculative tok/s, today's export against the merged static one (and the baseline build's), CUDA graphs off and on (alternating)"
   timeout 120 $M bench --model smollm2 --onnx $G/exp --onnx $G/exp-merged "${base[@]}" --ep cuda --cuda-graph both \
-    --repeats 3 --decode-tokens 64 2>&1 | tail -11
+    --repeats 3 --decode-tokens 64 2>&1 | table
   step "bench --cost-shape: merged static, CUDA graphs on"
   timeout 60 $M bench --model smollm2 --cost-shape --onnx $G/exp-merged --ep cuda --repeats 3 --decode-tokens 16 \
     2>&1 | grep -E 'engine|onnxruntime|bandwidth'
@@ -221,7 +223,7 @@ if [ "$ACTION" = spec ]; then
   if more $((BUDGET - 60)); then
     step "bench: today's export, static without and with CUDA graphs (greedy and speculative tok/s, alternating)"
     timeout 120 $M bench --model smollm2 --onnx $G/exp --onnx $G/exp-static --ep cuda --cuda-graph both --repeats 3 \
-      --decode-tokens 64 2>&1 | tail -10
+      --decode-tokens 64 2>&1 | table
   fi
   if more $((BUDGET - 30)); then
     step "equivalence of today's export (tree_mask input) on CUDA: 6 random tiny models (equivalence.rs)"
@@ -283,7 +285,7 @@ if [ "$ACTION" = static ]; then
     "$RESULTS/exp.json" "$RESULTS/spec-static-off.json" "$RESULTS/spec-static-on.json" 2>&1 | tail -1
   step "bench: dynamic, static without and with CUDA graphs (greedy tok/s, alternating)"
   timeout 180 $M bench --model smollm2 --onnx $G/exp --onnx $G/exp-static --ep cuda --cuda-graph both --repeats 3 \
-    --decode-tokens 64 2>&1 | tail -10
+    --decode-tokens 64 2>&1 | table
   if [ $SECONDS -lt 170 ]; then
     step "bench --cost-shape of the static export: CUDA graphs on (default) and off"
     timeout 60 $M bench --model smollm2 --cost-shape --onnx $G/exp-static --ep cuda --repeats 3 --decode-tokens 16 \
@@ -335,7 +337,7 @@ python3 "$R/scripts/gpu/ort_profile_summary.py" $G/prof/greedy
 full && python3 "$R/scripts/gpu/ort_profile_summary.py" $G/prof/spec
 
 step "bench: greedy against speculative, reference and CUDA"
-timeout 150 $M bench --model smollm2 --onnx $G/exp --ep cuda 2>&1 | tail -8
+timeout 150 $M bench --model smollm2 --onnx $G/exp --ep cuda 2>&1 | table
 if full && [ ! -x $G/m2r2-baseline ]; then
   step "bench --cost-shape on CUDA, by graph optimisation level"
   timeout 300 $M bench --model smollm2 --cost-shape --onnx $G/exp --ep cuda --repeats 3 --decode-tokens 16 \
