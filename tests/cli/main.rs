@@ -115,6 +115,7 @@ mod golden_m2r2_onnx;
 mod golden_python;
 mod golden_sabotage;
 mod golden_tree;
+mod gpu_script;
 mod info_bench;
 mod m2r2_modes;
 mod models;
