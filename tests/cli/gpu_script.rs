@@ -1,9 +1,9 @@
 //! scripts/gpu/device.sh runs on a lent GPU machine that no CI run sees (docs/GPU.md): a flag
 //! renamed here after the script was written would only show up there, in a 15-minute lease.
 //! This test reads every call the script makes to this build's binary (`$M SUBCOMMAND ...`) and
-//! to the repository's Python scripts (`python3 "$R/scripts/X.py" ...`), and requires each
-//! `--flag` it passes to be one that `--help` lists. (The baseline binary, an older build, is not
-//! checked.)
+//! to the repository's Python scripts (`python3 "$R/scripts/X.py" ...`, with the `m2r2` flags of
+//! their `'NAME: ARGS'` rows), and requires each `--flag` it passes to be one that `--help`
+//! lists. (The baseline binary, an older build, is not checked.)
 
 use super::golden_python::python;
 use std::path::Path;
@@ -123,7 +123,30 @@ fn calls(text: &str) -> Vec<Call> {
                     program: Program::Python(script.to_string()),
                     flags: flags(rest),
                 });
+                calls.extend(row_calls(line, rest));
             }
+        }
+    }
+    calls
+}
+
+/// The `'NAME: ARGS'` rows a Python script passes on to `m2r2` (`--onnx-row` and genai_builder's
+/// `--row` to `m2r2 run`, bench_speculative's `--extra` to `m2r2 generate`).
+fn row_calls(line: usize, rest: &[String]) -> Vec<Call> {
+    let mut calls = Vec::new();
+    for pair in rest.windows(2) {
+        let command = match pair[0].as_str() {
+            "--onnx-row" | "--row" => "run",
+            "--extra" => "generate",
+            _ => continue,
+        };
+        let row = pair[1].trim_matches(|c| c == '"' || c == '\'');
+        if let Some((_, args)) = row.split_once(':') {
+            calls.push(Call {
+                line,
+                program: Program::M2r2(vec![command.into()]),
+                flags: flags(&words(args)),
+            });
         }
     }
     calls
@@ -201,8 +224,10 @@ fn the_parse_reads_continuations_quotes_and_values() {
                 python3 \"$R/scripts/bench_speculative.py\" --bin $M --no-reference \
                 --onnx-row 'chain 2: --draft-len 2' 2>&1 | tail -6\n";
     let calls = calls(text);
-    assert_eq!(calls.len(), 2, "{calls:#?}");
+    assert_eq!(calls.len(), 3, "{calls:#?}");
     assert_eq!((calls[0].line, calls[1].line), (1, 3));
+    assert_eq!(calls[2].program, Program::M2r2(vec!["run".into()]));
+    assert_eq!(calls[2].flags, ["--draft-len"]);
     assert_eq!(
         calls[0].program,
         Program::M2r2(vec!["golden".into(), "write".into()])
