@@ -296,6 +296,61 @@ fn static_graphs_pass_onnx_checker() {
     common::onnx_check(&paths);
 }
 
+/// `--weights-dtype f16` static graphs run in ONNX Runtime and equal the reference with its
+/// weights rounded to f16 (`--check` of all four graphs, as the dynamic f16 test does): dense with
+/// a bridge, and MoE with a pruned draft head.
+#[test]
+fn f16_static_graphs_match_the_reference_with_rounded_weights() {
+    use reference::m2r2::bridge_config::{BridgeConfig, BridgeSite};
+    use reference::m2r2::draft_head::DraftHead;
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["tiny", "tiny-moe"] {
+        let (model, mut m2r2) = builtin(name);
+        if name == "tiny-moe" {
+            m2r2.draft_head =
+                Some(DraftHead::new(vec![1, 2, 3, 50, 99], model.config.vocab_size, "t").unwrap());
+        } else {
+            let config = BridgeConfig::new(1, 4, BridgeSite::ALL.to_vec());
+            m2r2 = m2r2.with_bridge(&model.config, config, 9, 0.3).unwrap();
+        }
+        let out = dir.path().join(name);
+        write(
+            &model,
+            &m2r2,
+            options(32, WeightsDtype::F16),
+            &GraphKind::ALL,
+            &out,
+        )
+        .unwrap();
+        let (model16, m2r2_16) = export::check::rounded_to_f16(&model, &m2r2);
+        let tokens = probe_tokens(&model16, None).unwrap();
+        let rows = check_folder(
+            &out,
+            &model16,
+            &m2r2_16,
+            1,
+            &GraphKind::ALL,
+            &tokens,
+            tokens.len() / 2,
+        )
+        .unwrap();
+        let bad: Vec<_> = rows.iter().filter(|r| !r.ok()).collect();
+        assert!(bad.is_empty(), "{name}: {bad:?}");
+        for graph in [
+            "model.onnx (static)",
+            "draft.onnx",
+            "verifier.onnx",
+            "feed.onnx",
+        ] {
+            assert!(
+                rows.iter().any(|r| r.graph.starts_with(graph)),
+                "{name}: {graph} was checked: {:?}",
+                rows.iter().map(|r| &r.graph).collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
 #[test]
 fn clear_errors_for_static_lengths_and_graphs() {
     let dir = tempfile::tempdir().unwrap();
