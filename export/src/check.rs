@@ -21,6 +21,16 @@
 //! differences are rounding: about 1e-6 relative per operation, accumulated over the layers. A
 //! tensor passes when `max |onnx - ref| <= TOLERANCE * max(1, max |ref|)`: 1e-4 absolute for
 //! values of order one (KV, hidden states, probabilities), scaled for logits of order ten.
+//!
+//! One exception ([`MERGED_F16_TOLERANCE`]): a static `--merge-adapters` draft in f16 stores the
+//! fast stream's merged weight `W' = W + c B A` rounded once to f16, which the reference's
+//! separately rounded `W`, `A` and `B` ([`rounded_to_f16`]) cannot reproduce: each weight differs
+//! by up to half an f16 unit in the last place (2^-11, about 4.9e-4, relative), and the fast
+//! outputs follow it: up to 5.0e-4 of their largest value on SmolLM2's probe, 2.6e-4 on tiny's.
+//! The draft's fast-stream outputs (`draft_logits`, `exit_prob`, `exit_states`) are checked at
+//! 2e-3 there, four such rounding steps: still far below what a wrong weight or wiring gives
+//! (order one). They only choose what to draft; the slow rows, the verifier and the model keep
+//! 1e-4.
 
 use crate::error::{Error, Result};
 use crate::graphs::{
@@ -41,6 +51,8 @@ use std::path::Path;
 
 /// Relative tolerance, see the module docs.
 pub const TOLERANCE: f32 = 1e-4;
+/// Relative tolerance of a merged f16 draft's fast-stream outputs, see the module docs.
+pub const MERGED_F16_TOLERANCE: f32 = 2e-3;
 
 /// One compared tensor.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -49,11 +61,13 @@ pub struct Comparison {
     pub tensor: String,
     pub max_abs_diff: f32,
     pub max_abs_ref: f32,
+    /// It passes when `max_abs_diff <= tolerance * max(1, max_abs_ref)`.
+    pub tolerance: f32,
 }
 
 impl Comparison {
     pub fn ok(&self) -> bool {
-        self.max_abs_diff <= TOLERANCE * self.max_abs_ref.max(1.0)
+        self.max_abs_diff <= self.tolerance * self.max_abs_ref.max(1.0)
     }
 }
 
@@ -71,6 +85,7 @@ fn compare(graph: &str, tensor: &str, onnx: &ArrayD<f32>, reference: &ArrayD<f32
         tensor: format!("{tensor} {:?}", reference.shape()),
         max_abs_diff,
         max_abs_ref: reference.iter().fold(0.0f32, |m, v| m.max(v.abs())),
+        tolerance: TOLERANCE,
     }
 }
 
@@ -395,6 +410,16 @@ pub fn check_folder(
     if static_model {
         model_logits = check_static_model(&export, model, &chunks, &mut rows)?;
     }
+    let manifest = &export.manifest;
+    let merged = manifest
+        .static_cache
+        .as_ref()
+        .is_some_and(|s| s.merged_adapters);
+    let fast_tolerance = match merged && manifest.weights_dtype == "f16" {
+        true => MERGED_F16_TOLERANCE,
+        false => TOLERANCE,
+    };
+    let fast_outputs = [DRAFT_LOGITS, EXIT_PROB, EXIT_STATES];
     for &kind in kinds
         .iter()
         .filter(|&&k| !(static_model && k == GraphKind::Model))
@@ -412,7 +437,11 @@ pub fn check_folder(
             let mut checked = |out: &Outputs, tensor: &str, want: &ArrayD<f32>| {
                 let got = output(out, tensor)?;
                 let tag = format!("{tensor} (chunk {})", c + 1);
-                rows.push(compare(&name, &tag, &got, want));
+                let mut row = compare(&name, &tag, &got, want);
+                if kind == GraphKind::Draft && fast_outputs.contains(&tensor) {
+                    row.tolerance = fast_tolerance;
+                }
+                rows.push(row);
                 Ok::<_, Error>(got)
             };
             let hidden = batch1(reference.hidden[c].view());

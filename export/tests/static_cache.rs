@@ -7,7 +7,7 @@
 mod common;
 
 use export::builder::{STATIC_OPSET, WeightsDtype};
-use export::check::{check_folder, probe_tokens};
+use export::check::{MERGED_F16_TOLERANCE, TOLERANCE, check_folder, probe_tokens};
 use export::folder::{ExportRequest, MANIFEST_FILE, export};
 use export::graphs::{ExportOptions, GraphKind};
 use export::proto::ModelProto;
@@ -298,13 +298,13 @@ fn static_graphs_pass_onnx_checker() {
 
 /// `--weights-dtype f16` static graphs run in ONNX Runtime and equal the reference with its
 /// weights rounded to f16 (`--check` of all four graphs, as the dynamic f16 test does): dense with
-/// a bridge, and MoE with a pruned draft head.
+/// a bridge (also with `--merge-adapters`), and MoE with a pruned draft head.
 #[test]
 fn f16_static_graphs_match_the_reference_with_rounded_weights() {
     use reference::m2r2::bridge_config::{BridgeConfig, BridgeSite};
     use reference::m2r2::draft_head::DraftHead;
     let dir = tempfile::tempdir().unwrap();
-    for name in ["tiny", "tiny-moe"] {
+    for (name, merge_adapters) in [("tiny", false), ("tiny", true), ("tiny-moe", false)] {
         let (model, mut m2r2) = builtin(name);
         if name == "tiny-moe" {
             m2r2.draft_head =
@@ -313,15 +313,12 @@ fn f16_static_graphs_match_the_reference_with_rounded_weights() {
             let config = BridgeConfig::new(1, 4, BridgeSite::ALL.to_vec());
             m2r2 = m2r2.with_bridge(&model.config, config, 9, 0.3).unwrap();
         }
-        let out = dir.path().join(name);
-        write(
-            &model,
-            &m2r2,
-            options(32, WeightsDtype::F16),
-            &GraphKind::ALL,
-            &out,
-        )
-        .unwrap();
+        let out = dir.path().join(format!("{name}-{merge_adapters}"));
+        let options = ExportOptions {
+            merge_adapters,
+            ..options(32, WeightsDtype::F16)
+        };
+        write(&model, &m2r2, options, &GraphKind::ALL, &out).unwrap();
         let (model16, m2r2_16) = export::check::rounded_to_f16(&model, &m2r2);
         let tokens = probe_tokens(&model16, None).unwrap();
         let rows = check_folder(
@@ -346,6 +343,29 @@ fn f16_static_graphs_match_the_reference_with_rounded_weights() {
                 rows.iter().any(|r| r.graph.starts_with(graph)),
                 "{name}: {graph} was checked: {:?}",
                 rows.iter().map(|r| &r.graph).collect::<Vec<_>>()
+            );
+        }
+        // the merged draft's fast outputs, and only those, have the merged f16 tolerance
+        for r in &rows {
+            let fast = r.graph == "draft.onnx"
+                && ["draft_logits", "exit_prob", "exit_states"]
+                    .iter()
+                    .any(|t| r.tensor.starts_with(t));
+            let want = match fast && merge_adapters {
+                true => MERGED_F16_TOLERANCE,
+                false => TOLERANCE,
+            };
+            assert_eq!(r.tolerance, want, "{name} merged {merge_adapters}: {r:?}");
+        }
+        if merge_adapters {
+            // the looser rows are there, and the strict tolerance would refuse one of them
+            let fast_rows: Vec<_> = rows.iter().filter(|r| r.tolerance != TOLERANCE).collect();
+            assert!(fast_rows.len() >= 4, "{rows:?}");
+            assert!(
+                fast_rows
+                    .iter()
+                    .any(|r| r.max_abs_diff > TOLERANCE * r.max_abs_ref.max(1.0)),
+                "{fast_rows:?}"
             );
         }
     }

@@ -168,8 +168,8 @@ fn missing_parents_are_created_and_a_file_parent_is_named() {
 
 /// `export --static-cache L --check` on tiny and tiny-moe: the four static graphs (opset 24,
 /// RMSNormalization / RotaryEmbedding / TensorScatter / Attention) checked against the reference;
-/// no genai_config.json; `info --onnx` describes the folder; a probe longer than L is refused by
-/// name.
+/// no genai_config.json; `info --onnx` describes the folder; a merged f16 draft passes; a probe
+/// longer than L is refused by name.
 #[test]
 fn static_cache_export_with_check() {
     let dir = tempfile::tempdir().unwrap();
@@ -224,6 +224,28 @@ fn static_cache_export_with_check() {
         let text = ok(&["info", "--onnx", o]).stdout;
         assert!(text.contains("static, L = 64"), "{text}");
     }
+    // a merged f16 draft passes, its fast outputs at their own tolerance (export::check)
+    let merged = dir.path().join("merged-f16");
+    let run = ok(&[
+        "export",
+        "--model",
+        "tiny",
+        "--out",
+        merged.to_str().unwrap(),
+        "--static-cache",
+        "64",
+        "--merge-adapters",
+        "--weights-dtype",
+        "f16",
+        "--check",
+    ]);
+    assert!(!run.stdout.contains("NOT OK"), "{}", run.stdout);
+    assert!(run.stdout.contains("2e-3"), "{}", run.stdout);
+    assert!(
+        run.stderr.contains("check passed") && run.stderr.contains("their tolerance column"),
+        "{}",
+        run.stderr
+    );
     // the probe of tiny's tokenizer is 36 tokens: a buffer of 16 cannot hold it
     let out = dir.path().join("short");
     fails(
