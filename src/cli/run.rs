@@ -89,6 +89,15 @@ pub struct Args {
     /// --prompt-lookup`)
     #[arg(long, value_name = "N")]
     pub prompt_lookup: Option<usize>,
+    /// Refused with a pointer to `m2r2 generate` (hidden): the runner decodes greedily
+    #[arg(long, value_name = "T", hide = true, allow_negative_numbers = true)]
+    pub temperature: Option<String>,
+    /// As --temperature (hidden)
+    #[arg(long, value_name = "K", hide = true)]
+    pub top_k: Option<String>,
+    /// As --temperature (hidden)
+    #[arg(long, value_name = "P", hide = true)]
+    pub top_p: Option<String>,
 }
 
 fn parse_gate(text: &str) -> Result<GateKind, String> {
@@ -118,6 +127,18 @@ pub fn settings(
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    let sampling = [
+        ("--temperature", &args.temperature),
+        ("--top-k", &args.top_k),
+        ("--top-p", &args.top_p),
+    ];
+    if let Some((flag, _)) = sampling.iter().find(|(_, v)| v.is_some()) {
+        bail!(
+            "{flag}: `m2r2 run` decodes greedily on ONNX Runtime (--mode greedy, or speculative \
+             with greedy verification); sampling, speculative sampling included, runs on the \
+             reference: `m2r2 generate --temperature T`"
+        );
+    }
     let tree = tree_widths(&TreeRequest {
         spec: args.draft_tree.as_deref(),
         speculative: args.mode == RunMode::Speculative,

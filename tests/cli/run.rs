@@ -142,7 +142,8 @@ fn gpu_providers_fail_fast_with_their_reason() {
 }
 
 /// `m2r2 run` on an export of the built-in model prints `m2r2 generate`'s report (every key of it,
-/// the same tokens and statistics) plus the provider that ran; speculative equals greedy.
+/// the same tokens and statistics) plus the provider that ran; speculative equals greedy;
+/// sampling flags are refused, naming `m2r2 generate`.
 #[test]
 fn run_reports_like_generate_on_an_export_of_tiny() {
     let dir = tempfile::tempdir().unwrap();
@@ -214,6 +215,13 @@ fn run_reports_like_generate_on_an_export_of_tiny() {
         "{}",
         traced.stderr
     );
+    // sampling flags are refused with a pointer to the reference, for both modes
+    for (flag, mode) in [("--temperature", "greedy"), ("--top-p", "speculative")] {
+        let args = [
+            "run", "--onnx", o, "--tokens", "1,2", "--mode", mode, flag, "0.8",
+        ];
+        fails_with(&args, &ort, &[flag, "decodes greedily", "m2r2 generate"]);
+    }
 }
 
 /// The demo's ONNX section (run by `golden_m2r2::demo_runs_the_m2r2_modes_without_not_ok`, so the
