@@ -167,14 +167,14 @@ pub fn build_static(
                 s = out.s;
                 presents.push((out.present_key, out.present_value));
             }
+            // back to [B, T, D] before the head: the squeeze moves D values a row, not V
+            let h = b.binary("Squeeze", &s, &axis1);
             if kind == GraphKind::Feed {
-                let h = b.binary("Squeeze", &s, &axis1);
                 b.output(HIDDEN_STATES, &h, Elem::F32, &[BATCH, SEQ, Dim::Fixed(d)]);
             } else {
-                let logits = lm_head(&mut b, model, &s, &axis1);
+                let logits = lm_head(&mut b, model, &h);
                 b.output(LOGITS, &logits, Elem::F32, &[BATCH, SEQ, Dim::Fixed(v)]);
                 if kind == GraphKind::Verifier && bridged {
-                    let h = b.binary("Squeeze", &s, &axis1);
                     b.output(FINAL_STATES, &h, Elem::F32, &[BATCH, SEQ, Dim::Fixed(d)]);
                 }
             }
@@ -215,15 +215,15 @@ fn embed(b: &mut GraphBuilder, model: &Model, input_ids: &str) -> String {
     })
 }
 
-/// `LMHead(RMSNormalization_final(s))`: `[B, 1, T, D]` -> `[B, T, V]`.
-fn lm_head(b: &mut GraphBuilder, model: &Model, s: &str, axis1: &str) -> String {
+/// `LMHead(RMSNormalization_final(h))`: `[B, T, D]` -> `[B, T, V]`.
+fn lm_head(b: &mut GraphBuilder, model: &Model, h: &str) -> String {
     let config = &model.config;
     let norm = b.weight(
         &WeightId::FinalNorm.onnx_name(),
         model.weights.final_norm.view().into_dyn(),
     );
     let h = b.scoped("norm", |b| {
-        rms_normalization(b, s, &norm, config.rms_norm_eps as f32)
+        rms_normalization(b, h, &norm, config.rms_norm_eps as f32)
     });
     b.scoped("lm_head", |b| {
         let id = if config.tie_word_embeddings {
@@ -232,8 +232,7 @@ fn lm_head(b: &mut GraphBuilder, model: &Model, s: &str, axis1: &str) -> String 
             WeightId::LmHead
         };
         let head = b.weight(&id.onnx_name(), model.weights.lm_head().view().into_dyn());
-        let y = linear(b, &h, &head, None); // [B, 1, T, V]
-        b.binary("Squeeze", &y, axis1)
+        linear(b, &h, &head, None)
     })
 }
 
