@@ -239,14 +239,16 @@ impl ExportDir {
             .ok_or_else(|| Error::Export {
                 file: self.dir.join(MANIFEST_FILE).display().to_string(),
                 msg: format!(
-                    "this export has no {} graph (it has: {}); export it with `--graphs`",
+                    "this export has no {} graph (it has: {}); export the folder again with \
+                     `{}` in `--graphs` (the default writes all four)",
                     kind.name(),
                     self.manifest
                         .graphs
                         .keys()
                         .cloned()
                         .collect::<Vec<_>>()
-                        .join(", ")
+                        .join(", "),
+                    kind.name()
                 ),
             })?;
         // Checked to be a plain file name by `open`.

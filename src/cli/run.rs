@@ -238,7 +238,9 @@ pub fn run(args: &Args) -> Result<()> {
         stop_tokens: export.stop_tokens(tokenizer.as_ref()),
         sampling: None,
     };
-    if args.mode == RunMode::Speculative && !export.has(GraphKind::Feed) {
+    // (without a draft graph the decode below refuses, naming what the folder has)
+    let drafts = export.has(GraphKind::Draft);
+    if args.mode == RunMode::Speculative && drafts && !export.has(GraphKind::Feed) {
         eprintln!(
             "note: {} has no feed.onnx (an export from before it, or --graphs without it): the \
              positions nothing is proposed from run through draft.onnx, which gives the same \

@@ -224,6 +224,35 @@ fn run_reports_like_generate_on_an_export_of_tiny() {
     }
 }
 
+/// A folder exported without draft.onnx: speculative decoding is refused naming the graph and
+/// the flag to write it, with no note about feed.onnx; greedy still runs.
+#[test]
+fn speculative_without_a_draft_graph_says_how_to_export_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("model-only");
+    let o = out.to_str().unwrap();
+    super::ok(&["export", "--model", "tiny", "--out", o, "--graphs", "model"]);
+    let ort = onnxruntime();
+    let args = [
+        "run",
+        "--onnx",
+        o,
+        "--tokens",
+        "1,2",
+        "--mode",
+        "speculative",
+    ];
+    fails_with(
+        &args,
+        &ort,
+        &["no draft graph (it has: model)", "`draft` in `--graphs`"],
+    );
+    let run = m2r2_with_ort(&args, &ort);
+    assert!(!run.stderr.contains("feed.onnx"), "{}", run.stderr);
+    let greedy = m2r2_with_ort(&["run", "--onnx", o, "--tokens", "1,2"], &ort);
+    assert_eq!(greedy.code, Some(0), "{}", greedy.stderr);
+}
+
 /// The demo's ONNX section (run by `golden_m2r2::demo_runs_the_m2r2_modes_without_not_ok`, so the
 /// demo runs once): the export of the built-in model is equal to the reference on ONNX Runtime.
 pub fn check_demo_onnx_section(stdout: &str) {
