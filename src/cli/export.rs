@@ -39,9 +39,10 @@ pub struct Args {
     /// config's draft gate for ONNX Runtime, `onnx_drafting.draft_gate`, else `draft_gate`)
     #[arg(long, value_name = "G")]
     pub draft_gate: Option<usize>,
-    /// ONNX opset (17..=21) of the dynamic graphs (static graphs are always opset 24)
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_OPSET)]
-    pub opset: i64,
+    /// ONNX opset (17..=21) of the dynamic graphs (default 17); not with --static-cache, whose
+    /// graphs are always opset 24
+    #[arg(long, value_name = "N", conflicts_with = "static_cache")]
+    pub opset: Option<i64>,
     /// Write every graph with a static KV cache of L_MAX positions per layer (opset 24:
     /// RMSNormalization, RotaryEmbedding, TensorScatter, Attention), updated in place by the
     /// runner; no genai_config.json (docs/STATIC.md)
@@ -83,7 +84,7 @@ pub fn run(args: &Args) -> Result<()> {
     let m2r2 = m2r2_args.weights(&loaded)?;
     let options = ExportOptions {
         model_name: loaded.name.clone(),
-        opset: args.opset,
+        opset: args.opset.unwrap_or(DEFAULT_OPSET),
         weights_dtype: args.weights_dtype,
         // ONNX Runtime's draft gate (`onnx_drafting` when the config has it)
         draft_gate: args.draft_gate.unwrap_or(m2r2.config.for_onnx().draft_gate),

@@ -84,6 +84,12 @@ fn failures_are_clear_and_leave_no_export() {
         &["export", "--model", "tiny", "--out", out_s, "--opset", "13"],
         &["opset 13 is not supported", "--opset 17"],
     );
+    // static graphs are always opset 24: an explicit --opset beside --static-cache is refused
+    let both = ["--opset", "21", "--static-cache", "64"];
+    fails(
+        &[&["export", "--model", "tiny", "--out", out_s][..], &both].concat(),
+        &["--opset", "cannot be used with", "--static-cache"],
+    );
     fails(
         &[
             "export",
