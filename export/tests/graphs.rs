@@ -131,16 +131,7 @@ fn zero_adapters_without_arla_match_reference() {
 #[test]
 fn f16_flavour_matches_reference_with_rounded_weights() {
     for name in ["tiny", "tiny-moe"] {
-        let model = reference::io::builtin::builtin(name).unwrap();
-        let mut m2r2 = M2r2Weights::builtin_for(name, &model.config).unwrap();
-        if name == "tiny-moe" {
-            m2r2.draft_head =
-                Some(DraftHead::new(vec![1, 2, 3, 50, 99], model.config.vocab_size, "t").unwrap());
-        } else {
-            // the bridge's maps are f16 initializers too
-            let config = BridgeConfig::new(1, 4, BridgeSite::ALL.to_vec());
-            m2r2 = m2r2.with_bridge(&model.config, config, 9, 0.3).unwrap();
-        }
+        let (model, m2r2) = common::f16_case(name);
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("export");
         export_all(&model, &m2r2, 1, WeightsDtype::F16, None, &out);

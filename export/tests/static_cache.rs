@@ -301,18 +301,9 @@ fn static_graphs_pass_onnx_checker() {
 /// a bridge (also with `--merge-adapters`), and MoE with a pruned draft head.
 #[test]
 fn f16_static_graphs_match_the_reference_with_rounded_weights() {
-    use reference::m2r2::bridge_config::{BridgeConfig, BridgeSite};
-    use reference::m2r2::draft_head::DraftHead;
     let dir = tempfile::tempdir().unwrap();
     for (name, merge_adapters) in [("tiny", false), ("tiny", true), ("tiny-moe", false)] {
-        let (model, mut m2r2) = builtin(name);
-        if name == "tiny-moe" {
-            m2r2.draft_head =
-                Some(DraftHead::new(vec![1, 2, 3, 50, 99], model.config.vocab_size, "t").unwrap());
-        } else {
-            let config = BridgeConfig::new(1, 4, BridgeSite::ALL.to_vec());
-            m2r2 = m2r2.with_bridge(&model.config, config, 9, 0.3).unwrap();
-        }
+        let (model, m2r2) = common::f16_case(name);
         let out = dir.path().join(format!("{name}-{merge_adapters}"));
         let options = ExportOptions {
             merge_adapters,

@@ -11,6 +11,9 @@ use onnx_runner::ep::EpConfig;
 use onnx_runner::session::{Input, OnnxSession, Outputs};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use reference::m2r2::bridge::{BridgeConfig, BridgeSite};
+use reference::m2r2::draft_head::DraftHead;
+use reference::m2r2::weights::M2r2Weights;
 use std::path::{Path, PathBuf};
 
 /// Seeded `N(0, std^2)` tensor.
@@ -98,4 +101,19 @@ pub fn onnx_check(paths: &[PathBuf]) {
         "onnx.checker rejected a graph: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The built-in `name`'s M2R2 weights as the f16 tests export them: tiny-moe with a pruned draft
+/// head (its `draft_head.weight` is f16 too), tiny with a bridge (its maps are f16 initializers).
+pub fn f16_case(name: &str) -> (reference::base::model::Model, M2r2Weights) {
+    let model = reference::io::builtin::builtin(name).unwrap();
+    let mut m2r2 = M2r2Weights::builtin_for(name, &model.config).unwrap();
+    if name == "tiny-moe" {
+        m2r2.draft_head =
+            Some(DraftHead::new(vec![1, 2, 3, 50, 99], model.config.vocab_size, "t").unwrap());
+    } else {
+        let config = BridgeConfig::new(1, 4, BridgeSite::ALL.to_vec());
+        m2r2 = m2r2.with_bridge(&model.config, config, 9, 0.3).unwrap();
+    }
+    (model, m2r2)
 }
