@@ -7,7 +7,7 @@
 mod common;
 
 use export::builder::{STATIC_OPSET, WeightsDtype};
-use export::check::{MERGED_F16_TOLERANCE, TOLERANCE, check_folder, probe_tokens};
+use export::check::{Comparison, MERGED_F16_TOLERANCE, TOLERANCE, check_folder, probe_tokens};
 use export::folder::{ExportRequest, MANIFEST_FILE, export};
 use export::graphs::{ExportOptions, GraphKind};
 use export::proto::ModelProto;
@@ -51,6 +51,25 @@ fn builtin(name: &str) -> (Model, M2r2Weights) {
     let model = reference::io::builtin::builtin(name).unwrap();
     let m2r2 = M2r2Weights::builtin_for(name, &model.config).unwrap();
     (model, m2r2)
+}
+
+/// `check_folder` (`--check`) on all four graphs of `out`, the probe split in half: every row
+/// within its tolerance (`label` names the case in the failure). Returns the rows.
+fn check_all(label: &str, out: &Path, model: &Model, m2r2: &M2r2Weights) -> Vec<Comparison> {
+    let tokens = probe_tokens(model, None).unwrap();
+    let rows = check_folder(
+        out,
+        model,
+        m2r2,
+        1,
+        &GraphKind::ALL,
+        &tokens,
+        tokens.len() / 2,
+    )
+    .unwrap();
+    let bad: Vec<_> = rows.iter().filter(|r| !r.ok()).collect();
+    assert!(bad.is_empty(), "{label}: {bad:?}");
+    rows
 }
 
 /// op type -> count
@@ -214,18 +233,7 @@ fn tiny_static_graph_is_standard_opset_24_within_20_nodes_per_layer() {
     // --check: the static model.onnx step by step through the runner, the others chunk by chunk
     // with their buffers fed as inputs; draft and feed -> verifier against model.onnx
     let tokens = probe_tokens(&model, None).unwrap();
-    let rows = check_folder(
-        &out,
-        &model,
-        &m2r2,
-        1,
-        &GraphKind::ALL,
-        &tokens,
-        tokens.len() / 2,
-    )
-    .unwrap();
-    let bad: Vec<_> = rows.iter().filter(|r| !r.ok()).collect();
-    assert!(bad.is_empty(), "{bad:?}");
+    let rows = check_all("tiny", &out, &model, &m2r2);
     let static_rows = rows
         .iter()
         .filter(|r| r.graph == "model.onnx (static)")
@@ -311,19 +319,7 @@ fn f16_static_graphs_match_the_reference_with_rounded_weights() {
         };
         write(&model, &m2r2, options, &GraphKind::ALL, &out).unwrap();
         let (model16, m2r2_16) = export::check::rounded_to_f16(&model, &m2r2);
-        let tokens = probe_tokens(&model16, None).unwrap();
-        let rows = check_folder(
-            &out,
-            &model16,
-            &m2r2_16,
-            1,
-            &GraphKind::ALL,
-            &tokens,
-            tokens.len() / 2,
-        )
-        .unwrap();
-        let bad: Vec<_> = rows.iter().filter(|r| !r.ok()).collect();
-        assert!(bad.is_empty(), "{name}: {bad:?}");
+        let rows = check_all(name, &out, &model16, &m2r2_16);
         for graph in [
             "model.onnx (static)",
             "draft.onnx",
@@ -427,19 +423,7 @@ fn merged_adapters_draft_is_a_third_of_the_nodes_and_checks() {
         let manifest: serde_json::Value =
             serde_json::from_slice(&std::fs::read(out.join(MANIFEST_FILE)).unwrap()).unwrap();
         assert_eq!(manifest["static_cache"]["merged_adapters"], true);
-        let tokens = probe_tokens(&model, None).unwrap();
-        let rows = check_folder(
-            &out,
-            &model,
-            &m2r2,
-            1,
-            &GraphKind::ALL,
-            &tokens,
-            tokens.len() / 2,
-        )
-        .unwrap();
-        let bad: Vec<_> = rows.iter().filter(|r| !r.ok()).collect();
-        assert!(bad.is_empty(), "{bad:?}");
+        let rows = check_all("merged", &out, &model, &m2r2);
         assert!(
             rows.iter().any(|r| r.graph == "draft.onnx"),
             "the draft was checked"
