@@ -9,12 +9,14 @@
 # without opset 24's `nonpad_kv_seqlen` = F, to see whether the kernel then skips the padding.
 #
 # Needs onnx and onnxruntime (scripts/onnx-check/requirements.txt).
-import argparse, time
+import argparse
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
+
+from ort_timing import time_us
 
 
 def model(length, heads, kv_heads, dh, nonpad=False):
@@ -27,18 +29,6 @@ def model(length, heads, kv_heads, dh, nonpad=False):
          io("mask", [1, 1, 1, length])] + ([io("nonpad", [1], TensorProto.INT64)] if nonpad else []),
         [io("y", None)])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 24)], ir_version=10)
-
-
-def time_us(graph, feeds, threads, runs):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = ort.InferenceSession(graph.SerializeToString(), options)
-    for _ in range(50):
-        out = session.run(None, feeds)[0]
-    start = time.perf_counter()
-    for _ in range(runs):
-        session.run(None, feeds)
-    return (time.perf_counter() - start) / runs * 1e6, out
 
 
 def main():
@@ -61,11 +51,11 @@ def main():
             "v": rng.random((1, kv_heads, length, dh), dtype=np.float32),
             "mask": mask,
         }
-        us, want = time_us(model(length, heads, kv_heads, dh), feeds, a.threads, a.runs)
+        us, want = time_us(model(length, heads, kv_heads, dh), feeds, a.threads, a.runs, warmup=50)
         line = f"L = {length:5}: {us:7.1f} us per run"
         if a.filled:
             feeds["nonpad"] = np.array([filled], np.int64)
-            with_nonpad, got = time_us(model(length, heads, kv_heads, dh, True), feeds, a.threads, a.runs)
+            with_nonpad, got = time_us(model(length, heads, kv_heads, dh, True), feeds, a.threads, a.runs, warmup=50)
             assert np.allclose(got, want, atol=1e-5), "nonpad_kv_seqlen changed the result"
             line += f" ({filled} filled); with nonpad_kv_seqlen = {filled}: {with_nonpad:7.1f} us"
         print(line)

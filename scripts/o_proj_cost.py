@@ -7,11 +7,13 @@
 #   python3 scripts/o_proj_cost.py [--rows 1,2,5,16] [--threads 2] [--runs 3000]
 #
 # Needs onnx and onnxruntime (scripts/onnx-check/requirements.txt).
-import argparse, time
+import argparse
 
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+
+from ort_timing import time_us
 
 HEADS, DH, D = 9, 64, 576
 
@@ -37,21 +39,6 @@ def row_gemm(w, rows):
     return model(nodes, {"w": w, "shape": np.array([0, 1, -1, HEADS * DH], np.int64)}, rows)
 
 
-def time_us(m, feeds, threads, runs):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = ort.InferenceSession(m.SerializeToString(), options)
-    for _ in range(200):
-        out = session.run(None, feeds)[0]
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(runs):
-            session.run(None, feeds)
-        best = min(best, (time.perf_counter() - start) / runs * 1e6)
-    return best, out
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,2,5,16")
@@ -63,8 +50,8 @@ def main():
     print(f"onnxruntime {ort.__version__}, {a.threads} threads, {a.runs} runs a round")
     for rows in map(int, a.rows.split(",")):
         feeds = {"y": rng.standard_normal((1, HEADS, rows, DH)).astype(np.float32)}
-        broadcast, want = time_us(head_broadcast(w, rows), feeds, a.threads, a.runs)
-        gemm, got = time_us(row_gemm(w, rows), feeds, a.threads, a.runs)
+        broadcast, want = time_us(head_broadcast(w, rows), feeds, a.threads, a.runs, warmup=200, rounds=3)
+        gemm, got = time_us(row_gemm(w, rows), feeds, a.threads, a.runs, warmup=200, rounds=3)
         assert np.allclose(got.reshape(-1), want.reshape(-1), atol=1e-4), "the two forms differ"
         print(f"T = {rows:3}: head-broadcast + ReduceSum {broadcast:7.1f} us, row GEMM {gemm:7.1f} us")
 
