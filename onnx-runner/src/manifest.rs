@@ -232,25 +232,18 @@ impl ExportDir {
 
     /// The file of a graph, or an error saying it was not exported.
     pub fn graph(&self, kind: GraphKind) -> Result<PathBuf> {
-        let name = self
-            .manifest
-            .graphs
-            .get(kind.name())
-            .ok_or_else(|| Error::Export {
+        let kind = kind.name();
+        let name = self.manifest.graphs.get(kind).ok_or_else(|| {
+            let has: Vec<&str> = self.manifest.graphs.keys().map(String::as_str).collect();
+            Error::Export {
                 file: self.dir.join(MANIFEST_FILE).display().to_string(),
                 msg: format!(
-                    "this export has no {} graph (it has: {}); export the folder again with \
-                     `{}` in `--graphs` (the default writes all four)",
-                    kind.name(),
-                    self.manifest
-                        .graphs
-                        .keys()
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    kind.name()
+                    "this export has no {kind} graph (it has: {}); export the folder again \
+                     with `{kind}` in `--graphs` (the default writes all four)",
+                    has.join(", ")
                 ),
-            })?;
+            }
+        })?;
         // Checked to be a plain file name by `open`.
         Ok(self.dir.join(name))
     }
