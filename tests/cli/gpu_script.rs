@@ -66,10 +66,16 @@ fn ends_command(word: &str) -> bool {
         || word.ends_with(';')
 }
 
+/// The words of the command that starts at `rest`, up to its end.
+fn own(rest: &[String]) -> &[String] {
+    let n = rest.iter().take_while(|w| !ends_command(w)).count();
+    &rest[..n]
+}
+
 /// The `--flags` of the command whose words start at `rest` (values and expansions skipped).
 fn flags(rest: &[String]) -> Vec<String> {
-    rest.iter()
-        .take_while(|w| !ends_command(w))
+    own(rest)
+        .iter()
         .filter(|w| w.starts_with("--"))
         .map(|w| w.split('=').next().unwrap_or(w).to_string())
         .collect()
@@ -134,7 +140,7 @@ fn calls(text: &str) -> Vec<Call> {
 /// `--row` to `m2r2 run`, bench_speculative's `--extra` to `m2r2 generate`).
 fn row_calls(line: usize, rest: &[String]) -> Vec<Call> {
     let mut calls = Vec::new();
-    for pair in rest.windows(2) {
+    for pair in own(rest).windows(2) {
         let command = match pair[0].as_str() {
             "--onnx-row" | "--row" => "run",
             "--extra" => "generate",
