@@ -101,9 +101,27 @@ def decode(folder: Path, prompt: List[int], max_new: int, ignore_eos: bool, prov
             f"{model}: the static cache holds {l_max} positions and this decode needs {needed}; "
             "export with a larger --static-cache"
         )
+    vocab = config["vocab_size"]
+    for i, t in enumerate(prompt):
+        # ONNX Gather takes -V..V-1: a negative id would silently read a row from the end
+        if not 0 <= t < vocab:
+            raise SystemExit(
+                f"--tokens: token id {t} at position {i} is out of range: the vocabulary of "
+                f"{model} has {vocab} tokens"
+            )
     stops = [] if ignore_eos else stop_tokens(folder, config)
 
+    available = ort.get_available_providers()
+    if provider not in available:  # ONNX Runtime would warn and run on the CPU instead
+        raise SystemExit(
+            f"--provider {provider}: this onnxruntime build offers {', '.join(available)}"
+        )
     session = ort.InferenceSession(str(model), providers=[provider])
+    if session.get_providers()[0] != provider:  # registered, but the session fell back
+        raise SystemExit(
+            f"{model}: ONNX Runtime could not run the session on {provider} (it fell back to "
+            f"{session.get_providers()[0]}; its log above says why)"
+        )
     device = "cuda" if provider.startswith("CUDA") else "cpu"
     binding = session.io_binding()
     binding.bind_output("logits", "cpu")  # bound first: get_outputs()[0]
@@ -148,7 +166,7 @@ def main(argv: List[str]) -> int:
     try:
         prompt = [int(t) for t in args.tokens.split(",")]
     except ValueError:
-        raise SystemExit(f"--tokens {args.tokens}: expected ids like 1,2,3") from None
+        raise SystemExit(f"--tokens {args.tokens!r}: expected ids like 1,2,3") from None
     if args.max_new_tokens < 1:
         raise SystemExit("--max-new-tokens must be at least 1")
     tokens = decode(args.folder, prompt, args.max_new_tokens, args.ignore_eos, args.provider)

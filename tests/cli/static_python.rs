@@ -1,8 +1,8 @@
 //! The Python example for static exports: python/examples/onnxruntime_static.py
 //! decodes `export --static-cache 64` folders of tiny and tiny-moe with ONNX Runtime's IoBinding,
 //! the KV buffers updated in place (no "in-place optimization not activated" warning), to the
-//! tokens of `m2r2 run --onnx`; it refuses a dynamic export and a decode past its buffers, naming
-//! why.
+//! tokens of `m2r2 run --onnx`; it refuses a dynamic export, a decode past its buffers, token ids
+//! outside the vocabulary and a provider its onnxruntime lacks, naming why.
 //!
 //! Needs `M2R2_PYTHON` (numpy and onnxruntime; see golden_python.rs).
 
@@ -101,6 +101,28 @@ fn static_python_example_decodes_like_the_runner() {
         &[
             "the static cache holds 64 positions and this decode needs 65",
             "export with a larger --static-cache",
+        ],
+    );
+
+    // token ids outside the vocabulary: ONNX's Gather would read -1 as the last row
+    for (ids, bad) in [("1,2,-1", "-1"), ("1,320", "320")] {
+        refused(
+            t,
+            &["--tokens", ids],
+            &[
+                &format!("token id {bad} at position"),
+                "the vocabulary of",
+                "has 320 tokens",
+            ],
+        );
+    }
+    // a provider this onnxruntime lacks is refused, not replaced by the CPU with a warning
+    refused(
+        t,
+        &["--tokens", "1,2,3", "--provider", "NoSuchExecutionProvider"],
+        &[
+            "--provider NoSuchExecutionProvider",
+            "this onnxruntime build offers",
         ],
     );
 
