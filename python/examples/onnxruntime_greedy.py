@@ -55,7 +55,17 @@ def load_export(folder: Path, provider: str) -> Tuple[ort.InferenceSession, dict
     graph = manifest.get("graphs", {}).get("model")
     if graph is None:
         raise SystemExit(f"{folder}: the export has no model.onnx (export it with --graphs model)")
+    available = ort.get_available_providers()
+    if provider not in available:  # ONNX Runtime would warn and run on the CPU instead
+        raise SystemExit(
+            f"--provider {provider}: this onnxruntime build offers {', '.join(available)}"
+        )
     session = ort.InferenceSession(str(folder / graph), providers=[provider])
+    if session.get_providers()[0] != provider:  # registered, but the session fell back
+        raise SystemExit(
+            f"{folder / graph}: ONNX Runtime could not run the session on {provider} (it fell "
+            f"back to {session.get_providers()[0]}; its log above says why)"
+        )
     return session, manifest["config"]
 
 

@@ -313,6 +313,28 @@ fn python_package_writes_goldens_that_compare() {
         run.stdout
     );
     assert!(run.stdout.contains("overall: NOT OK"), "{}", run.stdout);
+    // a provider this onnxruntime lacks is refused, not replaced by the CPU with a warning
+    let missing = Command::new(python())
+        .arg(&script)
+        .args([
+            "--export",
+            &onnx,
+            "--like",
+            &reference,
+            "--out",
+            &s("no.golden"),
+        ])
+        .args(["--provider", "NoSuchExecutionProvider"])
+        .envs(with_site.iter().copied())
+        .output()
+        .expect("M2R2_PYTHON runs");
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--provider NoSuchExecutionProvider: this onnxruntime build offers"),
+        "{stderr}"
+    );
+    assert!(!Path::new(&s("no.golden")).exists());
     let run = fails(
         &[
             "golden", "compare", &reference, &perturbed, "--atol", "2e-4", "--json",
