@@ -223,6 +223,7 @@ pub fn run(args: &Args) -> Result<()> {
         }
         None => settings.draft_length.max(),
     };
+    check_static_room(&export, args.mode, prompt.len(), args.max_new_tokens, rows)?;
     let ep = args.ep.config(&export, rows);
     let runtime = onnx_runner::runtime::init()?;
     eprintln!(
@@ -322,6 +323,46 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Refuse, before any run, a decode whose prompt and token budget may not fit a static export's
+/// buffers. Greedy needs `prompt + max_new - 1` positions in model.onnx (the last token is chosen,
+/// never fed). A speculative round also writes its `rows` drafted positions past its last token,
+/// so its worst case, a round starting one token before the budget, needs `rows` more in the
+/// speculative graphs.
+fn check_static_room(
+    export: &ExportDir,
+    mode: RunMode,
+    prompt: usize,
+    max_new: usize,
+    rows: usize,
+) -> Result<()> {
+    let (kind, drafts) = match mode {
+        RunMode::Greedy => (GraphKind::Model, 0),
+        RunMode::Speculative => (GraphKind::Verifier, rows),
+    };
+    let Some(l_max) = export.static_l_max(kind) else {
+        return Ok(());
+    };
+    let needed = prompt + max_new.saturating_sub(1) + drafts;
+    if needed <= l_max {
+        return Ok(());
+    }
+    let why = match drafts {
+        0 => String::new(),
+        d => format!(" (its rounds draft up to {d} positions past the last token)"),
+    };
+    let fits = match l_max.checked_sub(prompt + drafts) {
+        Some(0) => "ask for at most 1 new token".to_string(),
+        Some(room) => format!("ask for at most {} new tokens", room + 1),
+        None => "shorten the prompt".to_string(),
+    };
+    bail!(
+        "{}: the static cache holds {l_max} positions, and a prompt of {prompt} tokens with \
+         --max-new-tokens {max_new} needs {needed}{why}; export with a larger --static-cache, or \
+         {fits}",
+        export.graph(kind)?.display()
+    )
 }
 
 /// The tokenizer, or the error `--prompt` gets for an export without one.

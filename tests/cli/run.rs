@@ -330,7 +330,7 @@ fn bench_onnx_compares_both_engines() {
 }
 
 /// A static export (`export --static-cache`) through `m2r2 run` (greedy and speculative, every
-/// graph static: the reference's tokens), a run past its buffers refused by name, and
+/// graph static: the reference's tokens), a budget past its buffers refused before any run, and
 /// `bench --onnx` with a dynamic and the static export side by side (speeds printed, never
 /// asserted).
 #[test]
@@ -386,19 +386,37 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
     ]);
     let checked = super::ok(&["golden", "check", g, "--onnx", s]);
     assert!(checked.stdout.contains("overall: OK"), "{}", checked.stdout);
-    super::fails(
-        &[
+    // a budget past the buffers is refused before any run, with the budget that fits: greedy
+    // needs 3 + N - 1 positions, a speculative round with 2 drafts 2 more
+    fn budget<'a>(s: &'a str, n: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+        let head = [
             "run",
             "--onnx",
             s,
             "--tokens",
             "1,2,3",
             "--max-new-tokens",
-            "60",
-        ],
+            n,
+        ];
+        [&head[..], more].concat()
+    }
+    let speculative = ["--mode", "speculative", "--draft-len", "2"];
+    super::ok(&budget(s, "38", &[]));
+    super::ok(&budget(s, "36", &speculative));
+    super::fails(
+        &budget(s, "60", &[]),
         &[
-            "static cache holds 40 positions",
-            "export with a larger --static-cache",
+            "model.onnx: the static cache holds 40 positions",
+            "--max-new-tokens 60 needs 62",
+            "export with a larger --static-cache, or ask for at most 38 new tokens",
+        ],
+    );
+    super::fails(
+        &budget(s, "37", &speculative),
+        &[
+            "verifier.onnx: the static cache holds 40 positions",
+            "needs 41 (its rounds draft up to 2 positions past the last token)",
+            "ask for at most 36 new tokens",
         ],
     );
     // a manifest whose L disagrees with the graphs' buffers is refused, naming both
@@ -420,6 +438,8 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
             edited.to_str().unwrap(),
             "--tokens",
             "1,2,3",
+            "--max-new-tokens",
+            "4",
         ],
         &[
             "model.onnx",
