@@ -225,6 +225,22 @@ impl ExportDir {
             .map(|sc| sc.l_max)
     }
 
+    /// Refuse, before anything runs, a decode that needs `needed` positions in graph `kind`'s
+    /// static buffers when they hold fewer (a graph whose cache grows always has room). The error
+    /// names the graph, `L`, `needed` and `why` (what needs them), then says how to fit: `fix`.
+    pub fn check_room(&self, kind: GraphKind, needed: usize, why: &str, fix: &str) -> Result<()> {
+        match self.static_l_max(kind) {
+            Some(l_max) if needed > l_max => Err(Error::Export {
+                file: self.graph(kind)?.display().to_string(),
+                msg: format!(
+                    "the static cache holds {l_max} positions, and {why} needs {needed}; export \
+                     with a larger --static-cache, or {fix}"
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Whether the export has graph `kind`.
     pub fn has(&self, kind: GraphKind) -> bool {
         self.manifest.graphs.contains_key(kind.name())

@@ -341,28 +341,20 @@ fn check_static_room(
         RunMode::Greedy => (GraphKind::Model, 0),
         RunMode::Speculative => (GraphKind::Verifier, rows),
     };
-    let Some(l_max) = export.static_l_max(kind) else {
-        return Ok(());
+    let mut why = format!("a prompt of {prompt} tokens with --max-new-tokens {max_new}");
+    if drafts > 0 {
+        why = format!("{why} (its rounds draft up to {drafts} positions past the last token)");
+    }
+    let fix = match export
+        .static_l_max(kind)
+        .map(|l| l.checked_sub(prompt + drafts))
+    {
+        Some(Some(0)) => "ask for at most 1 new token".to_string(),
+        Some(Some(room)) => format!("ask for at most {} new tokens", room + 1),
+        _ => "shorten the prompt".to_string(),
     };
     let needed = prompt + max_new.saturating_sub(1) + drafts;
-    if needed <= l_max {
-        return Ok(());
-    }
-    let why = match drafts {
-        0 => String::new(),
-        d => format!(" (its rounds draft up to {d} positions past the last token)"),
-    };
-    let fits = match l_max.checked_sub(prompt + drafts) {
-        Some(0) => "ask for at most 1 new token".to_string(),
-        Some(room) => format!("ask for at most {} new tokens", room + 1),
-        None => "shorten the prompt".to_string(),
-    };
-    bail!(
-        "{}: the static cache holds {l_max} positions, and a prompt of {prompt} tokens with \
-         --max-new-tokens {max_new} needs {needed}{why}; export with a larger --static-cache, or \
-         {fits}",
-        export.graph(kind)?.display()
-    )
+    Ok(export.check_room(kind, needed, &why, &fix)?)
 }
 
 /// The tokenizer, or the error `--prompt` gets for an export without one.

@@ -415,7 +415,7 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
         &budget(s, "37", &speculative),
         &[
             "verifier.onnx: the static cache holds 40 positions",
-            "needs 41 (its rounds draft up to 2 positions past the last token)",
+            "(its rounds draft up to 2 positions past the last token) needs 41",
             "ask for at most 36 new tokens",
         ],
     );
@@ -445,6 +445,26 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
             "model.onnx",
             "static_cache.l_max = 41",
             "has `40` positions",
+        ],
+    );
+    // bench refuses sizes the static buffers cannot hold before timing anything: 8 + 30 - 1
+    // positions for greedy and tiny's 4 drafts more for a speculative round
+    super::fails(
+        &[
+            "bench",
+            "--model",
+            "tiny",
+            "--onnx",
+            s,
+            "--prompt-len",
+            "8",
+            "--decode-tokens",
+            "30",
+        ],
+        &[
+            "verifier.onnx: the static cache holds 40 positions, and --prompt-len 8 with \
+             --decode-tokens 30 (speculative rounds of 4 drafts) needs 41",
+            "lower --prompt-len or --decode-tokens",
         ],
     );
     // a second static export (merged adapters) is named by its folder in the bench table

@@ -198,6 +198,19 @@ pub fn measure(
         }
     }
     let draft_len = first.m2r2.draft_len.max(1);
+    // before any timing: each decode must fit a static export's buffers (greedy: the prompt and
+    // every token but the last; a speculative round drafts in full even one token before the end)
+    let greedy = sizes.prompt_len + sizes.decode_tokens.saturating_sub(1);
+    let sizes_flags = format!(
+        "--prompt-len {} with --decode-tokens {}",
+        sizes.prompt_len, sizes.decode_tokens
+    );
+    let fix = "lower --prompt-len or --decode-tokens";
+    for export in &exports {
+        export.check_room(GraphKind::Model, greedy, &sizes_flags, fix)?;
+        let why = format!("{sizes_flags} (speculative rounds of {draft_len} drafts)");
+        export.check_room(GraphKind::Verifier, greedy + draft_len, &why, fix)?;
+    }
     let bench = SpecBench::new(loaded, first.draft_gate, draft_len, sizes)?;
     let bandwidth = cost_shape::bandwidth(sizes);
     let runtime = onnx_runner::runtime::init()?;
