@@ -96,7 +96,7 @@ fn golden_write_check_and_tamper() {
     ]);
     let run = ok(&["golden", "check", file]);
     assert!(
-        run.stdout.contains("OK") && !run.stdout.contains("NOT OK"),
+        run.stdout.contains("overall: OK") && !run.stdout.contains("NOT OK"),
         "{}",
         run.stdout
     );
