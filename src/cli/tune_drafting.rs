@@ -62,7 +62,8 @@ pub struct Args {
     #[arg(long, value_enum, value_name = "on|off")]
     pub draft_head: Option<OnOff>,
     /// Greedy distillation data (`distill-data` without --temperature): the prompts and the
-    /// model's greedy responses that are traced
+    /// model's greedy responses that are traced (not made from dev_prompts.jsonl: choosing the
+    /// policy tunes on it)
     #[arg(long, value_name = "DIR")]
     pub data: PathBuf,
     /// Trace only the first N samples
@@ -412,6 +413,8 @@ pub fn run(args: &Args) -> Result<()> {
         check_draft_gate(config, g, "--draft-gates: gate")?;
     }
     let (mut data, meta) = train::data::read(&args.data, loaded.model.config.vocab_size)?;
+    let purpose = "tune-drafting chooses the drafting policy by its traces";
+    train::data::refuse_dev_prompts("--data", &args.data, &meta, purpose)?;
     if let Some(temperature) = meta.temperature {
         bail!(
             "{} holds sampled responses (temperature {temperature}): tracing needs the model's \

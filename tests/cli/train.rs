@@ -7,9 +7,11 @@ use super::{fails, generate_json, ok};
 use reference::m2r2::weights::M2r2Weights;
 use std::path::Path;
 
+/// `n` prompts with ids `{prefix}{i}`; the prefix is in the text too, so that two sets share no
+/// prompt (held-out data sharing one with the training data is refused).
 fn write_prompts(path: &Path, prefix: &str, n: usize) {
     let lines: Vec<String> = (0..n)
-        .map(|i| format!("{{\"id\": \"{prefix}{i}\", \"prompt\": \"Count to {i}.\"}}"))
+        .map(|i| format!("{{\"id\": \"{prefix}{i}\", \"prompt\": \"{prefix}: count to {i}.\"}}"))
         .collect();
     std::fs::write(path, lines.join("\n") + "\n").unwrap();
 }
@@ -584,6 +586,88 @@ fn train_early_stopping_on_validation_data() {
         ],
         &["dev_prompts.jsonl", "evaluation only"],
     );
+}
+
+/// Data made from the development prompts is refused wherever a command trains or tunes on it
+/// (train, train-arla, draft-head, tune-drafting), and held-out data sharing a prompt with the
+/// training data is refused (train --eval-data / --val-data, --dev-data); each before any work.
+#[test]
+fn development_and_shared_prompts_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    distill_tiny(
+        dir.path(),
+        &[
+            ("train.jsonl", "t", 3, "data"),
+            ("dev_prompts.jsonl", "d", 2, "dev"),
+        ],
+    );
+    ok(&["init-m2r2", "--model", "tiny", "--out", &p("m2r2")]);
+    let (data, dev, m2r2, out) = (p("data"), p("dev"), p("m2r2"), p("out"));
+    let own = |args: &[&str]| args.iter().map(|a| a.to_string()).collect::<Vec<String>>();
+    let train = |more: &[&str]| {
+        own(&[
+            &["train", "--data", &data, "--steps", "1", "--out", &out],
+            more,
+        ]
+        .concat())
+    };
+    let trained = |cmd: &str, data: &str, dev: &str| {
+        own(&[cmd, "--m2r2", &m2r2, "--data", data, "--dev-data", dev])
+    };
+    let dev_meta = format!("{dev}/meta.json");
+    let cases: Vec<(Vec<String>, Vec<&str>)> = vec![
+        (
+            own(&["train", "--data", &dev, "--steps", "1", "--out", &out]),
+            vec![
+                &dev_meta,
+                "--data",
+                "dev_prompts.jsonl",
+                "fits the adapters",
+            ],
+        ),
+        (
+            train(&["--val-data", &dev]),
+            vec!["--val-data", "dev_prompts.jsonl", "evaluation only"],
+        ),
+        (
+            train(&["--eval-data", &data]),
+            vec!["--eval-data: 3 of its 3 prompts are also prompts of the training data"],
+        ),
+        (
+            train(&["--val-data", &data]),
+            vec!["--val-data: 3 of its 3 prompts", "held-out prompts"],
+        ),
+        (
+            [trained("train-arla", &data, &dev), own(&["--out", &out])].concat(),
+            vec![
+                "--dev-data",
+                "dev_prompts.jsonl",
+                "calibrates its thresholds",
+            ],
+        ),
+        (
+            trained("draft-head", &dev, &data),
+            vec!["--data", "dev_prompts.jsonl"],
+        ),
+        (
+            [trained("train-arla", &data, &data), own(&["--out", &out])].concat(),
+            vec!["--dev-data: 3 of its 3 prompts"],
+        ),
+        (
+            own(&["tune-drafting", "--m2r2", &m2r2, "--data", &dev]),
+            vec!["--data", "dev_prompts.jsonl", "chooses the drafting policy"],
+        ),
+    ];
+    for (args, needles) in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails(&args, needles);
+    }
+    assert!(!dir.path().join("out").exists(), "a refused run wrote out/");
+    // the development data stays usable where it is only measured on
+    let args = train(&["--eval-data", &dev]);
+    let run = ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(run.stdout.contains("held-out"), "{}", run.stdout);
 }
 
 #[test]

@@ -21,6 +21,7 @@
 use crate::error::{Error, Result};
 use crate::jsonl_log::{JsonlLog, read_lines};
 use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -50,6 +51,11 @@ impl DistillSample {
     }
 }
 
+/// The development prompts' file name (`../shared/data/dev_prompts.jsonl`): users judge the
+/// speed-up on them, so no command trains or tunes on data made from them
+/// ([`refuse_dev_prompts`]); measuring on them (`train --eval-data`) is what they are for.
+pub const DEV_PROMPTS_FILE: &str = "dev_prompts.jsonl";
+
 /// How a data folder was generated.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DistillMeta {
@@ -65,6 +71,14 @@ pub struct DistillMeta {
 }
 
 impl DistillMeta {
+    /// Whether the data was made from the development prompts (its prompts file is named
+    /// [`DEV_PROMPTS_FILE`]).
+    pub fn from_dev_prompts(&self) -> bool {
+        Path::new(&self.prompts)
+            .file_name()
+            .is_some_and(|f| f == DEV_PROMPTS_FILE)
+    }
+
     /// The first setting in which two runs differ (the counts aside), if any.
     pub fn differing_setting(&self, other: &DistillMeta) -> Option<&'static str> {
         [
@@ -270,6 +284,56 @@ pub fn read_all(
     Ok((samples, metas, counts))
 }
 
+/// Refuse data folder `dir`, given as `flag`, when it was made from the development prompts:
+/// `purpose` says what the command does with it (e.g. "train-arla calibrates its thresholds on it").
+pub fn refuse_dev_prompts(flag: &str, dir: &Path, meta: &DistillMeta, purpose: &str) -> Result<()> {
+    if !meta.from_dev_prompts() {
+        return Ok(());
+    }
+    Err(Error::Data {
+        file: dir.join(META_FILE).display().to_string(),
+        msg: format!(
+            "{flag} {} was made from {}: {purpose}, and the development prompts are for \
+             evaluation only (use held-out data of the training distribution, e.g. \
+             data/distill/smollm2-magpie-val)",
+            dir.display(),
+            meta.prompts
+        ),
+    })
+}
+
+/// The distinct prompts of `samples` (token ids up to `prompt_len`).
+fn prompts(samples: &[DistillSample]) -> HashSet<&[u32]> {
+    samples.iter().map(|s| &s.tokens[..s.prompt_len]).collect()
+}
+
+/// Refuse held-out `held` (from `held_dir`, given as `flag`) when any of its prompts also starts a
+/// sample of the data the command trains on (`train`, from `train_dirs`): its figures would not
+/// be held out.
+pub fn refuse_shared_prompts(
+    train: &[DistillSample],
+    train_dirs: &[PathBuf],
+    held: &[DistillSample],
+    flag: &str,
+    held_dir: &Path,
+) -> Result<()> {
+    let held = prompts(held);
+    let shared = held.intersection(&prompts(train)).count();
+    if shared == 0 {
+        return Ok(());
+    }
+    let dirs: Vec<String> = train_dirs.iter().map(|d| d.display().to_string()).collect();
+    Err(Error::Data {
+        file: held_dir.join(SAMPLES_FILE).display().to_string(),
+        msg: format!(
+            "{flag}: {shared} of its {} prompts are also prompts of the training data (--data \
+             {}): held-out figures need held-out prompts",
+            held.len(),
+            dirs.join(",")
+        ),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,6 +374,74 @@ mod tests {
         .unwrap();
         let err = read(dir.path(), 10).unwrap_err().to_string();
         assert!(err.contains("prompt_len 0"), "{err}");
+    }
+
+    /// Data made from a file named dev_prompts.jsonl (in any folder) is refused, naming the flag,
+    /// the folder and the prompts file; any other prompts file passes.
+    #[test]
+    fn dev_prompts_are_refused_by_their_file_name() {
+        let dev = DistillMeta {
+            prompts: "/x/shared/data/dev_prompts.jsonl".into(),
+            ..meta()
+        };
+        assert!(dev.from_dev_prompts());
+        let err = refuse_dev_prompts("--data", Path::new("d"), &dev, "training fits it")
+            .unwrap_err()
+            .to_string();
+        for needle in [
+            "d/meta.json",
+            "--data d",
+            "dev_prompts.jsonl",
+            "training fits it",
+        ] {
+            assert!(err.contains(needle), "{needle}: {err}");
+        }
+        for other in [
+            "p.jsonl",
+            "dev_prompts.jsonl.bak",
+            "my_dev_prompts.jsonl",
+            "",
+        ] {
+            let m = DistillMeta {
+                prompts: other.into(),
+                ..meta()
+            };
+            assert!(!m.from_dev_prompts(), "{other}");
+            refuse_dev_prompts("--data", Path::new("d"), &m, "x").unwrap();
+        }
+    }
+
+    /// Held-out data sharing a prompt (the token ids up to prompt_len, whatever the responses and
+    /// prompt ids) with the training data is refused with the count of distinct shared prompts.
+    #[test]
+    fn shared_prompts_are_counted_by_their_tokens() {
+        let s = |id: &str, prompt: &[u32], response: &[u32]| DistillSample {
+            prompt_id: id.into(),
+            sample: 0,
+            prompt_len: prompt.len(),
+            tokens: [prompt, response].concat(),
+        };
+        let train = [s("t0", &[1, 2], &[3]), s("t1", &[4], &[5, 6])];
+        let dirs = [PathBuf::from("train")];
+        // the same ids with other prompts, and a train prompt's prefix: held out
+        let held = [s("t0", &[1], &[2, 3]), s("t1", &[4, 5], &[6])];
+        refuse_shared_prompts(&train, &dirs, &held, "--eval-data", Path::new("dev")).unwrap();
+        // one prompt shared twice (two responses), one not: 1 of 2
+        let held = [
+            s("d0", &[1, 2], &[9]),
+            s("d0", &[1, 2], &[8, 7]),
+            s("d1", &[7], &[3]),
+        ];
+        let err = refuse_shared_prompts(&train, &dirs, &held, "--eval-data", Path::new("dev"))
+            .unwrap_err()
+            .to_string();
+        for needle in [
+            "dev/samples.jsonl",
+            "--eval-data: 1 of its 2 prompts",
+            "--data train",
+        ] {
+            assert!(err.contains(needle), "{needle}: {err}");
+        }
     }
 
     fn sample(id: &str, k: usize) -> DistillSample {

@@ -22,7 +22,8 @@ pub struct TrainedArgs {
     pub data: Vec<PathBuf>,
     /// Held-out distillation data for calibration and measurements: calibrating a threshold tunes
     /// on it, so validation data of the training distribution (e.g. data/distill/smollm2-magpie-val),
-    /// not the development prompts
+    /// not the development prompts (data made from dev_prompts.jsonl, or sharing a prompt with
+    /// --data, is refused)
     #[arg(long, value_name = "DIR")]
     pub dev_data: PathBuf,
     /// Use only the first N samples of --data (a shorter run; the folders in the order given)
@@ -47,8 +48,14 @@ impl TrainedArgs {
         let config = &loaded.model.config;
         let weights = M2r2Weights::load_dir(&self.m2r2, config)
             .with_context(|| format!("cannot load M2R2 weights from {}", self.m2r2.display()))?;
-        let (mut data, ..) = train::data::read_all(&self.data, config.vocab_size)?;
-        let (mut dev, _) = train::data::read(&self.dev_data, config.vocab_size)?;
+        let (mut data, metas, _) = train::data::read_all(&self.data, config.vocab_size)?;
+        let (mut dev, dev_meta) = train::data::read(&self.dev_data, config.vocab_size)?;
+        for (dir, meta) in self.data.iter().zip(&metas) {
+            let purpose = "train-arla fits ARLA and draft-head counts its tokens on it";
+            train::data::refuse_dev_prompts("--data", dir, meta, purpose)?;
+        }
+        let purpose = "train-arla calibrates its thresholds on it and draft-head's table chooses K";
+        train::data::refuse_dev_prompts("--dev-data", &self.dev_data, &dev_meta, purpose)?;
         if let Some(n) = self.limit {
             data.truncate(n);
         }
@@ -58,6 +65,7 @@ impl TrainedArgs {
         if data.is_empty() || dev.is_empty() {
             anyhow::bail!("--limit and --dev-limit must leave at least one sample");
         }
+        train::data::refuse_shared_prompts(&data, &self.data, &dev, "--dev-data", &self.dev_data)?;
         Ok(Trained {
             loaded,
             weights,

@@ -29,7 +29,7 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Distillation data folders (written by `m2r2 distill-data`), comma-separated or repeated:
-    /// trained on as one set
+    /// trained on as one set (never data made from dev_prompts.jsonl)
     #[arg(long, value_name = "DIR", required = true, num_args = 1.., value_delimiter = ',')]
     pub data: Vec<PathBuf>,
     /// Exit gates as comma-separated layer counts (default: 3 near-equal intervals)
@@ -135,10 +135,12 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     pub save_every: Option<usize>,
     /// Held-out distillation data (e.g. from dev prompts): per-gate agreement before and after
+    /// (refused when it shares a prompt with --data)
     #[arg(long, value_name = "DIR")]
     pub eval_data: Option<PathBuf>,
-    /// Validation data from the training distribution (never the development prompts) for early
-    /// stopping: evaluated every --eval-every steps; the best weights are written to OUT/best
+    /// Validation data from the training distribution (never the development prompts, nor prompts
+    /// of --data) for early stopping: evaluated every --eval-every steps; the best weights are
+    /// written to OUT/best
     #[arg(long, value_name = "DIR")]
     pub val_data: Option<PathBuf>,
     /// With --val-data: steps between evaluations
@@ -244,6 +246,7 @@ pub fn run(args: &Args) -> Result<()> {
     let model = &loaded.model;
     let (data, metas, parts) = train::data::read_all(&args.data, model.config.vocab_size)?;
     for (dir, meta) in args.data.iter().zip(&metas) {
+        train::data::refuse_dev_prompts("--data", dir, meta, "training fits the adapters to it")?;
         if meta.model != loaded.name {
             eprintln!(
                 "note: {} was generated with model `{}`, training `{}`",
@@ -251,6 +254,29 @@ pub fn run(args: &Args) -> Result<()> {
                 meta.model,
                 loaded.name
             );
+        }
+    }
+    // held-out data, read and checked before the slow stream (the longest phase)
+    let vocab = model.config.vocab_size;
+    let eval_data = match &args.eval_data {
+        Some(dir) => Some(train::data::read(dir, vocab)?.0),
+        None => None,
+    };
+    let val_data = match &args.val_data {
+        Some(dir) => {
+            let (samples, meta) = train::data::read(dir, vocab)?;
+            let purpose = "early stopping tunes on it (use --eval-data for them)";
+            train::data::refuse_dev_prompts("--val-data", dir, &meta, purpose)?;
+            Some(samples)
+        }
+        None => None,
+    };
+    for (flag, dir, held) in [
+        ("--eval-data", &args.eval_data, &eval_data),
+        ("--val-data", &args.val_data, &val_data),
+    ] {
+        if let (Some(dir), Some(held)) = (dir, held) {
+            train::data::refuse_shared_prompts(&data, &args.data, held, flag, dir)?;
         }
     }
     let start = Instant::now();
@@ -368,17 +394,14 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     let cache = args.slow_cache.as_deref();
-    let eval = match &args.eval_data {
-        Some(dir) => {
-            let data = train::data::read(dir, model.config.vocab_size)?.0;
-            Some(held_out(model, &trainer, &data, cache, "--eval-data")?)
-        }
+    let eval = match &eval_data {
+        Some(data) => Some(held_out(model, &trainer, data, cache, "--eval-data")?),
         None => None,
     };
     let before = eval.as_ref().map(|e| trainer.evaluate_held_out(e));
 
-    let val = match &args.val_data {
-        Some(dir) => Some(validation(model, &trainer, dir, cache)?),
+    let val = match &val_data {
+        Some(data) => Some(held_out(model, &trainer, data, cache, "--val-data")?),
         None => None,
     };
     let mut early = EarlyStop::new(args.patience);
@@ -493,28 +516,6 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The validation data's slow stream, refusing data made from the development prompts: early
-/// stopping selects weights by this data, which is tuning on it.
-fn validation(
-    model: &reference::Model,
-    trainer: &Trainer,
-    dir: &std::path::Path,
-    cache: Option<&std::path::Path>,
-) -> Result<HeldOut> {
-    let (data, meta) = train::data::read(dir, model.config.vocab_size)?;
-    let source = std::path::Path::new(&meta.prompts);
-    if source.file_name().is_some_and(|f| f == "dev_prompts.jsonl") {
-        bail!(
-            "--val-data {} was made from {}: early stopping tunes on its data, and the development \
-             prompts are for evaluation only (use --eval-data for them; validate on held-out \
-             training-distribution data)",
-            dir.display(),
-            meta.prompts
-        );
-    }
-    held_out(model, trainer, &data, cache, "--val-data")
 }
 
 /// The slow stream of held-out `data` (through the cache when there is one).
