@@ -14,7 +14,7 @@
 use crate::ep::{Ep, EpConfig};
 use crate::error::Result;
 use crate::greedy::OnnxModel;
-use crate::manifest::ExportDir;
+use crate::manifest::{ExportDir, GraphKind};
 use crate::speculation::OnnxSpeculation;
 use crate::static_kv::GraphRuns;
 use reference::base::generate::GenerateOptions;
@@ -74,7 +74,8 @@ pub fn settings(export: &ExportDir, request: DraftingRequest) -> Result<M2r2Sett
 }
 
 /// Decode `request` on `export` in `settings.mode` on `ep`; `record_scores` scores every proposal
-/// (for `--trace`). Early exit is not exported: an error.
+/// (for `--trace`). Early exit is not exported: an error. A budget a static export's buffers may
+/// not hold is refused before anything loads ([`check_room`]).
 pub fn decode(
     export: &ExportDir,
     ep: &EpConfig,
@@ -83,6 +84,14 @@ pub fn decode(
     record_scores: bool,
 ) -> Result<OnnxRun> {
     let n = export.manifest.config.num_hidden_layers;
+    match settings.mode {
+        Mode::Greedy => check_room(export, GraphKind::Model, request, 0)?,
+        Mode::Speculative => {
+            let drafts = settings.draft_length.max();
+            check_room(export, GraphKind::Verifier, request, drafts)?
+        }
+        Mode::EarlyExit => {}
+    }
     match settings.mode {
         Mode::Greedy => {
             let mut model = OnnxModel::load(export, ep)?;
@@ -137,8 +146,9 @@ pub fn decode(
 /// verifies a prompt-lookup branch at the root when it finds one (`tree_speculate_with_lookup`).
 ///
 /// # Errors
-/// A shape `TokenTree::from_widths` refuses, an export without `tree_mask` or a tree its static
-/// buffers cannot hold (refused before any work), and the runs' errors.
+/// A shape `TokenTree::from_widths` refuses, an export without `tree_mask`, a budget its static
+/// buffers may not hold with this tree (the tree loop's own check, before the prefill:
+/// `reference::decode::tree_backend::tree_positions`), and the runs' errors.
 pub fn decode_tree(
     export: &ExportDir,
     ep: &EpConfig,
@@ -163,6 +173,35 @@ pub fn decode_tree(
         ep_used: ep_used(&backend),
         cuda_graph: backend.cuda_graph_runs(),
     })
+}
+
+/// Refuse, before anything loads, a request whose prompt and token budget may not fit a static
+/// export's buffers in graph `kind`. Greedy needs `prompt + max_new_tokens - 1` positions (the
+/// last token is chosen, never fed). A speculative round writes its `drafts` rows (the chain's
+/// draft length) past its last token, and a round that starts one token before the budget still
+/// drafts in full, so speculation needs `drafts` more. (Token trees: the tree loop's own check,
+/// by the same count.)
+fn check_room(
+    export: &ExportDir,
+    kind: GraphKind,
+    request: &DecodeRequest<'_>,
+    drafts: usize,
+) -> Result<()> {
+    let (prompt, max_new) = (request.prompt.len(), request.max_new_tokens);
+    let mut why = format!("a prompt of {prompt} tokens with --max-new-tokens {max_new}");
+    if drafts > 0 {
+        why = format!("{why} (its rounds draft up to {drafts} positions past the last token)");
+    }
+    let fix = match export
+        .static_l_max(kind)
+        .map(|l| l.checked_sub(prompt + drafts))
+    {
+        Some(Some(0)) => "ask for at most 1 new token".to_string(),
+        Some(Some(room)) => format!("ask for at most {} new tokens", room + 1),
+        _ => "shorten the prompt".to_string(),
+    };
+    let needed = prompt + max_new.saturating_sub(1) + drafts;
+    export.check_room(kind, needed, &why, &fix)
 }
 
 /// The provider the speculative graphs ran on: they load with the same provider config; the

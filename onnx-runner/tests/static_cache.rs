@@ -18,12 +18,15 @@ use export::check::TOLERANCE;
 use export::folder::{ExportRequest, export};
 use export::graphs::{ExportOptions, GraphKind};
 use ndarray::{ArrayView2, Axis};
+use onnx_runner::decode;
 use onnx_runner::ep::{Ep, EpConfig};
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::manifest::ExportDir;
 use onnx_runner::speculation::OnnxSpeculation;
 use reference::Model;
 use reference::base::generate::{GenerateOptions, greedy};
+use reference::decode::drafting::DraftingRequest;
+use reference::decode::mode::DecodeRequest;
 use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
 use reference::io::builtin;
 use reference::m2r2::exit_gate::GateKind;
@@ -254,6 +257,73 @@ fn static_folder_decodes_greedy_and_speculative_like_the_reference() {
     spec.reset();
     let again = speculative_generate(&mut spec, &prompt, &spec_options(16)).unwrap();
     assert_eq!(again.tokens, want);
+}
+
+/// `decode` and `decode_tree` refuse, before any run, a budget the buffers may not hold: greedy
+/// `prompt + max_new - 1` positions, speculation as many more as a round drafts (the chain's
+/// length, the tree's nodes below the root); the budget just inside decodes.
+#[test]
+fn decode_refuses_a_budget_past_the_buffers_up_front() {
+    let model = builtin::builtin("tiny").unwrap();
+    let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let exported = export_static(&model, &weights, 32, &GraphKind::ALL, dir.path());
+    let prompt = [5, 4, 3, 2];
+    let request = |max_new_tokens| DecodeRequest {
+        prompt: &prompt,
+        max_new_tokens,
+        stop_tokens: vec![],
+        sampling: None,
+    };
+    let settings = |speculative, draft_len| {
+        decode::settings(
+            &exported,
+            DraftingRequest {
+                speculative,
+                gate: None,
+                threshold: None,
+                draft_len,
+                dynamic_draft: false,
+            },
+        )
+        .unwrap()
+    };
+    let ep = EpConfig::cpu();
+    let (greedy, chain) = (settings(false, None), settings(true, Some(3)));
+    // 4 + 29 - 1 = 32 positions fit; 4 + 26 - 1 + 3 = 32 with three drafts a round
+    for (settings, fits) in [(&greedy, 29), (&chain, 26)] {
+        let run = decode::decode(&exported, &ep, settings, &request(fits), false).unwrap();
+        assert_eq!(run.run.tokens.len(), fits);
+        let err = decode::decode(&exported, &ep, settings, &request(fits + 1), false)
+            .err()
+            .unwrap()
+            .to_string();
+        let needle = format!("--max-new-tokens {} ", fits + 1);
+        for want in [
+            "static cache holds 32 positions",
+            needle.as_str(),
+            "needs 33",
+            &format!("ask for at most {fits} new tokens"),
+        ] {
+            assert!(err.contains(want), "{want}: {err}");
+        }
+    }
+    // a tree 2,1 has 4 nodes below its root: 4 + 25 - 1 + 4 = 32
+    let widths = [2, 1];
+    decode::decode_tree(&exported, &ep, &request(25), &widths, None, None).unwrap();
+    let err = decode::decode_tree(&exported, &ep, &request(26), &widths, None, None)
+        .err()
+        .unwrap()
+        .to_string();
+    for want in [
+        "verifier.onnx",
+        "a token tree of 5 nodes",
+        "need 33 positions",
+        "L = 32",
+        "ask for 1 fewer tokens",
+    ] {
+        assert!(err.contains(want), "{want}: {err}");
+    }
 }
 
 /// A folder written before the speculative graphs had static forms (a static model.onnx beside

@@ -223,7 +223,6 @@ pub fn run(args: &Args) -> Result<()> {
         }
         None => settings.draft_length.max(),
     };
-    check_static_room(&export, args.mode, prompt.len(), args.max_new_tokens, rows)?;
     let ep = args.ep.config(&export, rows);
     let runtime = onnx_runner::runtime::init()?;
     eprintln!(
@@ -323,38 +322,6 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Refuse, before any run, a decode whose prompt and token budget may not fit a static export's
-/// buffers. Greedy needs `prompt + max_new - 1` positions in model.onnx (the last token is chosen,
-/// never fed). A speculative round also writes its `rows` drafted positions past its last token,
-/// so its worst case, a round starting one token before the budget, needs `rows` more in the
-/// speculative graphs.
-fn check_static_room(
-    export: &ExportDir,
-    mode: RunMode,
-    prompt: usize,
-    max_new: usize,
-    rows: usize,
-) -> Result<()> {
-    let (kind, drafts) = match mode {
-        RunMode::Greedy => (GraphKind::Model, 0),
-        RunMode::Speculative => (GraphKind::Verifier, rows),
-    };
-    let mut why = format!("a prompt of {prompt} tokens with --max-new-tokens {max_new}");
-    if drafts > 0 {
-        why = format!("{why} (its rounds draft up to {drafts} positions past the last token)");
-    }
-    let fix = match export
-        .static_l_max(kind)
-        .map(|l| l.checked_sub(prompt + drafts))
-    {
-        Some(Some(0)) => "ask for at most 1 new token".to_string(),
-        Some(Some(room)) => format!("ask for at most {} new tokens", room + 1),
-        _ => "shorten the prompt".to_string(),
-    };
-    let needed = prompt + max_new.saturating_sub(1) + drafts;
-    Ok(export.check_room(kind, needed, &why, &fix)?)
 }
 
 /// The tokenizer, or the error `--prompt` gets for an export without one.

@@ -76,14 +76,26 @@ fn trees_need_room_and_speculative_mode() {
         "--tokens",
         "1,2,3",
     ];
+    // 3 prompt tokens, 10 new ones and 4 nodes below the root: 3 + 9 + 4 = 16 fit, 17 do not
+    ok(&[
+        &["run", "--onnx", s][..],
+        &tree,
+        &["--max-new-tokens", "10"],
+    ]
+    .concat());
     fails(
         &[
             &["run", "--onnx", s][..],
             &tree,
-            &["--max-new-tokens", "10"],
+            &["--max-new-tokens", "11"],
         ]
         .concat(),
-        &["5 nodes", "need 18 positions", "L = 16"],
+        &[
+            "5 nodes",
+            "need 17 positions",
+            "L = 16",
+            "ask for 1 fewer tokens",
+        ],
     );
     fails(
         &[

@@ -53,9 +53,10 @@ impl TreeBackend for OnnxSpeculation {
                 msg: format!(
                     "the prompt, the budget and a token tree of {} nodes (one scratch slot per \
                      node) need {positions} positions, but the static KV buffers hold L = {} \
-                     (export again with a larger --static-cache, or ask for fewer tokens)",
+                     (export again with a larger --static-cache, or ask for {} fewer tokens)",
                     tree.nodes(),
-                    kv.l_max()
+                    kv.l_max(),
+                    positions - kv.l_max()
                 ),
             }));
         }

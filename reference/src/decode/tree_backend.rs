@@ -6,6 +6,21 @@ use crate::base::tree::TokenTree;
 use crate::error::Result;
 use ndarray::Array2;
 
+/// Cache positions a whole tree decode needs at most (what [`TreeBackend::check_tree`] is given
+/// before it starts): `cached` positions before it, then the `prompt` tokens, then rounds until
+/// `new_tokens` are emitted, each verifying a tree of at most `nodes` nodes (the root included).
+///
+/// A round starts after `t < new_tokens` emitted tokens with `cached + prompt + t - 1` positions
+/// (every emitted token but the newest, the root, is cached), and writes one scratch slot per
+/// node: the last round may start at `t = new_tokens - 1`, so at most
+/// `cached + prompt + (new_tokens - 1) + (nodes - 1)`. Without new tokens only the prefill runs.
+pub fn tree_positions(cached: usize, prompt: usize, new_tokens: usize, nodes: usize) -> usize {
+    match new_tokens {
+        0 => cached + prompt,
+        n => cached + prompt + (n - 1) + nodes.saturating_sub(1),
+    }
+}
+
 /// What tree speculation needs from an engine: the reference
 /// (`ReferenceTreeSpeculation`) and the ONNX runner implement it. A round is
 /// `draft_level(0..=D)`, `verify_tree`, `accept`; the root sits at position `len()`.
@@ -89,5 +104,51 @@ pub fn grow_rows(a: &mut Array2<f32>, rows: usize) {
     if a.nrows() < rows {
         let more = Array2::zeros((rows - a.nrows(), a.ncols()));
         a.append(ndarray::Axis(0), more.view()).expect("same width");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
+    use crate::decode::tree_speculation::tree_speculate;
+    use crate::io::builtin;
+    use crate::m2r2::fast_stream::M2r2;
+    use crate::m2r2::weights::M2r2Weights;
+
+    /// By hand: the prefill alone without new tokens, then one position per new token but the
+    /// newest and one scratch slot per node below the root.
+    #[test]
+    fn tree_positions_by_hand() {
+        assert_eq!(tree_positions(0, 4, 0, 5), 4);
+        assert_eq!(tree_positions(0, 4, 1, 5), 8);
+        assert_eq!(tree_positions(0, 4, 2, 5), 9);
+        assert_eq!(tree_positions(3, 4, 10, 1), 16);
+    }
+
+    /// A cache of exactly `tree_positions` holds every round of tree decodes on tiny (the
+    /// reference's cache refuses a round past its capacity), for several shapes and budgets;
+    /// with a budget of 2 the one round starts a token before the budget and fills it exactly.
+    #[test]
+    fn tree_positions_hold_every_round_and_are_reached() {
+        let model = builtin::builtin("tiny").unwrap();
+        let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
+        let m2r2 = M2r2::new(&model, &weights);
+        let prompt = [3u32, 1, 4, 1, 5];
+        for widths in [&[1][..], &[2, 1], &[3, 2, 1], &[1, 1, 1, 1]] {
+            let tree = TokenTree::from_widths(widths).unwrap();
+            for budget in 1..=14 {
+                let capacity = tree_positions(0, prompt.len(), budget, tree.nodes());
+                let mut backend = ReferenceTreeSpeculation::new(m2r2, 1, capacity).unwrap();
+                let out = tree_speculate(&mut backend, &tree, &prompt, budget, &[], None)
+                    .unwrap_or_else(|e| panic!("{widths:?}, {budget} tokens: {e}"));
+                assert_eq!(out.tokens.len(), budget, "{widths:?}");
+                let most = out.rounds.iter().map(|r| r.start + r.tree.nodes()).max();
+                if budget == 2 {
+                    assert_eq!(most, Some(capacity), "{widths:?}");
+                }
+                assert!(most.unwrap_or(0) <= capacity, "{widths:?}, {budget}");
+            }
+        }
     }
 }

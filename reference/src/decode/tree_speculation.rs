@@ -63,6 +63,7 @@ use crate::base::sampling::SamplingParams;
 use crate::base::tree::TokenTree;
 use crate::decode::prompt_lookup::{LookupConfig, with_lookup_branch};
 pub use crate::decode::tree_backend::TreeBackend;
+use crate::decode::tree_backend::tree_positions;
 use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
 use crate::decode::tree_sampling::TreeSampling;
 use crate::error::{Error, Result};
@@ -407,10 +408,8 @@ fn speculate<B: TreeBackend>(
         return Err(empty_prompt());
     }
     let largest = drafting.largest_tree(tree);
-    backend.check_tree(
-        &largest,
-        backend.len() + prompt.len() + max_new_tokens + largest.nodes(),
-    )?;
+    let positions = tree_positions(backend.len(), prompt.len(), max_new_tokens, largest.nodes());
+    backend.check_tree(&largest, positions)?;
     let start = std::time::Instant::now();
     let prompt_logits = backend.prefill(prompt)?;
     let mut out = TreeSpeculativeOutput {

@@ -8,7 +8,7 @@ use super::{EngineGraphs, GraphOutputs, WeightsId};
 use crate::base::config::ModelConfig;
 use crate::base::generate::GreedyBackend;
 use crate::base::tree::TokenTree;
-use crate::decode::tree_backend::LevelDraft;
+use crate::decode::tree_backend::{LevelDraft, tree_positions};
 use crate::decode::tree_speculation::{
     TreeBackend, TreeSpeculativeOutput, tree_speculate_drafting,
 };
@@ -128,10 +128,8 @@ pub(super) fn replay_tree_rounds(
     rounds: &TreeRounds,
 ) -> Result<Replayed> {
     let vocab = backend.vocab_size();
-    backend.check_tree(
-        largest,
-        backend.len() + prompt.len() + tokens.len() + largest.nodes(),
-    )?;
+    let positions = tree_positions(backend.len(), prompt.len(), tokens.len(), largest.nodes());
+    backend.check_tree(largest, positions)?;
     let mut recording = TreeRecording::new(backend);
     recording.prefill(prompt)?;
     let mut scores = Vec::with_capacity(rounds.len());
