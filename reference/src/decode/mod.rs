@@ -16,5 +16,6 @@ pub mod tree_backend;
 pub mod tree_draft_verify;
 #[cfg(test)]
 mod tree_dynamic_tests;
+pub mod tree_round;
 pub mod tree_sampling;
 pub mod tree_speculation;
