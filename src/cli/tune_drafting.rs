@@ -19,37 +19,24 @@
 //! the winners with real decoding (`generate`, `run`, scripts/bench_speculative.py).
 
 mod lookup;
+mod measure;
+mod price;
 mod print;
+
+use measure::{EngineCosts, GateTrace, onnx_costs, reference_costs, trace_gate};
+use price::{describe, growths, policies};
 
 use crate::cli::args::m2r2::{M2r2Args, OnOff};
 use crate::cli::args::model::ModelArgs;
 use crate::cli::args::onnx::EpArgs;
-use crate::cli::args::onnx::open_matching_export;
 use crate::cli::common;
-use crate::cli::progress;
-use crate::cli::step_times::{StepTimes, bench_prompt, time_steps};
 use anyhow::{Context, Result, bail};
-use onnx_runner::greedy::OnnxModel;
-use onnx_runner::speculation::OnnxSpeculation;
-use reference::base::generate::ReferenceGreedy;
 use reference::base::tree::TokenTree;
-use reference::decode::draft_sim::tree::shape_text;
-use reference::decode::draft_sim::tree_steps::{time_tree_steps, time_tree_steps_on};
-use reference::decode::draft_sim::{
-    Policy, Simulated, StepCosts, TREE_SHAPES, Trace, TreeCosts, simulate, simulate_dynamic_tree,
-    simulate_tree, trace,
-};
-use reference::decode::draft_verify::ReferenceSpeculation;
+use reference::decode::draft_sim::TREE_SHAPES;
 use reference::decode::drafting::check_draft_gate;
-use reference::decode::prompt_lookup::with_lookup_branch;
-use reference::io::load::LoadedModel;
 use reference::m2r2::config::{DraftTreeConfig, DynamicDraftConfig, EngineDrafting, M2r2Config};
-use reference::m2r2::exit_gate::GateKind;
-use reference::m2r2::fast_stream::M2r2;
-use reference::m2r2::weights::M2r2Weights;
 use serde::Serialize;
 use std::path::PathBuf;
-use std::time::Instant;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -143,59 +130,6 @@ pub enum Family {
     Chain,
     /// A token tree per round (greedy).
     Tree,
-}
-
-/// One gate's trace.
-#[derive(Serialize)]
-struct GateTrace {
-    gate: usize,
-    /// Drafts after the true prefix that equal the next greedy token.
-    agreement: f64,
-    points: usize,
-    seconds: f64,
-    /// Drafts traced per round start: 1, or with a bridge the longest draft (later drafts of a
-    /// round read the draft's own state, not the verified one).
-    depth: usize,
-    #[serde(skip)]
-    samples: Vec<Trace>,
-}
-
-/// One engine's step costs at one draft gate.
-#[derive(Serialize)]
-struct EngineCosts {
-    engine: String,
-    gate: usize,
-    /// Proposing steps that compute the confidence or entropy score (and fixed drafting's).
-    costs: StepCosts,
-    /// A proposing step that computes ARLA's score (the fast stream in every interval).
-    propose_arla_ms: Option<f64>,
-}
-
-impl EngineCosts {
-    /// Add the tree steps. A tree grown per branch whose root scores below the threshold verifies
-    /// the root alone: one row, which is the chain's verification of 1 row.
-    fn set_tree(&mut self, mut tree: TreeCosts) {
-        if tree.verify.is_empty() {
-            tree.verify.push(None);
-        }
-        if tree.verify[0].is_none() {
-            tree.verify[0] = self.costs.verify.first().copied();
-        }
-        self.costs.tree = Some(tree);
-    }
-
-    fn for_policy(&self, policy: Policy) -> Option<StepCosts> {
-        match policy {
-            Policy::Dynamic {
-                gate: GateKind::Arla,
-                ..
-            } => Some(StepCosts {
-                propose: self.propose_arla_ms?,
-                ..self.costs.clone()
-            }),
-            _ => Some(self.costs.clone()),
-        }
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -467,75 +401,14 @@ pub fn run(args: &Args) -> Result<()> {
     let mut results = Vec::new();
     for (t, reference) in traces.iter().zip(&costs) {
         let ort = onnx.as_ref().filter(|c| c.gate == t.gate);
-        for &policy in &policies {
-            if let Policy::Dynamic {
-                gate: GateKind::Arla,
-                ..
-            } = policy
-                && weights.arla.is_none()
-            {
-                continue;
-            }
-            let mut sim = Simulated::default();
-            for points in &t.samples {
-                sim.add(&simulate(points, policy)?);
-            }
-            let speedup = |c: &EngineCosts| c.for_policy(policy).and_then(|c| sim.speedup(&c));
-            let (draft_len, dynamic_draft) = match policy {
-                Policy::Fixed(k) => (k, None),
-                Policy::Dynamic {
-                    gate,
-                    threshold,
-                    max,
-                } => (max, Some(DynamicDraftConfig { gate, threshold })),
-            };
-            results.push(PolicyResult {
-                draft_gate: t.gate,
-                family: Family::Chain,
-                policy: describe(policy),
-                draft_len,
-                dynamic_draft,
-                draft_tree: None,
-                tree_nodes: None,
-                prompt_lookup: None,
-                tokens_per_round: sim.tokens_per_round(),
-                proposals_per_round: sim.proposals_per_round(),
-                speedup_reference: speedup(reference),
-                speedup_onnx: ort.and_then(speedup),
-            });
-        }
-        for widths in &shapes {
-            for &grown in &growths {
-                let mut sim = Simulated::default();
-                for points in &t.samples {
-                    sim.add(&match grown {
-                        None => simulate_tree(points, widths)?,
-                        Some(g) => simulate_dynamic_tree(points, widths, g)?,
-                    });
-                }
-                let shape = shape_text(widths);
-                results.push(PolicyResult {
-                    draft_gate: t.gate,
-                    family: Family::Tree,
-                    policy: match grown {
-                        None => format!("tree {shape}"),
-                        Some((gate, threshold)) => {
-                            format!("tree {shape}, dynamic {gate} >= {threshold}")
-                        }
-                    },
-                    draft_len: widths.len(),
-                    dynamic_draft: grown
-                        .map(|(gate, threshold)| DynamicDraftConfig { gate, threshold }),
-                    draft_tree: Some(widths.clone()),
-                    tree_nodes: Some(TokenTree::from_widths(widths)?.nodes()),
-                    prompt_lookup: None,
-                    tokens_per_round: sim.tokens_per_round(),
-                    proposals_per_round: sim.proposals_per_round(),
-                    speedup_reference: sim.speedup(&reference.costs),
-                    speedup_onnx: ort.and_then(|c| sim.speedup(&c.costs)),
-                });
-            }
-        }
+        let has_arla = weights.arla.is_some();
+        results.extend(price::chain_results(
+            t,
+            (reference, ort),
+            &policies,
+            has_arla,
+        )?);
+        results.extend(price::tree_results(t, (reference, ort), &shapes, &growths)?);
         let candidates = lookup::Candidates {
             chains: &policies,
             shapes: &shapes,
@@ -657,16 +530,6 @@ fn describe_defaults(d: &Defaults) -> String {
     format!("{chain}; {tree}; {lookup}")
 }
 
-/// How a tree grows: whole every round, then per branch by each gate and threshold (ARLA's score
-/// needs fast rows the timed tree levels do not run: not priced).
-fn growths(args: &Args) -> Vec<Option<(GateKind, f32)>> {
-    let mut growths = vec![None];
-    for gate in [GateKind::Confidence, GateKind::Entropy] {
-        growths.extend(args.thresholds.iter().map(|&t| Some((gate, t))));
-    }
-    growths
-}
-
 /// The prompt-lookup branch lengths priced (`--prompt-lookup` without 0), each once, ascending.
 ///
 /// # Errors
@@ -684,184 +547,4 @@ fn lookup_branches(args: &Args) -> Result<Vec<usize>> {
     branches.sort_unstable();
     branches.dedup();
     Ok(branches)
-}
-
-fn trace_gate(
-    loaded: &LoadedModel,
-    weights: &M2r2Weights,
-    gate: usize,
-    data: &[train::data::DistillSample],
-    max_draft: usize,
-) -> Result<GateTrace> {
-    // without a bridge a draft depends only on the true prefix, so one per position is exact
-    let depth = if weights.bridge_at(gate).is_some() {
-        max_draft.max(1)
-    } else {
-        1
-    };
-    let start = Instant::now();
-    let mut counter = progress::Counter::new(format!("trace gate {gate}"), data.len(), 0);
-    let arla = weights.arla.is_some().then_some(GateKind::Arla);
-    let mut samples = Vec::new();
-    let mut tokens = 0;
-    for (i, d) in data.iter().enumerate() {
-        let (prompt, response) = d.tokens.split_at(d.prompt_len);
-        let m2r2 = M2r2::new(&loaded.model, weights);
-        let mut backend = ReferenceSpeculation::new(m2r2, gate, arla, d.tokens.len() + 1)?;
-        let points = trace(&mut backend, prompt, response, depth)
-            .with_context(|| format!("sample {} (prompt {})", i + 1, d.prompt_id))?;
-        tokens += d.tokens.len();
-        samples.push(points);
-        counter.update(i + 1, tokens);
-    }
-    counter.finish();
-    // agreement of the first draft after each true prefix (what every round's first draft reads)
-    let points: usize = samples.iter().map(Vec::len).sum();
-    let agreeing = samples
-        .iter()
-        .flatten()
-        .filter(|round| round[0].agrees)
-        .count();
-    Ok(GateTrace {
-        gate,
-        agreement: agreeing as f64 / points.max(1) as f64,
-        points,
-        seconds: start.elapsed().as_secs_f64(),
-        depth,
-        samples,
-    })
-}
-
-/// Verify chunks of 1..=max+1 rows: every size a policy can verify.
-fn verify_rows(args: &Args) -> Vec<usize> {
-    (1..=args.max_draft + 1).collect()
-}
-
-/// Step costs from timed steps: `times` with a confidence-scoring backend, `arla` with ARLA's.
-fn engine_costs(engine: String, gate: usize, times: StepTimes, arla: Option<f64>) -> EngineCosts {
-    EngineCosts {
-        engine,
-        gate,
-        costs: StepCosts {
-            greedy: times.greedy,
-            propose: times.propose,
-            feed: times.feed,
-            verify: times.verify.iter().map(|&(_, ms)| ms).collect(),
-            tree: None,
-        },
-        propose_arla_ms: arla,
-    }
-}
-
-/// Prompt length of the timings: about a dev sample's context.
-const COST_PROMPT: usize = 160;
-
-fn reference_costs(
-    loaded: &LoadedModel,
-    weights: &M2r2Weights,
-    gate: usize,
-    args: &Args,
-    (shapes, branches): (&[Vec<usize>], &[usize]),
-) -> Result<EngineCosts> {
-    let prompt = bench_prompt(loaded, COST_PROMPT);
-    let capacity = COST_PROMPT + args.repeats + args.max_draft + 4;
-    let m2r2 = M2r2::new(&loaded.model, weights);
-    let mut greedy = ReferenceGreedy::new(&loaded.model);
-    let mut spec = ReferenceSpeculation::new(m2r2, gate, Some(GateKind::Confidence), capacity)?;
-    let times = time_steps(
-        &mut greedy,
-        &mut spec,
-        &prompt,
-        args.repeats,
-        &verify_rows(args),
-    )?;
-    let arla = match weights.arla {
-        Some(_) => {
-            let mut spec = ReferenceSpeculation::new(m2r2, gate, Some(GateKind::Arla), capacity)?;
-            Some(time_steps(&mut greedy, &mut spec, &prompt, args.repeats, &[1])?.propose)
-        }
-        None => None,
-    };
-    let mut costs = engine_costs("reference".into(), gate, times, arla);
-    if !shapes.is_empty() {
-        let trees = time_tree_steps(m2r2, gate, &prompt, (shapes, branches), args.repeats)?;
-        costs.set_tree(trees);
-    }
-    Ok(costs)
-}
-
-fn onnx_costs(
-    loaded: &LoadedModel,
-    weights: &M2r2Weights,
-    dir: &std::path::Path,
-    args: &Args,
-    (shapes, branches): (&[Vec<usize>], &[usize]),
-) -> Result<EngineCosts> {
-    let export = open_matching_export(loaded, weights, dir)?;
-    onnx_runner::runtime::init()?;
-    // rows per run (a TensorRT profile's limit): the longest chain's, or the largest tree's with
-    // the longest lookup branch
-    let mut rows = args.max_draft;
-    let longest = branches.iter().copied().max().unwrap_or(0);
-    for widths in shapes {
-        let tree = TokenTree::from_widths(widths)?;
-        rows = rows.max(with_lookup_branch(&tree, longest).tree.nodes() - 1);
-    }
-    let ep = args.ep.config(&export, rows);
-    let prompt = bench_prompt(loaded, COST_PROMPT);
-    let mut model = OnnxModel::load(&export, &ep)?;
-    let mut spec = OnnxSpeculation::load(&export, &ep, Some(GateKind::Confidence))?;
-    let engine = format!("onnxruntime-{}", model.session().ep_used().name());
-    let times = time_steps(
-        &mut model,
-        &mut spec,
-        &prompt,
-        args.repeats,
-        &verify_rows(args),
-    )?;
-    let arla = match export.manifest.has_arla {
-        true => {
-            let mut spec = OnnxSpeculation::load(&export, &ep, Some(GateKind::Arla))?;
-            Some(time_steps(&mut model, &mut spec, &prompt, args.repeats, &[1])?.propose)
-        }
-        false => None,
-    };
-    let mut costs = engine_costs(engine, export.manifest.draft_gate, times, arla);
-    if !shapes.is_empty() {
-        // the tree loop's own steps on the export's graphs (no gate: trees are drafted whole)
-        let backend = OnnxSpeculation::load(&export, &ep, None)?;
-        let trees = time_tree_steps_on(backend, &prompt, (shapes, branches), args.repeats)
-            .with_context(|| format!("cannot time token trees on {}", dir.display()))?;
-        costs.set_tree(trees);
-    }
-    Ok(costs)
-}
-
-/// Fixed drafting of 1..=max tokens, and dynamic drafting with each gate kind, threshold and
-/// maximum length.
-fn policies(args: &Args) -> Vec<Policy> {
-    let mut all: Vec<Policy> = (1..=args.max_draft).map(Policy::Fixed).collect();
-    for gate in GateKind::ALL {
-        for &threshold in &args.thresholds {
-            for max in 1..=args.max_draft {
-                all.push(Policy::Dynamic {
-                    gate,
-                    threshold,
-                    max,
-                });
-            }
-        }
-    }
-    all
-}
-
-fn describe(policy: Policy) -> String {
-    match policy {
-        Policy::Fixed(k) => format!("fixed {k}"),
-        Policy::Dynamic {
-            gate,
-            threshold,
-            max,
-        } => format!("dynamic {gate} >= {threshold}, at most {max}"),
-    }
 }

@@ -1,0 +1,227 @@
+//! What `tune-drafting` measures: how often each draft gate's drafts are right (traces of
+//! teacher-forced drafts along the data's greedy responses) and what each kind of step costs on
+//! each engine (timed greedy, draft and verify steps, and the token trees' steps).
+
+use super::Args;
+use crate::cli::args::onnx::open_matching_export;
+use crate::cli::progress;
+use crate::cli::step_times::{StepTimes, bench_prompt, time_steps};
+use anyhow::{Context, Result};
+use onnx_runner::greedy::OnnxModel;
+use onnx_runner::speculation::OnnxSpeculation;
+use reference::base::generate::ReferenceGreedy;
+use reference::base::tree::TokenTree;
+use reference::decode::draft_sim::tree_steps::{time_tree_steps, time_tree_steps_on};
+use reference::decode::draft_sim::{Policy, StepCosts, Trace, TreeCosts, trace};
+use reference::decode::draft_verify::ReferenceSpeculation;
+use reference::decode::prompt_lookup::with_lookup_branch;
+use reference::io::load::LoadedModel;
+use reference::m2r2::exit_gate::GateKind;
+use reference::m2r2::fast_stream::M2r2;
+use reference::m2r2::weights::M2r2Weights;
+use serde::Serialize;
+use std::time::Instant;
+
+/// One gate's trace.
+#[derive(Serialize)]
+pub(super) struct GateTrace {
+    pub(super) gate: usize,
+    /// Drafts after the true prefix that equal the next greedy token.
+    pub(super) agreement: f64,
+    pub(super) points: usize,
+    pub(super) seconds: f64,
+    /// Drafts traced per round start: 1, or with a bridge the longest draft (later drafts of a
+    /// round read the draft's own state, not the verified one).
+    pub(super) depth: usize,
+    #[serde(skip)]
+    pub(super) samples: Vec<Trace>,
+}
+
+/// One engine's step costs at one draft gate.
+#[derive(Serialize)]
+pub(super) struct EngineCosts {
+    pub(super) engine: String,
+    pub(super) gate: usize,
+    /// Proposing steps that compute the confidence or entropy score (and fixed drafting's).
+    pub(super) costs: StepCosts,
+    /// A proposing step that computes ARLA's score (the fast stream in every interval).
+    pub(super) propose_arla_ms: Option<f64>,
+}
+
+impl EngineCosts {
+    /// Add the tree steps. A tree grown per branch whose root scores below the threshold verifies
+    /// the root alone: one row, which is the chain's verification of 1 row.
+    pub(super) fn set_tree(&mut self, mut tree: TreeCosts) {
+        if tree.verify.is_empty() {
+            tree.verify.push(None);
+        }
+        if tree.verify[0].is_none() {
+            tree.verify[0] = self.costs.verify.first().copied();
+        }
+        self.costs.tree = Some(tree);
+    }
+
+    pub(super) fn for_policy(&self, policy: Policy) -> Option<StepCosts> {
+        match policy {
+            Policy::Dynamic {
+                gate: GateKind::Arla,
+                ..
+            } => Some(StepCosts {
+                propose: self.propose_arla_ms?,
+                ..self.costs.clone()
+            }),
+            _ => Some(self.costs.clone()),
+        }
+    }
+}
+
+pub(super) fn trace_gate(
+    loaded: &LoadedModel,
+    weights: &M2r2Weights,
+    gate: usize,
+    data: &[train::data::DistillSample],
+    max_draft: usize,
+) -> Result<GateTrace> {
+    // without a bridge a draft depends only on the true prefix, so one per position is exact
+    let depth = if weights.bridge_at(gate).is_some() {
+        max_draft.max(1)
+    } else {
+        1
+    };
+    let start = Instant::now();
+    let mut counter = progress::Counter::new(format!("trace gate {gate}"), data.len(), 0);
+    let arla = weights.arla.is_some().then_some(GateKind::Arla);
+    let mut samples = Vec::new();
+    let mut tokens = 0;
+    for (i, d) in data.iter().enumerate() {
+        let (prompt, response) = d.tokens.split_at(d.prompt_len);
+        let m2r2 = M2r2::new(&loaded.model, weights);
+        let mut backend = ReferenceSpeculation::new(m2r2, gate, arla, d.tokens.len() + 1)?;
+        let points = trace(&mut backend, prompt, response, depth)
+            .with_context(|| format!("sample {} (prompt {})", i + 1, d.prompt_id))?;
+        tokens += d.tokens.len();
+        samples.push(points);
+        counter.update(i + 1, tokens);
+    }
+    counter.finish();
+    // agreement of the first draft after each true prefix (what every round's first draft reads)
+    let points: usize = samples.iter().map(Vec::len).sum();
+    let agreeing = samples
+        .iter()
+        .flatten()
+        .filter(|round| round[0].agrees)
+        .count();
+    Ok(GateTrace {
+        gate,
+        agreement: agreeing as f64 / points.max(1) as f64,
+        points,
+        seconds: start.elapsed().as_secs_f64(),
+        depth,
+        samples,
+    })
+}
+
+/// Verify chunks of 1..=max+1 rows: every size a policy can verify.
+fn verify_rows(args: &Args) -> Vec<usize> {
+    (1..=args.max_draft + 1).collect()
+}
+
+/// Step costs from timed steps: `times` with a confidence-scoring backend, `arla` with ARLA's.
+fn engine_costs(engine: String, gate: usize, times: StepTimes, arla: Option<f64>) -> EngineCosts {
+    EngineCosts {
+        engine,
+        gate,
+        costs: StepCosts {
+            greedy: times.greedy,
+            propose: times.propose,
+            feed: times.feed,
+            verify: times.verify.iter().map(|&(_, ms)| ms).collect(),
+            tree: None,
+        },
+        propose_arla_ms: arla,
+    }
+}
+
+/// Prompt length of the timings: about a dev sample's context.
+const COST_PROMPT: usize = 160;
+
+pub(super) fn reference_costs(
+    loaded: &LoadedModel,
+    weights: &M2r2Weights,
+    gate: usize,
+    args: &Args,
+    (shapes, branches): (&[Vec<usize>], &[usize]),
+) -> Result<EngineCosts> {
+    let prompt = bench_prompt(loaded, COST_PROMPT);
+    let capacity = COST_PROMPT + args.repeats + args.max_draft + 4;
+    let m2r2 = M2r2::new(&loaded.model, weights);
+    let mut greedy = ReferenceGreedy::new(&loaded.model);
+    let mut spec = ReferenceSpeculation::new(m2r2, gate, Some(GateKind::Confidence), capacity)?;
+    let times = time_steps(
+        &mut greedy,
+        &mut spec,
+        &prompt,
+        args.repeats,
+        &verify_rows(args),
+    )?;
+    let arla = match weights.arla {
+        Some(_) => {
+            let mut spec = ReferenceSpeculation::new(m2r2, gate, Some(GateKind::Arla), capacity)?;
+            Some(time_steps(&mut greedy, &mut spec, &prompt, args.repeats, &[1])?.propose)
+        }
+        None => None,
+    };
+    let mut costs = engine_costs("reference".into(), gate, times, arla);
+    if !shapes.is_empty() {
+        let trees = time_tree_steps(m2r2, gate, &prompt, (shapes, branches), args.repeats)?;
+        costs.set_tree(trees);
+    }
+    Ok(costs)
+}
+
+pub(super) fn onnx_costs(
+    loaded: &LoadedModel,
+    weights: &M2r2Weights,
+    dir: &std::path::Path,
+    args: &Args,
+    (shapes, branches): (&[Vec<usize>], &[usize]),
+) -> Result<EngineCosts> {
+    let export = open_matching_export(loaded, weights, dir)?;
+    onnx_runner::runtime::init()?;
+    // rows per run (a TensorRT profile's limit): the longest chain's, or the largest tree's with
+    // the longest lookup branch
+    let mut rows = args.max_draft;
+    let longest = branches.iter().copied().max().unwrap_or(0);
+    for widths in shapes {
+        let tree = TokenTree::from_widths(widths)?;
+        rows = rows.max(with_lookup_branch(&tree, longest).tree.nodes() - 1);
+    }
+    let ep = args.ep.config(&export, rows);
+    let prompt = bench_prompt(loaded, COST_PROMPT);
+    let mut model = OnnxModel::load(&export, &ep)?;
+    let mut spec = OnnxSpeculation::load(&export, &ep, Some(GateKind::Confidence))?;
+    let engine = format!("onnxruntime-{}", model.session().ep_used().name());
+    let times = time_steps(
+        &mut model,
+        &mut spec,
+        &prompt,
+        args.repeats,
+        &verify_rows(args),
+    )?;
+    let arla = match export.manifest.has_arla {
+        true => {
+            let mut spec = OnnxSpeculation::load(&export, &ep, Some(GateKind::Arla))?;
+            Some(time_steps(&mut model, &mut spec, &prompt, args.repeats, &[1])?.propose)
+        }
+        false => None,
+    };
+    let mut costs = engine_costs(engine, export.manifest.draft_gate, times, arla);
+    if !shapes.is_empty() {
+        // the tree loop's own steps on the export's graphs (no gate: trees are drafted whole)
+        let backend = OnnxSpeculation::load(&export, &ep, None)?;
+        let trees = time_tree_steps_on(backend, &prompt, (shapes, branches), args.repeats)
+            .with_context(|| format!("cannot time token trees on {}", dir.display()))?;
+        costs.set_tree(trees);
+    }
+    Ok(costs)
+}
