@@ -29,6 +29,7 @@ use reference::decode::mode::{
 use reference::decode::prompt_lookup::LookupConfig;
 use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
 use reference::decode::timed::Timed;
+use reference::decode::tree_backend::tree_positions;
 use reference::m2r2::exit_gate::GateKind;
 use std::time::Instant;
 
@@ -179,8 +180,8 @@ pub fn decode_tree(
 /// export's buffers in graph `kind`. Greedy needs `prompt + max_new_tokens - 1` positions (the
 /// last token is chosen, never fed). A speculative round writes its `drafts` rows (the chain's
 /// draft length) past its last token, and a round that starts one token before the budget still
-/// drafts in full, so speculation needs `drafts` more. (Token trees: the tree loop's own check,
-/// by the same count.)
+/// drafts in full, so speculation needs `drafts` more: the count of
+/// [`tree_positions`] (token trees: the tree loop's own check, by the same count).
 fn check_room(
     export: &ExportDir,
     kind: GraphKind,
@@ -200,7 +201,8 @@ fn check_room(
         Some(Some(room)) => format!("ask for at most {} new tokens", room + 1),
         _ => "shorten the prompt".to_string(),
     };
-    let needed = prompt + max_new.saturating_sub(1) + drafts;
+    // greedy steps are trees of one node, a chain of `drafts` one of `drafts + 1`
+    let needed = tree_positions(0, prompt, max_new, drafts + 1);
     export.check_room(kind, needed, &why, &fix)
 }
 

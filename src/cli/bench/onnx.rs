@@ -25,6 +25,7 @@ use reference::decode::speculative::{
     DraftLength, SpeculativeBackend, SpeculativeOptions, speculative_generate,
 };
 use reference::decode::timed::Timed;
+use reference::decode::tree_backend::tree_positions;
 use reference::io::load::LoadedModel;
 use reference::m2r2::fast_stream::M2r2;
 use reference::m2r2::weights::M2r2Weights;
@@ -199,17 +200,18 @@ pub fn measure(
     }
     let draft_len = first.m2r2.draft_len.max(1);
     // before any timing: each decode must fit a static export's buffers (greedy: the prompt and
-    // every token but the last; a speculative round drafts in full even one token before the end)
-    let greedy = sizes.prompt_len + sizes.decode_tokens.saturating_sub(1);
+    // every token but the last; a speculative round drafts in full even one token before the end:
+    // a tree of `draft_len + 1` nodes)
+    let positions = |nodes| tree_positions(0, sizes.prompt_len, sizes.decode_tokens, nodes);
     let sizes_flags = format!(
         "--prompt-len {} with --decode-tokens {}",
         sizes.prompt_len, sizes.decode_tokens
     );
     let fix = "lower --prompt-len or --decode-tokens";
     for export in &exports {
-        export.check_room(GraphKind::Model, greedy, &sizes_flags, fix)?;
+        export.check_room(GraphKind::Model, positions(1), &sizes_flags, fix)?;
         let why = format!("{sizes_flags} (speculative rounds of {draft_len} drafts)");
-        export.check_room(GraphKind::Verifier, greedy + draft_len, &why, fix)?;
+        export.check_room(GraphKind::Verifier, positions(draft_len + 1), &why, fix)?;
     }
     let bench = SpecBench::new(loaded, first.draft_gate, draft_len, sizes)?;
     let bandwidth = cost_shape::bandwidth(sizes);

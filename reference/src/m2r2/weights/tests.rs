@@ -103,9 +103,8 @@ fn peft_config_has_the_common_keys() {
     );
     let src = SafetensorsSource::open_files(&[dir.path().join(ADAPTER_WEIGHTS_FILE)]).unwrap();
     assert!(
-        src.names().contains(
-            &"base_model.model.model.layers.5.mlp.gate_proj.lora_B.weight".to_string()
-        )
+        src.names()
+            .contains(&"base_model.model.model.layers.5.mlp.gate_proj.lora_B.weight".to_string())
     );
     assert_eq!(src.names().len(), 6 * 7 * 2);
 }
@@ -197,8 +196,7 @@ fn half_precision_and_bare_names_and_rslora_load() {
     let views: Vec<_> = owned
         .iter()
         .map(|(n, s, b)| {
-            let v =
-                safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), b);
+            let v = safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), b);
             (n.clone(), v.unwrap())
         })
         .collect();

@@ -153,9 +153,7 @@ fn corrupt_fields_are_named_errors() {
     long_array.extend(((MAX_METADATA_ARRAY_LEN + 1) as u64).to_le_bytes());
     long_array.resize(long_array.len() + MAX_METADATA_ARRAY_LEN + 1, 7);
     let long_array = Builder::default().kv_raw("k", 9, &long_array).build();
-    assert!(
-        err_of(long_array).contains("metadata `k` has 4194305 items, more than the 4194304")
-    );
+    assert!(err_of(long_array).contains("metadata `k` has 4194305 items, more than the 4194304"));
     let mut long_string = ((MAX_METADATA_STRING_BYTES + 1) as u64)
         .to_le_bytes()
         .to_vec();
@@ -185,8 +183,7 @@ fn corrupt_fields_are_named_errors() {
         .tensor("q", &[33, 1], GgmlType::Q8_0, &[0; 68])
         .build();
     assert!(
-        err_of(ragged)
-            .contains("rows of 33 values, not a multiple of the 32-value blocks of Q8_0")
+        err_of(ragged).contains("rows of 33 values, not a multiple of the 32-value blocks of Q8_0")
     );
 
     let overflow = Builder::default()
