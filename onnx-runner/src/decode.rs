@@ -76,7 +76,7 @@ pub fn settings(export: &ExportDir, request: DraftingRequest) -> Result<M2r2Sett
 
 /// Decode `request` on `export` in `settings.mode` on `ep`; `record_scores` scores every proposal
 /// (for `--trace`). Early exit is not exported: an error. A budget a static export's buffers may
-/// not hold is refused before anything loads ([`check_room`]).
+/// not hold is refused before anything loads (`check_room`, by `tree_positions`).
 pub fn decode(
     export: &ExportDir,
     ep: &EpConfig,
