@@ -282,15 +282,23 @@ fn oversized_trees_are_refused() {
     let static_dir = tempfile::tempdir().unwrap();
     let exported = export_all(&model, &weights, gate, Some(12), static_dir.path());
     let mut onnx = OnnxSpeculation::load(&exported, &EpConfig::cpu(), None).unwrap();
-    let err = tree_speculate(&mut onnx, &tree, &[1, 2, 3], 6, &[], None)
+    // 3 prompt tokens, 7 new ones and 4 nodes below the root: 3 + 6 + 4 = 13 positions
+    let err = tree_speculate(&mut onnx, &tree, &[1, 2, 3], 7, &[], None)
         .unwrap_err()
         .to_string();
-    for want in ["5 nodes", "need 14 positions", "L = 12", "--static-cache"] {
+    for want in [
+        "5 nodes",
+        "need 13 positions",
+        "L = 12",
+        "--static-cache",
+        "ask for 1 fewer tokens",
+    ] {
         assert!(err.contains(want), "{err}");
     }
+    // one token fewer fills the buffers exactly
     onnx.reset();
-    let got = tree_speculate(&mut onnx, &tree, &[1, 2, 3], 4, &[], None).unwrap();
-    assert_eq!(got.tokens, greedy(&model, &[1, 2, 3], 4, &[]).unwrap());
+    let got = tree_speculate(&mut onnx, &tree, &[1, 2, 3], 6, &[], None).unwrap();
+    assert_eq!(got.tokens, greedy(&model, &[1, 2, 3], 6, &[]).unwrap());
 }
 
 /// SmolLM2-135M-Instruct with its shipped M2R2 weights (pruned draft head, bridge).
