@@ -10,9 +10,42 @@ use crate::base::tree::TokenTree;
 use crate::decode::prompt_lookup::with_lookup_branch;
 use crate::decode::tree_backend::TreeBackend;
 use crate::decode::tree_sampling::TreeSampling;
-use crate::decode::tree_speculation::TreeRound;
 use crate::error::{Error, Result};
 use std::cmp::Ordering;
+
+/// One verification round of tree speculation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TreeRound {
+    /// Positions in the cache when the round began: the root's position.
+    pub start: usize,
+    /// Every node's token, breadth-first: the root (the last emitted token), then the drafts.
+    pub tokens: Vec<u32>,
+    /// The accepted node: its path's drafts were accepted.
+    pub node: usize,
+    /// How many drafts were accepted (the accepted node's depth).
+    pub accepted: usize,
+    /// The base model's token after the accepted path (correction or bonus).
+    pub base_token: u32,
+    /// The round's tree: the run's, or the run's with a lookup branch at its root.
+    pub tree: TokenTree,
+    /// The nodes of the round's lookup branch, by depth (empty: no branch).
+    pub lookup: Vec<usize>,
+    /// Dynamic drafting: the gate score of each node that could propose, breadth-first (those
+    /// below the threshold got no children); empty otherwise.
+    pub scores: Vec<f32>,
+}
+
+impl TreeRound {
+    /// The accepted drafts that came from the lookup branch (all of them or none: the branch
+    /// is a chain at the root).
+    pub fn lookup_accepted(&self) -> usize {
+        if self.lookup.contains(&self.node) {
+            self.accepted
+        } else {
+            0
+        }
+    }
+}
 
 /// Draft `tree` after `last` (the root, at position `backend.len()`), verify it, and choose the
 /// accepted node: greedily, or by speculative sampling with `sampling` (which draws the children

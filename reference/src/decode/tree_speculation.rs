@@ -67,7 +67,7 @@ pub use crate::decode::tree_backend::TreeBackend;
 use crate::decode::tree_backend::tree_positions;
 use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
 pub use crate::decode::tree_round::{
-    draft_depth, dynamic_round, dynamic_round_with_lookup, top_candidates, tree_round,
+    TreeRound, draft_depth, dynamic_round, dynamic_round_with_lookup, top_candidates, tree_round,
     tree_round_with_lookup,
 };
 use crate::decode::tree_round::{dynamic_round_around, round_with_lookup};
@@ -75,40 +75,6 @@ use crate::decode::tree_sampling::TreeSampling;
 use crate::error::{Error, Result};
 use crate::m2r2::exit_gate::GateKind;
 use crate::m2r2::fast_stream::M2r2;
-
-/// One verification round of tree speculation.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TreeRound {
-    /// Positions in the cache when the round began: the root's position.
-    pub start: usize,
-    /// Every node's token, breadth-first: the root (the last emitted token), then the drafts.
-    pub tokens: Vec<u32>,
-    /// The accepted node: its path's drafts were accepted.
-    pub node: usize,
-    /// How many drafts were accepted (the accepted node's depth).
-    pub accepted: usize,
-    /// The base model's token after the accepted path (correction or bonus).
-    pub base_token: u32,
-    /// The round's tree: the run's, or the run's with a lookup branch at its root.
-    pub tree: TokenTree,
-    /// The nodes of the round's lookup branch, by depth (empty: no branch).
-    pub lookup: Vec<usize>,
-    /// Dynamic drafting: the gate score of each node that could propose, breadth-first (those
-    /// below the threshold got no children); empty otherwise.
-    pub scores: Vec<f32>,
-}
-
-impl TreeRound {
-    /// The accepted drafts that came from the lookup branch (all of them or none: the branch
-    /// is a chain at the root).
-    pub fn lookup_accepted(&self) -> usize {
-        if self.lookup.contains(&self.node) {
-            self.accepted
-        } else {
-            0
-        }
-    }
-}
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct TreeSpeculativeOutput {
