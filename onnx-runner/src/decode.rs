@@ -86,15 +86,8 @@ pub fn decode(
 ) -> Result<OnnxRun> {
     let n = export.manifest.config.num_hidden_layers;
     match settings.mode {
-        Mode::Greedy => check_room(export, GraphKind::Model, request, 0)?,
-        Mode::Speculative => {
-            let drafts = settings.draft_length.max();
-            check_room(export, GraphKind::Verifier, request, drafts)?
-        }
-        Mode::EarlyExit => {}
-    }
-    match settings.mode {
         Mode::Greedy => {
+            check_room(export, GraphKind::Model, request, 0)?;
             let mut model = OnnxModel::load(export, ep)?;
             let options = GenerateOptions {
                 max_new_tokens: request.max_new_tokens,
@@ -115,6 +108,8 @@ pub fn decode(
             let gate = (record_scores
                 || matches!(settings.draft_length, DraftLength::Dynamic { .. }))
             .then_some(settings.gate);
+            let drafts = settings.draft_length.max();
+            check_room(export, GraphKind::Verifier, request, drafts)?;
             let mut backend = OnnxSpeculation::load(export, ep, gate)?;
             let options = SpeculativeOptions {
                 max_new_tokens: request.max_new_tokens,
