@@ -9,7 +9,7 @@ use crate::cli::common;
 use anyhow::{Result, bail};
 use reference::ModelConfig;
 use reference::base::bandwidth::memory_read_bandwidth;
-use reference::base::generate::{GenerateOptions, generate};
+use reference::base::generate::{GenerateOptions, decode_positions, generate};
 use reference::base::work::Work;
 use reference::io::load::LoadedModel;
 use reference::m2r2::cost::CostModel;
@@ -119,10 +119,11 @@ pub fn measure(loaded: &LoadedModel, sizes: &Sizes) -> Result<BenchResult> {
     check_sizes(sizes)?;
     let model = &loaded.model;
     let config = &model.config;
-    let needed = sizes.prompt_len + sizes.decode_tokens;
+    let needed = decode_positions(sizes.prompt_len, sizes.decode_tokens);
     if needed > model.context_length() {
         bail!(
-            "--prompt-len {} + --decode-tokens {} = {needed} positions exceed the context of {} ({})",
+            "--prompt-len {} and --decode-tokens {} need {needed} positions (the last token is \
+             never fed), more than the context of {} ({})",
             sizes.prompt_len,
             sizes.decode_tokens,
             loaded.name,

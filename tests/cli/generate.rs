@@ -1,6 +1,6 @@
 //! `generate`: the JSON fields, determinism, prompt encoding, streamed text, seeded sampling.
 
-use super::{generate_json, ids, ok};
+use super::{fails, generate_json, ids, ok};
 
 #[test]
 fn generate_json_has_the_required_fields() {
@@ -80,4 +80,43 @@ fn sampling_follows_the_seed() {
         "every seed gave {}",
         a["tokens"]
     );
+}
+
+/// The context's edge is exact in every mode: a decode writes the prompt and every emitted token
+/// but the newest, and a speculative round one draft (chain) or one tree's nodes below the root
+/// past its start. tiny holds 512 positions; with 3 prompt tokens greedy and early exit fill it
+/// with 510 new tokens, a chain of 3 drafts with 507, the tree `2,1` (5 nodes) with 506. One more
+/// token is refused before decoding, naming what it needs.
+#[test]
+fn the_context_edge_is_exact_in_every_mode() {
+    let cases: [(&[&str], usize); 4] = [
+        (&["--mode", "greedy"], 510),
+        (&["--mode", "early-exit"], 510),
+        (&["--mode", "speculative", "--draft-len", "3"], 507),
+        (&["--mode", "speculative", "--draft-tree", "2,1"], 506),
+    ];
+    for (mode, fits) in cases {
+        let (at_edge, past_it) = (fits.to_string(), (fits + 1).to_string());
+        let g = generate_json(
+            &[
+                &["--tokens", "1,2,3"],
+                mode,
+                &["--max-new-tokens", &at_edge],
+            ]
+            .concat(),
+        );
+        assert_eq!(ids(&g["tokens"]).len(), fits, "{mode:?}: no stop token");
+        fails(
+            &[
+                &["generate", "--tokens", "1,2,3"],
+                mode,
+                &["--max-new-tokens", &past_it],
+            ]
+            .concat(),
+            &[
+                "needs 513 positions but the context holds 512",
+                "--max-new-tokens",
+            ],
+        );
+    }
 }

@@ -10,7 +10,7 @@
 //! A finished sequence leaves the batch and the next request takes its place (its prompt is
 //! prefilled in the same step as the others' decode rows).
 
-use crate::base::generate::{GenerateOptions, Generation};
+use crate::base::generate::{GenerateOptions, Generation, decode_positions};
 use crate::base::kv_cache::KvCache;
 use crate::base::model::{BatchOutput, Model};
 use crate::base::sampling::Sampler;
@@ -127,7 +127,10 @@ fn admit(model: &Model, request: &BatchRequest, index: usize) -> Result<InFlight
     }
     Ok(InFlight {
         request: index,
-        cache: model.new_cache(request.prompt.len() + request.options.max_new_tokens)?,
+        cache: model.new_cache(decode_positions(
+            request.prompt.len(),
+            request.options.max_new_tokens,
+        ))?,
         sampler: Sampler::new(request.options.sampling.clone())?,
         pending: request.prompt.clone(),
         tokens: Vec::with_capacity(request.options.max_new_tokens),

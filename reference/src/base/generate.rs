@@ -39,6 +39,13 @@ impl Generation {
     }
 }
 
+/// Cache positions a decode of `new_tokens` after `prompt` tokens writes: the prompt, then every
+/// emitted token but the newest (the last one is emitted, never fed). Without new tokens only the
+/// prefill runs.
+pub fn decode_positions(prompt: usize, new_tokens: usize) -> usize {
+    prompt + new_tokens.saturating_sub(1)
+}
+
 /// The forward passes of one engine for autoregressive decoding. [`generate_with`] is the decoding
 /// loop, shared by the reference ([`ReferenceGreedy`]) and the ONNX runner (`OnnxModel`), so both
 /// choose, stream and stop exactly alike.
@@ -103,7 +110,7 @@ pub fn generate_with(
         ));
     }
     let mut sampler = Sampler::new(options.sampling.clone())?;
-    backend.start(prompt.len() + options.max_new_tokens)?;
+    backend.start(decode_positions(prompt.len(), options.max_new_tokens))?;
 
     let start = Instant::now();
     let (mut last, _) = backend.feed(prompt)?;

@@ -15,6 +15,7 @@
 //! - `fast-kv`: fill the skipped layers' K/V from the exit state `u_g` (each layer's `attn_norm`, k and
 //!   v projections, RoPE). Cheaper, approximate: later tokens see different keys above the exit.
 
+use crate::base::generate::decode_positions;
 use crate::base::kv_cache::KvCache;
 use crate::base::matmul::linear;
 use crate::base::model::Output;
@@ -226,7 +227,7 @@ impl<'a> EarlyExit<'a> {
     fn prefill(m2r2: M2r2<'a>, prompt: &[u32], options: &'a EarlyExitOptions) -> Result<Self> {
         let model = m2r2.model;
         let sampler = Sampler::new(options.sampling.clone())?;
-        let mut cache = model.new_cache(prompt.len() + options.max_new_tokens)?;
+        let mut cache = model.new_cache(decode_positions(prompt.len(), options.max_new_tokens))?;
         let logits = model.forward(prompt, &mut cache)?.logits;
         Ok(EarlyExit {
             m2r2,

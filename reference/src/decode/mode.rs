@@ -26,7 +26,7 @@ use crate::decode::speculative::{
     DraftLength, Round, SpeculativeOptions, SpeculativeOutput, speculative_generate,
 };
 use crate::decode::timed::Timed;
-use crate::decode::tree_backend::TreeBackend;
+use crate::decode::tree_backend::{TreeBackend, tree_positions};
 use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
 use crate::decode::tree_speculation::{
     TreeDrafting, TreeRound, TreeSpeculativeOutput, tree_speculate_drafting,
@@ -285,8 +285,13 @@ pub fn run_mode(
             let gate = (record_scores
                 || matches!(settings.draft_length, DraftLength::Dynamic { .. }))
             .then_some(settings.gate);
-            let capacity =
-                request.prompt.len() + request.max_new_tokens + settings.draft_length.max() + 1;
+            // a chain of drafts is a tree of drafts + 1 nodes
+            let capacity = tree_positions(
+                0,
+                request.prompt.len(),
+                request.max_new_tokens,
+                settings.draft_length.max() + 1,
+            );
             let inner = ReferenceSpeculation::new(
                 M2r2::new(model, weights),
                 settings.draft_gate,
@@ -337,7 +342,12 @@ pub fn tree_speculative_mode_run(
     let n = model.config.num_hidden_layers;
     // the last round's tree (a lookup branch included) may reach past the budget
     let largest = with_lookup_branch(&tree, lookup.map_or(0, |l| l.max_tokens)).tree;
-    let capacity = request.prompt.len() + request.max_new_tokens + largest.nodes();
+    let capacity = tree_positions(
+        0,
+        request.prompt.len(),
+        request.max_new_tokens,
+        largest.nodes(),
+    );
     let m2r2 = M2r2::new(model, weights);
     // dynamic drafting per branch: the settings' gate scores each node, its threshold prunes
     let dynamic = match settings.draft_length {

@@ -2,6 +2,7 @@
 //! it (`decode/tree_speculation.rs`) and the backends that implement it (the reference's
 //! `decode/tree_draft_verify.rs`, the ONNX runner's), so neither imports the other.
 
+use crate::base::generate::decode_positions;
 use crate::base::tree::TokenTree;
 use crate::error::Result;
 use ndarray::Array2;
@@ -14,11 +15,16 @@ use ndarray::Array2;
 /// (every emitted token but the newest, the root, is cached), and writes one scratch slot per
 /// node: the last round may start at `t = new_tokens - 1`, so at most
 /// `cached + prompt + (new_tokens - 1) + (nodes - 1)`. Without new tokens only the prefill runs.
+///
+/// A chain of `d` drafts is a tree of `d + 1` nodes; greedy decoding a tree of one node
+/// ([`decode_positions`]).
 pub fn tree_positions(cached: usize, prompt: usize, new_tokens: usize, nodes: usize) -> usize {
-    match new_tokens {
-        0 => cached + prompt,
-        n => cached + prompt + (n - 1) + nodes.saturating_sub(1),
-    }
+    let scratch = if new_tokens == 0 {
+        0
+    } else {
+        nodes.saturating_sub(1)
+    };
+    decode_positions(cached + prompt, new_tokens) + scratch
 }
 
 /// What tree speculation needs from an engine: the reference
@@ -110,9 +116,12 @@ pub fn grow_rows(a: &mut Array2<f32>, rows: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decode::draft_verify::ReferenceSpeculation;
+    use crate::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
     use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
     use crate::decode::tree_speculation::tree_speculate;
     use crate::io::builtin;
+    use crate::m2r2::exit_gate::GateKind;
     use crate::m2r2::fast_stream::M2r2;
     use crate::m2r2::weights::M2r2Weights;
 
@@ -124,6 +133,9 @@ mod tests {
         assert_eq!(tree_positions(0, 4, 1, 5), 8);
         assert_eq!(tree_positions(0, 4, 2, 5), 9);
         assert_eq!(tree_positions(3, 4, 10, 1), 16);
+        assert_eq!(decode_positions(4, 0), 4);
+        assert_eq!(decode_positions(4, 1), 4);
+        assert_eq!(decode_positions(4, 3), 6);
     }
 
     /// A cache of exactly `tree_positions` holds every round of tree decodes on tiny (the
@@ -148,6 +160,53 @@ mod tests {
                     assert_eq!(most, Some(capacity), "{widths:?}");
                 }
                 assert!(most.unwrap_or(0) <= capacity, "{widths:?}, {budget}");
+            }
+        }
+    }
+
+    /// The same for chains, a tree of `drafts + 1` nodes: a cache of exactly that many positions
+    /// holds every round of fixed and dynamic drafting, and a budget of 2 fills it (the one round
+    /// verifies all its drafts, starting a token before the budget).
+    #[test]
+    fn chain_positions_hold_every_round_and_are_reached() {
+        let model = builtin::builtin("tiny").unwrap();
+        let weights = M2r2Weights::builtin_for("tiny", &model.config).unwrap();
+        let prompt = [3u32, 1, 4, 1, 5];
+        let dynamic = DraftLength::Dynamic {
+            max: 3,
+            gate: GateKind::Confidence,
+            threshold: 0.5,
+        };
+        for draft_length in [1, 2, 4]
+            .map(DraftLength::Fixed)
+            .into_iter()
+            .chain([dynamic])
+        {
+            let drafts = draft_length.max();
+            for budget in 1..=14 {
+                let capacity = tree_positions(0, prompt.len(), budget, drafts + 1);
+                let m2r2 = M2r2::new(&model, &weights);
+                let gate = matches!(draft_length, DraftLength::Dynamic { .. })
+                    .then_some(GateKind::Confidence);
+                let mut backend = ReferenceSpeculation::new(m2r2, 1, gate, capacity).unwrap();
+                let options = SpeculativeOptions {
+                    max_new_tokens: budget,
+                    stop_tokens: vec![],
+                    draft_length: draft_length.clone(),
+                    sampling: None,
+                };
+                let out = speculative_generate(&mut backend, &prompt, &options)
+                    .unwrap_or_else(|e| panic!("{draft_length:?}, {budget} tokens: {e}"));
+                assert_eq!(out.tokens.len(), budget, "{draft_length:?}");
+                let most = out
+                    .rounds
+                    .iter()
+                    .map(|r| r.start + r.drafted.len() + 1)
+                    .max();
+                if budget == 2 && matches!(draft_length, DraftLength::Fixed(_)) {
+                    assert_eq!(most, Some(capacity), "{draft_length:?}");
+                }
+                assert!(most.unwrap_or(0) <= capacity, "{draft_length:?}, {budget}");
             }
         }
     }

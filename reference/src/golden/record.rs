@@ -1,7 +1,7 @@
 //! Recording a greedy golden: decode with the reference and keep every step's logits.
 
 use super::Golden;
-use crate::base::generate::{GreedyBackend, ReferenceGreedy};
+use crate::base::generate::{GreedyBackend, ReferenceGreedy, decode_positions};
 use crate::base::model::Model;
 use crate::base::ops::argmax;
 use crate::error::{Error, Result};
@@ -69,7 +69,7 @@ pub(super) fn replay_on(
     if prompt.is_empty() {
         return Err(Error::Invalid("the prompt is empty".into()));
     }
-    backend.start(prompt.len() + steps)?;
+    backend.start(decode_positions(prompt.len(), steps))?;
     let mut row = backend.feed(prompt)?.0;
     let mut logits = Array2::zeros((steps, vocab));
     let mut greedy = Vec::with_capacity(steps);

@@ -343,10 +343,15 @@ impl<'a> SpecBench<'a> {
         sizes: &Sizes,
     ) -> Result<Self> {
         let config = &loaded.model.config;
-        let needed = sizes.prompt_len + sizes.decode_tokens + draft_len + 1;
+        // a chain of drafts is a tree of drafts + 1 nodes
+        let needed = tree_positions(0, sizes.prompt_len, sizes.decode_tokens, draft_len + 1);
         if needed > config.max_position_embeddings {
             bail!(
-                "--prompt-len + --decode-tokens (+ a draft) = {needed} positions exceed the context of {}",
+                "--prompt-len {} and --decode-tokens {} need {needed} positions (the last round \
+                 drafts up to {draft_len} past the last token), more than the context of {} ({})",
+                sizes.prompt_len,
+                sizes.decode_tokens,
+                loaded.name,
                 config.max_position_embeddings
             );
         }

@@ -12,6 +12,7 @@ use crate::base::generate::{GreedyBackend, ReferenceGreedy};
 use crate::decode::draft_verify::ReferenceSpeculation;
 use crate::decode::early_exit::{EarlyExitOptions, early_exit_generate};
 use crate::decode::speculative::{SpeculativeBackend, SpeculativeOptions};
+use crate::decode::tree_backend::tree_positions;
 use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
 use crate::error::{Error, Result};
 use crate::golden::Golden;
@@ -118,7 +119,7 @@ impl Golden {
             M2r2Record::Speculative {
                 draft_gate, gate, ..
             } => {
-                let capacity = self.prompt_tokens.len() + n + self.draft_max() + 1;
+                let capacity = tree_positions(0, self.prompt_tokens.len(), n, self.draft_max() + 1);
                 let mut speculation =
                     ReferenceSpeculation::new(m2r2, *draft_gate, *gate, capacity)?;
                 let engine = SpeculativeEngine {
@@ -132,7 +133,8 @@ impl Golden {
                 self.check_speculative_on(engine, tol)
             }
             M2r2Record::SpeculativeTree { recipe, .. } => {
-                let capacity = self.prompt_tokens.len() + n + recipe.largest()?.nodes();
+                let capacity =
+                    tree_positions(0, self.prompt_tokens.len(), n, recipe.largest()?.nodes());
                 let mut speculation =
                     ReferenceTreeSpeculation::new(m2r2, recipe.draft_gate, capacity)?
                         .with_gate(recipe.grown.map(|g| g.0));

@@ -8,6 +8,7 @@ use crate::decode::early_exit::{EarlyExitOptions, KvPolicy, early_exit_generate}
 use crate::decode::speculative::{
     Draft, SpeculativeBackend, SpeculativeOptions, SpeculativeOutput, speculative_generate,
 };
+use crate::decode::tree_backend::tree_positions;
 use crate::error::{Error, Result};
 use crate::golden::Golden;
 use crate::m2r2::exit_gate::GateKind;
@@ -245,7 +246,8 @@ fn run_speculative(
     gate: Option<GateKind>,
     options: &SpeculativeOptions,
 ) -> Result<SpeculativeRun> {
-    let capacity = prompt.len() + steps + options.draft_length.max() + 1;
+    // a chain of drafts is a tree of drafts + 1 nodes
+    let capacity = tree_positions(0, prompt.len(), steps, options.draft_length.max() + 1);
     let mut backend = ReferenceSpeculation::new(m2r2, draft_gate, gate, capacity)?;
     run_speculative_on(&mut backend, prompt, steps, options)
 }

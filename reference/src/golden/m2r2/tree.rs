@@ -42,6 +42,7 @@ use super::tree_compare::{compare_tree_graph_outputs, compare_tree_rounds};
 pub use super::tree_replay::TreeEngine;
 use super::tree_replay::{replay_tree_rounds, run_tree_on};
 pub use super::tree_rounds::{TreeRecipe, TreeRounds, proposing_nodes, widths_text};
+use crate::decode::tree_backend::tree_positions;
 use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
 use crate::error::{Error, Result};
 use crate::golden::report::{CheckReport, Tolerance};
@@ -88,7 +89,7 @@ impl Golden {
         stop_tokens: &[u32],
     ) -> Result<Golden> {
         let shape = recipe.shape()?;
-        let capacity = prompt.len() + steps + recipe.largest()?.nodes();
+        let capacity = tree_positions(0, prompt.len(), steps, recipe.largest()?.nodes());
         let mut backend = ReferenceTreeSpeculation::new(m2r2, recipe.draft_gate, capacity)?
             .with_gate(recipe.grown.map(|g| g.0));
         let run = run_tree_on(&mut backend, recipe, prompt, steps, stop_tokens)?;
