@@ -4,7 +4,7 @@
 //! The `--json` report and `--trace` are those of `m2r2 generate`, plus the execution provider
 //! that really ran.
 
-use crate::cli::args::m2r2::OnOff;
+use crate::cli::args::m2r2::{OnOff, SPECULATIVE, refuse_unread_flags};
 use crate::cli::args::model::PromptArgs;
 use crate::cli::args::onnx::{EpArgs, check_draft_head};
 use crate::cli::args::tree::{
@@ -139,6 +139,20 @@ pub fn run(args: &Args) -> Result<()> {
              reference: `m2r2 generate --temperature T`"
         );
     }
+    let mode = match args.mode {
+        RunMode::Greedy => "greedy",
+        RunMode::Speculative => "speculative",
+    };
+    refuse_unread_flags(
+        mode,
+        &[
+            ("--gate", args.gate.is_some(), SPECULATIVE),
+            ("--threshold", args.threshold.is_some(), SPECULATIVE),
+            ("--draft-len", args.draft_len.is_some(), SPECULATIVE),
+            ("--dynamic-draft", args.dynamic_draft, SPECULATIVE),
+            ("--draft-head", args.draft_head.is_some(), SPECULATIVE),
+        ],
+    )?;
     let tree = tree_widths(&TreeRequest {
         spec: args.draft_tree.as_deref(),
         speculative: args.mode == RunMode::Speculative,

@@ -52,7 +52,7 @@ fn bad_arguments_are_refused_clearly() {
         &["generate", "--tokens", "1", "--prompt", "a"],
         &["cannot be used with"],
     );
-    fails(&["generate"], &["--prompt"]);
+    fails(&["generate"], &["<--prompt <TEXT>|--tokens <IDS>>"]);
     let long: Vec<String> = (0..600).map(|i| (i % 256).to_string()).collect();
     fails(
         &[
@@ -69,6 +69,91 @@ fn bad_arguments_are_refused_clearly() {
         &["/nonexistent/golden.safetensors"],
     );
     fails(&["bench", "--decode-tokens", "1"], &["--decode-tokens"]);
+}
+
+/// A flag the run would not read is refused, never dropped silently: decoding flags of another
+/// mode (`generate`, `golden write`, `run`), `--chat` with token ids, and `golden check
+/// --expect-dtype` (which is about an export) beside `--model`. clap waives `requires` for an
+/// argument that conflicts with one given, which had let the last two through.
+#[test]
+fn flags_the_run_would_not_read_are_refused() {
+    let prompt = ["--tokens", "1,2"];
+    let cases: [(&[&str], &[&str]); 6] = [
+        (
+            &["generate", "--draft-len", "3"],
+            &[
+                "--draft-len is for --mode speculative",
+                "this run is --mode greedy",
+            ],
+        ),
+        (
+            &["generate", "--threshold", "0.5"],
+            &["--threshold is for --mode early-exit or --mode speculative"],
+        ),
+        (
+            &["generate", "--mode", "speculative", "--kv-policy", "exact"],
+            &["--kv-policy is for --mode early-exit"],
+        ),
+        (
+            &["generate", "--mode", "early-exit", "--dynamic-draft"],
+            &["--dynamic-draft is for --mode speculative"],
+        ),
+        (
+            &[
+                "golden",
+                "write",
+                "--out",
+                "/nonexistent/never-written.safetensors",
+                "--draft-gate",
+                "2",
+            ],
+            &["--draft-gate is for --mode speculative"],
+        ),
+        (
+            &["run", "--onnx", "no-such-export", "--draft-head", "off"],
+            &["--draft-head is for --mode speculative"],
+        ),
+    ];
+    for (command, needles) in cases {
+        fails(&[command, &prompt[..]].concat(), needles);
+    }
+    fails(
+        &["generate", "--tokens", "1", "--chat"],
+        &["'--tokens <IDS>' cannot be used with '--chat'"],
+    );
+    fails(
+        &[
+            "golden",
+            "check",
+            "g.safetensors",
+            "--model",
+            "tiny",
+            "--expect-dtype",
+            "f16",
+        ],
+        &["'--model <MODEL>' cannot be used with '--expect-dtype <DTYPE>'"],
+    );
+    // the modes that read them still take them
+    for flags in [
+        &[
+            "--mode",
+            "early-exit",
+            "--kv-policy",
+            "fast-kv",
+            "--threshold",
+            "0.5",
+        ][..],
+        &[
+            "--mode",
+            "speculative",
+            "--draft-len",
+            "2",
+            "--gate",
+            "confidence",
+        ],
+    ] {
+        super::ok(&[&["generate", "--max-new-tokens", "2"], &prompt[..], flags].concat());
+    }
 }
 
 /// Without python3 on PATH, `fetch` says what to install (and touches no network).

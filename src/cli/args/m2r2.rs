@@ -71,9 +71,9 @@ pub struct M2r2Args {
     #[arg(long, value_name = "X", allow_negative_numbers = true, value_parser = parse_threshold)]
     pub threshold: Option<ExitThreshold>,
     /// K/V of the layers an exited token skipped: exact (computed later, equals the base model) |
-    /// fast-kv (filled from the exit state, approximate)
-    #[arg(long, value_name = "POLICY", value_parser = parse_kv_policy, default_value = "exact")]
-    pub kv_policy: KvPolicy,
+    /// fast-kv (filled from the exit state, approximate); default: exact
+    #[arg(long, value_name = "POLICY", value_parser = parse_kv_policy)]
+    pub kv_policy: Option<KvPolicy>,
     /// Draft gate g_d, 1-based (default: the M2R2 config's draft_gate)
     #[arg(long, value_name = "G")]
     pub draft_gate: Option<usize>,
@@ -112,7 +112,7 @@ impl M2r2Args {
             m2r2,
             gate: None,
             threshold: None,
-            kv_policy: KvPolicy::Exact,
+            kv_policy: None,
             draft_gate: None,
             draft_len: None,
             dynamic_draft: false,
@@ -155,9 +155,27 @@ impl M2r2Args {
         }
     }
 
+    /// Refuse the flags `--mode` would not read (a `--draft-len` with greedy decoding, ...).
+    pub fn check_mode_flags(&self) -> Result<()> {
+        let mode = Mode::from(self.mode).name();
+        refuse_unread_flags(
+            mode,
+            &[
+                ("--gate", self.gate.is_some(), DRAFTS_OR_EXITS),
+                ("--threshold", self.threshold.is_some(), DRAFTS_OR_EXITS),
+                ("--kv-policy", self.kv_policy.is_some(), &["early-exit"]),
+                ("--draft-gate", self.draft_gate.is_some(), SPECULATIVE),
+                ("--draft-len", self.draft_len.is_some(), SPECULATIVE),
+                ("--dynamic-draft", self.dynamic_draft, SPECULATIVE),
+                ("--draft-head", self.draft_head.is_some(), SPECULATIVE),
+            ],
+        )
+    }
+
     /// Resolve every default against `weights` and check the flags (clear errors, before decoding).
     pub fn settings(&self, loaded: &LoadedModel, weights: &M2r2Weights) -> Result<M2r2Settings> {
         let config = &weights.config;
+        self.check_mode_flags()?;
         let early_exit = self.mode == ModeArg::EarlyExit;
         // `--threshold X` for every use, or `X1,X2,...` per gate for early exit only
         let (threshold, per_gate) = match &self.threshold {
@@ -203,7 +221,7 @@ impl M2r2Args {
             gate,
             threshold,
             gate_thresholds,
-            kv_policy: self.kv_policy,
+            kv_policy: self.kv_policy.unwrap_or(KvPolicy::Exact),
             draft_gate,
             draft_length,
             draft_head_tokens: weights
@@ -213,6 +231,29 @@ impl M2r2Args {
                 .map(|h| h.len()),
         })
     }
+}
+
+/// The modes that read the speculative flags (`--draft-len`, ...).
+pub const SPECULATIVE: &[&str] = &["speculative"];
+/// The modes that read a gate's score (`--gate`, `--threshold`).
+const DRAFTS_OR_EXITS: &[&str] = &["early-exit", "speculative"];
+
+/// Refuse a flag the run's `mode` would not read (a flag silently ignored reads as if it had
+/// taken effect): each `(flag, given, the modes that read it)`.
+///
+/// # Errors
+/// The first flag given that `mode` does not read, with the mode to add.
+pub fn refuse_unread_flags(mode: &str, flags: &[(&str, bool, &[&str])]) -> Result<()> {
+    for &(flag, given, modes) in flags {
+        if given && !modes.contains(&mode) {
+            let readers: Vec<String> = modes.iter().map(|m| format!("--mode {m}")).collect();
+            let readers = readers.join(" or ");
+            bail!(
+                "{flag} is for {readers}, and this run is --mode {mode}: add {readers}, or drop {flag}"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Apply `--draft-head` to loaded weights: `off` drops the pruned head, `on` requires one, no flag

@@ -9,21 +9,20 @@ pub struct ModelArgs {
 }
 
 /// The prompt: text (optionally wrapped in the chat template) or token ids, exactly one of them.
+/// (clap's group: a missing prompt reads "<--prompt <TEXT>|--tokens <IDS>>", one of the two.)
 #[derive(clap::Args, Clone, Debug)]
+#[command(group(clap::ArgGroup::new("prompt_or_tokens").args(["prompt", "tokens"]).required(true)))]
 pub struct PromptArgs {
     /// Prompt text, encoded with the model's tokenizer (adding its special tokens)
-    #[arg(
-        long,
-        value_name = "TEXT",
-        required_unless_present = "tokens",
-        conflicts_with = "tokens"
-    )]
+    #[arg(long, value_name = "TEXT")]
     pub prompt: Option<String>,
     /// Wrap --prompt as one user message in the tokenizer's chat template (with the generation prompt)
-    #[arg(long, requires = "prompt")]
+    /// (`conflicts_with`: clap waives `requires` for an argument that conflicts with one given,
+    /// here `--prompt` with `--tokens`, so `--tokens 1 --chat` would drop `--chat` silently.)
+    #[arg(long, requires = "prompt", conflicts_with = "tokens")]
     pub chat: bool,
     /// Prompt as comma-separated token ids, e.g. 1,2,3
-    #[arg(long, value_name = "IDS", value_parser = parse_token_ids, required_unless_present = "prompt")]
+    #[arg(long, value_name = "IDS", value_parser = parse_token_ids)]
     pub tokens: Option<TokenIds>,
 }
 

@@ -39,7 +39,8 @@ pub(super) fn write(args: &WriteArgs) -> Result<()> {
         }
     }
     // refused before the model loads: a tree outside speculative decoding, with a draft length;
-    // a lookup branch outside it
+    // a lookup branch outside it; any flag the mode would not read
+    args.m2r2.check_mode_flags()?;
     tree_widths(&tree_request(args))?;
     prompt_lookup(
         args.prompt_lookup.unwrap_or(0),
