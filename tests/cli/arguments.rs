@@ -73,7 +73,8 @@ fn bad_arguments_are_refused_clearly() {
 
 /// A flag the run would not read is refused, never dropped silently: decoding flags of another
 /// mode (`generate`, `golden write`, `run`), `--chat` with token ids, and `golden check
-/// --expect-dtype` (which is about an export) beside `--model`. clap waives `requires` for an
+/// --expect-dtype` (which is about an export) beside `--model`, ONNX Runtime's flags in a `bench`
+/// without `--onnx`. clap waives `requires` for an
 /// argument that conflicts with one given, which had let the last two through.
 #[test]
 fn flags_the_run_would_not_read_are_refused() {
@@ -116,6 +117,17 @@ fn flags_the_run_would_not_read_are_refused() {
     ];
     for (command, needles) in cases {
         fails(&[command, &prompt[..]].concat(), needles);
+    }
+    // bench without --onnx times the reference on the CPU: ONNX Runtime's flags have no session
+    for flag in [
+        &["--ep", "cuda"][..],
+        &["--cuda-graph", "on"],
+        &["--ort-threads", "2"],
+    ] {
+        fails(
+            &[&["bench", "--repeats", "1"], flag].concat(),
+            &[flag[0], "runs only with --onnx DIR"],
+        );
     }
     fails(
         &["generate", "--tokens", "1", "--chat"],

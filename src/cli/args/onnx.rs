@@ -121,6 +121,27 @@ pub fn apply_session_options(base: &EpConfig, spec: &str) -> Result<EpConfig> {
 }
 
 impl EpArgs {
+    /// The first flag given that only an ONNX Runtime session reads, for a command that may run
+    /// none (`bench` without `--onnx`): `--ep` other than `cpu`, `--cuda-graph`, `--ort-*`, ...
+    pub fn first_given(&self) -> Option<&'static str> {
+        [
+            ("--ep", self.ep != Ep::Cpu),
+            ("--device-id", self.device_id != 0),
+            ("--ep-fallback", self.ep_fallback),
+            ("--trt-fp16", self.trt_fp16),
+            ("--trt-cache", self.trt_cache.is_some()),
+            ("--ort-threads", self.ort_threads.is_some()),
+            ("--ort-spinning", self.ort_spinning.is_some()),
+            ("--ort-opt", self.ort_opt.is_some()),
+            ("--ort-host-kv", self.ort_host_kv),
+            ("--ort-profile", self.ort_profile.is_some()),
+            ("--ort-compare", self.ort_compare.is_some()),
+            ("--cuda-graph", self.cuda_graph.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(flag, given)| given.then_some(flag))
+    }
+
     /// `--cuda-graph both` is refused outside `bench` (`command` names the command).
     pub fn check_single_cuda_graph(&self, command: &str) -> Result<()> {
         if self.cuda_graph == Some(CudaGraph::Both) {
