@@ -9,7 +9,7 @@ pub struct ModelArgs {
 }
 
 /// The prompt: text (optionally wrapped in the chat template) or token ids, exactly one of them.
-/// (clap's group: a missing prompt reads "<--prompt <TEXT>|--tokens <IDS>>", one of the two.)
+// clap's group: a missing prompt reads "<--prompt <TEXT>|--tokens <IDS>>", one of the two.
 #[derive(clap::Args, Clone, Debug)]
 #[command(group(clap::ArgGroup::new("prompt_or_tokens").args(["prompt", "tokens"]).required(true)))]
 pub struct PromptArgs {
@@ -17,8 +17,8 @@ pub struct PromptArgs {
     #[arg(long, value_name = "TEXT")]
     pub prompt: Option<String>,
     /// Wrap --prompt as one user message in the tokenizer's chat template (with the generation prompt)
-    /// (`conflicts_with`: clap waives `requires` for an argument that conflicts with one given,
-    /// here `--prompt` with `--tokens`, so `--tokens 1 --chat` would drop `--chat` silently.)
+    // `conflicts_with`: clap waives `requires` for an argument that conflicts with one given, here
+    // `--prompt` with `--tokens`, so `--tokens 1 --chat` would drop `--chat` silently.
     #[arg(long, requires = "prompt", conflicts_with = "tokens")]
     pub chat: bool,
     /// Prompt as comma-separated token ids, e.g. 1,2,3

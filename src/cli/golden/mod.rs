@@ -116,7 +116,7 @@ pub struct CheckArgs {
     pub ep: EpArgs,
     /// The weights precision the export must have (f32 | f16; default: the golden's pin, if
     /// any): an export of other weights is not checked (exit 2)
-    /// (`conflicts_with_all`: clap waives `requires` when `--onnx` conflicts with a flag given.)
+    // `conflicts_with_all`: clap waives `requires` when `--onnx` conflicts with a flag given.
     #[arg(long, value_name = "DTYPE", value_parser = ["f32", "f16"], requires = "onnx", conflicts_with_all = ["model", "m2r2"])]
     pub expect_dtype: Option<String>,
     /// Also write a JUnit XML report (one test case per graph and tensor; `<error>` for a golden
