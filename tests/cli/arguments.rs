@@ -69,6 +69,12 @@ fn bad_arguments_are_refused_clearly() {
         &["/nonexistent/golden.safetensors"],
     );
     fails(&["bench", "--decode-tokens", "1"], &["--decode-tokens"]);
+    // a write that fails is an I/O error naming the path, not a "corrupt" file
+    let run = fails(
+        &["logits", "--tokens", "1,2", "--out", "src"],
+        &["cannot write src", "directory"],
+    );
+    assert!(!run.stderr.contains("corrupt"), "{}", run.stderr);
 }
 
 /// A flag the run would not read is refused, never dropped silently: decoding flags of another

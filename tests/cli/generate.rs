@@ -86,16 +86,18 @@ fn sampling_follows_the_seed() {
 /// but the newest, and a speculative round one draft (chain) or one tree's nodes below the root
 /// past its start. tiny holds 512 positions; with 3 prompt tokens greedy and early exit fill it
 /// with 510 new tokens, a chain of 3 drafts with 507, the tree `2,1` (5 nodes) with 506. One more
-/// token is refused before decoding, naming what it needs.
+/// token is refused before decoding, naming what it needs (the drafts, when they do).
 #[test]
 fn the_context_edge_is_exact_in_every_mode() {
-    let cases: [(&[&str], usize); 4] = [
-        (&["--mode", "greedy"], 510),
-        (&["--mode", "early-exit"], 510),
-        (&["--mode", "speculative", "--draft-len", "3"], 507),
-        (&["--mode", "speculative", "--draft-tree", "2,1"], 506),
+    let chain = "draft up to 3 positions past the last token";
+    let tree = "draft up to 4 positions past the last token";
+    let cases: [(&[&str], usize, &str); 4] = [
+        (&["--mode", "greedy"], 510, "--max-new-tokens"),
+        (&["--mode", "early-exit"], 510, "--max-new-tokens"),
+        (&["--mode", "speculative", "--draft-len", "3"], 507, chain),
+        (&["--mode", "speculative", "--draft-tree", "2,1"], 506, tree),
     ];
-    for (mode, fits) in cases {
+    for (mode, fits, why) in cases {
         let (at_edge, past_it) = (fits.to_string(), (fits + 1).to_string());
         let g = generate_json(
             &[
@@ -113,10 +115,7 @@ fn the_context_edge_is_exact_in_every_mode() {
                 &["--max-new-tokens", &past_it],
             ]
             .concat(),
-            &[
-                "needs 513 positions but the context holds 512",
-                "--max-new-tokens",
-            ],
+            &["needs 513 positions but the context holds 512", why],
         );
     }
 }

@@ -31,7 +31,7 @@ use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
 use crate::decode::tree_speculation::{
     TreeDrafting, TreeRound, TreeSpeculativeOutput, tree_speculate_drafting,
 };
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::m2r2::exit_gate::GateKind;
 use crate::m2r2::exit_threshold::ExitThreshold;
 use crate::m2r2::fast_stream::M2r2;
@@ -286,12 +286,8 @@ pub fn run_mode(
                 || matches!(settings.draft_length, DraftLength::Dynamic { .. }))
             .then_some(settings.gate);
             // a chain of drafts is a tree of drafts + 1 nodes
-            let capacity = tree_positions(
-                0,
-                request.prompt.len(),
-                request.max_new_tokens,
-                settings.draft_length.max() + 1,
-            );
+            let drafts = settings.draft_length.max();
+            let capacity = speculative_positions(model, request, drafts)?;
             let inner = ReferenceSpeculation::new(
                 M2r2::new(model, weights),
                 settings.draft_gate,
@@ -318,6 +314,28 @@ pub fn run_mode(
     Ok(run)
 }
 
+/// The cache positions a speculative decode of `request` needs when its rounds draft up to
+/// `drafts` positions past the last token (a chain's length, a tree's nodes below its root):
+/// [`tree_positions`], refused beyond the context with the drafts named.
+fn speculative_positions(
+    model: &Model,
+    request: &DecodeRequest<'_>,
+    drafts: usize,
+) -> Result<usize> {
+    let (prompt, new_tokens) = (request.prompt.len(), request.max_new_tokens);
+    let needed = tree_positions(0, prompt, new_tokens, drafts + 1);
+    let context = model.context_length();
+    if needed > context {
+        return Err(Error::Invalid(format!(
+            "sequence needs {needed} positions but the context holds {context}: a prompt of \
+             {prompt} tokens, {new_tokens} new tokens and rounds that draft up to {drafts} \
+             positions past the last token (shorten the prompt, lower --max-new-tokens or draft \
+             fewer tokens)"
+        )));
+    }
+    Ok(needed)
+}
+
 /// Speculative decoding with the token tree of shape `widths` (`W1,W2,...`), drafting at
 /// `settings.draft_gate` (`decode/tree_speculation.rs`): greedy, or speculative sampling with
 /// `request.sampling` (`decode/tree_sampling.rs`); with `lookup`, a prompt-lookup branch at the
@@ -342,12 +360,7 @@ pub fn tree_speculative_mode_run(
     let n = model.config.num_hidden_layers;
     // the last round's tree (a lookup branch included) may reach past the budget
     let largest = with_lookup_branch(&tree, lookup.map_or(0, |l| l.max_tokens)).tree;
-    let capacity = tree_positions(
-        0,
-        request.prompt.len(),
-        request.max_new_tokens,
-        largest.nodes(),
-    );
+    let capacity = speculative_positions(model, request, largest.nodes() - 1)?;
     let m2r2 = M2r2::new(model, weights);
     // dynamic drafting per branch: the settings' gate scores each node, its threshold prunes
     let dynamic = match settings.draft_length {

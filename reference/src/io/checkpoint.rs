@@ -194,6 +194,9 @@ pub fn write_f32_safetensors(
                 .map_err(|e| Error::format(path.display().to_string(), e.to_string()))
         })
         .collect::<Result<Vec<_>>>()?;
-    safetensors::serialize_to_file(views, metadata, path)
-        .map_err(|e| Error::format(path.display().to_string(), e.to_string()))
+    safetensors::serialize_to_file(views, metadata, path).map_err(|e| match e {
+        // a folder, a missing parent, a full disk: an I/O error, not a corrupt file
+        safetensors::SafeTensorError::IoError(io) => Error::io(path, io),
+        other => Error::format(path.display().to_string(), other.to_string()),
+    })
 }
