@@ -58,6 +58,13 @@ pub fn export(
                 .into(),
         ));
     }
+    if request.options.merge_adapters && !request.graphs.contains(&GraphKind::Draft) {
+        return Err(Error::Invalid(
+            "--merge-adapters merges the adapters into draft.onnx, which --graphs does not \
+             include: add draft to --graphs, or drop --merge-adapters"
+                .into(),
+        ));
+    }
     check_replaceable(out)?;
     let temp = temp_sibling(out)?;
     std::fs::create_dir(&temp).map_err(|e| {

@@ -279,8 +279,8 @@ fn static_cache_export_with_check() {
         ],
         &["--static-cache 0"],
     );
-    // --merge-adapters builds the static draft: refused without --static-cache, and with MoE
-    // layers below the draft gate
+    // --merge-adapters builds the static draft: refused without --static-cache, without draft in
+    // --graphs, and with MoE layers below the draft gate
     let merge = |model: &str, cache: &[&str], want: &[&str]| {
         let o = out.to_str().unwrap();
         let args = [
@@ -290,6 +290,11 @@ fn static_cache_export_with_check() {
         fails(&args.concat(), want);
     };
     merge("tiny", &[], &["--merge-adapters", "--static-cache"]);
+    merge(
+        "tiny",
+        &["--static-cache", "32", "--graphs", "model,verifier"],
+        &["add draft to --graphs"],
+    );
     merge(
         "tiny-moe",
         &["--static-cache", "32"],
