@@ -1,5 +1,5 @@
 //! The workspace's layering, as docs/ARCHITECTURE.md draws it. This test reads the sources (comments
-//! and `#[cfg(test)]` modules left out: tests may use anything) and fails naming the file and the
+//! and `#[cfg(test)]` modules, inline or in files of their own, left out: tests may use anything) and fails naming the file and the
 //! import that breaks the rule:
 //! - `reference/src`: the folders are layers: a folder imports only from folders before it in
 //!   reading order;
@@ -77,6 +77,21 @@ fn code(text: &str) -> String {
         .join("\n")
 }
 
+/// The modules a file declares as `#[cfg(test)] mod name;`, kept in files of their own.
+fn test_modules(text: &str) -> Vec<String> {
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines
+        .windows(2)
+        .filter(|w| w[0] == "#[cfg(test)]")
+        .filter_map(|w| w[1].strip_prefix("mod ")?.strip_suffix(';'))
+        .map(|name| name.trim().to_string())
+        .collect()
+}
+
 /// Every `crate::a::b::...` path in `code`, with `use crate::{a, b::c}` groups expanded to their
 /// first segments.
 fn crate_paths(code: &str) -> Vec<Vec<String>> {
@@ -151,8 +166,23 @@ fn sources_in(root: PathBuf) -> Vec<Source> {
         })
         .collect();
     let modules: BTreeSet<String> = paths.iter().map(|(_, m)| m.clone()).collect();
+    // files that are `#[cfg(test)] mod name;` of their parent: tests, which may use anything
+    let tests: BTreeSet<String> = paths
+        .iter()
+        .flat_map(|(file, module)| {
+            let text = std::fs::read_to_string(file).unwrap();
+            test_modules(&text)
+                .into_iter()
+                .map(move |name| format!("{module}::{name}"))
+        })
+        .collect();
     paths
         .iter()
+        .filter(|(_, module)| {
+            !tests
+                .iter()
+                .any(|t| module == t || module.starts_with(&(t.clone() + "::")))
+        })
         .map(|(file, module)| {
             let text = std::fs::read_to_string(file).unwrap();
             let mut imports = BTreeSet::new();
@@ -362,6 +392,17 @@ fn the_parser_sees_imports() {
     assert_eq!(
         code("use crate::a; // crate::b\n#[cfg(test)]\nuse crate::c;"),
         "use crate::a; "
+    );
+    assert_eq!(
+        test_modules("pub mod a;\n#[cfg(test)]\nmod tests;\n\n#[cfg(test)]\nmod verify_tests;\n"),
+        ["tests", "verify_tests"]
+    );
+    // a test file is left out like an inline test module; the file it tests is not
+    let modules: Vec<String> = sources().into_iter().map(|s| s.module).collect();
+    assert!(modules.contains(&"base::tree".to_string()));
+    assert!(
+        !modules.iter().any(|m| m.starts_with("base::tree::")),
+        "{modules:?}"
     );
     assert_eq!(
         cli_imports(
