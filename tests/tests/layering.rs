@@ -1,6 +1,6 @@
-//! The workspace's layering, as docs/ARCHITECTURE.md draws it. This test reads the sources (comments
-//! and `#[cfg(test)]` modules, inline or in files of their own, left out: tests may use anything) and fails naming the file and the
-//! import that breaks the rule:
+//! The workspace's layering, as docs/ARCHITECTURE.md draws it. This test reads the sources
+//! (comments and `#[cfg(test)]` modules, inline or in files of their own, left out: tests may use
+//! anything) and fails naming the file and the import that breaks the rule:
 //! - `reference/src`: the folders are layers: a folder imports only from folders before it in
 //!   reading order;
 //! - `reference/src`, `export/src`, `onnx-runner/src`: no two files import each other, directly or
