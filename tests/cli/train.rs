@@ -308,6 +308,19 @@ fn distill_train_resume_generate() {
         ],
         &["already done 40 of 40 steps"],
     );
+    // a resumed run keeps its checkpoint's settings: a flag that would set one is refused
+    let (data, out) = (p("data"), p("ck4"));
+    for flag in [&["--lr", "0.01"][..], &["--rank", "4"], &["--seed", "3"]] {
+        let args = [
+            &["train", "--model", "tiny", "--data", &data][..],
+            &["--resume", &ck, "--out", &out],
+            flag,
+        ];
+        fails(
+            &args.concat(),
+            &["'--resume <DIR>' cannot be used with", flag[0]],
+        );
+    }
     fails(
         &[
             "train",

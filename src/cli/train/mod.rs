@@ -87,7 +87,7 @@ pub struct Args {
     #[arg(long, value_name = "KIND")]
     pub align: Option<AlignKind>,
     /// Weight of the alignment term
-    #[arg(long, value_name = "X", default_value_t = 0.1)]
+    #[arg(long, value_name = "X", default_value_t = 0.1, requires = "align")]
     pub align_weight: f64,
     /// Also align the fast state after each inner layer i of the interval with the slow residual at
     /// depth d_j(i) = e_j + round(i (N - e_j) / k_j) it estimates, with --align's kind and weight;
@@ -122,8 +122,18 @@ pub struct Args {
     /// retrain it with train-arla), and so is the pruned draft head (rerun draft-head)
     #[arg(long, value_name = "DIR", conflicts_with_all = ["resume", "gates", "alpha", "targets"])]
     pub init: Option<PathBuf>,
-    /// Continue from a checkpoint folder (its settings are used; --steps sets the new total)
-    #[arg(long, value_name = "DIR")]
+    /// Continue from a checkpoint folder (its settings are used, so the flags that set them are
+    /// refused beside it; --steps sets the new total)
+    #[arg(
+        long,
+        value_name = "DIR",
+        conflicts_with_all = [
+            "gates", "train_gates", "rank", "alpha", "targets", "batch_rows", "lr", "lr_min",
+            "warmup", "weight_decay", "clip", "temperature", "hard_label_weight", "align",
+            "align_weight", "align_intermediate", "seed", "bridge_rank", "bridge_sites",
+            "bridge_only",
+        ]
+    )]
     pub resume: Option<PathBuf>,
     /// Keep the slow stream (the frozen base model's pass over the data, the first and longest phase)
     /// in this folder, one file per model, gates and data folder (about 15 KB per token for
