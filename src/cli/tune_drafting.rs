@@ -328,6 +328,8 @@ pub fn run(args: &Args) -> Result<()> {
     if args.families.is_empty() {
         bail!("--families: name at least one of chain, tree");
     }
+    args.ep
+        .refuse_without_onnx(args.onnx.is_some(), "tune-drafting")?;
     let chains = args.families.contains(&Family::Chain);
     let shapes = tree_shapes(args)?;
     let branches = lookup_branches(args)?;

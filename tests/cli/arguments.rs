@@ -136,6 +136,13 @@ fn flags_the_run_would_not_read_are_refused() {
         );
     }
     fails(
+        &["tune-drafting", "--data", "no-such-data", "--ep", "cuda"],
+        &[
+            "--ep sets up ONNX Runtime",
+            "tune-drafting measures the reference",
+        ],
+    );
+    fails(
         &["generate", "--tokens", "1", "--chat"],
         &["'--tokens <IDS>' cannot be used with '--chat'"],
     );

@@ -121,9 +121,21 @@ pub fn apply_session_options(base: &EpConfig, spec: &str) -> Result<EpConfig> {
 }
 
 impl EpArgs {
-    /// The first flag given that only an ONNX Runtime session reads, for a command that may run
-    /// none (`bench` without `--onnx`): `--ep` other than `cpu`, `--cuda-graph`, `--ort-*`, ...
-    pub fn first_given(&self) -> Option<&'static str> {
+    /// Refuse ONNX Runtime's flags in a command that runs no session without `--onnx` (`bench`,
+    /// `tune-drafting`): they would be ignored, and the figures taken for the provider's.
+    pub fn refuse_without_onnx(&self, has_onnx: bool, command: &str) -> Result<()> {
+        match self.first_given().filter(|_| !has_onnx) {
+            Some(flag) => bail!(
+                "{flag} sets up ONNX Runtime, which runs only with --onnx DIR: without it {command} \
+                 measures the reference on the CPU"
+            ),
+            None => Ok(()),
+        }
+    }
+
+    /// The first flag given that only an ONNX Runtime session reads: `--ep` other than `cpu`,
+    /// `--cuda-graph`, `--ort-*`, ...
+    fn first_given(&self) -> Option<&'static str> {
         [
             ("--ep", self.ep != Ep::Cpu),
             ("--device-id", self.device_id != 0),

@@ -58,12 +58,8 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<()> {
     check_sizes(&args.sizes)?;
-    if let Some(flag) = args.ep.first_given().filter(|_| args.onnx.is_empty()) {
-        bail!(
-            "{flag} sets up ONNX Runtime, which runs only with --onnx DIR: without it bench times \
-             the reference on the CPU"
-        );
-    }
+    args.ep
+        .refuse_without_onnx(!args.onnx.is_empty(), "bench")?;
     let loaded = common::load(&args.model.model)?;
     if args.cost_shape {
         return cost_shape(&loaded, args);
