@@ -237,7 +237,7 @@ pub fn run(args: &Args) -> Result<()> {
         }
         None => settings.draft_length.max(),
     };
-    let ep = args.ep.config(&export, rows);
+    let ep = args.ep.config(&export, rows)?;
     let runtime = onnx_runner::runtime::init()?;
     eprintln!(
         "ONNX Runtime {} ({}), {} on {}",

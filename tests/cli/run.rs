@@ -225,7 +225,8 @@ fn run_reports_like_generate_on_an_export_of_tiny() {
 }
 
 /// A folder exported without draft.onnx: speculative decoding is refused naming the graph and
-/// the flag to write it, with no note about feed.onnx; greedy still runs.
+/// the flag to write it, with no note about feed.onnx; greedy still runs, and refuses the flags
+/// of providers that do not run.
 #[test]
 fn speculative_without_a_draft_graph_says_how_to_export_one() {
     let dir = tempfile::tempdir().unwrap();
@@ -251,6 +252,15 @@ fn speculative_without_a_draft_graph_says_how_to_export_one() {
     assert!(!run.stderr.contains("feed.onnx"), "{}", run.stderr);
     let greedy = m2r2_with_ort(&["run", "--onnx", o, "--tokens", "1,2"], &ort);
     assert_eq!(greedy.code, Some(0), "{}", greedy.stderr);
+    // a flag of another provider is refused: the one that runs would not read it
+    for (flag, readers) in [
+        (&["--trt-fp16"][..], "--ep tensorrt"),
+        (&["--device-id", "1"], "--ep cuda or tensorrt"),
+        (&["--ep-fallback"], "--ep cuda or tensorrt"),
+    ] {
+        let run = [&["run", "--onnx", o, "--tokens", "1,2"][..], flag].concat();
+        fails_with(&run, &ort, &[flag[0], readers, "this run is --ep cpu"]);
+    }
 }
 
 /// The demo's ONNX section (run by `golden_m2r2::demo_runs_the_m2r2_modes_without_not_ok`, so the

@@ -167,9 +167,38 @@ impl EpArgs {
 
     /// The provider config for an export; TensorRT profiles cover `1..=draft_len + 1` rows.
     /// `--cuda-graph both` leaves the choice to the default (`bench` sets it per engine).
-    pub fn config(&self, export: &ExportDir, draft_len: usize) -> EpConfig {
+    ///
+    /// # Errors
+    /// A flag of another provider (`--trt-*` without `--ep tensorrt`, `--device-id` on the CPU):
+    /// the provider that runs would not read it.
+    pub fn config(&self, export: &ExportDir, draft_len: usize) -> Result<EpConfig> {
+        let gpu = matches!(self.ep, Ep::Cuda | Ep::TensorRt);
+        for (flag, given, readers, read) in [
+            ("--device-id", self.device_id != 0, "cuda or tensorrt", gpu),
+            ("--ep-fallback", self.ep_fallback, "cuda or tensorrt", gpu),
+            (
+                "--trt-fp16",
+                self.trt_fp16,
+                "tensorrt",
+                self.ep == Ep::TensorRt,
+            ),
+            (
+                "--trt-cache",
+                self.trt_cache.is_some(),
+                "tensorrt",
+                self.ep == Ep::TensorRt,
+            ),
+        ] {
+            if given && !read {
+                bail!(
+                    "{flag} is for --ep {readers}, and this run is --ep {}: the provider would not \
+                     read it",
+                    self.ep.name()
+                );
+            }
+        }
         let config = &export.manifest.config;
-        EpConfig {
+        Ok(EpConfig {
             device_id: self.device_id,
             fallback: self.ep_fallback,
             tensorrt: TensorRtOptions {
@@ -195,7 +224,7 @@ impl EpArgs {
                 Some(CudaGraph::Both) | None => None,
             },
             ..EpConfig::new(self.ep)
-        }
+        })
     }
 }
 

@@ -123,7 +123,7 @@ pub fn cost_shape_engines(
     let base = ep_args.config(
         &export,
         cost_shape::VERIFY_ROWS[cost_shape::VERIFY_ROWS.len() - 1],
-    );
+    )?;
     let mut variants = vec![(String::new(), base.clone())];
     variants.extend(ep_args.compare(&base)?);
     let prompt = crate::cli::step_times::bench_prompt(loaded, sizes.prompt_len);
@@ -226,7 +226,7 @@ pub fn measure(
     // `--cuda-graph both`: a static export twice, without then with CUDA graphs
     let mut engines = Vec::new();
     for (export, dir) in exports.iter().zip(dirs) {
-        let base = ep_args.config(export, draft_len);
+        let base = ep_args.config(export, draft_len)?;
         let both = ep_args.cuda_graph == Some(CudaGraph::Both);
         let choices = match (both, export.static_l_max(GraphKind::Model)) {
             (true, Some(_)) => vec![Some(false), Some(true)],

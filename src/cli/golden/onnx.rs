@@ -59,7 +59,7 @@ impl OnnxEngine {
         let export = ExportDir::open(dir)?;
         let runtime = onnx_runner::runtime::init()?;
         args.ep.check_single_cuda_graph("golden check")?;
-        let ep = args.ep.config(&export, export.manifest.m2r2.draft_len);
+        let ep = args.ep.config(&export, export.manifest.m2r2.draft_len)?;
         let model = OnnxModel::load(&export, &ep)?;
         let ep_name = model.session().ep_used().name().to_string();
         let dtype = export.manifest.weights_dtype.clone();
@@ -148,7 +148,7 @@ impl OnnxEngine {
             }
             slot => {
                 *slot = None; // one set of sessions at a time
-                let ep = self.ep_args.config(&self.export, rows);
+                let ep = self.ep_args.config(&self.export, rows)?;
                 let loaded = OnnxSpeculation::load(&self.export, &ep, gate)
                     .with_context(|| format!("cannot load the speculative graphs of {dir}"))?;
                 &mut slot.insert((gate, rows, loaded)).2

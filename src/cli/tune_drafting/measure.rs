@@ -196,7 +196,7 @@ pub(super) fn onnx_costs(
         let tree = TokenTree::from_widths(widths)?;
         rows = rows.max(with_lookup_branch(&tree, longest).tree.nodes() - 1);
     }
-    let ep = args.ep.config(&export, rows);
+    let ep = args.ep.config(&export, rows)?;
     let prompt = bench_prompt(loaded, COST_PROMPT);
     let mut model = OnnxModel::load(&export, &ep)?;
     let mut spec = OnnxSpeculation::load(&export, &ep, Some(GateKind::Confidence))?;
