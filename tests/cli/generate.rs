@@ -89,8 +89,8 @@ fn sampling_follows_the_seed() {
 /// token is refused before decoding, naming what it needs (the drafts, when they do).
 #[test]
 fn the_context_edge_is_exact_in_every_mode() {
-    let chain = "draft up to 3 positions past the last token";
-    let tree = "draft up to 4 positions past the last token";
+    let chain = "draft up to 3 position(s) past the last token";
+    let tree = "draft up to 4 position(s) past the last token";
     let cases: [(&[&str], usize, &str); 4] = [
         (&["--mode", "greedy"], 510, "--max-new-tokens"),
         (&["--mode", "early-exit"], 510, "--max-new-tokens"),

@@ -103,6 +103,13 @@ fn golden_write_check_and_tamper() {
     let report = ok(&["golden", "check", file, "--json"]).json();
     assert_eq!(report["ok"], true);
     assert_eq!(report["entries"][0]["name"], "logits");
+    // --m2r2 is for M2R2 goldens (a suite may mix both): a greedy one says it is not used
+    let run = ok(&["golden", "check", file, "--m2r2", "none"]);
+    assert!(
+        run.stdout.contains("--m2r2 none is not used") && run.stdout.contains("overall: OK"),
+        "{}",
+        run.stdout
+    );
 
     tamper(&path, "logits", 2 * 320 + 7, 0.01);
     let run = fails(&["golden", "check", file], &["NOT OK"]);

@@ -328,8 +328,8 @@ fn speculative_positions(
     if needed > context {
         return Err(Error::Invalid(format!(
             "sequence needs {needed} positions but the context holds {context}: a prompt of \
-             {prompt} tokens, {new_tokens} new tokens and rounds that draft up to {drafts} \
-             positions past the last token (shorten the prompt, lower --max-new-tokens or draft \
+             {prompt} token(s), {new_tokens} new token(s) and rounds that draft up to {drafts} \
+             position(s) past the last token (shorten the prompt, lower --max-new-tokens or draft \
              fewer tokens)"
         )));
     }

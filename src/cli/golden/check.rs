@@ -158,6 +158,13 @@ fn check_file(args: &CheckArgs, engine: &mut Engine, file: &Path) -> Outcome {
                         .check_m2r2(M2r2::new(&loaded.model, &weights), tol.tol.atol)
                         .with_context(|| format!("M2R2 weights: {}", choice.source(loaded)))?
                 } else {
+                    if let Some(dir) = &args.m2r2 {
+                        // a suite may mix greedy and M2R2 goldens: said, not refused
+                        header.push(format!(
+                            "note: a greedy golden reads no M2R2 weights: --m2r2 {dir} is not \
+                             used for it"
+                        ));
+                    }
                     golden.check_on(
                         &mut ReferenceGreedy::new(&loaded.model),
                         &loaded.model.config,
