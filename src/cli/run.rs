@@ -4,9 +4,10 @@
 //! The `--json` report and `--trace` are those of `m2r2 generate`, plus the execution provider
 //! that really ran.
 
-use crate::cli::args::m2r2::{OnOff, SPECULATIVE, refuse_unread_flags};
+use crate::cli::args::m2r2::{OnOff, SPECULATIVE};
 use crate::cli::args::model::PromptArgs;
 use crate::cli::args::onnx::{EpArgs, check_draft_head};
+use crate::cli::args::refuse_unread_flags;
 use crate::cli::args::tree::{
     TreeRequest, lookup_chain, lookup_or_default, prompt_lookup, tree_widths,
 };
@@ -144,6 +145,7 @@ pub fn run(args: &Args) -> Result<()> {
         RunMode::Speculative => "speculative",
     };
     refuse_unread_flags(
+        "--mode",
         mode,
         &[
             ("--gate", args.gate.is_some(), SPECULATIVE),

@@ -255,8 +255,8 @@ fn speculative_without_a_draft_graph_says_how_to_export_one() {
     // a flag of another provider is refused: the one that runs would not read it
     for (flag, readers) in [
         (&["--trt-fp16"][..], "--ep tensorrt"),
-        (&["--device-id", "1"], "--ep cuda or tensorrt"),
-        (&["--ep-fallback"], "--ep cuda or tensorrt"),
+        (&["--device-id", "1"], "--ep cuda or --ep tensorrt"),
+        (&["--ep-fallback"], "--ep cuda or --ep tensorrt"),
     ] {
         let run = [&["run", "--onnx", o, "--tokens", "1,2"][..], flag].concat();
         fails_with(&run, &ort, &[flag[0], readers, "this run is --ep cpu"]);

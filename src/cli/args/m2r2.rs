@@ -20,6 +20,7 @@ use reference::m2r2::exit_threshold::ExitThreshold;
 use reference::m2r2::weights::M2r2Weights;
 use std::path::Path;
 
+use super::refuse_unread_flags;
 use reference::decode::mode::{M2r2Settings, Mode};
 
 /// Which decoding loop runs (`reference::decode::mode::Mode`).
@@ -157,9 +158,9 @@ impl M2r2Args {
 
     /// Refuse the flags `--mode` would not read (a `--draft-len` with greedy decoding, ...).
     pub fn check_mode_flags(&self) -> Result<()> {
-        let mode = Mode::from(self.mode).name();
         refuse_unread_flags(
-            mode,
+            "--mode",
+            Mode::from(self.mode).name(),
             &[
                 ("--gate", self.gate.is_some(), DRAFTS_OR_EXITS),
                 ("--threshold", self.threshold.is_some(), DRAFTS_OR_EXITS),
@@ -237,24 +238,6 @@ impl M2r2Args {
 pub const SPECULATIVE: &[&str] = &["speculative"];
 /// The modes that read a gate's score (`--gate`, `--threshold`).
 const DRAFTS_OR_EXITS: &[&str] = &["early-exit", "speculative"];
-
-/// Refuse a flag the run's `mode` would not read (a flag silently ignored reads as if it had
-/// taken effect): each `(flag, given, the modes that read it)`.
-///
-/// # Errors
-/// The first flag given that `mode` does not read, with the mode to add.
-pub fn refuse_unread_flags(mode: &str, flags: &[(&str, bool, &[&str])]) -> Result<()> {
-    for &(flag, given, modes) in flags {
-        if given && !modes.contains(&mode) {
-            let readers: Vec<String> = modes.iter().map(|m| format!("--mode {m}")).collect();
-            let readers = readers.join(" or ");
-            bail!(
-                "{flag} is for {readers}, and this run is --mode {mode}: add {readers}, or drop {flag}"
-            );
-        }
-    }
-    Ok(())
-}
 
 /// Apply `--draft-head` to loaded weights: `off` drops the pruned head, `on` requires one, no flag
 /// keeps what `source` has.

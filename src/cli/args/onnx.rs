@@ -2,6 +2,7 @@
 //! execution provider, and `--draft-head` checked against what the export holds.
 
 use super::m2r2::OnOff;
+use super::refuse_unread_flags;
 use anyhow::{Result, bail};
 use onnx_runner::ep::{DimRanges, Ep, EpConfig, GraphOptimization, TensorRtOptions};
 use onnx_runner::manifest::ExportDir;
@@ -172,31 +173,17 @@ impl EpArgs {
     /// A flag of another provider (`--trt-*` without `--ep tensorrt`, `--device-id` on the CPU):
     /// the provider that runs would not read it.
     pub fn config(&self, export: &ExportDir, draft_len: usize) -> Result<EpConfig> {
-        let gpu = matches!(self.ep, Ep::Cuda | Ep::TensorRt);
-        for (flag, given, readers, read) in [
-            ("--device-id", self.device_id != 0, "cuda or tensorrt", gpu),
-            ("--ep-fallback", self.ep_fallback, "cuda or tensorrt", gpu),
-            (
-                "--trt-fp16",
-                self.trt_fp16,
-                "tensorrt",
-                self.ep == Ep::TensorRt,
-            ),
-            (
-                "--trt-cache",
-                self.trt_cache.is_some(),
-                "tensorrt",
-                self.ep == Ep::TensorRt,
-            ),
-        ] {
-            if given && !read {
-                bail!(
-                    "{flag} is for --ep {readers}, and this run is --ep {}: the provider would not \
-                     read it",
-                    self.ep.name()
-                );
-            }
-        }
+        const GPU: &[&str] = &["cuda", "tensorrt"];
+        refuse_unread_flags(
+            "--ep",
+            self.ep.name(),
+            &[
+                ("--device-id", self.device_id != 0, GPU),
+                ("--ep-fallback", self.ep_fallback, GPU),
+                ("--trt-fp16", self.trt_fp16, &["tensorrt"]),
+                ("--trt-cache", self.trt_cache.is_some(), &["tensorrt"]),
+            ],
+        )?;
         let config = &export.manifest.config;
         Ok(EpConfig {
             device_id: self.device_id,
