@@ -158,33 +158,36 @@ fn sources_in(root: PathBuf) -> Vec<Source> {
     let mut files = Vec::new();
     rust_files(&root, &mut files);
     files.sort();
-    let paths: Vec<(PathBuf, String)> = files
+    // (file, module, text), each file read once
+    let paths: Vec<(PathBuf, String, String)> = files
         .iter()
         .map(|f| {
             let rel = f.strip_prefix(&root).unwrap().to_path_buf();
-            (f.clone(), module_of(&rel))
+            (
+                f.clone(),
+                module_of(&rel),
+                std::fs::read_to_string(f).unwrap(),
+            )
         })
         .collect();
-    let modules: BTreeSet<String> = paths.iter().map(|(_, m)| m.clone()).collect();
+    let modules: BTreeSet<String> = paths.iter().map(|(_, m, _)| m.clone()).collect();
     // files that are `#[cfg(test)] mod name;` of their parent: tests, which may use anything
     let tests: BTreeSet<String> = paths
         .iter()
-        .flat_map(|(file, module)| {
-            let text = std::fs::read_to_string(file).unwrap();
-            test_modules(&text)
+        .flat_map(|(_, module, text)| {
+            test_modules(text)
                 .into_iter()
                 .map(move |name| format!("{module}::{name}"))
         })
         .collect();
     paths
         .iter()
-        .filter(|(_, module)| {
+        .filter(|(_, module, _)| {
             !tests
                 .iter()
                 .any(|t| module == t || module.starts_with(&(t.clone() + "::")))
         })
-        .map(|(file, module)| {
-            let text = std::fs::read_to_string(file).unwrap();
+        .map(|(file, module, text)| {
             let mut imports = BTreeSet::new();
             // `super::` and `self::` paths too, made absolute: a file's parent module is its
             // folder's (`base/matmul/avx2.rs` -> `base::matmul`), a `mod.rs`'s the folder above.
@@ -200,12 +203,12 @@ fn sources_in(root: PathBuf) -> Vec<Source> {
             };
             let own: Vec<String> = module.split("::").map(str::to_string).collect();
             let relative = |prefix: &str, base: &[String]| -> Vec<Vec<String>> {
-                paths_after(&code(&text), prefix)
+                paths_after(&code(text), prefix)
                     .into_iter()
                     .map(|segs| base.iter().cloned().chain(segs).collect())
                     .collect()
             };
-            let mut all = crate_paths(&code(&text));
+            let mut all = crate_paths(&code(text));
             let parent_of_mod = match is_mod {
                 true => own[..own.len().saturating_sub(1)].to_vec(),
                 false => parent.clone(),
