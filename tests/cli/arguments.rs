@@ -179,6 +179,39 @@ fn flags_the_run_would_not_read_are_refused() {
     ] {
         super::ok(&[&["generate", "--max-new-tokens", "2"], &prompt[..], flags].concat());
     }
+    // sampling flags without --temperature decode greedily and say so
+    let greedy = super::ok(&[
+        "generate",
+        "--tokens",
+        "1,2",
+        "--max-new-tokens",
+        "2",
+        "--json",
+    ]);
+    let seeded = super::ok(&[
+        "generate",
+        "--tokens",
+        "1,2",
+        "--max-new-tokens",
+        "2",
+        "--json",
+        "--seed",
+        "7",
+        "--top-k",
+        "3",
+    ]);
+    assert!(
+        seeded
+            .stderr
+            .contains("note: --top-k/--seed: read only when sampling (--temperature > 0)"),
+        "{}",
+        seeded.stderr
+    );
+    assert!(!greedy.stderr.contains("note:"), "{}", greedy.stderr);
+    assert_eq!(
+        super::ids(&greedy.json()["tokens"]),
+        super::ids(&seeded.json()["tokens"])
+    );
 }
 
 /// Without python3 on PATH, `fetch` says what to install (and touches no network).

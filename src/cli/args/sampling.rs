@@ -15,9 +15,9 @@ pub struct SamplingArgs {
     /// Sample only among the most likely tokens whose probability reaches P, in (0, 1]
     #[arg(long, value_name = "P", allow_negative_numbers = true)]
     pub top_p: Option<f32>,
-    /// Seed of the sampler (same seed, same tokens on every machine)
-    #[arg(long, value_name = "S", default_value_t = 0)]
-    pub seed: u64,
+    /// Seed of the sampler (same seed, same tokens on every machine) [default: 0]
+    #[arg(long, value_name = "S")]
+    pub seed: Option<u64>,
 }
 
 impl SamplingArgs {
@@ -37,9 +37,18 @@ impl SamplingArgs {
             Some(t) => bail!("--temperature must be a finite number >= 0 (0 is greedy), got {t}"),
         };
         if temperature == 0.0 {
-            if self.top_k.is_some() || self.top_p.is_some() {
+            let unread: Vec<&str> = [
+                (self.top_k.is_some(), "--top-k"),
+                (self.top_p.is_some(), "--top-p"),
+                (self.seed.is_some(), "--seed"),
+            ]
+            .into_iter()
+            .filter_map(|(given, flag)| given.then_some(flag))
+            .collect();
+            if !unread.is_empty() {
                 eprintln!(
-                    "note: --top-k/--top-p only apply when sampling (--temperature > 0); decoding greedily"
+                    "note: {}: read only when sampling (--temperature > 0); decoding greedily",
+                    unread.join("/")
                 );
             }
             return Ok(None);
@@ -48,7 +57,7 @@ impl SamplingArgs {
             temperature,
             top_k: self.top_k,
             top_p: self.top_p,
-            seed: self.seed,
+            seed: self.seed.unwrap_or(0),
         };
         params.validate()?;
         Ok(Some(params))
