@@ -9,7 +9,9 @@ use crate::golden::{DEFAULT_ATOL, Golden, TensorCheck, Tolerance};
 use crate::io::builtin;
 use crate::m2r2::exit_gate::gate_score;
 use crate::m2r2::fast_stream::M2r2;
+use crate::m2r2::weights::M2r2Weights;
 use ndarray::{ArrayView1, Axis};
+use safetensors::Dtype;
 
 pub(super) fn setup(name: &str) -> (Model, M2r2Weights) {
     let model = builtin::builtin(name).unwrap();

@@ -2,7 +2,7 @@
 //! ([`TreeRecipe`]) and its rounds ([`TreeRounds`]), with the rows of the graphs' logits they imply
 //! (layouts in [`tree`](super::tree)).
 
-use super::step_rounds;
+use super::rounds::step_rounds;
 use crate::base::tree::TokenTree;
 use crate::decode::prompt_lookup::LookupConfig;
 use crate::decode::tree_speculation::{TreeDrafting, TreeRound};

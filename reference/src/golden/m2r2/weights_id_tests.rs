@@ -7,6 +7,7 @@ use super::*;
 use crate::golden::{DEFAULT_ATOL, Golden};
 use crate::m2r2::config::{DraftTreeConfig, DynamicDraftConfig, EarlyExitConfig, EngineDrafting};
 use crate::m2r2::fast_stream::M2r2;
+use crate::m2r2::weights::M2r2Weights;
 
 /// Each decoding default moves `m2r2_hash` and leaves `m2r2_weights_hash` as it was; a setting the
 /// weights compute with, or a tensor, moves both.

@@ -1,0 +1,98 @@
+//! The speculative rounds of a chain-drafting golden as padded tensors ([`RoundTensors`]), and
+//! which round emitted each token.
+
+use crate::decode::speculative::SpeculativeOutput;
+use ndarray::Array2;
+
+/// The speculative rounds as padded tensors.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoundTensors {
+    /// `[R, M]` padded with -1
+    pub drafted: Array2<i64>,
+    /// `[R]`
+    pub accepted: Vec<i64>,
+    /// `[R]`
+    pub base_token: Vec<i64>,
+    /// `[R, M+1]` padded with NaN
+    pub scores: Array2<f32>,
+}
+
+impl RoundTensors {
+    /// Rounds recorded.
+    pub fn len(&self) -> usize {
+        self.accepted.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.accepted.is_empty()
+    }
+
+    /// The tokens round `r` drafted (its row of `drafted` without the padding).
+    pub fn drafted_in(&self, r: usize) -> Vec<i64> {
+        self.drafted
+            .row(r)
+            .iter()
+            .copied()
+            .filter(|&t| t >= 0)
+            .collect()
+    }
+
+    /// Proposals the draft made in round `r`: its drafts, or one more where a dynamic draft
+    /// stopped at a score under the threshold.
+    pub fn proposals(&self, r: usize) -> usize {
+        let scored = self.scores.row(r).iter().filter(|s| !s.is_nan()).count();
+        self.drafted_in(r).len().max(scored)
+    }
+
+    /// The round of each row of `verify_logits` (`None` for the prompt's row).
+    pub fn verify_rounds(&self) -> Vec<Option<usize>> {
+        let mut rows = vec![None];
+        for r in 0..self.len() {
+            rows.extend(std::iter::repeat_n(Some(r), self.drafted_in(r).len() + 1));
+        }
+        rows
+    }
+
+    /// The round of each row of `draft_logits`.
+    pub fn proposal_rounds(&self) -> Vec<Option<usize>> {
+        (0..self.len())
+            .flat_map(|r| std::iter::repeat_n(Some(r), self.proposals(r)))
+            .collect()
+    }
+
+    /// The round that emitted each of `n` tokens (`None` for the first, from the prompt's row).
+    pub fn step_rounds(&self, n: usize) -> Vec<Option<usize>> {
+        step_rounds(&self.accepted, n)
+    }
+
+    pub(super) fn from_output(out: &SpeculativeOutput, max: usize) -> RoundTensors {
+        let r = out.rounds.len();
+        let mut drafted = Array2::from_elem((r, max), -1i64);
+        let mut scores = Array2::from_elem((r, max + 1), f32::NAN);
+        for (i, round) in out.rounds.iter().enumerate() {
+            for (k, &t) in round.drafted.iter().enumerate() {
+                drafted[[i, k]] = i64::from(t);
+            }
+            for (k, &s) in round.scores.iter().enumerate() {
+                scores[[i, k]] = s;
+            }
+        }
+        RoundTensors {
+            drafted,
+            accepted: out.rounds.iter().map(|r| r.accepted as i64).collect(),
+            base_token: out.rounds.iter().map(|r| i64::from(r.base_token)).collect(),
+            scores,
+        }
+    }
+}
+
+/// The round that emitted each of `n` tokens, rounds accepting `accepted` drafts each (`None`
+/// for the first token, from the prompt's row).
+pub(super) fn step_rounds(accepted: &[i64], n: usize) -> Vec<Option<usize>> {
+    let mut steps = vec![None; n.min(1)];
+    for (r, &accepted) in accepted.iter().enumerate() {
+        let emitted = (accepted.max(0) as usize + 1).min(n.saturating_sub(steps.len()));
+        steps.extend(std::iter::repeat_n(Some(r), emitted));
+    }
+    steps
+}
