@@ -57,8 +57,9 @@ enum Command {
     Train(cli::train::Args),
     /// Train ARLA on trained adapters and calibrate its threshold on development data.
     TrainArla(cli::train_arla::Args),
-    /// Choose speculative decoding's drafting policy (draft gate, fixed or dynamic draft length) by
-    /// measurement: traced drafts on greedy data, timed steps, every policy predicted and ranked.
+    /// Choose speculative decoding's drafting policy (draft gate, chain or token tree, fixed or
+    /// dynamic, prompt-lookup branch) by measurement: traced drafts on greedy data, timed steps,
+    /// every policy predicted and ranked.
     TuneDrafting(cli::tune_drafting::Args),
     /// Pruned draft head (FLOPs-aware drafting): the most frequent response tokens, measured.
     DraftHead(cli::draft_head::Args),
