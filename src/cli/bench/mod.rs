@@ -5,12 +5,15 @@
 
 pub mod cost_shape;
 pub mod onnx;
+pub mod results;
+pub mod spec_bench;
 pub mod training;
 
 use crate::cli::args::model::ModelArgs;
 use crate::cli::args::onnx::head_words;
 use crate::cli::common;
-use onnx::{EngineResult, SpecBench, print_engines};
+use results::{EngineResult, print_engines};
+use spec_bench::SpecBench;
 
 use crate::cli::args::bench::Sizes;
 use crate::cli::args::m2r2::{M2r2Args, OnOff};
