@@ -18,11 +18,15 @@
 //! ONNX Runtime's in `onnx_drafting` where they differ (`export` and `run` draft those). Confirm
 //! the winners with real decoding (`generate`, `run`, scripts/bench_speculative.py).
 
+mod candidates;
+mod defaults;
 mod lookup;
 mod measure;
 mod price;
 mod print;
 
+use candidates::{lookup_branches, tree_shapes, with_prefixes};
+use defaults::{Defaults, applied, defaults, describe_defaults, fastest};
 use measure::{EngineCosts, GateTrace, onnx_costs, reference_costs, trace_gate};
 use price::{describe, growths, policies};
 
@@ -31,10 +35,8 @@ use crate::cli::args::model::ModelArgs;
 use crate::cli::args::onnx::EpArgs;
 use crate::cli::common;
 use anyhow::{Context, Result, bail};
-use reference::base::tree::TokenTree;
-use reference::decode::draft_sim::TREE_SHAPES;
 use reference::decode::drafting::check_draft_gate;
-use reference::m2r2::config::{DraftTreeConfig, DynamicDraftConfig, EngineDrafting, M2r2Config};
+use reference::m2r2::config::{DynamicDraftConfig, M2r2Config};
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -154,22 +156,6 @@ struct PolicyResult {
     speedup_onnx: Option<f64>,
 }
 
-/// What `--write` stores (or would store): one engine's defaults of `--mode speculative`, the
-/// reference's at the top level of the config, ONNX Runtime's in `onnx_drafting`.
-#[derive(Serialize)]
-struct Defaults {
-    /// `draft_gate`, `draft_len`, `dynamic_draft`: the engine's fastest chain, drafted when it has
-    /// no tree or samples; `None` when no chain was priced (the folder's is kept).
-    chain: Option<PolicyResult>,
-    /// `draft_tree`: the engine's fastest tree when it beats the chain default there; `None`: the
-    /// engine drafts the chain default.
-    tree: Option<PolicyResult>,
-    /// `prompt_lookup`: the branch beside the chain and the tree above (chosen with them: the
-    /// branch length whose defaults are fastest), `None` for no branch; `None` too when no branch
-    /// was priced (the folder's is kept).
-    prompt_lookup: Option<usize>,
-}
-
 #[derive(Serialize)]
 struct Report {
     model: String,
@@ -188,134 +174,6 @@ struct Report {
     /// ONNX Runtime's, with `--onnx` (the config's `onnx_drafting` when they differ).
     onnx_defaults: Option<Defaults>,
     notes: Vec<String>,
-}
-
-/// The fastest of `results` by `speedup`, the first of equals (unpriced ones never win).
-fn fastest<'a>(
-    results: impl Iterator<Item = &'a PolicyResult>,
-    speedup: impl Fn(&PolicyResult) -> Option<f64>,
-) -> Option<&'a PolicyResult> {
-    results.fold(None, |best, r| match (best, speedup(r)) {
-        (_, None) => best,
-        (Some(b), Some(s)) if speedup(b).is_some_and(|bs| bs >= s) => Some(b),
-        (_, Some(_)) => Some(r),
-    })
-}
-
-/// One engine's defaults (ONNX Runtime's when `onnx`, else the reference's): a chain, at most one
-/// tree and a prompt-lookup branch beside them. For each branch length (none included) the chain
-/// and tree of [`defaults_of`], then the length whose default (the tree when there is one, else
-/// the chain) is fastest by the engine's predictions.
-fn defaults(results: &[PolicyResult], onnx: bool) -> Defaults {
-    let speedup = |r: &PolicyResult| match onnx {
-        true => r.speedup_onnx,
-        false => r.speedup_reference,
-    };
-    let mut lengths: Vec<Option<usize>> = vec![None];
-    for r in results {
-        if !lengths.contains(&r.prompt_lookup) {
-            lengths.push(r.prompt_lookup);
-        }
-    }
-    let mut best: Option<(Defaults, f64)> = None;
-    for length in lengths {
-        let same: Vec<&PolicyResult> = results
-            .iter()
-            .filter(|r| r.prompt_lookup == length)
-            .collect();
-        let d = defaults_of(&same, onnx);
-        let Some(s) = d.tree.as_ref().or(d.chain.as_ref()).and_then(speedup) else {
-            continue;
-        };
-        if best.as_ref().is_none_or(|(_, b)| s > *b) {
-            best = Some((
-                Defaults {
-                    prompt_lookup: length,
-                    ..d
-                },
-                s,
-            ));
-        }
-    }
-    best.map_or_else(|| defaults_of(&[], onnx), |(d, _)| d)
-}
-
-/// One engine's defaults among `results` of one branch length: the fastest chain, and the fastest
-/// tree when it beats that chain.
-fn defaults_of(results: &[&PolicyResult], onnx: bool) -> Defaults {
-    let speedup = |r: &PolicyResult| match onnx {
-        true => r.speedup_onnx,
-        false => r.speedup_reference,
-    };
-    let chain = fastest(
-        results
-            .iter()
-            .copied()
-            .filter(|r| r.family == Family::Chain),
-        speedup,
-    );
-    let tree = fastest(
-        results.iter().copied().filter(|r| r.family == Family::Tree),
-        speedup,
-    )
-    .filter(|t| chain.is_none_or(|c| speedup(t) > speedup(c)));
-    Defaults {
-        chain: chain.cloned(),
-        tree: tree.cloned(),
-        prompt_lookup: chain.and_then(|c| c.prompt_lookup),
-    }
-}
-
-/// The tree shapes tried: `--tree` flags, or the candidate shapes no deeper than `--max-draft`;
-/// none without the tree family.
-fn tree_shapes(args: &Args) -> Result<Vec<Vec<usize>>> {
-    if !args.families.contains(&Family::Tree) {
-        if !args.trees.is_empty() {
-            bail!("--tree shapes need the tree family: add tree to --families");
-        }
-        return Ok(vec![]);
-    }
-    if args.trees.is_empty() {
-        return Ok(TREE_SHAPES
-            .iter()
-            .filter(|w| w.len() <= args.max_draft)
-            .map(|w| w.to_vec())
-            .collect());
-    }
-    let mut shapes: Vec<Vec<usize>> = Vec::new();
-    for spec in &args.trees {
-        TokenTree::parse(spec).map_err(|e| anyhow::anyhow!("--tree: {e}"))?;
-        let widths: Vec<usize> = spec
-            .split(',')
-            .map(|w| w.trim().parse().expect("checked by TokenTree::parse"))
-            .collect();
-        if widths.len() > args.max_draft {
-            bail!(
-                "--tree {spec} is {} deep, deeper than --max-draft {}: raise --max-draft (the \
-                 traces are as deep as it)",
-                widths.len(),
-                args.max_draft
-            );
-        }
-        if !shapes.contains(&widths) {
-            shapes.push(widths);
-        }
-    }
-    Ok(shapes)
-}
-
-/// `shapes` and each one's shallower prefixes (`2,1,1`: also `2` and `2,1`), each once.
-fn with_prefixes(shapes: &[Vec<usize>]) -> Vec<Vec<usize>> {
-    let mut all: Vec<Vec<usize>> = Vec::new();
-    for widths in shapes {
-        for depth in 1..=widths.len() {
-            let prefix = widths[..depth].to_vec();
-            if !all.contains(&prefix) {
-                all.push(prefix);
-            }
-        }
-    }
-    all
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -494,59 +352,4 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// `base` (an engine's drafting in the folder) with the chain, tree and branch `d` chose; what
-/// was not priced (no chain, no branch length) stays as it was.
-fn applied(d: &Defaults, mut base: EngineDrafting, priced_lookup: bool) -> EngineDrafting {
-    if let Some(c) = &d.chain {
-        base.draft_gate = c.draft_gate;
-        base.draft_len = c.draft_len;
-        base.dynamic_draft = c.dynamic_draft.clone();
-    }
-    base.draft_tree = d.tree.as_ref().map(|t| DraftTreeConfig {
-        draft_gate: t.draft_gate,
-        widths: t.draft_tree.clone().expect("a tree's widths"),
-        dynamic: t.dynamic_draft.clone(),
-    });
-    if priced_lookup {
-        base.prompt_lookup = d.prompt_lookup;
-    }
-    base
-}
-
-/// The defaults in words: "chain: draft gate 1, fixed 2; tree: draft gate 1, tree 2,1; ...".
-fn describe_defaults(d: &Defaults) -> String {
-    let chain = match &d.chain {
-        Some(c) => format!("chain: draft gate {}, {}", c.draft_gate, c.policy),
-        None => "chain: unchanged (no chain priced)".into(),
-    };
-    let tree = match &d.tree {
-        Some(t) => format!("tree: draft gate {}, {}", t.draft_gate, t.policy),
-        None => "tree: none (the chain)".into(),
-    };
-    let lookup = match d.prompt_lookup {
-        Some(n) => format!("prompt lookup: up to {n} tokens"),
-        None => "prompt lookup: none".into(),
-    };
-    format!("{chain}; {tree}; {lookup}")
-}
-
-/// The prompt-lookup branch lengths priced (`--prompt-lookup` without 0), each once, ascending.
-///
-/// # Errors
-/// A length the M2R2 config cannot hold (`prompt_lookup` is at most 63).
-fn lookup_branches(args: &Args) -> Result<Vec<usize>> {
-    let mut branches: Vec<usize> = args
-        .prompt_lookup
-        .iter()
-        .copied()
-        .filter(|&n| n > 0)
-        .collect();
-    if let Some(n) = branches.iter().find(|&&n| n > 63) {
-        bail!("--prompt-lookup {n}: a branch is at most 63 tokens (the M2R2 config's range)");
-    }
-    branches.sort_unstable();
-    branches.dedup();
-    Ok(branches)
 }

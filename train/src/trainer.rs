@@ -8,153 +8,34 @@
 //! computed independently and in a fixed order, and the sub-batches processed in parallel are summed
 //! in a fixed order.
 
+mod init;
+mod options;
+mod stats;
+
+pub use init::{initial_weights, initial_weights_ranked};
+pub use options::TrainOptions;
+pub use stats::{GateStats, StepLog, mean_kl};
+
 use crate::adamw::{AdamW, AdamWConfig, clip_grad_norm};
 use crate::adapters::Adapters;
-use crate::align::{AlignKind, align_loss};
+use crate::align::align_loss;
 use crate::bridge;
 use crate::data::DistillSample;
 use crate::error::{Error, Result};
 use crate::fast_stream::{self, Batch, FrozenBase, Row};
 use crate::head::kl_loss;
-use crate::schedule::Schedule;
 use crate::slow_cache::{SlowKey, SlowPass};
 use crate::slow_stream::SlowSample;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 use reference::Model;
-use reference::m2r2::accelerator::Accelerator;
-use reference::m2r2::config::M2r2Config;
 use reference::m2r2::weights::M2r2Weights;
-use serde::{Deserialize, Serialize};
 
 /// Rows per sub-batch: the default batch is one sub-batch, whose products with the frozen weights
 /// run in parallel over output columns ([`gemm`](crate::gemm)); larger batches and evaluation run
 /// several sub-batches side by side.
 const ROWS_PER_TASK: usize = 64;
-
-/// Training settings (stored in checkpoints).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TrainOptions {
-    /// Gates (1-based) whose interval's adapters are trained.
-    pub train_gates: Vec<usize>,
-    /// Total optimizer steps (each step updates every trained gate once).
-    pub steps: usize,
-    /// Fast rows per gate per step.
-    pub batch_rows: usize,
-    /// Peak learning rate.
-    pub lr: f64,
-    /// Final learning rate of the cosine decay.
-    pub lr_min: f64,
-    pub warmup: usize,
-    pub weight_decay: f64,
-    /// Global L2 norm the gradient of one gate is clipped to.
-    pub clip: f64,
-    /// Distillation temperature tau.
-    pub temperature: f64,
-    /// Weight of the cross-entropy on the teacher's argmax beside the KL ([`kl_loss`]); 0: the
-    /// KL alone.
-    #[serde(default)]
-    pub hard_label_weight: f64,
-    /// Optional alignment of the exit state with `s_N`, and its weight.
-    pub align: Option<AlignKind>,
-    pub align_weight: f64,
-    /// Also align the fast state after each inner layer `i` of the interval with the slow residual
-    /// at depth `d_j(i)` (the intermediate targets of docs/m2r2/streams.md), with `align`'s kind
-    /// and weight (one term per inner layer). Needs `align`.
-    #[serde(default)]
-    pub align_intermediate: bool,
-    /// Seed of the row sampling (and of the adapters' initialisation, see [`initial_weights`]).
-    pub seed: u64,
-    /// Train only the bridge's maps: the adapters stay as given (so early exit, which never reads
-    /// the bridge, is unchanged).
-    #[serde(default)]
-    pub bridge_only: bool,
-}
-
-impl TrainOptions {
-    pub fn schedule(&self) -> Schedule {
-        Schedule {
-            lr_max: self.lr,
-            lr_min: self.lr_min,
-            warmup: self.warmup,
-            steps: self.steps,
-        }
-    }
-
-    fn validate(&self, config: &M2r2Config) -> Result<()> {
-        let bad = |m: String| Err(Error::Invalid(m));
-        if self.train_gates.is_empty() {
-            return bad("no gate to train".into());
-        }
-        for &g in &self.train_gates {
-            config.check_gate(g, "gate")?;
-        }
-        if self.batch_rows == 0 || self.steps == 0 {
-            return bad("steps and batch rows must be at least 1".into());
-        }
-        if !(self.lr > 0.0 && self.lr.is_finite()) || self.lr_min < 0.0 || self.lr_min > self.lr {
-            return bad(format!(
-                "learning rates must satisfy 0 <= lr_min <= lr, lr > 0 (got lr {}, lr_min {})",
-                self.lr, self.lr_min
-            ));
-        }
-        if self.temperature.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
-            || self.clip.partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater)
-        {
-            return bad("temperature and clip must be positive".into());
-        }
-        if !(self.hard_label_weight >= 0.0 && self.hard_label_weight.is_finite()) {
-            return bad(format!(
-                "the hard-label weight (--hard-label-weight) must be finite and >= 0 (got {})",
-                self.hard_label_weight
-            ));
-        }
-        if self.align_intermediate && self.align.is_none() {
-            return bad(
-                "intermediate alignment needs an alignment kind (--align cosine | mse)".into(),
-            );
-        }
-        Ok(())
-    }
-}
-
-/// Loss and agreement of one gate over some rows.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct GateStats {
-    pub gate: usize,
-    /// `tau^2 * mean KL(p_base || p_exit)`
-    pub kl: f64,
-    /// Weighted alignment term (0 without one).
-    pub align: f64,
-    /// Rows whose exit argmax equals the base model's argmax.
-    pub agree: usize,
-    pub rows: usize,
-}
-
-impl GateStats {
-    /// Top-1 agreement with the base model.
-    pub fn agreement(&self) -> f64 {
-        self.agree as f64 / self.rows.max(1) as f64
-    }
-
-    /// Pool `other` into these statistics (row-weighted means, summed counts).
-    pub fn add(&mut self, other: &GateStats) {
-        let n = (self.rows + other.rows).max(1) as f64;
-        self.kl = (self.kl * self.rows as f64 + other.kl * other.rows as f64) / n;
-        self.align = (self.align * self.rows as f64 + other.align * other.rows as f64) / n;
-        self.agree += other.agree;
-        self.rows += other.rows;
-    }
-}
-
-/// One logged step.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct StepLog {
-    pub step: usize,
-    pub lr: f64,
-    pub gates: Vec<GateStats>,
-}
 
 /// Adapters and optimizer state of one trained gate.
 #[derive(Clone, Debug)]
@@ -162,40 +43,6 @@ pub struct GateState {
     pub gate: usize,
     pub adapters: Adapters<f32>,
     pub opt: AdamW<f32>,
-}
-
-/// Starting weights: the settings `config`, `A ~ N(0, 1/in)` from `seed` and `B = 0` (PEFT's
-/// initialisation up to the distribution of `A`), so training starts at the early exit (fast =
-/// slow). No ARLA.
-pub fn initial_weights(model: &Model, config: M2r2Config, seed: u64) -> Result<M2r2Weights> {
-    let ranks = vec![config.rank; config.num_gates()];
-    initial_weights_ranked(model, config, &ranks, seed)
-}
-
-/// [`initial_weights`] with rank `ranks[j]` on interval `j` (one per gate) and one scale,
-/// `config.alpha / config.rank` ([`M2r2Weights::random_ranked`]).
-pub fn initial_weights_ranked(
-    model: &Model,
-    config: M2r2Config,
-    ranks: &[usize],
-    seed: u64,
-) -> Result<M2r2Weights> {
-    let mut weights = M2r2Weights::random_ranked(&model.config, config, ranks, seed)?;
-    weights.arla = None;
-    zero_b(&mut weights.accelerator);
-    Ok(weights)
-}
-
-fn zero_b(acc: &mut Accelerator) {
-    for lora in acc
-        .layers
-        .iter_mut()
-        .flatten()
-        .flat_map(|l| l.loras.values_mut())
-    {
-        let zeros = ndarray::Array2::zeros(lora.b().dim());
-        lora.set(lora.a().clone(), zeros);
-    }
 }
 
 /// The whole training state.
@@ -545,12 +392,6 @@ impl Trainer {
 pub struct HeldOut {
     samples: Vec<SlowSample<f32>>,
     rows: Vec<Row>,
-}
-
-/// The row-weighted mean KL over the gates of `stats` (the early-stopping criterion).
-pub fn mean_kl(stats: &[GateStats]) -> f64 {
-    let rows: usize = stats.iter().map(|s| s.rows).sum();
-    stats.iter().map(|s| s.kl * s.rows as f64).sum::<f64>() / rows.max(1) as f64
 }
 
 /// Every trainable row (response positions) of `samples`.

@@ -3,6 +3,9 @@
 //! weights folders in the PEFT layout (usable as `--m2r2 DIR`) with the optimizer state for
 //! `--resume`.
 
+mod bridge;
+mod held_out;
+mod log;
 mod start;
 
 use crate::cli::args::m2r2::parse_targets;
@@ -10,9 +13,9 @@ use crate::cli::args::model::ModelArgs;
 use crate::cli::common;
 use crate::cli::progress;
 use anyhow::{Context, Result, bail};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use reference::Model;
-use reference::m2r2::bridge::{BridgeConfig, BridgeSite};
+use bridge::add_bridge;
+use held_out::{held_out, report_cache};
+use log::{gate_summary, step_bar};
 use reference::m2r2::config::{M2r2Config, parse_gates};
 use reference::m2r2::weights::M2r2Weights;
 use start::{default_rank, per_gate, starting_weights};
@@ -21,8 +24,8 @@ use std::time::Instant;
 use train::align::AlignKind;
 use train::checkpoint;
 use train::early_stop::{EarlyStop, Observation};
-use train::slow_cache::{CacheUse, SlowPass};
-use train::trainer::{GateStats, HeldOut, StepLog, TrainOptions, Trainer, mean_kl};
+use train::slow_cache::SlowPass;
+use train::trainer::{GateStats, StepLog, TrainOptions, Trainer, mean_kl};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -162,93 +165,6 @@ pub struct Args {
     /// Print one line per N steps on stderr (always when stderr is not a terminal)
     #[arg(long, value_name = "N", default_value_t = 50)]
     pub log_every: usize,
-}
-
-/// `weights` with a fresh bridge (`A` random from `seed`, `B = 0`) of `rank` at `sites`; refused
-/// when they carry a bridge of other settings already (`--init` of a bridged folder keeps its own).
-fn add_bridge(
-    model: &Model,
-    weights: M2r2Weights,
-    rank: usize,
-    sites: &[String],
-    seed: u64,
-    sample: Option<&[u32]>,
-) -> Result<M2r2Weights> {
-    let sites = sites
-        .iter()
-        .map(|s| BridgeSite::parse(s.trim()))
-        .collect::<reference::Result<Vec<_>>>()
-        .context("--bridge-sites")?;
-    if let Some(have) = &weights.config.bridge {
-        if have.rank != rank || have.sites != sites {
-            bail!(
-                "--bridge-rank {rank} --bridge-sites {sites:?}: the --init folder has a bridge of \
-                 rank {} at {:?} already; leave out --bridge-rank to keep training it",
-                have.rank,
-                have.sites
-            );
-        }
-        return Ok(weights);
-    }
-    let mut config = BridgeConfig::new(weights.config.draft_gate, rank, sites);
-    // each site's term starts at the size of the state it joins (docs/m2r2/bridge.md)
-    let rms = |x: &[f32]| (x.iter().map(|v| v * v).sum::<f32>() / x.len().max(1) as f32).sqrt();
-    let w = &model.weights;
-    let first = weights.config.boundary(weights.config.draft_gate - 1);
-    // the draft gate's interval starts at the embeddings for gate 1: their mean row RMS
-    let entry_rms = (first == 0).then(|| {
-        let rows = w.embed.rows().into_iter();
-        rows.map(|r| rms(&r.to_vec())).sum::<f32>() / w.embed.nrows() as f32
-    });
-    // the gate joins the exit state, an estimate of s_N: its RMS on the first data sample
-    let final_rms = match sample {
-        Some(tokens) => {
-            let zeros = M2r2Weights::zeros(&model.config);
-            let (_, last) = reference::m2r2::fast_stream::M2r2::new(model, &zeros)
-                .all_exit_states_and_final(tokens)
-                .context("the bridge's scale: the slow stream of the first sample")?;
-            let rows = last.rows().into_iter();
-            Some(rows.map(|r| rms(&r.to_vec())).sum::<f32>() / last.nrows() as f32)
-        }
-        None => None,
-    };
-    config.matched_scales(rms(&w.final_norm.to_vec()), entry_rms, final_rms);
-    weights
-        .with_bridge(&model.config, config, seed.wrapping_add(0xb41d6e), 0.0)
-        .context("--bridge-rank")
-}
-
-fn gate_summary(stats: &[GateStats]) -> String {
-    stats
-        .iter()
-        .map(|s| {
-            let align = match s.align {
-                0.0 => String::new(),
-                a => format!(" align {a:.4}"),
-            };
-            format!(
-                "g{} kl {:.4}{align} agree {:.3}",
-                s.gate,
-                s.kl,
-                s.agreement()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(" | ")
-}
-
-fn step_bar(total: u64) -> ProgressBar {
-    if !progress::enabled() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(total);
-    bar.set_draw_target(ProgressDrawTarget::stderr());
-    bar.set_style(
-        ProgressStyle::with_template("train [{bar:24}] {pos}/{len} {per_sec} eta {eta} {msg}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    bar
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -526,42 +442,4 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// The slow stream of held-out `data` (through the cache when there is one).
-fn held_out(
-    model: &reference::Model,
-    trainer: &Trainer,
-    data: &[train::data::DistillSample],
-    cache: Option<&std::path::Path>,
-    what: &str,
-) -> Result<HeldOut> {
-    let mut slow = SlowPass {
-        cache,
-        ..SlowPass::default()
-    };
-    let held_out = trainer.held_out(model, data, &mut slow)?;
-    report_cache(what, slow.used);
-    Ok(held_out)
-}
-
-/// One line on stderr per slow-stream cache file: read, written (and how large), or not written.
-fn report_cache(what: &str, used: Vec<CacheUse>) {
-    for u in used {
-        match u {
-            CacheUse::Read(file) => {
-                eprintln!("slow stream of {what} read from {}", file.display())
-            }
-            CacheUse::Written(file, bytes) => eprintln!(
-                "slow stream of {what} written to {} ({:.2} GB)",
-                file.display(),
-                bytes as f64 / 1e9
-            ),
-            CacheUse::NotWritten(file, why) => eprintln!(
-                "warning: the slow stream of {what} could not be cached in {} ({why}); training \
-                 goes on without the cache",
-                file.display()
-            ),
-        }
-    }
 }

@@ -1,0 +1,197 @@
+//! Tests of the data folders: round trip and refusals, the dev-prompts and shared-prompts guards,
+//! resumable runs, and several folders read as one set.
+
+use super::*;
+
+fn meta() -> DistillMeta {
+    DistillMeta {
+        model: "tiny".into(),
+        prompts: "p.jsonl".into(),
+        samples_per_prompt: 1,
+        max_new_tokens: 4,
+        temperature: None,
+        seed: 0,
+        samples: 1,
+        tokens: 5,
+    }
+}
+
+#[test]
+fn round_trip_and_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = DistillSample {
+        prompt_id: "a".into(),
+        sample: 0,
+        prompt_len: 2,
+        tokens: vec![1, 2, 3, 4, 5],
+    };
+    write(dir.path(), std::slice::from_ref(&s), &meta()).unwrap();
+    let (back, m) = read(dir.path(), 10).unwrap();
+    assert_eq!(back, vec![s]);
+    assert_eq!(m, meta());
+    assert_eq!(back[0].first_row(), 1);
+    let err = read(dir.path(), 5).unwrap_err().to_string();
+    assert!(err.contains("line 1") && err.contains("token 5"), "{err}");
+    std::fs::write(
+        dir.path().join(SAMPLES_FILE),
+        "{\"prompt_id\":\"a\",\"sample\":0,\"prompt_len\":0,\"tokens\":[1]}\n",
+    )
+    .unwrap();
+    let err = read(dir.path(), 10).unwrap_err().to_string();
+    assert!(err.contains("prompt_len 0"), "{err}");
+}
+
+/// Data made from a file named dev_prompts.jsonl (in any folder) is refused, naming the flag,
+/// the folder and the prompts file; any other prompts file passes.
+#[test]
+fn dev_prompts_are_refused_by_their_file_name() {
+    let dev = DistillMeta {
+        prompts: "/x/shared/data/dev_prompts.jsonl".into(),
+        ..meta()
+    };
+    assert!(dev.from_dev_prompts());
+    let err = refuse_dev_prompts("--data", Path::new("d"), &dev, "training fits it")
+        .unwrap_err()
+        .to_string();
+    for needle in [
+        "d/meta.json",
+        "--data d",
+        "dev_prompts.jsonl",
+        "training fits it",
+    ] {
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+    for other in [
+        "p.jsonl",
+        "dev_prompts.jsonl.bak",
+        "my_dev_prompts.jsonl",
+        "",
+    ] {
+        let m = DistillMeta {
+            prompts: other.into(),
+            ..meta()
+        };
+        assert!(!m.from_dev_prompts(), "{other}");
+        refuse_dev_prompts("--data", Path::new("d"), &m, "x").unwrap();
+    }
+}
+
+/// Held-out data sharing a prompt (the token ids up to prompt_len, whatever the responses and
+/// prompt ids) with the training data is refused with the count of distinct shared prompts.
+#[test]
+fn shared_prompts_are_counted_by_their_tokens() {
+    let s = |id: &str, prompt: &[u32], response: &[u32]| DistillSample {
+        prompt_id: id.into(),
+        sample: 0,
+        prompt_len: prompt.len(),
+        tokens: [prompt, response].concat(),
+    };
+    let train = [s("t0", &[1, 2], &[3]), s("t1", &[4], &[5, 6])];
+    let dirs = [PathBuf::from("train")];
+    // the same ids with other prompts, and a train prompt's prefix: held out
+    let held = [s("t0", &[1], &[2, 3]), s("t1", &[4, 5], &[6])];
+    refuse_shared_prompts(&train, &dirs, &held, "--eval-data", Path::new("dev")).unwrap();
+    // one prompt shared twice (two responses), one not: 1 of 2
+    let held = [
+        s("d0", &[1, 2], &[9]),
+        s("d0", &[1, 2], &[8, 7]),
+        s("d1", &[7], &[3]),
+    ];
+    let err = refuse_shared_prompts(&train, &dirs, &held, "--eval-data", Path::new("dev"))
+        .unwrap_err()
+        .to_string();
+    for needle in [
+        "dev/samples.jsonl",
+        "--eval-data: 1 of its 2 prompts",
+        "--data train",
+    ] {
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+}
+
+fn sample(id: &str, k: usize) -> DistillSample {
+    DistillSample {
+        prompt_id: id.into(),
+        sample: k,
+        prompt_len: 1,
+        tokens: vec![1, 2, k as u32],
+    }
+}
+
+/// A stopped run keeps what it appended (a torn last line dropped), `--resume` continues it,
+/// other settings are refused, and the finished folder is in prompt order with its counts.
+#[test]
+fn run_appends_resumes_and_finishes_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut run = Run::start(dir.path(), &meta(), false, 10).unwrap();
+    run.append(&sample("b", 0)).unwrap();
+    run.append(&sample("a", 1)).unwrap();
+    drop(run); // stopped
+    let samples = dir.path().join(SAMPLES_FILE);
+    let mut text = std::fs::read_to_string(&samples).unwrap();
+    text += "{\"prompt_id\":\"a\",\"sam";
+    std::fs::write(&samples, text).unwrap();
+    assert!(
+        read(dir.path(), 10).is_err(),
+        "an unfinished folder has no meta.json"
+    );
+
+    let other = DistillMeta { seed: 9, ..meta() };
+    let err = Run::start(dir.path(), &other, true, 10)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("progress.json") && err.contains("`seed`"),
+        "{err}"
+    );
+
+    let mut run = Run::start(dir.path(), &meta(), true, 10).unwrap();
+    let done = run.done();
+    assert_eq!(done.len(), 2);
+    assert!(done.contains(&("b".into(), 0)) && done.contains(&("a".into(), 1)));
+    run.append(&sample("a", 0)).unwrap();
+    let order = ["a".to_string(), "b".to_string()];
+    let all = run.finish(&order, meta()).unwrap();
+    let keys: Vec<(&str, usize)> = all
+        .iter()
+        .map(|s| (s.prompt_id.as_str(), s.sample))
+        .collect();
+    assert_eq!(keys, [("a", 0), ("a", 1), ("b", 0)]);
+    let (back, m) = read(dir.path(), 10).unwrap();
+    assert_eq!(back, all);
+    assert_eq!((m.samples, m.tokens), (3, 9));
+    assert!(!dir.path().join(PROGRESS_FILE).exists());
+
+    // A fresh start replaces the folder.
+    let run = Run::start(dir.path(), &meta(), false, 10).unwrap();
+    assert!(run.samples.is_empty());
+    assert!(!dir.path().join(META_FILE).exists());
+}
+
+#[test]
+fn read_all_concatenates_in_order_and_names_a_bad_folder() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let sample = |id: &str, tokens: Vec<u32>| DistillSample {
+        prompt_id: id.into(),
+        sample: 0,
+        prompt_len: 1,
+        tokens,
+    };
+    write(a.path(), &[sample("a", vec![1, 2])], &meta()).unwrap();
+    write(
+        b.path(),
+        &[sample("b", vec![3]), sample("c", vec![4, 5])],
+        &meta(),
+    )
+    .unwrap();
+    let dirs = [a.path().to_path_buf(), b.path().to_path_buf()];
+    let (all, metas, counts) = read_all(&dirs, 10).unwrap();
+    assert_eq!(counts, [1, 2]);
+    let ids: Vec<&str> = all.iter().map(|s| s.prompt_id.as_str()).collect();
+    assert_eq!(ids, ["a", "b", "c"]);
+    assert_eq!(metas.len(), 2);
+    let missing = [a.path().to_path_buf(), a.path().join("nope")];
+    let err = read_all(&missing, 10).unwrap_err().to_string();
+    assert!(err.contains("nope"), "{err}");
+}
