@@ -19,18 +19,17 @@
 //! - bridge (exports of M2R2 weights with one): draft.onnx reads `bridge_states`, the state before
 //!   the row, chosen by the reference's own [`BridgeMemory`] from verifier.onnx's `final_states`
 //!   and draft.onnx's earlier `exit_states`.
+//!
+//! Loading and checking the graphs: `speculation/load.rs`; one run of each graph:
+//! `speculation/graphs.rs`; token trees: `speculation/tree.rs`.
 
-use crate::ep::{Ep, EpConfig};
-use crate::error::{Error, Result, into_reference};
-use crate::greedy::logits_rows;
-use crate::kv::Kv;
+use crate::error::{Result, into_reference};
 use crate::kv_store::KvStore;
-use crate::manifest::{ExportDir, GraphKind};
-use crate::session::{Input, OnnxSession};
-use crate::spec_cache::{BoundSteps, Rows, SpecCache};
-use crate::static_kv::StaticKv;
-use crate::step::check_tokens;
+use crate::session::OnnxSession;
+use crate::spec_cache::{Rows, SpecCache};
 
+mod graphs;
+mod load;
 mod tree;
 
 /// draft.onnx's input with a bridge: the state before each row.
@@ -39,7 +38,7 @@ pub const BRIDGE_STATES: &str = "bridge_states";
 pub const EXIT_STATES: &str = "exit_states";
 /// verifier.onnx's output with a bridge: the final slow residual of each row.
 pub const FINAL_STATES: &str = "final_states";
-use ndarray::{Array1, Array2, Array3, Axis};
+use ndarray::{Array1, Array2, Axis};
 use reference::ModelConfig;
 use reference::decode::bridge_state::BridgeMemory;
 use reference::decode::speculative::{Draft, SpeculativeBackend};
@@ -87,138 +86,6 @@ impl OnnxSpeculation {
         self.bridge
     }
 
-    /// Load draft.onnx and verifier.onnx of an export on `ep`. `gate` as in
-    /// [`ReferenceSpeculation::new`](reference::decode::draft_verify::ReferenceSpeculation::new); the draft
-    /// gate is the one the export was split at.
-    pub fn load(export: &ExportDir, ep: &EpConfig, gate: Option<GateKind>) -> Result<Self> {
-        let m = &export.manifest;
-        if gate == Some(GateKind::Arla) && !m.has_arla {
-            return Err(reference::Error::Invalid(
-                "the ARLA gate needs ARLA weights, and this export has none (draft.onnx has no \
-                 exit_prob output): use --gate confidence or --gate entropy"
-                    .into(),
-            )
-            .into());
-        }
-        // CUDA graphs: on by default for a static export on CUDA, refused by name where they
-        // cannot apply (`EpConfig::resolve_cuda_graph`)
-        let static_l = export.static_l_max(GraphKind::Draft);
-        let draft_path = export.graph(GraphKind::Draft)?;
-        let cuda_graph =
-            ep.resolve_cuda_graph(&draft_path.display().to_string(), static_l.is_some())?;
-        let load = |kind| OnnxSession::load_with_cuda_graph(&export.graph(kind)?, ep, cuda_graph);
-        let draft = load(GraphKind::Draft)?;
-        let verifier = load(GraphKind::Verifier)?;
-        let c = &m.config;
-        let e = m.draft_layers;
-        let (hkv, dh) = (c.num_key_value_heads, c.head_dim);
-        // draft.onnx and feed.onnx both hold layers `0..e` and hand `s_e` to the verifier.
-        let check_lower = |session: &OnnxSession| {
-            crate::kv::check_layers(session, &(0..e))?;
-            crate::kv::check_width(session, "hidden_states", c.hidden_size, "hidden_size")
-        };
-        check_lower(&draft)?;
-        crate::kv::check_layers(&verifier, &(e..c.num_hidden_layers))?;
-        crate::kv::check_width(&verifier, "logits", c.vocab_size, "vocab_size")?;
-        // the bridge is read when the export's draft gate is the one it was trained at
-        let bridge = m
-            .m2r2
-            .bridge
-            .as_ref()
-            .is_some_and(|b| b.gate == m.draft_gate);
-        if bridge {
-            // the manifest's M2R2 settings name a bridge: its tensors must be in the graphs
-            for (session, tensor, names) in [
-                (&draft, BRIDGE_STATES, draft.inputs()),
-                (&draft, EXIT_STATES, draft.outputs()),
-                (&verifier, FINAL_STATES, verifier.outputs()),
-            ] {
-                if !names.iter().any(|t| t.name == tensor) {
-                    return Err(Error::Export {
-                        file: session.file().to_string(),
-                        msg: format!(
-                            "m2r2_export.json's M2R2 settings name a bridge, but the graph has \
-                             no `{tensor}` (export the folder again)"
-                        ),
-                    });
-                }
-            }
-            crate::kv::check_width(&draft, EXIT_STATES, c.hidden_size, "hidden_size")?;
-            crate::kv::check_width(&verifier, FINAL_STATES, c.hidden_size, "hidden_size")?;
-        }
-        let feed = if export.has(GraphKind::Feed) {
-            let feed = load(GraphKind::Feed)?;
-            check_lower(&feed)?;
-            if ep.binds_kv(feed.ep_used()) != ep.binds_kv(draft.ep_used()) {
-                return Err(Error::Export {
-                    file: feed.file().to_string(),
-                    msg: format!(
-                        "runs on {} and draft.onnx on {}: the two share one KV cache and must \
-                         run on one provider",
-                        feed.ep_used(),
-                        draft.ep_used()
-                    ),
-                });
-            }
-            Some(feed)
-        } else {
-            None
-        };
-        let n = c.num_hidden_layers;
-        let cache = match static_l {
-            // the manifest names draft, verifier and feed static together (ExportDir::open)
-            Some(l_max) => {
-                if verifier.ep_used() != draft.ep_used() {
-                    return Err(Error::Export {
-                        file: verifier.file().to_string(),
-                        msg: format!(
-                            "runs on {} and draft.onnx on {}: the two share one set of static \
-                             KV buffers and must run on one provider",
-                            verifier.ep_used(),
-                            draft.ep_used()
-                        ),
-                    });
-                }
-                let kv = StaticKv::new(&draft, c, l_max)?;
-                StaticKv::check_graph(&verifier, l_max)?;
-                if let Some(feed) = &feed {
-                    StaticKv::check_graph(feed, l_max)?;
-                }
-                SpecCache::Static {
-                    kv,
-                    split: (0..e, e..n),
-                    lower: 0,
-                    upper: 0,
-                    // --ep-fallback onto the CPU: the sessions were built without graphs
-                    bound: BoundSteps::new(cuda_graph && draft.ep_used() == Ep::Cuda)?,
-                }
-            }
-            None => SpecCache::Dynamic {
-                lower: Kv::new(0..e, hkv, dh, ep.binds_kv(draft.ep_used()))?,
-                upper: Kv::new(e..n, hkv, dh, ep.binds_kv(verifier.ep_used()))?,
-                sliding_window: c.sliding_window,
-            },
-        };
-        Ok(OnnxSpeculation {
-            cache,
-            draft,
-            verifier,
-            feed,
-            config: c.clone(),
-            draft_layers: e,
-            has_arla: m.has_arla,
-            draft_head: export.draft_head.clone(),
-            gate,
-            kept: Vec::new(),
-            bridge,
-            bridge_memory: BridgeMemory::default(),
-            verified: 0,
-            len: 0,
-            max_rows: ep.trt_max_rows(),
-            tree: tree::TreeState::default(),
-        })
-    }
-
     /// The graphs' sessions (draft, verifier), e.g. for `ep_used`.
     pub fn sessions(&self) -> (&OnnxSession, &OnnxSession) {
         (&self.draft, &self.verifier)
@@ -258,154 +125,6 @@ impl OnnxSpeculation {
     /// Forget everything (cache, kept residuals, timings) for a new prompt.
     pub fn reset(&mut self) {
         self.rollback(0);
-    }
-
-    /// Run draft.onnx on `tokens` at the next positions, with `bridge_states` `[T, D]` when the
-    /// export has a bridge (zeros where nothing is read): `(draft_logits [T, V] (or [T, K] with a
-    /// pruned draft head), exit_prob [T] when exported, hidden_states [T, D], exit_states [T, D]
-    /// with a bridge)`; the lower store grows by `T`.
-    #[allow(clippy::type_complexity)]
-    fn run_draft(
-        &mut self,
-        tokens: &[u32],
-        bridge_states: Option<Array2<f32>>,
-        at: Rows<'_>,
-    ) -> Result<(
-        Array2<f32>,
-        Option<Array1<f32>>,
-        Array2<f32>,
-        Option<Array2<f32>>,
-    )> {
-        check_tokens(
-            &self.config,
-            tokens,
-            at.first_position(self.cache.lower_len()),
-        )?;
-        let t = tokens.len();
-        let c = &self.config;
-        let bridge_states: Option<Array3<f32>> = self.bridge.then(|| {
-            bridge_states
-                .unwrap_or_else(|| Array2::zeros((t, c.hidden_size)))
-                .insert_axis(Axis(0)) // [1, T, D]
-        });
-        let extra: Vec<(&str, Input<'_>)> = bridge_states
-            .iter()
-            .map(|b| (BRIDGE_STATES, Input::F32(b.view().into_dyn())))
-            .collect();
-        let mut out = self.cache.run_lower(&mut self.draft, tokens, &extra, at)?;
-        let file = self.draft.file().to_string();
-        let scored = self
-            .draft_head
-            .as_ref()
-            .map_or(c.vocab_size, DraftHead::len);
-        let logits = logits_rows(out.take("draft_logits")?, t, scored, &file, "draft_logits")?;
-        let hidden = logits_rows(
-            out.take("hidden_states")?,
-            t,
-            c.hidden_size,
-            &file,
-            "hidden_states",
-        )?;
-        let exit_states = match self.bridge {
-            true => Some(logits_rows(
-                out.take(EXIT_STATES)?,
-                t,
-                c.hidden_size,
-                &file,
-                EXIT_STATES,
-            )?),
-            false => None,
-        };
-        let exit_prob = if self.has_arla {
-            let p = out.take("exit_prob")?;
-            if p.shape() != [1, t] {
-                return Err(Error::WrongShape {
-                    file,
-                    tensor: "exit_prob".into(),
-                    expected: format!("[1, {t}]"),
-                    actual: p.shape().to_vec(),
-                });
-            }
-            Some(
-                p.index_axis_move(Axis(0), 0)
-                    .into_dimensionality()
-                    .expect("rank 1"),
-            )
-        } else {
-            None
-        };
-        Ok((logits, exit_prob, hidden, exit_states))
-    }
-
-    /// The slow residuals `[T, D]` at the draft gate of `tokens` at the next positions, through
-    /// feed.onnx (or draft.onnx, whose other outputs are dropped, in an export without it); the
-    /// lower store grows by `T`.
-    fn run_feed(&mut self, tokens: &[u32], at: Rows<'_>) -> Result<Array2<f32>> {
-        let Some(feed) = &mut self.feed else {
-            return Ok(self.run_draft(tokens, None, at)?.2);
-        };
-        check_tokens(
-            &self.config,
-            tokens,
-            at.first_position(self.cache.lower_len()),
-        )?;
-        let mut out = self.cache.run_lower(feed, tokens, &[], at)?;
-        let hidden = out.take("hidden_states")?;
-        logits_rows(
-            hidden,
-            tokens.len(),
-            self.config.hidden_size,
-            feed.file(),
-            "hidden_states",
-        )
-    }
-
-    /// Run verifier.onnx on slow residuals `[m, D]` after the verified positions (or on tree
-    /// nodes): logits `[m, V]`, and with a bridge the final residuals (`final_states`, `[m, D]`);
-    /// the upper store grows by `m` (not for tree nodes).
-    fn run_verifier(
-        &mut self,
-        hidden: Array2<f32>,
-        at: Rows<'_>,
-    ) -> Result<(Array2<f32>, Option<Array2<f32>>)> {
-        let m = hidden.nrows();
-        let hidden: Array3<f32> = hidden.insert_axis(Axis(0)); // [1, m, D]
-        let mut out = self
-            .cache
-            .run_upper(&mut self.verifier, hidden.view(), at)?;
-        let file = self.verifier.file().to_string();
-        let logits = logits_rows(
-            out.take("logits")?,
-            m,
-            self.config.vocab_size,
-            &file,
-            "logits",
-        )?;
-        let finals = match self.bridge {
-            true => {
-                let d = self.config.hidden_size;
-                Some(logits_rows(
-                    out.take(FINAL_STATES)?,
-                    m,
-                    d,
-                    &file,
-                    FINAL_STATES,
-                )?)
-            }
-            false => None,
-        };
-        Ok((logits, finals))
-    }
-
-    /// [`run_verifier`](Self::run_verifier) on the next positions, its final residuals handed
-    /// to the bridge's memory.
-    fn verify_next(&mut self, hidden: Array2<f32>, bound: bool) -> Result<Array2<f32>> {
-        let start = self.cache.upper_len();
-        let (logits, finals) = self.run_verifier(hidden, Rows::Next { bound })?;
-        if let Some(finals) = finals {
-            self.bridge_memory.verified(start, finals);
-        }
-        Ok(logits)
     }
 }
 

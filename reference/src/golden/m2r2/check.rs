@@ -6,26 +6,29 @@ use super::record::{
     early_exit_logits, golden_early_exit_options, replay_rounds, run_speculative_on,
 };
 use super::tree_replay::TreeEngine;
-use super::{GraphOutputs, M2r2Golden, M2r2Record, RoundTensors, WeightsId};
+use super::{M2r2Golden, M2r2Record, RoundTensors, WeightsId};
 use crate::base::config::ModelConfig;
 use crate::base::generate::{GreedyBackend, ReferenceGreedy};
 use crate::decode::draft_verify::ReferenceSpeculation;
 use crate::decode::early_exit::{EarlyExitOptions, early_exit_generate};
-use crate::decode::speculative::{SpeculativeBackend, SpeculativeOptions};
+use crate::decode::speculative::SpeculativeOptions;
 use crate::decode::tree_backend::tree_positions;
 use crate::decode::tree_draft_verify::ReferenceTreeSpeculation;
 use crate::error::{Error, Result};
 use crate::golden::Golden;
 use crate::golden::check::token_ids;
 use crate::golden::report::{
-    CheckReport, Divergence, TensorCheck, Tolerance, compare_int_rows, compare_rows, compare_stops,
+    CheckReport, TensorCheck, Tolerance, compare_int_rows, compare_rows, compare_stops,
 };
 use crate::m2r2::exit_gate::GateKind;
 use crate::m2r2::fast_stream::M2r2;
-use ndarray::{Array2, s};
+use ndarray::Array2;
 
-/// The name the reference goes by in reports.
-pub const REFERENCE: &str = "reference";
+// the engine and the round comparisons, at the paths `golden::m2r2` and `tree_compare.rs` use
+pub use super::engine::{EngineGraphs, REFERENCE, SpeculativeEngine};
+pub(in crate::golden) use super::rounds_compare::{
+    compare_graph_outputs, compare_rounds, compare_scores, rounds_check,
+};
 
 impl Golden {
     /// Recompute this golden with `m2r2` in its recorded mode and settings and compare every
@@ -359,185 +362,4 @@ impl Golden {
         entries.push(compare_scores(graphs.draft, &rounds.scores, &scores, tol));
         Ok(CheckReport { entries })
     }
-}
-
-/// `verify_logits` (recomputed by `graphs.0`) and `draft_logits` (by `graphs.1`) over the rows of
-/// the first `rounds_compared` of the recorded `rounds` (the prompt's verified row included), each
-/// row named by its round.
-pub(in crate::golden) fn compare_graph_outputs(
-    graphs: (&str, &str),
-    want: &GraphOutputs,
-    got: &GraphOutputs,
-    rounds: &RoundTensors,
-    rounds_compared: usize,
-    tol: Tolerance,
-) -> [TensorCheck; 2] {
-    let compare =
-        |name, graph, row_name, of_row: Vec<Option<usize>>, w: &Array2<f32>, g: &Array2<f32>| {
-            let rows = of_row
-                .iter()
-                .take_while(|r| r.is_none_or(|r| r < rounds_compared))
-                .count();
-            let head = |x: &Array2<f32>| x.slice(s![..rows.min(x.nrows()), ..]).to_owned();
-            compare_rows(name, graph, head(w).view(), head(g).view(), tol, false)
-                .in_rounds(row_name, &of_row)
-        };
-    [
-        compare(
-            "verify_logits",
-            graphs.0,
-            "verified row",
-            rounds.verify_rounds(),
-            &want.verify_logits,
-            &got.verify_logits,
-        ),
-        compare(
-            "draft_logits",
-            graphs.1,
-            "proposal",
-            rounds.proposal_rounds(),
-            &want.draft_logits,
-            &got.draft_logits,
-        ),
-    ]
-}
-
-/// The draft gate's scores of the recorded rounds (rows: rounds) against the replay's; skipped
-/// when none were recorded (fixed-length drafts score nothing).
-pub(in crate::golden) fn compare_scores(
-    graph: &str,
-    want: &Array2<f32>,
-    got: &Array2<f32>,
-    tol: Tolerance,
-) -> TensorCheck {
-    if want.iter().all(|s| s.is_nan()) && got.iter().all(|s| s.is_nan()) {
-        return TensorCheck::skipped(
-            "round_scores",
-            graph,
-            "no scores recorded (fixed-length drafts score no gate)",
-        );
-    }
-    let rounds: Vec<Option<usize>> = (0..want.nrows()).map(Some).collect();
-    let common = want.nrows().min(got.nrows());
-    compare_rows(
-        "round_scores",
-        graph,
-        want.slice(s![..common, ..]),
-        got.slice(s![..common, ..]),
-        tol,
-        true,
-    )
-    .in_rounds("round", &rounds)
-}
-
-/// The rounds of two speculative decodes, round by round: the first round whose drafts,
-/// accepted count or base token differ is the divergence (every later round follows from it and
-/// is not reported again); padding is never shown.
-pub(in crate::golden) fn compare_rounds(
-    graph: &str,
-    want: &RoundTensors,
-    got: &RoundTensors,
-) -> TensorCheck {
-    let differs = |r: usize| {
-        let parts = [
-            ("drafted", want.drafted_in(r), got.drafted_in(r), true),
-            (
-                "accepted",
-                vec![want.accepted[r]],
-                vec![got.accepted[r]],
-                false,
-            ),
-            (
-                "base token",
-                vec![want.base_token[r]],
-                vec![got.base_token[r]],
-                true,
-            ),
-        ];
-        let (what, golden, recomputed, tokens) = parts.into_iter().find(|(_, w, g, _)| w != g)?;
-        Some(Divergence {
-            row: r,
-            what: what.into(),
-            golden,
-            recomputed,
-            tokens,
-        })
-    };
-    let extra = |t: &RoundTensors, r: usize| (r < t.len()).then(|| t.drafted_in(r));
-    let past_the_end = |r: usize| Divergence {
-        row: r,
-        what: "drafted".into(),
-        golden: extra(want, r).unwrap_or_default(),
-        recomputed: extra(got, r).unwrap_or_default(),
-        tokens: true,
-    };
-    rounds_check(graph, (want.len(), got.len()), differs, past_the_end)
-}
-
-/// The `rounds` line of two decodes of `rounds` (golden, recomputed) rounds, a chain's and a
-/// tree's alike: `differs(r)` compares round `r` of both; the first round that differs is the
-/// divergence (every later round follows from it and is not reported again). When they agree as
-/// far as both go and one has more, `past_the_end(r)` names the first extra round `r`.
-pub(in crate::golden) fn rounds_check(
-    graph: &str,
-    (want, got): (usize, usize),
-    differs: impl Fn(usize) -> Option<Divergence>,
-    past_the_end: impl Fn(usize) -> Divergence,
-) -> TensorCheck {
-    let common = want.min(got);
-    let mut first: Option<Divergence> = None;
-    let mut rows_over = 0;
-    for d in (0..common).filter_map(differs) {
-        rows_over += 1;
-        first.get_or_insert(d);
-    }
-    if first.is_none() && want != got {
-        first = Some(past_the_end(common));
-        rows_over = 1;
-    }
-    let note = if first.is_none() {
-        format!("{want} rounds equal")
-    } else {
-        format!("golden {want} rounds, recomputed {got}")
-    };
-    TensorCheck::exact("rounds", graph, "round", first, rows_over, note)
-}
-
-/// An engine a speculative golden is replayed on, and what it was built from (checked against
-/// the golden before anything runs).
-pub struct SpeculativeEngine<'a> {
-    /// Runs the speculative loop: drafts and verifies.
-    pub speculation: &'a mut dyn SpeculativeBackend,
-    /// Recomputes the logits along the recorded tokens.
-    pub greedy: &'a mut dyn GreedyBackend,
-    pub config: &'a ModelConfig,
-    /// The M2R2 weights the engine runs ([`WeightsId`]; `None`: unknown, refused).
-    pub weights: Option<&'a WeightsId>,
-    /// The gate it drafts at, 1-based.
-    pub draft_gate: usize,
-    /// What the engine calls the parts that recompute each tensor.
-    pub graphs: EngineGraphs<'a>,
-}
-
-/// What an engine calls the parts that recompute a golden's tensors, named on every report line
-/// (an export: its graph files).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct EngineGraphs<'a> {
-    /// The base model alone (greedy logits).
-    pub greedy: &'a str,
-    /// The draft (its logits and gate scores).
-    pub draft: &'a str,
-    /// The verifier (verified rows, and the prompt's row).
-    pub verify: &'a str,
-    /// The whole speculative loop (tokens, rounds).
-    pub decode: &'a str,
-}
-
-impl EngineGraphs<'static> {
-    pub const REFERENCE: EngineGraphs<'static> = EngineGraphs {
-        greedy: REFERENCE,
-        draft: REFERENCE,
-        verify: REFERENCE,
-        decode: REFERENCE,
-    };
 }

@@ -48,9 +48,11 @@ use crate::m2r2::exit_threshold::ExitThreshold;
 use ndarray::Array2;
 
 mod check;
+mod engine;
 mod mode_file;
 mod record;
 mod rounds;
+mod rounds_compare;
 #[cfg(test)]
 mod tests;
 pub mod tree;

@@ -1,0 +1,149 @@
+//! Comparing the rounds of two chain-drafting decodes (drafts, accepted count, base token), the
+//! draft gate's scores and the graphs' rows along them; the `rounds` line a chain's and a tree's
+//! check alike report ([`rounds_check`]).
+
+use super::{GraphOutputs, RoundTensors};
+use crate::golden::report::{Divergence, TensorCheck, Tolerance, compare_rows};
+use ndarray::{Array2, s};
+
+/// `verify_logits` (recomputed by `graphs.0`) and `draft_logits` (by `graphs.1`) over the rows of
+/// the first `rounds_compared` of the recorded `rounds` (the prompt's verified row included), each
+/// row named by its round.
+pub(in crate::golden) fn compare_graph_outputs(
+    graphs: (&str, &str),
+    want: &GraphOutputs,
+    got: &GraphOutputs,
+    rounds: &RoundTensors,
+    rounds_compared: usize,
+    tol: Tolerance,
+) -> [TensorCheck; 2] {
+    let compare =
+        |name, graph, row_name, of_row: Vec<Option<usize>>, w: &Array2<f32>, g: &Array2<f32>| {
+            let rows = of_row
+                .iter()
+                .take_while(|r| r.is_none_or(|r| r < rounds_compared))
+                .count();
+            let head = |x: &Array2<f32>| x.slice(s![..rows.min(x.nrows()), ..]).to_owned();
+            compare_rows(name, graph, head(w).view(), head(g).view(), tol, false)
+                .in_rounds(row_name, &of_row)
+        };
+    [
+        compare(
+            "verify_logits",
+            graphs.0,
+            "verified row",
+            rounds.verify_rounds(),
+            &want.verify_logits,
+            &got.verify_logits,
+        ),
+        compare(
+            "draft_logits",
+            graphs.1,
+            "proposal",
+            rounds.proposal_rounds(),
+            &want.draft_logits,
+            &got.draft_logits,
+        ),
+    ]
+}
+
+/// The draft gate's scores of the recorded rounds (rows: rounds) against the replay's; skipped
+/// when none were recorded (fixed-length drafts score nothing).
+pub(in crate::golden) fn compare_scores(
+    graph: &str,
+    want: &Array2<f32>,
+    got: &Array2<f32>,
+    tol: Tolerance,
+) -> TensorCheck {
+    if want.iter().all(|s| s.is_nan()) && got.iter().all(|s| s.is_nan()) {
+        return TensorCheck::skipped(
+            "round_scores",
+            graph,
+            "no scores recorded (fixed-length drafts score no gate)",
+        );
+    }
+    let rounds: Vec<Option<usize>> = (0..want.nrows()).map(Some).collect();
+    let common = want.nrows().min(got.nrows());
+    compare_rows(
+        "round_scores",
+        graph,
+        want.slice(s![..common, ..]),
+        got.slice(s![..common, ..]),
+        tol,
+        true,
+    )
+    .in_rounds("round", &rounds)
+}
+
+/// The rounds of two speculative decodes, round by round: the first round whose drafts,
+/// accepted count or base token differ is the divergence (every later round follows from it and
+/// is not reported again); padding is never shown.
+pub(in crate::golden) fn compare_rounds(
+    graph: &str,
+    want: &RoundTensors,
+    got: &RoundTensors,
+) -> TensorCheck {
+    let differs = |r: usize| {
+        let parts = [
+            ("drafted", want.drafted_in(r), got.drafted_in(r), true),
+            (
+                "accepted",
+                vec![want.accepted[r]],
+                vec![got.accepted[r]],
+                false,
+            ),
+            (
+                "base token",
+                vec![want.base_token[r]],
+                vec![got.base_token[r]],
+                true,
+            ),
+        ];
+        let (what, golden, recomputed, tokens) = parts.into_iter().find(|(_, w, g, _)| w != g)?;
+        Some(Divergence {
+            row: r,
+            what: what.into(),
+            golden,
+            recomputed,
+            tokens,
+        })
+    };
+    let extra = |t: &RoundTensors, r: usize| (r < t.len()).then(|| t.drafted_in(r));
+    let past_the_end = |r: usize| Divergence {
+        row: r,
+        what: "drafted".into(),
+        golden: extra(want, r).unwrap_or_default(),
+        recomputed: extra(got, r).unwrap_or_default(),
+        tokens: true,
+    };
+    rounds_check(graph, (want.len(), got.len()), differs, past_the_end)
+}
+
+/// The `rounds` line of two decodes of `rounds` (golden, recomputed) rounds, a chain's and a
+/// tree's alike: `differs(r)` compares round `r` of both; the first round that differs is the
+/// divergence (every later round follows from it and is not reported again). When they agree as
+/// far as both go and one has more, `past_the_end(r)` names the first extra round `r`.
+pub(in crate::golden) fn rounds_check(
+    graph: &str,
+    (want, got): (usize, usize),
+    differs: impl Fn(usize) -> Option<Divergence>,
+    past_the_end: impl Fn(usize) -> Divergence,
+) -> TensorCheck {
+    let common = want.min(got);
+    let mut first: Option<Divergence> = None;
+    let mut rows_over = 0;
+    for d in (0..common).filter_map(differs) {
+        rows_over += 1;
+        first.get_or_insert(d);
+    }
+    if first.is_none() && want != got {
+        first = Some(past_the_end(common));
+        rows_over = 1;
+    }
+    let note = if first.is_none() {
+        format!("{want} rounds equal")
+    } else {
+        format!("golden {want} rounds, recomputed {got}")
+    };
+    TensorCheck::exact("rounds", graph, "round", first, rows_over, note)
+}
