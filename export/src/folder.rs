@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
 /// The manifest's file name.
-pub const MANIFEST_FILE: &str = "m2r2_export.json";
+pub const MANIFEST_FILE: &str = reference::io::folder_kind::EXPORT_MANIFEST_FILE;
 /// The manifest's format version.
 pub const FORMAT_VERSION: u32 = 1;
 

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub const MANIFEST_FILE: &str = "m2r2_export.json";
+pub const MANIFEST_FILE: &str = reference::io::folder_kind::EXPORT_MANIFEST_FILE;
 /// The manifest format this runner reads.
 pub const FORMAT_VERSION: u32 = 1;
 
@@ -123,11 +123,15 @@ impl ExportDir {
         let text = match std::fs::read_to_string(&path) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(bad(format!(
-                    "missing: {} is not a finished export (run `m2r2 export --out {}`)",
-                    dir.display(),
-                    dir.display()
-                )));
+                let what = match reference::io::folder_kind::describe(dir) {
+                    Some(kind) => format!("missing: {kind}"),
+                    None => format!(
+                        "missing: {} is not a finished export (run `m2r2 export --out {}`)",
+                        dir.display(),
+                        dir.display()
+                    ),
+                };
+                return Err(bad(what));
             }
             Err(e) => return Err(Error::io(&path, e)),
         };

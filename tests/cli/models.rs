@@ -137,7 +137,43 @@ fn checkpoint_folders_load_or_fail_naming_the_problem() {
     std::fs::create_dir_all(&empty).unwrap();
     fails(
         &["info", "--model", empty.to_str().unwrap()],
-        &["config.json"],
+        &["not a Hugging Face checkpoint folder (it has no config.json)"],
+    );
+}
+
+/// A model checkpoint, M2R2 weights and an export are told apart by the file each holds: one given
+/// in another's place is refused saying what it is and which flag takes it.
+#[test]
+fn folders_given_in_the_wrong_place_say_what_they_are() {
+    let root = tempfile::tempdir().unwrap();
+    let weights = root.path().join("weights");
+    super::ok(&["init-m2r2", "--out", weights.to_str().unwrap()]);
+    let w = weights.to_str().unwrap();
+    fails(
+        &["generate", "--model", w, "--tokens", "1"],
+        &[
+            "not a Hugging Face checkpoint folder",
+            "is an M2R2 weights folder (m2r2_config.json): pass it as `--m2r2",
+        ],
+    );
+    fails(
+        &["run", "--onnx", w, "--tokens", "1"],
+        &["is an M2R2 weights folder", "--m2r2"],
+    );
+    let export = root.path().join("export");
+    std::fs::create_dir(&export).unwrap();
+    std::fs::write(export.join("m2r2_export.json"), "{}").unwrap();
+    let e = export.to_str().unwrap();
+    fails(
+        &["generate", "--m2r2", e, "--tokens", "1"],
+        &[
+            "not an M2R2 weights folder (it has no m2r2_config.json)",
+            "is an m2r2 ONNX export (m2r2_export.json): decode it with `m2r2 run --onnx",
+        ],
+    );
+    fails(
+        &["info", "--model", e],
+        &["is an m2r2 ONNX export", "run --onnx"],
     );
 }
 

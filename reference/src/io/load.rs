@@ -6,6 +6,7 @@ use crate::base::weights::Weights;
 use crate::error::{Error, Result};
 use crate::io::builtin::{self, BUILTIN_NAMES, BUILTIN_VOCAB};
 use crate::io::checkpoint;
+use crate::io::folder_kind;
 use crate::io::gguf::{self, GgufFile};
 use crate::io::hub;
 use crate::io::tokenizer::Tokenizer;
@@ -65,6 +66,12 @@ pub fn load_model(spec: &str) -> Result<LoadedModel> {
     }
     let path = Path::new(spec);
     if path.is_dir() {
+        if !path.join(folder_kind::HF_CONFIG_FILE).is_file() {
+            return Err(Error::Invalid(folder_kind::wrong_folder(
+                path,
+                "a Hugging Face checkpoint folder (it has no config.json)",
+            )));
+        }
         let model = checkpoint::load_hf_dir(path)?;
         let tokenizer_json = path.join("tokenizer.json");
         let tokenizer = if tokenizer_json.is_file() {

@@ -27,7 +27,7 @@ use std::ops::Range;
 use std::path::Path;
 
 /// File name of the M2R2 settings inside an M2R2 weights folder.
-pub const M2R2_CONFIG_FILE: &str = "m2r2_config.json";
+pub use crate::io::folder_kind::M2R2_CONFIG_FILE;
 
 /// Default number of exit gates J \[ours\].
 pub const DEFAULT_NUM_GATES: usize = 3;

@@ -15,6 +15,7 @@
 use crate::base::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::io::builtin::BUILTIN_NAMES;
+use crate::io::folder_kind;
 use crate::io::peft::ADAPTER_CONFIG_FILE;
 use crate::m2r2::accelerator::Accelerator;
 use crate::m2r2::arla::{ARLA_FILE, Arla};
@@ -46,6 +47,12 @@ pub struct M2r2Weights {
 impl M2r2Weights {
     /// Read an M2R2 weights folder (table in the module docs) for `model`, validating everything.
     pub fn load_dir(dir: &Path, model: &ModelConfig) -> Result<Self> {
+        if dir.is_dir() && !dir.join(M2R2_CONFIG_FILE).is_file() {
+            return Err(Error::Invalid(folder_kind::wrong_folder(
+                dir,
+                "an M2R2 weights folder (it has no m2r2_config.json)",
+            )));
+        }
         let config = M2r2Config::load(dir, model)?;
         let accelerator = Accelerator::load_peft(dir, model)?;
         let m2r2_file = dir.join(M2R2_CONFIG_FILE).display().to_string();
