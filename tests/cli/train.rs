@@ -367,7 +367,7 @@ fn bad_training_input_is_refused() {
             "--out",
             &p("o"),
         ],
-        &["meta.json"],
+        &["nothing: no such data folder"],
     );
     std::fs::write(dir.path().join("bad.jsonl"), "{\"prompt\": \"x\"}\n").unwrap();
     fails(

@@ -120,7 +120,16 @@ pub fn write(dir: &Path, samples: &[DistillSample], meta: &DistillMeta) -> Resul
 /// Read a data folder, checking every sample against the vocabulary and its own lengths.
 pub fn read(dir: &Path, vocab_size: usize) -> Result<(Vec<DistillSample>, DistillMeta)> {
     let meta_path = dir.join(META_FILE);
-    let text = std::fs::read_to_string(&meta_path).map_err(|e| Error::io(&meta_path, e))?;
+    let text = match std::fs::read_to_string(&meta_path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound || !dir.is_dir() => {
+            return Err(Error::Data {
+                file: dir.display().to_string(),
+                msg: missing_meta(dir),
+            });
+        }
+        Err(e) => return Err(Error::io(&meta_path, e)),
+    };
     let meta: DistillMeta = serde_json::from_str(&text).map_err(|e| Error::Data {
         file: meta_path.display().to_string(),
         msg: format!("not a distillation meta file: {e}"),
@@ -134,6 +143,23 @@ pub fn read(dir: &Path, vocab_size: usize) -> Result<(Vec<DistillSample>, Distil
         });
     }
     Ok((samples, meta))
+}
+
+/// Why a folder without `meta.json` is not data to read: missing, unfinished, or something else.
+fn missing_meta(dir: &Path) -> String {
+    if !dir.is_dir() {
+        "no such data folder (`m2r2 distill-data --out DIR` makes one)".into()
+    } else if dir.join(PROGRESS_FILE).is_file() {
+        format!(
+            "an unfinished distill-data run ({PROGRESS_FILE}, no {META_FILE}): finish it with \
+             `m2r2 distill-data --resume --out {}` and the run's other flags",
+            dir.display()
+        )
+    } else {
+        format!(
+            "not a distillation data folder: it has no {META_FILE} (`m2r2 distill-data` writes one)"
+        )
+    }
 }
 
 /// Every sample of a `samples.jsonl`, checked against the vocabulary and its own lengths. With

@@ -39,6 +39,23 @@ fn round_trip_and_errors() {
     .unwrap();
     let err = read(dir.path(), 10).unwrap_err().to_string();
     assert!(err.contains("prompt_len 0"), "{err}");
+
+    let missing = dir.path().join("nowhere");
+    let err = read(&missing, 10).unwrap_err().to_string();
+    assert!(
+        err.contains("nowhere") && err.contains("no such data folder"),
+        "{err}"
+    );
+    let err = read(&dir.path().join(SAMPLES_FILE), 10)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no such data folder"), "{err}");
+    let other = tempfile::tempdir().unwrap();
+    let err = read(other.path(), 10).unwrap_err().to_string();
+    assert!(
+        err.contains("not a distillation data folder: it has no meta.json"),
+        "{err}"
+    );
 }
 
 /// Data made from a file named dev_prompts.jsonl (in any folder) is refused, naming the flag,
@@ -131,9 +148,10 @@ fn run_appends_resumes_and_finishes_in_order() {
     let mut text = std::fs::read_to_string(&samples).unwrap();
     text += "{\"prompt_id\":\"a\",\"sam";
     std::fs::write(&samples, text).unwrap();
+    let err = read(dir.path(), 10).unwrap_err().to_string();
     assert!(
-        read(dir.path(), 10).is_err(),
-        "an unfinished folder has no meta.json"
+        err.contains("an unfinished distill-data run") && err.contains("--resume"),
+        "{err}"
     );
 
     let other = DistillMeta { seed: 9, ..meta() };
