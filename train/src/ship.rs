@@ -54,8 +54,7 @@ pub fn to_f16_in_place(dir: &Path) -> Result<()> {
                     .map_err(|e| bad(e.to_string()))
             })
             .collect::<Result<Vec<_>>>()?;
-        safetensors::serialize_to_file(views, meta.metadata().clone(), &path)
-            .map_err(|e| bad(e.to_string()))?;
+        reference::io::checkpoint::write_safetensors(views, meta.metadata().clone(), &path)?;
     }
     Ok(())
 }

@@ -191,7 +191,7 @@ pub fn write(path: &Path, samples: &[SlowSample<f32>]) -> Result<()> {
         ("samples".to_string(), samples.len().to_string()),
     ]);
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let written = safetensors::serialize_to_file(views, Some(metadata), &tmp)
+    let written = reference::io::checkpoint::write_safetensors(views, Some(metadata), &tmp)
         .map_err(|e| Error::Data {
             file: tmp.display().to_string(),
             msg: format!("cannot write the slow-stream cache: {e}"),

@@ -97,10 +97,7 @@ impl Golden {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
-        safetensors::serialize_to_file(views, Some(metadata), path).map_err(|e| match e {
-            safetensors::SafeTensorError::IoError(io) => Error::io(path, io),
-            other => Error::format(&label, other.to_string()),
-        })
+        crate::io::checkpoint::write_safetensors(views, Some(metadata), path)
     }
 
     pub fn read(path: &Path) -> Result<Golden> {

@@ -194,9 +194,124 @@ pub fn write_f32_safetensors(
                 .map_err(|e| Error::format(path.display().to_string(), e.to_string()))
         })
         .collect::<Result<Vec<_>>>()?;
-    safetensors::serialize_to_file(views, metadata, path).map_err(|e| match e {
-        // a folder, a missing parent, a full disk: an I/O error, not a corrupt file
+    write_safetensors(views, metadata, path)
+}
+
+/// `safetensors::serialize_to_file` with its errors named by `path` (a missing folder is said
+/// before anything is written: the crate's own message names its temporary file), and the file
+/// mode a plain `File::create` gives: an existing file's, else `0666` less the umask.
+///
+/// safetensors 0.8 writes through a temporary file, which `tempfile` creates with mode `0600`,
+/// and renames it into place (safetensors issue 782), so goldens, M2R2 weights and logits would
+/// be readable by their writer only. The mode is taken from a placeholder created at `path` with
+/// `create_new` (what the umask makes of a new file), or from the file already there.
+pub fn write_safetensors<S, V, I>(
+    views: I,
+    metadata: Option<HashMap<String, String>>,
+    path: &Path,
+) -> Result<()>
+where
+    S: AsRef<str> + Ord + std::fmt::Display,
+    V: safetensors::View,
+    I: IntoIterator<Item = (S, V)>,
+{
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty())
+        && !parent.is_dir()
+    {
+        let missing = std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("folder {} does not exist", parent.display()),
+        );
+        return Err(Error::io(path, missing));
+    }
+    let (mode, placeholder) = match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+    {
+        Ok(file) => (file.metadata().map(|m| m.permissions()).ok(), true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            (std::fs::metadata(path).map(|m| m.permissions()).ok(), false)
+        }
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let written = safetensors::serialize_to_file(views, metadata, path).map_err(|e| match e {
+        // a folder, a full disk: an I/O error, not a corrupt file
         safetensors::SafeTensorError::IoError(io) => Error::io(path, io),
         other => Error::format(path.display().to_string(), other.to_string()),
-    })
+    });
+    match (written, mode) {
+        (Ok(()), Some(mode)) => {
+            std::fs::set_permissions(path, mode).map_err(|e| Error::io(path, e))
+        }
+        (Ok(()), None) => Ok(()),
+        (Err(e), _) => {
+            if placeholder {
+                let _ = std::fs::remove_file(path);
+            }
+            Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_one(path: &Path) -> Result<()> {
+        write_f32_safetensors(path, &[("x".into(), vec![2], vec![1.0, 2.0])], None)
+    }
+
+    /// A new file gets the mode a plain `File::create` gives (not safetensors' temporary 0600),
+    /// an existing file keeps its own, and a missing folder is named.
+    #[cfg(unix)]
+    #[test]
+    fn written_files_get_the_mode_of_a_plain_create() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let plain = dir.path().join("plain");
+        std::fs::File::create(&plain).unwrap();
+        let path = dir.path().join("x.safetensors");
+        write_one(&path).unwrap();
+        assert_eq!(mode(&path), mode(&plain));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        write_one(&path).unwrap();
+        assert_eq!(mode(&path), 0o640);
+        let err = write_one(&dir.path().join("no/x.safetensors"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("folder") && err.contains("does not exist"),
+            "{err}"
+        );
+    }
+
+    /// A view whose shape holds 3 values over the bytes of 2, which safetensors refuses.
+    struct Short;
+
+    impl safetensors::View for Short {
+        fn dtype(&self) -> Dtype {
+            Dtype::F32
+        }
+        fn shape(&self) -> &[usize] {
+            &[3]
+        }
+        fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+            std::borrow::Cow::Owned(vec![0; 8])
+        }
+        fn data_len(&self) -> usize {
+            8
+        }
+    }
+
+    /// A write safetensors refuses leaves neither the file nor its placeholder behind.
+    #[test]
+    fn a_failed_write_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.safetensors");
+        let err = write_safetensors([("x", Short)], None, &path).unwrap_err();
+        assert!(err.to_string().contains("bad.safetensors"), "{err}");
+        assert!(!path.exists());
+    }
 }
