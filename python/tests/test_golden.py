@@ -237,6 +237,21 @@ class Write(TempDir):
         self.assertEqual(back.logits.shape, (1, 4))
         self.assertEqual((back.stop_tokens, back.max_steps), ([3], 10))
 
+    @unittest.skipIf(os.name != "posix", "file modes are POSIX")
+    def test_written_files_get_the_mode_of_a_plain_open(self):
+        # safetensors 0.8 alone leaves 0600 (its temporary file's mode)
+        ref = m2r2_golden.read(reference_golden("M2R2_GOLDEN_GREEDY"))
+        good = dict(prompt_tokens=ref.prompt_tokens, tokens=ref.tokens, logits=ref.logits)
+        plain = self.path("plain")
+        open(plain, "w").close()
+        out = self.path("mode.safetensors")
+        m2r2_golden.write(out, like=ref, **good)
+        mode = lambda p: os.stat(p).st_mode & 0o777  # noqa: E731
+        self.assertEqual(mode(out), mode(plain))
+        os.chmod(out, 0o640)
+        m2r2_golden.write(out, like=ref, **good)
+        self.assertEqual(mode(out), 0o640)
+
     def test_refuses_inputs_that_do_not_fit(self):
         ref = m2r2_golden.read(reference_golden("M2R2_GOLDEN_GREEDY"))
         out = self.path("bad.safetensors")

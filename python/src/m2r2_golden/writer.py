@@ -50,6 +50,32 @@ _M2R2_KEYS = (
 _SPECULATIVE_KEYS = _M2R2_KEYS + ("draft_threshold",)
 
 
+def _save(tensors: Dict[str, np.ndarray], path: str, metadata: Dict[str, str]) -> None:
+    """``save_file`` with the file mode a plain ``open(path, "w")`` gives: an existing file's,
+    else 0666 less the umask. safetensors 0.8 writes through a temporary file created 0600 and
+    renames it (upstream issue safetensors#782), which would leave goldens readable by their
+    writer only. The mode is taken from a placeholder created at ``path`` (``O_EXCL``), removed
+    again if the write fails."""
+    placeholder = False
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        placeholder = True
+        mode = os.fstat(fd).st_mode
+        os.close(fd)
+    except FileExistsError:
+        mode = os.stat(path).st_mode
+    try:
+        save_file(tensors, path, metadata=metadata)
+    except BaseException:
+        if placeholder:
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+        raise
+    os.chmod(path, mode & 0o7777)
+
+
 def write(
     path: PathLike,
     *,
@@ -133,7 +159,7 @@ def write_greedy(
     metadata = _metadata(model, config_json, config_hash, "greedy", FORMAT_VERSION)
     metadata.update(_stops_and_pins(label, toks, stop_tokens, max_steps, atol, rtol, expect_dtype))
     tensors = {"prompt_tokens": prompt, "tokens": toks, "logits": rows}
-    save_file(tensors, label, metadata=metadata)
+    _save(tensors, label, metadata)
     return Golden(metadata=metadata, path=label, **tensors)
 
 
@@ -255,7 +281,7 @@ def write_speculative(
     metadata = _metadata(ref.model, ref.config_json, ref.config_hash, "speculative", version)
     metadata.update({k: ref.metadata[k] for k in _SPECULATIVE_KEYS if k in ref.metadata})
     metadata.update(extra)
-    save_file(tensors, label, metadata=metadata)
+    _save(tensors, label, metadata)
     return Golden(metadata=metadata, path=label, **tensors)
 
 
