@@ -438,6 +438,8 @@ fn check_dynamic_trees(
     let want = greedy(model, prompt, new_tokens, &[]).unwrap();
     let l_max = prompt.len() + new_tokens + shape.nodes() + 4;
     let kinds = [GateKind::Confidence, GateKind::Arla];
+    // the reference's decode per gate, at a threshold that prunes some rounds
+    let mut references = Vec::new();
     for kind in kinds
         .into_iter()
         .filter(|k| *k != GateKind::Arla || weights.arla.is_some())
@@ -469,11 +471,16 @@ fn check_dynamic_trees(
             .filter(|r| r.tree.nodes() < shape.nodes())
             .count();
         assert!(pruned > 0, "{what} {kind:?}: no round was pruned");
-        for (static_cache, merged) in [(None, false), (Some(l_max), false), (Some(l_max), true)] {
+        references.push((kind, threshold, reference));
+    }
+    // each export written once (three SmolLM2 exports, not three per gate), every gate run on it
+    for (static_cache, merged) in [(None, false), (Some(l_max), false), (Some(l_max), true)] {
+        let dir = tempfile::tempdir().unwrap();
+        let exported = export_with(model, weights, gate, static_cache, merged, dir.path());
+        for (kind, threshold, reference) in &references {
+            let (kind, threshold) = (*kind, *threshold);
             let what =
                 format!("{what}, {kind:?} {threshold}, static {static_cache:?} merged {merged}");
-            let dir = tempfile::tempdir().unwrap();
-            let exported = export_with(model, weights, gate, static_cache, merged, dir.path());
             let mut onnx = OnnxSpeculation::load(&exported, &EpConfig::cpu(), Some(kind)).unwrap();
             let got =
                 tree_speculate_dynamic(&mut onnx, &shape, threshold, prompt, new_tokens, &[], None)
