@@ -53,9 +53,8 @@ _SPECULATIVE_KEYS = _M2R2_KEYS + ("draft_threshold",)
 def _save(tensors: Dict[str, np.ndarray], path: str, metadata: Dict[str, str]) -> None:
     """``save_file`` with the file mode a plain ``open(path, "w")`` gives: an existing file's,
     else 0666 less the umask. safetensors 0.8 writes through a temporary file created 0600 and
-    renames it (upstream issue safetensors#782), which would leave goldens readable by their
-    writer only. The mode is taken from a placeholder created at ``path`` (``O_EXCL``), removed
-    again if the write fails."""
+    renames it, which would leave goldens readable by their writer only. The mode is taken from a
+    placeholder created at ``path`` (``O_EXCL``), removed again if the write fails."""
     placeholder = False
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)

@@ -202,8 +202,8 @@ pub fn write_f32_safetensors(
 /// mode a plain `File::create` gives: an existing file's, else `0666` less the umask.
 ///
 /// safetensors 0.8 writes through a temporary file, which `tempfile` creates with mode `0600`,
-/// and renames it into place (safetensors issue 782), so goldens, M2R2 weights and logits would
-/// be readable by their writer only. The mode is taken from a placeholder created at `path` with
+/// and renames it into place, so goldens, M2R2 weights and logits would be readable by their
+/// writer only. The mode is taken from a placeholder created at `path` with
 /// `create_new` (what the umask makes of a new file), or from the file already there.
 pub fn write_safetensors<S, V, I>(
     views: I,

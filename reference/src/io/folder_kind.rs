@@ -33,13 +33,17 @@ pub fn describe(dir: &Path) -> Option<String> {
     }
 }
 
-/// The error text for `dir`, given where a folder of another kind was expected: `wanted` says
-/// what was expected and which file is missing.
-pub fn wrong_folder(dir: &Path, wanted: &str) -> String {
-    match describe(dir) {
-        Some(kind) => format!("{}: not {wanted}; {kind}", dir.display()),
-        None => format!("{}: not {wanted}", dir.display()),
+/// `None` when folder `dir` holds `file`; else the error text for it, given where `wanted` (e.g.
+/// "an M2R2 weights folder") was expected: the file it lacks and what it is instead.
+pub fn lacking(dir: &Path, file: &str, wanted: &str) -> Option<String> {
+    if dir.join(file).is_file() {
+        return None;
     }
+    let shown = dir.display();
+    Some(match describe(dir) {
+        Some(kind) => format!("{shown}: not {wanted} (it has no {file}); {kind}"),
+        None => format!("{shown}: not {wanted} (it has no {file})"),
+    })
 }
 
 #[cfg(test)]
@@ -63,13 +67,18 @@ mod tests {
         );
         let weights = describe(folder_with(M2R2_CONFIG_FILE).path()).unwrap();
         assert!(weights.contains("--m2r2"), "{weights}");
-        let model = describe(folder_with(HF_CONFIG_FILE).path()).unwrap();
+        let model_dir = folder_with(HF_CONFIG_FILE);
+        let model = describe(model_dir.path()).unwrap();
         assert!(model.contains("--model"), "{model}");
         let empty = tempfile::tempdir().unwrap();
         assert_eq!(describe(empty.path()), None);
+        assert_eq!(lacking(model_dir.path(), HF_CONFIG_FILE, "X"), None);
         assert_eq!(
-            wrong_folder(empty.path(), "X"),
-            format!("{}: not X", empty.path().display())
+            lacking(empty.path(), HF_CONFIG_FILE, "X"),
+            Some(format!(
+                "{}: not X (it has no config.json)",
+                empty.path().display()
+            ))
         );
     }
 }

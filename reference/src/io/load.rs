@@ -66,11 +66,9 @@ pub fn load_model(spec: &str) -> Result<LoadedModel> {
     }
     let path = Path::new(spec);
     if path.is_dir() {
-        if !path.join(folder_kind::HF_CONFIG_FILE).is_file() {
-            return Err(Error::Invalid(folder_kind::wrong_folder(
-                path,
-                "a Hugging Face checkpoint folder (it has no config.json)",
-            )));
+        let wanted = "a Hugging Face checkpoint folder";
+        if let Some(why) = folder_kind::lacking(path, folder_kind::HF_CONFIG_FILE, wanted) {
+            return Err(Error::Invalid(why));
         }
         let model = checkpoint::load_hf_dir(path)?;
         let tokenizer_json = path.join("tokenizer.json");

@@ -47,11 +47,10 @@ pub struct M2r2Weights {
 impl M2r2Weights {
     /// Read an M2R2 weights folder (table in the module docs) for `model`, validating everything.
     pub fn load_dir(dir: &Path, model: &ModelConfig) -> Result<Self> {
-        if dir.is_dir() && !dir.join(M2R2_CONFIG_FILE).is_file() {
-            return Err(Error::Invalid(folder_kind::wrong_folder(
-                dir,
-                "an M2R2 weights folder (it has no m2r2_config.json)",
-            )));
+        if dir.is_dir()
+            && let Some(why) = folder_kind::lacking(dir, M2R2_CONFIG_FILE, "an M2R2 weights folder")
+        {
+            return Err(Error::Invalid(why));
         }
         let config = M2r2Config::load(dir, model)?;
         let accelerator = Accelerator::load_peft(dir, model)?;
