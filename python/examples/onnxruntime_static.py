@@ -94,7 +94,10 @@ def decode(folder: Path, prompt: List[int], max_new: int, ignore_eos: bool, prov
             "--static-cache L, or decode this folder with onnxruntime_greedy.py"
         )
     config, l_max = manifest["config"], static["l_max"]
-    model = folder / manifest["graphs"]["model"]
+    graph = manifest.get("graphs", {}).get("model")
+    if graph is None:
+        raise SystemExit(f"{folder}: the export has no model.onnx (export it with --graphs model)")
+    model = folder / graph
     needed = len(prompt) + max_new - 1  # the last token is chosen, never fed
     if needed > l_max:
         raise SystemExit(

@@ -1,8 +1,9 @@
 //! The Python example for static exports: python/examples/onnxruntime_static.py
 //! decodes `export --static-cache 64` folders of tiny and tiny-moe with ONNX Runtime's IoBinding,
 //! the KV buffers updated in place (no "in-place optimization not activated" warning), to the
-//! tokens of `m2r2 run --onnx`; it refuses a dynamic export, a decode past its buffers, token ids
-//! outside the vocabulary and a provider its onnxruntime lacks, naming why.
+//! tokens of `m2r2 run --onnx`; it refuses a dynamic export, a folder without model.onnx, a
+//! decode past its buffers, token ids outside the vocabulary and a provider its onnxruntime lacks,
+//! naming why.
 //!
 //! Needs `M2R2_PYTHON` (numpy and onnxruntime; see golden_python.rs).
 
@@ -131,4 +132,20 @@ fn static_python_example_decodes_like_the_runner() {
     let d = dynamic.to_str().unwrap();
     super::ok(&["export", "--model", "tiny", "--out", d]);
     refused(d, &prompt, &["not a static export", "--static-cache"]);
+
+    // a static export without model.onnx (only the draft) is refused by name, not a KeyError
+    let draft_only = dir.path().join("draft-only");
+    let s = draft_only.to_str().unwrap();
+    super::ok(&[
+        "export",
+        "--model",
+        "tiny",
+        "--out",
+        s,
+        "--static-cache",
+        "64",
+        "--graphs",
+        "draft",
+    ]);
+    refused(s, &prompt, &["has no model.onnx", "--graphs model"]);
 }
