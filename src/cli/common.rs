@@ -1,6 +1,6 @@
 //! What several commands share: the `--model` argument and loading, the prompt arguments
 //! (`--prompt [--chat]` or `--tokens`), prompts files (`{"id", "prompt"}` per line), error
-//! printing and number formatting.
+//! printing, number formatting and output folders.
 
 use crate::cli::args::model::{PromptArgs, TokenIds};
 use crate::cli::progress;
@@ -124,6 +124,16 @@ pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
 /// What [`print_json`] prints.
 fn json_text(value: &impl serde::Serialize) -> Result<String> {
     serde_json::to_string_pretty(value).context("cannot serialise the JSON report")
+}
+
+/// Create the folder an output file goes in (`--out`, `--junit`), as `mkdir -p` would; nothing
+/// for a bare file name.
+pub fn create_parent(path: &std::path::Path) -> Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    Ok(())
 }
 
 /// `(id, prompt text)` of every line of a prompts file.

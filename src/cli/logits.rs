@@ -13,7 +13,8 @@ pub struct Args {
     pub model: ModelArgs,
     #[command(flatten)]
     pub prompt: PromptArgs,
-    /// Output file: tensor `logits`, f32 [T, vocab]; metadata `model`, `config_hash`, `tokens`
+    /// Output file (its folder is created): tensor `logits`, f32 [T, vocab]; metadata `model`,
+    /// `config_hash`, `tokens`
     #[arg(long, value_name = "FILE.safetensors")]
     pub out: PathBuf,
 }
@@ -30,6 +31,7 @@ pub fn run(args: &Args) -> Result<()> {
         ("tokens".to_string(), serde_json::to_string(&tokens)?),
     ]);
     let data: Vec<f32> = logits.iter().copied().collect();
+    common::create_parent(&args.out)?;
     write_f32_safetensors(
         &args.out,
         &[("logits".into(), vec![t, v], data)],

@@ -28,9 +28,10 @@ fn read_logits(path: &Path) -> (Vec<usize>, Vec<f32>, HashMap<String, String>) {
 #[test]
 fn logits_are_written_and_reproducible() {
     let dir = tempfile::tempdir().unwrap();
+    // b goes in folders that do not exist yet: created, as `golden write --out` does
     let (a, b) = (
         dir.path().join("a.safetensors"),
-        dir.path().join("b.safetensors"),
+        dir.path().join("new/sub/b.safetensors"),
     );
     for out in [&a, &b] {
         ok(&[

@@ -27,9 +27,9 @@ fn check_on_onnx_runtime_and_compare_files() {
         &onnx,
         "--json",
         "--junit",
-        &p("ok.xml"),
+        &p("reports/ok.xml"), // its folder is created
     ]);
-    let xml = std::fs::read_to_string(p("ok.xml")).unwrap();
+    let xml = std::fs::read_to_string(p("reports/ok.xml")).unwrap();
     assert!(
         xml.contains("tests=\"2\"") && xml.contains("failures=\"0\""),
         "{xml}"

@@ -223,10 +223,7 @@ fn write_junit(path: Option<&Path>, outcomes: &[Outcome]) -> Result<()> {
     let xml = junit
         .to_string()
         .map_err(|e| anyhow::anyhow!("cannot write the JUnit report: {e}"))?;
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))?;
-    }
+    common::create_parent(path)?;
     std::fs::write(path, xml).map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))
 }
 

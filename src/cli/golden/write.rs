@@ -91,10 +91,7 @@ pub(super) fn write(args: &WriteArgs) -> Result<()> {
     for (out, prompt) in &jobs {
         let tokens = common::prompt_tokens(&loaded, prompt)?;
         let golden = record(args, &loaded, &tokens)?;
-        if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("cannot create {}", parent.display()))?;
-        }
+        common::create_parent(out)?;
         golden
             .write(out)
             .with_context(|| format!("cannot write golden {}", out.display()))?;
