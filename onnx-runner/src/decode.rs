@@ -184,7 +184,8 @@ fn check_room(
     drafts: usize,
 ) -> Result<()> {
     let (prompt, max_new) = (request.prompt.len(), request.max_new_tokens);
-    let mut why = format!("a prompt of {prompt} tokens with --max-new-tokens {max_new}");
+    let noun = if prompt == 1 { "token" } else { "tokens" };
+    let mut why = format!("a prompt of {prompt} {noun} with --max-new-tokens {max_new}");
     if drafts > 0 {
         why = format!("{why} (its rounds draft up to {drafts} positions past the last token)");
     }

@@ -230,6 +230,19 @@ fn static_cache_export_with_check() {
         let text = ok(&["info", "--onnx", o]).stdout;
         assert!(text.contains("static, L = 64"), "{text}");
     }
+    // a graph the manifest lists but the folder lost is named, once
+    let tiny = dir.path().join("tiny");
+    std::fs::remove_file(tiny.join("draft.onnx")).unwrap();
+    let run = fails(
+        &["info", "--onnx", tiny.to_str().unwrap()],
+        &["cannot read the draft graph", "draft.onnx", "No such file"],
+    );
+    assert_eq!(
+        run.stderr.matches("draft.onnx").count(),
+        1,
+        "{}",
+        run.stderr
+    );
     // a merged f16 draft passes, its fast outputs at their own tolerance (export::check)
     let merged = dir.path().join("merged-f16");
     let run = ok(&[

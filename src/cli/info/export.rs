@@ -29,7 +29,7 @@ pub fn describe(dir: &Path) -> Result<Value> {
     for kind in KINDS.into_iter().filter(|&k| export.has(k)) {
         let path = export.graph(kind)?;
         let proto = export::write::read_graph(&path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+            .with_context(|| format!("cannot read the {} graph", kind.name()))?;
         let graph = proto.graph.as_ref();
         let nodes = graph.map_or(0, |g| g.node.len());
         let weights = graph.map_or(0, |g| {
