@@ -401,8 +401,19 @@ pub fn print_summary(run: &ModeRun, prompt_tokens: usize, stopped: bool) {
         ),
         None => String::new(),
     };
+    // the prefill chose the first token: with fewer than two there was no decode step to time
+    let decode = if run.decoded() == 0 {
+        "no decode step".to_string()
+    } else {
+        format!(
+            "decode {:.3} s = {:.1} tokens/s; {:.2} layers per token",
+            run.decode_seconds,
+            run.tokens_per_second(),
+            run.layers_per_token
+        )
+    };
     eprintln!(
-        "[{} mode: {prompt_tokens} prompt tokens, {} generated ({}); {prefill}decode {:.3} s = {:.1} tokens/s; {:.2} layers per token]",
+        "[{} mode: {prompt_tokens} prompt tokens, {} generated ({}); {prefill}{decode}]",
         run.mode.name(),
         run.tokens.len(),
         if stopped {
@@ -410,8 +421,5 @@ pub fn print_summary(run: &ModeRun, prompt_tokens: usize, stopped: bool) {
         } else {
             "reached --max-new-tokens"
         },
-        run.decode_seconds,
-        run.tokens_per_second(),
-        run.layers_per_token,
     );
 }

@@ -49,6 +49,24 @@ fn plain_generate_streams_text_to_stdout() {
     let run = ok(&["generate", "--prompt", "Hi", "--max-new-tokens", "4"]);
     assert!(run.stdout.ends_with('\n'));
     assert!(run.stderr.contains("tokens/s"), "{}", run.stderr);
+    // with no token past the prefill's there is no decode rate to print (not "0.0 tokens/s")
+    for (n, mode) in [("0", "greedy"), ("1", "greedy"), ("1", "speculative")] {
+        let run = ok(&[
+            "generate",
+            "--tokens",
+            "1,2",
+            "--max-new-tokens",
+            n,
+            "--mode",
+            mode,
+        ]);
+        assert!(
+            run.stderr.contains(&format!("{n} generated")) && run.stderr.contains("no decode step"),
+            "{}",
+            run.stderr
+        );
+        assert!(!run.stderr.contains("layers per token"), "{}", run.stderr);
+    }
 }
 
 #[test]
