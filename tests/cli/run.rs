@@ -310,6 +310,7 @@ fn bench_onnx_compares_both_engines() {
     for e in engines {
         assert_eq!(e["speculative_equals_greedy"], true, "{e}");
         for key in [
+            "prefill_tokens_per_second",
             "greedy_tokens_per_second",
             "speculative_tokens_per_second",
             "ms_per_draft_step",
@@ -481,7 +482,7 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
     let merged = dir.path().join("merged");
     let m = merged.to_str().unwrap();
     static_export(m, &["--merge-adapters"]);
-    let report = super::ok(&[
+    let bench = [
         "bench",
         "--model",
         "tiny",
@@ -491,7 +492,6 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
         s,
         "--onnx",
         m,
-        "--json",
         "--prompt-len",
         "8",
         "--decode-tokens",
@@ -500,8 +500,16 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
         "1",
         "--bandwidth-mib",
         "16",
-    ])
-    .json();
+    ];
+    let table = super::ok(&bench).stdout;
+    for column in [
+        "prefill tok/s",
+        "greedy / first export",
+        "prefill / first export",
+    ] {
+        assert!(table.contains(column), "{column}:\n{table}");
+    }
+    let report = super::ok(&[&bench[..], &["--json"]].concat()).json();
     assert_eq!(report["tokens_equal_reference"], true);
     assert!(report["memory_read_bytes_per_second"].as_f64().unwrap() > 0.0);
     let engines = report["engines"].as_array().unwrap();
@@ -524,6 +532,7 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
     // engine's figures divided
     let tps = |e: &serde_json::Value, key: &str| e[key].as_f64().unwrap();
     let first_greedy = tps(&engines[1], "greedy_tokens_per_second");
+    let first_prefill = tps(&engines[1], "prefill_tokens_per_second");
     for (i, e) in engines.iter().enumerate() {
         assert_eq!(e["speculative_equals_greedy"], true, "{e}");
         let greedy = tps(e, "greedy_tokens_per_second");
@@ -539,9 +548,17 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
         };
         let spec = tps(e, "speculative_tokens_per_second");
         spread(&e["speculative_over_greedy"], spec / greedy);
+        let prefill = tps(e, "prefill_tokens_per_second");
+        assert!(prefill > 0.0, "{e}");
         match i {
-            0 | 1 => assert!(e["greedy_over_first_export"].is_null(), "{e}"),
-            _ => spread(&e["greedy_over_first_export"], greedy / first_greedy),
+            0 | 1 => {
+                assert!(e["greedy_over_first_export"].is_null(), "{e}");
+                assert!(e["prefill_over_first_export"].is_null(), "{e}");
+            }
+            _ => {
+                spread(&e["greedy_over_first_export"], greedy / first_greedy);
+                spread(&e["prefill_over_first_export"], prefill / first_prefill);
+            }
         }
     }
 }

@@ -1,10 +1,10 @@
 //! `m2r2 bench --onnx DIR --ep E`: greedy and self-speculative decoding on ONNX Runtime against the
-//! reference on the same machine, the same prompt and the same M2R2 weights: decode tokens/s, mean
-//! accepted length, and milliseconds per draft step and per verify step (medians over `--repeats`
-//! timed runs after one warm-up run of each, which also builds TensorRT engines). `--onnx` given
-//! several times measures each export as its own engine, their runs alternating within each
-//! repeat (a dynamic and a static export of one model side by side), with the machine's memory
-//! read bandwidth.
+//! reference on the same machine, the same prompt and the same M2R2 weights: prefill and decode
+//! tokens/s, mean accepted length, and milliseconds per draft step and per verify step (medians
+//! over `--repeats` timed runs after one warm-up run of each, which also builds TensorRT engines).
+//! `--onnx` given several times measures each export as its own engine, their runs alternating
+//! within each repeat (a dynamic and a static export of one model side by side), with the
+//! machine's memory read bandwidth.
 
 use crate::cli::args::bench::Sizes;
 use crate::cli::args::m2r2::{M2r2Args, OnOff};
@@ -13,7 +13,7 @@ use crate::cli::args::onnx::{
 };
 use crate::cli::bench::cost_shape;
 use crate::cli::bench::results::{OnnxBenchResult, Spread, print_table};
-use crate::cli::bench::spec_bench::{SpecBench, summarise, timed_speculative};
+use crate::cli::bench::spec_bench::{GreedyRun, SpecBench, summarise, timed_speculative};
 use crate::cli::common;
 use crate::cli::decode_speed::{DecodeWeights, cpu_model};
 use anyhow::{Result, bail};
@@ -181,7 +181,7 @@ pub fn measure(
             spec.reset();
             let run = timed_speculative(spec, prompt, spec_options, &g.tokens)?;
             if i > 0 {
-                runs.push((g.decode_tokens_per_second(), run));
+                runs.push((GreedyRun::of(&g), run));
             }
             *tokens = g.tokens;
         }
@@ -189,7 +189,7 @@ pub fn measure(
 
     let mut results = vec![summarise("reference".into(), &reference_runs)];
     let mut tokens_equal_reference = true;
-    let first_greedy: Vec<f64> = engines[0].2.iter().map(|r| r.0).collect();
+    let first_greedy: Vec<&GreedyRun> = engines[0].2.iter().map(|r| &r.0).collect();
     for (k, (model, _, runs, tokens, dir)) in engines.iter().enumerate() {
         let mut name = format!("onnxruntime-{}", model.session().ep_used().name());
         if model.static_l_max().is_some() {
@@ -211,12 +211,16 @@ pub fn measure(
         engine.onnx = Some(dir.display().to_string());
         engine.static_cache = model.static_l_max();
         if k > 0 {
-            let paired: Vec<f64> = runs
-                .iter()
-                .zip(&first_greedy)
-                .map(|(r, f)| r.0 / f)
-                .collect();
-            engine.greedy_over_first_export = Some(Spread::of(&paired));
+            let paired = |f: fn(&GreedyRun) -> f64| {
+                let ratios: Vec<f64> = runs
+                    .iter()
+                    .zip(&first_greedy)
+                    .map(|(r, g)| f(&r.0) / f(g))
+                    .collect();
+                Some(Spread::of(&ratios))
+            };
+            engine.greedy_over_first_export = paired(|g| g.tokens_per_second);
+            engine.prefill_over_first_export = paired(|g| g.prefill_tokens_per_second);
         }
         results.push(engine);
         tokens_equal_reference &= *tokens == reference_tokens;

@@ -13,6 +13,9 @@ pub struct EngineResult {
     pub onnx: Option<String>,
     /// `L` of a static export's KV buffers.
     pub static_cache: Option<usize>,
+    /// The prompt's prefill in the greedy runs, prompt tokens per second (the time to the first
+    /// token).
+    pub prefill_tokens_per_second: f64,
     pub greedy_tokens_per_second: f64,
     pub speculative_tokens_per_second: f64,
     pub mean_accepted_length: f64,
@@ -25,6 +28,8 @@ pub struct EngineResult {
     /// Greedy tokens/s over the first export's in the same timed run (the runs alternate), for
     /// every export after the first; `None` for the first and for the reference.
     pub greedy_over_first_export: Option<Spread>,
+    /// The same for the greedy runs' prefill tokens/s.
+    pub prefill_over_first_export: Option<Spread>,
 }
 
 /// How a ratio measured once per timed run spread over the runs: its median, lowest and highest.
@@ -128,13 +133,21 @@ pub fn print_engines(engines: &[EngineResult]) {
         .unwrap_or(0)
         .max(30);
     println!(
-        "  {:<width$} {:>14} {:>14} {:>10} {:>12} {:>13} {:>9}",
-        "engine", "greedy tok/s", "spec tok/s", "accepted", "ms/draft", "ms/verify", "lossless"
+        "  {:<width$} {:>14} {:>14} {:>14} {:>10} {:>12} {:>13} {:>9}",
+        "engine",
+        "prefill tok/s",
+        "greedy tok/s",
+        "spec tok/s",
+        "accepted",
+        "ms/draft",
+        "ms/verify",
+        "lossless"
     );
     for e in engines {
         println!(
-            "  {:<width$} {:>14.1} {:>14.1} {:>10.2} {:>12.2} {:>13.2} {:>9}",
+            "  {:<width$} {:>14.1} {:>14.1} {:>14.1} {:>10.2} {:>12.2} {:>13.2} {:>9}",
             e.engine,
+            e.prefill_tokens_per_second,
             e.greedy_tokens_per_second,
             e.speculative_tokens_per_second,
             e.mean_accepted_length,
@@ -149,8 +162,9 @@ pub fn print_engines(engines: &[EngineResult]) {
     }
     print_spreads(engines, width);
     println!(
-        "  (accepted: tokens emitted per verification; ms/draft: one token through draft.onnx or the \
-         reference's lower layers with the fast stream; ms/verify: one verify chunk)"
+        "  (prefill: the prompt's in the greedy runs, the time to the first token; accepted: tokens \
+         emitted per verification; ms/draft: one token through draft.onnx or the reference's lower \
+         layers with the fast stream; ms/verify: one verify chunk)"
     );
     println!(
         "  (a fixed chain on a pseudo-random prompt: it prices the steps, not the default \
@@ -168,7 +182,10 @@ fn print_spreads(engines: &[EngineResult], width: usize) {
         "ratios paired per run", "spec / greedy"
     );
     if several {
-        header.push_str(&format!(" {:>26}", "greedy / first export"));
+        header.push_str(&format!(
+            " {:>26} {:>26}",
+            "greedy / first export", "prefill / first export"
+        ));
     }
     println!("{header}");
     for e in engines {
@@ -178,10 +195,12 @@ fn print_spreads(engines: &[EngineResult], width: usize) {
             e.speculative_over_greedy.to_string()
         );
         if several {
-            let over_first = e
-                .greedy_over_first_export
-                .map_or("-".into(), |s| s.to_string());
-            row.push_str(&format!(" {over_first:>26}"));
+            let show = |s: Option<Spread>| s.map_or("-".into(), |s| s.to_string());
+            let (greedy, prefill) = (
+                show(e.greedy_over_first_export),
+                show(e.prefill_over_first_export),
+            );
+            row.push_str(&format!(" {greedy:>26} {prefill:>26}"));
         }
         println!("{row}");
     }

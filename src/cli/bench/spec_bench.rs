@@ -1,10 +1,11 @@
 //! The speculative bench's runs: its prompt and options ([`SpecBench`]), the reference's timed
-//! greedy and speculative runs, one speculative run timed, and the medians of the runs.
+//! greedy and speculative runs, one greedy run's figures ([`GreedyRun`]), one speculative run
+//! timed, and the medians of the runs.
 
 use crate::cli::args::bench::Sizes;
 use crate::cli::bench::results::{EngineResult, Spread, median};
 use anyhow::{Result, bail};
-use reference::base::generate::{GenerateOptions, generate};
+use reference::base::generate::{GenerateOptions, Generation, generate};
 use reference::decode::draft_verify::ReferenceSpeculation;
 use reference::decode::speculative::{
     DraftLength, SpeculativeBackend, SpeculativeOptions, speculative_generate,
@@ -74,7 +75,10 @@ impl<'a> SpecBench<'a> {
 
     /// The reference's greedy and speculative runs with `weights` (its pruned draft head when it
     /// has one): one warm-up, then `repeats` timed runs.
-    pub(super) fn reference_runs(&self, weights: &M2r2Weights) -> Result<Vec<(f64, SpecRun)>> {
+    pub(super) fn reference_runs(
+        &self,
+        weights: &M2r2Weights,
+    ) -> Result<Vec<(GreedyRun, SpecRun)>> {
         let model = &self.loaded.model;
         let mut runs = Vec::new();
         for i in 0..=self.repeats {
@@ -89,7 +93,7 @@ impl<'a> SpecBench<'a> {
             )?;
             let run = timed_speculative(&mut backend, &self.prompt, &self.spec_options, &g.tokens)?;
             if i > 0 {
-                runs.push((g.decode_tokens_per_second(), run));
+                runs.push((GreedyRun::of(&g), run));
             }
         }
         Ok(runs)
@@ -101,6 +105,22 @@ impl<'a> SpecBench<'a> {
             "reference".into(),
             &self.reference_runs(weights)?,
         ))
+    }
+}
+
+/// One greedy run's figures: the prompt's prefill (the time to the first token) and the decode
+/// after it.
+pub(super) struct GreedyRun {
+    pub(super) tokens_per_second: f64,
+    pub(super) prefill_tokens_per_second: f64,
+}
+
+impl GreedyRun {
+    pub(super) fn of(g: &Generation) -> Self {
+        GreedyRun {
+            tokens_per_second: g.decode_tokens_per_second(),
+            prefill_tokens_per_second: g.prompt_tokens.len() as f64 / g.prefill_seconds.max(1e-12),
+        }
     }
 }
 
@@ -132,13 +152,15 @@ pub(super) fn timed_speculative(
     })
 }
 
-pub(super) fn summarise(engine: String, runs: &[(f64, SpecRun)]) -> EngineResult {
-    let m = |f: &dyn Fn(&(f64, SpecRun)) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
+pub(super) fn summarise(engine: String, runs: &[(GreedyRun, SpecRun)]) -> EngineResult {
+    let m =
+        |f: &dyn Fn(&(GreedyRun, SpecRun)) -> f64| median(&runs.iter().map(f).collect::<Vec<_>>());
     EngineResult {
         engine,
         onnx: None,
         static_cache: None,
-        greedy_tokens_per_second: m(&|r| r.0),
+        prefill_tokens_per_second: m(&|r| r.0.prefill_tokens_per_second),
+        greedy_tokens_per_second: m(&|r| r.0.tokens_per_second),
         speculative_tokens_per_second: m(&|r| r.1.tokens_per_second),
         mean_accepted_length: m(&|r| r.1.mean_accepted_length),
         ms_per_draft_step: m(&|r| r.1.ms_per_draft),
@@ -147,9 +169,10 @@ pub(super) fn summarise(engine: String, runs: &[(f64, SpecRun)]) -> EngineResult
         speculative_over_greedy: Spread::of(
             &runs
                 .iter()
-                .map(|r| r.1.tokens_per_second / r.0)
+                .map(|r| r.1.tokens_per_second / r.0.tokens_per_second)
                 .collect::<Vec<_>>(),
         ),
         greedy_over_first_export: None,
+        prefill_over_first_export: None,
     }
 }
