@@ -189,13 +189,15 @@ fn check_room(
     if drafts > 0 {
         why = format!("{why} (its rounds draft up to {drafts} positions past the last token)");
     }
-    let fix = match export
-        .static_l_max(kind)
-        .map(|l| l.checked_sub(prompt + drafts))
-    {
-        Some(Some(0)) => "ask for at most 1 new token".to_string(),
-        Some(Some(room)) => format!("ask for at most {} new tokens", room + 1),
-        _ => "shorten the prompt".to_string(),
+    // the largest budget that fits; without one, the longest prompt that leaves one new token
+    let fix = match export.static_l_max(kind) {
+        Some(l) if l >= prompt + drafts => match l - (prompt + drafts) {
+            0 => "ask for at most 1 new token".to_string(),
+            room => format!("ask for at most {} new tokens", room + 1),
+        },
+        Some(l) if l > drafts => format!("shorten the prompt to at most {} tokens", l - drafts),
+        Some(_) => "draft fewer tokens a round (--draft-len)".to_string(),
+        None => "shorten the prompt".to_string(),
     };
     // greedy steps are trees of one node, a chain of `drafts` one of `drafts + 1`
     let needed = tree_positions(0, prompt, max_new, drafts + 1);

@@ -319,8 +319,8 @@ fn decode_refuses_a_budget_past_the_buffers_up_front() {
         "verifier.onnx",
         "a token tree of 5 nodes",
         "need 33 positions",
-        "L = 32",
-        "ask for 1 fewer tokens",
+        "(L = 32)",
+        "1 more than the static KV buffers hold",
     ] {
         assert!(err.contains(want), "{want}: {err}");
     }

@@ -289,9 +289,9 @@ fn oversized_trees_are_refused() {
     for want in [
         "5 nodes",
         "need 13 positions",
-        "L = 12",
+        "(L = 12)",
         "--static-cache",
-        "ask for 1 fewer tokens",
+        "1 more than the static KV buffers hold",
     ] {
         assert!(err.contains(want), "{err}");
     }

@@ -320,7 +320,7 @@ fn tree_goldens_on_onnx_runtime() {
     assert_eq!(run.code, Some(2), "{}", run.stdout);
     assert!(
         run.stderr
-            .contains("need 88 positions, but the static KV buffers hold L = 64"),
+            .contains("need 88 positions, 24 more than the static KV buffers hold (L = 64)"),
         "{}",
         run.stderr
     );

@@ -397,6 +397,37 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
     ]);
     let checked = super::ok(&["golden", "check", g, "--onnx", s]);
     assert!(checked.stdout.contains("overall: OK"), "{}", checked.stdout);
+    // a golden longer than the buffers is refused before any run: 3 + 40 - 1 positions
+    for mode in ["greedy", "speculative"] {
+        super::ok(&[
+            "golden",
+            "write",
+            "--model",
+            "tiny",
+            "--tokens",
+            "1,2,3",
+            "--steps",
+            "40",
+            "--mode",
+            mode,
+            "--ignore-eos",
+            "--out",
+            g,
+        ]);
+        let graph = if mode == "greedy" {
+            "model.onnx"
+        } else {
+            "verifier.onnx"
+        };
+        super::fails(
+            &["golden", "check", g, "--onnx", s],
+            &[
+                graph,
+                "the static cache holds 40 positions, and a golden of 3 prompt tokens and 40 \
+                 steps needs 42; export with a larger --static-cache",
+            ],
+        );
+    }
     // a budget past the buffers is refused before any run, with the budget that fits: greedy
     // needs 3 + N - 1 positions, a speculative round with 2 drafts 2 more
     fn budget<'a>(s: &'a str, n: &'a str, more: &[&'a str]) -> Vec<&'a str> {
@@ -430,6 +461,32 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
             "ask for at most 36 new tokens",
         ],
     );
+    // a prompt past the buffers by itself: the longest prompt that leaves room for a new token
+    let long = (1..=41)
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let head = [
+        "run",
+        "--onnx",
+        s,
+        "--tokens",
+        &long,
+        "--max-new-tokens",
+        "4",
+    ];
+    for (more, want) in [
+        (&[][..], "or shorten the prompt to at most 40 tokens"),
+        (
+            &speculative[..],
+            "or shorten the prompt to at most 38 tokens",
+        ),
+    ] {
+        super::fails(
+            &[&head[..], more].concat(),
+            &["a prompt of 41 tokens", want],
+        );
+    }
     // a manifest whose L disagrees with the graphs' buffers is refused, naming both
     let edited = dir.path().join("edited");
     std::fs::create_dir(&edited).unwrap();

@@ -93,8 +93,8 @@ fn trees_need_room_and_speculative_mode() {
         &[
             "5 nodes",
             "need 17 positions",
-            "L = 16",
-            "ask for 1 fewer tokens",
+            "(L = 16)",
+            "1 more than the static KV buffers hold",
         ],
     );
     fails(

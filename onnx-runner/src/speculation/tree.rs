@@ -50,13 +50,16 @@ impl TreeBackend for OnnxSpeculation {
         {
             return Err(into_reference(Error::Export {
                 file,
+                // the budget is the caller's: name the levers, not a count of tokens that
+                // may exceed it
                 msg: format!(
                     "the prompt, the budget and a token tree of {} nodes (one scratch slot per \
-                     node) need {positions} positions, but the static KV buffers hold L = {} \
-                     (export again with a larger --static-cache, or ask for {} fewer tokens)",
+                     node) need {positions} positions, {} more than the static KV buffers hold \
+                     (L = {}): export again with a larger --static-cache, or ask for fewer new \
+                     tokens or a smaller tree",
                     tree.nodes(),
+                    positions - kv.l_max(),
                     kv.l_max(),
-                    positions - kv.l_max()
                 ),
             }));
         }

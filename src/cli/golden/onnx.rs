@@ -10,7 +10,7 @@ use super::{CheckArgs, ChosenTolerance};
 use crate::cli::args::onnx::EpArgs;
 use anyhow::{Context, Result, bail};
 use onnx_runner::greedy::OnnxModel;
-use onnx_runner::manifest::ExportDir;
+use onnx_runner::manifest::{ExportDir, GraphKind};
 use onnx_runner::speculation::OnnxSpeculation;
 use reference::golden::{
     CheckReport, EngineGraphs, Golden, M2r2Record, SpeculativeEngine, TreeEngine,
@@ -94,8 +94,31 @@ impl OnnxEngine {
         }
     }
 
+    /// Refuse, before any run, a golden longer than a static export's buffers: every token but
+    /// the last is fed, so `prompt + steps - 1` positions at the least (a chain golden's rounds
+    /// draft past them, which the runner checks as they come). Token-tree goldens are left to
+    /// the tree loop, which counts their scratch slots too before its first run.
+    fn check_room(&self, golden: &Golden) -> Result<()> {
+        if golden.tree_recipe().is_some() {
+            return Ok(());
+        }
+        let (prompt, steps) = (golden.prompt_tokens.len(), golden.tokens.len());
+        let (kind, fix) = match golden.speculative_gates() {
+            Some(_) => (
+                GraphKind::Verifier,
+                "check a golden of fewer steps (its speculative rounds also draft past its last \
+                 token)",
+            ),
+            None => (GraphKind::Model, "check a golden of fewer steps"),
+        };
+        let why = format!("a golden of {prompt} prompt tokens and {steps} steps");
+        let needed = prompt + steps.saturating_sub(1);
+        Ok(self.export.check_room(kind, needed, &why, fix)?)
+    }
+
     /// Replay `golden` in its recorded mode.
     pub(super) fn check(&mut self, golden: &Golden, tol: &ChosenTolerance) -> Result<CheckReport> {
+        self.check_room(golden)?;
         let manifest = &self.export.manifest;
         let dir = self.export.dir.display();
         let Some((draft_gate, gate)) = golden.speculative_gates() else {
