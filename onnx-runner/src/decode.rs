@@ -195,6 +195,7 @@ fn check_room(
             0 => "ask for at most 1 new token".to_string(),
             room => format!("ask for at most {} new tokens", room + 1),
         },
+        Some(l) if l == drafts + 1 => "shorten the prompt to 1 token".to_string(),
         Some(l) if l > drafts => format!("shorten the prompt to at most {} tokens", l - drafts),
         Some(_) => "draft fewer tokens a round (--draft-len)".to_string(),
         None => "shorten the prompt".to_string(),

@@ -237,8 +237,9 @@ impl ExportDir {
             Some(l_max) if needed > l_max => Err(Error::Export {
                 file: self.graph(kind)?.display().to_string(),
                 msg: format!(
-                    "the static cache holds {l_max} positions, and {why} needs {needed}; export \
-                     with a larger --static-cache, or {fix}"
+                    "the static cache holds {l_max} position{}, and {why} needs {needed}; export \
+                     with a larger --static-cache, or {fix}",
+                    if l_max == 1 { "" } else { "s" }
                 ),
             }),
             _ => Ok(()),

@@ -481,6 +481,14 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
             &speculative[..],
             "or shorten the prompt to at most 38 tokens",
         ),
+        (
+            &["--mode", "speculative", "--draft-len", "39"][..],
+            "or shorten the prompt to 1 token",
+        ),
+        (
+            &["--mode", "speculative", "--draft-len", "40"][..],
+            "or draft fewer tokens a round (--draft-len)",
+        ),
     ] {
         super::fails(
             &[&head[..], more].concat(),
