@@ -6,6 +6,20 @@ use std::process::Command;
 #[test]
 fn bad_arguments_are_refused_clearly() {
     fails(&["generate", "--tokens", "1,x"], &["`x`"]);
+    // a negative id reaches the parser's message, in every command that takes --tokens
+    for command in [
+        &["generate"][..],
+        &["run", "--onnx", "x"],
+        &["golden", "write"],
+    ] {
+        let args = [command, &["--tokens", "-1"]].concat();
+        fails(&args, &["`-1` (item 1 of `-1`) is not a token id"]);
+    }
+    // and missing ids are not taken from the next flag
+    fails(
+        &["generate", "--tokens", "--max-new-tokens", "5"],
+        &["a value is required for '--tokens <IDS>'"],
+    );
     fails(
         &["generate", "--tokens", "99999"],
         &["99999", "out of range", "320"],

@@ -45,7 +45,13 @@ pub struct WriteArgs {
     #[arg(long)]
     pub chat: bool,
     /// Prompt as comma-separated token ids, e.g. 1,2,3
-    #[arg(long, value_name = "IDS", value_parser = parse_token_ids, conflicts_with = "prompts")]
+    #[arg(
+        long,
+        value_name = "IDS",
+        value_parser = parse_token_ids,
+        conflicts_with = "prompts",
+        allow_negative_numbers = true
+    )]
     pub tokens: Option<TokenIds>,
     /// A suite: one golden per prompt of this file (`{"id", "prompt"}` per line), written as
     /// `OUT/<id>.golden.safetensors` (--out is then a folder)
