@@ -183,6 +183,9 @@ fn check_room(
     request: &DecodeRequest<'_>,
     drafts: usize,
 ) -> Result<()> {
+    let Some(l) = export.static_l_max(kind) else {
+        return Ok(()); // a dynamic export's cache grows
+    };
     let (prompt, max_new) = (request.prompt.len(), request.max_new_tokens);
     let noun = if prompt == 1 { "token" } else { "tokens" };
     let mut why = format!("a prompt of {prompt} {noun} with --max-new-tokens {max_new}");
@@ -190,15 +193,12 @@ fn check_room(
         why = format!("{why} (its rounds draft up to {drafts} positions past the last token)");
     }
     // the largest budget that fits; without one, the longest prompt that leaves one new token
-    let fix = match export.static_l_max(kind) {
-        Some(l) if l >= prompt + drafts => match l - (prompt + drafts) {
-            0 => "ask for at most 1 new token".to_string(),
-            room => format!("ask for at most {} new tokens", room + 1),
-        },
-        Some(l) if l == drafts + 1 => "shorten the prompt to 1 token".to_string(),
-        Some(l) if l > drafts => format!("shorten the prompt to at most {} tokens", l - drafts),
-        Some(_) => "draft fewer tokens a round (--draft-len)".to_string(),
-        None => "shorten the prompt".to_string(),
+    let fix = match l.checked_sub(prompt + drafts) {
+        Some(0) => "ask for at most 1 new token".to_string(),
+        Some(room) => format!("ask for at most {} new tokens", room + 1),
+        None if l == drafts + 1 => "shorten the prompt to 1 token".to_string(),
+        None if l > drafts => format!("shorten the prompt to at most {} tokens", l - drafts),
+        None => "draft fewer tokens a round (--draft-len)".to_string(),
     };
     // greedy steps are trees of one node, a chain of `drafts` one of `drafts + 1`
     let needed = tree_positions(0, prompt, max_new, drafts + 1);

@@ -12,6 +12,7 @@ use anyhow::{Context, Result, bail};
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::manifest::{ExportDir, GraphKind};
 use onnx_runner::speculation::OnnxSpeculation;
+use reference::base::generate::decode_positions;
 use reference::golden::{
     CheckReport, EngineGraphs, Golden, M2r2Record, SpeculativeEngine, TreeEngine,
 };
@@ -112,7 +113,7 @@ impl OnnxEngine {
             None => (GraphKind::Model, "check a golden of fewer steps"),
         };
         let why = format!("a golden of {prompt} prompt tokens and {steps} steps");
-        let needed = prompt + steps.saturating_sub(1);
+        let needed = decode_positions(prompt, steps);
         Ok(self.export.check_room(kind, needed, &why, fix)?)
     }
 
