@@ -419,7 +419,7 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
         } else {
             "verifier.onnx"
         };
-        super::fails(
+        let refused = super::fails(
             &["golden", "check", g, "--onnx", s],
             &[
                 graph,
@@ -427,6 +427,10 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
                  steps needs 42; export with a larger --static-cache",
             ],
         );
+        // the export's description is said once, in the `checking` line
+        let said = format!("{}{}", refused.stdout, refused.stderr);
+        assert_eq!(said.matches("on ONNX Runtime").count(), 1, "{said}");
+        assert!(refused.stdout.contains("overall: NOT CHECKED"), "{said}");
     }
     // a budget past the buffers is refused before any run, with the budget that fits: greedy
     // needs 3 + N - 1 positions, a speculative round with 2 drafts 2 more

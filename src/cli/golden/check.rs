@@ -128,9 +128,8 @@ fn check_file(args: &CheckArgs, engine: &mut Engine, file: &Path) -> Outcome {
                 fields["execution_provider"] = json!(onnx.ep_name);
                 fields["export_dtype"] = json!(onnx.dtype);
                 header.push(format!("checking {}", onnx.name));
-                let report = onnx
-                    .check(&golden, &tol)
-                    .with_context(|| format!("golden check on {}", onnx.name))?;
+                // the header's `checking` line and the label name the export
+                let report = onnx.check(&golden, &tol)?;
                 Ok(Checked::new(
                     tol,
                     report,
