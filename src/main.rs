@@ -3,7 +3,8 @@
 //! Conventions shared by every command: results go to stdout (`--json` prints exactly one JSON
 //! object), diagnostics, progress and timings to stderr; any error prints `error: <message with its
 //! causes>` and exits 1; usage errors exit 2 (clap's default); `golden check` / `compare` exit 2
-//! when a golden could not be checked (docs/GOLDEN.md).
+//! when a golden could not be checked (docs/GOLDEN.md); a reader that closes stdout early (`| head`)
+//! ends the command quietly, as it ends `cat` ([`restore_sigpipe`]).
 
 mod cli;
 
@@ -72,6 +73,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    restore_sigpipe();
     let cli = Cli::parse();
     // A decode step is many short parallel sections (SmolLM2: 7 products a layer, 30 layers).
     // With the main thread outside rayon's pool, each section wakes a worker and then the main
@@ -115,5 +117,19 @@ fn main() -> ExitCode {
                 None => ExitCode::FAILURE,
             }
         }
+    }
+}
+
+/// Rust ignores SIGPIPE, so a write to a closed pipe (`m2r2 info --json | head -1`) is an error,
+/// and `println!` turns it into a panic with a backtrace. The default disposition ends the process
+/// on that write with no message, as `cat` and `grep` do (exit status 141 in a shell); the
+/// command's output was not wanted past that point. m2r2 opens no sockets, where the default
+/// would hide a failure.
+fn restore_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: called first in main, before any thread is started; `signal` with `SIG_DFL` only
+    // sets this process's disposition of one signal.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }

@@ -1,7 +1,8 @@
-//! Bad arguments are refused clearly, and `fetch` without python3 says what to install.
+//! Bad arguments are refused clearly, `fetch` without python3 says what to install, and a reader
+//! that stops reading (`| head`) ends the command without a panic.
 
 use super::fails;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 #[test]
 fn bad_arguments_are_refused_clearly() {
@@ -245,4 +246,29 @@ fn fetch_without_python_says_what_to_do() {
         "{stderr}"
     );
     assert!(!cache.path().join("smollm2").exists());
+}
+
+/// `m2r2 info --json | head -c 0`: the pipe closes before the first write; the command ends on the
+/// default SIGPIPE disposition (as `cat` does), not in a panic of `println!`.
+#[cfg(unix)]
+#[test]
+fn a_closed_stdout_ends_the_command_without_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_m2r2"))
+        .args(["info", "--model", "tiny", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    // the only read end: closed before the command can write
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("the binary ends");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {stderr}",
+        out.status
+    );
 }
