@@ -15,7 +15,7 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelArgs,
     /// Exit gates as comma-separated layer counts, strictly increasing in 1..N, e.g. 2,4,6
-    /// (default: 3 near-equal intervals)
+    /// (default: 3 gates, 4 near-equal intervals)
     #[arg(long, value_name = "E1,E2,...")]
     pub gates: Option<String>,
     /// Adapter rank r (default 16)

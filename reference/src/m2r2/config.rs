@@ -220,9 +220,9 @@ pub fn parse_gates(text: &str) -> Result<Vec<usize>> {
 }
 
 impl M2r2Config {
-    /// The defaults for `model` (docs/m2r2/streams.md): J = 3 near-equal intervals, rank 16,
-    /// alpha 32, all seven targets (the four attention projections on MoE models), ARLA latent 64
-    /// and threshold 0.5, draft gate 1, draft length 4, no seed.
+    /// The defaults for `model` (docs/m2r2/streams.md): J = 3 gates (4 near-equal intervals),
+    /// rank 16, alpha 32, all seven targets (the four attention projections on MoE models), ARLA
+    /// latent 64 and threshold 0.5, draft gate 1, draft length 4, no seed.
     pub fn default_for(model: &ModelConfig) -> Self {
         let targets = Target::ALL
             .into_iter()

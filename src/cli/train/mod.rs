@@ -35,7 +35,7 @@ pub struct Args {
     /// trained on as one set (never data made from dev_prompts.jsonl)
     #[arg(long, value_name = "DIR", required = true, num_args = 1.., value_delimiter = ',')]
     pub data: Vec<PathBuf>,
-    /// Exit gates as comma-separated layer counts (default: 3 near-equal intervals)
+    /// Exit gates as comma-separated layer counts (default: 3 gates, 4 near-equal intervals)
     #[arg(long, value_name = "E1,E2,...")]
     pub gates: Option<String>,
     /// Gates (1-based) whose adapters are trained, comma-separated (default: all)
