@@ -368,9 +368,9 @@ pub fn build(
         }
         GraphKind::Draft => {
             let s = embed(&mut b, &cx, &rows_input);
+            // only a bridge trained at this draft gate is read (drafting elsewhere ignores it)
             let bridge_states = m2r2
-                .bridge
-                .as_ref()
+                .bridge_at(options.draft_gate)
                 .map(|_| b.input(BRIDGE_STATES, Elem::F32, &[BATCH, SEQ, Dim::Fixed(d)]));
             let out = draft(
                 &mut b,
