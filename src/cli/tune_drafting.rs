@@ -118,8 +118,8 @@ pub struct Args {
     pub json: bool,
     /// Write the winners into the m2r2_config.json of this M2R2 weights folder: the chain default
     /// (draft_gate, draft_len, dynamic_draft), the default tree (draft_tree, or none) and the
-    /// prompt-lookup branch (prompt_lookup, or none), by ONNX Runtime's predictions with --onnx,
-    /// else the reference's
+    /// prompt-lookup branch (prompt_lookup, or none) by the reference's predictions at the top
+    /// level, and with --onnx ONNX Runtime's in onnx_drafting where they differ
     #[arg(long, value_name = "DIR")]
     pub write: Option<PathBuf>,
 }

@@ -394,6 +394,13 @@ fn tree_goldens_on_onnx_runtime() {
         "{}",
         run.stdout
     );
+    // the header says once what an older file lacks
+    assert!(
+        run.stdout
+            .contains("format 2, ran the whole budget (stop tokens recorded from version 3 on)"),
+        "{}",
+        run.stdout
+    );
 }
 
 /// Trees that change from round to round (format version 5): `--draft-tree` grown per branch

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 #[derive(clap::Args, Debug)]
 pub struct MoeSimArgs {
-    /// tiny-moe | a Hugging Face Mixtral checkpoint folder | a .gguf file (an MoE model)
+    /// tiny-moe | a Hugging Face Mixtral checkpoint folder (MoE GGUF files are not read)
     #[arg(long, value_name = "MODEL", default_value = "tiny-moe")]
     pub model: String,
     #[command(flatten)]

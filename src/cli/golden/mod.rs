@@ -276,10 +276,8 @@ fn tree_policy_json(golden: &Golden) -> (serde_json::Value, serde_json::Value) {
 /// for files before format version 3 what they lack.
 fn stop_line(golden: &Golden) -> String {
     match &golden.stop_tokens {
-        None => format!(
-            "format version {}: ran the whole budget (stop tokens recorded from version 3 on)",
-            golden.format_version()
-        ),
+        // the header's `format N` says which version
+        None => "ran the whole budget (stop tokens recorded from version 3 on)".into(),
         Some(stops) if stops.is_empty() => "recorded without stopping (--ignore-eos)".into(),
         Some(stops) => match golden.tokens.last() {
             Some(t) if stops.contains(t) => "stopped at end of turn".into(),
