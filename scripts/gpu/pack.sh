@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pack what the GPU checks need (docs/GPU.md) into chunks that a machine without network can be
 # sent one at a time: the release binary, the CUDA equivalence, static-cache and tree tests, the onnxruntime-gpu libraries
-# and the SmolLM2 GGUF, as `c0 c1 ...` (45 MiB each) plus `manifest` in OUT (default .gpu, which
+# and the SmolLM2 GGUF, as `c0 c1 ...` (44 MiB each, or CHUNK) plus `manifest` in OUT (default .gpu, which
 # .gitignore keeps out of commits).
 #
 #   scripts/gpu/pack.sh [OUT [BASELINE]]

@@ -49,7 +49,7 @@ pub struct Args {
     #[arg(long, value_name = "L_MAX")]
     pub static_cache: Option<usize>,
     /// With --static-cache: draft.onnx with the accelerator adapters merged into the fast
-    /// stream's weights (W + c B A) and both streams stacked, about a third of the nodes; for
+    /// stream's weights (W + c B A) and both streams stacked, about half the nodes; for
     /// providers that pay per node (CUDA, with or without CUDA graphs); reads the lower layers'
     /// weights twice, so slower on a CPU (docs/STATIC.md)
     #[arg(long)]
