@@ -195,16 +195,26 @@ fn compare_records(
     match (want, got) {
         (
             M2r2Record::EarlyExit {
+                gate: gate_a,
+                threshold: ta,
+                kv_policy: pa,
                 exit_gate: a,
                 gate_scores: sa,
-                ..
             },
             M2r2Record::EarlyExit {
+                gate: gate_b,
+                threshold: tb,
+                kv_policy: pb,
                 exit_gate: b,
                 gate_scores: sb,
-                ..
             },
         ) => {
+            if (gate_a, ta, pa) != (gate_b, tb, pb) {
+                return Err(Error::Invalid(format!(
+                    "the goldens exit by different rules (gate {gate_a} at {ta}, {pa} KV vs gate \
+                     {gate_b} at {tb}, {pb} KV)"
+                )));
+            }
             let common = sa.nrows().min(sb.nrows());
             Ok(vec![
                 compare_int_rows("exit_gate", ACTUAL, a, b, 1, false),
@@ -220,18 +230,30 @@ fn compare_records(
         }
         (
             M2r2Record::Speculative {
+                draft_gate: da,
+                gate: gate_a,
                 rounds: a,
                 draft_length: la,
                 graphs: ga,
-                ..
             },
             M2r2Record::Speculative {
+                draft_gate: db,
+                gate: gate_b,
                 rounds: b,
                 draft_length: lb,
                 graphs: gb,
-                ..
             },
         ) => {
+            if da != db {
+                return Err(Error::Invalid(format!(
+                    "the goldens draft at different gates ({da} vs {db})"
+                )));
+            }
+            if gate_a != gate_b {
+                return Err(Error::Invalid(format!(
+                    "the goldens score drafts with different gates ({gate_a:?} vs {gate_b:?})"
+                )));
+            }
             if la != lb {
                 return Err(Error::Invalid(format!(
                     "the goldens record different draft lengths ({la:?} vs {lb:?})"
@@ -276,7 +298,13 @@ fn compare_records(
                 graphs: gb,
             },
         ) => {
-            if ra.widths != rb.widths || ra.grown != rb.grown || ra.lookup != rb.lookup {
+            if ra.draft_gate != rb.draft_gate {
+                return Err(Error::Invalid(format!(
+                    "the goldens draft at different gates ({} vs {})",
+                    ra.draft_gate, rb.draft_gate
+                )));
+            }
+            if ra != rb {
                 return Err(Error::Invalid(format!(
                     "the goldens draft different token trees ({} vs {})",
                     ra.describe(),

@@ -605,3 +605,48 @@ fn draft_max_not_bounded_by_the_rounds_is_refused() {
         "{err}"
     );
 }
+
+/// Goldens that draft at another gate, or exit by another rule, are not compared: their rounds
+/// and scores would differ for that reason alone, and a NOT OK would hide it.
+#[test]
+fn compare_refuses_other_draft_gates_and_exit_rules() {
+    let (model, weights) = setup("tiny");
+    let m2r2 = M2r2::new(&model, &weights);
+    let tol = Tolerance::absolute(DEFAULT_ATOL);
+    let options = spec_options(DraftLength::Fixed(2));
+    let at = |draft_gate| {
+        Golden::record_speculative(m2r2, "tiny", &[1, 2, 3], 8, draft_gate, None, &options).unwrap()
+    };
+    assert!(at(1).compare_to(&at(1), tol, &|_| None).unwrap().ok());
+    let err = at(1).compare_to(&at(2), tol, &|_| None).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("draft at different gates (1 vs 2)"),
+        "{err}"
+    );
+    // (recorded goldens exit with the exact KV policy only)
+    let exit = |threshold: f32, gate| {
+        let options = EarlyExitOptions {
+            gate,
+            ..ee_options(threshold)
+        };
+        Golden::record_early_exit(m2r2, "tiny", &[1, 2, 3], 8, &options).unwrap()
+    };
+    let arla = exit(0.5, GateKind::Arla);
+    assert!(arla.compare_to(&arla, tol, &|_| None).unwrap().ok());
+    for (other, said) in [
+        (exit(0.6, GateKind::Arla), "gate arla at 0.6, exact KV"),
+        (
+            exit(0.5, GateKind::Confidence),
+            "gate confidence at 0.5, exact KV",
+        ),
+    ] {
+        let err = arla.compare_to(&other, tol, &|_| None).unwrap_err();
+        let err = err.to_string();
+        assert!(
+            err.contains("exit by different rules (gate arla at 0.5, exact KV vs ")
+                && err.contains(said),
+            "{err}"
+        );
+    }
+}

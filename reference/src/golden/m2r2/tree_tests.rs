@@ -306,6 +306,17 @@ fn tree_goldens_compare_file_to_file() {
         err.contains("different token trees (2,1,1 vs 3,1)"),
         "{err}"
     );
+    let mut elsewhere = g.clone();
+    match elsewhere.m2r2.as_mut().map(|m| &mut m.record) {
+        Some(M2r2Record::SpeculativeTree { recipe, .. }) => recipe.draft_gate = 2,
+        _ => unreachable!("a tree golden"),
+    }
+    let err = g.compare_to(&elsewhere, tol, &|_| None).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("draft at different gates (1 vs 2)"),
+        "{err}"
+    );
     let chain = Golden::record_speculative(
         m2r2,
         "tiny",
