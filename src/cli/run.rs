@@ -226,12 +226,7 @@ pub fn run(args: &Args) -> Result<()> {
     if let Some(widths) = &tree {
         crate::cli::args::tree::draft_tree_settings(&mut settings, widths, dynamic);
     }
-    if args.ep.ort_compare.is_some() {
-        bail!(
-            "--ort-compare is for `m2r2 bench --cost-shape --onnx DIR`; `run` takes one set of options"
-        );
-    }
-    args.ep.check_single_cuda_graph("run")?;
+    args.ep.check_one_config("run")?;
     // rows per verification: a tree's nodes, a chain's drafts
     let rows = match &tree {
         Some(widths) => {

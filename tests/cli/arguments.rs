@@ -154,7 +154,7 @@ fn flags_the_run_would_not_read_are_refused() {
         &["tune-drafting", "--data", "no-such-data", "--ep", "cuda"],
         &[
             "--ep sets up ONNX Runtime",
-            "tune-drafting measures the reference",
+            "tune-drafting runs the reference",
         ],
     );
     fails(

@@ -239,3 +239,40 @@ fn corrupt_draft_head_is_refused_naming_the_file() {
         assert_eq!(run.code, Some(1), "{text}: {}", run.stderr);
     }
 }
+
+/// A speculative golden recorded with `--draft-head off` checks on the reference with the same
+/// weights folder (the head dropped, and said), as one recorded with the head does.
+#[test]
+fn goldens_with_and_without_the_head_check_on_one_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = dir.path().join("w");
+    let w = weights.to_str().unwrap();
+    ok(&["init-m2r2", "--model", "tiny", "--out", w]);
+    write_head(&weights);
+    for head in ["on", "off"] {
+        let golden = dir.path().join(format!("{head}.golden.safetensors"));
+        let g = golden.to_str().unwrap();
+        ok(&[
+            "golden",
+            "write",
+            "--tokens",
+            PROMPT,
+            "--steps",
+            "6",
+            "--mode",
+            "speculative",
+            "--m2r2",
+            w,
+            "--draft-head",
+            head,
+            "--out",
+            g,
+        ]);
+        let run = ok(&["golden", "check", g, "--m2r2", w]);
+        assert!(run.stdout.contains("overall: OK"), "{}", run.stdout);
+        let said = run
+            .stdout
+            .contains("recorded without the pruned draft head");
+        assert_eq!(said, head == "off", "{}", run.stdout);
+    }
+}

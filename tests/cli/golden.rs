@@ -156,3 +156,70 @@ fn tolerances_must_be_finite_and_not_negative() {
         &["--rtol must be a finite number >= 0, got NaN"],
     );
 }
+
+/// A golden check that would not check what it seems to is NOT CHECKED (exit 2), never OK:
+/// ONNX Runtime's flags without `--onnx` (only the reference would run), a golden of no steps,
+/// a JUnit report that cannot be written; and `golden write` refuses what would record nothing
+/// or pin nothing (`--steps 0`, `--m2r2` for a greedy golden).
+#[test]
+fn checks_that_would_prove_nothing_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.golden.safetensors");
+    let file = path.to_str().unwrap();
+    let write = ["golden", "write", "--tokens", "1,2,3", "--out", file];
+    fails(
+        &[&write[..], &["--steps", "0"]].concat(),
+        &["--steps 0 records nothing to check"],
+    );
+    fails(
+        &[&write[..], &["--m2r2", "none"]].concat(),
+        &[
+            "--m2r2 none is for M2R2 goldens",
+            "records the base model alone",
+        ],
+    );
+    ok(&[&write[..], &["--steps", "3"]].concat());
+    let not_checked = |args: &[&str], needle: &str| {
+        let run = fails(args, &[needle]);
+        assert_eq!(run.code, Some(2), "{args:?}: {}", run.stderr);
+        run
+    };
+    for flag in [
+        &["--ep", "cuda"][..],
+        &["--ort-threads", "1"],
+        &["--cuda-graph", "on"],
+    ] {
+        let run = not_checked(
+            &[&["golden", "check", file][..], flag].concat(),
+            "sets up ONNX Runtime, which runs only with --onnx DIR",
+        );
+        assert!(
+            run.stdout.contains("overall: NOT CHECKED"),
+            "{}",
+            run.stdout
+        );
+    }
+    not_checked(
+        &[
+            "golden",
+            "check",
+            file,
+            "--junit",
+            dir.path().to_str().unwrap(),
+        ],
+        "cannot write",
+    );
+    // a golden of no steps (the library records one; the command line refuses to)
+    let model = reference::io::builtin::builtin("tiny").unwrap();
+    let empty = dir.path().join("empty.golden.safetensors");
+    reference::golden::Golden::record_greedy(&model, "tiny", &[1, 2, 3], 0)
+        .unwrap()
+        .write(&empty)
+        .unwrap();
+    let empty = empty.to_str().unwrap();
+    not_checked(
+        &["golden", "check", empty],
+        "records no step: there is nothing to check",
+    );
+    not_checked(&["golden", "compare", file, empty], "records no step");
+}

@@ -700,6 +700,27 @@ fn cuda_graph_is_refused_where_it_cannot_apply() {
         run(s, &["--cuda-graph", "both"]),
         &["--cuda-graph both is for `bench --onnx`"],
     );
+    refused(
+        run(s, &["--ort-compare", "one:threads=1"]),
+        &["--ort-compare is for `m2r2 bench --cost-shape --onnx DIR`; `run` takes one set"],
+    );
+    // golden check runs one set of sessions too
+    let golden = dir.path().join("g.golden.safetensors");
+    let golden = golden.to_str().unwrap();
+    super::ok(&[
+        "golden", "write", "--tokens", "1,2,3", "--steps", "2", "--out", golden,
+    ]);
+    for (flag, said) in [
+        (
+            ["--ort-compare", "one:threads=1"],
+            "`golden check` takes one set of options",
+        ),
+        (["--cuda-graph", "both"], "`golden check` takes on or off"),
+    ] {
+        let args = [&["golden", "check", golden, "--onnx", s][..], &flag].concat();
+        let refusal = super::fails(&args, &[said]);
+        assert_eq!(refusal.code, Some(2), "{}", refusal.stderr);
+    }
     super::fails(
         &[
             "golden",

@@ -123,12 +123,13 @@ pub fn apply_session_options(base: &EpConfig, spec: &str) -> Result<EpConfig> {
 
 impl EpArgs {
     /// Refuse ONNX Runtime's flags in a command that runs no session without `--onnx` (`bench`,
-    /// `tune-drafting`): they would be ignored, and the figures taken for the provider's.
+    /// `tune-drafting`, `golden check`): they would be ignored, and the figures or the verdict
+    /// taken for the provider's.
     pub fn refuse_without_onnx(&self, has_onnx: bool, command: &str) -> Result<()> {
         match self.first_given().filter(|_| !has_onnx) {
             Some(flag) => bail!(
                 "{flag} sets up ONNX Runtime, which runs only with --onnx DIR: without it {command} \
-                 measures the reference on the CPU"
+                 runs the reference on the CPU"
             ),
             None => Ok(()),
         }
@@ -155,8 +156,16 @@ impl EpArgs {
         .find_map(|(flag, given)| given.then_some(flag))
     }
 
-    /// `--cuda-graph both` is refused outside `bench` (`command` names the command).
-    pub fn check_single_cuda_graph(&self, command: &str) -> Result<()> {
+    /// The options of a command that runs one set of sessions (`run`, `golden check --onnx`):
+    /// `--ort-compare` and `--cuda-graph both`, which ask for several, are `bench`'s
+    /// (`command` names the command).
+    pub fn check_one_config(&self, command: &str) -> Result<()> {
+        if self.ort_compare.is_some() {
+            bail!(
+                "--ort-compare is for `m2r2 bench --cost-shape --onnx DIR`; `{command}` takes one \
+                 set of options"
+            );
+        }
         if self.cuda_graph == Some(CudaGraph::Both) {
             bail!(
                 "--cuda-graph both is for `bench --onnx` (it measures each static export without \

@@ -9,10 +9,11 @@ use crate::cli::args::m2r2::M2r2Args;
 use crate::cli::common;
 use anyhow::{Context, Result, bail};
 use reference::base::generate::ReferenceGreedy;
-use reference::golden::{DEFAULT_ATOL, Golden};
+use reference::golden::{DEFAULT_ATOL, Golden, WeightsId};
 use reference::io::load::LoadedModel;
 use reference::io::tokenizer::Tokenizer;
 use reference::m2r2::fast_stream::M2r2;
+use reference::m2r2::weights::M2r2Weights;
 use serde_json::json;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -40,6 +41,39 @@ fn suite_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// A golden to check or compare: one that records no step would pass with nothing compared.
+fn read_golden(path: &Path) -> Result<Golden> {
+    let golden =
+        Golden::read(path).with_context(|| format!("cannot read golden {}", path.display()))?;
+    if golden.tokens.is_empty() {
+        bail!(
+            "{} records no step: there is nothing to check (record it with --steps 1 or more)",
+            path.display()
+        );
+    }
+    Ok(golden)
+}
+
+/// A golden recorded with `--draft-head off` names the weights without their pruned draft head:
+/// the head is dropped when that makes them the recorded ones (and the header says so), so the
+/// same folder checks both kinds of golden.
+fn without_unrecorded_head(golden: &Golden, weights: &mut M2r2Weights, header: &mut Vec<String>) {
+    let Some(recorded) = golden.m2r2.as_ref().map(|m| &m.weights) else {
+        return;
+    };
+    if weights.draft_head.is_none() || WeightsId::of(weights).matches(recorded) {
+        return;
+    }
+    let head = weights.draft_head.take();
+    if WeightsId::of(weights).matches(recorded) {
+        header.push(
+            "note: recorded without the pruned draft head (--draft-head off): checked so".into(),
+        );
+    } else {
+        weights.draft_head = head;
+    }
+}
+
 /// The text of a token id, when a tokenizer has one.
 fn token_text(tokenizer: Option<&Tokenizer>) -> impl Fn(i64) -> Option<String> + '_ {
     move |id| tokenizer?.decode(&[u32::try_from(id).ok()?], false).ok()
@@ -47,9 +81,15 @@ fn token_text(tokenizer: Option<&Tokenizer>) -> impl Fn(i64) -> Option<String> +
 
 pub(super) fn check(args: &CheckArgs) -> Result<()> {
     let suite = args.file.is_dir();
-    let files = match suite {
-        true => suite_files(&args.file),
-        false => Ok(vec![args.file.clone()]),
+    // ONNX Runtime's flags without --onnx: the reference would run, and its OK read as the
+    // provider's
+    let files = match args
+        .ep
+        .refuse_without_onnx(args.onnx.is_some(), "golden check")
+    {
+        Err(e) => Err(e),
+        Ok(()) if suite => suite_files(&args.file),
+        Ok(()) => Ok(vec![args.file.clone()]),
     };
     let files = match files {
         Ok(files) => files,
@@ -75,9 +115,7 @@ pub(super) fn check(args: &CheckArgs) -> Result<()> {
 
 fn check_file(args: &CheckArgs, engine: &mut Engine, file: &Path) -> Outcome {
     let start = Instant::now();
-    let golden = match Golden::read(file)
-        .with_context(|| format!("cannot read golden {}", file.display()))
-    {
+    let golden = match read_golden(file) {
         Ok(golden) => golden,
         Err(e) => return Outcome::error(file, "golden check", &e),
     };
@@ -152,7 +190,8 @@ fn check_file(args: &CheckArgs, engine: &mut Engine, file: &Path) -> Outcome {
                         bail!("--rtol is for greedy goldens; M2R2 goldens are checked with --atol");
                     }
                     let choice = M2r2Args::weights_only(args.m2r2.clone());
-                    let weights = choice.weights(loaded)?;
+                    let mut weights = choice.weights(loaded)?;
+                    without_unrecorded_head(&golden, &mut weights, &mut header);
                     golden
                         .check_m2r2(M2r2::new(&loaded.model, &weights), tol.tol.atol)
                         .with_context(|| format!("M2R2 weights: {}", choice.source(loaded)))?
@@ -272,15 +311,13 @@ fn compare_files(
     tokenizers: &mut HashMap<String, Option<Tokenizer>>,
 ) -> Outcome {
     let start = Instant::now();
-    let read = |path: &Path| {
-        Golden::read(path).with_context(|| format!("cannot read golden {}", path.display()))
-    };
+    let read = |path: &Path| read_golden(path);
     let (expected, actual) = match (read(expected_path), read(actual_path)) {
         (Ok(e), Ok(a)) => (e, a),
         (Err(e), _) | (_, Err(e)) => return Outcome::error(actual_path, "golden compare", &e),
     };
     let header = vec![format!(
-        "golden {} (recorded with {}, {}; written by {}; {}) against {} (recorded with {}; \
+        "golden {} (recorded with {}, {}; written by {}; {}) against {} (recorded with {}, {}; \
          written by {}; {}): {} prompt tokens, {} steps",
         expected_path.display(),
         expected.model,
@@ -289,6 +326,7 @@ fn compare_files(
         stop_line(&expected),
         actual_path.display(),
         actual.model,
+        settings_line(&actual),
         writer(&actual),
         stop_line(&actual),
         expected.prompt_tokens.len(),

@@ -130,7 +130,6 @@ pub(super) fn report_all(
             outcomes.len()
         );
     }
-    junit_written?;
     let mut problems: Vec<String> = outcomes
         .iter()
         .filter_map(|o| match &o.result {
@@ -149,6 +148,15 @@ pub(super) fn report_all(
         })
         .collect();
     problems.truncate(20);
+    // a report CI cannot read is an error of the check (2), whatever the goldens' outcome
+    if let Err(e) = junit_written {
+        problems.insert(0, common::error_chain(&e));
+        return Err(common::Exit {
+            code: 2,
+            message: problems.join("; "),
+        }
+        .into());
+    }
     match status {
         "ok" => Ok(()),
         _ => Err(common::Exit {
