@@ -238,7 +238,7 @@ impl OnnxSession {
             let value = outputs.remove(*name).ok_or_else(|| Error::MissingOutput {
                 file: file.clone(),
                 name: name.to_string(),
-                known: names(&self.outputs),
+                known: format!("the graph's outputs: {}", names(&self.outputs)),
             })?;
             let tensor: DynTensor = value.downcast().map_err(err)?;
             kept.push((name.to_string(), tensor));

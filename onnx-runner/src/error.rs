@@ -49,7 +49,8 @@ pub enum Error {
     #[error("{file}: input `{name}` was not given")]
     MissingInput { file: String, name: String },
 
-    #[error("{file}: output `{name}` is missing (the graph's f32 outputs: {known})")]
+    /// `known` says what there was instead, in words.
+    #[error("{file}: output `{name}` is missing ({known})")]
     MissingOutput {
         file: String,
         name: String,

@@ -66,22 +66,27 @@ impl Outputs {
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, t)| t)
-            .ok_or_else(|| Error::MissingOutput {
-                file: self.file.clone(),
-                name: name.into(),
-                known: self.names().join(", "),
-            })
+            .ok_or_else(|| self.missing(name))
+    }
+
+    /// `name` is not among the outputs this run returned (or any left to take).
+    fn missing(&self, name: &str) -> Error {
+        let names = self.names();
+        Error::MissingOutput {
+            file: self.file.clone(),
+            name: name.into(),
+            known: match names.is_empty() {
+                true => "the run returned no other f32 output: is the graph the export's?".into(),
+                false => format!("the run returned {}", names.join(", ")),
+            },
+        }
     }
 
     /// Take the output `name` out (no copy).
     pub fn take(&mut self, name: &str) -> Result<ArrayD<f32>> {
         match self.tensors.iter().position(|(n, _)| n == name) {
             Some(i) => Ok(self.tensors.swap_remove(i).1),
-            None => Err(Error::MissingOutput {
-                file: self.file.clone(),
-                name: name.into(),
-                known: self.names().join(", "),
-            }),
+            None => Err(self.missing(name)),
         }
     }
 
@@ -281,7 +286,7 @@ impl OnnxSession {
                 .ok_or_else(|| Error::MissingOutput {
                     file: file.clone(),
                     name: info.name.clone(),
-                    known: "(ONNX Runtime returned fewer outputs than the graph declares)".into(),
+                    known: "ONNX Runtime returned fewer outputs than the graph declares".into(),
                 })?;
             let array = value
                 .try_extract_array::<f32>()

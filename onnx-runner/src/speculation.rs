@@ -38,6 +38,8 @@ pub const BRIDGE_STATES: &str = "bridge_states";
 pub const EXIT_STATES: &str = "exit_states";
 /// verifier.onnx's output with a bridge: the final slow residual of each row.
 pub const FINAL_STATES: &str = "final_states";
+/// draft.onnx's output with ARLA weights (`has_arla`): ARLA's exit probability of each row.
+pub const EXIT_PROB: &str = "exit_prob";
 use ndarray::{Array1, Array2, Axis};
 use reference::ModelConfig;
 use reference::decode::bridge_state::BridgeMemory;

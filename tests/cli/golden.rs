@@ -178,6 +178,35 @@ fn checks_that_would_prove_nothing_are_refused() {
             "records the base model alone",
         ],
     );
+    fails(
+        &[&write[..], &["--steps", "600", "--mode", "speculative"]].concat(),
+        &["needs 606 positions but the context holds 512 (shorten the prompt or lower --steps)"],
+    );
+    // a suite names the prompt that failed and what it had written
+    let prompts = dir.path().join("prompts.jsonl");
+    let long = "x".repeat(600);
+    std::fs::write(
+        &prompts,
+        format!("{{\"id\": \"short\", \"prompt\": \"hi\"}}\n{{\"id\": \"long\", \"prompt\": \"{long}\"}}\n"),
+    )
+    .unwrap();
+    let suite = dir.path().join("suite");
+    fails(
+        &[
+            "golden",
+            "write",
+            "--prompts",
+            prompts.to_str().unwrap(),
+            "--steps",
+            "2",
+            "--out",
+            suite.to_str().unwrap(),
+        ],
+        &[
+            "long.golden.safetensors (1 of the suite's goldens written before it)",
+            "--steps",
+        ],
+    );
     ok(&[&write[..], &["--steps", "3"]].concat());
     let not_checked = |args: &[&str], needle: &str| {
         let run = fails(args, &[needle]);

@@ -291,6 +291,38 @@ fn manifest_layers_must_match_the_graphs() {
     );
 }
 
+/// A draft.onnx without ARLA (from an export of `--m2r2 none`) in a folder whose manifest says
+/// `has_arla` is refused when the graphs load, naming the graph and the missing output.
+#[test]
+fn manifest_arla_must_match_the_draft_graph() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let (onnx, plain) = (p("onnx"), p("plain"));
+    ok(&["export", "--model", "tiny", "--out", &onnx]);
+    ok(&[
+        "export", "--model", "tiny", "--m2r2", "none", "--out", &plain,
+    ]);
+    std::fs::copy(
+        Path::new(&plain).join("draft.onnx"),
+        Path::new(&onnx).join("draft.onnx"),
+    )
+    .unwrap();
+    fails(
+        &[
+            "run",
+            "--onnx",
+            &onnx,
+            "--tokens",
+            "1,2",
+            "--max-new-tokens",
+            "2",
+            "--mode",
+            "speculative",
+        ],
+        &["draft.onnx", "(`has_arla`)", "no `exit_prob` output"],
+    );
+}
+
 /// A golden written before the drafting defaults are chosen again (here by hand, as `tune-drafting
 /// --write` would) still checks on the reference and on an export made afterwards: both match it
 /// by `m2r2_weights_hash`. Other adapters are still refused, naming both identities.

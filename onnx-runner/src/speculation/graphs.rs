@@ -2,7 +2,7 @@
 //! exit states), feed.onnx (kept residuals only) and verifier.onnx (logits, final states), their
 //! outputs read and checked, the KV stores grown.
 
-use super::{BRIDGE_STATES, EXIT_STATES, FINAL_STATES, OnnxSpeculation};
+use super::{BRIDGE_STATES, EXIT_PROB, EXIT_STATES, FINAL_STATES, OnnxSpeculation};
 use crate::error::{Error, Result};
 use crate::greedy::logits_rows;
 use crate::session::Input;
@@ -69,11 +69,11 @@ impl OnnxSpeculation {
             false => None,
         };
         let exit_prob = if self.has_arla {
-            let p = out.take("exit_prob")?;
+            let p = out.take(EXIT_PROB)?;
             if p.shape() != [1, t] {
                 return Err(Error::WrongShape {
                     file,
-                    tensor: "exit_prob".into(),
+                    tensor: EXIT_PROB.into(),
                     expected: format!("[1, {t}]"),
                     actual: p.shape().to_vec(),
                 });

@@ -3,7 +3,7 @@
 //! with the KV cache they share, growing or static.
 
 use super::tree::TreeState;
-use super::{BRIDGE_STATES, EXIT_STATES, FINAL_STATES, OnnxSpeculation};
+use super::{BRIDGE_STATES, EXIT_PROB, EXIT_STATES, FINAL_STATES, OnnxSpeculation};
 use crate::ep::{Ep, EpConfig};
 use crate::error::{Error, Result};
 use crate::kv::Kv;
@@ -73,6 +73,16 @@ impl OnnxSpeculation {
             }
             crate::kv::check_width(&draft, EXIT_STATES, c.hidden_size, "hidden_size")?;
             crate::kv::check_width(&verifier, FINAL_STATES, c.hidden_size, "hidden_size")?;
+        }
+        // the manifest's `has_arla` says draft.onnx scores with ARLA
+        if m.has_arla && !draft.outputs().iter().any(|t| t.name == EXIT_PROB) {
+            return Err(Error::Export {
+                file: draft.file().to_string(),
+                msg: format!(
+                    "m2r2_export.json says the weights have ARLA (`has_arla`), but the graph has \
+                     no `{EXIT_PROB}` output (export the folder again)"
+                ),
+            });
         }
         let feed = if export.has(GraphKind::Feed) {
             let feed = load(GraphKind::Feed)?;

@@ -35,6 +35,13 @@ const GRAPHS: EngineGraphs<'static> = EngineGraphs {
     decode: "feed+draft+verifier.onnx",
 };
 
+/// [`GRAPHS`] of an export without feed.onnx (draft.onnx feeds the positions it does not propose
+/// from).
+const GRAPHS_WITHOUT_FEED: EngineGraphs<'static> = EngineGraphs {
+    decode: "draft+verifier.onnx",
+    ..GRAPHS
+};
+
 /// The ONNX Runtime side of `check --onnx`: the export and its sessions, opened once for every
 /// file of a suite (the draft and verifier graphs when the first speculative golden needs them).
 pub(super) struct OnnxEngine {
@@ -180,6 +187,12 @@ impl OnnxEngine {
         };
         speculation.reset();
         let bridged = speculation.has_bridge();
+        let has_feed = self.export.has(GraphKind::Feed);
+        let graphs = if has_feed {
+            GRAPHS
+        } else {
+            GRAPHS_WITHOUT_FEED
+        };
         let mut report = match &tree {
             Some(_) => {
                 let engine = TreeEngine {
@@ -188,7 +201,7 @@ impl OnnxEngine {
                     config: &manifest.config,
                     weights: Some(&hash),
                     draft_gate: manifest.draft_gate,
-                    graphs: GRAPHS,
+                    graphs,
                 };
                 golden.check_tree_on(engine, tol.tol)?
             }
@@ -199,19 +212,37 @@ impl OnnxEngine {
                     config: &manifest.config,
                     weights: Some(&hash),
                     draft_gate: manifest.draft_gate,
-                    graphs: GRAPHS,
+                    graphs,
                 };
                 golden.check_speculative_on(engine, tol.tol)?
             }
         };
+        // verifier.onnx starts from the slow states the lower graphs hand it: a fault in their
+        // slow stream shows on its line too, so the line says where else to look
+        let lower = if has_feed {
+            "draft.onnx or feed.onnx"
+        } else {
+            "draft.onnx"
+        };
+        for e in report
+            .entries
+            .iter_mut()
+            .filter(|e| e.graph == GRAPHS.verify && e.name == "verify_logits" && !e.ok)
+        {
+            e.note += &format!(
+                "; verifier.onnx starts from the draft layers' slow states (the hidden_states \
+                 of {lower}): a fault in those layers shows here too"
+            );
+        }
         if bridged {
             for e in report
                 .entries
                 .iter_mut()
                 .filter(|e| e.graph == GRAPHS.draft && !e.ok)
             {
-                e.note += "; the draft reads verifier.onnx's final_states (the bridge): where \
-                           verifier.onnx is NOT OK too, look there first";
+                e.note += "; the draft also reads verifier.onnx's final_states (the bridge), \
+                           which read draft.onnx's slow states: where verifier.onnx is NOT OK \
+                           too, either graph may be at fault";
             }
         }
         Ok(report)

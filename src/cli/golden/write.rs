@@ -99,8 +99,18 @@ pub(super) fn write(args: &WriteArgs) -> Result<()> {
     };
     let mut written = Vec::new();
     for (out, prompt) in &jobs {
-        let tokens = common::prompt_tokens(&loaded, prompt)?;
-        let golden = record(args, &loaded, &tokens)?;
+        let golden = common::prompt_tokens(&loaded, prompt)
+            .and_then(|tokens| record(args, &loaded, &tokens))
+            .map_err(in_steps)
+            .with_context(|| match &args.prompts {
+                // a suite names the golden (its prompt's id) and what is already written
+                Some(_) => format!(
+                    "cannot record {} ({} of the suite's goldens written before it)",
+                    out.display(),
+                    written.len()
+                ),
+                None => format!("cannot record {}", out.display()),
+            })?;
         common::create_parent(out)?;
         golden
             .write(out)
@@ -143,6 +153,17 @@ pub(super) fn write(args: &WriteArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The reference's context error names `generate`'s flag; a golden's budget is `--steps`.
+fn in_steps(error: anyhow::Error) -> anyhow::Error {
+    match error.downcast_ref::<reference::error::Error>() {
+        Some(&reference::error::Error::ContextOverflow { needed, capacity }) => anyhow::anyhow!(
+            "the golden needs {needed} positions but the context holds {capacity} (shorten the \
+             prompt or lower --steps)"
+        ),
+        _ => error,
+    }
 }
 
 /// Record up to `args.steps` tokens in `args.m2r2.mode` (greedy), stopping at the model's
