@@ -208,6 +208,19 @@ fn checks_that_would_prove_nothing_are_refused() {
         ],
     );
     ok(&[&write[..], &["--steps", "3"]].concat());
+    // a golden of a smaller budget compares with a longer one over the common steps
+    let longer = dir.path().join("longer.golden.safetensors");
+    let longer = longer.to_str().unwrap();
+    ok(&[
+        "golden", "write", "--tokens", "1,2,3", "--steps", "5", "--out", longer,
+    ]);
+    let run = ok(&["golden", "compare", longer, file]);
+    assert!(
+        run.stdout
+            .contains("actual ran its whole budget and ended after 3"),
+        "{}",
+        run.stdout
+    );
     let not_checked = |args: &[&str], needle: &str| {
         let run = fails(args, &[needle]);
         assert_eq!(run.code, Some(2), "{args:?}: {}", run.stderr);

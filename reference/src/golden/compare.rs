@@ -10,7 +10,7 @@ use super::m2r2::{
 };
 use super::record::replay_on;
 use super::report::{
-    CheckReport, TensorCheck, Tolerance, compare_int_rows, compare_rows, compare_stops,
+    CheckReport, StopRules, TensorCheck, Tolerance, compare_int_rows, compare_rows, compare_stops,
 };
 use crate::base::config::ModelConfig;
 use crate::base::generate::GreedyBackend;
@@ -147,19 +147,20 @@ impl Golden {
                 .map(|c| ids(&c.eos_token_ids))
                 .unwrap_or_default();
         }
-        let (want_stops, got_stops) = (!self.stops().is_empty(), !actual.stops().is_empty());
-        let longer_stopped = if self.tokens.len() > actual.tokens.len() {
-            want_stops
-        } else {
-            got_stops
+        let (longer, shorter) = match self.tokens.len() > actual.tokens.len() {
+            true => (self, actual),
+            false => (actual, self),
+        };
+        let rules = StopRules {
+            longer_stopped: !longer.stops().is_empty(),
+            shorter_budget: shorter.max_steps,
         };
         entries.extend(compare_stops(
             ACTUAL,
             "actual",
-            &ids(&self.tokens),
-            &ids(&actual.tokens),
+            (&ids(&self.tokens), &ids(&actual.tokens)),
             &stops,
-            longer_stopped,
+            rules,
             text,
         ));
         entries.push(compare_rows(

@@ -44,8 +44,8 @@ pub use m2r2::{
     weights_hash_without_defaults,
 };
 pub use report::{
-    CheckReport, Divergence, TensorCheck, Tolerance, compare, compare_int_rows, compare_ints,
-    compare_padded, compare_rows, compare_stops, compare_within,
+    CheckReport, Divergence, StopRules, TensorCheck, Tolerance, compare, compare_int_rows,
+    compare_ints, compare_padded, compare_rows, compare_stops, compare_within,
 };
 
 pub const GOLDEN_FORMAT: &str = "m2r2-golden";

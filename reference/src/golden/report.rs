@@ -9,8 +9,8 @@ mod tests;
 mod tolerance;
 
 pub use tensors::{
-    compare, compare_int_rows, compare_ints, compare_padded, compare_rows, compare_stops,
-    compare_within,
+    StopRules, compare, compare_int_rows, compare_ints, compare_padded, compare_rows,
+    compare_stops, compare_within,
 };
 pub use tolerance::Tolerance;
 
@@ -234,6 +234,10 @@ impl TensorCheck {
             );
         }
         let first = self.first_failure().unwrap_or_else(|| "?".into());
+        if self.row_max_abs.is_empty() && self.at.is_empty() {
+            // a verdict (`stop`): no values were compared, the note says what differs
+            return format!("at {first}: {}", self.note);
+        }
         format!(
             "first over tolerance at {first}; {} of {} {}s and {} values over; worst {:.3e} at {:?} ({})",
             self.rows_over,

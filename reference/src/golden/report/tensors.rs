@@ -157,20 +157,29 @@ pub fn compare_padded(
     compare_rows(name, "", want, got, Tolerance::absolute(atol), true)
 }
 
+/// How the two decodes of [`compare_stops`] were allowed to end.
+#[derive(Clone, Copy, Debug)]
+pub struct StopRules {
+    /// The longer decode stopped at end of turn (false: recorded without stopping, it ran on).
+    pub longer_stopped: bool,
+    /// The shorter decode's step budget, when known (a golden's `max_steps`).
+    pub shorter_budget: Option<usize>,
+}
+
 /// Where two decodes of the same prompt stopped. `None` when both emitted the same number of
 /// tokens. Otherwise a `stop` verdict: OK when the shorter one ended on one of `stops` (an
-/// end-of-turn token) and the longer one, recorded without stopping (`longer_stopped` false), has
-/// the same token there and ran on; NOT OK for any other difference.
+/// end-of-turn token) and the longer one, recorded without stopping (`rules.longer_stopped`
+/// false), has the same token there and ran on, or when the shorter one ran its whole budget
+/// (`rules.shorter_budget`) without a stop token; NOT OK for any other difference.
 ///
 /// # Shapes
 /// - `want`, `got`: the emitted tokens of the golden and of the recomputation
 pub fn compare_stops(
     graph: &str,
     against: &'static str,
-    want: &[i64],
-    got: &[i64],
+    (want, got): (&[i64], &[i64]),
     stops: &[i64],
-    longer_stopped: bool,
+    rules: StopRules,
     text: &dyn Fn(i64) -> Option<String>,
 ) -> Option<TensorCheck> {
     if want.len() == got.len() {
@@ -189,20 +198,28 @@ pub fn compare_stops(
         },
         None => "nothing".into(),
     };
-    let shared_end = ended_on.is_some_and(|t| stops.contains(&t))
-        && long.get(short.len() - 1).copied() == ended_on;
-    let ok = shared_end && !longer_stopped;
+    let at_stop = ended_on.is_some_and(|t| stops.contains(&t));
+    let shared_end = at_stop && long.get(short.len() - 1).copied() == ended_on;
+    let budget_ran_out = !at_stop && rules.shorter_budget == Some(short.len());
+    let ok = (shared_end && !rules.longer_stopped) || budget_ran_out;
+    let ended = match (at_stop, budget_ran_out) {
+        (true, _) => "stopped",
+        (false, true) => "ran its whole budget and ended",
+        (false, false) => "ended without a stop token",
+    };
     let note = format!(
-        "golden {} tokens, {against} {}: {short_side} stopped after {} at {}{}",
+        "golden {} tokens, {against} {}: {short_side} {ended} after {} at {}{}",
         want.len(),
         got.len(),
         short.len(),
         name(ended_on),
-        if ok {
-            "; the other was recorded without stopping at end of turn and ran on (the common \
-             tokens are compared above)"
-        } else {
-            ""
+        match (ok, budget_ran_out) {
+            (true, true) => " (the common tokens are compared above)",
+            (true, false) => {
+                "; the other was recorded without stopping at end of turn and ran on (the common \
+                 tokens are compared above)"
+            }
+            (false, _) => "",
         }
     );
     let mut check = TensorCheck::verdict("stop", graph, ok, note);

@@ -65,15 +65,38 @@ fn integer_rows_report_one_divergence_without_padding() {
 fn stops_at_end_of_turn_against_a_golden_that_ran_on() {
     let none = |_: i64| None;
     // the golden ran on past end of turn (2); the deployment stopped there
-    let c = compare_stops("", "recomputed", &[4, 2, 9, 9], &[4, 2], &[2], false, &none).unwrap();
+    let rules = |longer_stopped, shorter_budget| StopRules {
+        longer_stopped,
+        shorter_budget,
+    };
+    let stops = |want: &[i64], got: &[i64], rules| {
+        compare_stops("", "recomputed", (want, got), &[2], rules, &none)
+    };
+    let c = stops(&[4, 2, 9, 9], &[4, 2], rules(false, None)).unwrap();
     assert!(c.ok, "{c:?}");
     // both stop at end of turn but at different places
-    let c = compare_stops("", "recomputed", &[4, 2], &[4, 5, 2], &[2], true, &none).unwrap();
+    let c = stops(&[4, 2], &[4, 5, 2], rules(true, None)).unwrap();
     assert!(
         !c.ok && c.note.contains("golden 2 tokens, recomputed 3"),
         "{c:?}"
     );
-    assert!(compare_stops("", "recomputed", &[1], &[1], &[2], true, &none).is_none());
+    assert!(stops(&[1], &[1], rules(true, None)).is_none());
+    // the shorter one ran its budget of 2 steps: its end says nothing about stopping
+    let c = stops(&[4, 5, 9], &[4, 5], rules(true, Some(2))).unwrap();
+    assert!(c.ok && c.note.contains("ran its whole budget"), "{c:?}");
+    // without a stop token and short of its budget: a difference, said as it is
+    let c = stops(&[4, 5, 9], &[4, 5], rules(true, Some(8))).unwrap();
+    assert!(
+        !c.ok
+            && c.note
+                .contains("recomputed ended without a stop token after 2"),
+        "{c:?}"
+    );
+    assert!(
+        c.describe(&none).starts_with("at step 1: golden 3 tokens"),
+        "{}",
+        c.describe(&none)
+    );
 }
 
 #[test]
