@@ -246,7 +246,23 @@ impl M2r2Golden {
                             rounds.proposal_rounds().len(),
                         )?,
                     })),
-                    _ => None,
+                    // a file that holds them but says an older version (edited?) would have
+                    // them skipped as "not recorded"
+                    _ => match ["verify_logits", "draft_logits"]
+                        .into_iter()
+                        .find(|name| file.st.tensor(name).is_ok())
+                    {
+                        Some(name) => {
+                            return Err(Error::format(
+                                &file.label,
+                                format!(
+                                    "holds `{name}`, which format version {version} does not \
+                                     record (version 3 does): is `format_version` edited?"
+                                ),
+                            ));
+                        }
+                        None => None,
+                    },
                 };
                 M2r2Record::Speculative {
                     draft_gate,

@@ -650,3 +650,20 @@ fn compare_refuses_other_draft_gates_and_exit_rules() {
         );
     }
 }
+
+/// A version-3 speculative golden whose `format_version` is edited down to 2 still holds the
+/// graphs' logits: refused, since a check would skip them as "not recorded".
+#[test]
+fn a_version_edited_down_over_recorded_logits_is_refused() {
+    let (model, weights) = setup("tiny");
+    let m2r2 = M2r2::new(&model, &weights);
+    let options = spec_options(DraftLength::Fixed(2));
+    let g = Golden::record_speculative(m2r2, "tiny", &[1, 2], 6, 1, None, &options).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    refused_after(
+        &g,
+        &dir.path().join("g.safetensors"),
+        &set_meta("format_version", "2"),
+        "holds `verify_logits`, which format version 2 does not record",
+    );
+}
