@@ -65,6 +65,9 @@ pub struct DimRanges {
     pub sequence: (usize, usize, usize),
     /// `past_sequence_length`: positions already in the cache.
     pub past: (usize, usize, usize),
+    /// A static export's `L` (`--static-cache`): its draft.onnx's fast rows attend over the
+    /// buffer and their own keys, `buffer_plus_sequence_length = L + sequence_length`.
+    pub buffer: Option<usize>,
 }
 
 impl DimRanges {
@@ -75,6 +78,15 @@ impl DimRanges {
         DimRanges {
             sequence: (1, 1, rows),
             past: (0, max_context / 2, max_context.saturating_sub(rows)),
+            buffer: None,
+        }
+    }
+
+    /// These ranges for a static export of `l_max` positions.
+    pub fn with_buffer(self, l_max: usize) -> Self {
+        DimRanges {
+            buffer: Some(l_max),
+            ..self
         }
     }
 
@@ -86,6 +98,7 @@ impl DimRanges {
             "sequence_length" => Some(s),
             "past_sequence_length" => Some(p),
             "total_sequence_length" => Some((s.0 + p.0, s.1 + p.1, s.2 + p.2)),
+            "buffer_plus_sequence_length" => self.buffer.map(|l| (l + s.0, l + s.1, l + s.2)),
             _ => None,
         }
     }
@@ -470,5 +483,23 @@ mod tests {
         let bad = [info("x", &[sym("width")])];
         let err = ShapeProfile::for_inputs("m.onnx", &bad, &ranges).unwrap_err();
         assert!(err.to_string().contains("`width`"), "{err}");
+        // a static draft's fast mask spans the buffer of L = 24 and the rows
+        let mask = [info(
+            "fast_attn_mask",
+            &[
+                Dim::Fixed(1),
+                Dim::Fixed(1),
+                sym("sequence_length"),
+                sym("buffer_plus_sequence_length"),
+            ],
+        )];
+        let err = ShapeProfile::for_inputs("d.onnx", &mask, &ranges).unwrap_err();
+        assert!(
+            err.to_string().contains("buffer_plus_sequence_length"),
+            "{err}"
+        );
+        let p = ShapeProfile::for_inputs("d.onnx", &mask, &ranges.with_buffer(24)).unwrap();
+        assert_eq!(ShapeProfile::format(&p.min), "fast_attn_mask:1x1x1x25");
+        assert_eq!(ShapeProfile::format(&p.max), "fast_attn_mask:1x1x4x28");
     }
 }

@@ -704,6 +704,24 @@ fn cuda_graph_is_refused_where_it_cannot_apply() {
         run(s, &["--ort-compare", "one:threads=1"]),
         &["--ort-compare is for `m2r2 bench --cost-shape --onnx DIR`; `run` takes one set"],
     );
+    // TensorRT's profiles cover a static draft's fast mask (L + rows), so an unavailable
+    // TensorRT is what a speculative run meets, and --ep-fallback runs it on the CPU
+    refused(
+        run(s, &["--mode", "speculative", "--ep", "tensorrt"]),
+        &[
+            "the tensorrt execution provider is not available",
+            "--ep-fallback",
+        ],
+    );
+    super::ok(
+        &run(
+            s,
+            &["--mode", "speculative", "--ep", "tensorrt", "--ep-fallback"],
+        )
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>(),
+    );
     // golden check runs one set of sessions too
     let golden = dir.path().join("g.golden.safetensors");
     let golden = golden.to_str().unwrap();

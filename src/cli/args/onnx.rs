@@ -204,10 +204,13 @@ impl EpArgs {
                         .clone()
                         .unwrap_or_else(|| export.dir.join("trt_cache")),
                 ),
-                ranges: Some(DimRanges::from_model(
-                    draft_len,
-                    config.max_position_embeddings,
-                )),
+                ranges: Some({
+                    let ranges = DimRanges::from_model(draft_len, config.max_position_embeddings);
+                    match &export.manifest.static_cache {
+                        Some(fixed) => ranges.with_buffer(fixed.l_max),
+                        None => ranges,
+                    }
+                }),
             },
             intra_threads: self.ort_threads,
             intra_spinning: self.ort_spinning.map(|s| s == OnOff::On),
