@@ -168,7 +168,18 @@ fn check(
     request: &ExportRequest<'_>,
     out: &std::path::Path,
 ) -> Result<()> {
-    let tokens = probe_tokens(&loaded.model, loaded.tokenizer.as_ref())?;
+    let mut tokens = probe_tokens(&loaded.model, loaded.tokenizer.as_ref())?;
+    // a static export's buffers hold the probe: at most L tokens of it (2 at the least: one
+    // chunk each side of the split)
+    if let Some(l_max) = request.options.static_cache {
+        if l_max < 2 {
+            anyhow::bail!(
+                "--check feeds a probe in two chunks, which needs a static cache of 2 positions \
+                 or more (--static-cache {l_max}); the folder is written, drop --check"
+            );
+        }
+        tokens.truncate(l_max);
+    }
     let split = tokens.len() / 2;
     eprintln!(
         "checking with ONNX Runtime (CPU) on a probe of {} tokens fed as {split} + {}: {tokens:?}",
