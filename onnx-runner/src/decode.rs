@@ -184,7 +184,13 @@ fn check_room(
     drafts: usize,
 ) -> Result<()> {
     let Some(l) = export.static_l_max(kind) else {
-        return Ok(()); // a dynamic export's cache grows
+        // a dynamic export's cache grows to the context: speculation counts its drafts there as
+        // the reference does (greedy meets the context at the step that passes it)
+        if drafts > 0 {
+            let context = export.manifest.config.max_position_embeddings;
+            reference::decode::mode::speculative_positions(context, request, drafts)?;
+        }
+        return Ok(());
     };
     let (prompt, max_new) = (request.prompt.len(), request.max_new_tokens);
     let noun = if prompt == 1 { "token" } else { "tokens" };

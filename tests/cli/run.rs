@@ -781,3 +781,56 @@ fn cuda_graph_is_refused_where_it_cannot_apply() {
     assert_eq!(default["tokens"], off["tokens"]);
     assert_eq!(default["ep_used"], "cpu");
 }
+
+/// Near the context, `run` on a dynamic export and `generate` count a speculative decode's
+/// positions alike (the drafts past the last token included) and refuse it in the same words.
+#[test]
+fn speculation_meets_the_context_alike_on_both_engines() {
+    let dir = tempfile::tempdir().unwrap();
+    let onnx = dir.path().join("onnx");
+    let onnx = onnx.to_str().unwrap();
+    super::ok(&["export", "--model", "tiny", "--out", onnx]);
+    // tiny's context is 512: 505 prompt tokens, 5 new ones and 4 drafts need 513
+    let prompt = vec!["5"; 505].join(",");
+    for drafting in [&["--draft-len", "4"][..], &["--draft-tree", "2,1"]] {
+        let tail = [
+            &[
+                "--tokens",
+                &prompt,
+                "--max-new-tokens",
+                "5",
+                "--mode",
+                "speculative",
+            ][..],
+            drafting,
+        ]
+        .concat();
+        for head in [&["generate"][..], &["run", "--onnx", onnx]] {
+            super::fails(
+                &[head, &tail].concat(),
+                &["sequence needs 513 positions but the context holds 512"],
+            );
+        }
+    }
+    // the draft length alone is named as the cause
+    super::fails(
+        &[
+            "run",
+            "--onnx",
+            onnx,
+            "--tokens",
+            "1",
+            "--max-new-tokens",
+            "2",
+            "--mode",
+            "speculative",
+            "--draft-len",
+            "600",
+        ],
+        &[
+            "needs 602 positions",
+            "rounds that draft up to 600 position(s)",
+            "draft fewer tokens",
+        ],
+    );
+}

@@ -33,7 +33,7 @@ pub use report::{
     greedy_run, greedy_step, speculative_run, tree_speculative_run,
     tree_speculative_run_with_lookup,
 };
-pub use run::{run_mode, tree_run_on, tree_speculative_mode_run};
+pub use run::{run_mode, speculative_positions, tree_run_on, tree_speculative_mode_run};
 
 /// Which decoding loop runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -97,7 +97,7 @@ pub fn run_mode(
             .then_some(settings.gate);
             // a chain of drafts is a tree of drafts + 1 nodes
             let drafts = settings.draft_length.max();
-            let capacity = speculative_positions(model, request, drafts)?;
+            let capacity = speculative_positions(model.context_length(), request, drafts)?;
             let inner = ReferenceSpeculation::new(
                 M2r2::new(model, weights),
                 settings.draft_gate,
@@ -126,15 +126,15 @@ pub fn run_mode(
 
 /// The cache positions a speculative decode of `request` needs when its rounds draft up to
 /// `drafts` positions past the last token (a chain's length, a tree's nodes below its root):
-/// [`tree_positions`], refused beyond the context with the drafts named.
-fn speculative_positions(
-    model: &Model,
+/// [`tree_positions`], refused beyond the model's `context` with the drafts named. Both engines
+/// count so (the ONNX runner for dynamic exports, whose cache grows to the context).
+pub fn speculative_positions(
+    context: usize,
     request: &DecodeRequest<'_>,
     drafts: usize,
 ) -> Result<usize> {
     let (prompt, new_tokens) = (request.prompt.len(), request.max_new_tokens);
     let needed = tree_positions(0, prompt, new_tokens, drafts + 1);
-    let context = model.context_length();
     if needed > context {
         return Err(Error::Invalid(format!(
             "sequence needs {needed} positions but the context holds {context}: a prompt of \
@@ -170,7 +170,7 @@ pub fn tree_speculative_mode_run(
     let n = model.config.num_hidden_layers;
     // the last round's tree (a lookup branch included) may reach past the budget
     let largest = with_lookup_branch(&tree, lookup.map_or(0, |l| l.max_tokens)).tree;
-    let capacity = speculative_positions(model, request, largest.nodes() - 1)?;
+    let capacity = speculative_positions(model.context_length(), request, largest.nodes() - 1)?;
     let m2r2 = M2r2::new(model, weights);
     // dynamic drafting per branch: the settings' gate scores each node, its threshold prunes
     let dynamic = match settings.draft_length {
