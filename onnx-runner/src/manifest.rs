@@ -114,6 +114,20 @@ pub struct ExportDir {
 impl ExportDir {
     /// Read and check `dir/m2r2_export.json`.
     pub fn open(dir: &Path) -> Result<ExportDir> {
+        if dir.is_file() {
+            let folder = dir.parent().filter(|p| !p.as_os_str().is_empty());
+            return Err(Error::Export {
+                file: dir.display().to_string(),
+                msg: format!(
+                    "a file, where an export folder (the one holding {MANIFEST_FILE}) is \
+                     expected{}",
+                    folder.map_or(String::new(), |f| format!(
+                        ": did you mean {}?",
+                        f.display()
+                    ))
+                ),
+            });
+        }
         let path = dir.join(MANIFEST_FILE);
         let file = path.display().to_string();
         let bad = |msg: String| Error::Export {

@@ -76,6 +76,14 @@ pub fn run(args: &Args) -> Result<()> {
         .map(|g| g.trim().parse::<GraphKind>())
         .collect::<Result<Vec<_>, _>>()
         .context("--graphs")?;
+    if let Some(i) = (0..graphs.len()).find(|&i| graphs[..i].contains(&graphs[i])) {
+        anyhow::bail!(
+            "--graphs {}: `{}` is listed twice (item {})",
+            args.graphs.join(","),
+            args.graphs[i].trim(),
+            i + 1
+        );
+    }
     let loaded = common::load(&args.model.model)?;
     let m2r2_args = M2r2Args {
         draft_head: args.draft_head,

@@ -230,6 +230,19 @@ fn static_cache_export_with_check() {
         let text = ok(&["info", "--onnx", o]).stdout;
         assert!(text.contains("static, L = 64"), "{text}");
     }
+    // a graph listed twice is refused before anything is written
+    let twice = dir.path().join("twice");
+    fails(
+        &[
+            "export",
+            "--out",
+            twice.to_str().unwrap(),
+            "--graphs",
+            "model,draft, model",
+        ],
+        &["--graphs model,draft, model: `model` is listed twice (item 3)"],
+    );
+    assert!(!twice.exists());
     // a graph the manifest lists but the folder lost is named, once
     let tiny = dir.path().join("tiny");
     std::fs::remove_file(tiny.join("draft.onnx")).unwrap();

@@ -72,6 +72,17 @@ fn a_folder_without_a_manifest_is_not_an_export() {
         &onnxruntime(),
         &["m2r2_export.json: missing", "m2r2 export --out"],
     );
+    // a graph file given for the folder
+    let graph = dir.path().join("model.onnx");
+    std::fs::write(&graph, b"not read").unwrap();
+    fails_with(
+        &["run", "--onnx", graph.to_str().unwrap(), "--tokens", "1,2"],
+        &onnxruntime(),
+        &[
+            "model.onnx: a file, where an export folder (the one holding m2r2_export.json) is \
+             expected: did you mean",
+        ],
+    );
 }
 
 #[test]
