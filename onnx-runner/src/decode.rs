@@ -22,11 +22,11 @@ use reference::base::tree::TokenTree;
 use reference::base::work::Work;
 use reference::decode::drafting::{Drafting, DraftingRequest, resolve_drafting};
 use reference::decode::early_exit::KvPolicy;
-use reference::decode::mode::tree_run_on;
 use reference::decode::mode::{
     DecodeRequest, M2r2Settings, Mode, ModeRun, greedy_run, greedy_step, speculative_run,
 };
-use reference::decode::prompt_lookup::LookupConfig;
+use reference::decode::mode::{speculative_positions, tree_run_on};
+use reference::decode::prompt_lookup::{LookupConfig, with_lookup_branch};
 use reference::decode::speculative::{DraftLength, SpeculativeOptions, speculative_generate};
 use reference::decode::timed::Timed;
 use reference::decode::tree_backend::tree_positions;
@@ -155,6 +155,13 @@ pub fn decode_tree(
 ) -> Result<OnnxRun> {
     let tree = TokenTree::from_widths(widths)?;
     let n = export.manifest.config.num_hidden_layers;
+    if export.static_l_max(GraphKind::Verifier).is_none() {
+        // a dynamic export's cache grows to the context: the reference's count and refusal for
+        // the largest tree a round drafts (a static one is the tree loop's own check)
+        let largest = with_lookup_branch(&tree, lookup.map_or(0, |l| l.max_tokens)).tree;
+        let context = export.manifest.config.max_position_embeddings;
+        speculative_positions(context, request, largest.nodes() - 1)?;
+    }
     let mut backend = OnnxSpeculation::load(export, ep, dynamic.map(|d| d.0))?;
     let run = tree_run_on(
         &mut backend,
@@ -188,7 +195,7 @@ fn check_room(
         // the reference does (greedy meets the context at the step that passes it)
         if drafts > 0 {
             let context = export.manifest.config.max_position_embeddings;
-            reference::decode::mode::speculative_positions(context, request, drafts)?;
+            speculative_positions(context, request, drafts)?;
         }
         return Ok(());
     };

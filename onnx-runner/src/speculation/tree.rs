@@ -63,16 +63,6 @@ impl TreeBackend for OnnxSpeculation {
                 ),
             }));
         }
-        // a dynamic cache grows to the context: the reference's own refusal, by the same count
-        let context = self.config.max_position_embeddings;
-        if !matches!(self.cache, SpecCache::Static { .. }) && positions > context {
-            return Err(reference::Error::Invalid(format!(
-                "sequence needs {positions} positions but the context holds {context}: the \
-                 prompt, the budget and a token tree of {} nodes (shorten the prompt, lower \
-                 --max-new-tokens or use a smaller tree)",
-                tree.nodes()
-            )));
-        }
         if let Some(max) = self.max_rows.filter(|&m| tree.nodes() > m) {
             return Err(into_reference(Error::Export {
                 file,
