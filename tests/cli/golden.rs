@@ -159,8 +159,9 @@ fn tolerances_must_be_finite_and_not_negative() {
 
 /// A golden check that would not check what it seems to is NOT CHECKED (exit 2), never OK:
 /// ONNX Runtime's flags without `--onnx` (only the reference would run), a golden of no steps,
-/// a JUnit report that cannot be written; and `golden write` refuses what would record nothing
-/// or pin nothing (`--steps 0`, `--m2r2` for a greedy golden).
+/// a JUnit report that cannot be written; `golden write` refuses what would record nothing or
+/// pin nothing (`--steps 0`, `--m2r2` for a greedy golden) and names `--steps` and the failing
+/// suite member past the context; `compare` of a golden that ran a smaller budget is OK.
 #[test]
 fn checks_that_would_prove_nothing_are_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -311,8 +311,7 @@ fn compare_files(
     tokenizers: &mut HashMap<String, Option<Tokenizer>>,
 ) -> Outcome {
     let start = Instant::now();
-    let read = |path: &Path| read_golden(path);
-    let (expected, actual) = match (read(expected_path), read(actual_path)) {
+    let (expected, actual) = match (read_golden(expected_path), read_golden(actual_path)) {
         (Ok(e), Ok(a)) => (e, a),
         (Err(e), _) | (_, Err(e)) => return Outcome::error(actual_path, "golden compare", &e),
     };

@@ -246,13 +246,13 @@ impl M2r2Golden {
                             rounds.proposal_rounds().len(),
                         )?,
                     })),
-                    // a file that holds them but says an older version (edited?) would have
-                    // them skipped as "not recorded"
-                    _ => match ["verify_logits", "draft_logits"]
-                        .into_iter()
-                        .find(|name| file.st.tensor(name).is_ok())
-                    {
-                        Some(name) => {
+                    _ => {
+                        // a file that holds them but says an older version (edited?) would have
+                        // them skipped as "not recorded"
+                        let held = ["verify_logits", "draft_logits"]
+                            .into_iter()
+                            .find(|name| file.st.tensor(name).is_ok());
+                        if let Some(name) = held {
                             return Err(Error::format(
                                 &file.label,
                                 format!(
@@ -261,8 +261,8 @@ impl M2r2Golden {
                                 ),
                             ));
                         }
-                        None => None,
-                    },
+                        None
+                    }
                 };
                 M2r2Record::Speculative {
                     draft_gate,
