@@ -6,6 +6,7 @@ use crate::cli::args::m2r2::M2r2Args;
 use crate::cli::args::m2r2::ModeArg;
 use crate::cli::args::model::{ModelArgs, PromptArgs};
 use crate::cli::args::sampling::SamplingArgs;
+use crate::cli::args::tree::{check_threshold_read, config_tree_growth};
 use crate::cli::common;
 use crate::cli::progress;
 use crate::cli::report::{json_report, print_summary, trace_lines};
@@ -122,7 +123,9 @@ pub fn run(args: &Args) -> Result<()> {
         (Some(widths), _) => Some(widths),
         (None, Some(t)) => {
             settings.draft_gate = args.m2r2.draft_gate.unwrap_or(t.draft_gate);
-            grown = t.dynamic.as_ref().map(|d| (d.gate, d.threshold));
+            // `--threshold` is one number here (settings refuse one per gate outside early exit)
+            let threshold = args.m2r2.threshold.is_some().then_some(settings.threshold);
+            grown = config_tree_growth(t, args.m2r2.gate, threshold);
             Some(t.widths.clone())
         }
         // a lookup branch beside the chain of the draft length, dynamic or fixed as configured
@@ -134,6 +137,7 @@ pub fn run(args: &Args) -> Result<()> {
     if let Some(widths) = &tree {
         crate::cli::args::tree::draft_tree_settings(&mut settings, widths, grown);
     }
+    check_threshold_read(args.m2r2.threshold.is_some(), &settings)?;
     let prompt = common::prompt_tokens(&loaded, &args.prompt)?;
     let request = DecodeRequest {
         prompt: &prompt,

@@ -9,7 +9,8 @@ use crate::cli::args::model::PromptArgs;
 use crate::cli::args::onnx::{EpArgs, check_draft_head};
 use crate::cli::args::refuse_unread_flags;
 use crate::cli::args::tree::{
-    TreeRequest, lookup_chain, lookup_or_default, prompt_lookup, tree_widths,
+    TreeRequest, check_threshold_read, config_tree_growth, lookup_chain, lookup_or_default,
+    prompt_lookup, tree_widths,
 };
 use crate::cli::common;
 use crate::cli::report::trace_lines;
@@ -204,7 +205,7 @@ pub fn run(args: &Args) -> Result<()> {
         (None, Some(t)) if args.mode == RunMode::Speculative && !asks_otherwise => {
             match t.draft_gate == export.manifest.draft_gate {
                 true => {
-                    grown = t.dynamic.as_ref().map(|d| (d.gate, d.threshold));
+                    grown = config_tree_growth(t, args.gate, args.threshold);
                     Some(t.widths.clone())
                 }
                 false => {
@@ -226,6 +227,7 @@ pub fn run(args: &Args) -> Result<()> {
     if let Some(widths) = &tree {
         crate::cli::args::tree::draft_tree_settings(&mut settings, widths, dynamic);
     }
+    check_threshold_read(args.threshold.is_some(), &settings)?;
     args.ep.check_one_config("run")?;
     // rows per verification: a tree's nodes, a chain's drafts
     let rows = match &tree {

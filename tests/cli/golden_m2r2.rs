@@ -65,6 +65,25 @@ fn golden_m2r2_modes_write_and_check() {
     }
 }
 
+/// A speculative golden's `--threshold` must be read: refused beside fixed drafting, chain or tree.
+#[test]
+fn speculative_goldens_refuse_an_unread_threshold() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.safetensors");
+    let file = path.to_str().unwrap();
+    for drafting in [&["--draft-len", "2"][..], &["--draft-tree", "2,1"]] {
+        let args = [
+            &[
+                "golden", "write", "--tokens", "1,2,3", "--steps", "4", "--out", file,
+            ][..],
+            &["--mode", "speculative", "--threshold", "0.5"],
+            drafting,
+        ];
+        super::fails(&args.concat(), &["--threshold", "a fixed 2 token(s)"]);
+        assert!(!path.exists());
+    }
+}
+
 #[test]
 fn early_exit_goldens_need_the_exact_kv_policy() {
     let dir = tempfile::tempdir().unwrap();

@@ -233,6 +233,25 @@ fn run_reports_like_generate_on_an_export_of_tiny() {
         ];
         fails_with(&args, &ort, &[flag, "decodes greedily", "m2r2 generate"]);
     }
+    // --threshold is read only by dynamic drafting
+    let args = [
+        "run",
+        "--onnx",
+        o,
+        "--tokens",
+        "1,2",
+        "--mode",
+        "speculative",
+        "--draft-len",
+        "2",
+        "--threshold",
+        "0.5",
+    ];
+    fails_with(
+        &args,
+        &ort,
+        &["--threshold", "a fixed 2 token(s)", "--dynamic-draft"],
+    );
 }
 
 /// A folder exported without draft.onnx: speculative decoding is refused naming the graph and

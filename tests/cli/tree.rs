@@ -239,6 +239,26 @@ fn bad_trees_and_conflicts_are_refused() {
         &[&base[..], &["--draft-tree", "2,1"]].concat(),
         &["--draft-tree", "--mode speculative"],
     );
+    // --threshold is read only by dynamic drafting: refused beside fixed chains and trees, the
+    // built-in config's default chain of 4 included
+    for (drafting, depth) in [
+        (&["--draft-tree", "2,1"][..], "2"),
+        (&["--draft-len", "2"], "2"),
+        (&[], "4"),
+    ] {
+        let fixed = format!("a fixed {depth} token(s) deep");
+        fails(
+            &spec(&[drafting, &["--threshold", "0.5"]].concat()),
+            &["--threshold", &fixed, "add --dynamic-draft"],
+        );
+    }
+    ok(&spec(&[
+        "--draft-tree",
+        "2,1",
+        "--dynamic-draft",
+        "--threshold",
+        "0.5",
+    ]));
 }
 
 /// The lookup fields of a `--json` report, checked against each other and the tree's (`dynamic`:

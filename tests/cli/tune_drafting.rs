@@ -445,6 +445,19 @@ fn tune_drafting_ranks_writes_and_refuses() {
     let threshold = on_onnx["dynamic_tree"]["threshold"].as_f64().unwrap();
     assert_eq!(threshold as f32, 0.3, "{on_onnx}");
     assert_eq!(on_onnx["m2r2"]["gate"], "confidence", "{on_onnx}");
+    // --gate and --threshold replace the config tree's growth, as they replace dynamic_draft's
+    let replace = ["--gate", "entropy", "--threshold", "0.6"];
+    let replaced = [
+        generate_json(&[&spec[..], &replace].concat()),
+        ok(&[&args.concat()[..], &replace].concat()).json(),
+    ];
+    for report in replaced {
+        assert_eq!(report["tokens"], greedy["tokens"]);
+        assert_eq!(ids(&report["draft_tree"]), [2, 1, 1], "{report}");
+        assert_eq!(report["dynamic_tree"]["gate"], "entropy", "{report}");
+        let threshold = report["dynamic_tree"]["threshold"].as_f64().unwrap();
+        assert_eq!(threshold as f32, 0.6, "{report}");
+    }
     // chains alone: the winner is a chain, and the tree default is dropped
     ok(&[
         "tune-drafting",

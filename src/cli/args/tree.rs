@@ -4,9 +4,10 @@
 
 use anyhow::{Result, anyhow, bail};
 use reference::base::tree::TokenTree;
-use reference::decode::mode::M2r2Settings;
+use reference::decode::mode::{M2r2Settings, Mode};
 use reference::decode::prompt_lookup::LookupConfig;
 use reference::decode::speculative::DraftLength;
+use reference::m2r2::config::DraftTreeConfig;
 use reference::m2r2::exit_gate::GateKind;
 
 /// What the command was asked besides the tree.
@@ -107,4 +108,35 @@ pub fn draft_tree_settings(
         }
         None => DraftLength::Fixed(widths.len()),
     };
+}
+
+/// How the M2R2 config's default tree grows: per branch with its `dynamic` gate and threshold,
+/// `--gate` (`gate`) and `--threshold` (`threshold`) replacing them as they replace
+/// `dynamic_draft`'s; `None`: the whole shape every round.
+pub fn config_tree_growth(
+    tree: &DraftTreeConfig,
+    gate: Option<GateKind>,
+    threshold: Option<f32>,
+) -> Option<(GateKind, f32)> {
+    let d = tree.dynamic.as_ref()?;
+    Some((gate.unwrap_or(d.gate), threshold.unwrap_or(d.threshold)))
+}
+
+/// Refuse `--threshold` (`given`) where nothing compares a gate score with it: speculative
+/// decoding whose drafts, chain or tree, have a fixed length (`settings` as the run will use
+/// them, the tree's applied).
+///
+/// # Errors
+/// The fixed drafting named, with the flag that makes it dynamic.
+pub fn check_threshold_read(given: bool, settings: &M2r2Settings) -> Result<()> {
+    if let (true, Mode::Speculative, DraftLength::Fixed(n)) =
+        (given, settings.mode, &settings.draft_length)
+    {
+        bail!(
+            "--threshold is read by dynamic drafting, and this speculative run drafts a fixed \
+             {n} token(s) deep every round: add --dynamic-draft (draft while the gate score is \
+             >= the threshold), or drop --threshold"
+        );
+    }
+    Ok(())
 }

@@ -5,7 +5,10 @@
 use super::{SUITE_SUFFIX, WriteArgs};
 use crate::cli::args::m2r2::ModeArg;
 use crate::cli::args::model::PromptArgs;
-use crate::cli::args::tree::{TreeRequest, lookup_chain, prompt_lookup, tree_widths};
+use crate::cli::args::tree::{
+    TreeRequest, check_threshold_read, draft_tree_settings, lookup_chain, prompt_lookup,
+    tree_widths,
+};
 use crate::cli::common;
 use anyhow::{Context, Result, bail};
 use reference::decode::early_exit::EarlyExitOptions;
@@ -214,6 +217,9 @@ fn record_m2r2(
         }
         Mode::Speculative if args.draft_tree.is_some() || args.prompt_lookup.unwrap_or(0) > 0 => {
             let recipe = tree_recipe(args, &settings)?;
+            let mut drafted = settings.clone();
+            draft_tree_settings(&mut drafted, &recipe.widths, recipe.grown);
+            check_threshold_read(args.m2r2.threshold.is_some(), &drafted)?;
             Golden::record_tree_drafting(
                 m2r2,
                 &loaded.name,
@@ -224,6 +230,7 @@ fn record_m2r2(
             )?
         }
         Mode::Speculative => {
+            check_threshold_read(args.m2r2.threshold.is_some(), &settings)?;
             if let Some(n) = weights.config.prompt_lookup.filter(|_| {
                 args.prompt_lookup.is_none()
                     && args.m2r2.draft_len.is_none()
