@@ -91,7 +91,8 @@ pub struct Args {
     /// --prompt-lookup`)
     #[arg(long, value_name = "N")]
     pub prompt_lookup: Option<usize>,
-    /// Refused with a pointer to `m2r2 generate` (hidden): the runner decodes greedily
+    /// Refused with a pointer to `m2r2 generate` (hidden): the runner decodes greedily (0, greedy
+    /// as on `generate`, is accepted)
     #[arg(long, value_name = "T", hide = true, allow_negative_numbers = true)]
     pub temperature: Option<String>,
     /// As --temperature (hidden)
@@ -100,6 +101,9 @@ pub struct Args {
     /// As --temperature (hidden)
     #[arg(long, value_name = "P", hide = true)]
     pub top_p: Option<String>,
+    /// As --temperature (hidden)
+    #[arg(long, value_name = "S", hide = true)]
+    pub seed: Option<String>,
 }
 
 fn parse_gate(text: &str) -> Result<GateKind, String> {
@@ -129,10 +133,16 @@ pub fn settings(
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    // `--temperature 0` is greedy, as on `generate`
+    let greedy = |t: &str| t.trim().parse::<f32>().is_ok_and(|t| t == 0.0);
     let sampling = [
-        ("--temperature", &args.temperature),
-        ("--top-k", &args.top_k),
-        ("--top-p", &args.top_p),
+        (
+            "--temperature",
+            args.temperature.as_ref().filter(|t| !greedy(t)),
+        ),
+        ("--top-k", args.top_k.as_ref()),
+        ("--top-p", args.top_p.as_ref()),
+        ("--seed", args.seed.as_ref()),
     ];
     if let Some((flag, _)) = sampling.iter().find(|(_, v)| v.is_some()) {
         bail!(

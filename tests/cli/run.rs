@@ -227,12 +227,31 @@ fn run_reports_like_generate_on_an_export_of_tiny() {
         traced.stderr
     );
     // sampling flags are refused with a pointer to the reference, for both modes
-    for (flag, mode) in [("--temperature", "greedy"), ("--top-p", "speculative")] {
+    for (flag, mode) in [
+        ("--temperature", "greedy"),
+        ("--top-p", "speculative"),
+        ("--seed", "greedy"),
+    ] {
         let args = [
             "run", "--onnx", o, "--tokens", "1,2", "--mode", mode, flag, "0.8",
         ];
         fails_with(&args, &ort, &[flag, "decodes greedily", "m2r2 generate"]);
     }
+    // --temperature 0 is greedy, as on `generate`
+    let zero = [
+        "run",
+        "--onnx",
+        o,
+        "--tokens",
+        "1,2",
+        "--json",
+        "--temperature",
+        "0",
+    ];
+    let greedy = m2r2_with_ort(&zero[..6], &ort);
+    let zero = m2r2_with_ort(&zero, &ort);
+    assert_eq!(zero.code, Some(0), "{}", zero.stderr);
+    assert_eq!(zero.json()["tokens"], greedy.json()["tokens"]);
     // --threshold is read only by dynamic drafting
     let args = [
         "run",
