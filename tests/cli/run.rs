@@ -238,7 +238,7 @@ fn run_reports_like_generate_on_an_export_of_tiny() {
         fails_with(&args, &ort, &[flag, "decodes greedily", "m2r2 generate"]);
     }
     // --temperature 0 is greedy, as on `generate`
-    let zero = [
+    let zero_args = [
         "run",
         "--onnx",
         o,
@@ -248,10 +248,45 @@ fn run_reports_like_generate_on_an_export_of_tiny() {
         "--temperature",
         "0",
     ];
-    let greedy = m2r2_with_ort(&zero[..6], &ort);
-    let zero = m2r2_with_ort(&zero, &ort);
+    let greedy = m2r2_with_ort(&zero_args[..6], &ort);
+    let zero = m2r2_with_ort(&zero_args, &ort);
     assert_eq!(zero.code, Some(0), "{}", zero.stderr);
     assert_eq!(zero.json()["tokens"], greedy.json()["tokens"]);
+    // --ort-profile writes each session's per-node profile beside the prefix; a missing folder
+    // is refused (ONNX Runtime would drop the profile silently)
+    let profiles = dir.path().join("profiles");
+    std::fs::create_dir(&profiles).unwrap();
+    let prefix = profiles.join("run");
+    let profiled = [
+        &zero_args[..6],
+        &["--ort-profile", prefix.to_str().unwrap()],
+    ]
+    .concat();
+    let profiled = m2r2_with_ort(&profiled, &ort);
+    assert_eq!(profiled.code, Some(0), "{}", profiled.stderr);
+    let written: Vec<_> = std::fs::read_dir(&profiles)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(!written.is_empty());
+    for file in &written {
+        let name = file.file_name().unwrap().to_str().unwrap();
+        assert!(name.starts_with("run") && name.ends_with(".json"), "{name}");
+        let events: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+        assert!(events.as_array().is_some_and(|e| !e.is_empty()), "{name}");
+    }
+    let missing = dir.path().join("no-such-folder/run");
+    let refused = [
+        &zero_args[..6],
+        &["--ort-profile", missing.to_str().unwrap()],
+    ]
+    .concat();
+    fails_with(
+        &refused,
+        &ort,
+        &["--ort-profile", "no-such-folder` is not a folder"],
+    );
     // --threshold is read only by dynamic drafting
     let args = [
         "run",

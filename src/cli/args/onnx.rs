@@ -45,7 +45,8 @@ pub struct EpArgs {
     /// before IoBinding, for comparisons)
     #[arg(long)]
     pub ort_host_kv: bool,
-    /// ONNX Runtime: write each session's per-node profile (JSON) to files starting with PREFIX
+    /// ONNX Runtime: write each session's per-node profile (JSON) to PREFIX_<time>.json, one
+    /// file per session, in an existing folder
     #[arg(long, value_name = "PREFIX")]
     pub ort_profile: Option<PathBuf>,
     /// bench --cost-shape --onnx only: also measure ONNX Runtime with these session options, one
@@ -193,6 +194,19 @@ impl EpArgs {
                 ("--trt-cache", self.trt_cache.is_some(), &["tensorrt"]),
             ],
         )?;
+        if let Some(prefix) = &self.ort_profile {
+            // ONNX Runtime writes PREFIX_<time>.json when a session ends, silently dropping it
+            // when the folder is missing
+            let folder = prefix.parent().filter(|p| !p.as_os_str().is_empty());
+            if let Some(folder) = folder.filter(|f| !f.is_dir()) {
+                bail!(
+                    "--ort-profile {}: `{}` is not a folder (ONNX Runtime writes the profiles \
+                     beside the prefix, as PREFIX_<time>.json): create it first",
+                    prefix.display(),
+                    folder.display()
+                );
+            }
+        }
         let config = &export.manifest.config;
         Ok(EpConfig {
             device_id: self.device_id,
