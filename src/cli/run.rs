@@ -261,9 +261,9 @@ pub fn run(args: &Args) -> Result<()> {
         stop_tokens: export.stop_tokens(tokenizer.as_ref()),
         sampling: None,
     };
-    // (without a draft graph the decode below refuses, naming what the folder has)
-    let drafts = export.has(GraphKind::Draft);
-    if args.mode == RunMode::Speculative && drafts && !export.has(GraphKind::Feed) {
+    // (without a draft or verifier graph the decode below refuses, naming what the folder has)
+    let speculates = export.has(GraphKind::Draft) && export.has(GraphKind::Verifier);
+    if args.mode == RunMode::Speculative && speculates && !export.has(GraphKind::Feed) {
         eprintln!(
             "note: {} has no feed.onnx (an export from before it, or --graphs without it): the \
              positions nothing is proposed from run through draft.onnx, which gives the same \

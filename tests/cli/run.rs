@@ -309,7 +309,8 @@ fn run_reports_like_generate_on_an_export_of_tiny() {
 }
 
 /// A folder exported without draft.onnx: speculative decoding is refused naming the graph and
-/// the flag to write it, with no note about feed.onnx; greedy still runs, and refuses the flags
+/// the flag to write it, with no note about feed.onnx (so is one without verifier.onnx); greedy
+/// still runs, and refuses the flags
 /// of providers that do not run.
 #[test]
 fn speculative_without_a_draft_graph_says_how_to_export_one() {
@@ -332,6 +333,22 @@ fn speculative_without_a_draft_graph_says_how_to_export_one() {
         &ort,
         &["no draft graph (it has: model)", "`draft` in `--graphs`"],
     );
+    let run = m2r2_with_ort(&args, &ort);
+    assert!(!run.stderr.contains("feed.onnx"), "{}", run.stderr);
+    // likewise without verifier.onnx
+    let draft_only = dir.path().join("draft-only");
+    let d = draft_only.to_str().unwrap();
+    super::ok(&["export", "--model", "tiny", "--out", d, "--graphs", "draft"]);
+    let args = [
+        "run",
+        "--onnx",
+        d,
+        "--tokens",
+        "1,2",
+        "--mode",
+        "speculative",
+    ];
+    fails_with(&args, &ort, &["no verifier graph (it has: draft)"]);
     let run = m2r2_with_ort(&args, &ort);
     assert!(!run.stderr.contains("feed.onnx"), "{}", run.stderr);
     let greedy = m2r2_with_ort(&["run", "--onnx", o, "--tokens", "1,2"], &ort);
