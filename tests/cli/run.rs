@@ -310,8 +310,7 @@ fn run_reports_like_generate_on_an_export_of_tiny() {
 
 /// A folder exported without draft.onnx: speculative decoding is refused naming the graph and
 /// the flag to write it, with no note about feed.onnx (so is one without verifier.onnx); greedy
-/// still runs, and refuses the flags
-/// of providers that do not run.
+/// still runs, and refuses the flags of providers that do not run.
 #[test]
 fn speculative_without_a_draft_graph_says_how_to_export_one() {
     let dir = tempfile::tempdir().unwrap();
