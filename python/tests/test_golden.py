@@ -463,6 +463,12 @@ class ReadRefusals(TempDir):
         self.assertIsNone(g.verify_logits)
         self.assertEqual(sorted(g.m2r2_tensors()), sorted(ROUNDS))
         np.testing.assert_array_equal(g.round_drafted, spec.round_drafted)
+        # a version-3 file edited down to 2 still holds the graphs' logits: refused, as a check
+        # would skip them as "not recorded"
+        self.assertRefused(
+            self.save(arrays(spec, ROUNDS + GRAPHS), format_version="2", **old),
+            "holds `verify_logits`, which format version 2 does not record",
+        )
 
     def test_stops_budget_and_pins(self):
         self.assertRefused(self.save(stop_tokens=None), "metadata `stop_tokens` is missing")

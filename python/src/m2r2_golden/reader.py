@@ -299,6 +299,15 @@ def _speculative(file: _File, n: int, version: int) -> Dict[str, np.ndarray]:
                     f"[{count}, {width}] ({why})"
                 )
             tensors[name] = values
+    else:
+        # a file that holds them but says an older version (edited?) would have them skipped as
+        # "not recorded"
+        held = [name for name in ("verify_logits", "draft_logits") if name in file.names]
+        if held:
+            raise file.error(
+                f"holds `{held[0]}`, which format version {version} does not record (version 3 "
+                "does): is `format_version` edited?"
+            )
     return tensors
 
 
