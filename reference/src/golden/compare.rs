@@ -312,7 +312,7 @@ fn compare_records(
                     rb.describe()
                 )));
             }
-            let rounds = compare_tree_rounds(ACTUAL, a, b);
+            let rounds = compare_tree_rounds(ACTUAL, a, b, None);
             // Rows are comparable up to the first round that differs.
             let same = rounds.first_row.unwrap_or(a.len().min(b.len()));
             let mut entries = vec![rounds];

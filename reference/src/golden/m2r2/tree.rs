@@ -38,7 +38,7 @@
 
 use super::M2r2Record;
 use super::record::m2r2_golden;
-use super::tree_compare::{compare_tree_graph_outputs, compare_tree_rounds};
+use super::tree_compare::{DraftTies, compare_tree_graph_outputs, compare_tree_rounds};
 pub use super::tree_replay::TreeEngine;
 use super::tree_replay::{replay_tree_rounds, run_tree_on};
 pub use super::tree_rounds::{TreeRecipe, TreeRounds, proposing_nodes, widths_text};
@@ -188,7 +188,16 @@ impl Golden {
         let got = TreeRounds::from_rounds(&run.out.rounds, shape.nodes(), recipe.grown_depth());
         let step_rounds = rounds.step_rounds(n);
         let mut entries = self.decoded_checks(graphs.decode, &run.out.tokens, &step_rounds);
-        entries.push(compare_tree_rounds(graphs.decode, rounds, &got));
+        let ties = DraftTies {
+            draft_logits: &want.draft_logits,
+            tol,
+        };
+        entries.push(compare_tree_rounds(
+            graphs.decode,
+            rounds,
+            &got,
+            Some(&ties),
+        ));
         // the base model along the recorded tokens
         entries.push(self.base_logits_check(engine.greedy, graphs.greedy, &step_rounds, tol)?);
 

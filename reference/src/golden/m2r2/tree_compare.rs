@@ -6,6 +6,82 @@ use super::tree_rounds::TreeRounds;
 use crate::base::tree::TokenTree;
 use crate::golden::report::{Divergence, TensorCheck, Tolerance, compare_rows};
 use ndarray::{Array2, ArrayView1, s};
+use std::collections::HashMap;
+
+/// The golden's draft logits, to tell a near tie of the draft from a fault: a drafted node whose
+/// token differs is a near tie when its parent's golden draft row scores both tokens within what
+/// `tol` allows the two together (either may move by its own allowance, so the order of two
+/// candidates that close may flip in a lower-precision export).
+pub(in crate::golden) struct DraftTies<'a> {
+    pub draft_logits: &'a Array2<f32>,
+    pub tol: Tolerance,
+}
+
+/// A round whose trees differ only below near ties of the draft, and emitted the same tokens.
+struct TiedRound {
+    /// `(node, gap)`: the topmost differing nodes, each a near tie, with its two tokens' distance
+    /// in the golden's draft row
+    ties: Vec<(usize, f32)>,
+}
+
+impl DraftTies<'_> {
+    /// Node `i` of round `r` is a near tie: a drafted (not looked-up) node whose golden token and
+    /// recomputed token its parent's golden draft row scores within the allowance; the distance.
+    fn gap(
+        &self,
+        want: &TreeRounds,
+        got: &TreeRounds,
+        rows: &HashMap<(usize, usize), usize>,
+        r: usize,
+        i: usize,
+    ) -> Option<f32> {
+        if want.lookup[r].contains(&i) {
+            return None;
+        }
+        let parent = want.trees[r].parent(i)?;
+        let row = self.draft_logits.row(*rows.get(&(r, parent))?);
+        let logit = |t: &TreeRounds| {
+            let token = usize::try_from(*t.tokens.get((r, i))?).ok()?;
+            row.get(token).copied()
+        };
+        let (a, b) = (logit(want)?, logit(got)?);
+        let allowed = 2.0 * self.tol.atol + self.tol.rtol * (a.abs() + b.abs());
+        let gap = (a - b).abs();
+        (gap <= allowed).then_some(gap)
+    }
+
+    /// Round `r` of two decodes with the same tree shape, when every node whose token differs
+    /// lies below a near tie and both emitted the same tokens (the accepted path's and the base
+    /// token): the draft's order of two near-equal candidates changed nothing the round emitted.
+    fn tied_round(
+        &self,
+        want: &TreeRounds,
+        got: &TreeRounds,
+        rows: &HashMap<(usize, usize), usize>,
+        r: usize,
+    ) -> Option<TiedRound> {
+        let tree = &want.trees[r];
+        let differs = |i: usize| want.tokens.get((r, i)) != got.tokens.get((r, i));
+        let emitted = |t: &TreeRounds| {
+            let path = t.trees[r].path(usize::try_from(t.node[r]).ok()?);
+            let tokens: Vec<i64> = path[1..].iter().map(|&i| t.tokens[[r, i]]).collect();
+            Some((tokens, t.base_token[r]))
+        };
+        if emitted(want)? != emitted(got)? {
+            return None;
+        }
+        // the topmost differing nodes (no differing ancestor) must each be a near tie
+        let mut ties = vec![];
+        for i in (1..tree.nodes()).filter(|&i| differs(i)) {
+            let path = tree.path(i);
+            if path[..path.len() - 1].iter().any(|&a| differs(a)) {
+                continue;
+            }
+            ties.push((i, self.gap(want, got, rows, r, i)?));
+        }
+        (!ties.is_empty()).then_some(TiedRound { ties })
+    }
+}
 
 /// The parents of nodes `1..` of `tree`.
 fn parents(tree: &TokenTree) -> Vec<i64> {
@@ -16,12 +92,25 @@ fn parents(tree: &TokenTree) -> Vec<i64> {
 
 /// The rounds of two tree decodes, round by round: the first round whose tree, node tokens,
 /// accepted node or base token differ is the divergence (naming the node); every later round
-/// follows from it and is not reported again.
+/// follows from it and is not reported again. With `ties` (the golden's draft logits), a round
+/// whose node tokens differ only below near ties of the draft, emitting the same tokens, is equal
+/// and named in the note; a divergence at a near tie says so.
 pub(in crate::golden) fn compare_tree_rounds(
     graph: &str,
     want: &TreeRounds,
     got: &TreeRounds,
+    ties: Option<&DraftTies<'_>>,
 ) -> TensorCheck {
+    let rows: HashMap<(usize, usize), usize> = match ties {
+        Some(_) => want
+            .draft_rows()
+            .into_iter()
+            .enumerate()
+            .map(|(k, rn)| (rn, k))
+            .collect(),
+        None => HashMap::new(),
+    };
+    let tied = |r: usize| ties.and_then(|t| t.tied_round(want, got, &rows, r));
     let differs = |r: usize| {
         let tree = &want.trees[r];
         let (pw, pg) = (parents(tree), parents(&got.trees[r]));
@@ -39,10 +128,20 @@ pub(in crate::golden) fn compare_tree_rounds(
                 false,
             )
         } else if let Some(i) = node_token {
+            if tied(r).is_some() {
+                return None;
+            }
+            let tie =
+                ties.and_then(|t| t.gap(want, got, &rows, r, i))
+                    .map_or(String::new(), |gap| {
+                        format!(
+                            ", a near tie of the draft ({gap:.1e} apart in the golden's draft row)"
+                        )
+                    });
             (
                 match i < tree.nodes() {
-                    true => format!("node {i} (depth {}) token", tree.depth(i)),
-                    false => format!("node {i} token"),
+                    true => format!("node {i} (depth {}) token{tie}", tree.depth(i)),
+                    false => format!("node {i} token{tie}"),
                 },
                 token(tw.view(), i).into_iter().collect(),
                 token(tg.view(), i).into_iter().collect(),
@@ -91,7 +190,29 @@ pub(in crate::golden) fn compare_tree_rounds(
         recomputed: extra(got, r),
         tokens: true,
     };
-    super::check::rounds_check(graph, (want.len(), got.len()), differs, past_the_end)
+    let mut check =
+        super::check::rounds_check(graph, (want.len(), got.len()), differs, past_the_end);
+    if check.ok {
+        let tied: Vec<String> = (0..want.len())
+            .filter_map(|r| Some((r, tied(r)?)))
+            .map(|(r, t)| {
+                let nodes: Vec<String> = t
+                    .ties
+                    .iter()
+                    .map(|(i, gap)| format!("node {i} ({gap:.1e} apart)"))
+                    .collect();
+                format!("round {r} {}", nodes.join(", "))
+            })
+            .collect();
+        if !tied.is_empty() {
+            check.note += &format!(
+                "; equal but for near ties of the draft (candidates whose golden draft logits are \
+                 within the tolerance swapped, the same tokens emitted): {}",
+                tied.join("; ")
+            );
+        }
+    }
+    check
 }
 
 /// `verify_logits` (recomputed by `graphs.0`) and `draft_logits` (by `graphs.1`) of a tree

@@ -4,6 +4,7 @@
 
 use super::tests::{RawGolden, refused_after, round_trip, set_i64, set_meta, setup, spec_options};
 use super::tree::{TreeEngine, TreeRounds, proposing_nodes};
+use super::tree_compare::DraftTies;
 use super::*;
 use crate::base::generate::ReferenceGreedy;
 use crate::base::tree::TokenTree;
@@ -425,4 +426,82 @@ fn tree_goldens_without_rounds() {
         let report = round_trip(&g).check_m2r2(m2r2, DEFAULT_ATOL).unwrap();
         assert!(report.ok(), "{report:?}");
     }
+}
+
+/// A node token that differs where the golden's draft scored both candidates within the
+/// tolerance is a near tie (an f16 export may swap them): off the emitted path the round is
+/// equal, named in the note; on it, or farther apart, the round diverges, a tie said so.
+#[test]
+fn near_ties_of_the_draft_are_told_from_faults() {
+    let (model, weights) = setup("tiny");
+    let m2r2 = M2r2::new(&model, &weights);
+    let g = tree_golden(m2r2, &[2, 1, 1], 14);
+    let (_, rounds, graphs) = parts(&g);
+    let tree = &rounds.trees[0];
+    let on_path = |r: usize, i: usize| tree.path(rounds.node[r] as usize).contains(&i);
+    // node 2, the root's second candidate, and its chain below: off the path of round `r`
+    let r = (0..rounds.len()).find(|&r| !on_path(r, 2)).unwrap();
+    let swapped = |i: usize, gap: f32| {
+        let mut got = rounds.clone();
+        let want = rounds.tokens[[r, i]];
+        let other = (0..model.config.vocab_size as i64)
+            .find(|&t| t != want && !rounds.tokens.row(r).iter().any(|&x| x == t))
+            .unwrap();
+        got.tokens[[r, i]] = other;
+        for d in (i + 1..tree.nodes()).filter(|&d| tree.path(d).contains(&i)) {
+            got.tokens[[r, d]] = -5; // below the tie: drafted from the other candidate
+        }
+        let mut logits = graphs.draft_logits.clone();
+        let parent_row = rounds
+            .draft_rows()
+            .iter()
+            .position(|&p| p == (r, tree.parent(i).unwrap()))
+            .unwrap();
+        logits[[parent_row, other as usize]] = logits[[parent_row, want as usize]] - gap;
+        (got, logits)
+    };
+    let check = |got: &TreeRounds, logits: &ndarray::Array2<f32>| {
+        let ties = DraftTies {
+            draft_logits: logits,
+            tol: Tolerance::absolute(1e-3),
+        };
+        compare_tree_rounds("engine", rounds, got, Some(&ties))
+    };
+    let (got, logits) = swapped(2, 5e-4);
+    let e = check(&got, &logits);
+    assert!(e.ok, "{e:?}");
+    assert!(e.note.contains("near ties of the draft"), "{}", e.note);
+    assert!(
+        e.note.contains(&format!("round {r} node 2 (5.0e-4 apart)")),
+        "{}",
+        e.note
+    );
+    // without the golden's logits, or farther apart than 2 x atol: a divergence
+    assert!(!compare_tree_rounds("engine", rounds, &got, None).ok);
+    let (got, logits) = swapped(2, 3e-3);
+    let e = check(&got, &logits);
+    let d = e.divergence.as_ref().unwrap();
+    assert_eq!((d.row, d.what.as_str()), (r, "node 2 (depth 1) token"));
+    // on the emitted path: the round emitted another token, a divergence named as a tie
+    let (r, i) = (0..rounds.len())
+        .find_map(|r| (rounds.node[r] > 0).then(|| (r, tree.path(rounds.node[r] as usize)[1])))
+        .unwrap();
+    let (t, vocab) = (rounds.tokens[[r, i]] as usize, model.config.vocab_size);
+    let mut got = rounds.clone();
+    got.tokens[[r, i]] = ((t + 1) % vocab) as i64;
+    let mut logits = graphs.draft_logits.clone();
+    let parent_row = rounds
+        .draft_rows()
+        .iter()
+        .position(|&p| p == (r, 0))
+        .unwrap();
+    logits[[parent_row, (t + 1) % vocab]] = logits[[parent_row, t]];
+    let e = check(&got, &logits);
+    let d = e.divergence.as_ref().unwrap();
+    assert_eq!(d.row, r);
+    assert!(
+        d.what.contains("a near tie of the draft (0.0e0 apart"),
+        "{}",
+        d.what
+    );
 }
