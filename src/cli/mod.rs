@@ -5,6 +5,7 @@
 pub mod args;
 pub mod common;
 pub mod decode_speed;
+pub mod moe_checks;
 pub mod moe_report;
 pub mod progress;
 pub mod report;

@@ -4,10 +4,12 @@
 //! guessed (`reference::moe_aot::expert_prefetch`), then simulate a device cache fed from host
 //! memory (`reference::moe_aot::memory_sim`) for each policy, at the chosen capacity and bandwidth
 //! and over a sweep. docs/MOE_AOT.md explains the model and the report.
+//! The flags are checked first (`moe_checks.rs`).
 
 use crate::cli::args::m2r2::M2r2Args;
 use crate::cli::args::moe_sim::MoeSimArgs;
 use crate::cli::common;
+use crate::cli::moe_checks::{check_config, check_context, check_flags};
 use anyhow::{Context, Result, bail};
 use reference::io::load::LoadedModel;
 use reference::m2r2::fast_stream::M2r2;
@@ -23,31 +25,13 @@ use std::time::Instant;
 
 /// Trace, simulate and print for a model already loaded (`args.model` is not read).
 pub fn run_loaded(args: &MoeSimArgs, loaded: &LoadedModel) -> Result<()> {
-    check_numbers(args)?;
+    check_flags(args)?;
     let config = &loaded.model.config;
-    let Some(moe) = &config.moe else {
-        bail!(
-            "{} is a dense model: moe-sim needs an MoE model (tiny-moe or a Mixtral checkpoint)",
-            loaded.name
-        );
-    };
-    if args.steps == 0 {
-        bail!("--steps must be at least 1");
-    }
+    let cache = check_config(args, config, &loaded.name)?;
     let prompt = common::prompt_tokens(loaded, &args.prompt)?;
+    check_context(args, prompt.len(), config, &loaded.name)?;
     let flags = M2r2Args::weights_only(args.m2r2.clone());
     let weights = flags.weights(loaded)?;
-
-    let start = Instant::now();
-    let decoded = collect_trace(M2r2::new(&loaded.model, &weights), &prompt, args.steps)
-        .context("cannot trace the experts")?;
-    let trace = &decoded.trace;
-    eprintln!(
-        "traced {} decoded tokens x {} MoE layers in {:.2} s",
-        trace.steps.len(),
-        trace.moe_layers().len(),
-        start.elapsed().as_secs_f64()
-    );
 
     let deployment = Deployment {
         host_bandwidth: args.bandwidth_gbps * 1e9,
@@ -56,31 +40,19 @@ pub fn run_loaded(args: &MoeSimArgs, loaded: &LoadedModel) -> Result<()> {
         flops: args.tflops * 1e12,
         bytes_per_param: args.bytes_per_param,
     };
-    let moe_layers = trace.moe_layers().len();
-    let (scope, capacity, total) = match args.capacity_per_layer {
-        Some(c) => (CapacityScope::PerLayer, c, moe.num_local_experts),
-        None => (
-            CapacityScope::Global,
-            args.capacity
-                .unwrap_or(moe_layers * moe.num_local_experts.div_ceil(2)),
-            moe_layers * moe.num_local_experts,
-        ),
-    };
     let timing_config = match args.timing {
         Timing::Model | Timing::Measured => config.clone(),
-        Timing::Mixtral8x7b => mixtral_8x7b_config(
-            config.num_hidden_layers,
-            moe.num_local_experts,
-            moe.num_experts_per_tok,
-        ),
+        Timing::Mixtral8x7b => {
+            mixtral_8x7b_config(config.num_hidden_layers, cache.num_experts, cache.top_k)
+        }
     };
     // Adapter terms only when the times come from the traced model itself.
     let adapters = (args.timing == Timing::Model).then_some(&weights);
     let last_gate = weights.config.gate_layer(weights.config.num_gates());
     let position = prompt.len() + args.steps / 2;
     let mut params = SimParams {
-        capacity,
-        scope,
+        capacity: cache.capacity,
+        scope: cache.scope,
         eviction: args.eviction,
         expert_bytes: expert_bytes(&timing_config, &deployment),
         bandwidth: deployment.host_bandwidth,
@@ -95,6 +67,25 @@ pub fn run_loaded(args: &MoeSimArgs, loaded: &LoadedModel) -> Result<()> {
         ),
         warmup_tokens: args.warmup,
     };
+    if !params.expert_bytes.is_finite() {
+        bail!(
+            "--bytes-per-param {} makes one expert of {} sizes larger than any finite number of bytes",
+            args.bytes_per_param,
+            args.timing.name()
+        );
+    }
+
+    let start = Instant::now();
+    let decoded = collect_trace(M2r2::new(&loaded.model, &weights), &prompt, args.steps)
+        .context("cannot trace the experts")?;
+    let trace = &decoded.trace;
+    eprintln!(
+        "traced {} decoded tokens x {} MoE layers in {:.2} s",
+        trace.steps.len(),
+        trace.moe_layers().len(),
+        start.elapsed().as_secs_f64()
+    );
+
     if args.timing == Timing::Measured {
         // Measured with the fast row in the gated layers: every policy is charged the same.
         params.compute = split_measured(&decoded.layer_seconds, &params.compute);
@@ -104,16 +95,14 @@ pub fn run_loaded(args: &MoeSimArgs, loaded: &LoadedModel) -> Result<()> {
     let capacities = args
         .sweep_capacities
         .clone()
-        .unwrap_or_else(|| default_capacities(moe.num_experts_per_tok, total));
+        .unwrap_or_else(|| default_capacities(cache.top_k, cache.total));
     let bandwidths = args
         .sweep_bandwidths
         .clone()
         .unwrap_or_else(|| vec![args.bandwidth_gbps]);
-    if bandwidths.iter().any(|b| !(b.is_finite() && *b > 0.0)) {
-        bail!("--sweep-bandwidths must be positive numbers, got {bandwidths:?}");
-    }
     let points = sweep(trace, &args.policy, &params, &capacities, &bandwidths)
         .context("cannot run the sweep")?;
+    let scope = cache.scope;
     if let Some(path) = &args.plot {
         let title = format!("{} ({} sizes)", loaded.name, args.timing.name());
         plot(path, &points, &args.policy, &bandwidths, &title, scope)
@@ -153,9 +142,9 @@ pub fn run_loaded(args: &MoeSimArgs, loaded: &LoadedModel) -> Result<()> {
             "fast_layer_pre_us": params.fast_compute.iter().map(|t| us(t.pre)).collect::<Vec<_>>(),
         },
         "params": {
-            "capacity": capacity,
+            "capacity": cache.capacity,
             "capacity_scope": scope,
-            "total_experts": total,
+            "total_experts": cache.total,
             "eviction": args.eviction,
             "warmup_tokens": args.warmup,
         },
@@ -175,31 +164,26 @@ pub fn run_loaded(args: &MoeSimArgs, loaded: &LoadedModel) -> Result<()> {
     Ok(())
 }
 
-/// Refuse numbers that make no sense before loading anything.
-pub fn check_numbers(args: &MoeSimArgs) -> Result<()> {
-    for (flag, v, zero_ok) in [
-        ("--bandwidth-gbps", args.bandwidth_gbps, false),
-        ("--latency-us", args.latency_us, true),
-        ("--device-gbps", args.device_gbps, false),
-        ("--tflops", args.tflops, false),
-        ("--bytes-per-param", args.bytes_per_param, false),
-    ] {
-        if !v.is_finite() || v < 0.0 || (v == 0.0 && !zero_ok) {
-            bail!("{flag} must be a positive number, got {v}");
-        }
-    }
-    if args.policy.is_empty() {
-        bail!("--policy needs at least one of lazy, next-gate, m2r2, oracle");
-    }
-    Ok(())
-}
-
 fn percent(x: f64) -> String {
     format!("{:.1}%", 100.0 * x)
 }
 
 fn optional_percent(x: Option<f64>) -> String {
     x.map_or("-".into(), percent)
+}
+
+/// Bytes as [`common::bytes`] writes them (`36.9 kB`, `352.3 MB`), and sizes out of its range
+/// (from `--bytes-per-param`, or fractions of a byte wasted by a cancelled copy) with a precision:
+/// `0.5 B`, `1.84e-26 B`, `3.52 TB`, `3.52e20 B`.
+fn byte_size(n: f64) -> String {
+    match n {
+        0.0 => "0 B".into(),
+        n if (1e3..1e12).contains(&n) => common::bytes(n),
+        n if (1e12..1e15).contains(&n) => format!("{:.2} TB", n / 1e12),
+        n if (1.0..1e3).contains(&n) && n.fract() == 0.0 => format!("{n} B"),
+        n if (0.1..1e3).contains(&n) => format!("{n:.1} B"),
+        n => format!("{n:.2e} B"),
+    }
 }
 
 /// Seconds as the most readable unit.
@@ -228,7 +212,7 @@ fn print_text(report: &Value, trace: &ExpertTrace, results: &[SimResult], points
         "sizes: {}; expert {}; transfer {:.1} us ({} GB/s + {} us); capacity {} experts ({}) of {}; \
          eviction {}; {} warm-up tokens",
         d["timing"].as_str().unwrap_or(""),
-        common::bytes(d["expert_bytes"].as_f64().unwrap_or(0.0)),
+        byte_size(d["expert_bytes"].as_f64().unwrap_or(0.0)),
         d["transfer_us"].as_f64().unwrap_or(0.0),
         d["host_bandwidth_gbps"],
         d["latency_us"],
@@ -263,7 +247,7 @@ fn print_text(report: &Value, trace: &ExpertTrace, results: &[SimResult], points
             optional_percent(r.recall),
             r.prefetches,
             r.demand_loads,
-            common::bytes(r.wasted_bytes),
+            byte_size(r.wasted_bytes),
             duration(r.stall_per_token_seconds),
             duration(r.time_per_token_seconds),
             r.speedup_over_lazy.unwrap_or(f64::NAN),

@@ -184,14 +184,237 @@ fn moe_sim_refuses_bad_input() {
     );
     fails(
         &["moe-sim", "--tokens", TOKENS, "--bandwidth-gbps", "0"],
-        &["--bandwidth-gbps must be a positive number"],
+        &["--bandwidth-gbps must be a finite number > 0"],
     );
     fails(
-        &["moe-sim", "--tokens", "999", "--steps", "2"],
+        &["moe-sim", "--tokens", "999", "--steps", "6"],
         &["token id 999"],
     );
     fails(
         &["moe-sim", "--tokens", TOKENS, "--m2r2", "/nonexistent-m2r2"],
         &["/nonexistent-m2r2"],
     );
+}
+
+/// `fails`, and the refusal comes before the model's weights are loaded (nothing was traced).
+fn fails_before_loading(args: &[&str], needles: &[&str]) {
+    let run = fails(args, needles);
+    for late in ["loaded ", "traced "] {
+        assert!(
+            !run.stderr.contains(late),
+            "m2r2 {args:?} should fail before loading:\n{}",
+            run.stderr
+        );
+    }
+}
+
+/// A `--steps` beyond any context is a clear error (no capacity-overflow panic, no wrapped count),
+/// and a context too small for the prompt and `--steps` says to lower --steps, not --max-new-tokens.
+#[test]
+fn moe_sim_refuses_steps_beyond_the_context() {
+    for steps in ["18446744073709551615", "18446744073709551613"] {
+        fails_before_loading(
+            &["moe-sim", "--prompt", "hi", "--steps", steps],
+            &[
+                &format!("--steps {steps} is more than any model's context"),
+                "lower --steps",
+            ],
+        );
+    }
+    // tiny-moe's context is 512 positions.
+    fails_before_loading(
+        &["moe-sim", "--tokens", TOKENS, "--steps", "512"],
+        &[
+            "--steps 512 does not fit in tiny-moe's context of 512 positions",
+            "lower --steps",
+        ],
+    );
+    let run = fails(
+        &["moe-sim", "--tokens", "1,2", "--steps", "511"],
+        &[
+            "the prompt's 2 tokens and --steps 511 need 513 positions but tiny-moe's context holds 512",
+            "(shorten the prompt or lower --steps)",
+        ],
+    );
+    assert!(!run.stderr.contains("--max-new-tokens"), "{}", run.stderr);
+}
+
+/// The trace needs exactly the prompt and `--steps` positions: a 500-token prompt with --steps 12
+/// fits in 512 (as `generate --max-new-tokens 13` does), --steps 13 does not.
+#[test]
+fn moe_sim_fills_the_context_exactly() {
+    let prompt = vec!["7"; 500].join(",");
+    ok(&[
+        "generate",
+        "--model",
+        "tiny-moe",
+        "--tokens",
+        &prompt,
+        "--max-new-tokens",
+        "13",
+    ]);
+    let r = ok(&["moe-sim", "--tokens", &prompt, "--steps", "12", "--json"]).json();
+    assert_eq!(r["tokens"].as_array().unwrap().len(), 13);
+    fails(
+        &["moe-sim", "--tokens", &prompt, "--steps", "13"],
+        &[
+            "the prompt's 500 tokens and --steps 13 need 513 positions",
+            "lower --steps",
+        ],
+    );
+}
+
+/// Capacities from k to every expert of their scope; more is refused, naming the flag and the
+/// model's count, before the weights are loaded (also for a HF folder: its config.json).
+#[test]
+fn moe_sim_refuses_capacities_beyond_the_experts() {
+    let global = "is more than the 64 experts of tiny-moe (8 MoE layers x 8)";
+    for c in ["65", "18446744073709551615"] {
+        fails_before_loading(
+            &["moe-sim", "--tokens", TOKENS, "--capacity", c],
+            &[&format!("--capacity {c} {global}"), "give at most 64"],
+        );
+    }
+    fails_before_loading(
+        &["moe-sim", "--tokens", TOKENS, "--capacity-per-layer", "9"],
+        &["--capacity-per-layer 9 is more than the 8 experts of one of tiny-moe's MoE layers"],
+    );
+    fails_before_loading(
+        &[
+            "moe-sim",
+            "--tokens",
+            TOKENS,
+            "--sweep-capacities",
+            "5,1000",
+        ],
+        &[&format!("--sweep-capacities 1000 {global}")],
+    );
+    // With --capacity-per-layer the sweep counts per layer too.
+    fails_before_loading(
+        &[
+            "moe-sim",
+            "--tokens",
+            TOKENS,
+            "--capacity-per-layer",
+            "4",
+            "--sweep-capacities",
+            "2,16",
+        ],
+        &["--sweep-capacities 16 is more than the 8 experts of one of tiny-moe's MoE layers"],
+    );
+    fails_before_loading(
+        &["moe-sim", "--tokens", TOKENS, "--capacity-per-layer", "1"],
+        &["--capacity-per-layer 1 is below k = 2"],
+    );
+    let hf = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/mixtral");
+    fails_before_loading(
+        &[
+            "moe-sim",
+            "--model",
+            hf.to_str().unwrap(),
+            "--tokens",
+            TOKENS,
+            "--capacity",
+            "1000",
+        ],
+        &["--capacity 1000 is more than the", "MoE layers x"],
+    );
+    // Every expert is the largest capacity accepted.
+    let r = moe_sim(&["--capacity", "64", "--sweep-capacities", "2,64"]);
+    assert_eq!(r["params"]["capacity"], 64);
+}
+
+/// Lists repeat no value: a repeated policy would print duplicate rows.
+#[test]
+fn moe_sim_refuses_repeated_values() {
+    for (flag, list, needle) in [
+        ("--policy", "lazy,lazy", "--policy lists lazy twice"),
+        ("--policy", "m2r2,oracle,m2r2", "--policy lists m2r2 twice"),
+        (
+            "--sweep-capacities",
+            "8,16,8",
+            "--sweep-capacities lists 8 twice",
+        ),
+        (
+            "--sweep-bandwidths",
+            "25,25",
+            "--sweep-bandwidths lists 25 twice",
+        ),
+    ] {
+        fails_before_loading(&["moe-sim", "--tokens", TOKENS, flag, list], &[needle]);
+    }
+}
+
+/// Flags that need no model are refused before it is loaded, and nothing is traced first.
+#[test]
+fn moe_sim_validates_flags_before_loading() {
+    for (args, needle) in [
+        (
+            &["--steps", "4"][..],
+            "--warmup 4: the warm-up leaves none of the 4 decoded tokens",
+        ),
+        (
+            &["--warmup", "100"],
+            "--warmup 100: the warm-up leaves none of the 32 decoded tokens",
+        ),
+        (&["--steps", "0"], "--steps must be at least 1"),
+        (&["--capacity", "0"], "--capacity must be at least 1"),
+        (
+            &["--capacity-per-layer", "0"],
+            "--capacity-per-layer must be at least 1",
+        ),
+        (
+            &["--sweep-capacities", "0"],
+            "--sweep-capacities: every capacity must be at least 1",
+        ),
+        (
+            &["--sweep-bandwidths", "25,-1"],
+            "--sweep-bandwidths must be a finite number > 0, got -1",
+        ),
+        (
+            &["--tflops", "inf"],
+            "--tflops must be a finite number > 0, got inf",
+        ),
+        (
+            &["--bandwidth-gbps", "1e300"],
+            "--bandwidth-gbps 1e300 is out of range",
+        ),
+        // A dense model is refused from its config, before its weights.
+        (&["--model", "tiny"], "tiny is a dense model"),
+    ] {
+        let mut full = vec!["moe-sim", "--tokens", TOKENS];
+        full.extend_from_slice(args);
+        fails_before_loading(&full, &[needle]);
+    }
+}
+
+/// --latency-us accepts 0 (a link without a fixed cost) and refuses what is not a finite number
+/// >= 0, saying so; byte sizes far below a byte print with a precision, not 40 digits.
+#[test]
+fn moe_sim_latency_and_byte_sizes() {
+    let r = moe_sim(&["--latency-us", "0"]);
+    assert_eq!(r["deployment"]["latency_us"], 0.0);
+    for bad in ["nan", "-1", "inf"] {
+        fails_before_loading(
+            &[
+                "moe-sim",
+                "--tokens",
+                TOKENS,
+                &format!("--latency-us={bad}"),
+            ],
+            &["--latency-us must be a finite number >= 0"],
+        );
+    }
+    let text = ok(&[
+        "moe-sim",
+        "--tokens",
+        TOKENS,
+        "--steps",
+        "6",
+        "--bytes-per-param",
+        "1e-30",
+    ])
+    .stdout;
+    assert!(text.contains("expert 1.84e-26 B;"), "{text}");
+    assert!(!text.contains("0.0000000000"), "{text}");
 }

@@ -35,10 +35,11 @@ fn cli_dir() -> PathBuf {
 }
 
 /// The modules of `src/cli` that commands may import; every other module is a command.
-const CLI_SHARED: [&str; 7] = [
+const CLI_SHARED: [&str; 8] = [
     "args",
     "common",
     "decode_speed",
+    "moe_checks",
     "moe_report",
     "progress",
     "report",

@@ -247,7 +247,9 @@ pub fn collect_trace(m2r2: M2r2<'_>, prompt: &[u32], steps: usize) -> Result<Tra
         ));
     }
     let n = config.num_hidden_layers;
-    let mut cache = model.new_cache(prompt.len() + steps + 1)?;
+    // The prompt, then `steps` fed tokens (the last of the `steps + 1` is never fed): exactly what
+    // `generate` needs for `steps + 1` new tokens. Saturating: a huge `steps` is a context overflow.
+    let mut cache = model.new_cache(prompt.len().saturating_add(steps))?;
     let prefill = model.forward(prompt, &mut cache)?.logits;
     let mut logits = vec![prefill.row(prompt.len() - 1).to_vec()];
     let mut tokens = vec![argmax(&logits[0]) as u32];
@@ -396,6 +398,24 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("needs an MoE model"), "{err}");
+    }
+
+    /// The trace needs the prompt's positions and one per step, no more: it fills the context
+    /// exactly, and one step beyond it is a context overflow (not a panic, even for `usize::MAX`).
+    #[test]
+    fn the_trace_fills_the_context_exactly() {
+        let model = builtin::builtin("tiny-moe").unwrap();
+        let w = M2r2Weights::zeros(&model.config);
+        let context = model.context_length();
+        let prompt = vec![1; context - 3];
+        let out = collect_trace(M2r2::new(&model, &w), &prompt, 3).unwrap();
+        assert_eq!(out.trace.steps.last().unwrap().position, context - 1);
+        for steps in [4, usize::MAX] {
+            let err = collect_trace(M2r2::new(&model, &w), &prompt, steps)
+                .err()
+                .unwrap();
+            assert!(matches!(err, Error::ContextOverflow { .. }), "{err}");
+        }
     }
 
     #[test]

@@ -17,20 +17,22 @@ pub struct MoeSimArgs {
     /// seeded random for tiny-moe, zeros otherwise)
     #[arg(long, value_name = "DIR|none")]
     pub m2r2: Option<String>,
-    /// Decoded tokens to trace and simulate (greedy, no stop tokens)
+    /// Decoded tokens to trace and simulate (greedy, no stop tokens); more than --warmup, and the
+    /// prompt and these must fit in the model's context together
     #[arg(long, value_name = "N", default_value_t = 32)]
     pub steps: usize,
-    /// Device cache capacity in experts, over all MoE layers (default: half of every layer's
-    /// experts)
+    /// Device cache capacity in experts, over all MoE layers: from k (experts per token) to every
+    /// expert of the model (default: half of every layer's experts)
     #[arg(long, value_name = "C", conflicts_with = "capacity_per_layer")]
     pub capacity: Option<usize>,
-    /// Device cache capacity in experts per MoE layer (instead of --capacity)
+    /// Device cache capacity in experts per MoE layer, from k to the experts of a layer (instead of
+    /// --capacity)
     #[arg(long, value_name = "C")]
     pub capacity_per_layer: Option<usize>,
     /// Host -> device bandwidth in GB/s
     #[arg(long, value_name = "B", default_value_t = 25.0)]
     pub bandwidth_gbps: f64,
-    /// Fixed cost of one expert transfer, microseconds
+    /// Fixed cost of one expert transfer, microseconds (0: none)
     #[arg(long, value_name = "US", default_value_t = 10.0)]
     pub latency_us: f64,
     /// Device memory bandwidth in GB/s (compute times: roofline with --tflops)
@@ -46,20 +48,21 @@ pub struct MoeSimArgs {
     /// (the reference's own per-layer wall-clock times while tracing, the traced model's experts)
     #[arg(long, value_name = "SIZES", value_parser = parse_timing, default_value = "model")]
     pub timing: Timing,
-    /// Predictors to simulate, comma separated: lazy, next-gate, m2r2, oracle
+    /// Predictors to simulate, comma separated, each at most once: lazy, next-gate, m2r2, oracle
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_predictor,
           default_value = "lazy,next-gate,m2r2,oracle")]
     pub policy: Vec<Predictor>,
     /// Eviction policy: lru | keep-predicted
     #[arg(long, value_name = "POLICY", value_parser = parse_eviction, default_value = "lru")]
     pub eviction: Eviction,
-    /// Decoded tokens simulated first and left out of the metrics
+    /// Decoded tokens simulated first and left out of the metrics (fewer than --steps)
     #[arg(long, value_name = "N", default_value_t = 4)]
     pub warmup: usize,
-    /// Capacities of the sweep, comma separated (default: k, then every eighth of all experts)
+    /// Capacities of the sweep, comma separated, each once and counted as --capacity or
+    /// --capacity-per-layer counts (default: k, then every eighth of all experts)
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub sweep_capacities: Option<Vec<usize>>,
-    /// Host bandwidths of the sweep in GB/s, comma separated (default: --bandwidth-gbps)
+    /// Host bandwidths of the sweep in GB/s, comma separated, each once (default: --bandwidth-gbps)
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub sweep_bandwidths: Option<Vec<f64>>,
     /// Print one JSON object instead of tables
