@@ -52,7 +52,7 @@ pub enum Error {
 
     #[error(
         "sequence needs {needed} positions but the context holds {capacity} \
-         (shorten the prompt or lower --max-new-tokens)"
+         (shorten the prompt, or ask for fewer new tokens)"
     )]
     ContextOverflow { needed: usize, capacity: usize },
 

@@ -49,6 +49,10 @@ struct PcaView {
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    // the plot's folder first, as `logits --out` does: an unwritable path fails before the work
+    if let Some(path) = &args.plot {
+        common::create_parent(path)?;
+    }
     let loaded = common::load(&args.model.model)?;
     let tokens = common::prompt_tokens(&loaded, &args.prompt)?;
     let config = &loaded.model.config;

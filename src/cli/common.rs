@@ -126,6 +126,51 @@ fn json_text(value: &impl serde::Serialize) -> Result<String> {
     serde_json::to_string_pretty(value).context("cannot serialise the JSON report")
 }
 
+/// Refuse an output folder (`flag`: `--out`) that could not be written, before any long work: a
+/// path that is, or lies below, something other than a folder, or a distillation data folder.
+pub fn check_out_folder(path: &std::path::Path, flag: &str) -> Result<()> {
+    let shown = path.display();
+    // the nearest part of the path that exists must be a folder
+    if let Some(existing) = path
+        .ancestors()
+        .find(|p| !p.as_os_str().is_empty() && p.exists())
+        && !existing.is_dir()
+    {
+        anyhow::bail!(
+            "{flag} {shown}: `{}` exists and is not a folder",
+            existing.display()
+        );
+    }
+    if path.join("samples.jsonl").exists() {
+        anyhow::bail!("{flag} {shown} holds distillation data: choose another folder");
+    }
+    Ok(())
+}
+
+/// Refuse a low-rank width (`flag`: `--rank`, `--arla-latent`) above the model's hidden size
+/// `hidden`: a map through more dimensions than the residual has adds parameters (and memory),
+/// never rank.
+pub fn check_low_rank(flag: &str, value: usize, hidden: usize) -> Result<()> {
+    if value > hidden {
+        anyhow::bail!(
+            "{flag} {value} is wider than the model's hidden size {hidden}: give at most {hidden}"
+        );
+    }
+    Ok(())
+}
+
+/// The reference's context error (which names no flag) with the flag that sets the new tokens
+/// (`--max-new-tokens`, `--steps`, ...) named; any other error as it is.
+pub fn name_budget_flag(error: anyhow::Error, what: &str, flag: &str) -> anyhow::Error {
+    match error.downcast_ref::<reference::error::Error>() {
+        Some(&reference::error::Error::ContextOverflow { needed, capacity }) => anyhow::anyhow!(
+            "{what} needs {needed} positions but the context holds {capacity} (shorten the \
+             prompt or lower {flag})"
+        ),
+        _ => error,
+    }
+}
+
 /// Create the folder an output file goes in (`--out`, `--junit`), as `mkdir -p` would; nothing
 /// for a bare file name.
 pub fn create_parent(path: &std::path::Path) -> Result<()> {

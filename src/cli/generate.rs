@@ -181,7 +181,8 @@ pub fn run(args: &Args) -> Result<()> {
         ),
     };
     bar.finish_and_clear();
-    let run = run?;
+    let run =
+        run.map_err(|e| common::name_budget_flag(e.into(), "sequence", "--max-new-tokens"))?;
     if let Some(stream) = stream {
         stream.finish()?;
     }
@@ -214,7 +215,7 @@ pub fn run(args: &Args) -> Result<()> {
         );
         common::print_json(&report)?;
     } else {
-        print_summary(&run, prompt.len(), stopped);
+        print_summary(&run, &request, stopped);
     }
     Ok(())
 }

@@ -393,7 +393,14 @@ fn rate(n: usize, seconds: f64) -> f64 {
     }
 }
 
-pub fn print_summary(run: &ModeRun, prompt_tokens: usize, stopped: bool) {
+/// The one-line summary on stderr: mode (and sampling), tokens, prefill and decode speed.
+pub fn print_summary(run: &ModeRun, request: &DecodeRequest<'_>, stopped: bool) {
+    let prompt_tokens = request.prompt.len();
+    // the mode names the loop; sampling chooses the tokens within it
+    let sampled = match &request.sampling {
+        Some(p) => format!(", sampled at temperature {}", p.temperature),
+        None => String::new(),
+    };
     let prefill = match run.prefill_seconds {
         Some(s) => format!(
             "prefill {s:.3} s = {:.1} tokens/s; ",
@@ -413,7 +420,7 @@ pub fn print_summary(run: &ModeRun, prompt_tokens: usize, stopped: bool) {
         )
     };
     eprintln!(
-        "[{} mode: {prompt_tokens} prompt tokens, {} generated ({}); {prefill}{decode}]",
+        "[{} mode{sampled}: {prompt_tokens} prompt tokens, {} generated ({}); {prefill}{decode}]",
         run.mode.name(),
         run.tokens.len(),
         if stopped {

@@ -332,7 +332,7 @@ pub fn run(args: &Args) -> Result<()> {
             .tokens
             .last()
             .is_some_and(|t| request.stop_tokens.contains(t));
-        print_summary(&run, prompt.len(), stopped);
+        print_summary(&run, &request, stopped);
         eprintln!(
             "[execution provider: {} requested, {} ran]",
             args.ep.ep, ep_used

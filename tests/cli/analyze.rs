@@ -17,7 +17,8 @@ fn stats_ok(s: &Value) -> bool {
 #[test]
 fn analyze_json_and_plot() {
     let dir = tempfile::tempdir().unwrap();
-    let svg = dir.path().join("out.svg");
+    // the plot's folder is created, as `logits --out`'s
+    let svg = dir.path().join("plots/out.svg");
     let run = ok(&[
         "analyze",
         "--model",
@@ -202,8 +203,11 @@ fn analyze_failures_are_clear() {
         &["cannot load the M2R2 weights folder"],
     );
     fails(&["analyze", "--tokens", "1,99999"], &["token id 99999"]);
-    let bad_plot = root.path().join("no-such-dir").join("out.svg");
-    fails(
+    // a plot below a file: refused before the work, naming the folder it cannot create
+    let file = root.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let bad_plot = file.join("out.svg");
+    let run = fails(
         &[
             "analyze",
             "--tokens",
@@ -211,6 +215,7 @@ fn analyze_failures_are_clear() {
             "--plot",
             bad_plot.to_str().unwrap(),
         ],
-        &["cannot write the plot", "out.svg"],
+        &["cannot create", "a-file"],
     );
+    assert!(run.stdout.is_empty(), "{}", run.stdout);
 }

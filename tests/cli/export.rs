@@ -243,8 +243,14 @@ fn static_cache_export_with_check() {
         &["--graphs model,draft, model: `model` is listed twice (item 3)"],
     );
     assert!(!twice.exists());
-    // a graph the manifest lists but the folder lost is named, once
+    // an export describes itself: --model (or --m2r2) beside --onnx is refused, not ignored
     let tiny = dir.path().join("tiny");
+    let t = tiny.to_str().unwrap();
+    fails(
+        &["info", "--onnx", t, "--model", "smollm2"],
+        &["'--onnx <DIR>' cannot be used with '--model <MODEL>'"],
+    );
+    // a graph the manifest lists but the folder lost is named, once
     std::fs::remove_file(tiny.join("draft.onnx")).unwrap();
     let run = fails(
         &["info", "--onnx", tiny.to_str().unwrap()],

@@ -98,6 +98,22 @@ fn sampling_follows_the_seed() {
         "every seed gave {}",
         a["tokens"]
     );
+    // the summary line says the tokens were sampled
+    let run = super::ok(&[
+        "generate",
+        "--tokens",
+        "84",
+        "--max-new-tokens",
+        "2",
+        "--temperature",
+        "5",
+    ]);
+    assert!(
+        run.stderr
+            .contains("[greedy mode, sampled at temperature 5: 1 prompt tokens, 2 generated"),
+        "{}",
+        run.stderr
+    );
 }
 
 /// The context's edge is exact in every mode: a decode writes the prompt and every emitted token

@@ -43,7 +43,7 @@ impl Generation {
 /// emitted token but the newest (the last one is emitted, never fed). Without new tokens only the
 /// prefill runs.
 pub fn decode_positions(prompt: usize, new_tokens: usize) -> usize {
-    prompt + new_tokens.saturating_sub(1)
+    prompt.saturating_add(new_tokens.saturating_sub(1))
 }
 
 /// The forward passes of one engine for autoregressive decoding. [`generate_with`] is the decoding

@@ -24,7 +24,7 @@ pub fn tree_positions(cached: usize, prompt: usize, new_tokens: usize, nodes: us
     } else {
         nodes.saturating_sub(1)
     };
-    decode_positions(cached + prompt, new_tokens) + scratch
+    decode_positions(cached.saturating_add(prompt), new_tokens).saturating_add(scratch)
 }
 
 /// What tree speculation needs from an engine: the reference

@@ -158,15 +158,9 @@ pub(super) fn write(args: &WriteArgs) -> Result<()> {
     Ok(())
 }
 
-/// The reference's context error names `generate`'s flag; a golden's budget is `--steps`.
+/// The reference's context error, naming a golden's budget, `--steps`.
 fn in_steps(error: anyhow::Error) -> anyhow::Error {
-    match error.downcast_ref::<reference::error::Error>() {
-        Some(&reference::error::Error::ContextOverflow { needed, capacity }) => anyhow::anyhow!(
-            "the golden needs {needed} positions but the context holds {capacity} (shorten the \
-             prompt or lower --steps)"
-        ),
-        _ => error,
-    }
+    common::name_budget_flag(error, "the golden", "--steps")
 }
 
 /// Record up to `args.steps` tokens in `args.m2r2.mode` (greedy), stopping at the model's

@@ -24,7 +24,7 @@ pub struct Args {
     pub m2r2: Option<String>,
     /// Describe an export folder written by `m2r2 export` instead: its graphs, their size and
     /// node counts, the draft split, and whether the KV cache is static (`--static-cache`)
-    #[arg(long, value_name = "DIR", conflicts_with = "m2r2")]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["m2r2", "model"])]
     pub onnx: Option<std::path::PathBuf>,
     /// Print one JSON object instead of tables
     #[arg(long)]
