@@ -61,9 +61,7 @@ pub fn run(args: &Args) -> Result<()> {
             args.out.display()
         );
     }
-    if args.out.exists() && !args.out.is_dir() {
-        bail!("{} exists and is not a folder", args.out.display());
-    }
+    common::check_out_folder(&args.out, "--out")?;
     let loaded = common::load(&args.model.model)?;
     let model = &loaded.model.config;
 
@@ -72,6 +70,7 @@ pub fn run(args: &Args) -> Result<()> {
         config.gates = parse_gates(gates)?;
     }
     if let Some(rank) = args.rank {
+        common::check_low_rank("--rank", rank, model.hidden_size)?;
         config.rank = rank;
     }
     if let Some(alpha) = args.alpha {
@@ -87,6 +86,7 @@ pub fn run(args: &Args) -> Result<()> {
         config.draft_len = n;
     }
     if let Some(l) = args.arla_latent {
+        common::check_low_rank("--arla-latent", l, model.hidden_size)?;
         config.arla.latent = l;
     }
     if let Some(x) = args.threshold {

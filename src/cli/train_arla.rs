@@ -7,6 +7,7 @@
 //! tokens, and the calibration of each.
 
 use crate::cli::args::trained::{Trained, TrainedArgs};
+use crate::cli::common;
 use crate::cli::progress;
 use anyhow::{Context, Result, bail};
 use reference::m2r2::arla::Arla;
@@ -77,6 +78,22 @@ pub fn run(args: &Args) -> Result<()> {
     if args.steps == 0 || args.batch == 0 {
         bail!("--steps and --batch must be at least 1");
     }
+    if !(args.target_agreement > 0.0 && args.target_agreement <= 1.0) {
+        bail!(
+            "--target-agreement must be in (0, 1], got {}",
+            args.target_agreement
+        );
+    }
+    if !(args.lr.is_finite() && args.lr > 0.0) {
+        bail!("--lr must be a finite number > 0, got {}", args.lr);
+    }
+    if !(args.weight_decay.is_finite() && args.weight_decay >= 0.0) {
+        bail!(
+            "--weight-decay must be a finite number >= 0, got {}",
+            args.weight_decay
+        );
+    }
+    common::check_out_folder(&args.out, "--out")?;
     let Trained {
         loaded,
         mut weights,
@@ -118,6 +135,13 @@ pub fn run(args: &Args) -> Result<()> {
     };
     let start = Instant::now();
     let (arla, losses) = train(&init, &train_tokens, eps, &options)?;
+    if let Some(step) = losses.iter().position(|l| !l.is_finite()) {
+        bail!(
+            "ARLA training diverged at step {} (BCE {}): lower --lr; nothing was written",
+            step + 1,
+            losses[step]
+        );
+    }
     let tail = &losses[losses.len().saturating_sub(50)..];
     let (bce, acc) = arla_accuracy(&arla_scores(&arla, &dev_tokens, eps), &dev_tokens);
     println!(

@@ -178,6 +178,64 @@ fn distill_train_resume_generate() {
         ],
         &["at least one sample"],
     );
+    // flags out of range, and an --out that cannot be written, are refused before any work;
+    // a diverging run writes nothing
+    std::fs::write(dir.path().join("a-file"), "x").unwrap();
+    let arla_args = |extra: &[&str]| {
+        let base = [
+            "train-arla",
+            "--model",
+            "tiny",
+            "--m2r2",
+            &ck,
+            "--data",
+            &p("data"),
+            "--dev-data",
+            &p("dev"),
+            "--limit",
+            "2",
+            "--dev-limit",
+            "1",
+            "--steps",
+            "3",
+            "--batch",
+            "8",
+        ];
+        [&base[..], extra]
+            .concat()
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+    };
+    for (extra, needle) in [
+        (
+            &["--target-agreement", "2"][..],
+            "--target-agreement must be in (0, 1], got 2",
+        ),
+        (
+            &["--target-agreement", "NaN"],
+            "--target-agreement must be in (0, 1]",
+        ),
+        (&["--lr", "0"], "--lr must be a finite number > 0"),
+        (
+            &["--weight-decay=-1"],
+            "--weight-decay must be a finite number >= 0",
+        ),
+    ] {
+        let args = arla_args(&[extra, &["--out", &p("arla-bad")]].concat());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = fails(&args, &[needle]);
+        assert!(!run.stderr.contains("exit states"), "{}", run.stderr);
+    }
+    let below_a_file = p("a-file/arla");
+    let args = arla_args(&["--out", &below_a_file]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = fails(&args, &["--out", "a-file` exists and is not a folder"]);
+    assert!(!run.stderr.contains("exit states"), "{}", run.stderr);
+    let args = arla_args(&["--lr", "1e30", "--out", &p("arla-nan")]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    fails(&args, &["ARLA training diverged", "lower --lr"]);
+    assert!(!dir.path().join("arla-nan").exists());
     let arla_dir = p("arla");
     let mut spec_args = prompt.to_vec();
     spec_args.extend([
@@ -433,6 +491,62 @@ fn bad_training_input_is_refused() {
         ],
         &["--align-intermediate", "--align <KIND>"],
     );
+    // an --out that cannot be written, zero intervals and ranks wider than the model are refused
+    // before the slow stream; a diverging run stops, naming the step
+    std::fs::write(dir.path().join("a-file"), "x").unwrap();
+    let train = |extra: &[&str]| {
+        let base = [
+            "train",
+            "--model",
+            "tiny",
+            "--data",
+            &p("data"),
+            "--steps",
+            "3",
+        ];
+        [&base[..], extra]
+            .concat()
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+    };
+    let (below_a_file, data_out, out) = (p("a-file/o"), p("data"), p("o"));
+    for (extra, needle) in [
+        (
+            &["--out", &below_a_file][..],
+            "a-file` exists and is not a folder",
+        ),
+        (&["--out", &data_out], "holds distillation data"),
+        (
+            &["--out", &out, "--log-every", "0"],
+            "--log-every must be at least 1",
+        ),
+        (
+            &["--out", &out, "--save-every", "0"],
+            "--save-every must be at least 1",
+        ),
+        (
+            &["--out", &out, "--rank", "65"],
+            "--rank 65 is wider than the model's hidden size 64",
+        ),
+    ] {
+        let args = train(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = fails(&args, &[needle]);
+        assert!(!run.stderr.contains("slow stream of"), "{}", run.stderr);
+    }
+    let args = train(&["--out", &out, "--lr", "1e30"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    fails(&args, &["training diverged at step", "lower --lr"]);
+    assert!(!dir.path().join("o").exists());
+    // init-m2r2 likewise bounds the low-rank widths
+    for (flag, needle) in [
+        ("--rank", "--rank 65 is wider"),
+        ("--arla-latent", "--arla-latent 65 is wider"),
+    ] {
+        let args = ["init-m2r2", "--model", "tiny", flag, "65", "--out", &out];
+        fails(&args, &[needle]);
+    }
     // with a kind it trains (the term is in the log's align column)
     let run = ok(&[
         "train",

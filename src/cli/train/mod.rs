@@ -168,8 +168,22 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    common::check_out_folder(&args.out, "--out")?;
+    for (flag, value) in [
+        ("--save-every", args.save_every),
+        ("--eval-every", Some(args.eval_every)),
+        ("--patience", Some(args.patience)),
+        ("--log-every", Some(args.log_every)),
+    ] {
+        if value == Some(0) {
+            bail!("{flag} must be at least 1");
+        }
+    }
     let loaded = common::load(&args.model.model)?;
     let model = &loaded.model;
+    for &rank in &args.rank {
+        common::check_low_rank("--rank", rank, model.config.hidden_size)?;
+    }
     let (data, metas, parts) = train::data::read_all(&args.data, model.config.vocab_size)?;
     for (dir, meta) in args.data.iter().zip(&metas) {
         train::data::refuse_dev_prompts("--data", dir, meta, "training fits the adapters to it")?;
@@ -340,9 +354,23 @@ pub fn run(args: &Args) -> Result<()> {
     let mut window: Vec<StepLog> = Vec::new();
     while trainer.step < trainer.options.steps {
         let log = trainer.train_step();
+        if let Some(g) = log
+            .gates
+            .iter()
+            .find(|g| !(g.kl.is_finite() && g.align.is_finite()))
+        {
+            bail!(
+                "training diverged at step {}: gate {}'s loss is {} (lower --lr); {} keeps what \
+                 was last written there, if anything",
+                trainer.step,
+                g.gate,
+                if g.kl.is_finite() { g.align } else { g.kl },
+                args.out.display()
+            );
+        }
         window.push(log);
         bar.inc(1);
-        if window.len() >= args.log_every.max(1) || trainer.step == trainer.options.steps {
+        if window.len() >= args.log_every || trainer.step == trainer.options.steps {
             let mut mean: Vec<GateStats> = window[0]
                 .gates
                 .iter()
@@ -369,12 +397,12 @@ pub fn run(args: &Args) -> Result<()> {
             window.clear();
         }
         if let Some(n) = args.save_every
-            && trainer.step % n.max(1) == 0
+            && trainer.step % n == 0
         {
             checkpoint::save(&trainer, &args.out)?;
         }
         if let Some(val) = &val
-            && trainer.step % args.eval_every.max(1) == 0
+            && trainer.step % args.eval_every == 0
         {
             let stats = trainer.evaluate_held_out(val);
             let kl = mean_kl(&stats);
