@@ -35,6 +35,7 @@ use crate::cli::args::model::ModelArgs;
 use crate::cli::args::onnx::EpArgs;
 use crate::cli::common;
 use anyhow::{Context, Result, bail};
+use reference::base::tree::MAX_TREE_NODES;
 use reference::decode::drafting::check_draft_gate;
 use reference::m2r2::config::{DynamicDraftConfig, M2r2Config};
 use serde::Serialize;
@@ -180,6 +181,14 @@ pub fn run(args: &Args) -> Result<()> {
     if args.max_draft == 0 || args.repeats == 0 {
         bail!("--max-draft and --repeats must be at least 1");
     }
+    if args.max_draft >= MAX_TREE_NODES {
+        bail!(
+            "--max-draft {}: a round verifies at most {MAX_TREE_NODES} nodes, so a chain drafts \
+             at most {} tokens",
+            args.max_draft,
+            MAX_TREE_NODES - 1
+        );
+    }
     if let Some(t) = args.thresholds.iter().find(|t| !t.is_finite()) {
         bail!("--thresholds must be finite numbers, got {t}");
     }
@@ -188,9 +197,19 @@ pub fn run(args: &Args) -> Result<()> {
     }
     args.ep
         .refuse_without_onnx(args.onnx.is_some(), "tune-drafting")?;
+    args.ep.check_one_config("tune-drafting")?;
     let chains = args.families.contains(&Family::Chain);
     let shapes = tree_shapes(args)?;
     let branches = lookup_branches(args)?;
+    if let Some(&longest) = branches.last()
+        && args.max_draft + longest >= MAX_TREE_NODES
+    {
+        bail!(
+            "--max-draft {} with --prompt-lookup {longest}: a round verifies at most \
+             {MAX_TREE_NODES} nodes, the root, the drafts and the branch's tokens",
+            args.max_draft
+        );
+    }
     let loaded = common::load(&args.model.model)?;
     let m2r2_args = M2r2Args {
         draft_head: args.draft_head,
@@ -203,8 +222,11 @@ pub fn run(args: &Args) -> Result<()> {
     } else {
         args.draft_gates.clone()
     };
-    for &g in &gates {
+    for (k, &g) in gates.iter().enumerate() {
         check_draft_gate(config, g, "--draft-gates: gate")?;
+        if gates[..k].contains(&g) {
+            bail!("--draft-gates names gate {g} twice");
+        }
     }
     let (mut data, meta) = train::data::read(&args.data, loaded.model.config.vocab_size)?;
     let purpose = "tune-drafting chooses the drafting policy by its traces";
@@ -217,6 +239,9 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     if let Some(n) = args.limit {
+        if n == 0 {
+            bail!("--limit 0 leaves no samples to trace: give 1 or more");
+        }
         data.truncate(n);
     }
     if let Some(n) = args.max_new_tokens {
@@ -226,8 +251,16 @@ pub fn run(args: &Args) -> Result<()> {
             );
         }
         for d in &mut data {
-            d.tokens.truncate(d.prompt_len + n);
+            d.tokens.truncate(d.prompt_len.saturating_add(n));
         }
+    }
+    // a response is traced from its second token: without one, every policy would price as NaN
+    if !data.iter().any(|d| d.tokens.len() >= d.prompt_len + 2) {
+        bail!(
+            "{}: none of the {} sample(s) used has a response of 2 or more tokens to trace",
+            args.data.display(),
+            data.len()
+        );
     }
     let source = m2r2_args.source(&loaded);
 

@@ -869,7 +869,31 @@ fn cuda_graph_is_refused_where_it_cannot_apply() {
             "--bandwidth-mib",
             "16",
         ],
-        &["--cuda-graph", "not cpu"],
+        &["--cuda-graph both", "need --ep cuda (this run is --ep cpu)"],
+    );
+    // on CUDA it needs a static export to measure
+    let bench_dynamic = [
+        "bench",
+        "--model",
+        "tiny",
+        "--onnx",
+        d,
+        "--ep",
+        "cuda",
+        "--cuda-graph",
+        "both",
+        "--prompt-len",
+        "4",
+        "--decode-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--bandwidth-mib",
+        "16",
+    ];
+    super::fails(
+        &bench_dynamic,
+        &["--cuda-graph both", "every export here is dynamic"],
     );
     let json = |args: Vec<String>| {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -485,6 +485,12 @@ fn bad_lookups_are_refused() {
         "2",
     ];
     fails(&base, &["--prompt-lookup", "--mode speculative"]);
+    // a branch longer than a round verifies is refused, as in the M2R2 config
+    let spec = [&base[..7], &["--mode", "speculative", "--prompt-lookup"]].concat();
+    fails(
+        &[&spec[..], &["64"]].concat(),
+        &["--prompt-lookup 64: a branch has at most 63 tokens"],
+    );
     // sampled: the branch's tokens are verified as deterministic proposals (lossless: the
     // chi-square test in decode/tree_sampling.rs); the same seed gives the same tokens
     let sampled = |seed: &'static str| {

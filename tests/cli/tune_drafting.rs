@@ -501,6 +501,39 @@ fn tune_drafting_ranks_writes_and_refuses() {
         &["--draft-gates", "7"],
         &["--draft-gates", "gate 7 does not exist"],
     );
+    refused(
+        &["--draft-gates", "1,1"],
+        &["--draft-gates names gate 1 twice"],
+    );
+    // nothing to trace, or more drafts than a round verifies: refused before any tracing (a
+    // run with no traced sample priced every policy NaN and still wrote one)
+    refused(&["--limit", "0"], &["--limit 0 leaves no samples"]);
+    refused(
+        &["--max-draft", "64"],
+        &["--max-draft 64", "at most 63 tokens"],
+    );
+    refused(
+        &["--max-draft", "60", "--prompt-lookup", "4"],
+        &["--max-draft 60 with --prompt-lookup 4", "64 nodes"],
+    );
+    refused(
+        &[
+            "--max-new-tokens",
+            "18446744073709551615",
+            "--max-draft",
+            "18446744073709551615",
+        ],
+        &["--max-draft 18446744073709551615"],
+    );
+    // bench's ONNX Runtime comparisons are refused here, as on `run`
+    refused(
+        &["--onnx", &onnx, "--ort-compare", "a:threads=1"],
+        &["--ort-compare is for `m2r2 bench"],
+    );
+    refused(
+        &["--onnx", &onnx, "--cuda-graph", "both"],
+        &["--cuda-graph both is for `bench --onnx`"],
+    );
     // trees alone on ONNX Runtime: priced there too (no chain default: nothing to write)
     let trees_only = ok(&[
         "tune-drafting",

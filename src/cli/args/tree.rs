@@ -3,7 +3,7 @@
 //! with. `generate` (the reference) and `run` (ONNX Runtime) share them.
 
 use anyhow::{Result, anyhow, bail};
-use reference::base::tree::TokenTree;
+use reference::base::tree::{MAX_TREE_NODES, TokenTree};
 use reference::decode::mode::{M2r2Settings, Mode};
 use reference::decode::prompt_lookup::LookupConfig;
 use reference::decode::speculative::DraftLength;
@@ -48,10 +48,17 @@ pub fn tree_widths(request: &TreeRequest<'_>) -> Result<Option<Vec<usize>>> {
 /// `--prompt-lookup N`'s branch (`None` for 0).
 ///
 /// # Errors
-/// A branch outside speculative decoding, named.
+/// A branch outside speculative decoding, or longer than a round verifies, named.
 pub fn prompt_lookup(tokens: usize, speculative: bool) -> Result<Option<LookupConfig>> {
     if tokens == 0 {
         return Ok(None);
+    }
+    if tokens >= MAX_TREE_NODES {
+        bail!(
+            "--prompt-lookup {tokens}: a branch has at most {} tokens (a round verifies at most \
+             {MAX_TREE_NODES} nodes, the M2R2 config's range)",
+            MAX_TREE_NODES - 1
+        );
     }
     if !speculative {
         bail!("--prompt-lookup adds a branch to speculative drafts: add --mode speculative");

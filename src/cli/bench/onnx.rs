@@ -145,6 +145,24 @@ pub fn measure(
 
     // ONNX Runtime: every export loaded, then their runs alternating within each repeat
     // `--cuda-graph both`: a static export twice, without then with CUDA graphs
+    if ep_args.cuda_graph == Some(CudaGraph::Both) {
+        if ep_args.ep != onnx_runner::ep::Ep::Cuda {
+            bail!(
+                "--cuda-graph both measures static exports with CUDA graphs, which need --ep \
+                 cuda (this run is --ep {})",
+                ep_args.ep.name()
+            );
+        }
+        if exports
+            .iter()
+            .all(|e| e.static_l_max(GraphKind::Model).is_none())
+        {
+            bail!(
+                "--cuda-graph both measures static exports without and with CUDA graphs, and \
+                 every export here is dynamic: add one written with `m2r2 export --static-cache L`"
+            );
+        }
+    }
     let mut engines = Vec::new();
     for (export, dir) in exports.iter().zip(dirs) {
         let base = ep_args.config(export, draft_len)?;
