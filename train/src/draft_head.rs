@@ -64,9 +64,10 @@ pub fn pruned_agreement(
         covered: vec![0; heads.len()],
     };
     for sample in data {
-        let (states, last) = m2r2.all_exit_states_and_final(&sample.tokens)?;
+        // the draft as decoding's first draft of a round runs it: with the bridge, if any
+        let (u, last) = m2r2.draft_states_and_final(&sample.tokens, gate)?;
         let rows: Vec<usize> = (sample.first_row()..sample.tokens.len()).collect();
-        let u = states[gate - 1].0.select(ndarray::Axis(0), &rows);
+        let u = u.select(ndarray::Axis(0), &rows);
         let exit = m2r2.exit_logits(u.view());
         let base = model
             .head(last.select(ndarray::Axis(0), &rows).view())

@@ -133,3 +133,57 @@ pub fn probe_tokens(
     }
     Ok(tokens)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reference::io::builtin;
+    use reference::m2r2::bridge::BridgeSite;
+    use reference::m2r2::bridge_config::BridgeConfig;
+    use reference::m2r2::config::M2r2Config;
+
+    /// `M2r2::draft_states_and_final` (one teacher-forced pass, what `draft-head` measures) gives
+    /// the draft's exit states this probe computes chunk by chunk for the export check (which
+    /// the ONNX draft graph is compared with), with and without a bridge, at every draft gate.
+    #[test]
+    fn teacher_forced_draft_states_are_the_probes() {
+        let model = builtin::builtin("tiny").unwrap();
+        let config = M2r2Config::default_for(&model.config);
+        let plain = M2r2Weights::random(&model.config, config, 7).unwrap();
+        let tokens: Vec<u32> = (0..12).map(|i| (i * 37 + 5) % 320).collect();
+        for gate in 1..=plain.config.num_gates() {
+            let bridge = BridgeConfig::new(gate, 4, BridgeSite::ALL.to_vec());
+            let bridged = plain
+                .clone()
+                .with_bridge(&model.config, bridge, 3, 0.5)
+                .unwrap();
+            let mut drafts = vec![];
+            for weights in [&plain, &bridged] {
+                let run =
+                    reference_run(&model, weights, gate, &[&tokens[..5], &tokens[5..]]).unwrap();
+                let probe = ndarray::concatenate(
+                    ndarray::Axis(0),
+                    &[run.exit_states[0].view(), run.exit_states[1].view()],
+                )
+                .unwrap();
+                let (u, finals) = M2r2::new(&model, weights)
+                    .draft_states_and_final(&tokens, gate)
+                    .unwrap();
+                let diff = (&u - &probe).mapv(f32::abs).fold(0.0f32, |a, &b| a.max(b));
+                assert!(diff < 1e-5, "gate {gate}: {diff}");
+                assert_eq!(finals.nrows(), tokens.len());
+                drafts.push(u);
+            }
+            // the bridge changes every row but the first, which reads zeros
+            let moved = (&drafts[0] - &drafts[1]).mapv(f32::abs);
+            assert!(moved.row(0).iter().all(|&x| x == 0.0), "gate {gate}");
+            assert!(
+                moved
+                    .rows()
+                    .into_iter()
+                    .skip(1)
+                    .all(|r| r.iter().any(|&x| x > 1e-4))
+            );
+        }
+    }
+}

@@ -19,7 +19,7 @@ use crate::base::moe::Routing;
 use crate::base::work::Work;
 use crate::m2r2::bridge::BridgeSite;
 use crate::m2r2::weights::M2r2Weights;
-use ndarray::{Array2, ArrayView2, Axis};
+use ndarray::{Array2, ArrayView2, Axis, s};
 
 /// Per gate `g`: the fast exit state `u_g` and the slow residual `s_{e_g}`, `[T, D]` each.
 pub type GateStates = Vec<(Array2<f32>, Array2<f32>)>;
@@ -196,6 +196,47 @@ impl<'a> M2r2<'a> {
         tokens: &[u32],
     ) -> crate::Result<(GateStates, Array2<f32>)> {
         self.exit_trace(tokens, true)
+    }
+
+    /// The draft's exit state at `draft_gate` (1-based) for every position of `tokens`, each with
+    /// every earlier position verified (teacher forced: the first draft of a round), and the final
+    /// slow residual `s_N`. With weights whose bridge is read at `draft_gate`, each row reads
+    /// `FinalNorm(s_N)` of the previous position (zeros at position 0), as decoding's first draft
+    /// of a round does; without one these are [`M2r2::all_exit_states_and_final`]'s.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[T]` -> (`u_{draft_gate}` `[T, D]`, `s_N` `[T, D]`)
+    pub fn draft_states_and_final(
+        &self,
+        tokens: &[u32],
+        draft_gate: usize,
+    ) -> crate::Result<(Array2<f32>, Array2<f32>)> {
+        let (mut states, finals) = self.all_exit_states_and_final(tokens)?;
+        if self.weights.bridge_at(draft_gate).is_none() {
+            return Ok((states.swap_remove(draft_gate - 1).0, finals));
+        }
+        // h_p = s_N[p-1], zeros at p = 0 (whose terms are then zero)
+        let mut h = Array2::zeros(finals.raw_dim());
+        let t = tokens.len();
+        if t > 1 {
+            h.slice_mut(s![1.., ..])
+                .assign(&finals.slice(s![..t - 1, ..]));
+        }
+        let (entry, at_gate) = self.bridge_terms(draft_gate, h.view());
+        let mut cache = self.model.new_cache(t)?;
+        let mut s = self.model.embed(tokens);
+        let slots: Vec<usize> = (0..t).collect();
+        let mut u = Array2::zeros(finals.raw_dim());
+        for j in 0..draft_gate {
+            let from = entry.as_ref().filter(|_| j + 1 == draft_gate);
+            u = self
+                .run_interval_from(j, &mut s, 0, &mut cache, &slots, from)
+                .exit_states;
+        }
+        if let Some(term) = at_gate {
+            u += &term;
+        }
+        Ok((u, finals))
     }
 
     /// The gates' (exit state, slow residual), then the slow residual after the last interval,
