@@ -56,7 +56,7 @@ enum Command {
     DistillData(cli::distill_data::Args),
     /// Train the accelerator adapters on distillation data (base model frozen).
     Train(cli::train::Args),
-    /// Train ARLA on trained adapters and calibrate its threshold on development data.
+    /// Train ARLA on trained adapters and calibrate its threshold on held-out validation data.
     TrainArla(cli::train_arla::Args),
     /// Choose speculative decoding's drafting policy (draft gate, chain or token tree, fixed or
     /// dynamic, prompt-lookup branch) by measurement: traced drafts on greedy data, timed steps,

@@ -13,9 +13,10 @@ use train::draft_head::{DraftHead, most_frequent, pruned_agreement};
 pub struct Args {
     #[command(flatten)]
     pub trained: TrainedArgs,
-    /// Subset sizes to compare, comma-separated
-    #[arg(long, value_name = "K,...", default_value = "256,1024,4096,8192")]
-    pub sizes: String,
+    /// Subset sizes to compare, comma-separated (default: those of 256,1024,4096,8192 smaller
+    /// than the vocabulary, else half the vocabulary)
+    #[arg(long, value_name = "K,...")]
+    pub sizes: Option<String>,
     /// Write the subset of this size into --m2r2's folder as draft_head.json
     #[arg(long, value_name = "K")]
     pub write: Option<usize>,
@@ -30,15 +31,26 @@ pub fn run(args: &Args) -> Result<()> {
     } = args.trained.load()?;
     let model = &loaded.model;
     let config = &model.config;
-    let sizes: Vec<usize> = args
-        .sizes
-        .split(',')
-        .map(|k| {
-            k.trim()
-                .parse::<usize>()
-                .with_context(|| format!("--sizes: `{k}` is not a size"))
-        })
-        .collect::<Result<_>>()?;
+    let sizes: Vec<usize> = match &args.sizes {
+        Some(list) => list
+            .split(',')
+            .map(|k| {
+                k.trim()
+                    .parse::<usize>()
+                    .with_context(|| format!("--sizes: `{k}` is not a size"))
+            })
+            .collect::<Result<_>>()?,
+        None => {
+            let smaller: Vec<usize> = [256, 1024, 4096, 8192]
+                .into_iter()
+                .filter(|&k| k < config.vocab_size)
+                .collect();
+            match smaller.is_empty() {
+                true => vec![(config.vocab_size / 2).max(1)],
+                false => smaller,
+            }
+        }
+    };
     if sizes.iter().any(|&k| k == 0 || k > config.vocab_size) {
         bail!(
             "--sizes must lie in 1..={} (the vocabulary)",

@@ -21,7 +21,7 @@ pub struct Args {
     /// Adapter rank r (default 16)
     #[arg(long, value_name = "R")]
     pub rank: Option<usize>,
-    /// Adapter alpha; the adapter term is scaled by alpha / r (default 32)
+    /// Adapter alpha; the adapter term is scaled by alpha / r (default 2 r, as `train`'s)
     #[arg(long, value_name = "A", allow_negative_numbers = true)]
     pub alpha: Option<f32>,
     /// Linear maps carrying adapters, comma-separated: q_proj,k_proj,v_proj,o_proj,gate_proj,
@@ -72,8 +72,15 @@ pub fn run(args: &Args) -> Result<()> {
     if let Some(rank) = args.rank {
         common::check_low_rank("--rank", rank, model.hidden_size)?;
         config.rank = rank;
+        config.alpha = 2.0 * rank as f32;
     }
     if let Some(alpha) = args.alpha {
+        if !(alpha.is_finite() && alpha > 0.0) {
+            bail!(
+                "--alpha must be a finite number > 0 (the adapters' scale is alpha / r), got \
+                 {alpha}"
+            );
+        }
         config.alpha = alpha;
     }
     if let Some(targets) = &args.targets {

@@ -145,9 +145,10 @@ pub fn run(args: &Args) -> Result<()> {
     let tail = &losses[losses.len().saturating_sub(50)..];
     let (bce, acc) = arla_accuracy(&arla_scores(&arla, &dev_tokens, eps), &dev_tokens);
     println!(
-        "trained ARLA {} steps in {:.1} s: train BCE (last 50 steps) {:.4}; dev BCE {bce:.4}, accuracy {acc:.3}",
+        "trained ARLA {} steps in {:.1} s: train BCE (last {} steps) {:.4}; dev BCE {bce:.4}, accuracy {acc:.3}",
         args.steps,
         start.elapsed().as_secs_f64(),
+        tail.len(),
         tail.iter().sum::<f64>() / tail.len() as f64
     );
     let thresholds = default_thresholds();

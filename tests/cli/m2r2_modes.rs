@@ -209,6 +209,11 @@ fn init_m2r2_writes_a_folder_generate_uses() {
         out_s,
     ]);
     assert!(init.stdout.contains("parameters"), "{}", init.stdout);
+    // alpha defaults to 2 r, as `train`'s
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("m2r2_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(written["alpha"], 8.0);
     for file in [
         "m2r2_config.json",
         "adapter_config.json",

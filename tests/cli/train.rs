@@ -273,6 +273,28 @@ fn distill_train_resume_generate() {
         "64",
     ]);
     assert!(head.stdout.contains("| pruned | 64 |"), "{}", head.stdout);
+    // the default sizes are those below the vocabulary (tiny's 320: 256)
+    let defaults = ok(&[
+        "draft-head",
+        "--model",
+        "tiny",
+        "--m2r2",
+        &arla_dir,
+        "--data",
+        &p("data"),
+        "--dev-data",
+        &p("dev"),
+    ]);
+    assert!(
+        defaults.stdout.contains("| pruned | 256 |"),
+        "{}",
+        defaults.stdout
+    );
+    assert!(
+        !defaults.stdout.contains("| pruned | 1024 |"),
+        "{}",
+        defaults.stdout
+    );
     assert!(dir.path().join("arla/draft_head.json").is_file());
     let mut spec_args = prompt.to_vec();
     spec_args.extend(["--mode", "speculative", "--m2r2", &arla_dir]);
@@ -366,6 +388,21 @@ fn distill_train_resume_generate() {
         ],
         &["already done 40 of 40 steps"],
     );
+    // (refused before the slow stream, the longest phase)
+    let again = [
+        "train",
+        "--model",
+        "tiny",
+        "--data",
+        &p("data"),
+        "--resume",
+        &ck,
+        "--steps",
+        "40",
+        "--out",
+        &p("ck3"),
+    ];
+    assert!(!fails(&again, &[]).stderr.contains("slow stream"));
     // a resumed run keeps its checkpoint's settings: a flag that would set one is refused
     let (data, out) = (p("data"), p("ck4"));
     for flag in [&["--lr", "0.01"][..], &["--rank", "4"], &["--seed", "3"]] {
@@ -528,6 +565,18 @@ fn bad_training_input_is_refused() {
         (
             &["--out", &out, "--rank", "65"],
             "--rank 65 is wider than the model's hidden size 64",
+        ),
+        (
+            &["--out", &out, "--alpha", "0"],
+            "--alpha must be a finite number > 0",
+        ),
+        (
+            &["--out", &out, "--weight-decay=-1"],
+            "--weight-decay) must be finite and >= 0",
+        ),
+        (
+            &["--out", &out, "--warmup", "4"],
+            "--warmup 4 is longer than the run (--steps 3)",
         ),
     ] {
         let args = train(extra);

@@ -18,6 +18,7 @@ use reference::base::weights::TensorSource;
 use reference::io::checkpoint::{SafetensorsSource, write_f32_safetensors};
 use reference::m2r2::weights::M2r2Weights;
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 use std::path::Path;
 
 pub const STATE_FILE: &str = "trainer_state.json";
@@ -31,7 +32,25 @@ struct TrainerState {
     optimizer_steps: Vec<(usize, u64)>,
     /// The training data's shape (samples, trainable rows): resuming needs the same data.
     data: (usize, usize),
+    /// SHA-256 of the training data's tokens ([`data_digest`]); absent in checkpoints written
+    /// before 2026-11-29, which resume on the shape alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    data_sha256: Option<String>,
     history: Vec<StepLog>,
+}
+
+/// SHA-256 (hex) of distillation data as training reads it: each sample's tokens and first
+/// trained row, in order.
+pub(crate) fn data_digest(data: &[DistillSample]) -> String {
+    let mut h = Sha256::new();
+    for d in data {
+        h.update((d.tokens.len() as u64).to_le_bytes());
+        h.update((d.first_row() as u64).to_le_bytes());
+        for t in &d.tokens {
+            h.update(t.to_le_bytes());
+        }
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// (samples, trainable rows) of distillation data.
@@ -48,6 +67,7 @@ pub fn save(trainer: &Trainer, dir: &Path) -> Result<()> {
         options: trainer.options.clone(),
         optimizer_steps: trainer.gates.iter().map(|g| (g.gate, g.opt.t)).collect(),
         data: (trainer.samples_count(), trainer.rows_available()),
+        data_sha256: Some(trainer.data_sha256.clone()),
         history: trainer.history.clone(),
     };
     let path = dir.join(STATE_FILE);
@@ -69,6 +89,21 @@ pub fn save(trainer: &Trainer, dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The steps a checkpoint folder has done, read from its state alone (before the slow stream, so
+/// that a `--steps` already reached is refused at once).
+pub fn steps_done(dir: &Path) -> Result<usize> {
+    Ok(read_state(dir)?.step)
+}
+
+fn read_state(dir: &Path) -> Result<TrainerState> {
+    let path = dir.join(STATE_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    serde_json::from_str(&text).map_err(|e| Error::Data {
+        file: path.display().to_string(),
+        msg: format!("not a trainer state: {e}"),
+    })
+}
+
 /// Rebuild a trainer from a checkpoint folder, on the same data. `steps` replaces the total step
 /// count (to train longer than first planned); every other setting comes from the checkpoint.
 pub fn resume(
@@ -79,12 +114,8 @@ pub fn resume(
     slow: &mut SlowPass,
 ) -> Result<Trainer> {
     let weights = M2r2Weights::load_dir(dir, &model.config)?;
+    let state = read_state(dir)?;
     let path = dir.join(STATE_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let state: TrainerState = serde_json::from_str(&text).map_err(|e| Error::Data {
-        file: path.display().to_string(),
-        msg: format!("not a trainer state: {e}"),
-    })?;
     if data_shape(data) != state.data {
         return Err(Error::Invalid(format!(
             "{} was trained on other data ({} samples, {} rows; given {} samples, {} rows): resume \
@@ -94,6 +125,15 @@ pub fn resume(
             state.data.1,
             data.len(),
             data_shape(data).1
+        )));
+    }
+    if let Some(recorded) = &state.data_sha256
+        && *recorded != data_digest(data)
+    {
+        return Err(Error::Invalid(format!(
+            "{} was trained on other data (as many samples and rows, other tokens): resume with \
+             the same --data, in the same order",
+            dir.display()
         )));
     }
     let mut options = state.options;

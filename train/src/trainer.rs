@@ -54,6 +54,9 @@ pub struct Trainer {
     /// Steps done.
     pub step: usize,
     pub history: Vec<StepLog>,
+    /// SHA-256 of the training data's tokens (`checkpoint::data_digest`): a checkpoint resumes
+    /// only on the same data.
+    pub data_sha256: String,
     base: FrozenBase<f32>,
     samples: Vec<SlowSample<f32>>,
     pool: Vec<Row>,
@@ -149,6 +152,7 @@ impl Trainer {
             gates,
             step: 0,
             history: Vec::new(),
+            data_sha256: crate::checkpoint::data_digest(data),
             base,
             samples,
             pool,

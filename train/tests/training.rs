@@ -149,6 +149,18 @@ fn resume_continues_exactly_and_checkpoints_load() {
     )
     .unwrap();
     assert_eq!(resumed.step, 5);
+    // data of the same shape with another token is not the same data
+    let mut other = train_data.clone();
+    let last = other[0].tokens.len() - 1;
+    other[0].tokens[last] = (other[0].tokens[last] + 1) % 320;
+    let err = checkpoint::resume(&model, dir.path(), &other, None, &mut SlowPass::default())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("trained on other data (as many samples and rows, other tokens)"),
+        "{err}"
+    );
     for _ in 5..12 {
         resumed.train_step();
     }

@@ -20,10 +20,10 @@ pub struct TrainedArgs {
     /// comma-separated or repeated folders
     #[arg(long, value_name = "DIR", required = true, num_args = 1.., value_delimiter = ',')]
     pub data: Vec<PathBuf>,
-    /// Held-out distillation data for calibration and measurements: calibrating a threshold tunes
-    /// on it, so validation data of the training distribution (e.g. data/distill/smollm2-magpie-val),
-    /// not the development prompts (data made from dev_prompts.jsonl, or sharing a prompt with
-    /// --data, is refused)
+    /// Held-out distillation data (train-arla calibrates its thresholds on it; draft-head's table,
+    /// which chooses K, is measured on it): validation data of the training distribution (e.g.
+    /// data/distill/smollm2-magpie-val), never the development prompts (data made from
+    /// dev_prompts.jsonl, or sharing a prompt with --data, is refused)
     #[arg(long, value_name = "DIR")]
     pub dev_data: PathBuf,
     /// Use only the first N samples of --data (a shorter run; the folders in the order given)

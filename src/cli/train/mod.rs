@@ -179,6 +179,33 @@ pub fn run(args: &Args) -> Result<()> {
             bail!("{flag} must be at least 1");
         }
     }
+    if let Some(warmup) = args.warmup
+        && warmup > args.steps
+    {
+        bail!(
+            "--warmup {warmup} is longer than the run (--steps {}): the learning rate would never \
+             reach its peak",
+            args.steps
+        );
+    }
+    if let Some(alpha) = args.alpha
+        && !(alpha.is_finite() && alpha > 0.0)
+    {
+        bail!(
+            "--alpha must be a finite number > 0 (the adapters' scale is alpha / r), got {alpha}"
+        );
+    }
+    if let Some(dir) = &args.resume {
+        let done = train::checkpoint::steps_done(dir)
+            .with_context(|| format!("cannot resume from {}", dir.display()))?;
+        if done >= args.steps {
+            bail!(
+                "{} has already done {done} of {} steps: give a larger --steps",
+                dir.display(),
+                args.steps
+            );
+        }
+    }
     let loaded = common::load(&args.model.model)?;
     let model = &loaded.model;
     for &rank in &args.rank {

@@ -85,6 +85,12 @@ impl TrainOptions {
                 self.hard_label_weight
             ));
         }
+        if !(self.weight_decay >= 0.0 && self.weight_decay.is_finite()) {
+            return bad(format!(
+                "the weight decay (--weight-decay) must be finite and >= 0 (got {})",
+                self.weight_decay
+            ));
+        }
         if self.align_intermediate && self.align.is_none() {
             return bad(
                 "intermediate alignment needs an alignment kind (--align cosine | mse)".into(),
