@@ -851,13 +851,16 @@ fn cuda_graph_is_refused_where_it_cannot_apply() {
         ],
         &["invalid value 'maybe'"],
     );
-    super::fails(
-        &[
+    // bench --cuda-graph both: CUDA graphs need --ep cuda, and a static export to measure
+    let bench = |export: &str, ep: &str, needle: &str| {
+        let args = [
             "bench",
             "--model",
             "tiny",
             "--onnx",
-            s,
+            export,
+            "--ep",
+            ep,
             "--cuda-graph",
             "both",
             "--prompt-len",
@@ -868,33 +871,11 @@ fn cuda_graph_is_refused_where_it_cannot_apply() {
             "1",
             "--bandwidth-mib",
             "16",
-        ],
-        &["--cuda-graph both", "need --ep cuda (this run is --ep cpu)"],
-    );
-    // on CUDA it needs a static export to measure
-    let bench_dynamic = [
-        "bench",
-        "--model",
-        "tiny",
-        "--onnx",
-        d,
-        "--ep",
-        "cuda",
-        "--cuda-graph",
-        "both",
-        "--prompt-len",
-        "4",
-        "--decode-tokens",
-        "4",
-        "--repeats",
-        "1",
-        "--bandwidth-mib",
-        "16",
-    ];
-    super::fails(
-        &bench_dynamic,
-        &["--cuda-graph both", "every export here is dynamic"],
-    );
+        ];
+        super::fails(&args, &["--cuda-graph both", needle]);
+    };
+    bench(s, "cpu", "need --ep cuda (this run is --ep cpu)");
+    bench(d, "cuda", "every export here is dynamic");
     let json = |args: Vec<String>| {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         super::ok(&args).json()
