@@ -171,11 +171,16 @@ impl Problem {
         );
         prop_assert_eq!(exported.has(OnnxGraph::Feed), self.feed);
         prop_assert_eq!(exported.static_l_max(OnnxGraph::Draft), static_cache);
+        // TensorRT's profiles cover a static export's buffers too, as `m2r2 run` makes them
+        let mut ep = ep.clone();
+        if let (Some(l), Some(ranges)) = (static_cache, ep.tensorrt.ranges.take()) {
+            ep.tensorrt.ranges = Some(ranges.with_buffer(l));
+        }
         check_decoding(
             &base,
             &weights,
             &exported,
-            ep,
+            &ep,
             &self.base.prompt,
             self.base.new_tokens,
             &self.drafting.draft,
