@@ -5,9 +5,9 @@
 use crate::cli::args::model::{ModelArgs, PromptArgs};
 use crate::cli::common;
 use crate::cli::progress;
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use std::path::PathBuf;
-use train::data::{DistillMeta, Run};
+use train::data::{DistillMeta, Run, Start, check_out, prompts};
 use train::distill::{DistillOptions, generate_samples_batched};
 
 #[derive(clap::Args, Debug)]
@@ -23,11 +23,11 @@ pub struct Args {
     /// Responses per prompt
     #[arg(long, value_name = "K", default_value_t = 1)]
     pub samples_per_prompt: usize,
-    /// Longest response, in tokens
+    /// Longest response, in tokens (each prompt's tokens plus N must fit the model's context)
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_new_tokens: usize,
     /// Sampling temperature (default: greedy, the verifier's own decoding)
-    #[arg(long, value_name = "T")]
+    #[arg(long, value_name = "T", allow_negative_numbers = true)]
     pub temperature: Option<f32>,
     /// Seed of sample k of prompt i: S + i * K + k
     #[arg(long, value_name = "S", default_value_t = 0)]
@@ -38,34 +38,59 @@ pub struct Args {
     /// Sequences decoded together (each response is bitwise the same at any batch size)
     #[arg(long, value_name = "N", default_value_t = train::distill::DEFAULT_BATCH)]
     pub batch: usize,
-    /// Continue a stopped run into the same --out (same settings): keep its samples, make the rest
-    #[arg(long)]
+    /// Continue a stopped run in --out (same settings and prompts): keep its samples, make the rest
+    #[arg(long, conflicts_with = "force")]
     pub resume: bool,
+    /// Start a new run in an --out that is not empty (replacing a finished or unfinished run there)
+    #[arg(long)]
+    pub force: bool,
 }
+
+/// The prompts shown in a refusal, at most.
+const SHOWN: usize = 5;
 
 pub fn run(args: &Args) -> Result<()> {
     if args.samples_per_prompt == 0 || args.max_new_tokens == 0 {
         bail!("--samples-per-prompt and --max-new-tokens must be at least 1");
     }
-    let mut prompts = common::read_prompts(&args.prompts)?;
+    if args.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    if args.limit == Some(0) {
+        bail!("--limit must be at least 1");
+    }
+    if let Some(t) = args.temperature
+        && !(t > 0.0 && t.is_finite())
+    {
+        bail!("--temperature must be a finite number > 0 (leave it out for greedy), got {t}");
+    }
+    let start = Start::from_flags(args.resume, args.force);
+    check_out(&args.out, start)?;
+    let mut prompts = prompts::read(&args.prompts)?;
     if let Some(n) = args.limit {
-        if n == 0 {
-            bail!("--limit must be at least 1");
-        }
         prompts.truncate(n);
     }
     let loaded = common::load(&args.model.model)?;
     let encoded: Vec<(String, Vec<u32>)> = prompts
         .iter()
-        .map(|(id, text)| {
+        .map(|p| {
             let prompt = PromptArgs {
-                prompt: Some(text.clone()),
+                prompt: Some(p.prompt.clone()),
                 chat: true,
                 tokens: None,
             };
-            Ok((id.clone(), common::prompt_tokens(&loaded, &prompt)?))
+            let tokens = common::prompt_tokens(&loaded, &prompt).with_context(|| {
+                format!(
+                    "{} line {} (prompt `{}`)",
+                    args.prompts.display(),
+                    p.line,
+                    p.id
+                )
+            })?;
+            Ok((p.id.clone(), tokens))
         })
         .collect::<Result<_>>()?;
+    check_lengths(args, &loaded, &prompts, &encoded)?;
     let options = DistillOptions {
         samples_per_prompt: args.samples_per_prompt,
         max_new_tokens: args.max_new_tokens,
@@ -73,13 +98,11 @@ pub fn run(args: &Args) -> Result<()> {
         seed: args.seed,
         stop_tokens: loaded.stop_tokens(),
     };
-    if args.batch == 0 {
-        bail!("--batch must be at least 1");
-    }
     let total = encoded.len() * args.samples_per_prompt;
     let planned = DistillMeta {
         model: loaded.name.clone(),
         prompts: args.prompts.display().to_string(),
+        prompts_sha256: Some(prompts::digest(&prompts)),
         samples_per_prompt: args.samples_per_prompt,
         max_new_tokens: args.max_new_tokens,
         temperature: args.temperature,
@@ -88,7 +111,7 @@ pub fn run(args: &Args) -> Result<()> {
         tokens: 0,
     };
     let vocab = loaded.model.config.vocab_size;
-    let mut run = Run::start(&args.out, &planned, args.resume, vocab)?;
+    let mut run = Run::start(&args.out, &planned, start, vocab, &encoded)?;
     let done = run.done();
     if !done.is_empty() {
         eprintln!(
@@ -135,4 +158,85 @@ pub fn run(args: &Args) -> Result<()> {
         generated as f64 / seconds.max(1e-9)
     );
     Ok(())
+}
+
+/// Refuse, before anything is generated, every prompt whose chat-templated tokens and
+/// `--max-new-tokens` do not fit the model's context (the sample would not fit, nor train),
+/// naming the prompts by id and line and the longest `--max-new-tokens` that would fit.
+fn check_lengths(
+    args: &Args,
+    loaded: &reference::io::load::LoadedModel,
+    prompts: &[prompts::PromptLine],
+    encoded: &[(String, Vec<u32>)],
+) -> Result<()> {
+    let context = loaded.model.context_length();
+    let long: Vec<(&prompts::PromptLine, usize)> = prompts
+        .iter()
+        .zip(encoded)
+        .map(|(p, (_, tokens))| (p, tokens.len()))
+        .filter(|&(_, n)| n.saturating_add(args.max_new_tokens) > context)
+        .collect();
+    if long.is_empty() {
+        return Ok(());
+    }
+    let named: Vec<String> = long
+        .iter()
+        .take(SHOWN)
+        .map(|(p, n)| format!("`{}` (line {}, {n} tokens)", p.id, p.line))
+        .collect();
+    let more = long.len().saturating_sub(SHOWN);
+    // Prompts that fill the context alone need leaving out; the others a lower --max-new-tokens.
+    let (full, fitting): (Vec<_>, Vec<_>) = long.iter().partition(|&&(_, n)| n >= context);
+    let lower = fitting
+        .iter()
+        .map(|&&(_, n)| n)
+        .max()
+        .map(|longest| format!("lower --max-new-tokens to at most {}", context - longest));
+    let fix = match (full.len(), lower) {
+        (0, Some(lower)) => format!(
+            "{lower}, or leave {} out of the prompts file",
+            if long.len() == 1 { "it" } else { "them" }
+        ),
+        (_, lower) => {
+            let ids: Vec<String> = full.iter().map(|(p, _)| format!("`{}`", p.id)).collect();
+            format!(
+                "leave {} out of the prompts file (alone {} the context){}",
+                ids.join(", "),
+                if full.len() == 1 {
+                    "it fills"
+                } else {
+                    "each fills"
+                },
+                lower.map_or(String::new(), |l| format!(
+                    ", and {l} or leave the others out too"
+                ))
+            )
+        }
+    };
+    let (verb, count) = if long.len() == 1 {
+        ("does", format!("prompt {}", named.join("")))
+    } else {
+        (
+            "do",
+            format!(
+                "{} of the {} prompts, {}{}",
+                long.len(),
+                prompts.len(),
+                named.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            ),
+        )
+    };
+    bail!(
+        "{}: {count} {verb} not fit {}'s context of {context} positions with --max-new-tokens {} \
+         (a prompt's chat-templated tokens plus --max-new-tokens must fit); {fix}. Nothing was \
+         generated or written",
+        args.prompts.display(),
+        loaded.name,
+        args.max_new_tokens,
+    )
 }

@@ -11,8 +11,8 @@ use reference::io::tokenizer::ChatMessage;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use train::magpie::{
-    Candidate, CandidateLog, MagpieMeta, MagpiePrompt, MagpieSettings, Verdict, finish,
-    sample_candidates, select, tally,
+    Candidate, CandidateLog, MagpieMeta, MagpiePrompt, MagpieSettings, Start, Verdict, check_out,
+    finish, sample_candidates, select, tally,
 };
 
 #[derive(clap::Args, Debug)]
@@ -31,10 +31,11 @@ pub struct Args {
     /// Sampling temperature of the user messages
     #[arg(long, value_name = "T", default_value_t = 1.0)]
     pub temperature: f32,
-    /// Nucleus sampling of the user messages (default: off)
-    #[arg(long, value_name = "P")]
+    /// Nucleus sampling of the user messages, in (0, 1] (default: off)
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
     pub top_p: Option<f32>,
-    /// Longest user message, in tokens (longer ones are dropped as unfinished)
+    /// Longest user message, in tokens (longer ones are dropped as unfinished); the template's
+    /// start plus N must fit the model's context
     #[arg(long, value_name = "N", default_value_t = 128)]
     pub max_prompt_tokens: usize,
     /// Shortest kept prompt, in characters
@@ -55,8 +56,11 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 16)]
     pub batch: usize,
     /// Continue a stopped run into the same --out (same settings)
-    #[arg(long)]
+    #[arg(long, conflicts_with = "force")]
     pub resume: bool,
+    /// Start a new run in an --out that is not empty (replacing a finished or unfinished run there)
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// The marker standing in for the user's message while the template is rendered.
@@ -69,12 +73,26 @@ pub fn run(args: &Args) -> Result<()> {
     if !(args.temperature > 0.0 && args.temperature.is_finite()) {
         bail!("--temperature must be positive (got {})", args.temperature);
     }
+    if let Some(p) = args.top_p
+        && !(p > 0.0 && p <= 1.0)
+    {
+        bail!("--top-p must be in (0, 1], got {p}");
+    }
+    if args.min_chars > args.max_chars {
+        bail!(
+            "--min-chars {} is above --max-chars {}: no prompt could be kept",
+            args.min_chars,
+            args.max_chars
+        );
+    }
     if !(0.0..=1.0).contains(&args.min_ascii_letters) {
         bail!(
             "--min-ascii-letters must be in 0..=1 (got {})",
             args.min_ascii_letters
         );
     }
+    let start = Start::from_flags(args.resume, args.force);
+    check_out(&args.out, start)?;
     let mut exclude: HashSet<String> = HashSet::new();
     for path in &args.exclude {
         exclude.extend(
@@ -96,6 +114,17 @@ pub fn run(args: &Args) -> Result<()> {
         );
     };
     let prefix = tokenizer.encode(&rendered[..cut], false)?;
+    let context = loaded.model.context_length();
+    if prefix.len().saturating_add(args.max_prompt_tokens) > context {
+        bail!(
+            "--max-prompt-tokens {} does not fit {}'s context of {context} positions after the \
+             template's {} tokens before the user message: give at most {}",
+            args.max_prompt_tokens,
+            loaded.name,
+            prefix.len(),
+            context.saturating_sub(prefix.len())
+        );
+    }
     let stop = loaded.stop_tokens();
     let settings = MagpieSettings {
         model: loaded.name.clone(),
@@ -116,7 +145,7 @@ pub fn run(args: &Args) -> Result<()> {
             names.join(",")
         }),
     };
-    let (mut log, mut candidates) = CandidateLog::open(&args.out, &settings, args.resume)?;
+    let (mut log, mut candidates) = CandidateLog::open(&args.out, &settings, start)?;
     if !candidates.is_empty() {
         eprintln!(
             "resuming {}: {} of {} candidates already sampled",
@@ -127,7 +156,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let done: HashSet<u64> = candidates.iter().map(|c| c.seed).collect();
     let mut counter = progress::Counter::new("user messages", args.count, done.len());
-    let start = std::time::Instant::now();
+    let started = std::time::Instant::now();
     let mut tokens = 0usize;
     let mut failed = None;
     sample_candidates(
@@ -194,8 +223,45 @@ pub fn run(args: &Args) -> Result<()> {
         candidates.len(),
         args.out.join(train::magpie::PROMPTS_FILE).display(),
         summary.join(", "),
-        start.elapsed().as_secs_f64(),
-        tokens as f64 / start.elapsed().as_secs_f64().max(1e-9)
+        started.elapsed().as_secs_f64(),
+        tokens as f64 / started.elapsed().as_secs_f64().max(1e-9)
     );
+    if prompts.is_empty() {
+        bail!(
+            "no prompt passed the filters: of {} candidates, {}; {} holds the candidates and \
+             meta.json (a new run there needs --force)",
+            candidates.len(),
+            rejections(&counts, args).join(", "),
+            args.out.display()
+        );
+    }
     Ok(())
+}
+
+/// Each verdict's count with the flag that set its rule (where one does).
+fn rejections(counts: &std::collections::BTreeMap<Verdict, usize>, args: &Args) -> Vec<String> {
+    counts
+        .iter()
+        .filter(|(v, _)| **v != Verdict::Kept)
+        .map(|(v, n)| {
+            let rule = match v {
+                Verdict::Kept => String::new(),
+                Verdict::Unfinished => format!(
+                    " (no end of turn within --max-prompt-tokens {})",
+                    args.max_prompt_tokens
+                ),
+                Verdict::TooShort => format!(" (under --min-chars {})", args.min_chars),
+                Verdict::TooLong => format!(" (over --max-chars {})", args.max_chars),
+                Verdict::Template => " (special-token text in the message)".into(),
+                Verdict::NotEnglish => format!(
+                    " (under --min-ascii-letters {} of the letters ASCII)",
+                    args.min_ascii_letters
+                ),
+                Verdict::Duplicate => " (the same text as an earlier kept prompt)".into(),
+                Verdict::Excluded => " (a prompt of --exclude)".into(),
+            };
+            let name = serde_json::to_string(v).unwrap_or_default();
+            format!("{n} {}{rule}", name.trim_matches('"'))
+        })
+        .collect()
 }

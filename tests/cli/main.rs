@@ -105,6 +105,7 @@ fn ids(v: &Value) -> Vec<u64> {
 mod analyze;
 mod arguments;
 mod bridge;
+mod distill;
 mod draft_head;
 mod export;
 mod generate;

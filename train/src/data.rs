@@ -6,20 +6,22 @@
 //! | file            | content                                                                 |
 //! |-----------------|-------------------------------------------------------------------------|
 //! | `samples.jsonl` | one sample per line: `{"prompt_id", "sample", "prompt_len", "tokens"}`  |
-//! | `meta.json`     | how it was made: model, prompts file, samples per prompt, max new tokens, temperature, seed |
+//! | `meta.json`     | how it was made: model, prompts file and the SHA-256 of its prompts ([`prompts::digest`]), samples per prompt, max new tokens, temperature, seed; the counts of samples and tokens |
 //! | `progress.json` | only while a run is unfinished: the planned `meta.json` (`tokens` 0)      |
 //!
 //! A run appends each sample to `samples.jsonl` as it finishes, so a stopped run keeps its work and
 //! `--resume` continues it ([`Run`]); when it completes, `samples.jsonl` is rewritten in prompt, then
 //! sample order, `meta.json` written and `progress.json` removed: a folder with `meta.json` and no
-//! `progress.json` is complete.
+//! `progress.json` is complete, and [`read`] refuses any other (or one whose counts disagree with
+//! `samples.jsonl`). A new run refuses a folder that holds anything unless forced ([`Start`]).
 //!
 //! `tokens` is the chat-templated prompt followed by the response; `prompt_len` counts the prompt
 //! tokens. The fast rows trained are positions `prompt_len - 1 .. len`: the rows whose next token
 //! is the model's own response (and the row after the last response token).
 
 use crate::error::{Error, Result};
-use crate::jsonl_log::{JsonlLog, read_lines};
+pub use crate::jsonl_log::Start;
+use crate::jsonl_log::read_lines;
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::io::Write;
@@ -56,11 +58,21 @@ impl DistillSample {
 /// ([`refuse_dev_prompts`]); measuring on them (`train --eval-data`) is what they are for.
 pub const DEV_PROMPTS_FILE: &str = "dev_prompts.jsonl";
 
+pub mod prompts;
+mod run;
+pub use run::{Run, check_out};
+
 /// How a data folder was generated.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DistillMeta {
     pub model: String,
+    /// The prompts file as given on the command line.
     pub prompts: String,
+    /// [`prompts::digest`] of the prompts used (after `--limit`): what `--resume` compares. Absent
+    /// in folders written before it was recorded; those are compared by the prompts file's path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompts_sha256: Option<String>,
     pub samples_per_prompt: usize,
     pub max_new_tokens: usize,
     /// `None`: greedy.
@@ -79,26 +91,95 @@ impl DistillMeta {
             .is_some_and(|f| f == DEV_PROMPTS_FILE)
     }
 
-    /// The first setting in which two runs differ (the counts aside), if any.
-    pub fn differing_setting(&self, other: &DistillMeta) -> Option<&'static str> {
-        [
-            ("model", self.model == other.model),
-            ("prompts", self.prompts == other.prompts),
-            (
-                "samples_per_prompt",
-                self.samples_per_prompt == other.samples_per_prompt,
-            ),
-            (
-                "max_new_tokens",
-                self.max_new_tokens == other.max_new_tokens,
-            ),
-            ("temperature", self.temperature == other.temperature),
-            ("seed", self.seed == other.seed),
-        ]
-        .into_iter()
-        .find(|(_, same)| !same)
-        .map(|(name, _)| name)
+    /// Every setting in which the run that wrote `self` differs from the one planned as `now`
+    /// (the counts aside), each as `` `field` (--flag: what it was, what it is now)``. The prompts
+    /// are compared by their digest where both runs recorded one, else by the file's path (the
+    /// same file under two spellings is the same).
+    pub fn differing_settings(&self, now: &DistillMeta) -> Vec<String> {
+        let mut out = Vec::new();
+        let differ = |out: &mut Vec<String>, field: &str, flag: &str, was: String, is: String| {
+            if was != is {
+                out.push(format!("`{field}` ({flag}: {was} there, {is} now)"));
+            }
+        };
+        differ(
+            &mut out,
+            "model",
+            "--model",
+            self.model.clone(),
+            now.model.clone(),
+        );
+        match (&self.prompts_sha256, &now.prompts_sha256) {
+            (Some(was), Some(is)) => {
+                if was != is {
+                    out.push(format!(
+                        "`prompts` (--prompts {}: its prompts differ from those of the run, \
+                         sha256 {} there, {} now: the file changed since, or --limit differs)",
+                        now.prompts,
+                        &was[..was.len().min(12)],
+                        &is[..is.len().min(12)]
+                    ));
+                }
+            }
+            _ => {
+                if !same_file(&self.prompts, &now.prompts) {
+                    out.push(format!(
+                        "`prompts` (--prompts: {} there, {} now; this folder predates the \
+                         prompts' digest, so it is matched by the file's path)",
+                        self.prompts, now.prompts
+                    ));
+                }
+            }
+        }
+        differ(
+            &mut out,
+            "samples_per_prompt",
+            "--samples-per-prompt",
+            self.samples_per_prompt.to_string(),
+            now.samples_per_prompt.to_string(),
+        );
+        differ(
+            &mut out,
+            "max_new_tokens",
+            "--max-new-tokens",
+            self.max_new_tokens.to_string(),
+            now.max_new_tokens.to_string(),
+        );
+        let temperature = |t: Option<f32>| t.map_or("greedy".to_string(), |t| t.to_string());
+        differ(
+            &mut out,
+            "temperature",
+            "--temperature",
+            temperature(self.temperature),
+            temperature(now.temperature),
+        );
+        differ(
+            &mut out,
+            "seed",
+            "--seed",
+            self.seed.to_string(),
+            now.seed.to_string(),
+        );
+        out
     }
+}
+
+/// Whether two prompts-file paths name the same file: the same text, the same file on disk, or the
+/// same path once `.` components are dropped.
+fn same_file(a: &str, b: &str) -> bool {
+    if a == b {
+        return true;
+    }
+    if let (Ok(x), Ok(y)) = (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        return x == y;
+    }
+    let plain = |p: &str| -> PathBuf {
+        Path::new(p)
+            .components()
+            .filter(|c| !matches!(c, std::path::Component::CurDir))
+            .collect()
+    };
+    plain(a) == plain(b)
 }
 
 /// Write `samples` and `meta` into `dir` (created if needed).
@@ -134,12 +215,33 @@ pub fn read(dir: &Path, vocab_size: usize) -> Result<(Vec<DistillSample>, Distil
         file: meta_path.display().to_string(),
         msg: format!("not a distillation meta file: {e}"),
     })?;
+    if dir.join(PROGRESS_FILE).exists() {
+        return Err(Error::Data {
+            file: dir.display().to_string(),
+            msg: missing_meta(dir),
+        });
+    }
     let path = dir.join(SAMPLES_FILE);
     let samples = read_samples(&path, vocab_size, false)?;
     if samples.is_empty() {
         return Err(Error::Data {
             file: path.display().to_string(),
             msg: "no samples".into(),
+        });
+    }
+    let tokens: usize = samples.iter().map(|s| s.tokens.len()).sum();
+    if (meta.samples, meta.tokens) != (samples.len(), tokens) {
+        return Err(Error::Data {
+            file: dir.display().to_string(),
+            msg: format!(
+                "{META_FILE} counts {} samples of {} tokens but {SAMPLES_FILE} holds {} of {tokens}: \
+                 the folder was changed or cut after the run finished (make it again with \
+                 `m2r2 distill-data --force --out {}` and the run's other flags)",
+                meta.samples,
+                meta.tokens,
+                samples.len(),
+                dir.display()
+            ),
         });
     }
     Ok((samples, meta))
@@ -151,7 +253,7 @@ fn missing_meta(dir: &Path) -> String {
         "no such data folder (`m2r2 distill-data --out DIR` makes one)".into()
     } else if dir.join(PROGRESS_FILE).is_file() {
         format!(
-            "an unfinished distill-data run ({PROGRESS_FILE}, no {META_FILE}): finish it with \
+            "an unfinished distill-data run ({PROGRESS_FILE}): finish it with \
              `m2r2 distill-data --resume --out {}` and the run's other flags",
             dir.display()
         )
@@ -198,99 +300,6 @@ fn check_samples(
         samples.push(s);
     }
     Ok(samples)
-}
-
-/// A data folder being written: samples appended as they finish, resumable.
-pub struct Run {
-    dir: PathBuf,
-    log: JsonlLog,
-    /// Samples already in the folder (a resumed run) and appended since, in writing order.
-    pub samples: Vec<DistillSample>,
-}
-
-impl Run {
-    /// Start writing `dir` for a run planned as `planned` (`samples`: the planned count). Fresh
-    /// (`resume` false): whatever the folder held is replaced. Resumed: the samples already written
-    /// by a run with the same settings are kept (a torn last line dropped); other settings are
-    /// refused, naming the first that differs.
-    pub fn start(
-        dir: &Path,
-        planned: &DistillMeta,
-        resume: bool,
-        vocab_size: usize,
-    ) -> Result<Run> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let samples_path = dir.join(SAMPLES_FILE);
-        let earlier = [PROGRESS_FILE, META_FILE]
-            .iter()
-            .map(|f| dir.join(f))
-            .find(|p| p.exists())
-            .filter(|_| resume);
-        if let Some(path) = &earlier {
-            let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-            let earlier: DistillMeta = serde_json::from_str(&text).map_err(|e| Error::Data {
-                file: path.display().to_string(),
-                msg: format!("not a distillation meta file: {e}"),
-            })?;
-            if let Some(field) = earlier.differing_setting(planned) {
-                return Err(Error::Data {
-                    file: path.display().to_string(),
-                    msg: format!(
-                        "--resume: this folder was started with another `{field}`; \
-                         rerun with the same settings or write a new folder"
-                    ),
-                });
-            }
-        }
-        let (log, samples) = if earlier.is_some() {
-            let (log, lines) = JsonlLog::resume(&samples_path)?;
-            (log, check_samples(&samples_path, lines, vocab_size)?)
-        } else {
-            (JsonlLog::create(&samples_path)?, Vec::new())
-        };
-        let _ = std::fs::remove_file(dir.join(META_FILE));
-        let progress = dir.join(PROGRESS_FILE);
-        let text = serde_json::to_string_pretty(planned).expect("serialisable");
-        std::fs::write(&progress, text + "\n").map_err(|e| Error::io(&progress, e))?;
-        Ok(Run {
-            dir: dir.to_path_buf(),
-            log,
-            samples,
-        })
-    }
-
-    /// The `(prompt id, sample)` pairs already written.
-    pub fn done(&self) -> std::collections::HashSet<(String, usize)> {
-        self.samples
-            .iter()
-            .map(|s| (s.prompt_id.clone(), s.sample))
-            .collect()
-    }
-
-    /// Append one finished sample (one line, written through at once).
-    pub fn append(&mut self, sample: &DistillSample) -> Result<()> {
-        self.log.append(sample)?;
-        self.samples.push(sample.clone());
-        Ok(())
-    }
-
-    /// Complete the folder: samples in `order` (prompt ids), then sample index; `meta.json`
-    /// written with the final counts; `progress.json` removed.
-    pub fn finish(mut self, order: &[String], mut meta: DistillMeta) -> Result<Vec<DistillSample>> {
-        let rank: std::collections::HashMap<&str, usize> = order
-            .iter()
-            .enumerate()
-            .map(|(i, id)| (id.as_str(), i))
-            .collect();
-        self.samples
-            .sort_by_key(|s| (rank.get(s.prompt_id.as_str()).copied(), s.sample));
-        meta.samples = self.samples.len();
-        meta.tokens = self.samples.iter().map(|s| s.tokens.len()).sum();
-        write(&self.dir, &self.samples, &meta)?;
-        let progress = self.dir.join(PROGRESS_FILE);
-        std::fs::remove_file(&progress).map_err(|e| Error::io(&progress, e))?;
-        Ok(self.samples)
-    }
 }
 
 /// Read several data folders (e.g. greedy and sampled responses) as one training set, in the

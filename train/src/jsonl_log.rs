@@ -15,6 +15,47 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// How a run that writes a folder (`distill-data`, `distill-prompts`) treats what the folder
+/// already holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// A new run: the folder must be missing or empty (nothing is overwritten).
+    Fresh,
+    /// A new run over whatever the folder holds (`--force`): the run's own files are replaced.
+    Force,
+    /// Continue the run the folder holds (`--resume`), with the same settings.
+    Resume,
+}
+
+impl Start {
+    /// From the `--resume` and `--force` flags (which exclude each other).
+    pub fn from_flags(resume: bool, force: bool) -> Start {
+        match (resume, force) {
+            (true, _) => Start::Resume,
+            (false, true) => Start::Force,
+            (false, false) => Start::Fresh,
+        }
+    }
+}
+
+/// Whether `dir` holds nothing (missing, or an empty folder); an error for a path that exists
+/// and is not a folder.
+pub fn folder_is_empty(dir: &Path) -> Result<bool> {
+    if !dir.exists() {
+        return Ok(true);
+    }
+    if !dir.is_dir() {
+        return Err(Error::Invalid(format!(
+            "--out {}: it exists and is not a folder",
+            dir.display()
+        )));
+    }
+    Ok(std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir, e))?
+        .next()
+        .is_none())
+}
+
 /// A JSON-lines file open for appending.
 pub struct JsonlLog {
     path: PathBuf,

@@ -18,7 +18,8 @@
 //! so a resumed run selects exactly what an uninterrupted one does.
 
 use crate::error::{Error, Result};
-use crate::jsonl_log::JsonlLog;
+pub use crate::jsonl_log::Start;
+use crate::jsonl_log::{JsonlLog, folder_is_empty};
 use reference::Model;
 use reference::base::batch::{BatchRequest, generate_batch};
 use reference::base::generate::GenerateOptions;
@@ -50,6 +51,58 @@ pub struct MagpieSettings {
     pub min_ascii_letters: f64,
     /// Prompts file whose prompts are kept out (e.g. held-out evaluation prompts), if any.
     pub exclude: Option<String>,
+}
+
+impl MagpieSettings {
+    /// Every setting in which the run that wrote `self` differs from `now`, each as
+    /// `--flag (what it was, what it is now)`.
+    pub fn differing_settings(&self, now: &MagpieSettings) -> Vec<String> {
+        let show = |v: Option<String>| v.unwrap_or_else(|| "none".into());
+        [
+            ("--model", self.model.clone(), now.model.clone()),
+            ("--count", self.count.to_string(), now.count.to_string()),
+            ("--seed", self.seed.to_string(), now.seed.to_string()),
+            (
+                "--temperature",
+                self.temperature.to_string(),
+                now.temperature.to_string(),
+            ),
+            (
+                "--top-p",
+                show(self.top_p.map(|p| p.to_string())),
+                show(now.top_p.map(|p| p.to_string())),
+            ),
+            (
+                "--max-prompt-tokens",
+                self.max_prompt_tokens.to_string(),
+                now.max_prompt_tokens.to_string(),
+            ),
+            (
+                "--min-chars",
+                self.min_chars.to_string(),
+                now.min_chars.to_string(),
+            ),
+            (
+                "--max-chars",
+                self.max_chars.to_string(),
+                now.max_chars.to_string(),
+            ),
+            (
+                "--min-ascii-letters",
+                self.min_ascii_letters.to_string(),
+                now.min_ascii_letters.to_string(),
+            ),
+            (
+                "--exclude",
+                show(self.exclude.clone()),
+                show(now.exclude.clone()),
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, was, is)| was != is)
+        .map(|(flag, was, is)| format!("{flag} ({was} there, {is} now)"))
+        .collect()
+    }
 }
 
 /// One sampled user message.
@@ -198,56 +251,81 @@ pub fn sample_candidates(
     Ok(())
 }
 
+/// Refuse to write `dir` as `start` asks, before any work: a fresh run over a folder that holds
+/// anything (a finished run is replaced only with `--force`), a resume of a folder that holds no
+/// unfinished run. Nothing is written.
+pub fn check_out(dir: &Path, start: Start) -> Result<()> {
+    let shown = dir.display();
+    let unfinished = dir.join(PROGRESS_FILE).exists();
+    let finished = !unfinished && dir.join(META_FILE).exists();
+    match start {
+        Start::Force => {
+            folder_is_empty(dir)?;
+            Ok(())
+        }
+        Start::Resume if unfinished => Ok(()),
+        Start::Resume if !dir.exists() => Err(Error::Invalid(format!(
+            "--resume: {shown} does not exist, so there is no run to continue (check the path; \
+             without --resume a new run starts there)"
+        ))),
+        Start::Resume if finished => Err(Error::Invalid(format!(
+            "--resume: {shown} is not an unfinished distill-prompts run (no {PROGRESS_FILE}): it \
+             is finished; pass --force instead to sample it again"
+        ))),
+        Start::Resume => Err(Error::Invalid(format!(
+            "--resume: {shown} is not an unfinished distill-prompts run (no {PROGRESS_FILE})"
+        ))),
+        Start::Fresh if folder_is_empty(dir)? => Ok(()),
+        Start::Fresh if finished => Err(Error::Invalid(format!(
+            "--out {shown} holds a finished distill-prompts run: pass --force to replace it, or \
+             choose another --out"
+        ))),
+        Start::Fresh if unfinished => Err(Error::Invalid(format!(
+            "--out {shown} holds an unfinished distill-prompts run: pass --resume to continue it \
+             (same flags), --force to start it over, or choose another --out"
+        ))),
+        Start::Fresh => Err(Error::Invalid(format!(
+            "--out {shown} is not empty and not a distill-prompts run (nothing for --resume): \
+             choose another --out, or pass --force to write there (replacing {CANDIDATES_FILE}, \
+             {PROMPTS_FILE} and {META_FILE})"
+        ))),
+    }
+}
+
 /// A run's candidates file: start or resume (same settings), append, read back.
 pub struct CandidateLog {
     log: JsonlLog,
 }
 
 impl CandidateLog {
-    /// Open `dir` for a run with `settings`. A fresh run needs an empty or missing folder (or one
-    /// of an earlier finished run, which is replaced); `resume` needs an unfinished run's folder
-    /// made with the same settings. Returns the log and the candidates already sampled (a torn
-    /// last line dropped).
+    /// Open `dir` for a run with `settings`, as `start` says ([`check_out`]): a fresh run needs an
+    /// empty or missing folder, a forced one replaces the run's files, a resumed one needs an
+    /// unfinished run's folder made with the same settings (each differing one named). Returns the
+    /// log and the candidates already sampled (a torn last line dropped). Every check runs before
+    /// the folder is changed.
     pub fn open(
         dir: &Path,
         settings: &MagpieSettings,
-        resume: bool,
+        start: Start,
     ) -> Result<(Self, Vec<Candidate>)> {
+        check_out(dir, start)?;
         let progress = dir.join(PROGRESS_FILE);
         let path = dir.join(CANDIDATES_FILE);
-        if resume {
-            let text = std::fs::read_to_string(&progress).map_err(|_| {
-                Error::Invalid(format!(
-                    "--resume: {} is not an unfinished distill-prompts run (no {PROGRESS_FILE})",
-                    dir.display()
-                ))
-            })?;
+        if start == Start::Resume {
+            let text = std::fs::read_to_string(&progress).map_err(|e| Error::io(&progress, e))?;
             let planned: MagpieSettings = serde_json::from_str(&text)
                 .map_err(|e| Error::Invalid(format!("{}: {e}", progress.display())))?;
-            if &planned != settings {
+            let differ = planned.differing_settings(settings);
+            if !differ.is_empty() {
                 return Err(Error::Invalid(format!(
-                    "--resume: {} was started with other settings ({}); give the same flags",
+                    "--resume: {} was started with other settings: {}; give the same flags",
                     dir.display(),
-                    text.trim()
+                    differ.join(", ")
                 )));
             }
             let (log, earlier) = JsonlLog::resume(&path)?;
             let earlier = earlier.into_iter().map(|(_, c)| c).collect();
             return Ok((CandidateLog { log }, earlier));
-        }
-        if dir.exists() {
-            let finished = dir.join(META_FILE).exists() && !progress.exists();
-            let empty = std::fs::read_dir(dir)
-                .map_err(|e| Error::io(dir, e))?
-                .next()
-                .is_none();
-            if !finished && !empty {
-                return Err(Error::Invalid(format!(
-                    "{} is not empty and not a finished distill-prompts run: give --resume to \
-                     continue it, or another --out",
-                    dir.display()
-                )));
-            }
         }
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         for name in [META_FILE, PROMPTS_FILE] {
@@ -411,7 +489,7 @@ mod tests {
             ended: true,
         };
         {
-            let (mut log, earlier) = CandidateLog::open(&dir, &s, false).unwrap();
+            let (mut log, earlier) = CandidateLog::open(&dir, &s, Start::Fresh).unwrap();
             assert!(earlier.is_empty());
             log.append(&c).unwrap();
         }
@@ -420,18 +498,24 @@ mod tests {
             .open(dir.join(CANDIDATES_FILE))
             .unwrap();
         write!(f, "{{\"seed\": 41, \"tok").unwrap();
-        let (_, earlier) = CandidateLog::open(&dir, &s, true).unwrap();
+        let (_, earlier) = CandidateLog::open(&dir, &s, Start::Resume).unwrap();
         assert_eq!(earlier, std::slice::from_ref(&c));
         let other = MagpieSettings {
             temperature: 0.7,
+            top_p: Some(0.9),
             ..s.clone()
         };
-        let e = CandidateLog::open(&dir, &other, true)
+        let e = CandidateLog::open(&dir, &other, Start::Resume)
             .err()
             .unwrap()
             .to_string();
-        assert!(e.contains("other settings"), "{e}");
-        let e = CandidateLog::open(&dir, &s, false)
+        assert!(
+            e.contains(
+                "other settings: --temperature (1 there, 0.7 now), --top-p (none there, 0.9 now);"
+            ),
+            "{e}"
+        );
+        let e = CandidateLog::open(&dir, &s, Start::Fresh)
             .err()
             .unwrap()
             .to_string();
@@ -446,9 +530,24 @@ mod tests {
             },
         )
         .unwrap();
-        // a finished run may be replaced by a fresh one
-        let (_, earlier) = CandidateLog::open(&dir, &s, false).unwrap();
+        // a finished run is replaced only when forced, and is not resumed
+        let e = CandidateLog::open(&dir, &s, Start::Fresh)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("finished") && e.contains("--force"), "{e}");
+        let e = CandidateLog::open(&dir, &s, Start::Resume)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("not an unfinished distill-prompts run"), "{e}");
+        let (_, earlier) = CandidateLog::open(&dir, &s, Start::Force).unwrap();
         assert!(earlier.is_empty());
+        let e = CandidateLog::open(&dir.join("missing"), &s, Start::Resume)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("missing does not exist"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

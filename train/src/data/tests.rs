@@ -7,6 +7,7 @@ fn meta() -> DistillMeta {
     DistillMeta {
         model: "tiny".into(),
         prompts: "p.jsonl".into(),
+        prompts_sha256: None,
         samples_per_prompt: 1,
         max_new_tokens: 4,
         temperature: None,
@@ -140,7 +141,13 @@ fn sample(id: &str, k: usize) -> DistillSample {
 #[test]
 fn run_appends_resumes_and_finishes_in_order() {
     let dir = tempfile::tempdir().unwrap();
-    let mut run = Run::start(dir.path(), &meta(), false, 10).unwrap();
+    let planned = || DistillMeta {
+        samples_per_prompt: 2,
+        prompts_sha256: Some("ab".repeat(32)),
+        ..meta()
+    };
+    let prompts = [("a".to_string(), vec![1]), ("b".to_string(), vec![1])];
+    let mut run = Run::start(dir.path(), &planned(), Start::Fresh, 10, &prompts).unwrap();
     run.append(&sample("b", 0)).unwrap();
     run.append(&sample("a", 1)).unwrap();
     drop(run); // stopped
@@ -154,23 +161,51 @@ fn run_appends_resumes_and_finishes_in_order() {
         "{err}"
     );
 
-    let other = DistillMeta { seed: 9, ..meta() };
-    let err = Run::start(dir.path(), &other, true, 10)
+    let other = DistillMeta {
+        seed: 9,
+        prompts_sha256: Some("cd".repeat(32)),
+        ..planned()
+    };
+    let err = Run::start(dir.path(), &other, Start::Resume, 10, &prompts)
+        .err()
+        .unwrap()
+        .to_string();
+    for needle in [
+        "progress.json",
+        "`seed` (--seed: 0 there, 9 now)",
+        "`prompts`",
+        "abababababab there, cdcdcdcdcdcd now",
+    ] {
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+    // a fresh run refuses the unfinished folder; a resume over other prompts names the sample
+    let err = Run::start(dir.path(), &planned(), Start::Fresh, 10, &prompts)
         .err()
         .unwrap()
         .to_string();
     assert!(
-        err.contains("progress.json") && err.contains("`seed`"),
+        err.contains("unfinished") && err.contains("--resume"),
         "{err}"
     );
+    for other in [
+        vec![("a".to_string(), vec![1])],
+        vec![("a".to_string(), vec![1]), ("b".to_string(), vec![2])],
+    ] {
+        let err = Run::start(dir.path(), &planned(), Start::Resume, 10, &other)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("line 1 (prompt `b`, sample 0)"), "{err}");
+    }
+    assert!(dir.path().join(PROGRESS_FILE).exists());
 
-    let mut run = Run::start(dir.path(), &meta(), true, 10).unwrap();
+    let mut run = Run::start(dir.path(), &planned(), Start::Resume, 10, &prompts).unwrap();
     let done = run.done();
     assert_eq!(done.len(), 2);
     assert!(done.contains(&("b".into(), 0)) && done.contains(&("a".into(), 1)));
     run.append(&sample("a", 0)).unwrap();
     let order = ["a".to_string(), "b".to_string()];
-    let all = run.finish(&order, meta()).unwrap();
+    let all = run.finish(&order, planned()).unwrap();
     let keys: Vec<(&str, usize)> = all
         .iter()
         .map(|s| (s.prompt_id.as_str(), s.sample))
@@ -181,10 +216,114 @@ fn run_appends_resumes_and_finishes_in_order() {
     assert_eq!((m.samples, m.tokens), (3, 9));
     assert!(!dir.path().join(PROGRESS_FILE).exists());
 
-    // A fresh start replaces the folder.
-    let run = Run::start(dir.path(), &meta(), false, 10).unwrap();
+    // A fresh start refuses the finished folder; a forced one replaces it.
+    let err = Run::start(dir.path(), &planned(), Start::Fresh, 10, &prompts)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("holds a finished distill-data run (3 samples)") && err.contains("--force"),
+        "{err}"
+    );
+    assert!(dir.path().join(META_FILE).exists());
+    let run = Run::start(dir.path(), &planned(), Start::Force, 10, &prompts).unwrap();
     assert!(run.samples.is_empty());
     assert!(!dir.path().join(META_FILE).exists());
+}
+
+/// `--resume` needs a run to continue; a fresh run needs an empty or missing folder.
+#[test]
+fn check_out_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    let err = check_out(&missing, Start::Resume).unwrap_err().to_string();
+    assert!(err.contains("missing does not exist"), "{err}");
+    check_out(&missing, Start::Fresh).unwrap();
+    check_out(dir.path(), Start::Fresh).unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "x").unwrap();
+    let err = check_out(dir.path(), Start::Resume)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("holds no distill-data run"), "{err}");
+    let err = check_out(dir.path(), Start::Fresh).unwrap_err().to_string();
+    assert!(
+        err.contains("not empty") && err.contains("--force"),
+        "{err}"
+    );
+    check_out(dir.path(), Start::Force).unwrap();
+    let err = check_out(&dir.path().join("notes.txt"), Start::Force)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not a folder"), "{err}");
+}
+
+/// The prompts are compared by digest where both runs have one, else by path (`./p.jsonl` is
+/// `p.jsonl`); every differing setting is named.
+#[test]
+fn differing_settings_compare_prompts_by_content() {
+    let hashed = |h: &str, path: &str| DistillMeta {
+        prompts: path.into(),
+        prompts_sha256: Some(h.repeat(64)),
+        ..meta()
+    };
+    assert!(
+        hashed("a", "p.jsonl")
+            .differing_settings(&hashed("a", "elsewhere/q.jsonl"))
+            .is_empty()
+    );
+    let d = hashed("a", "p.jsonl").differing_settings(&hashed("b", "p.jsonl"));
+    assert!(d.len() == 1 && d[0].contains("--limit differs"), "{d:?}");
+    let old = meta(); // no digest: the path decides
+    assert!(old.differing_settings(&hashed("a", "./p.jsonl")).is_empty());
+    let d = old.differing_settings(&DistillMeta {
+        model: "smollm2".into(),
+        temperature: Some(0.5),
+        ..hashed("a", "q.jsonl")
+    });
+    assert_eq!(d.len(), 3, "{d:?}");
+    assert!(
+        d[0].contains("`model` (--model: tiny there, smollm2 now)"),
+        "{d:?}"
+    );
+    assert!(d[1].contains("p.jsonl there, q.jsonl now"), "{d:?}");
+    assert!(d[2].contains("greedy there, 0.5 now"), "{d:?}");
+}
+
+/// meta.json with an unknown field, counts that disagree with samples.jsonl, or a progress.json
+/// beside it is refused.
+#[test]
+fn read_refuses_unknown_fields_and_wrong_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = DistillSample {
+        prompt_id: "a".into(),
+        sample: 0,
+        prompt_len: 2,
+        tokens: vec![1, 2, 3, 4, 5],
+    };
+    write(dir.path(), std::slice::from_ref(&s), &meta()).unwrap();
+    read(dir.path(), 10).unwrap();
+    let path = dir.path().join(META_FILE);
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replacen('{', "{\"extra\": 1,", 1)).unwrap();
+    let err = read(dir.path(), 10).unwrap_err().to_string();
+    assert!(err.contains("unknown field `extra`"), "{err}");
+    let wrong = DistillMeta {
+        samples: 999,
+        ..meta()
+    };
+    write(dir.path(), std::slice::from_ref(&s), &wrong).unwrap();
+    let err = read(dir.path(), 10).unwrap_err().to_string();
+    assert!(
+        err.contains("counts 999 samples of 5 tokens but samples.jsonl holds 1 of 5"),
+        "{err}"
+    );
+    write(dir.path(), std::slice::from_ref(&s), &meta()).unwrap();
+    std::fs::write(dir.path().join(PROGRESS_FILE), "{}").unwrap();
+    let err = read(dir.path(), 10).unwrap_err().to_string();
+    assert!(
+        err.contains("unfinished") && err.contains("--resume"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -196,11 +335,16 @@ fn read_all_concatenates_in_order_and_names_a_bad_folder() {
         prompt_len: 1,
         tokens,
     };
-    write(a.path(), &[sample("a", vec![1, 2])], &meta()).unwrap();
+    let counted = |samples, tokens| DistillMeta {
+        samples,
+        tokens,
+        ..meta()
+    };
+    write(a.path(), &[sample("a", vec![1, 2])], &counted(1, 2)).unwrap();
     write(
         b.path(),
         &[sample("b", vec![3]), sample("c", vec![4, 5])],
-        &meta(),
+        &counted(2, 3),
     )
     .unwrap();
     let dirs = [a.path().to_path_buf(), b.path().to_path_buf()];
@@ -212,4 +356,21 @@ fn read_all_concatenates_in_order_and_names_a_bad_folder() {
     let missing = [a.path().to_path_buf(), a.path().join("nope")];
     let err = read_all(&missing, 10).unwrap_err().to_string();
     assert!(err.contains("nope"), "{err}");
+}
+
+/// Every committed data folder (data/distill, SmolLM2's vocabulary of 49152) still reads: no
+/// unknown meta field, counts equal to its samples.
+#[test]
+fn committed_data_folders_read() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/distill");
+    let mut read_any = false;
+    for entry in std::fs::read_dir(&root).unwrap() {
+        let dir = entry.unwrap().path();
+        if dir.join(META_FILE).exists() {
+            let (samples, meta) = read(&dir, 49152).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(samples.len(), meta.samples, "{}", dir.display());
+            read_any = true;
+        }
+    }
+    assert!(read_any, "no data folder under {}", root.display());
 }
