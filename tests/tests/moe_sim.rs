@@ -1,7 +1,8 @@
 //! Ahead-of-time expert loading (docs/MOE_AOT.md): tracing the predictors never changes what the
 //! model emits, and the memory simulator's invariants on random traces: `lazy` + LRU is plain LRU,
 //! `oracle` is never slower than any other predictor, a cache that holds every expert hits every
-//! access after warm-up, and the same input gives the same result.
+//! access after a warm-up that used them all (the trace twice over), and the same input gives the
+//! same result.
 
 use m2r2_tests::small_config;
 use proptest::prelude::*;
