@@ -57,6 +57,11 @@ pub fn run(args: &Args) -> Result<()> {
             config.vocab_size
         );
     }
+    if let Some(k) = args.write
+        && (k == 0 || k > config.vocab_size)
+    {
+        bail!("--write must lie in 1..={}", config.vocab_size);
+    }
     let heads: Vec<DraftHead> = sizes
         .iter()
         .map(|&k| most_frequent(&data, config.vocab_size, k))
@@ -100,9 +105,6 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     if let Some(k) = args.write {
-        if k == 0 || k > config.vocab_size {
-            bail!("--write must lie in 1..={}", config.vocab_size);
-        }
         most_frequent(&data, config.vocab_size, k).save(&args.trained.m2r2)?;
         println!(
             "wrote the {k}-token draft head into {}",

@@ -45,7 +45,7 @@ pub struct EpArgs {
     /// before IoBinding, for comparisons)
     #[arg(long)]
     pub ort_host_kv: bool,
-    /// ONNX Runtime: write each session's per-node profile (JSON) to PREFIX_<time>.json, one
+    /// ONNX Runtime: write each session's per-node profile (JSON) to `PREFIX_<time>.json`, one
     /// file per session, in an existing folder
     #[arg(long, value_name = "PREFIX")]
     pub ort_profile: Option<PathBuf>,
