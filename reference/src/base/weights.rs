@@ -269,6 +269,13 @@ impl Loader<'_> {
                 actual: t.shape,
             });
         }
+        // a NaN or infinity would turn every logit NaN, silently
+        if let Some(v) = t.data.iter().find(|v| !v.is_finite()) {
+            return Err(Error::format(
+                self.src.file_of(&name),
+                format!("tensor `{name}` holds a non-finite value ({v})"),
+            ));
+        }
         Ok(t)
     }
 

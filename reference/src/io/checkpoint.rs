@@ -22,8 +22,43 @@ pub fn load_hf_dir(dir: &Path) -> Result<Model> {
     };
     let label = config_path.display().to_string();
     check_tensor_count(&config, source.entries.len(), &label, &missing)?;
+    check_all_used(&config, &source, &label)?;
     let weights = Weights::load(&config, &source)?;
     Ok(Model::new(config, weights))
+}
+
+/// Refuse tensors the config does not call for (more layers than `num_hidden_layers`, biases with
+/// `attention_bias` false, ...): the weights were saved for another config, and running without
+/// them would be another model than the one saved. A rotary embedding's `inv_freq` buffer (older
+/// checkpoints) and `lm_head.weight` beside tied embeddings (the same values) are not weights.
+fn check_all_used(config: &ModelConfig, source: &SafetensorsSource, label: &str) -> Result<()> {
+    let used: std::collections::HashSet<String> = WeightId::all(config)
+        .iter()
+        .map(|id| id.hf_name())
+        .collect();
+    let not_weights = |name: &str| {
+        name.ends_with("rotary_emb.inv_freq")
+            || (name == "lm_head.weight" && config.tie_word_embeddings)
+    };
+    let unused: Vec<String> = source
+        .names()
+        .into_iter()
+        .filter(|n| !used.contains(n) && !not_weights(n))
+        .collect();
+    match unused.first() {
+        None => Ok(()),
+        Some(first) => Err(Error::config(
+            label,
+            format!(
+                "the weights hold {} tensor(s) this config does not use, the first `{first}` (in \
+                 {}): they were saved for another config (num_hidden_layers = {}, attention_bias, \
+                 mlp_bias?), and leaving them out would run another model",
+                unused.len(),
+                source.file_of(first),
+                config.num_hidden_layers
+            ),
+        )),
+    }
 }
 
 /// Where one tensor's bytes are.
@@ -43,14 +78,16 @@ pub struct SafetensorsSource {
 }
 
 impl SafetensorsSource {
-    /// `model.safetensors`, or the shards named by `model.safetensors.index.json`.
+    /// `model.safetensors`, or else the shards named by `model.safetensors.index.json`: the
+    /// order transformers' `from_pretrained` looks in (`save_pretrained` over an earlier sharded
+    /// save leaves the old index beside the new single file).
     pub fn open_dir(dir: &Path) -> Result<Self> {
         let index = dir.join("model.safetensors.index.json");
         let single = dir.join("model.safetensors");
-        let files = if index.is_file() {
-            shard_files(&index)?
-        } else if single.is_file() {
+        let files = if single.is_file() {
             vec![single]
+        } else if index.is_file() {
+            shard_files(&index)?
         } else {
             return Err(Error::Invalid(format!(
                 "{}: no model.safetensors or model.safetensors.index.json",

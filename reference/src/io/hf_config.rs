@@ -13,6 +13,9 @@ use serde_json::{Map, Value};
 /// this list and not understood below is rejected.
 pub const IGNORED_HF_FIELDS: &[&str] = &[
     "_name_or_path",
+    "_attn_implementation",
+    "_attn_implementation_autoset",
+    "_commit_hash",
     "architectures",
     "transformers_version",
     "torch_dtype",
@@ -182,8 +185,19 @@ impl HfFields<'_> {
             None if num_attention_heads > 0 => hidden_size / num_attention_heads,
             None => 0,
         };
-        let max_position_embeddings = self.usize("max_position_embeddings")?.unwrap_or(2048);
-        let rms_norm_eps = self.f64("rms_norm_eps")?.unwrap_or(1e-6);
+        // absent fields take transformers' defaults for the architecture (`LlamaConfig`,
+        // `MistralConfig`, `Qwen2Config`, `MixtralConfig`)
+        let max_position_embeddings =
+            self.usize("max_position_embeddings")?
+                .unwrap_or(match architecture {
+                    Architecture::Mistral | Architecture::Mixtral => 4096 * 32,
+                    Architecture::Qwen2 => 32768,
+                    _ => 2048,
+                });
+        let rms_norm_eps = self.f64("rms_norm_eps")?.unwrap_or(match architecture {
+            Architecture::Mixtral => 1e-5,
+            _ => 1e-6,
+        });
         let (rope_theta, rope_scaling) = self.rope(architecture)?;
 
         let attention_bias = self.bool("attention_bias")?.unwrap_or(false);
@@ -194,7 +208,12 @@ impl HfFields<'_> {
         let mlp_bias = self.bool("mlp_bias")?.unwrap_or(false);
         let tie_word_embeddings = self.bool("tie_word_embeddings")?.unwrap_or(false);
 
-        let window = self.usize("sliding_window")?;
+        // `MistralConfig`'s default window is 4096; an explicit null is none
+        let window_absent = !self.map.contains_key("sliding_window");
+        let window = match self.usize("sliding_window")? {
+            None if window_absent && architecture == Architecture::Mistral => Some(4096),
+            w => w,
+        };
         let use_sliding_window = self.bool("use_sliding_window")?;
         let layer_types = self.take("layer_types");
         let sliding_window = match architecture {
@@ -276,8 +295,9 @@ impl HfFields<'_> {
             (Some(v), None) | (None, Some(v)) => Some(v),
             (None, None) => None,
         };
+        // transformers' defaults: `MixtralConfig` 1e6, the others 10000
         let default_theta = match architecture {
-            Architecture::Mistral | Architecture::Mixtral => 1e6,
+            Architecture::Mixtral => 1e6,
             _ => 10000.0,
         };
         let Some(spec) = spec else {
@@ -292,15 +312,45 @@ impl HfFields<'_> {
                 Error::config(file, format!("rope parameters need a numeric `{key}`"))
             })
         };
-        let theta = match p.remove("rope_theta").and_then(|v| v.as_f64()) {
-            Some(t) => t,
+        let theta = match p.remove("rope_theta").filter(|v| !v.is_null()) {
             None => top_theta.unwrap_or(default_theta),
+            Some(v) => {
+                let t = v.as_f64().ok_or_else(|| {
+                    self.err(format!(
+                        "`rope_theta` in the rope parameters must be a number, got {v}"
+                    ))
+                })?;
+                if let Some(top) = top_theta
+                    && top != t
+                {
+                    return Err(self.err(format!(
+                        "`rope_theta` is {top} at the top level and {t} in the rope parameters: \
+                         give one"
+                    )));
+                }
+                t
+            }
         };
-        let kind = p
-            .remove("rope_type")
-            .or_else(|| p.remove("type"))
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_else(|| "default".into());
+        // transformers 4.x writes `type`, later versions `rope_type` (and a 4.x re-save both)
+        let mut kind_of = |key: &str| -> Result<Option<String>> {
+            match p.remove(key).filter(|v| !v.is_null()) {
+                None => Ok(None),
+                Some(Value::String(k)) => Ok(Some(k)),
+                Some(v) => Err(Error::config(
+                    file,
+                    format!("`{key}` in the rope parameters must be a string, got {v}"),
+                )),
+            }
+        };
+        let kind = match (kind_of("rope_type")?, kind_of("type")?) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(self.err(format!(
+                    "the rope parameters say `rope_type` {a} and `type` {b}: give one"
+                )));
+            }
+            (Some(k), _) | (None, Some(k)) => k,
+            (None, None) => "default".into(),
+        };
         let scaling = match kind.as_str() {
             "default" => RopeScaling::Default,
             "linear" => RopeScaling::Linear {
@@ -365,6 +415,97 @@ mod tests {
         let c5 = ModelConfig::from_hf_json(&text, "config.json").unwrap();
         let c4 = ModelConfig::from_hf_json(SMOLLM2_LIKE, "config.json").unwrap();
         assert_eq!(c4, c5);
+    }
+
+    /// What transformers writes beside the math: bookkeeping fields, and a 4.x re-save of a
+    /// `type`-style `rope_scaling` (both `type` and `rope_type`); rope values of the wrong type
+    /// or two thetas that disagree are refused rather than read as defaults.
+    #[test]
+    fn transformers_bookkeeping_and_rope_value_checks() {
+        let with = |from: &str, to: &str| {
+            let text = SMOLLM2_LIKE.replace(from, to);
+            assert_ne!(text, SMOLLM2_LIKE, "{from}");
+            ModelConfig::from_hf_json(&text, "config.json")
+        };
+        let model_type = r#""model_type": "llama","#;
+        let autoset = r#""model_type": "llama", "_attn_implementation_autoset": true,"#;
+        assert!(with(model_type, autoset).is_ok());
+        let scaling = r#""rope_scaling": null"#;
+        let both = r#""rope_scaling": {"factor": 4.0, "rope_type": "linear", "type": "linear"}"#;
+        let c = with(scaling, both).unwrap();
+        assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 4.0 });
+        let differ = r#""rope_scaling": {"factor": 4.0, "rope_type": "linear", "type": "default"}"#;
+        let e = with(scaling, differ).unwrap_err().to_string();
+        assert!(e.contains("`rope_type` linear and `type` default"), "{e}");
+        let numeric = r#""rope_scaling": {"rope_type": 3}"#;
+        let e = with(scaling, numeric).unwrap_err().to_string();
+        assert!(
+            e.contains("`rope_type` in the rope parameters must be a string"),
+            "{e}"
+        );
+        // a theta in the parameters: a number, and the top level's when both are given
+        let theta =
+            |t: &str| format!(r#""rope_scaling": {{"rope_type": "default", "rope_theta": {t}}}"#);
+        assert_eq!(
+            with(scaling, &theta("100000")).unwrap().rope_theta,
+            100000.0
+        );
+        let e = with(scaling, &theta("500")).unwrap_err().to_string();
+        assert!(
+            e.contains("`rope_theta` is 100000 at the top level and 500"),
+            "{e}"
+        );
+        let e = with(scaling, &theta("\"500\"")).unwrap_err().to_string();
+        assert!(
+            e.contains("`rope_theta` in the rope parameters must be a number"),
+            "{e}"
+        );
+    }
+
+    /// Fields a hand-written config leaves out take transformers' defaults for its architecture:
+    /// `MistralConfig` (rope theta 10000, a 4096-token window unless null, 131072 positions),
+    /// `MixtralConfig` (theta 1e6, eps 1e-5, no window), `Qwen2Config` (32768 positions).
+    #[test]
+    fn absent_fields_take_the_architectures_defaults() {
+        let bare = |model_type: &str, extra: &str| {
+            let text = format!(
+                r#"{{"model_type": "{model_type}", "vocab_size": 64, "hidden_size": 32,
+                "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4
+                {extra}}}"#
+            );
+            ModelConfig::from_hf_json(&text, "config.json").unwrap()
+        };
+        let mistral = bare("mistral", "");
+        assert_eq!(
+            (
+                mistral.rope_theta,
+                mistral.sliding_window,
+                mistral.max_position_embeddings
+            ),
+            (10000.0, Some(4096), 131072)
+        );
+        assert_eq!(
+            bare("mistral", r#", "sliding_window": null"#).sliding_window,
+            None
+        );
+        let mixtral = bare(
+            "mixtral",
+            r#", "num_local_experts": 4, "num_experts_per_tok": 2"#,
+        );
+        assert_eq!(
+            (
+                mixtral.rope_theta,
+                mixtral.rms_norm_eps,
+                mixtral.sliding_window
+            ),
+            (1e6, 1e-5, None)
+        );
+        assert_eq!(bare("qwen2", "").max_position_embeddings, 32768);
+        let llama = bare("llama", "");
+        assert_eq!(
+            (llama.rope_theta, llama.max_position_embeddings),
+            (10000.0, 2048)
+        );
     }
 
     #[test]
