@@ -182,7 +182,7 @@ impl Golden {
         Ok(Golden {
             model: file.field("model")?,
             config_hash: file.field("config_hash")?,
-            config_json: file.field("config")?,
+            config_json: file.json_object("config")?,
             mode,
             prompt_tokens,
             tokens,
@@ -314,7 +314,16 @@ impl GoldenFile<'_> {
     }
 
     pub(in crate::golden) fn ids(&self, name: &str) -> Result<Vec<u32>> {
-        let (_, values) = self.i64s(name)?;
+        let (shape, values) = self.i64s(name)?;
+        // a list of ids: one dimension (`[1, T]` would read as T ids)
+        if shape.len() != 1 {
+            return Err(Error::ShapeMismatch {
+                file: self.label.clone(),
+                tensor: name.into(),
+                expected: vec![values.len()],
+                actual: shape,
+            });
+        }
         values
             .into_iter()
             .map(|v| {
@@ -322,6 +331,18 @@ impl GoldenFile<'_> {
                     .map_err(|_| Error::format(&self.label, format!("`{name}` holds token id {v}")))
             })
             .collect()
+    }
+
+    /// Metadata `key`, which must hold a JSON object (the model's config).
+    pub(in crate::golden) fn json_object(&self, key: &str) -> Result<String> {
+        let text = self.field(key)?;
+        match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(serde_json::Value::Object(_)) => Ok(text),
+            _ => Err(Error::format(
+                &self.label,
+                format!("metadata `{key}` is not a JSON object"),
+            )),
+        }
     }
 
     /// A tensor's shape must be `expected`.
@@ -414,6 +435,52 @@ mod tests {
         if !g.tokens[..3].contains(&g.tokens[3]) {
             stopped.write(&path).unwrap();
             assert_eq!(Golden::read(&path).unwrap().max_steps, Some(9));
+        }
+    }
+
+    /// Token lists of two dimensions (`[1, T]` would read as T ids) and a `config` that is not a
+    /// JSON object are refused, naming the file and what.
+    #[test]
+    fn token_lists_and_the_config_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.safetensors");
+        let write = |tokens_shape: Vec<usize>, config: &str| {
+            let ids: Vec<u8> = [1i64, 2].iter().flat_map(|v| v.to_le_bytes()).collect();
+            let logits: Vec<u8> = [0f32; 4].iter().flat_map(|v| v.to_le_bytes()).collect();
+            let views = [
+                ("prompt_tokens", Dtype::I64, vec![2], &ids[..]),
+                ("tokens", Dtype::I64, tokens_shape, &ids[..]),
+                ("logits", Dtype::F32, vec![2, 2], &logits[..]),
+            ]
+            .map(|(name, dtype, shape, data)| {
+                (name, tensor_view("t", dtype, shape, data).unwrap())
+            });
+            let metadata = HashMap::from(
+                [
+                    ("format", GOLDEN_FORMAT),
+                    ("format_version", "1"),
+                    ("mode", "greedy"),
+                    ("model", "tiny"),
+                    ("config_hash", "0"),
+                    ("config", config),
+                ]
+                .map(|(k, v)| (k.to_string(), v.to_string())),
+            );
+            safetensors::serialize_to_file(views, Some(metadata), &path).unwrap();
+            Golden::read(&path).map_err(|e| e.to_string())
+        };
+        assert!(write(vec![2], "{}").is_ok());
+        let err = write(vec![1, 2], "{}").unwrap_err();
+        assert!(
+            err.contains("g.safetensors") && err.contains("`tokens` has shape [1, 2]"),
+            "{err}"
+        );
+        for config in ["{not json", "[1]"] {
+            let err = write(vec![2], config).unwrap_err();
+            assert!(
+                err.contains("metadata `config` is not a JSON object"),
+                "{err}"
+            );
         }
     }
 
