@@ -177,6 +177,14 @@ def parse_perturb(text: str) -> Tuple[int, int, float]:
         raise argparse.ArgumentTypeError(f"expected STEP,TOKEN,DELTA, got {text!r}") from None
 
 
+def user_error(e: Exception) -> str:
+    """One line for an error reading or writing a golden: m2r2_golden's ValueErrors name the file
+    already; an OSError as `PATH: what went wrong`."""
+    if isinstance(e, OSError) and e.filename is not None:
+        return f"{e.filename}: {e.strerror or e}"
+    return str(e)
+
+
 def main(argv: List[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--export", type=Path, required=True, help="an `m2r2 export` folder")
@@ -201,7 +209,10 @@ def main(argv: List[str]) -> int:
     )
     args = parser.parse_args(argv)
 
-    ref = m2r2_golden.read(args.like)
+    try:
+        ref = m2r2_golden.read(args.like)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--like: {user_error(e)}") from None
     if ref.mode != "greedy":
         print(
             f"note: {args.like} records mode {ref.mode}; this writes a greedy golden, which "
@@ -225,15 +236,18 @@ def main(argv: List[str]) -> int:
         if not (0 <= step < logits.shape[0] and 0 <= token < logits.shape[1]):
             raise SystemExit(f"--perturb {step},{token}: outside logits {list(logits.shape)}")
         logits[step, token] += delta
-    m2r2_golden.write(
-        args.out,
-        prompt_tokens=ref.prompt_tokens,
-        tokens=tokens,
-        logits=logits,
-        like=ref,
-        stop_tokens=stops,
-        max_steps=steps,
-    )
+    try:
+        m2r2_golden.write(
+            args.out,
+            prompt_tokens=ref.prompt_tokens,
+            tokens=tokens,
+            logits=logits,
+            like=ref,
+            stop_tokens=stops,
+            max_steps=steps,
+        )
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--out: {user_error(e)}") from None
     if args.ignore_eos:
         ending = "recorded without stopping (--ignore-eos)"
     elif tokens and tokens[-1] in stops:

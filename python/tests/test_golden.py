@@ -300,6 +300,41 @@ class Write(TempDir):
             )
         self.assertFalse(Path(out).exists())
 
+    def test_errors_name_the_argument_or_path(self):
+        ref = m2r2_golden.read(reference_golden("M2R2_GOLDEN_GREEDY"))
+        out = self.path("bad.safetensors")
+        good = dict(prompt_tokens=ref.prompt_tokens, tokens=ref.tokens, logits=ref.logits, like=ref)
+        ragged = [list(row) for row in ref.logits]
+        ragged[1] = ragged[1][:-1]
+        for change, needle in [
+            (dict(like={}), "`like` must be a golden file's path or an m2r2_golden.Golden"),
+            (dict(like=None), "`like` must be"),
+            (dict(stop_tokens=256), "`stop_tokens` must be 1-D"),
+            (dict(stop_tokens="256"), "`stop_tokens` must be 1-D"),
+            (dict(prompt_tokens=[1, [2, 3]]), "`prompt_tokens` is not an array of numbers"),
+            (dict(logits=ragged), "`logits` is not an array of numbers"),
+            (dict(tokens=None), "`tokens`"),
+        ]:
+            with self.subTest(needle=needle):
+                with self.assertRaises(ValueError) as e:
+                    m2r2_golden.write(out, **{**good, **change})
+                self.assertIn(needle, str(e.exception))
+                self.assertIn(out, str(e.exception))
+        # a set or a generator of ids is fine
+        g = m2r2_golden.write(out, **good, stop_tokens=(t for t in (258, 256)))
+        self.assertEqual(g.stop_tokens, [258, 256])
+        # paths that cannot be written: an OSError naming them, nothing left behind
+        folder = Path(self.dir.name) / "adir.gs"
+        folder.mkdir()
+        before = sorted(os.listdir(self.dir.name))
+        for path in (str(folder), str(folder / "missing" / "x.safetensors")):
+            with self.subTest(path=path):
+                with self.assertRaises(OSError) as e:
+                    m2r2_golden.write(path, **good)
+                self.assertIn(path, str(e.exception))
+        self.assertEqual(sorted(os.listdir(self.dir.name)), before)
+        self.assertEqual(os.listdir(folder), [])
+
 
 class WriteSpeculative(TempDir):
     def setUp(self):
@@ -403,6 +438,32 @@ class WriteSpeculative(TempDir):
             m2r2_golden.write_speculative(out, like=greedy, **good)
         self.assertFalse(Path(out).exists())
 
+    def test_a_token_tree_like_is_refused(self):
+        """A tree's recipe has no chain's `draft_threshold` or rounds: write_tree writes those."""
+        out = self.path("tree-like.golden.safetensors")
+        tree = reference_golden("M2R2_GOLDEN_TREE")
+        with self.assertRaises(ValueError) as e:
+            m2r2_golden.write_speculative(out, like=tree, **self.rounds, **self.graphs)
+        self.assertIn(out, str(e.exception))
+        self.assertIn("token-tree golden", str(e.exception))
+        self.assertIn("write_tree", str(e.exception))
+        self.assertFalse(Path(out).exists())
+
+    def test_the_written_file_is_read_back(self):
+        """Whatever `like` carries that no reader takes fails the write, not a later read."""
+        out = self.path("spec.golden.safetensors")
+        odd = m2r2_golden.Golden(
+            **arrays(self.spec, GREEDY_TENSORS),
+            metadata={**self.spec.metadata, "draft_length": "sometimes"},
+        )
+        with self.assertRaises(ValueError) as e:
+            m2r2_golden.write_speculative(out, like=odd, **self.rounds, **self.graphs)
+        self.assertIn(f"{out}: metadata `draft_length` = `sometimes`", str(e.exception))
+        self.assertEqual(os.listdir(self.dir.name), [])
+        g = m2r2_golden.write_speculative(out, like=self.spec, **self.rounds, **self.graphs)
+        self.assertEqual(g.path, out)
+        self.assertEqual(len(g.round_accepted), len(self.spec.round_accepted))
+
 
 class ReadRefusals(TempDir):
     """Files that are not valid goldens: a ValueError naming the file and the tensor or key."""
@@ -495,6 +556,69 @@ class ReadRefusals(TempDir):
         )
         pins = (g.stop_tokens, g.atol, g.rtol, g.expect_dtype)
         self.assertEqual(pins, ([2, 0], 1e-4, 0.5, "f32"))
+
+    def test_tokens_that_disagree_with_the_stops_and_budget(self):
+        """As the reference's reader: no stop token before the last, no more tokens than the
+        budget, fewer only when the last is a stop token."""
+        tokens, logits = self.ref.tokens, self.ref.logits
+        first, n = int(tokens[0]), len(tokens)
+        disagree = "`tokens` do not agree with `stop_tokens` and `max_steps`: "
+        empty = {"tokens": tokens[:0], "logits": logits[:0]}
+        for tensors, metadata, problem in [
+            (None, dict(max_steps="2"), f"{n} tokens for `max_steps` = 2"),
+            (None, dict(stop_tokens=f"[{first}]"), f"stop token {first} at step 0, before the"),
+            (empty, dict(max_steps="6"), "0 tokens for `max_steps` = 6, the last not a stop token"),
+            (None, dict(max_steps="9"), f"{n} tokens for `max_steps` = 9, the last not a stop"),
+        ]:
+            with self.subTest(metadata=metadata):
+                self.assertRefused(self.save(tensors, **metadata), disagree + problem)
+        # a decode that stopped at its stop token, before its budget; none with no budget
+        one = {"tokens": tokens[:1], "logits": logits[:1]}
+        stopped = m2r2_golden.read(self.save(one, stop_tokens=f"[{first}]", max_steps="9"))
+        self.assertEqual((stopped.max_steps, stopped.stop_tokens), (9, [first]))
+        self.assertEqual(len(m2r2_golden.read(self.save(empty, max_steps="0")).tokens), 0)
+        # versions before 3 record neither: their tokens are the budget
+        old = m2r2_golden.read(self.save(format_version="1", max_steps="2"))
+        self.assertEqual((old.mode, old.max_steps), ("greedy", None))
+
+    def test_numbers_and_counts_as_the_reference_parses_them(self):
+        """Rust's f32 / usize parsing: no `_` or spaces (but where the reference trims them),
+        nothing past usize::MAX; inf and NaN where it takes them."""
+        big = str(2**64)
+        for bad in ("99999999999999999999999", big, "1" * 5000, "+6", "６"):
+            with self.subTest(max_steps=bad[:30]):
+                self.assertRefused(self.save(max_steps=bad), f"metadata `max_steps` = `{bad}`")
+        spec = m2r2_golden.read(reference_golden("M2R2_GOLDEN_SPECULATIVE"))
+        self.ref = spec
+        rounds = spec.m2r2_tensors()
+        dynamic = dict(draft_length="dynamic", gate="arla")
+        for bad in ("0_5", " 0.5", "0.5 ", ".", "0x1", "infinit"):
+            with self.subTest(draft_threshold=bad):
+                self.assertRefused(
+                    self.save(rounds, **dynamic, draft_threshold=bad),
+                    f"metadata `draft_threshold` = `{bad}` is not valid (a number)",
+                )
+        for good in ("0.5", "1.", ".5e1", "1e39", "inf", "-Infinity", "NaN"):
+            with self.subTest(draft_threshold=good):
+                m2r2_golden.read(self.save(rounds, **dynamic, draft_threshold=good))
+        for key, bad in (("draft_gate", big), ("draft_max", str(2**63 - 1)), ("draft_max", "2_0")):
+            with self.subTest(key=key, value=bad):
+                self.assertRefused(self.save(rounds, **{key: bad}), f"metadata `{key}` = `{bad}`")
+        plus = m2r2_golden.read(self.save(rounds, draft_gate="+1"))  # Rust's usize takes a `+`
+        self.assertEqual(plus.metadata["draft_gate"], "+1")
+        # early exit's thresholds: each trimmed, finite
+        exits = m2r2_golden.read(reference_golden("M2R2_GOLDEN_EARLY_EXIT"))
+        self.ref = exits
+        tensors = exits.m2r2_tensors()
+        for bad in ("0_5", "inf", "1e39", "nan", "0.5,"):
+            with self.subTest(threshold=bad):
+                self.assertRefused(
+                    self.save(tensors, threshold=bad),
+                    f"metadata `threshold` = `{bad}` is not valid",
+                )
+        j = exits.gate_scores.shape[1]
+        m2r2_golden.read(self.save(tensors, threshold=" 0.5"))
+        m2r2_golden.read(self.save(tensors, threshold=", ".join(["0.5"] * j)))
 
     def test_wrong_dtype(self):
         self.assertRefused(
@@ -596,6 +720,14 @@ class ReadRefusals(TempDir):
         self.assertRefused(str(path), "corrupt or unsupported file")
         with self.assertRaises(FileNotFoundError):
             m2r2_golden.read(Path(self.dir.name) / "missing.safetensors")
+        # a folder: an OSError naming it, as for a missing file
+        folder = Path(self.dir.name) / "adir.gs"
+        folder.mkdir()
+        for path in (str(folder), str(folder) + "/"):
+            with self.subTest(path=path):
+                with self.assertRaises(OSError) as e:
+                    m2r2_golden.read(path)
+                self.assertIn(path, str(e.exception))
 
     def test_metadata_is_kept_verbatim(self):
         g = m2r2_golden.read(reference_golden("M2R2_GOLDEN_GREEDY"))
@@ -603,9 +735,6 @@ class ReadRefusals(TempDir):
         self.assertIn('"rms_norm_eps":0.00001', g.config_json)
         self.assertNotEqual(json.dumps(g.config, separators=(",", ":")), g.config_json)
 
-
-if __name__ == "__main__":
-    unittest.main()
 
 
 class ReadTreeGoldens(TempDir):
@@ -693,6 +822,51 @@ class ReadTreeGoldens(TempDir):
             self.rewrite(self.grown, prompt_lookup_ngram="3,2"), "metadata `prompt_lookup_ngram`"
         )
 
+    def test_padding_errors_name_the_round_once(self):
+        g = m2r2_golden.read(self.grown)
+        parents = g.round_tree_parents.copy()
+        parents[0, 0] = -1  # padding, then node 2's parent
+        path = self.rewrite(self.grown, {"round_tree_parents": parents})
+        self.assertRefused(path, "tensor `round_tree_parents`: round 0: a value after the padding")
+        with self.assertRaises(ValueError) as e:
+            m2r2_golden.read(path)
+        self.assertNotIn("round 0: round 0", str(e.exception))
+        k = int(np.argmax((g.round_lookup >= 0).all(axis=1)))
+        lookup = g.round_lookup.copy()
+        lookup[k, 0] = -1
+        self.assertRefused(
+            self.rewrite(self.grown, {"round_lookup": lookup}),
+            f"tensor `round_lookup`: round {k}: a value after the padding",
+        )
+
+    def test_recipe_numbers_as_the_reference_parses_them(self):
+        """draft_tree's widths and prompt_lookup_ngram as usize (trimmed for the widths),
+        tree_threshold a finite f32, as the reference reads them."""
+        for spec in ("2,1_0", "2,1,", "2,-1", "2,1,1.0", "２,1,1"):
+            with self.subTest(draft_tree=spec):
+                self.assertRefused(
+                    self.rewrite(self.fixed, draft_tree=spec), f"metadata `draft_tree` = `{spec}`"
+                )
+        g = m2r2_golden.read(self.rewrite(self.fixed, draft_tree=" 2, 1,+1"))
+        self.assertEqual(g.draft_tree, [2, 1, 1])
+        for bad in ("0_5", " 0.5", "1e39", "inf", "nan"):
+            with self.subTest(tree_threshold=bad):
+                self.assertRefused(
+                    self.rewrite(self.grown, tree_threshold=bad),
+                    f"metadata `tree_threshold` = `{bad}` is not valid (a finite number)",
+                )
+        for bad in ("１,3", f"1,{2**64}", "1, 3", "0,3", "1,3,4"):
+            with self.subTest(prompt_lookup_ngram=bad):
+                self.assertRefused(
+                    self.rewrite(self.grown, prompt_lookup_ngram=bad),
+                    f"metadata `prompt_lookup_ngram` = `{bad}`",
+                )
+        m2r2_golden.read(self.rewrite(self.grown, prompt_lookup_ngram="+1,3"))
+        self.assertRefused(
+            self.rewrite(self.grown, prompt_lookup=str(2**64)),
+            f"metadata `prompt_lookup` = `{2**64}`",
+        )
+
 
 def tree_inputs(g: m2r2_golden.Golden) -> dict:
     """The per-round inputs of write_tree, taken from a token-tree golden."""
@@ -751,3 +925,77 @@ class WriteTree(TempDir):
         greedy = reference_golden("M2R2_GOLDEN_GREEDY")
         with self.assertRaisesRegex(ValueError, "not a token-tree golden"):
             m2r2_golden.write_tree(out, like=greedy, **inputs)
+
+    @unittest.skipIf(os.name != "posix", "file modes are POSIX")
+    def test_the_mode_of_a_plain_open_and_no_other_file_touched(self):
+        ref = m2r2_golden.read(reference_golden("M2R2_GOLDEN_TREE"))
+        plain = self.path("plain")
+        open(plain, "w").close()
+        out = self.path("tree.golden.safetensors")
+        # a file of the user's that a fixed temporary name would take
+        mine = Path(out + ".partial")
+        mine.write_text("mine")
+        m2r2_golden.write_tree(out, like=ref, **tree_inputs(ref))
+        mode = lambda p: os.stat(p).st_mode & 0o777  # noqa: E731
+        self.assertEqual(mode(out), mode(plain))
+        self.assertEqual(mine.read_text(), "mine")
+        with self.assertRaises(ValueError):
+            m2r2_golden.write_tree(
+                out, like=ref, **dict(tree_inputs(ref), draft_logits=ref.draft_logits[1:])
+            )
+        self.assertEqual(mine.read_text(), "mine")
+        left = sorted(os.listdir(self.dir.name))
+        self.assertEqual(left, sorted(["plain", Path(out).name, mine.name]))
+
+    def test_refuses_what_does_not_fit_the_recipe_or_the_tokens(self):
+        fixed = m2r2_golden.read(reference_golden("M2R2_GOLDEN_TREE"))
+        out = self.path("bad.golden.safetensors")
+        inputs = tree_inputs(fixed)
+        v = fixed.vocab_size
+        tokens = fixed.tokens.copy()
+        tokens[2] = (tokens[2] + 1) % v  # round 0 emits tokens 1..4: one differs
+        tree_tokens = [list(row) for row in inputs["round_tree_tokens"]]
+        tree_tokens[0][6] = v
+        roots = [list(row) for row in inputs["round_tree_tokens"]]
+        roots[1][0] = (roots[1][0] + 1) % v
+        node = fixed.round_node.astype(np.float64) + 0.7
+        r = len(fixed.round_trees)
+        cases = [
+            (dict(tokens=tokens), "round 0 emits"),
+            (dict(round_tree_tokens=tree_tokens), f"round 0 holds token id {v} >= V = {v}"),
+            (dict(round_tree_tokens=roots), "`round_tree_tokens` of round 1: the root (node 0)"),
+            (dict(verify_logits=fixed.verify_logits[:, :-1]), "`verify_logits` has shape"),
+            (dict(draft_logits=fixed.draft_logits[:, :-1]), "`draft_logits` has shape"),
+            (dict(round_node=node), "`round_node` must hold integers"),
+            (dict(round_node=[99] * r), "`round_node` of round 0 is 99"),
+            (dict(round_node=fixed.round_node[:1]), f"`round_node` has 1 entries for the {r}"),
+            (dict(round_lookup=[[] for _ in range(r)]), "`round_lookup` given, but the recipe"),
+            (dict(round_scores=[[] for _ in range(r)]), "`round_scores` given, but the recipe"),
+            (dict(round_trees=None), "`round_trees` must hold one entry per round"),
+            (dict(round_node=None), "`round_node`"),
+            (dict(round_tree_tokens=None), "`round_tree_tokens` must hold one entry per round"),
+            (dict(round_trees=[[0, "x"]] * r), "`round_trees[0]` must hold integers"),
+            (
+                dict(round_trees=[[0, 0, 1, 1, 3, 4]] * r),
+                "`round_trees`: round 0's tree [0, 0, 1, 1, 3, 4] is not the recipe's 2,1,1",
+            ),
+        ]
+        for change, needle in cases:
+            with self.subTest(needle=needle):
+                with self.assertRaises(ValueError) as e:
+                    m2r2_golden.write_tree(out, like=fixed, **{**inputs, **change})
+                self.assertIn(needle, str(e.exception))
+                self.assertIn(out, str(e.exception))
+        self.assertEqual(os.listdir(self.dir.name), [])
+        # a grown recipe with a branch takes both, and trees of their own
+        grown = m2r2_golden.read(reference_golden("M2R2_GOLDEN_GROWN_TREE"))
+        inputs = tree_inputs(grown)
+        m2r2_golden.write_tree(out, like=grown, **inputs)
+        trees = [[0, 0, 1, 2, 3, 4, 5]] + inputs["round_trees"][1:]
+        with self.assertRaises(ValueError) as e:
+            m2r2_golden.write_tree(out, like=grown, **dict(inputs, round_trees=trees))
+        self.assertIn("`round_tree_tokens` of round 0 has 5 tokens, its tree 8", str(e.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -7,8 +7,9 @@ Format versions (the reference's reader, reference/src/golden/file.rs, reads the
 1 greedy only; 2 adds the M2R2 modes (early-exit, speculative); 3, written for every mode now, adds
 the metadata `stop_tokens` and `max_steps`, the optional pins `atol`, `rtol`, `expect_dtype`, and
 the speculative tensors `verify_logits` and `draft_logits`; 4, speculative goldens of a fixed token
-tree; 5, token trees that change from round to round (`tree.py`). This package writes 3 (and 2),
-and reads 1 to 5.
+tree; 5, token trees that change from round to round (`tree.py`). This package reads 1 to 5 and
+writes 3 (a speculative golden without the graphs' logits: 2), and with `write_tree` 4 (a fixed
+token tree) or 5 (trees that change).
 """
 
 from __future__ import annotations
@@ -20,14 +21,16 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 FORMAT = "m2r2-golden"
-# The version files are written as (every mode), and the newest one read.
+# The version greedy, early-exit and chain speculative goldens are written as. Token trees are
+# newer (TREE_FORMAT_VERSION, GROWN_TREE_FORMAT_VERSION); READ_VERSIONS ends with the newest read.
 FORMAT_VERSION = 3
 # The version of files before the M2R2 modes: greedy only.
 GREEDY_FORMAT_VERSION = 1
 # The version that introduced the M2R2 modes; a speculative golden without the graphs' logits is
 # still written as this one (writer.write_speculative).
 M2R2_FORMAT_VERSION = 2
-# Token-tree speculative goldens (read only): a fixed tree, trees that change from round to round.
+# Token-tree speculative goldens (read, and written by tree_writer.write_tree): a fixed tree, and
+# trees that change from round to round.
 TREE_FORMAT_VERSION = 4
 GROWN_TREE_FORMAT_VERSION = 5
 READ_VERSIONS = (
@@ -103,9 +106,10 @@ class Golden:
     # speculative (format version 3): rows in the order of verify_rounds / proposal_rounds
     verify_logits: Optional[np.ndarray] = None  # float32 [T, V]: the prompt's row, verified rows
     draft_logits: Optional[np.ndarray] = None  # float32 [Q, V]: the draft's, at every proposal
-    # token tree (format versions 4 and 5, read only; tree.py): per round every node's token (-1
-    # past the round's tree), the accepted node, `(round, node)` of each draft_logits row; version 5
-    # also each round's tree, lookup nodes and gate scores (round_scores [R, S], NaN padded)
+    # token tree (format versions 4 and 5; tree.py, tree_writer.py): per round every node's token
+    # (-1 past the round's tree), the accepted node, `(round, node)` of each draft_logits row;
+    # version 5 also each round's tree, lookup nodes and gate scores (round_scores [R, S], NaN
+    # padded)
     round_tree_tokens: Optional[np.ndarray] = None  # int64 [R, T]
     round_node: Optional[np.ndarray] = None  # int64 [R]
     draft_rows: Optional[np.ndarray] = None  # int64 [sum P_r, 2]

@@ -4,10 +4,11 @@ error is a ValueError naming the file and the tensor or metadata key."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
-from typing import Dict, List, Tuple, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
@@ -28,11 +29,43 @@ PathLike = Union[str, "os.PathLike[str]"]
 # safetensors dtype name -> numpy dtype, for the two dtypes a golden holds
 _DTYPES = {"I64": np.int64, "F32": np.float32}
 _U32_MAX = 2**32 - 1
+# Rust's usize::MAX and isize::MAX (64-bit), which bound the reference's counts and sizes
+_USIZE_MAX = 2**64 - 1
+_ISIZE_MAX = 2**63 - 1
 # the values of the M2R2 metadata keys that name something (reference: GateKind, KvPolicy)
 _GATES = ("arla", "confidence", "entropy")
 _KV_POLICIES = ("exact", "fast-kv")
-# A decimal number as Rust's `f32::from_str` reads it (no spaces or `_`, which Python's float takes)
-_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+# A number as Rust's `f32::from_str` reads it: decimal, or inf / infinity / nan in any case, each
+# with an optional sign (no spaces or `_`, which Python's float takes)
+_FLOAT = re.compile(
+    r"[+-]?(?:inf|infinity|nan|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)", re.IGNORECASE
+)
+# What Rust's `str::trim` removes (Unicode White_Space), for the values the reference trims
+_RUST_SPACE = (
+    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
+    "\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+
+
+def _f32(text: str) -> Optional[float]:
+    """``text`` as Rust's ``f32::from_str`` reads it (too large for an f32: inf), or None where it
+    refuses it."""
+    if _FLOAT.fullmatch(text) is None:
+        return None
+    with np.errstate(over="ignore"):
+        return float(np.float32(float(text)))
+
+
+def _usize(text: str, plus: bool = True) -> Optional[int]:
+    """``text`` as Rust's ``usize::from_str`` reads it (ASCII digits after an optional ``+``, at
+    most usize::MAX; ``plus=False``: digits only, as the reference reads a count), or None where
+    it refuses it."""
+    digits = text[1:] if plus and text.startswith("+") else text
+    # usize::MAX has 20 digits (and int() refuses thousands of them)
+    if not (digits.isascii() and digits.isdigit()) or len(digits.lstrip("0")) > 20:
+        return None
+    value = int(digits)
+    return value if value <= _USIZE_MAX else None
 
 
 def read(path: PathLike) -> Golden:
@@ -45,11 +78,18 @@ def read(path: PathLike) -> Golden:
     """
     label = os.fspath(path)
     os.stat(label)  # a missing file is an OSError naming it, not a format error
+    if os.path.isdir(label):
+        raise IsADirectoryError(errno.EISDIR, "a folder, not a golden file", label)
     try:
         with safe_open(label, framework="np") as handle:
             return _read(_File(label, handle))
     except SafetensorError as e:
         raise ValueError(f"{label}: corrupt or unsupported file: {e}") from None
+    except OSError as e:
+        # safetensors' own OSErrors do not name the file
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno or errno.EIO, f"cannot read it: {e.strerror or e}", label) from None
 
 
 class _File:
@@ -69,11 +109,17 @@ class _File:
             raise self.error(f"not a golden file: metadata `{key}` is missing")
         return self.metadata[key]
 
-    def integer(self, key: str) -> int:
+    def integer(self, key: str, plus: bool = False, limit: int = _USIZE_MAX) -> int:
+        """A non-negative integer up to ``limit``: decimal digits, as the reference reads a count,
+        or (``plus``) as it reads a ``usize``, which may start with ``+``."""
         value = self.field(key)
-        if not (value.isascii() and value.isdigit()):
-            raise self.error(f"metadata `{key}` = `{value}` is not valid (a non-negative integer)")
-        return int(value)
+        parsed = _usize(value, plus)
+        if parsed is None or parsed > limit:
+            raise self.error(
+                f"metadata `{key}` = `{value}` is not valid (a non-negative integer, at most "
+                f"{limit})"
+            )
+        return parsed
 
     def choice(self, key: str, options: Tuple[str, ...]) -> str:
         value = self.field(key)
@@ -81,23 +127,26 @@ class _File:
             raise self.error(f"metadata `{key}` = `{value}` is not valid ({', '.join(options)})")
         return value
 
-    def number(self, key: str) -> float:
+    def number(self, key: str, finite: bool = False) -> float:
+        """A number, read as an f32 (one too large for it: inf); ``finite``: inf and NaN refused."""
         value = self.field(key)
-        try:
-            return float(value)
-        except ValueError:
-            raise self.error(f"metadata `{key}` = `{value}` is not valid (a number)") from None
+        x = _f32(value)
+        if x is None or (finite and not np.isfinite(x)):
+            what = "a finite number" if finite else "a number"
+            raise self.error(f"metadata `{key}` = `{value}` is not valid ({what})")
+        return x
 
     def numbers(self, key: str) -> List[float]:
-        """One number, or a comma-separated list of them (early exit's per-gate thresholds)."""
+        """One finite number, or a comma-separated list of them (early exit's per-gate
+        thresholds; the reference trims the spaces around each)."""
         value = self.field(key)
-        try:
-            return [float(part) for part in value.split(",")]
-        except ValueError:
+        parsed = [_f32(part.strip(_RUST_SPACE)) for part in value.split(",")]
+        if not all(x is not None and np.isfinite(x) for x in parsed):
             raise self.error(
-                f"metadata `{key}` = `{value}` is not valid (a number, or one per gate separated "
-                "by commas)"
-            ) from None
+                f"metadata `{key}` = `{value}` is not valid (a finite number, or one per gate "
+                "separated by commas)"
+            )
+        return parsed
 
     def id_list(self, key: str) -> List[int]:
         """A JSON list of token ids (each in ``0..=u32::MAX``), as ``stop_tokens`` holds."""
@@ -119,12 +168,8 @@ class _File:
         value = self.metadata.get(key)
         if value is None:
             return
-        ok = _DECIMAL.fullmatch(value) is not None
-        if ok:
-            with np.errstate(over="ignore"):
-                x = np.float32(float(value))
-            ok = bool(np.isfinite(x)) and x >= 0
-        if not ok:
+        x = _f32(value)
+        if x is None or not (np.isfinite(x) and x >= 0):
             raise self.error(f"metadata `{key}` = `{value}` is not valid (a finite number >= 0)")
 
     def json_object(self, key: str) -> dict:
@@ -188,8 +233,8 @@ def _read(file: _File) -> Golden:
     file.json_object("config")
     if v >= 3:
         # stop_tokens (the end-of-turn ids it stops at, [] for none), max_steps, optional pins
-        file.id_list("stop_tokens")
-        file.integer("max_steps")
+        stops = file.id_list("stop_tokens")
+        steps = file.integer("max_steps")
         file.tolerance("atol")
         file.tolerance("rtol")
         if "expect_dtype" in file.metadata:
@@ -212,6 +257,8 @@ def _read(file: _File) -> Golden:
         extra = _speculative(file, n, v)
     elif mode != "greedy":
         raise file.error(f"unknown golden mode `{mode}` (greedy, early-exit, speculative)")
+    if v >= 3:
+        _check_stop(file, tokens.tolist(), stops, steps)
     return Golden(
         prompt_tokens=prompt_tokens,
         tokens=tokens,
@@ -220,6 +267,23 @@ def _read(file: _File) -> Golden:
         path=file.label,
         **extra,
     )
+
+
+def _check_stop(file: _File, tokens: List[int], stops: List[int], steps: int) -> None:
+    """The tokens agree with where the decode stops, as the reference's reader checks it: within
+    the budget, no stop token before the last, and fewer tokens than the budget only when the
+    last is a stop token."""
+    n = len(tokens)
+    early = [i for i, t in enumerate(tokens[:-1]) if t in stops]
+    if n > steps:
+        problem = f"{n} tokens for `max_steps` = {steps}"
+    elif early:
+        problem = f"stop token {tokens[early[0]]} at step {early[0]}, before the last"
+    elif n < steps and not (n and tokens[-1] in stops):
+        problem = f"{n} tokens for `max_steps` = {steps}, the last not a stop token"
+    else:
+        return
+    raise file.error(f"`tokens` do not agree with `stop_tokens` and `max_steps`: {problem}")
 
 
 def _m2r2_common(file: _File) -> dict:
@@ -253,12 +317,13 @@ def _speculative(file: _File, n: int, version: int) -> Dict[str, np.ndarray]:
     rounds imply (golden.verify_rounds, golden.proposal_rounds). As in the reference's reader,
     their width is not checked here: a comparison checks it against the other file's."""
     _m2r2_common(file)
-    file.integer("draft_gate")
+    file.integer("draft_gate", plus=True)
     gate = file.choice("gate", ("none",) + _GATES)
-    m = file.integer("draft_max")
     length = file.field("draft_length")
     if length == "tree":
-        return _tree(file, n, version, gate, m)
+        return _tree(file, n, version, gate, file.integer("draft_max"))
+    # `M + 1` columns of round_scores fit an array (the reference's bound)
+    m = file.integer("draft_max", plus=True, limit=_ISIZE_MAX - 1)
     if length == "dynamic":
         if gate == "none":
             raise file.error("metadata `gate` = `none` is not valid (dynamic draft length)")
@@ -324,11 +389,16 @@ def _tree(file: _File, n: int, version: int, gate: str, depth: int) -> dict:
             f"{TREE_FORMAT_VERSION}, this file says {version}"
         )
     spec = file.field("draft_tree")
-    try:
-        widths = [int(w) for w in spec.split(",")]
-        tree.from_widths(widths)
-    except ValueError:
-        raise file.error(f"metadata `draft_tree` = `{spec}` is not valid (widths W1,W2,...)") from None
+    # each width as the reference reads it: spaces around it trimmed, a usize
+    widths = [_usize(w.strip(_RUST_SPACE)) for w in spec.split(",")]
+    valid = None not in widths
+    if valid:
+        try:
+            tree.from_widths(widths)
+        except ValueError:
+            valid = False
+    if not valid:
+        raise file.error(f"metadata `draft_tree` = `{spec}` is not valid (widths W1,W2,...)")
     if depth != len(widths):
         raise file.error(f"metadata `draft_max` = `{depth}` is not valid (the tree's depth)")
     newer = tree.GROWN_TREE_FORMAT_VERSION
@@ -341,8 +411,7 @@ def _tree(file: _File, n: int, version: int, gate: str, depth: int) -> dict:
             )
         if gate == "none":
             raise file.error("metadata `gate` = `none` is not valid (a tree grown per branch)")
-        if not np.isfinite(file.number("tree_threshold")):
-            raise file.error("metadata `tree_threshold` is not valid (a finite number)")
+        file.number("tree_threshold", finite=True)
     elif gate != "none":
         raise file.error(f"metadata `gate` = `{gate}` is not valid (a tree drafted whole)")
     branch = 0
@@ -354,10 +423,8 @@ def _tree(file: _File, n: int, version: int, gate: str, depth: int) -> dict:
             )
         branch = file.integer("prompt_lookup")
         ngram = file.field("prompt_lookup_ngram")
-        parts = ngram.split(",")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts) or not (
-            1 <= int(parts[0]) <= int(parts[1])
-        ) or branch == 0:
+        parts = [_usize(p) for p in ngram.split(",")]
+        if len(parts) != 2 or None in parts or not 1 <= parts[0] <= parts[1] or branch == 0:
             raise file.error(f"metadata `prompt_lookup_ngram` = `{ngram}` is not valid (MIN,MAX)")
     fields, trees = tree.read_tree_record(file, n, version, widths, grown, branch)
     fields["round_trees"] = trees

@@ -146,7 +146,7 @@ def _rows(values: np.ndarray, r: int) -> List[int]:
     while k < len(row) and row[k] >= 0:
         k += 1
     if any(x != -1 for x in row[k:]):
-        raise ValueError(f"round {r}: a value after the padding")
+        raise ValueError("a value after the padding")
     return row[:k]
 
 
@@ -192,7 +192,7 @@ def read_tree_record(file, n: int, version: int, widths: List[int], grown: bool,
             try:
                 nodes = _rows(lookup, k)
             except ValueError as e:
-                raise file.error(f"tensor `round_lookup`: {e}") from None
+                raise file.error(f"tensor `round_lookup`: round {k}: {e}") from None
             for d, i in enumerate(nodes):
                 want = 0 if d == 0 else nodes[d - 1]
                 if i >= tree.nodes or tree.parent(i) != want:

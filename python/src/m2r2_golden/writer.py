@@ -10,13 +10,16 @@ string and its hash travel together, verbatim; so do a speculative golden's M2R2
 
 from __future__ import annotations
 
+import errno
 import json
 import numbers
 import os
 import re
-from typing import Dict, Optional, Sequence, Union
+import tempfile
+from typing import Dict, Iterable, Optional, Sequence, Union
 
 import numpy as np
+from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
 from .golden import (
@@ -50,11 +53,18 @@ _M2R2_KEYS = (
 _SPECULATIVE_KEYS = _M2R2_KEYS + ("draft_threshold",)
 
 
-def _save(tensors: Dict[str, np.ndarray], path: str, metadata: Dict[str, str]) -> None:
-    """``save_file`` with the file mode a plain ``open(path, "w")`` gives: an existing file's,
-    else 0666 less the umask. safetensors 0.8 writes through a temporary file created 0600 and
-    renames it, which would leave goldens readable by their writer only. The mode is taken from a
-    placeholder created at ``path`` (``O_EXCL``), removed again if the write fails."""
+def _save(tensors: Dict[str, np.ndarray], path: str, metadata: Dict[str, str]) -> Golden:
+    """Write the golden to ``path`` through a temporary file beside it (named by ``tempfile``, so
+    it never takes another file's name), read it back (:func:`read`: a file that does not
+    validate raises ValueError and leaves ``path`` as it was), then move it to ``path``. Returns
+    the golden read back.
+
+    The file gets the mode a plain ``open(path, "w")`` gives: an existing file's, else 0666 less
+    the umask (safetensors and ``tempfile`` create files 0600, which would leave goldens readable
+    by their writer only). The mode is taken from a placeholder created at ``path`` (``O_EXCL``),
+    removed again if the write fails."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, "a folder, not a file to write the golden to", path)
     placeholder = False
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -63,16 +73,33 @@ def _save(tensors: Dict[str, np.ndarray], path: str, metadata: Dict[str, str]) -
         os.close(fd)
     except FileExistsError:
         mode = os.stat(path).st_mode
+    temp = None
     try:
-        save_file(tensors, path, metadata=metadata)
+        folder, name = os.path.split(path)
+        # a hidden name beside it, as short as names must be
+        fd, temp = tempfile.mkstemp(prefix=f".{name[:64]}.", suffix=".partial", dir=folder or ".")
+        os.close(fd)
+        try:
+            save_file(tensors, temp, metadata=metadata)
+        except SafetensorError as e:
+            raise OSError(errno.EIO, f"cannot write the golden: {e}", path) from None
+        try:
+            written = read(temp)
+        except ValueError as e:
+            raise ValueError(str(e).replace(temp, path)) from None
+        os.replace(temp, path)
+        temp = None
     except BaseException:
-        if placeholder:
-            try:
-                os.remove(path)
-            except OSError:
-                pass
+        for leftover in [temp] + ([path] if placeholder else []):
+            if leftover is not None:
+                try:
+                    os.remove(leftover)
+                except OSError:
+                    pass
         raise
     os.chmod(path, mode & 0o7777)
+    written.path = path
+    return written
 
 
 def write(
@@ -112,9 +139,10 @@ def write(
         expect_dtype: the export precision to pin (``f32`` or ``f16``): `golden check --onnx`
             refuses an export of other weights.
 
-    Returns the written golden. Raises ValueError on inputs that do not fit the format.
+    Returns the written golden, read back. Raises ValueError on inputs that do not fit the format
+    (naming the argument), OSError where ``path`` cannot be written.
     """
-    ref = like if isinstance(like, Golden) else read(like)
+    ref = _like(os.fspath(path), like)
     return write_greedy(
         path,
         prompt_tokens=prompt_tokens,
@@ -158,8 +186,7 @@ def write_greedy(
     metadata = _metadata(model, config_json, config_hash, "greedy", FORMAT_VERSION)
     metadata.update(_stops_and_pins(label, toks, stop_tokens, max_steps, atol, rtol, expect_dtype))
     tensors = {"prompt_tokens": prompt, "tokens": toks, "logits": rows}
-    _save(tensors, label, metadata)
-    return Golden(metadata=metadata, path=label, **tensors)
+    return _save(tensors, label, metadata)
 
 
 def write_speculative(
@@ -210,15 +237,24 @@ def write_speculative(
     budget or pins, so ``stop_tokens``, a ``max_steps`` other than ``n`` and the pins are refused
     there. Passing only one of the two is refused.
 
-    Returns the written golden. Raises ValueError on inputs that do not fit the format.
+    ``like`` must be a chain's golden: one of a token tree (``draft_length`` = ``tree``) is
+    written with :func:`m2r2_golden.write_tree`.
+
+    Returns the written golden, read back before it takes ``path``. Raises ValueError on inputs
+    that do not fit the format (naming the argument), OSError where ``path`` cannot be written.
     """
     label = os.fspath(path)
-    ref = like if isinstance(like, Golden) else read(like)
+    ref = _like(label, like)
+    where = ref.path or "like"
     if ref.mode != "speculative":
-        where = ref.path or "like"
         raise ValueError(
             f"{label}: `like` ({where}) records mode `{ref.mode}`: a speculative golden copies "
             "the M2R2 settings of a speculative one"
+        )
+    if ref.draft_tree is not None:
+        raise ValueError(
+            f"{label}: `like` ({where}) is a token-tree golden (draft_tree "
+            f"{ref.metadata['draft_tree']}): write a tree decode with m2r2_golden.write_tree"
         )
     config = _model_config(label, ref.model, ref.config_json, ref.config_hash)
     prompt, toks, rows = _decode(label, prompt_tokens, tokens, logits, config)
@@ -280,8 +316,19 @@ def write_speculative(
     metadata = _metadata(ref.model, ref.config_json, ref.config_hash, "speculative", version)
     metadata.update({k: ref.metadata[k] for k in _SPECULATIVE_KEYS if k in ref.metadata})
     metadata.update(extra)
-    _save(tensors, label, metadata)
-    return Golden(metadata=metadata, path=label, **tensors)
+    return _save(tensors, label, metadata)
+
+
+def _like(label: str, like) -> Golden:
+    """The golden ``like`` names: a read :class:`Golden`, or the path of one to read."""
+    if isinstance(like, Golden):
+        return like
+    if not isinstance(like, (str, os.PathLike)):
+        raise ValueError(
+            f"{label}: `like` must be a golden file's path or an m2r2_golden.Golden, got "
+            f"{type(like).__name__}"
+        )
+    return read(like)
 
 
 def _writer_version() -> str:
@@ -353,7 +400,11 @@ def _stops_and_pins(
 ) -> Dict[str, str]:
     """The version-3 metadata: ``stop_tokens``, ``max_steps`` and the pins given, checked against
     the tokens: a decode stops after the first stop token it emits, else runs its budget."""
-    stops = _ids(label, "stop_tokens", [] if stop_tokens is None else list(stop_tokens))
+    if stop_tokens is None:
+        stop_tokens = []
+    elif isinstance(stop_tokens, Iterable) and not isinstance(stop_tokens, (str, np.ndarray)):
+        stop_tokens = list(stop_tokens)  # a set, a generator: an int is refused as not 1-D
+    stops = _ids(label, "stop_tokens", stop_tokens)
     n = len(tokens)
     if max_steps is None:
         max_steps = n
@@ -421,7 +472,7 @@ def _rounds(
     r = accepted.shape[0]
     base = _ids(label, "round_base_token", round_base_token)  # [R]
     drafted = _ints(label, "round_drafted", round_drafted, 2)  # [R, M]
-    scores = np.asarray(round_scores)
+    scores = _array(label, "round_scores", round_scores)
     if not (scores.ndim == 2 and np.issubdtype(scores.dtype, np.floating)):
         raise ValueError(
             f"{label}: `round_scores` must be 2-D floats [R, M + 1], got {scores.dtype} "
@@ -480,9 +531,23 @@ def _rounds(
     }
 
 
+def _array(label: str, name: str, values) -> np.ndarray:
+    """``np.asarray(values)``, with rows of different lengths (and other values numpy cannot make
+    an array of) a ValueError naming the argument."""
+    try:
+        array = np.asarray(values)
+    except (ValueError, TypeError):
+        array = None
+    if array is None or array.dtype == object:
+        raise ValueError(
+            f"{label}: `{name}` is not an array of numbers (rows of different lengths?)"
+        )
+    return array
+
+
 def _ints(label: str, name: str, values, ndim: int) -> np.ndarray:
     """``values`` as a C-contiguous int64 array of ``ndim`` dimensions."""
-    array = np.asarray(values)
+    array = _array(label, name, values)
     if array.ndim != ndim:
         raise ValueError(f"{label}: `{name}` must be {ndim}-D, got shape {list(array.shape)}")
     if array.size == 0:
@@ -494,7 +559,7 @@ def _ints(label: str, name: str, values, ndim: int) -> np.ndarray:
 
 def _ids(label: str, name: str, values) -> np.ndarray:
     """``values`` as a C-contiguous int64 ``[n]`` array of token ids in ``0..=u32::MAX``."""
-    array = np.asarray(values)
+    array = _array(label, name, values)
     if array.ndim != 1:
         raise ValueError(f"{label}: `{name}` must be 1-D token ids, got shape {list(array.shape)}")
     if array.size == 0:
@@ -509,7 +574,7 @@ def _ids(label: str, name: str, values) -> np.ndarray:
 
 def _logits(label: str, values, n: int) -> np.ndarray:
     """``values`` as a C-contiguous float32 ``[n, V]`` array."""
-    array = np.asarray(values)
+    array = _array(label, "logits", values)
     if array.ndim != 2:
         raise ValueError(
             f"{label}: `logits` must be 2-D [n, V] (one row per token), got shape "
@@ -529,7 +594,7 @@ def _logits(label: str, values, n: int) -> np.ndarray:
 
 def _float_rows(label: str, name: str, values, rows: int, v: int, why: str) -> np.ndarray:
     """``values`` as a C-contiguous float32 ``[rows, v]`` array (a graph's logits)."""
-    array = np.asarray(values)
+    array = _array(label, name, values)
     if array.ndim != 2 or not np.issubdtype(array.dtype, np.floating):
         raise ValueError(
             f"{label}: `{name}` must be 2-D floats [{rows}, {v}], got {array.dtype} of shape "
