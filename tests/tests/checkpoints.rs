@@ -101,8 +101,11 @@ fn a_single_file_wins_over_a_stale_index() {
     assert!(load_hf_dir(tmp.path()).is_ok());
 }
 
-/// A copy of fixture `name` whose tensors `edit` changes (name, shape, values).
-fn edited(name: &str, out: &Path, edit: impl Fn(&mut Vec<(String, Vec<usize>, Vec<f32>)>)) {
+/// A checkpoint's tensors as (HF name, shape, values).
+type Tensors = Vec<(String, Vec<usize>, Vec<f32>)>;
+
+/// A copy of fixture `name` whose tensors `edit` changes.
+fn edited(name: &str, out: &Path, edit: impl Fn(&mut Tensors)) {
     let src_dir = fixture_dir().join("hf").join(name);
     std::fs::create_dir_all(out).unwrap();
     std::fs::copy(src_dir.join("config.json"), out.join("config.json")).unwrap();
@@ -126,7 +129,7 @@ fn edited(name: &str, out: &Path, edit: impl Fn(&mut Vec<(String, Vec<usize>, Ve
 fn unused_and_non_finite_tensors_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let q = "model.layers.0.self_attn.q_proj.weight";
-    let refused = |dir: &str, edit: &dyn Fn(&mut Vec<(String, Vec<usize>, Vec<f32>)>)| {
+    let refused = |dir: &str, edit: &dyn Fn(&mut Tensors)| {
         let out = tmp.path().join(dir);
         edited("llama_gqa_tied", &out, edit);
         load_hf_dir(&out).err().map(|e| e.to_string())

@@ -438,6 +438,21 @@ mod tests {
         }
     }
 
+    /// The metadata of a version-1 greedy golden of `tiny` with this `config`.
+    fn version_1(config: &str) -> HashMap<String, String> {
+        HashMap::from(
+            [
+                ("format", GOLDEN_FORMAT),
+                ("format_version", "1"),
+                ("mode", "greedy"),
+                ("model", "tiny"),
+                ("config_hash", "0"),
+                ("config", config),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+        )
+    }
+
     /// Token lists of two dimensions (`[1, T]` would read as T ids) and a `config` that is not a
     /// JSON object are refused, naming the file and what.
     #[test]
@@ -455,18 +470,7 @@ mod tests {
             .map(|(name, dtype, shape, data)| {
                 (name, tensor_view("t", dtype, shape, data).unwrap())
             });
-            let metadata = HashMap::from(
-                [
-                    ("format", GOLDEN_FORMAT),
-                    ("format_version", "1"),
-                    ("mode", "greedy"),
-                    ("model", "tiny"),
-                    ("config_hash", "0"),
-                    ("config", config),
-                ]
-                .map(|(k, v)| (k.to_string(), v.to_string())),
-            );
-            safetensors::serialize_to_file(views, Some(metadata), &path).unwrap();
+            safetensors::serialize_to_file(views, Some(version_1(config)), &path).unwrap();
             Golden::read(&path).map_err(|e| e.to_string())
         };
         assert!(write(vec![2], "{}").is_ok());
@@ -497,18 +501,7 @@ mod tests {
             ("logits", Dtype::F32, vec![0, 1 << 63], &[][..]),
         ]
         .map(|(name, dtype, shape, data)| (name, tensor_view("t", dtype, shape, data).unwrap()));
-        let metadata = HashMap::from(
-            [
-                ("format", GOLDEN_FORMAT),
-                ("format_version", "1"),
-                ("mode", "greedy"),
-                ("model", "tiny"),
-                ("config_hash", "0"),
-                ("config", "{}"),
-            ]
-            .map(|(k, v)| (k.to_string(), v.to_string())),
-        );
-        safetensors::serialize_to_file(views, Some(metadata), &path).unwrap();
+        safetensors::serialize_to_file(views, Some(version_1("{}")), &path).unwrap();
         let err = Golden::read(&path).unwrap_err().to_string();
         assert!(
             err.contains("g.safetensors")
