@@ -20,6 +20,15 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    // a name another format reads would mislead (np.load of a safetensors file fails late)
+    if let Some(ext) = args.out.extension().and_then(|e| e.to_str())
+        && ["npy", "npz", "pt", "pth", "bin", "json"].contains(&ext)
+    {
+        anyhow::bail!(
+            "--out {}: the file is safetensors, not .{ext}: name it FILE.safetensors",
+            args.out.display()
+        );
+    }
     let loaded = common::load(&args.model.model)?;
     let tokens = common::prompt_tokens(&loaded, &args.prompt)?;
     // [T, V]

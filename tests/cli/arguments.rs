@@ -90,6 +90,11 @@ fn bad_arguments_are_refused_clearly() {
         &["cannot write src", "directory"],
     );
     assert!(!run.stderr.contains("corrupt"), "{}", run.stderr);
+    // a name another format reads is refused before the work
+    fails(
+        &["logits", "--tokens", "1,2", "--out", "l.npy"],
+        &["--out l.npy", "safetensors, not .npy"],
+    );
 }
 
 /// A flag the run would not read is refused, never dropped silently: decoding flags of another

@@ -153,3 +153,48 @@ fn the_context_edge_is_exact_in_every_mode() {
         );
     }
 }
+
+/// A one-layer checkpoint has no room for an exit gate: greedy decoding runs, the M2R2 modes are
+/// refused saying why (they asked for a draft gate that does not exist).
+#[test]
+fn a_model_without_a_gate_decodes_greedily() {
+    use reference::base::weights::TensorSource;
+    use reference::io::checkpoint::{SafetensorsSource, write_f32_safetensors};
+    let src = m2r2_tests::fixture_dir().join("hf").join("llama_gqa_tied");
+    let dir = tempfile::tempdir().unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    config["num_hidden_layers"] = 1.into();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    let weights = SafetensorsSource::open_dir(&src).unwrap();
+    let kept: Vec<_> = weights
+        .names()
+        .into_iter()
+        .filter(|n| !n.starts_with("model.layers.1."))
+        .map(|n| {
+            let t = weights.read(&n).unwrap().unwrap();
+            (n, t.shape, t.data)
+        })
+        .collect();
+    write_f32_safetensors(&dir.path().join("model.safetensors"), &kept, None).unwrap();
+    let model = dir.path().to_str().unwrap();
+    let run = |mode: &'static str| {
+        let args = [
+            "generate",
+            "--model",
+            model,
+            "--tokens",
+            "1,2,3",
+            "--max-new-tokens",
+            "4",
+        ];
+        [&args[..], &["--mode", mode]].concat()
+    };
+    ok(&run("greedy"));
+    for mode in ["early-exit", "speculative"] {
+        fails(
+            &run(mode),
+            &[mode, "need an exit gate", "--mode greedy runs"],
+        );
+    }
+}

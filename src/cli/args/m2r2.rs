@@ -211,8 +211,19 @@ impl M2r2Args {
                 self.source(loaded)
             ),
         )?;
+        // greedy decoding reads no gate: a model too shallow for one (a single layer) still runs
+        if self.mode != ModeArg::Greedy && config.num_gates() == 0 {
+            bail!(
+                "--mode {}: the M2R2 modes need an exit gate after a layer in 1..=N-1, and these \
+                 weights have none ({} layer(s)); --mode greedy runs",
+                Mode::from(self.mode).name(),
+                config.num_layers
+            );
+        }
         let draft_gate = self.draft_gate.unwrap_or(config.draft_gate);
-        check_draft_gate(config, draft_gate, "--draft-gate")?;
+        if self.mode == ModeArg::Speculative {
+            check_draft_gate(config, draft_gate, "--draft-gate")?;
+        }
         // early exit: `--threshold X1,X2,...`, else the config's (`resolve_drafting`)
         let gate_thresholds = per_gate.or(gate_thresholds);
         Ok(M2r2Settings {
