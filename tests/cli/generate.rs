@@ -158,24 +158,15 @@ fn the_context_edge_is_exact_in_every_mode() {
 /// refused saying why (they asked for a draft gate that does not exist).
 #[test]
 fn a_model_without_a_gate_decodes_greedily() {
-    use reference::base::weights::TensorSource;
-    use reference::io::checkpoint::{SafetensorsSource, write_f32_safetensors};
+    use reference::io::checkpoint::write_f32_safetensors;
     let src = m2r2_tests::fixture_dir().join("hf").join("llama_gqa_tied");
     let dir = tempfile::tempdir().unwrap();
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
     config["num_hidden_layers"] = 1.into();
     std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
-    let weights = SafetensorsSource::open_dir(&src).unwrap();
-    let kept: Vec<_> = weights
-        .names()
-        .into_iter()
-        .filter(|n| !n.starts_with("model.layers.1."))
-        .map(|n| {
-            let t = weights.read(&n).unwrap().unwrap();
-            (n, t.shape, t.data)
-        })
-        .collect();
+    let mut kept = m2r2_tests::checkpoint_tensors(&src);
+    kept.retain(|(n, _, _)| !n.starts_with("model.layers.1."));
     write_f32_safetensors(&dir.path().join("model.safetensors"), &kept, None).unwrap();
     let model = dir.path().to_str().unwrap();
     let run = |mode: &'static str| {

@@ -31,6 +31,23 @@ pub fn read_fixture(path: &Path) -> Vec<u8> {
     })
 }
 
+/// A checkpoint's tensors as (HF name, shape, f32 values), in name order.
+pub type NamedTensors = Vec<(String, Vec<usize>, Vec<f32>)>;
+
+/// Every tensor of the HF checkpoint folder `dir` (`model.safetensors` or its shards), to edit
+/// and write back with `reference::io::checkpoint::write_f32_safetensors`.
+pub fn checkpoint_tensors(dir: &Path) -> NamedTensors {
+    use reference::base::weights::TensorSource;
+    let src = reference::io::checkpoint::SafetensorsSource::open_dir(dir).unwrap();
+    src.names()
+        .into_iter()
+        .map(|n| {
+            let t = src.read(&n).unwrap().unwrap();
+            (n, t.shape, t.data)
+        })
+        .collect()
+}
+
 /// A fixture JSON document.
 pub fn read_json(path: &Path) -> serde_json::Value {
     let bytes = read_fixture(path);

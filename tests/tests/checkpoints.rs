@@ -1,31 +1,24 @@
 //! HF checkpoint layouts: a model split into shards with `model.safetensors.index.json` loads to the
 //! same weights as the single-file checkpoint; a broken index is a clear error.
 
-use m2r2_tests::fixture_dir;
-use reference::base::weights::TensorSource;
+use m2r2_tests::{NamedTensors, checkpoint_tensors, fixture_dir};
 use reference::io::checkpoint::{load_hf_dir, write_f32_safetensors};
 use std::path::Path;
 
 fn shard(src_dir: &Path, out: &Path) {
     std::fs::create_dir_all(out).unwrap();
     std::fs::copy(src_dir.join("config.json"), out.join("config.json")).unwrap();
-    let src = reference::io::checkpoint::SafetensorsSource::open_dir(src_dir).unwrap();
-    let names = src.names();
-    let (first, second) = names.split_at(names.len() / 2);
+    let mut tensors = checkpoint_tensors(src_dir);
+    let second = tensors.split_off(tensors.len() / 2);
     let mut weight_map = serde_json::Map::new();
     for (file, part) in [
-        ("model-00001-of-00002.safetensors", first),
+        ("model-00001-of-00002.safetensors", tensors),
         ("model-00002-of-00002.safetensors", second),
     ] {
-        let tensors: Vec<_> = part
-            .iter()
-            .map(|n| {
-                let t = src.read(n).unwrap().unwrap();
-                weight_map.insert(n.clone(), file.into());
-                (n.clone(), t.shape, t.data)
-            })
-            .collect();
-        write_f32_safetensors(&out.join(file), &tensors, None).unwrap();
+        for (name, _, _) in &part {
+            weight_map.insert(name.clone(), file.into());
+        }
+        write_f32_safetensors(&out.join(file), &part, None).unwrap();
     }
     let index = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": weight_map});
     std::fs::write(out.join("model.safetensors.index.json"), index.to_string()).unwrap();
@@ -101,23 +94,12 @@ fn a_single_file_wins_over_a_stale_index() {
     assert!(load_hf_dir(tmp.path()).is_ok());
 }
 
-/// A checkpoint's tensors as (HF name, shape, values).
-type Tensors = Vec<(String, Vec<usize>, Vec<f32>)>;
-
 /// A copy of fixture `name` whose tensors `edit` changes.
-fn edited(name: &str, out: &Path, edit: impl Fn(&mut Tensors)) {
+fn edited(name: &str, out: &Path, edit: impl Fn(&mut NamedTensors)) {
     let src_dir = fixture_dir().join("hf").join(name);
     std::fs::create_dir_all(out).unwrap();
     std::fs::copy(src_dir.join("config.json"), out.join("config.json")).unwrap();
-    let src = reference::io::checkpoint::SafetensorsSource::open_dir(&src_dir).unwrap();
-    let mut tensors: Vec<_> = src
-        .names()
-        .into_iter()
-        .map(|n| {
-            let t = src.read(&n).unwrap().unwrap();
-            (n, t.shape, t.data)
-        })
-        .collect();
+    let mut tensors = checkpoint_tensors(&src_dir);
     edit(&mut tensors);
     write_f32_safetensors(&out.join("model.safetensors"), &tensors, None).unwrap();
 }
@@ -129,7 +111,7 @@ fn edited(name: &str, out: &Path, edit: impl Fn(&mut Tensors)) {
 fn unused_and_non_finite_tensors_are_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let q = "model.layers.0.self_attn.q_proj.weight";
-    let refused = |dir: &str, edit: &dyn Fn(&mut Tensors)| {
+    let refused = |dir: &str, edit: &dyn Fn(&mut NamedTensors)| {
         let out = tmp.path().join(dir);
         edited("llama_gqa_tied", &out, edit);
         load_hf_dir(&out).err().map(|e| e.to_string())

@@ -53,6 +53,15 @@ pub fn prompt_lookup(tokens: usize, speculative: bool) -> Result<Option<LookupCo
     if tokens == 0 {
         return Ok(None);
     }
+    check_branch_len(tokens)?;
+    if !speculative {
+        bail!("--prompt-lookup adds a branch to speculative drafts: add --mode speculative");
+    }
+    Ok(Some(LookupConfig::new(tokens)))
+}
+
+/// Refuse a `--prompt-lookup` branch longer than a round verifies (the M2R2 config's range).
+pub fn check_branch_len(tokens: usize) -> Result<()> {
     if tokens >= MAX_TREE_NODES {
         bail!(
             "--prompt-lookup {tokens}: a branch has at most {} tokens (a round verifies at most \
@@ -60,10 +69,7 @@ pub fn prompt_lookup(tokens: usize, speculative: bool) -> Result<Option<LookupCo
             MAX_TREE_NODES - 1
         );
     }
-    if !speculative {
-        bail!("--prompt-lookup adds a branch to speculative drafts: add --mode speculative");
-    }
-    Ok(Some(LookupConfig::new(tokens)))
+    Ok(())
 }
 
 /// `--prompt-lookup` when given (`flag`: `explicit`, already checked by [`prompt_lookup`]), else

@@ -69,8 +69,8 @@ pub(super) fn lookup_branches(args: &Args) -> Result<Vec<usize>> {
         .copied()
         .filter(|&n| n > 0)
         .collect();
-    if let Some(n) = branches.iter().find(|&&n| n > 63) {
-        bail!("--prompt-lookup {n}: a branch is at most 63 tokens (the M2R2 config's range)");
+    for &n in &branches {
+        crate::cli::args::tree::check_branch_len(n)?;
     }
     branches.sort_unstable();
     branches.dedup();
