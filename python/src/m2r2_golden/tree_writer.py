@@ -29,7 +29,10 @@ from .writer import (
     _ints,
     _like,
     _metadata,
+    _all_emitted,
     _model_config,
+    _round_emits,
+    _round_has_room,
     _save,
     _stops_and_pins,
 )
@@ -244,11 +247,7 @@ def _emits(label: str, tokens, trees, tree_tokens, node, base, v: int) -> None:
             raise ValueError(
                 f"{label}: `round_node` of round {k} is {i}, its tree has nodes 0..{t.nodes - 1}"
             )
-        if pos >= n:
-            raise ValueError(
-                f"{label}: round {k} of {len(trees)} emits no token: the rounds before it emit "
-                f"all {n}"
-            )
+        _round_has_room(label, k, len(trees), pos, n)
         if int(ids[0]) != int(tokens[pos - 1]):
             raise ValueError(
                 f"{label}: `round_tree_tokens` of round {k}: the root (node 0) is "
@@ -258,17 +257,9 @@ def _emits(label: str, tokens, trees, tree_tokens, node, base, v: int) -> None:
         while i:
             path.append(int(ids[i]))
             i = t.parent(i)
-        emitted = [*reversed(path), int(base[k])][: n - pos]
-        if tokens[pos : pos + len(emitted)].tolist() != emitted:
-            raise ValueError(
-                f"{label}: round {k} emits {emitted} at steps {pos}.. (its accepted path and base "
-                f"token), `tokens` holds {tokens[pos:pos + len(emitted)].tolist()} there"
-            )
-        pos += len(emitted)
-    if pos < n:
-        raise ValueError(
-            f"{label}: the rounds emit {pos} tokens (the first from the prompt), `tokens` holds {n}"
-        )
+        emitted = [*reversed(path), int(base[k])]
+        pos = _round_emits(label, tokens, k, pos, emitted, " (its accepted path and base token)")
+    _all_emitted(label, pos, n)
 
 
 def _tree(label: str, r: int, parents: Sequence[int]) -> Tree:

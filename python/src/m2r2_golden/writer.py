@@ -506,29 +506,46 @@ def _rounds(
         if ids.size and int(ids.max()) >= v:
             raise ValueError(f"{label}: `{name}` holds token id {int(ids.max())} >= V = {v}")
     # tokens[0] from the prompt, then per round its accepted drafts and base token, cut at n
-    n, pos = len(tokens), 1
+    pos = 1
     for i in range(r):
-        if pos >= n:
-            raise ValueError(
-                f"{label}: round {i} of {r} emits no token: the rounds before it emit all {n}"
-            )
-        emitted = [*drafted_in(drafted, i)[: accepted[i]].tolist(), int(base[i])][: n - pos]
-        if tokens[pos : pos + len(emitted)].tolist() != emitted:
-            raise ValueError(
-                f"{label}: round {i} emits {emitted} at steps {pos}.., `tokens` holds "
-                f"{tokens[pos:pos + len(emitted)].tolist()} there"
-            )
-        pos += len(emitted)
-    if pos < n:
-        raise ValueError(
-            f"{label}: the rounds emit {pos} tokens (the first from the prompt), `tokens` holds {n}"
-        )
+        _round_has_room(label, i, r, pos, len(tokens))
+        emitted = [*drafted_in(drafted, i)[: accepted[i]].tolist(), int(base[i])]
+        pos = _round_emits(label, tokens, i, pos, emitted)
+    _all_emitted(label, pos, len(tokens))
     return {
         "round_drafted": drafted,
         "round_accepted": accepted,
         "round_base_token": base,
         "round_scores": scores,
     }
+
+
+def _round_has_room(label: str, k: int, r: int, pos: int, n: int) -> None:
+    """Round ``k`` of ``r`` starts at step ``pos`` of the ``n`` tokens: it must emit one."""
+    if pos >= n:
+        raise ValueError(
+            f"{label}: round {k} of {r} emits no token: the rounds before it emit all {n}"
+        )
+
+
+def _round_emits(label: str, tokens, k: int, pos: int, emitted: list, what: str = "") -> int:
+    """Round ``k``'s ``emitted`` tokens, cut where the decode stopped, must be ``tokens`` from step
+    ``pos`` (``what`` says what they are); the step after them."""
+    emitted = emitted[: len(tokens) - pos]
+    if tokens[pos : pos + len(emitted)].tolist() != emitted:
+        raise ValueError(
+            f"{label}: round {k} emits {emitted} at steps {pos}..{what}, `tokens` holds "
+            f"{tokens[pos:pos + len(emitted)].tolist()} there"
+        )
+    return pos + len(emitted)
+
+
+def _all_emitted(label: str, pos: int, n: int) -> None:
+    """The rounds emitted ``pos`` of the ``n`` tokens (the first from the prompt): all of them."""
+    if pos < n:
+        raise ValueError(
+            f"{label}: the rounds emit {pos} tokens (the first from the prompt), `tokens` holds {n}"
+        )
 
 
 def _array(label: str, name: str, values) -> np.ndarray:
