@@ -101,6 +101,7 @@ pub fn run(args: &Args) -> Result<()> {
     let total = encoded.len() * args.samples_per_prompt;
     let planned = DistillMeta {
         model: loaded.name.clone(),
+        config_hash: Some(loaded.model.config.hash()),
         prompts: args.prompts.display().to_string(),
         prompts_sha256: Some(prompts::digest(&prompts)),
         samples_per_prompt: args.samples_per_prompt,

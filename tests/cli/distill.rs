@@ -65,6 +65,8 @@ fn distill_resume_identifies_prompts_by_content() {
     assert!(first.stdout.contains("wrote 6 samples"), "{}", first.stdout);
     let meta = json(&dir.path().join("d/meta.json"));
     assert_eq!(meta["prompts_sha256"].as_str().map(str::len), Some(64));
+    let tiny = reference::io::builtin::tiny_config().hash();
+    assert_eq!(meta["config_hash"].as_str(), Some(tiny.as_str()));
     let whole = std::fs::read(dir.path().join("d/samples.jsonl")).unwrap();
 
     // the same file as `DIR/./p.jsonl`: the same prompts

@@ -214,11 +214,18 @@ pub fn run(args: &Args) -> Result<()> {
     let (data, metas, parts) = train::data::read_all(&args.data, model.config.vocab_size)?;
     for (dir, meta) in args.data.iter().zip(&metas) {
         train::data::refuse_dev_prompts("--data", dir, meta, "training fits the adapters to it")?;
-        if meta.model != loaded.name {
+        let hash = model.config.hash();
+        if meta.from_other_model(&loaded.name, &hash) {
+            // Not an error: the targets are the trained model's own slow stream; only the inputs
+            // are another model's responses.
             eprintln!(
-                "note: {} was generated with model `{}`, training `{}`",
+                "note: {} was generated with model `{}`{}, training `{}` (config {hash}): its \
+                 responses are not this model's own",
                 dir.display(),
                 meta.model,
+                meta.config_hash
+                    .as_ref()
+                    .map_or(String::new(), |h| format!(" (config {h})")),
                 loaded.name
             );
         }

@@ -6,6 +6,7 @@ use super::*;
 fn meta() -> DistillMeta {
     DistillMeta {
         model: "tiny".into(),
+        config_hash: None,
         prompts: "p.jsonl".into(),
         prompts_sha256: None,
         samples_per_prompt: 1,
@@ -287,6 +288,36 @@ fn differing_settings_compare_prompts_by_content() {
     );
     assert!(d[1].contains("p.jsonl there, q.jsonl now"), "{d:?}");
     assert!(d[2].contains("greedy there, 0.5 now"), "{d:?}");
+}
+
+/// The model is compared by config hash where both runs have one (one model, two names, is the
+/// same; two models of one name are not), else by name.
+#[test]
+fn the_model_is_compared_by_config_hash() {
+    let hashed = |name: &str, h: &str| DistillMeta {
+        model: name.into(),
+        config_hash: Some(h.into()),
+        ..meta()
+    };
+    let gguf = hashed("SmolLM2-135M-Instruct.gguf", "9fcd");
+    assert!(
+        gguf.differing_settings(&hashed("smollm2", "9fcd"))
+            .is_empty()
+    );
+    let d = gguf.differing_settings(&hashed("SmolLM2-135M-Instruct.gguf", "77aa"));
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert!(
+        d[0].contains("config 9fcd there") && d[0].contains("config 77aa now"),
+        "{d:?}"
+    );
+    assert!(!gguf.from_other_model("smollm2", "9fcd"));
+    assert!(gguf.from_other_model("SmolLM2-135M-Instruct.gguf", "77aa"));
+    // an older folder, without the hash: by name
+    let old = meta();
+    assert!(!old.from_other_model("tiny", "77aa"));
+    assert!(old.from_other_model("smollm2", "9fcd"));
+    let d = old.differing_settings(&hashed("smollm2", "9fcd"));
+    assert!(d.len() == 1 && d[0].contains("`model`"), "{d:?}");
 }
 
 /// meta.json with an unknown field, counts that disagree with samples.jsonl, or a progress.json
