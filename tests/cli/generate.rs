@@ -188,4 +188,10 @@ fn a_model_without_a_gate_decodes_greedily() {
             &[mode, "need an exit gate", "--mode greedy runs"],
         );
     }
+    // its graphs carry M2R2 settings, which need a gate: said plainly, not as a range `1..=0`
+    let out = dir.path().join("onnx");
+    fails(
+        &["export", "--model", model, "--out", out.to_str().unwrap()],
+        &["the model has 1 layer", "at least 2 layers"],
+    );
 }

@@ -260,6 +260,13 @@ impl M2r2Config {
                 self.num_layers
             ));
         }
+        if self.gates.is_empty() && n < 2 {
+            return bad(format!(
+                "the model has {n} layer{}: M2R2 needs an exit gate after a layer below the last, \
+                 so at least 2 layers (greedy decoding of the base model needs none)",
+                if n == 1 { "" } else { "s" }
+            ));
+        }
         if self.gates.is_empty() {
             return bad(format!(
                 "`gates` is empty: M2R2 needs at least one exit gate after a layer in 1..={}",
