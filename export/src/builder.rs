@@ -47,7 +47,8 @@ pub fn check_opset(opset: i64) -> Result<()> {
             opset,
             min: MIN_OPSET,
             max: MAX_OPSET,
-            why: "Shape(start, end) needs 15; the exporter is written and tested for 17",
+            why: "17 is the oldest opset the exporter is written and checked for",
+            fix: "pass --opset 17 (the default) up to 21",
         });
     }
     if opset > MAX_OPSET {
@@ -56,6 +57,8 @@ pub fn check_opset(opset: i64) -> Result<()> {
             min: MIN_OPSET,
             max: MAX_OPSET,
             why: "newer opsets are untested with the TensorRT / ORT versions targeted",
+            fix: "pass --opset 17 (the default) up to 21; opset 24 comes with --static-cache \
+                  L_MAX (a static KV cache, always opset 24) in place of --opset",
         });
     }
     Ok(())

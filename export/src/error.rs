@@ -19,13 +19,15 @@ pub enum Error {
 
     /// An opset outside the range the emitters are written for.
     #[error(
-        "opset {opset} is not supported: the graphs need opset {min}..={max} ({why}); pass --opset {min}"
+        "opset {opset} is not supported: the dynamic graphs support opset {min}..={max} only ({why}); {fix}"
     )]
     Opset {
         opset: i64,
         min: i64,
         max: i64,
         why: &'static str,
+        /// What to pass instead.
+        fix: &'static str,
     },
 
     /// Bad arguments from the caller.

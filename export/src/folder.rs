@@ -4,7 +4,9 @@
 //! Everything is written into a temporary sibling folder (`.<name>.partial-<pid>`), which replaces
 //! the target only when complete; on any error it is removed. A folder with a manifest is therefore
 //! always a finished export. An existing target is replaced only when it is empty or an earlier
-//! export (it has a manifest); anything else is refused. Missing parent folders are created.
+//! export (this exporter's manifest beside nothing an export does not write); anything else is
+//! refused. Missing parent folders are created. An `--out` that is a symbolic link to a folder is
+//! written through: the folder it names is replaced (its temporary sibling beside it), the link kept.
 
 use crate::error::{Error, Result};
 use crate::graphs::{self, ExportOptions, GraphKind};
@@ -65,6 +67,8 @@ pub fn export(
                 .into(),
         ));
     }
+    check_feed(&request.graphs)?;
+    let out = &resolve_link(out)?;
     check_replaceable(out)?;
     let temp = temp_sibling(out)?;
     std::fs::create_dir(&temp).map_err(|e| {
@@ -87,6 +91,46 @@ pub fn export(
             Err(e)
         }
     }
+}
+
+/// feed.onnx alone is of no use: only speculative decoding runs it, beside draft.onnx and
+/// verifier.onnx, and an export replaces the whole folder, so they cannot be added later.
+fn check_feed(graphs: &[GraphKind]) -> Result<()> {
+    let missing: Vec<&str> = [GraphKind::Draft, GraphKind::Verifier]
+        .into_iter()
+        .filter(|k| !graphs.contains(k))
+        .map(|k| k.name())
+        .collect();
+    if !graphs.contains(&GraphKind::Feed) || missing.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Invalid(format!(
+        "--graphs has feed without {}: feed.onnx only serves speculative decoding, which runs it \
+         beside draft.onnx and verifier.onnx (an export replaces the whole folder, so they cannot \
+         be added later); add {} to --graphs, or drop feed",
+        missing.join(" and "),
+        missing.join(",")
+    )))
+}
+
+/// `out`, or the folder it names when it is a symbolic link (`--out link` or `--out link/`): the
+/// export then replaces that folder, its temporary sibling beside it, and the link stays.
+fn resolve_link(out: &Path) -> Result<PathBuf> {
+    // (components() drops a trailing `/`, through which the metadata would follow the link)
+    let out: PathBuf = out.components().collect();
+    let is_link = std::fs::symlink_metadata(&out).is_ok_and(|m| m.file_type().is_symlink());
+    if !is_link {
+        return Ok(out);
+    }
+    std::fs::canonicalize(&out).map_err(|e| {
+        let target = std::fs::read_link(&out).unwrap_or_default();
+        Error::Invalid(format!(
+            "--out {} is a symbolic link to {}, which cannot be followed ({e}); \
+             create the folder it names, or choose another --out",
+            out.display(),
+            target.display()
+        ))
+    })
 }
 
 fn temp_sibling(out: &Path) -> Result<PathBuf> {
@@ -126,7 +170,21 @@ fn create_parent(out: &Path, parent: &Path) -> Result<()> {
     std::fs::create_dir_all(parent).map_err(|e| cannot(e.to_string()))
 }
 
-/// An existing `out` may be replaced only when it is an empty folder or an earlier export.
+/// The files an export writes besides its graphs (`<graph>.onnx`, `<graph>.onnx.data`).
+const EXPORT_FILES: [&str; 6] = [
+    MANIFEST_FILE,
+    "genai_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    DRAFT_HEAD_FILE,
+];
+/// The folder `run --onnx --ep tensorrt` keeps its engines in by default, inside the export.
+const TRT_CACHE: &str = "trt_cache";
+
+/// An existing `out` may be replaced only when it is an empty folder or an earlier export: this
+/// exporter's manifest, beside nothing that an export (or the runner's `trt_cache`) does not
+/// write. Replacing removes everything in it, so anything else is refused, naming why.
 fn check_replaceable(out: &Path) -> Result<()> {
     if !out.exists() {
         return Ok(());
@@ -137,18 +195,66 @@ fn check_replaceable(out: &Path) -> Result<()> {
             out.display()
         )));
     }
-    let empty = std::fs::read_dir(out)
-        .map_err(|e| Error::io(out, e))?
-        .next()
-        .is_none();
-    if empty || out.join(MANIFEST_FILE).is_file() {
+    let mut entries = Vec::new();
+    for entry in std::fs::read_dir(out).map_err(|e| Error::io(out, e))? {
+        let entry = entry.map_err(|e| Error::io(out, e))?;
+        let is_dir = entry
+            .file_type()
+            .map_err(|e| Error::io(entry.path(), e))?
+            .is_dir();
+        entries.push((entry.file_name().to_string_lossy().into_owned(), is_dir));
+    }
+    if entries.is_empty() {
         return Ok(());
     }
-    Err(Error::Invalid(format!(
-        "--out {} exists and is not an earlier export (no {MANIFEST_FILE}); \
-         remove it or choose another folder",
-        out.display()
-    )))
+    let refuse = |why: String| {
+        Err(Error::Invalid(format!(
+            "--out {} exists and is not an earlier export ({why}); replacing it would delete \
+             everything in it: remove it or choose another folder",
+            out.display()
+        )))
+    };
+    if let Err(why) = check_manifest(&out.join(MANIFEST_FILE)) {
+        return refuse(why);
+    }
+    entries.sort();
+    let graph = |name: &str| {
+        GraphKind::ALL.iter().any(|k| {
+            let file = k.file_name();
+            name == file || name == format!("{file}.data")
+        })
+    };
+    for (name, is_dir) in entries {
+        let written = if is_dir {
+            name == TRT_CACHE
+        } else {
+            EXPORT_FILES.contains(&name.as_str()) || graph(&name)
+        };
+        if !written {
+            let what = if is_dir { "folder" } else { "file" };
+            return refuse(format!(
+                "it holds the {what} {name}, which an export does not write"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `path` is this exporter's manifest: a JSON object with `format_version` and `graphs`;
+/// else why not.
+fn check_manifest(path: &Path) -> std::result::Result<(), String> {
+    let bytes = std::fs::read(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => format!("no {MANIFEST_FILE}"),
+        _ => format!("cannot read its {MANIFEST_FILE}: {e}"),
+    })?;
+    let value: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("its {MANIFEST_FILE} is not JSON: {e}"))?;
+    if value.get("format_version").is_some() && value.get("graphs").is_some_and(Value::is_object) {
+        return Ok(());
+    }
+    Err(format!(
+        "its {MANIFEST_FILE} is not this exporter's manifest: no format_version and graphs"
+    ))
 }
 
 fn replace(temp: &Path, out: &Path) -> Result<()> {
@@ -180,9 +286,10 @@ fn write_all(
         progress(Event::Done(&summary));
         summaries.push(summary);
     }
-    // onnxruntime-genai drives model.onnx through `attention_mask` and growing past / present
-    // tensors: a static model.onnx has neither, so a static folder has no genai_config.json.
-    if request.options.static_cache.is_none() {
+    // onnxruntime-genai loads model.onnx alone: a folder without it has no genai_config.json.
+    // It drives model.onnx through `attention_mask` and growing past / present tensors: a static
+    // model.onnx has neither, so a static folder has none either.
+    if request.graphs.contains(&GraphKind::Model) && request.options.static_cache.is_none() {
         write_json(&dir.join("genai_config.json"), &genai_config(request))?;
     }
     if let Some(head) = &request.m2r2.draft_head {
@@ -341,4 +448,110 @@ fn write_tokenizer(tok: &Tokenizer, model: &Model, dir: &Path) -> Result<()> {
         &dir.join("special_tokens_map.json"),
         &Value::Object(specials),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MANIFEST: &str = r#"{"format_version": 1, "graphs": {"model": "model.onnx"}}"#;
+
+    fn folder(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        dir
+    }
+
+    fn refused(dir: &Path) -> String {
+        let err = check_replaceable(dir).unwrap_err().to_string();
+        assert!(err.contains("remove it or choose another folder"), "{err}");
+        err
+    }
+
+    #[test]
+    fn an_earlier_export_is_replaceable_with_everything_it_writes() {
+        let mut files = vec![(MANIFEST_FILE, MANIFEST)];
+        files.extend(EXPORT_FILES[1..].iter().map(|f| (*f, "{}")));
+        let dir = folder(&files);
+        for kind in GraphKind::ALL {
+            std::fs::write(dir.path().join(kind.file_name()), "").unwrap();
+            std::fs::write(dir.path().join(format!("{}.data", kind.file_name())), "").unwrap();
+        }
+        std::fs::create_dir(dir.path().join(TRT_CACHE)).unwrap();
+        std::fs::write(dir.path().join(TRT_CACHE).join("engine"), "").unwrap();
+        check_replaceable(dir.path()).unwrap();
+        // empty, or absent: replaceable too
+        check_replaceable(tempfile::tempdir().unwrap().path()).unwrap();
+        check_replaceable(&dir.path().join("absent")).unwrap();
+    }
+
+    #[test]
+    fn a_folder_with_a_stray_manifest_or_foreign_entries_is_refused() {
+        // the probe's case: any file named m2r2_export.json, beside the user's notes
+        let dir = folder(&[(MANIFEST_FILE, "{}"), ("notes.txt", "notes")]);
+        let err = refused(dir.path());
+        assert!(err.contains("not this exporter's manifest"), "{err}");
+        let dir = folder(&[(MANIFEST_FILE, "[1, 2]")]);
+        refused(dir.path());
+        let dir = folder(&[(MANIFEST_FILE, "not json")]);
+        assert!(refused(dir.path()).contains("is not JSON"));
+        let dir = folder(&[("notes.txt", "notes")]);
+        assert!(refused(dir.path()).contains("no m2r2_export.json"));
+        // a real manifest beside the user's files: the first foreign entry is named
+        let dir = folder(&[
+            (MANIFEST_FILE, MANIFEST),
+            ("model.onnx", ""),
+            ("notes.txt", "notes"),
+            ("b.onnx", ""),
+        ]);
+        let err = refused(dir.path());
+        assert!(
+            err.contains("the file b.onnx, which an export does not write"),
+            "{err}"
+        );
+        // a folder under a file's name is no export's
+        let dir = folder(&[(MANIFEST_FILE, MANIFEST)]);
+        std::fs::create_dir(dir.path().join("model.onnx")).unwrap();
+        assert!(refused(dir.path()).contains("the folder model.onnx"));
+    }
+
+    #[test]
+    fn feed_needs_draft_and_verifier() {
+        use GraphKind::*;
+        let err = check_feed(&[Feed]).unwrap_err().to_string();
+        assert!(
+            err.contains("feed without draft and verifier") && err.contains("add draft,verifier"),
+            "{err}"
+        );
+        let err = check_feed(&[Model, Draft, Feed]).unwrap_err().to_string();
+        assert!(
+            err.contains("add verifier to --graphs, or drop feed"),
+            "{err}"
+        );
+        check_feed(&[Draft, Verifier, Feed]).unwrap();
+        check_feed(&[Model]).unwrap();
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_link_resolves_to_its_folder_and_a_dangling_one_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target");
+        std::fs::create_dir(&target).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let canonical = std::fs::canonicalize(&target).unwrap();
+        assert_eq!(resolve_link(&link).unwrap(), canonical);
+        assert_eq!(resolve_link(&dir.path().join("link/")).unwrap(), canonical);
+        assert_eq!(resolve_link(&target).unwrap(), target);
+        let dangling = dir.path().join("dangling");
+        std::os::unix::fs::symlink(dir.path().join("gone"), &dangling).unwrap();
+        let err = resolve_link(&dangling).unwrap_err().to_string();
+        assert!(
+            err.contains("is a symbolic link to") && err.contains("gone"),
+            "{err}"
+        );
+    }
 }

@@ -22,12 +22,13 @@ pub struct Args {
     /// ARLA; default: the model's built-in M2R2 weights
     #[arg(long = "m2r2", value_name = "DIR|none")]
     pub m2r2: Option<String>,
-    /// Folder to write, created with its parents (replaced only if empty or an earlier export)
+    /// Folder to write, created with its parents (replaced only if empty or an earlier export; for
+    /// a symbolic link, the folder it names)
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
     /// Graphs to write, comma-separated (feed: the draft layers' slow stream alone, which
-    /// speculative decoding feeds the positions it does not propose from through; without it,
-    /// draft.onnx does that work)
+    /// speculative decoding feeds the positions it does not propose from through, so only beside
+    /// draft and verifier; without it, draft.onnx does that work)
     #[arg(
         long,
         value_name = "LIST",
@@ -82,6 +83,16 @@ pub fn run(args: &Args) -> Result<()> {
             args.graphs.join(","),
             args.graphs[i].trim(),
             i + 1
+        );
+    }
+    // before anything is written: the probe goes in as two chunks of the static buffers
+    if let Some(l_max) = args.static_cache
+        && args.check
+        && l_max < 2
+    {
+        anyhow::bail!(
+            "--check feeds a probe in two chunks, which needs a static cache of 2 positions or \
+             more (--static-cache {l_max}): raise --static-cache, or drop --check"
         );
     }
     let loaded = common::load(&args.model.model)?;
@@ -177,15 +188,9 @@ fn check(
     out: &std::path::Path,
 ) -> Result<()> {
     let mut tokens = probe_tokens(&loaded.model, loaded.tokenizer.as_ref())?;
-    // a static export's buffers hold the probe: at most L tokens of it (2 at the least: one
-    // chunk each side of the split)
+    // a static export's buffers hold the probe: at most L tokens of it (2 at the least, one
+    // chunk each side of the split: `run` refuses fewer before writing)
     if let Some(l_max) = request.options.static_cache {
-        if l_max < 2 {
-            anyhow::bail!(
-                "--check feeds a probe in two chunks, which needs a static cache of 2 positions \
-                 or more (--static-cache {l_max}); the folder is written, drop --check"
-            );
-        }
         tokens.truncate(l_max);
     }
     let split = tokens.len() / 2;

@@ -337,3 +337,164 @@ fn static_cache_export_with_check() {
         &["mixture of experts"],
     );
 }
+
+/// A folder is replaced only when it is an earlier export: a file named m2r2_export.json is not
+/// enough (the user's files beside it survive), nor is a real manifest beside a foreign file; an
+/// export with the runner's trt_cache folder is replaced.
+#[test]
+fn only_an_earlier_export_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let keep = dir.path().join("keep");
+    let k = keep.to_str().unwrap();
+    std::fs::create_dir(&keep).unwrap();
+    std::fs::write(keep.join("notes.txt"), "notes").unwrap();
+    std::fs::write(keep.join("m2r2_export.json"), "{}").unwrap();
+    let export = ["export", "--model", "tiny", "--out", k, "--graphs", "model"];
+    fails(
+        &export,
+        &[
+            "not an earlier export",
+            "m2r2_export.json is not this exporter's manifest",
+            "remove it or choose another folder",
+        ],
+    );
+    assert_eq!(std::fs::read(keep.join("notes.txt")).unwrap(), b"notes");
+    assert_eq!(std::fs::read(keep.join("m2r2_export.json")).unwrap(), b"{}");
+    assert_eq!(std::fs::read_dir(&keep).unwrap().count(), 2);
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "no partial folder"
+    );
+
+    // a real export with a file of the user's added: refused, naming it
+    std::fs::remove_dir_all(&keep).unwrap();
+    ok(&export);
+    std::fs::write(keep.join("notes.txt"), "notes").unwrap();
+    fails(
+        &export,
+        &["the file notes.txt, which an export does not write"],
+    );
+    assert!(keep.join("notes.txt").is_file());
+    // the runner's TensorRT cache inside it is no obstacle
+    std::fs::remove_file(keep.join("notes.txt")).unwrap();
+    std::fs::create_dir(keep.join("trt_cache")).unwrap();
+    std::fs::write(keep.join("trt_cache").join("engine"), "x").unwrap();
+    ok(&export);
+    assert!(keep.join("model.onnx").is_file() && !keep.join("trt_cache").exists());
+}
+
+/// `--out` a symbolic link to a folder: the export goes into that folder and the link stays.
+#[cfg(unix)]
+#[test]
+fn a_link_out_is_written_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("target");
+    std::fs::create_dir(&target).unwrap();
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    for out in [link.display().to_string(), format!("{}/", link.display())] {
+        ok(&[
+            "export", "--model", "tiny", "--out", &out, "--graphs", "model",
+        ]);
+        let meta = std::fs::symlink_metadata(&link).unwrap();
+        assert!(meta.file_type().is_symlink(), "{out}: the link stays");
+        assert!(target.join("model.onnx").is_file(), "{out}");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            2,
+            "{out}: no partial folder left"
+        );
+    }
+    // a link to a folder of the user's: refused like the folder, which stays as it was
+    std::fs::write(target.join("notes.txt"), "notes").unwrap();
+    let l = link.to_str().unwrap();
+    fails(
+        &["export", "--model", "tiny", "--out", l, "--graphs", "model"],
+        &["not an earlier export", "notes.txt"],
+    );
+    assert!(target.join("notes.txt").is_file() && target.join("model.onnx").is_file());
+    // a link to nothing: named, with its target
+    let dangling = dir.path().join("dangling");
+    std::os::unix::fs::symlink(dir.path().join("gone"), &dangling).unwrap();
+    fails(
+        &[
+            "export",
+            "--model",
+            "tiny",
+            "--out",
+            dangling.to_str().unwrap(),
+        ],
+        &["dangling is a symbolic link to", "gone"],
+    );
+    assert!(!dir.path().join("gone").exists());
+}
+
+/// genai_config.json only beside model.onnx, the graph onnxruntime-genai loads; feed.onnx only
+/// beside draft.onnx and verifier.onnx, the graphs it serves.
+#[test]
+fn genai_config_needs_model_and_feed_needs_draft_and_verifier() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("draft");
+    let o = out.to_str().unwrap();
+    ok(&["export", "--model", "tiny", "--out", o, "--graphs", "draft"]);
+    assert!(out.join("draft.onnx").is_file());
+    assert!(!out.join("genai_config.json").exists());
+    assert_eq!(
+        ok(&["info", "--onnx", o, "--json"]).json()["genai_config"],
+        false
+    );
+    let text = ok(&["info", "--onnx", o]).stdout;
+    assert!(!text.contains("loads model.onnx"), "{text}");
+    let out = dir.path().join("feed");
+    let o = out.to_str().unwrap();
+    for (graphs, missing) in [
+        ("feed", "add draft,verifier to --graphs"),
+        ("model,feed", "feed without draft and verifier"),
+        ("draft,feed", "add verifier to --graphs, or drop feed"),
+    ] {
+        fails(
+            &["export", "--model", "tiny", "--out", o, "--graphs", graphs],
+            &["only serves speculative decoding", missing],
+        );
+    }
+    assert!(!out.exists());
+}
+
+/// Refusals that come before anything is written, with messages that say what works.
+#[test]
+fn static_check_and_opset_refusals_say_what_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x");
+    let o = out.to_str().unwrap();
+    fails(
+        &[
+            "export",
+            "--model",
+            "tiny",
+            "--out",
+            o,
+            "--static-cache",
+            "1",
+            "--check",
+        ],
+        &[
+            "2 positions or more (--static-cache 1)",
+            "raise --static-cache, or drop --check",
+        ],
+    );
+    fails(
+        &["export", "--model", "tiny", "--out", o, "--opset", "24"],
+        &["opset 17..=21 only", "opset 24 comes with --static-cache"],
+    );
+    let run = fails(
+        &["export", "--model", "tiny", "--out", o, "--opset", "16"],
+        &[
+            "support opset 17..=21 only",
+            "17 is the oldest",
+            "--opset 17",
+        ],
+    );
+    assert!(!run.stderr.contains("needs 15"), "{}", run.stderr);
+    assert!(!out.exists());
+}
