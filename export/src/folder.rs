@@ -332,6 +332,7 @@ pub fn manifest(request: &ExportRequest<'_>) -> Value {
         "m2r2_weights_hash": reference::golden::weights_hash_without_defaults(m2r2),
         "draft_head_tokens": m2r2.draft_head.as_ref().map(|h| h.len()),
         "draft_head_file": m2r2.draft_head.as_ref().map(|_| DRAFT_HEAD_FILE),
+        "stop_token_ids": reference::io::load::stop_tokens(&request.model.config, request.tokenizer),
         "opset": o.opset,
         "weights_dtype": o.weights_dtype.name(),
         "graphs": graphs,

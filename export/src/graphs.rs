@@ -235,6 +235,9 @@ pub fn metadata(
             serde_json::to_string(&m2r2.config).expect("M2R2 config serialises"),
         ),
         ("m2r2.draft_gate", options.draft_gate.to_string()),
+        // the runner refuses a draft, verifier or feed graph of other M2R2 weights than the
+        // manifest's (`ExportDir::check_identity`)
+        ("m2r2.m2r2_hash", reference::golden::weights_hash(m2r2)),
         (
             "m2r2.draft_head_tokens",
             m2r2.draft_head

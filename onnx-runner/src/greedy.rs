@@ -29,7 +29,7 @@ impl OnnxModel {
         let path = export.graph(GraphKind::Model)?;
         let l_max = export.static_l_max(GraphKind::Model);
         let cuda_graph = ep.resolve_cuda_graph(&path.display().to_string(), l_max.is_some())?;
-        let session = OnnxSession::load_with_cuda_graph(&path, ep, cuda_graph)?;
+        let session = export.load_graph(GraphKind::Model, ep, cuda_graph)?;
         let config = export.manifest.config.clone();
         crate::kv::check_layers(&session, &(0..config.num_hidden_layers))?;
         crate::kv::check_width(&session, "logits", config.vocab_size, "vocab_size")?;

@@ -1,7 +1,9 @@
 //! `m2r2_export.json`: what `m2r2 export` wrote into a folder, read once at load and checked against
 //! the graphs' inputs (contract: docs/ONNX.md).
 
+use crate::ep::EpConfig;
 use crate::error::{Error, Result};
+use crate::session::OnnxSession;
 use reference::ModelConfig;
 use reference::io::file_name::sibling;
 use reference::io::tokenizer::Tokenizer;
@@ -76,6 +78,11 @@ pub struct Manifest {
     /// The pruned draft head's token ids (`draft_head.json`), beside the graphs.
     #[serde(default)]
     pub draft_head_file: Option<String>,
+    /// Tokens that end a generation, as `generate` stops on them (the config's EOS ids and the
+    /// tokenizer's end-of-turn tokens): the runner needs no tokenizer to stop. Absent in folders
+    /// exported before it was recorded ([`ExportDir::stop_tokens`]).
+    #[serde(default)]
+    pub stop_token_ids: Option<Vec<u32>>,
     pub opset: i64,
     pub weights_dtype: String,
     /// graph kind name -> file name in the folder
@@ -260,6 +267,84 @@ impl ExportDir {
         }
     }
 
+    /// Load graph `kind` on `ep` (with CUDA graphs when `cuda_graph`), checked to be the graph this
+    /// manifest describes ([`check_identity`](Self::check_identity)).
+    pub fn load_graph(
+        &self,
+        kind: GraphKind,
+        ep: &EpConfig,
+        cuda_graph: bool,
+    ) -> Result<OnnxSession> {
+        let session = OnnxSession::load_with_cuda_graph(&self.graph(kind)?, ep, cuda_graph)?;
+        self.check_identity(kind, &session)?;
+        Ok(session)
+    }
+
+    /// Refuse a graph whose `metadata_props` (written by `m2r2 export`) say it belongs to another
+    /// export: another graph kind, model config, weights dtype, static cache, or (draft, verifier
+    /// and feed) draft gate or M2R2 weights. Shapes alone cannot tell a draft.onnx copied from
+    /// another export of equal shapes, and it decodes wrong tokens. A key a graph lacks (older
+    /// exports) is not compared.
+    pub fn check_identity(&self, kind: GraphKind, session: &OnnxSession) -> Result<()> {
+        let m = &self.manifest;
+        let speculative = kind != GraphKind::Model;
+        let static_cache = self
+            .static_l_max(kind)
+            .map_or("none".into(), |l| l.to_string());
+        let expected: [(&str, Option<String>, &str); 6] = [
+            ("m2r2.graph", Some(kind.name().into()), "graph kind"),
+            ("m2r2.config", Some(m.config.hash()), "model config (hash)"),
+            (
+                "m2r2.weights_dtype",
+                Some(m.weights_dtype.clone()),
+                "weights dtype",
+            ),
+            (
+                "m2r2.static_cache",
+                Some(static_cache),
+                "static cache length",
+            ),
+            (
+                "m2r2.draft_gate",
+                speculative.then(|| m.draft_gate.to_string()),
+                "draft gate",
+            ),
+            (
+                "m2r2.m2r2_hash",
+                m.m2r2_hash.clone().filter(|_| speculative),
+                "M2R2 weights (hash)",
+            ),
+        ];
+        for (key, want, what) in expected {
+            let Some(want) = want else { continue };
+            let found = match (key, session.metadata(key)?) {
+                // the config is recorded whole: compared by its hash
+                ("m2r2.config", Some(json)) => match serde_json::from_str::<ModelConfig>(&json) {
+                    Ok(config) => Some(config.hash()),
+                    Err(_) => Some(format!("unreadable ({json:.40})")),
+                },
+                // exports before the static graphs record no `m2r2.static_cache` when dynamic
+                ("m2r2.static_cache", None) if session.metadata("m2r2.graph")?.is_some() => {
+                    Some("none".into())
+                }
+                (_, found) => found,
+            };
+            if let Some(found) = found
+                && found != want
+            {
+                return Err(Error::Export {
+                    file: session.file().to_string(),
+                    msg: format!(
+                        "this graph is not the one {MANIFEST_FILE} describes: its {what} is \
+                         {found}, the manifest's is {want} (`{key}`; was it copied from another \
+                         export? export the folder again)"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Whether the export has graph `kind`.
     pub fn has(&self, kind: GraphKind) -> bool {
         self.manifest.graphs.contains_key(kind.name())
@@ -292,15 +377,13 @@ impl ExportDir {
         Ok(Some(Tokenizer::from_file(&path)?))
     }
 
-    /// Tokens that end a generation: the config's EOS ids and the tokenizer's end-of-turn tokens
-    /// (as [`reference::io::load::LoadedModel::stop_tokens`]).
+    /// Tokens that end a generation: the manifest's `stop_token_ids`; for folders exported before
+    /// it was recorded, the config's EOS ids and `tokenizer`'s end-of-turn tokens
+    /// ([`reference::io::load::stop_tokens`]).
     pub fn stop_tokens(&self, tokenizer: Option<&Tokenizer>) -> Vec<u32> {
-        let mut stop = self.manifest.config.eos_token_ids.clone();
-        for id in tokenizer.map(|t| t.eos_token_ids()).unwrap_or_default() {
-            if !stop.contains(&id) {
-                stop.push(id);
-            }
+        match &self.manifest.stop_token_ids {
+            Some(ids) => ids.clone(),
+            None => reference::io::load::stop_tokens(&self.manifest.config, tokenizer),
         }
-        stop
     }
 }

@@ -80,8 +80,12 @@ def read_json(path: Path) -> Optional[dict]:
 
 
 def stop_tokens(folder: Path, config: dict) -> List[int]:
-    """The ids a decode of this export stops at, as `m2r2 golden write` chooses them: the config's
-    ``eos_token_ids``, then the tokenizer's EOS and the end-of-turn tokens in its vocabulary."""
+    """The ids a decode of this export stops at, as `m2r2 golden write` chooses them: the
+    manifest's ``stop_token_ids``; in older exports, the config's ``eos_token_ids``, then the
+    tokenizer's EOS and the end-of-turn tokens in its vocabulary."""
+    recorded = (read_json(folder / "m2r2_export.json") or {}).get("stop_token_ids")
+    if isinstance(recorded, list):
+        return [t for t in recorded if isinstance(t, int)]
     stops: List[int] = []
 
     def add(ids) -> None:

@@ -47,9 +47,12 @@ def read_json(path: Path) -> dict:
 
 
 def stop_tokens(folder: Path, config: dict) -> List[int]:
-    """The ids the decode stops at, as onnxruntime_greedy.py chooses them: the config's
-    ``eos_token_ids``, then the tokenizer's EOS and the end-of-turn tokens in its vocabulary (a
-    static folder has no genai_config.json)."""
+    """The ids the decode stops at, as onnxruntime_greedy.py chooses them: the manifest's
+    ``stop_token_ids``; in older exports, the config's ``eos_token_ids``, then the tokenizer's EOS
+    and the end-of-turn tokens in its vocabulary (a static folder has no genai_config.json)."""
+    recorded = read_json(folder / "m2r2_export.json").get("stop_token_ids")
+    if isinstance(recorded, list):
+        return [t for t in recorded if isinstance(t, int)]
     stops: List[int] = []
 
     def add(ids) -> None:

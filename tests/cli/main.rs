@@ -117,6 +117,7 @@ mod golden_python;
 mod golden_sabotage;
 mod golden_tree;
 mod gpu_script;
+mod graph_identity;
 mod info_bench;
 mod m2r2_modes;
 mod models;

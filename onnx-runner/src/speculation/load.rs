@@ -34,7 +34,7 @@ impl OnnxSpeculation {
         let draft_path = export.graph(GraphKind::Draft)?;
         let cuda_graph =
             ep.resolve_cuda_graph(&draft_path.display().to_string(), static_l.is_some())?;
-        let load = |kind| OnnxSession::load_with_cuda_graph(&export.graph(kind)?, ep, cuda_graph);
+        let load = |kind| export.load_graph(kind, ep, cuda_graph);
         let draft = load(GraphKind::Draft)?;
         let verifier = load(GraphKind::Verifier)?;
         let c = &m.config;

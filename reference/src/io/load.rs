@@ -1,6 +1,7 @@
 //! One entry point for every way a user names a model: `tiny`, `tiny-moe`, `smollm2`, a HF checkpoint
 //! folder, or a `.gguf` file.
 
+use crate::ModelConfig;
 use crate::base::model::Model;
 use crate::base::weights::Weights;
 use crate::error::{Error, Result};
@@ -34,18 +35,23 @@ impl LoadedModel {
         })
     }
 
-    /// Tokens that end a generation: the config's EOS ids and the tokenizer's end-of-turn tokens.
+    /// Tokens that end a generation ([`stop_tokens`]).
     pub fn stop_tokens(&self) -> Vec<u32> {
-        let mut stop = self.model.config.eos_token_ids.clone();
-        if let Some(t) = &self.tokenizer {
-            for id in t.eos_token_ids() {
-                if !stop.contains(&id) {
-                    stop.push(id);
-                }
-            }
-        }
-        stop
+        stop_tokens(&self.model.config, self.tokenizer.as_ref())
     }
+}
+
+/// Tokens that end a generation: the config's EOS ids, then the tokenizer's end-of-turn tokens not
+/// among them. Exports record the list (`stop_token_ids` in m2r2_export.json), so that a runner
+/// without the tokenizer stops where `generate` does.
+pub fn stop_tokens(config: &ModelConfig, tokenizer: Option<&Tokenizer>) -> Vec<u32> {
+    let mut stop = config.eos_token_ids.clone();
+    for id in tokenizer.map(|t| t.eos_token_ids()).unwrap_or_default() {
+        if !stop.contains(&id) {
+            stop.push(id);
+        }
+    }
+    stop
 }
 
 /// Load the model named by `spec`.
