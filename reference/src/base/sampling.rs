@@ -44,7 +44,18 @@ impl SamplingParams {
 /// renormalised.
 pub fn sampling_distribution(logits: &[f32], params: &SamplingParams) -> Vec<f32> {
     let mut probs: Vec<f32> = logits.iter().map(|l| l / params.temperature).collect();
-    softmax_inplace(ArrayViewMut1::from(probs.as_mut_slice()));
+    if probs.contains(&f32::INFINITY) {
+        // A temperature so small that `l / T` overflows: softmax would be NaN (inf - inf). Its
+        // limit as T -> 0 is uniform over the largest logits (greedy, up to ties).
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let ties = logits.iter().filter(|&&l| l == max).count() as f32;
+        probs = logits
+            .iter()
+            .map(|&l| if l == max { 1.0 / ties } else { 0.0 })
+            .collect();
+    } else {
+        softmax_inplace(ArrayViewMut1::from(probs.as_mut_slice()));
+    }
     // Most likely first; ties keep ascending id order.
     let mut order: Vec<usize> = (0..probs.len()).collect();
     order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
@@ -197,6 +208,19 @@ mod tests {
             a.iter().any(|&t| t != a[0]),
             "sampling should not be constant: {a:?}"
         );
+    }
+
+    /// A temperature so small that `logits / T` overflows f32 drew token 0 from a NaN
+    /// distribution; the limit T -> 0 is greedy (uniform over tied maxima).
+    #[test]
+    fn overflowing_temperatures_are_greedy() {
+        let logits = [1.0, 3.0, -2.0, 3.0, 0.5];
+        for t in [1e-38, 1e-40, 1e-45] {
+            let probs = sampling_distribution(&logits, &params(t, None, None));
+            assert_eq!(probs, vec![0.0, 0.5, 0.0, 0.5, 0.0], "T = {t}");
+            let probs = sampling_distribution(&[1.0, 3.0, -2.0], &params(t, None, None));
+            assert_eq!(probs, vec![0.0, 1.0, 0.0], "T = {t}");
+        }
     }
 
     #[test]
