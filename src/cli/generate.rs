@@ -6,7 +6,7 @@ use crate::cli::args::m2r2::M2r2Args;
 use crate::cli::args::m2r2::ModeArg;
 use crate::cli::args::model::{ModelArgs, PromptArgs};
 use crate::cli::args::sampling::SamplingArgs;
-use crate::cli::args::tree::{check_threshold_read, config_tree_growth};
+use crate::cli::args::tree::{check_gate_flags_read, config_tree_growth};
 use crate::cli::common;
 use crate::cli::progress;
 use crate::cli::report::{json_report, print_summary, trace_lines};
@@ -137,7 +137,13 @@ pub fn run(args: &Args) -> Result<()> {
     if let Some(widths) = &tree {
         crate::cli::args::tree::draft_tree_settings(&mut settings, widths, grown);
     }
-    check_threshold_read(args.m2r2.threshold.is_some(), &settings)?;
+    // --trace scores every draft of a chain with the gate, fixed drafting or not
+    let traced_chain = args.trace && tree.is_none();
+    check_gate_flags_read(
+        args.m2r2.gate.is_some() && !traced_chain,
+        args.m2r2.threshold.is_some(),
+        &settings,
+    )?;
     let prompt = common::prompt_tokens(&loaded, &args.prompt)?;
     let request = DecodeRequest {
         prompt: &prompt,

@@ -9,7 +9,7 @@ use crate::cli::args::model::PromptArgs;
 use crate::cli::args::onnx::{EpArgs, check_draft_head};
 use crate::cli::args::refuse_unread_flags;
 use crate::cli::args::tree::{
-    TreeRequest, check_threshold_read, config_tree_growth, lookup_chain, lookup_or_default,
+    TreeRequest, check_gate_flags_read, config_tree_growth, lookup_chain, lookup_or_default,
     prompt_lookup, tree_widths,
 };
 use crate::cli::common;
@@ -237,7 +237,7 @@ pub fn run(args: &Args) -> Result<()> {
     if let Some(widths) = &tree {
         crate::cli::args::tree::draft_tree_settings(&mut settings, widths, dynamic);
     }
-    check_threshold_read(args.threshold.is_some(), &settings)?;
+    check_gate_flags_read(args.gate.is_some(), args.threshold.is_some(), &settings)?;
     args.ep.check_one_config("run")?;
     // rows per verification: a tree's nodes, a chain's drafts
     let rows = match &tree {

@@ -195,6 +195,7 @@ fn flags_the_run_would_not_read_are_refused() {
             "2",
             "--gate",
             "confidence",
+            "--trace",
         ],
     ] {
         super::ok(&[&["generate", "--max-new-tokens", "2"], &prompt[..], flags].concat());

@@ -65,23 +65,40 @@ fn golden_m2r2_modes_write_and_check() {
     }
 }
 
-/// A speculative golden's `--threshold` must be read: refused beside fixed drafting, chain or tree.
+/// A speculative golden's `--threshold` and `--gate` must be read: refused beside fixed drafting,
+/// chain or tree (as on `generate`).
 #[test]
 fn speculative_goldens_refuse_an_unread_threshold() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("g.safetensors");
     let file = path.to_str().unwrap();
     for drafting in [&["--draft-len", "2"][..], &["--draft-tree", "2,1"]] {
-        let args = [
-            &[
-                "golden", "write", "--tokens", "1,2,3", "--steps", "4", "--out", file,
-            ][..],
-            &["--mode", "speculative", "--threshold", "0.5"],
-            drafting,
-        ];
-        super::fails(&args.concat(), &["--threshold", "a fixed 2 token(s)"]);
-        assert!(!path.exists());
+        for (flag, value) in [("--threshold", "0.5"), ("--gate", "entropy")] {
+            let args = [
+                &[
+                    "golden", "write", "--tokens", "1,2,3", "--steps", "4", "--out", file,
+                ][..],
+                &["--mode", "speculative", flag, value],
+                drafting,
+            ];
+            let refused = super::fails(&args.concat(), &["a fixed 2 token(s)"]);
+            assert!(refused.stderr.contains(&format!(": {flag} is read")));
+            assert!(!path.exists());
+        }
     }
+    let generate = [
+        "generate",
+        "--tokens",
+        "1,2,3",
+        "--mode",
+        "speculative",
+        "--gate",
+        "entropy",
+    ];
+    super::fails(
+        &generate,
+        &["--gate is read by dynamic drafting", "drop --gate"],
+    );
 }
 
 #[test]

@@ -135,20 +135,25 @@ pub fn config_tree_growth(
     Some((gate.unwrap_or(d.gate), threshold.unwrap_or(d.threshold)))
 }
 
-/// Refuse `--threshold` (`given`) where nothing compares a gate score with it: speculative
-/// decoding whose drafts, chain or tree, have a fixed length (`settings` as the run will use
-/// them, the tree's applied).
+/// Refuse `--gate` and `--threshold` (whether each was given) where no gate score is computed or
+/// compared: speculative decoding whose drafts, chain or tree, have a fixed length (`settings` as
+/// the run will use them, the tree's applied).
 ///
 /// # Errors
-/// The fixed drafting named, with the flag that makes it dynamic.
-pub fn check_threshold_read(given: bool, settings: &M2r2Settings) -> Result<()> {
-    if let (true, Mode::Speculative, DraftLength::Fixed(n)) =
-        (given, settings.mode, &settings.draft_length)
-    {
+/// The flag, the fixed drafting named, and the flag that makes it dynamic.
+pub fn check_gate_flags_read(gate: bool, threshold: bool, settings: &M2r2Settings) -> Result<()> {
+    let flag = match (gate, threshold) {
+        (true, true) => "--gate and --threshold are",
+        (true, false) => "--gate is",
+        (false, true) => "--threshold is",
+        (false, false) => return Ok(()),
+    };
+    if let (Mode::Speculative, DraftLength::Fixed(n)) = (settings.mode, &settings.draft_length) {
         bail!(
-            "--threshold is read by dynamic drafting, and this speculative run drafts a fixed \
-             {n} token(s) deep every round: add --dynamic-draft (draft while the gate score is \
-             >= the threshold), or drop --threshold"
+            "{flag} read by dynamic drafting, and this speculative run drafts a fixed {n} \
+             token(s) deep every round: add --dynamic-draft (draft while the gate score is >= \
+             the threshold), or drop {}",
+            flag.trim_end_matches(" are").trim_end_matches(" is")
         );
     }
     Ok(())

@@ -6,7 +6,7 @@ use super::{SUITE_SUFFIX, WriteArgs};
 use crate::cli::args::m2r2::ModeArg;
 use crate::cli::args::model::PromptArgs;
 use crate::cli::args::tree::{
-    TreeRequest, check_threshold_read, draft_tree_settings, lookup_chain, prompt_lookup,
+    TreeRequest, check_gate_flags_read, draft_tree_settings, lookup_chain, prompt_lookup,
     tree_widths,
 };
 use crate::cli::common;
@@ -213,7 +213,11 @@ fn record_m2r2(
             let recipe = tree_recipe(args, &settings)?;
             let mut drafted = settings.clone();
             draft_tree_settings(&mut drafted, &recipe.widths, recipe.grown);
-            check_threshold_read(args.m2r2.threshold.is_some(), &drafted)?;
+            check_gate_flags_read(
+                args.m2r2.gate.is_some(),
+                args.m2r2.threshold.is_some(),
+                &drafted,
+            )?;
             Golden::record_tree_drafting(
                 m2r2,
                 &loaded.name,
@@ -224,7 +228,11 @@ fn record_m2r2(
             )?
         }
         Mode::Speculative => {
-            check_threshold_read(args.m2r2.threshold.is_some(), &settings)?;
+            check_gate_flags_read(
+                args.m2r2.gate.is_some(),
+                args.m2r2.threshold.is_some(),
+                &settings,
+            )?;
             if let Some(n) = weights.config.prompt_lookup.filter(|_| {
                 args.prompt_lookup.is_none()
                     && args.m2r2.draft_len.is_none()
