@@ -105,7 +105,11 @@ fn bad_arguments_are_refused_clearly() {
 #[test]
 fn flags_the_run_would_not_read_are_refused() {
     let prompt = ["--tokens", "1,2"];
-    let cases: [(&[&str], &[&str]); 6] = [
+    let cases: [(&[&str], &[&str]); 7] = [
+        (
+            &["generate", "--m2r2", "none"],
+            &["--m2r2 is for --mode early-exit or --mode speculative"],
+        ),
         (
             &["generate", "--draft-len", "3"],
             &[

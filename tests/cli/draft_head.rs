@@ -44,7 +44,16 @@ fn pruned_draft_head_drafts_everywhere_and_stays_lossless() {
     let k = write_head(&weights);
 
     // generate: the folder's head by default, the full head with --draft-head off; greedy tokens.
-    let greedy = ids(&generate(w, &[])["tokens"]);
+    let greedy = ok(&[
+        "generate",
+        "--json",
+        "--tokens",
+        PROMPT,
+        "--max-new-tokens",
+        "16",
+    ])
+    .json();
+    let greedy = ids(&greedy["tokens"]);
     let pruned = generate(w, &["--mode", "speculative"]);
     assert_eq!(ids(&pruned["tokens"]), greedy);
     assert_eq!(pruned["m2r2"]["draft_head_tokens"], k);
@@ -53,7 +62,12 @@ fn pruned_draft_head_drafts_everywhere_and_stays_lossless() {
     let full = generate(w, &["--mode", "speculative", "--draft-head", "off"]);
     assert_eq!(ids(&full["tokens"]), greedy);
     assert_eq!(full["m2r2"]["draft_head_tokens"], Value::Null);
-    assert_eq!(generate(w, &[])["m2r2"]["draft_head_tokens"], Value::Null);
+    // greedy decoding reads no M2R2 weights, and says so
+    let args = ["generate", "--tokens", PROMPT, "--m2r2", w];
+    fails(
+        &args,
+        &["--m2r2 is for --mode early-exit or --mode speculative"],
+    );
     fails(
         &[
             "generate",

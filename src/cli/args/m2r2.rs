@@ -162,6 +162,7 @@ impl M2r2Args {
             "--mode",
             Mode::from(self.mode).name(),
             &[
+                ("--m2r2", self.m2r2.is_some(), DRAFTS_OR_EXITS),
                 ("--gate", self.gate.is_some(), DRAFTS_OR_EXITS),
                 ("--threshold", self.threshold.is_some(), DRAFTS_OR_EXITS),
                 ("--kv-policy", self.kv_policy.is_some(), &["early-exit"]),

@@ -47,13 +47,13 @@ pub(super) fn write(args: &WriteArgs) -> Result<()> {
     // refused before the model loads: a tree outside speculative decoding, with a draft length;
     // a lookup branch outside it; any flag the mode would not read, and M2R2 weights a greedy
     // golden would not record (it pins the base model alone)
-    args.m2r2.check_mode_flags()?;
     if let (Some(dir), ModeArg::Greedy) = (&args.m2r2.m2r2, args.m2r2.mode) {
         bail!(
             "--m2r2 {dir} is for M2R2 goldens (--mode early-exit or speculative): a greedy golden \
              records the base model alone"
         );
     }
+    args.m2r2.check_mode_flags()?;
     tree_widths(&tree_request(args))?;
     prompt_lookup(
         args.prompt_lookup.unwrap_or(0),
