@@ -8,6 +8,11 @@ use reference::decode::speculative::DraftLength;
 use reference::decode::tree_speculation::TreeRound;
 use serde_json::{Value, json};
 
+/// A mean over `n` things, or null when there were none (`n` is 0).
+fn mean_over(mean: f64, n: usize) -> Value {
+    if n == 0 { Value::Null } else { json!(mean) }
+}
+
 /// The settings as a JSON object (the `m2r2` part of reports).
 pub fn settings_json(settings: &M2r2Settings) -> Value {
     let (draft_len, dynamic) = match &settings.draft_length {
@@ -18,7 +23,8 @@ pub fn settings_json(settings: &M2r2Settings) -> Value {
         "source": settings.source,
         "gates": settings.gates,
         "gate": settings.gate.name(),
-        "threshold": decimal(settings.threshold),
+        // one threshold per gate (early exit) replaces the one
+        "threshold": settings.gate_thresholds.is_none().then(|| decimal(settings.threshold)),
         "gate_thresholds": settings.gate_thresholds.as_ref().map(|t| t.iter().map(|&x| decimal(x)).collect::<Vec<_>>()),
         "kv_policy": settings.kv_policy.to_string(),
         "draft_gate": settings.draft_gate,
@@ -47,18 +53,22 @@ pub fn settings_json(settings: &M2r2Settings) -> Value {
 ///   verified) and `lookup_accepted` (tokens emitted as accepted branch nodes); `dynamic_tree`:
 ///   `{"gate", "threshold"}` when the trees grew per branch (`--dynamic-draft`: the shape is the
 ///   largest tree, a node gets children when its score passes), else null.
+///
+/// A mean over nothing is null, not 0: the per-token figures when no token was decoded (a budget
+/// of one token or none), the per-round ones when no round ran.
 pub fn report_fields(run: &ModeRun) -> serde_json::Map<String, Value> {
-    let per = run.decoded().max(1) as f64;
+    let decoded = run.decoded();
+    let per_token = |total: f64| mean_over(total / decoded.max(1) as f64, decoded);
     let mut map = serde_json::Map::new();
     map.insert("mode".into(), json!(run.mode.name()));
-    map.insert("layers_per_token".into(), json!(run.layers_per_token));
     map.insert(
-        "flops_per_token".into(),
-        json!(run.work.flops() as f64 / per),
+        "layers_per_token".into(),
+        mean_over(run.layers_per_token, decoded),
     );
+    map.insert("flops_per_token".into(), per_token(run.work.flops() as f64));
     map.insert(
         "bytes_per_token".into(),
-        json!(run.work.weight_bytes as f64 / per),
+        per_token(run.work.weight_bytes as f64),
     );
     map.insert("tokens_per_second".into(), json!(run.tokens_per_second()));
     map.insert(
@@ -84,12 +94,18 @@ pub fn report_fields(run: &ModeRun) -> serde_json::Map<String, Value> {
             acceptance_rate,
         } => {
             map.insert("rounds".into(), json!(rounds.len()));
-            map.insert("mean_accepted_tokens".into(), json!(mean_accepted_tokens));
+            map.insert(
+                "mean_accepted_tokens".into(),
+                mean_over(*mean_accepted_tokens, rounds.len()),
+            );
             map.insert(
                 "acceptance_by_position".into(),
                 json!(acceptance_by_position),
             );
-            map.insert("acceptance_rate".into(), json!(acceptance_rate));
+            map.insert(
+                "acceptance_rate".into(),
+                mean_over(*acceptance_rate, rounds.len()),
+            );
         }
         ModeDetails::TreeSpeculative {
             widths,
@@ -110,12 +126,16 @@ pub fn report_fields(run: &ModeRun) -> serde_json::Map<String, Value> {
             );
             map.insert("tree_nodes".into(), json!(nodes));
             map.insert("rounds".into(), json!(rounds.len()));
-            map.insert("mean_accepted_tokens".into(), json!(mean_accepted_tokens));
+            map.insert(
+                "mean_accepted_tokens".into(),
+                mean_over(*mean_accepted_tokens, rounds.len()),
+            );
             map.insert("acceptance_by_depth".into(), json!(acceptance_by_depth));
             let verified: usize = rounds.iter().map(|r| r.tree.nodes()).sum();
+            let n = rounds.len();
             map.insert(
                 "mean_tree_nodes".into(),
-                json!(verified as f64 / rounds.len().max(1) as f64),
+                mean_over(verified as f64 / n.max(1) as f64, n),
             );
             map.insert(
                 "prompt_lookup".into(),

@@ -195,3 +195,38 @@ fn a_model_without_a_gate_decodes_greedily() {
         &["the model has 1 layer", "at least 2 layers"],
     );
 }
+
+/// A mean over nothing is null in `--json`, not 0: per decoded token when the budget decodes none
+/// (the one token comes from the prompt's prefill), per round when no round ran.
+#[test]
+fn means_over_nothing_are_null() {
+    for mode in ["greedy", "early-exit", "speculative"] {
+        let args = [
+            "generate",
+            "--tokens",
+            "1,2,3",
+            "--max-new-tokens",
+            "1",
+            "--json",
+        ];
+        let v = ok(&[&args[..], &["--mode", mode]].concat()).json();
+        assert_eq!(v["tokens"].as_array().unwrap().len(), 1, "{v}");
+        for field in ["layers_per_token", "flops_per_token", "bytes_per_token"] {
+            assert_eq!(v[field], serde_json::Value::Null, "{mode} {field}: {v}");
+        }
+        if mode == "speculative" {
+            assert_eq!(v["rounds"], 0, "{v}");
+            assert_eq!(v["mean_accepted_tokens"], serde_json::Value::Null, "{v}");
+        }
+    }
+    let v = ok(&[
+        "generate",
+        "--tokens",
+        "1,2,3",
+        "--max-new-tokens",
+        "3",
+        "--json",
+    ])
+    .json();
+    assert!(v["layers_per_token"].as_f64().is_some(), "{v}");
+}

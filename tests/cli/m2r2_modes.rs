@@ -324,6 +324,11 @@ fn early_exit_takes_a_threshold_per_gate() {
     let mut want = vec![2.0];
     want.extend(std::iter::repeat_n(0.0, j - 1));
     assert_eq!(v["m2r2"]["gate_thresholds"], serde_json::json!(want));
+    assert_eq!(
+        v["m2r2"]["threshold"],
+        Value::Null,
+        "replaced by gate_thresholds"
+    );
     // one number: shared, as before
     let shared = run("tiny", &["--mode", "early-exit", "--threshold", "2"]);
     assert_eq!(shared["m2r2"]["gate_thresholds"], Value::Null);
