@@ -345,6 +345,17 @@ impl ExportDir {
         Ok(())
     }
 
+    /// Which M2R2 weights the export holds, as goldens identify them (`m2r2_hash`, and
+    /// `m2r2_weights_hash` without the decoding defaults, compared by
+    /// [`WeightsId::matches`](reference::golden::WeightsId::matches)); `None` for a manifest
+    /// written before `m2r2_hash`.
+    pub fn weights_id(&self) -> Option<reference::golden::WeightsId> {
+        Some(reference::golden::WeightsId {
+            hash: self.manifest.m2r2_hash.clone()?,
+            without_defaults: self.manifest.m2r2_weights_hash.clone(),
+        })
+    }
+
     /// Whether the export has graph `kind`.
     pub fn has(&self, kind: GraphKind) -> bool {
         self.manifest.graphs.contains_key(kind.name())

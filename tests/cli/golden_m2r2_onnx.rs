@@ -291,27 +291,26 @@ fn manifest_layers_must_match_the_graphs() {
     );
 }
 
-/// A draft.onnx without ARLA (from an export of `--m2r2 none`) in a folder whose manifest says
-/// `has_arla` is refused when the graphs load, naming the graph and the missing output.
+/// A draft.onnx without ARLA (an export of `--m2r2 none`) under a manifest that says `has_arla` is
+/// refused when the graphs load, naming the graph and the missing output.
 #[test]
 fn manifest_arla_must_match_the_draft_graph() {
     let dir = tempfile::tempdir().unwrap();
-    let p = |name: &str| dir.path().join(name).display().to_string();
-    let (onnx, plain) = (p("onnx"), p("plain"));
-    ok(&["export", "--model", "tiny", "--out", &onnx]);
+    let plain = dir.path().join("plain").display().to_string();
     ok(&[
         "export", "--model", "tiny", "--m2r2", "none", "--out", &plain,
     ]);
-    std::fs::copy(
-        Path::new(&plain).join("draft.onnx"),
-        Path::new(&onnx).join("draft.onnx"),
-    )
-    .unwrap();
+    // (a draft.onnx copied from another export is refused by its metadata first: graph_identity.rs)
+    let path = Path::new(&plain).join("m2r2_export.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    manifest["has_arla"] = true.into();
+    std::fs::write(&path, manifest.to_string()).unwrap();
     fails(
         &[
             "run",
             "--onnx",
-            &onnx,
+            &plain,
             "--tokens",
             "1,2",
             "--max-new-tokens",
@@ -375,4 +374,138 @@ fn goldens_outlive_a_new_drafting_policy() {
             &["not the ones this golden was recorded with", "weights hash"],
         );
     }
+}
+
+/// A golden and an export whose draft heads differ (one pruned, the other full, or two pruned
+/// heads of other tokens): the refusal says the draft head differs and how to make them agree,
+/// not only that the weights' hashes differ. With the same head each checks OK.
+#[test]
+fn a_draft_head_difference_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    // the weights with a pruned head of the even ids (160 of tiny's 320 tokens), and a copy with
+    // the odd ones
+    let (w, odd) = (p("w"), p("odd"));
+    let head = |folder: &str, first: u32| {
+        let tokens: Vec<u32> = (first..320).step_by(2).collect();
+        let text = serde_json::json!({ "tokens": tokens }).to_string();
+        std::fs::write(Path::new(folder).join("draft_head.json"), text).unwrap();
+    };
+    for folder in [&w, &odd] {
+        ok(&["init-m2r2", "--model", "tiny", "--out", folder]);
+    }
+    head(&w, 0);
+    head(&odd, 1);
+    let (full, pruned, other) = (p("full"), p("pruned"), p("other"));
+    let export = |m2r2: &str, out: &str, extra: &[&str]| {
+        let args = [
+            &["export", "--model", "tiny", "--m2r2", m2r2, "--out", out][..],
+            extra,
+        ];
+        ok(&args.concat());
+    };
+    export(&w, &full, &["--draft-head", "off"]);
+    export(&w, &pruned, &[]);
+    export(&odd, &other, &[]);
+    let (on, off) = (p("on.safetensors"), p("off.safetensors"));
+    for (golden, choice) in [(&on, "on"), (&off, "off")] {
+        ok(&[
+            "golden",
+            "write",
+            "--model",
+            "tiny",
+            "--m2r2",
+            &w,
+            "--draft-head",
+            choice,
+            "--tokens",
+            "1,2,3",
+            "--steps",
+            "12",
+            "--mode",
+            "speculative",
+            "--out",
+            golden,
+        ]);
+    }
+    fails(
+        &["golden", "check", &on, "--onnx", &full],
+        &[
+            "the draft head differs: the golden was recorded with a pruned draft head of 160 \
+             tokens",
+            &format!("export {full} has none"),
+            "--draft-head on",
+        ],
+    );
+    fails(
+        &["golden", "check", &off, "--onnx", &pruned],
+        &[
+            "the draft head differs: the golden was recorded with the full draft head",
+            "a pruned draft head of 160 tokens",
+            "--draft-head off",
+        ],
+    );
+    fails(
+        &["golden", "check", &on, "--onnx", &other],
+        &[
+            "the draft head differs",
+            "another pruned draft head, of 160 tokens",
+        ],
+    );
+    for (golden, export) in [(&on, &pruned), (&off, &full)] {
+        let report = ok(&["golden", "check", golden, "--onnx", export, "--json"]).json();
+        assert_eq!(report["ok"], true, "{report}");
+    }
+}
+
+/// A chain golden on a static export: the positions counted before any run include the drafts
+/// its rounds write past its last token (as `run` counts them), so a golden the buffers cannot
+/// hold is refused up front, the margin named; one that fits checks OK.
+#[test]
+fn static_exports_count_a_chain_goldens_drafts_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let onnx = p("static32");
+    ok(&[
+        "export",
+        "--model",
+        "tiny",
+        "--static-cache",
+        "32",
+        "--out",
+        &onnx,
+    ]);
+    let write = |out: &str, steps: &str| {
+        ok(&[
+            "golden",
+            "write",
+            "--model",
+            "tiny",
+            "--tokens",
+            "100,200,300,50,60",
+            "--steps",
+            steps,
+            "--mode",
+            "speculative",
+            "--ignore-eos",
+            "--out",
+            out,
+        ]);
+    };
+    // 5 prompt tokens, 25 fed steps and 4 drafts past them: 34 positions of 32
+    let (long, fits) = (p("long.safetensors"), p("fits.safetensors"));
+    write(&long, "26");
+    let run = fails(
+        &["golden", "check", &long, "--onnx", &onnx],
+        &[
+            "verifier.onnx: the static cache holds 32 positions, and a golden of 5 prompt tokens \
+             and 26 steps (its rounds draft up to 4 positions past its last token) needs 34",
+            "check a golden of fewer steps",
+        ],
+    );
+    assert_eq!(run.code, Some(2), "{}", run.stderr);
+    // 5 + 23 + 4 = 32
+    write(&fits, "24");
+    let report = ok(&["golden", "check", &fits, "--onnx", &onnx, "--json"]).json();
+    assert_eq!(report["ok"], true, "{report}");
 }

@@ -121,3 +121,108 @@ fn bench_cost_shape_reports_every_step() {
         &["--cost-shape", "--speculative"],
     );
 }
+
+/// `info --onnx` reports what the graphs contradict, and exits non-zero: an empty graph file, a
+/// manifest whose static cache length is not the graphs' buffers, an external data file shorter
+/// than its graph's initializers reach. A sound export has no problem.
+#[test]
+fn info_onnx_reports_what_the_graphs_contradict() {
+    let dir = tempfile::tempdir().unwrap();
+    let sound = dir.path().join("sound");
+    let s = sound.to_str().unwrap();
+    ok(&[
+        "export",
+        "--model",
+        "tiny",
+        "--static-cache",
+        "16",
+        "--external-data",
+        "--out",
+        s,
+    ]);
+    let info = ok(&["info", "--onnx", s, "--json"]).json();
+    assert_eq!(info["problems"], serde_json::json!([]), "{info}");
+    // a copy of the sound export, broken by `edit`
+    let broken = |name: &str, edit: &dyn Fn(&std::path::Path)| {
+        let out = dir.path().join(name);
+        std::fs::create_dir(&out).unwrap();
+        for entry in std::fs::read_dir(&sound).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), out.join(entry.file_name())).unwrap();
+        }
+        edit(&out);
+        out.display().to_string()
+    };
+    let empty = broken("empty", &|d| {
+        std::fs::write(d.join("verifier.onnx"), b"").unwrap()
+    });
+    let run = fails(
+        &["info", "--onnx", &empty],
+        &["verifier.onnx holds no graph (0 bytes"],
+    );
+    assert!(run.stdout.contains("problem"), "{}", run.stdout);
+    let longer = broken("longer", &|d| {
+        let path = d.join("m2r2_export.json");
+        let mut m: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        m["static_cache"]["l_max"] = 64.into();
+        std::fs::write(&path, m.to_string()).unwrap();
+    });
+    let run = fails(
+        &["info", "--onnx", &longer, "--json"],
+        &["says static_cache.l_max = 64", "holds 16 positions"],
+    );
+    assert_eq!(run.json()["problems"].as_array().unwrap().len(), 4);
+    let truncated = broken("truncated", &|d| {
+        let data = std::fs::OpenOptions::new()
+            .write(true)
+            .open(d.join("model.onnx.data"))
+            .unwrap();
+        data.set_len(4096).unwrap();
+    });
+    fails(
+        &["info", "--onnx", &truncated],
+        &[
+            "model.onnx.data holds 4096 bytes",
+            "model.onnx's initializers reach byte",
+        ],
+    );
+}
+
+/// `bench --onnx` refuses an export of other M2R2 weights than the reference's, naming the folder
+/// and --m2r2; with the export's weights it runs.
+#[test]
+fn bench_onnx_refuses_an_export_of_other_m2r2_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let none = dir.path().join("none");
+    let n = none.to_str().unwrap();
+    ok(&["export", "--model", "tiny", "--m2r2", "none", "--out", n]);
+    let sizes = [
+        "--prompt-len",
+        "4",
+        "--decode-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--bandwidth-mib",
+        "8",
+    ];
+    let bench = |extra: &[&'static str]| {
+        [
+            &["bench", "--model", "tiny", "--onnx", n][..],
+            extra,
+            &sizes,
+        ]
+        .concat()
+    };
+    fails(
+        &bench(&[]),
+        &[
+            &format!("the export {n} holds other M2R2 weights"),
+            "builtin (seeded random)",
+            "--m2r2",
+        ],
+    );
+    fails(&bench(&["--cost-shape"]), &["holds other M2R2 weights"]);
+    let report = ok(&bench(&["--m2r2", "none", "--json"])).json();
+    assert_eq!(report["tokens_equal_reference"], true, "{report}");
+}

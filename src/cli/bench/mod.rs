@@ -12,7 +12,7 @@ pub mod training;
 use crate::cli::args::model::ModelArgs;
 use crate::cli::args::onnx::head_words;
 use crate::cli::common;
-use results::{EngineResult, print_engines};
+use results::{EngineResult, check_equalities, print_engines};
 use spec_bench::SpecBench;
 
 use crate::cli::args::bench::Sizes;
@@ -154,7 +154,7 @@ fn speculative(loaded: &LoadedModel, args: &Args) -> Result<()> {
         );
         print_engines(std::slice::from_ref(&result.engine));
     }
-    Ok(())
+    check_equalities(std::slice::from_ref(&result.engine), true)
 }
 
 /// `--cost-shape`: the reference's step costs (and ONNX Runtime's with `--onnx`) in one table.
@@ -184,7 +184,7 @@ fn cost_shape(loaded: &LoadedModel, args: &Args) -> Result<()> {
     if let Some(dir) = args.onnx.first() {
         engines.extend(onnx::cost_shape_engines(
             loaded,
-            &weights,
+            (&weights, &m2r2.source(loaded)),
             dir,
             &args.ep,
             &args.sizes,

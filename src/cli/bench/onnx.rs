@@ -12,34 +12,37 @@ use crate::cli::args::onnx::{
     CudaGraph, EpArgs, check_draft_head, open_export, open_matching_export,
 };
 use crate::cli::bench::cost_shape;
-use crate::cli::bench::results::{OnnxBenchResult, Spread, print_table};
+use crate::cli::bench::results::{OnnxBenchResult, Spread, check_equalities, print_table};
 use crate::cli::bench::spec_bench::{GreedyRun, SpecBench, summarise, timed_speculative};
 use crate::cli::common;
 use crate::cli::decode_speed::{DecodeWeights, cpu_model};
 use anyhow::{Result, bail};
 use onnx_runner::ep::EpConfig;
 use onnx_runner::greedy::OnnxModel;
-use onnx_runner::manifest::GraphKind;
+use onnx_runner::manifest::{ExportDir, GraphKind};
 use onnx_runner::speculation::OnnxSpeculation;
 use reference::base::generate::generate;
 use reference::decode::tree_backend::tree_positions;
+use reference::golden::WeightsId;
 use reference::io::load::LoadedModel;
 use reference::m2r2::weights::M2r2Weights;
 use std::path::Path;
 
 /// ONNX Runtime's step costs for `m2r2 bench --cost-shape --onnx DIR`: the export must be of the
-/// loaded model with the reference's draft gate and draft head (`weights`). One engine for the
+/// loaded model with the reference's M2R2 weights (`weights`, from `source`), draft gate and draft
+/// head. One engine for the
 /// session options of the flags, then one for each `--ort-compare` variant, measured one after
 /// the other in this run (each variant's sessions are dropped before the next is loaded).
 pub fn cost_shape_engines(
     loaded: &LoadedModel,
-    weights: &M2r2Weights,
+    (weights, source): (&M2r2Weights, &str),
     dir: &Path,
     ep_args: &EpArgs,
     sizes: &Sizes,
     bandwidth: f64,
 ) -> Result<Vec<cost_shape::EngineShape>> {
     let export = open_matching_export(loaded, weights, dir)?;
+    check_weights(&export, weights, source)?;
     onnx_runner::runtime::init()?;
     let base = ep_args.config(
         &export,
@@ -68,6 +71,29 @@ pub fn cost_shape_engines(
         )?);
     }
     Ok(engines)
+}
+
+/// Refuse an export of other M2R2 weights than the reference's `weights` (`source` names them),
+/// compared as `golden check --onnx` compares a golden's: by the hashes its manifest records. A
+/// manifest from before `m2r2_hash` cannot say; a note, and the bench goes on.
+fn check_weights(export: &ExportDir, weights: &M2r2Weights, source: &str) -> Result<()> {
+    let dir = export.dir.display();
+    let Some(exported) = export.weights_id() else {
+        eprintln!(
+            "note: {dir} does not record which M2R2 weights it holds (its m2r2_export.json \
+             predates `m2r2_hash`): not compared with the reference's"
+        );
+        return Ok(());
+    };
+    let id = WeightsId::of(weights);
+    if !id.matches(&exported) {
+        bail!(
+            "the export {dir} holds other M2R2 weights ({exported}) than the reference's \
+             ({source}: {id}): pass the --m2r2 folder {dir} was exported from (`--m2r2 none` for \
+             an export written with `--m2r2 none`)"
+        );
+    }
+    Ok(())
 }
 
 /// Time the reference and each export in `dirs`. `m2r2` names the reference's M2R2 weights (as
@@ -107,6 +133,7 @@ pub fn measure(
                 dir.display()
             );
         }
+        check_weights(export, &weights, &args.source(loaded))?;
         let m = &export.manifest;
         if m.draft_gate != first.draft_gate || m.m2r2.draft_len != first.m2r2.draft_len {
             bail!(
@@ -283,5 +310,5 @@ pub fn run(
     } else {
         print_table(&result);
     }
-    Ok(())
+    check_equalities(&result.engines, result.tokens_equal_reference)
 }

@@ -2,6 +2,7 @@
 //! paired per run ([`Spread`]), the `--onnx` result ([`OnnxBenchResult`]), and their tables.
 
 use crate::cli::args::onnx::head_words;
+use anyhow::{Result, bail};
 use serde::Serialize;
 
 /// One engine's medians.
@@ -124,6 +125,38 @@ pub fn print_table(r: &OnnxBenchResult) {
     );
 }
 
+/// Refuse (after the table is printed) a bench whose equality columns say NO: an engine whose
+/// speculative tokens differ from its greedy ones (`lossless`), or ONNX Runtime's greedy tokens
+/// differing from the reference's (`tokens_equal_reference`). Its timings are then of unequal
+/// work, and a decode that is not lossless is a bug, not a speed.
+pub fn check_equalities(engines: &[EngineResult], tokens_equal_reference: bool) -> Result<()> {
+    let mut unequal: Vec<String> = engines
+        .iter()
+        .filter(|e| !e.speculative_equals_greedy)
+        .map(|e| {
+            format!(
+                "lossless NO on {}: its speculative tokens differ from its greedy ones",
+                e.engine
+            )
+        })
+        .collect();
+    if !tokens_equal_reference {
+        unequal.push(
+            "greedy tokens equal to the reference's: NO (ONNX Runtime's greedy tokens differ from \
+             the reference's)"
+                .into(),
+        );
+    }
+    if !unequal.is_empty() {
+        bail!(
+            "the bench's outputs differ where they must be equal: {}; the timings above are not \
+             of the same decode",
+            unequal.join("; ")
+        );
+    }
+    Ok(())
+}
+
 /// The engines' table rows and the legend; the engine column is as wide as its longest name.
 pub fn print_engines(engines: &[EngineResult]) {
     let width = engines
@@ -209,4 +242,37 @@ fn print_spreads(engines: &[EngineResult], width: usize) {
         legend.push_str(&format!("; first export: {}", exports[0].engine));
     }
     println!("{legend})");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::bench::spec_bench::summarise;
+
+    fn engine(name: &str, lossless: bool) -> EngineResult {
+        EngineResult {
+            speculative_equals_greedy: lossless,
+            ..summarise(name.into(), &[])
+        }
+    }
+
+    /// Every NO of the table fails the bench, named; all yes passes.
+    #[test]
+    fn a_no_in_an_equality_column_fails_the_bench() {
+        let (reference, export) = (engine("reference", true), engine("onnxruntime-cpu", true));
+        assert!(check_equalities(&[reference.clone(), export.clone()], true).is_ok());
+        let lossy = engine("onnxruntime-cpu", false);
+        let e = check_equalities(&[reference.clone(), lossy], true).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("lossless NO on onnxruntime-cpu"), "{text}");
+        assert!(!text.contains("reference's: NO"), "{text}");
+        let e = check_equalities(&[reference, export], false).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("greedy tokens equal to the reference's: NO"),
+            "{e}"
+        );
+        // the reference alone (`bench --speculative`)
+        assert!(check_equalities(&[engine("reference", false)], true).is_err());
+    }
 }

@@ -21,6 +21,7 @@ mod onnx;
 mod report;
 mod write;
 
+
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
     /// Record `--steps` tokens of `--mode` and the logits each was chosen from (M2R2 modes: also the

@@ -12,9 +12,8 @@ use anyhow::{Context, Result, bail};
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::manifest::{ExportDir, GraphKind};
 use onnx_runner::speculation::OnnxSpeculation;
-use reference::base::generate::decode_positions;
 use reference::golden::{
-    CheckReport, EngineGraphs, Golden, M2r2Record, SpeculativeEngine, TreeEngine,
+    CheckReport, EngineGraphs, Golden, M2r2Golden, M2r2Record, SpeculativeEngine, TreeEngine,
 };
 use reference::io::tokenizer::Tokenizer;
 use reference::m2r2::exit_gate::GateKind;
@@ -41,6 +40,44 @@ const GRAPHS_WITHOUT_FEED: EngineGraphs<'static> = EngineGraphs {
     decode: "draft+verifier.onnx",
     ..GRAPHS
 };
+
+/// When a golden's draft head (read off its draft logits) is not the export's: what differs and
+/// how to make them agree. `None` when the heads agree or the golden cannot say.
+fn head_difference(recorded: &M2r2Golden, export: &ExportDir) -> Option<String> {
+    let golden = recorded.recorded_draft_head()?;
+    let exported = export.draft_head.as_ref().map(|h| &h.tokens);
+    if golden.as_ref() == exported {
+        return None;
+    }
+    let golden_head = match &golden {
+        Some(ids) => format!("a pruned draft head of {} tokens", ids.len()),
+        None => "the full draft head".into(),
+    };
+    let (export_head, fix) = match (&golden, exported) {
+        (Some(_), None) => (
+            "none (its draft.onnx scores the whole vocabulary)".to_string(),
+            "export with --draft-head on from the --m2r2 folder the golden was recorded with, or \
+             record the golden with --draft-head off",
+        ),
+        (None, Some(ids)) => (
+            format!("a pruned draft head of {} tokens", ids.len()),
+            "export with --draft-head off, or record the golden with the export's draft head \
+             (--draft-head on)",
+        ),
+        (_, ids) => (
+            format!(
+                "another pruned draft head, of {} tokens",
+                ids.map_or(0, Vec::len)
+            ),
+            "export from the --m2r2 folder (and its draft_head.json) the golden was recorded with",
+        ),
+    };
+    Some(format!(
+        "the draft head differs: the golden was recorded with {golden_head}, export {} has \
+         {export_head}; {fix}",
+        export.dir.display()
+    ))
+}
 
 /// The ONNX Runtime side of `check --onnx`: the export and its sessions, opened once for every
 /// file of a suite (the draft and verifier graphs when the first speculative golden needs them).
@@ -103,24 +140,28 @@ impl OnnxEngine {
     }
 
     /// Refuse, before any run, a golden longer than a static export's buffers: every token but
-    /// the last is fed, so `prompt + steps - 1` positions at the least (a chain golden's rounds
-    /// draft past them, which the runner checks as they come). Token-tree goldens are left to
-    /// the tree loop, which counts their scratch slots too before its first run.
+    /// the last is fed, and a chain golden's rounds draft up to its longest draft past them
+    /// ([`Golden::positions`], the count of `run` and of the reference's check). Token-tree
+    /// goldens are left to the tree loop, which counts their scratch slots too before its first
+    /// run.
     fn check_room(&self, golden: &Golden) -> Result<()> {
         if golden.tree_recipe().is_some() {
             return Ok(());
         }
         let (prompt, steps) = (golden.prompt_tokens.len(), golden.tokens.len());
-        let (kind, fix) = match golden.speculative_gates() {
-            Some(_) => (
-                GraphKind::Verifier,
-                "check a golden of fewer steps (its speculative rounds also draft past its last \
-                 token)",
-            ),
-            None => (GraphKind::Model, "check a golden of fewer steps"),
+        let mut why = format!("a golden of {prompt} prompt tokens and {steps} steps");
+        let kind = match golden.speculative_gates() {
+            Some(_) => {
+                why += &format!(
+                    " (its rounds draft up to {} positions past its last token)",
+                    golden.draft_max()
+                );
+                GraphKind::Verifier
+            }
+            None => GraphKind::Model,
         };
-        let why = format!("a golden of {prompt} prompt tokens and {steps} steps");
-        let needed = decode_positions(prompt, steps);
+        let needed = golden.positions()?;
+        let fix = "check a golden of fewer steps";
         Ok(self.export.check_room(kind, needed, &why, fix)?)
     }
 
@@ -145,16 +186,24 @@ impl OnnxEngine {
                 GRAPHS.greedy,
             )?);
         };
-        let Some(hash) = manifest.m2r2_hash.clone() else {
+        let Some(hash) = self.export.weights_id() else {
             bail!(
                 "export {dir} does not record which M2R2 weights it holds (its m2r2_export.json \
                  predates `m2r2_hash`): export it again with this m2r2 to check speculative goldens"
             );
         };
-        let hash = reference::golden::WeightsId {
-            hash,
-            without_defaults: manifest.m2r2_weights_hash.clone(),
-        };
+        // other weights because of another draft head: said so, with how to make them agree
+        if let Some(recorded) = &golden.m2r2
+            && !hash.matches(&recorded.weights)
+            && let Some(why) = head_difference(recorded, &self.export)
+        {
+            bail!(
+                "{why} (the hashes cover the head, so the export's M2R2 weights ({hash}) are not \
+                 the ones this golden was recorded with ({}); whether more than the head differs \
+                 shows once the heads agree)",
+                recorded.weights
+            );
+        }
         if manifest.draft_gate != draft_gate {
             bail!(
                 "this golden drafts at gate {draft_gate}, export {dir} at gate {}: export with \

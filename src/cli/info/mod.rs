@@ -23,7 +23,9 @@ pub struct Args {
     #[arg(long = "m2r2", value_name = "DIR|none")]
     pub m2r2: Option<String>,
     /// Describe an export folder written by `m2r2 export` instead: its graphs, their size and
-    /// node counts, the draft split, and whether the KV cache is static (`--static-cache`)
+    /// node counts, the draft split, and whether the KV cache is static (`--static-cache`); fails
+    /// (after the description) on what the graphs contradict: an empty graph, KV buffers of
+    /// another length than the manifest's, truncated external data
     #[arg(long, value_name = "DIR", conflicts_with_all = ["m2r2", "model"])]
     pub onnx: Option<std::path::PathBuf>,
     /// Print one JSON object instead of tables
@@ -38,7 +40,7 @@ pub fn run(args: &Args) -> Result<()> {
             true => common::print_json(&info)?,
             false => export::print_text(&info),
         }
-        return Ok(());
+        return export::check_problems(&info);
     }
     let loaded = common::load(&args.model.model)?;
     let mut info = describe(&loaded)?;

@@ -122,9 +122,8 @@ impl Golden {
             M2r2Record::Speculative {
                 draft_gate, gate, ..
             } => {
-                let capacity = tree_positions(0, self.prompt_tokens.len(), n, self.draft_max() + 1);
                 let mut speculation =
-                    ReferenceSpeculation::new(m2r2, *draft_gate, *gate, capacity)?;
+                    ReferenceSpeculation::new(m2r2, *draft_gate, *gate, self.positions()?)?;
                 let engine = SpeculativeEngine {
                     speculation: &mut speculation,
                     greedy: &mut ReferenceGreedy::new(m2r2.model),
@@ -136,10 +135,8 @@ impl Golden {
                 self.check_speculative_on(engine, tol)
             }
             M2r2Record::SpeculativeTree { recipe, .. } => {
-                let capacity =
-                    tree_positions(0, self.prompt_tokens.len(), n, recipe.largest()?.nodes());
                 let mut speculation =
-                    ReferenceTreeSpeculation::new(m2r2, recipe.draft_gate, capacity)?
+                    ReferenceTreeSpeculation::new(m2r2, recipe.draft_gate, self.positions()?)?
                         .with_gate(recipe.grown.map(|g| g.0));
                 let engine = TreeEngine {
                     speculation: &mut speculation,
@@ -205,8 +202,28 @@ impl Golden {
         Ok(())
     }
 
+    /// The cache positions a decode of this golden may need: the prompt and every step but the
+    /// last, and past them the drafts of a speculative round, which drafts in full even when it
+    /// starts one token before the end ([`tree_positions`] of a chain of `draft_max + 1` nodes,
+    /// or of the largest tree a round verifies).
+    ///
+    /// # Errors
+    /// A token-tree golden whose recorded shape is invalid.
+    pub fn positions(&self) -> Result<usize> {
+        let nodes = match self.m2r2.as_ref().map(|m| &m.record) {
+            Some(M2r2Record::SpeculativeTree { recipe, .. }) => recipe.largest()?.nodes(),
+            _ => self.draft_max() + 1,
+        };
+        Ok(tree_positions(
+            0,
+            self.prompt_tokens.len(),
+            self.tokens.len(),
+            nodes,
+        ))
+    }
+
     /// `M` of a speculative golden's padded round tensors (0 for other modes).
-    fn draft_max(&self) -> usize {
+    pub fn draft_max(&self) -> usize {
         match self.m2r2.as_ref().map(|m| &m.record) {
             Some(M2r2Record::Speculative { draft_length, .. }) => draft_length.max(),
             Some(M2r2Record::SpeculativeTree { recipe, .. }) => recipe.widths.len(),

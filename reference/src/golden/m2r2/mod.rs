@@ -137,6 +137,23 @@ impl M2r2Golden {
         matches!(self.record, M2r2Record::SpeculativeTree { .. })
     }
 
+    /// The draft head the drafts were scored with, read off the recorded draft logits (a pruned
+    /// head's are `-inf` outside its tokens): `Some(None)` the full head, `Some(Some(ids))` a
+    /// pruned head over the token ids `ids`; `None` when the golden cannot say (not speculative,
+    /// written before format 3, or no proposal recorded).
+    pub fn recorded_draft_head(&self) -> Option<Option<Vec<u32>>> {
+        let graphs = match &self.record {
+            M2r2Record::Speculative { graphs, .. } => graphs.as_deref()?,
+            M2r2Record::SpeculativeTree { graphs, .. } => graphs,
+            M2r2Record::EarlyExit { .. } => return None,
+        };
+        let row = graphs.draft_logits.rows().into_iter().next()?;
+        let ids: Vec<u32> = (0..row.len() as u32)
+            .filter(|&i| row[i as usize].is_finite())
+            .collect();
+        Some((ids.len() < row.len()).then_some(ids))
+    }
+
     /// Whether this records token trees that change from round to round (format version 5).
     pub fn is_varying_tree(&self) -> bool {
         matches!(&self.record, M2r2Record::SpeculativeTree { recipe, .. } if recipe.varies())
