@@ -111,6 +111,21 @@ pub struct ModelConfig {
 /// far from overflowing (a file may claim any size; nothing is sized by a claim alone).
 pub const MAX_CONTEXT: usize = 1 << 32;
 
+/// Refuse a float setting that the model's arithmetic cannot use: an RMSNorm epsilon below 0, a
+/// RoPE base or scaling factor of 0 or below, or any of them NaN or infinite, would turn every
+/// logit NaN (or every hidden state 0) while the model still loads. `what` names the setting as
+/// the file does (`` `rms_norm_eps` ``, `` `llama.rope.freq_base` ``, ...); `zero_ok` admits 0.
+pub fn check_float(file: &str, what: &str, value: f64, zero_ok: bool) -> Result<()> {
+    if value.is_finite() && (value > 0.0 || zero_ok && value == 0.0) {
+        return Ok(());
+    }
+    let want = if zero_ok { "0 or more" } else { "more than 0" };
+    Err(Error::config(
+        file,
+        format!("{what} is {value}: it must be a finite number {want}"),
+    ))
+}
+
 impl ModelConfig {
     /// Query dim `H * Dh`.
     pub fn q_dim(&self) -> usize {
@@ -122,7 +137,8 @@ impl ModelConfig {
         self.num_key_value_heads * self.head_dim
     }
 
-    /// Reject configs whose numbers cannot describe a model (zero sizes, heads that do not divide).
+    /// Reject configs whose numbers cannot describe a model (zero sizes, heads that do not divide,
+    /// an epsilon or RoPE setting that makes the logits NaN: [`check_float`]).
     pub fn validate(&self, file: &str) -> Result<()> {
         let bad = |msg: String| Err(Error::config(file, msg));
         for (name, v) in [
@@ -181,6 +197,13 @@ impl ModelConfig {
                 "max_position_embeddings ({}) is more than the {MAX_CONTEXT} positions m2r2 supports",
                 self.max_position_embeddings
             ));
+        }
+        check_float(file, "`rms_norm_eps`", self.rms_norm_eps, true)?;
+        check_float(file, "`rope_theta`", self.rope_theta, false)?;
+        if let RopeScaling::Linear { factor } | RopeScaling::Llama3 { factor, .. } =
+            self.rope_scaling
+        {
+            check_float(file, "the rope scaling `factor`", factor, false)?;
         }
         Ok(())
     }

@@ -177,16 +177,24 @@ impl HfFields<'_> {
         let intermediate_size = self.required_usize("intermediate_size")?;
         let num_hidden_layers = self.required_usize("num_hidden_layers")?;
         let num_attention_heads = self.required_usize("num_attention_heads")?;
-        let num_key_value_heads = self
-            .usize("num_key_value_heads")?
-            .unwrap_or(num_attention_heads);
+        // absent fields take transformers' defaults for the architecture (`LlamaConfig`,
+        // `MistralConfig`, `Qwen2Config`, `MixtralConfig`); an explicit null key/value head
+        // count is the query head count in all four
+        let kv_heads_absent = !self.map.contains_key("num_key_value_heads");
+        let num_key_value_heads = match self.usize("num_key_value_heads")? {
+            Some(n) => n,
+            None if kv_heads_absent => match architecture {
+                Architecture::Mistral | Architecture::Mixtral => 8,
+                Architecture::Qwen2 => 32,
+                Architecture::Llama => num_attention_heads,
+            },
+            None => num_attention_heads,
+        };
         let head_dim = match self.usize("head_dim")? {
             Some(h) => h,
             None if num_attention_heads > 0 => hidden_size / num_attention_heads,
             None => 0,
         };
-        // absent fields take transformers' defaults for the architecture (`LlamaConfig`,
-        // `MistralConfig`, `Qwen2Config`, `MixtralConfig`)
         let max_position_embeddings =
             self.usize("max_position_embeddings")?
                 .unwrap_or(match architecture {
@@ -463,14 +471,16 @@ mod tests {
     }
 
     /// Fields a hand-written config leaves out take transformers' defaults for its architecture:
-    /// `MistralConfig` (rope theta 10000, a 4096-token window unless null, 131072 positions),
-    /// `MixtralConfig` (theta 1e6, eps 1e-5, no window), `Qwen2Config` (32768 positions).
+    /// `MistralConfig` (rope theta 10000, a 4096-token window unless null, 131072 positions, 8
+    /// key/value heads), `MixtralConfig` (theta 1e6, eps 1e-5, no window, 8 key/value heads),
+    /// `Qwen2Config` (32768 positions, 32 key/value heads); an explicit null head count is the
+    /// query head count, as in transformers.
     #[test]
     fn absent_fields_take_the_architectures_defaults() {
         let bare = |model_type: &str, extra: &str| {
             let text = format!(
-                r#"{{"model_type": "{model_type}", "vocab_size": 64, "hidden_size": 32,
-                "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4
+                r#"{{"model_type": "{model_type}", "vocab_size": 64, "hidden_size": 128,
+                "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 64
                 {extra}}}"#
             );
             ModelConfig::from_hf_json(&text, "config.json").unwrap()
@@ -484,6 +494,20 @@ mod tests {
             ),
             (10000.0, Some(4096), 131072)
         );
+        let kv_heads = |model_type: &str, extra: &str| {
+            let extra = if model_type == "mixtral" {
+                format!(r#"{extra}, "num_local_experts": 4, "num_experts_per_tok": 2"#)
+            } else {
+                extra.to_string()
+            };
+            bare(model_type, &extra).num_key_value_heads
+        };
+        for (model_type, default) in [("mistral", 8), ("mixtral", 8), ("qwen2", 32), ("llama", 64)]
+        {
+            assert_eq!(kv_heads(model_type, ""), default, "{model_type}");
+            let null = r#", "num_key_value_heads": null"#;
+            assert_eq!(kv_heads(model_type, null), 64, "{model_type}");
+        }
         assert_eq!(
             bare("mistral", r#", "sliding_window": null"#).sliding_window,
             None
@@ -574,6 +598,26 @@ mod tests {
             (
                 SMOLLM2_LIKE.replace("\"vocab_size\": 49152,", ""),
                 "missing required field `vocab_size`",
+            ),
+            // settings that would load and give NaN logits
+            (
+                SMOLLM2_LIKE.replace("\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": -1e-05"),
+                "`rms_norm_eps` is -0.00001: it must be a finite number 0 or more",
+            ),
+            (
+                SMOLLM2_LIKE.replace("\"rope_theta\": 100000", "\"rope_theta\": 0"),
+                "`rope_theta` is 0: it must be a finite number more than 0",
+            ),
+            (
+                SMOLLM2_LIKE.replace("\"rope_theta\": 100000", "\"rope_theta\": -10000"),
+                "`rope_theta` is -10000",
+            ),
+            (
+                SMOLLM2_LIKE.replace(
+                    r#""rope_scaling": null"#,
+                    r#""rope_scaling": {"type": "linear", "factor": 0}"#,
+                ),
+                "the rope scaling `factor` is 0",
             ),
             (
                 SMOLLM2_LIKE.replace("\"eos_token_id\": 2", "\"eos_token_id\": 4294967298"),

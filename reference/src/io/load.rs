@@ -90,7 +90,7 @@ pub fn load_model(spec: &str) -> Result<LoadedModel> {
             source: path.display().to_string(),
         });
     }
-    if path.is_file() && spec.ends_with(".gguf") {
+    if path.is_file() && is_gguf_name(path) {
         return load_gguf(path);
     }
     if path.exists() {
@@ -102,6 +102,12 @@ pub fn load_model(spec: &str) -> Result<LoadedModel> {
         "unknown model `{spec}`: not a built-in ({}), not `smollm2`, and no such file or folder",
         BUILTIN_NAMES.join(", ")
     )))
+}
+
+/// Whether `path` is named as a GGUF file: `.gguf` in any case (`model.GGUF`).
+fn is_gguf_name(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|ext| ext.eq_ignore_ascii_case("gguf"))
 }
 
 /// A llama-architecture GGUF file with its tokenizer.
@@ -116,4 +122,30 @@ pub fn load_gguf(path: &Path) -> Result<LoadedModel> {
         name: path.display().to_string(),
         source: path.display().to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `.gguf` file is read as GGUF whatever the case of its extension; other files are not
+    /// models.
+    #[test]
+    fn gguf_files_by_extension_in_any_case() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["m.gguf", "m.GGUF", "m.Gguf", "m.txt", "gguf"] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, b"not a gguf file").unwrap();
+            let Err(err) = load_model(path.to_str().unwrap()) else {
+                panic!("{name} loaded");
+            };
+            let err = err.to_string();
+            let read_as_gguf = err.contains("corrupt or unsupported file");
+            assert_eq!(
+                read_as_gguf,
+                name.to_lowercase().ends_with(".gguf"),
+                "{name}: {err}"
+            );
+        }
+    }
 }

@@ -43,6 +43,9 @@ pub struct Tokenizer {
     eos_ids: Vec<u32>,
     /// Jinja source of the chat template.
     chat_template: String,
+    /// Where the template came from, for error messages (`` GGUF key `tokenizer.chat_template` in
+    /// model.gguf ``, ...).
+    chat_template_origin: String,
     /// True when the source had no template and [`CHATML_TEMPLATE`] stands in.
     chat_template_is_fallback: bool,
 }
@@ -63,12 +66,13 @@ impl std::fmt::Debug for Tokenizer {
 const END_OF_TURN: &[&str] = &["<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"];
 
 impl Tokenizer {
-    /// Wrap a built `tokenizers` pipeline; `chat_template = None` falls back to ChatML.
+    /// Wrap a built `tokenizers` pipeline; `chat_template` is the Jinja source and where it came
+    /// from, `None` falls back to ChatML.
     fn assemble(
         inner: tokenizers::Tokenizer,
         specials: [Option<SpecialToken>; 4],
         extra_eos: &[u32],
-        chat_template: Option<String>,
+        chat_template: Option<(String, String)>,
     ) -> Tokenizer {
         let [bos, eos, unk, pad] = specials;
         let mut eos_ids: Vec<u32> = eos.iter().map(|t| t.id).collect();
@@ -79,6 +83,10 @@ impl Tokenizer {
             }
         }
         let chat_template_is_fallback = chat_template.is_none();
+        let (chat_template, chat_template_origin) = chat_template.unwrap_or_else(|| {
+            let origin = "ChatML, standing in for a template the tokenizer lacks";
+            (CHATML_TEMPLATE.to_string(), origin.to_string())
+        });
         Tokenizer {
             inner,
             bos,
@@ -86,7 +94,8 @@ impl Tokenizer {
             unk,
             pad,
             eos_ids,
-            chat_template: chat_template.unwrap_or_else(|| CHATML_TEMPLATE.to_string()),
+            chat_template,
+            chat_template_origin,
             chat_template_is_fallback,
         }
     }

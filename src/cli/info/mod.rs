@@ -131,6 +131,8 @@ pub fn describe(loaded: &LoadedModel) -> Result<Value> {
             "eos_tokens": t.eos_token_ids().into_iter().map(|id| t.id_to_token(id)).collect::<Vec<_>>(),
             "chat_template": !t.chat_template_is_fallback(),
             "chat_template_fallback": if t.chat_template_is_fallback() { Some("chatml") } else { None },
+            // a template that does not parse fails `--chat` only when used: said here first
+            "chat_template_error": t.check_chat_template().err().map(|e| e.to_string()),
         }),
     };
     let decode = DecodeWeights::of(c);
@@ -181,10 +183,14 @@ fn print_text(info: &Value) {
             t["vocab_size"],
             t["bos_token"],
             t["eos_tokens"],
-            if t["chat_template"].as_bool() == Some(true) {
-                "yes"
-            } else {
-                "no (ChatML stands in)"
+            match (t["chat_template"].as_bool(), t["chat_template_error"].as_str()) {
+                // "chat template does not parse (GGUF key `...` in FILE): syntax error: ..."
+                (_, Some(e)) => match e.strip_prefix("tokenizer: chat template ") {
+                    Some(rest) => format!("does not parse {rest}"),
+                    None => format!("does not parse: {e}"),
+                },
+                (Some(true), None) => "yes".into(),
+                _ => "no (ChatML stands in)".into(),
             }
         ),
     }

@@ -8,7 +8,7 @@
 //! same (`LlamaTensorProcessor._reverse_permute_weights`).
 
 use super::reader::GgufFile;
-use crate::base::config::{Architecture, ModelConfig, RopeScaling};
+use crate::base::config::{Architecture, ModelConfig, RopeScaling, check_float};
 use crate::base::weight_names::{AttnProj, WeightId, check_tensor_count};
 use crate::base::weights::{RawTensor, TensorSource};
 use crate::error::{Error, Result};
@@ -18,12 +18,15 @@ use std::collections::HashMap;
 ///
 /// Read the way llama.cpp and transformers read it: `llama.block_count`, `context_length`,
 /// `embedding_length`, `feed_forward_length`, `attention.head_count`, `attention.head_count_kv`
-/// (default: head_count), `rope.freq_base` (default 10000), `attention.layer_norm_rms_epsilon`;
+/// (default: head_count), `rope.freq_base` (default 10000), `attention.layer_norm_rms_epsilon`
+/// (both refused where they would make the logits NaN), linear RoPE scaling ([`rope_scaling`]);
 /// head_dim = `attention.key_length` or embedding_length / head_count, which
 /// `rope.dimension_count` must equal (partial rotary is not implemented); vocab size = the
 /// length of `tokenizer.ggml.tokens` (else `llama.vocab_size`); embeddings are tied when there is
 /// no `output.weight`; biases are present when `blk.0` has them. MoE files (`expert_count` > 0),
-/// RoPE scaling and tensors we would not load (`rope_freqs.weight`, ...) are errors.
+/// RoPE scaling other than linear, `rope.scaling.attn_factor` other than 1 and tensors we would
+/// not load (`rope_freqs.weight`, ...) are errors. Keys llama.cpp does not read for `llama`
+/// (`logit_scale`, `attention.scale`, ...) change nothing and are not looked at.
 pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
     let file = f.label();
     let arch = f.get_str("general.architecture")?;
@@ -43,20 +46,29 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
             "MoE GGUF not supported (`llama.expert_count` = {experts})"
         ));
     }
-    if let Some(kind) = f.optional(&key("rope.scaling.type"), GgufFile::get_str)?
-        && kind != "none"
+    let rope_scaling = rope_scaling(f)?;
+    // llama.cpp multiplies RoPE's cos and sin by it (so every attention score by its square)
+    if let Some(attn_factor) = f.optional(&key("rope.scaling.attn_factor"), GgufFile::get_f64)?
+        && attn_factor != 1.0
     {
         return unsupported(format!(
-            "GGUF RoPE scaling `{kind}` (`llama.rope.scaling.type`) is not supported"
+            "`llama.rope.scaling.attn_factor` = {attn_factor} (RoPE scaled by a factor) is not \
+             supported"
         ));
     }
-    if let Some(factor) = f.optional(&key("rope.scale_linear"), GgufFile::get_f64)?
-        && factor != 1.0
-    {
-        return unsupported(format!(
-            "GGUF linear RoPE scaling (`llama.rope.scale_linear` = {factor}) is not supported"
-        ));
-    }
+    // an epsilon or base that makes every logit NaN, named as the file names it
+    let checked = |k: &str, value: f64, zero_ok: bool| -> Result<f64> {
+        check_float(&file, &format!("`llama.{k}`"), value, zero_ok).map(|()| value)
+    };
+    let rms_norm_eps = checked(
+        "attention.layer_norm_rms_epsilon",
+        f.get_f64(&key("attention.layer_norm_rms_epsilon"))?,
+        true,
+    )?;
+    let rope_theta = match f.optional(&key("rope.freq_base"), GgufFile::get_f64)? {
+        Some(base) => checked("rope.freq_base", base, false)?,
+        None => 10000.0,
+    };
 
     let hidden_size = f.get_usize(&key("embedding_length"))?;
     let num_attention_heads = f.get_usize(&key("attention.head_count"))?;
@@ -113,11 +125,9 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
         num_key_value_heads,
         head_dim,
         max_position_embeddings: f.get_usize(&key("context_length"))?,
-        rms_norm_eps: f.get_f64(&key("attention.layer_norm_rms_epsilon"))?,
-        rope_theta: f
-            .optional(&key("rope.freq_base"), GgufFile::get_f64)?
-            .unwrap_or(10000.0),
-        rope_scaling: RopeScaling::Default,
+        rms_norm_eps,
+        rope_theta,
+        rope_scaling,
         qkv_bias: has("blk.0.attn_q.bias"),
         o_bias: has("blk.0.attn_output.bias"),
         mlp_bias: has("blk.0.ffn_up.bias"),
@@ -148,6 +158,34 @@ pub fn config_from_gguf(f: &GgufFile) -> Result<ModelConfig> {
         ));
     }
     Ok(config)
+}
+
+/// RoPE scaling as llama.cpp reads it: `llama.rope.scaling.type` (default `linear`) with
+/// `llama.rope.scaling.factor` (else the older `llama.rope.scale_linear`), where a factor that is
+/// absent, 0 or 1 means none and type `none` ignores the factor. Linear scaling divides the
+/// frequencies by the factor (llama.cpp's `rope_freq_scale = 1 / factor`), which is HF's `linear`
+/// rope type; other types (`yarn`, ...) are refused.
+fn rope_scaling(f: &GgufFile) -> Result<RopeScaling> {
+    let file = f.label();
+    let kind = f.optional("llama.rope.scaling.type", GgufFile::get_str)?;
+    // (key, factor)
+    let factor = ["llama.rope.scaling.factor", "llama.rope.scale_linear"]
+        .into_iter()
+        .find(|k| f.metadata.contains_key(*k))
+        .map(|k| f.get_f64(k).map(|v| (k, v)))
+        .transpose()?;
+    match (kind.unwrap_or("linear"), factor) {
+        ("none", _) | ("linear", None) => Ok(RopeScaling::Default),
+        ("linear", Some((_, factor))) if factor == 0.0 || factor == 1.0 => Ok(RopeScaling::Default),
+        ("linear", Some((key, factor))) => {
+            check_float(&file, &format!("`{key}`"), factor, false)?;
+            Ok(RopeScaling::Linear { factor })
+        }
+        (other, _) => Err(Error::config(
+            &file,
+            format!("GGUF RoPE scaling `{other}` (`llama.rope.scaling.type`) is not supported"),
+        )),
+    }
 }
 
 /// The tensors of a llama GGUF under their HF names, dequantised to f32, with `q_proj` / `k_proj`
@@ -199,20 +237,32 @@ impl TensorSource for GgufSource<'_> {
         if self.file.tensor_info(gguf_name).is_none() {
             return Ok(None);
         }
-        let t = self.file.tensor_f32(gguf_name)?;
-        let Some(heads) = self.permuted_heads(id) else {
-            return Ok(Some(t));
+        // Checked here rather than only by the loader, so that errors name the tensor as the
+        // file does.
+        let mut t = self.file.tensor_f32(gguf_name)?;
+        let bad = |msg: String| {
+            Err(Error::format(
+                self.file.label(),
+                format!("tensor `{gguf_name}` ({name}) {msg}"),
+            ))
         };
         let expected = id.shape(&self.config);
-        if t.shape != expected {
-            return Err(Error::ShapeMismatch {
-                file: self.file.label(),
-                tensor: format!("{name} (GGUF `{gguf_name}`)"),
-                expected,
-                actual: t.shape,
-            });
+        // ggml pads every shape with trailing dims of 1 (leading, in PyTorch order), and
+        // llama.cpp accepts them written out: a norm of dims [D, 1] is a norm of [D]
+        let extra = t.shape.len().saturating_sub(expected.len());
+        if t.shape[..extra].iter().all(|&d| d == 1) {
+            t.shape.drain(..extra);
         }
-        Ok(Some(unpermute_rows(&t, heads)))
+        if t.shape != expected {
+            return bad(format!("has shape {:?}, expected {expected:?}", t.shape));
+        }
+        if let Some(v) = t.data.iter().find(|v| !v.is_finite()) {
+            return bad(format!("holds a non-finite value ({v})"));
+        }
+        Ok(Some(match self.permuted_heads(id) {
+            Some(heads) => unpermute_rows(&t, heads),
+            None => t,
+        }))
     }
 }
 
@@ -331,8 +381,13 @@ mod tests {
 
     /// A 1-layer llama GGUF: D = 4, H = 2, Hkv = 1, Dh = 2, I = 2, V = 3, tied embeddings.
     fn tiny() -> Builder {
-        let v = |n: usize, base: f32| -> Vec<f32> { (0..n).map(|i| base + i as f32).collect() };
-        Builder::default()
+        tiny_with(1e-5, "", &[], &[])
+    }
+
+    /// [`tiny`] with RMSNorm epsilon `eps`, and the tensor `name` written with GGUF dims `dims`
+    /// and values `values`.
+    fn tiny_with(eps: f32, name: &str, dims: &[u64], values: &[f32]) -> Builder {
+        let mut b = Builder::default()
             .kv_str("general.architecture", "llama")
             .kv_u32("llama.block_count", 1)
             .kv_u32("llama.context_length", 16)
@@ -340,22 +395,37 @@ mod tests {
             .kv_u32("llama.feed_forward_length", 2)
             .kv_u32("llama.attention.head_count", 2)
             .kv_u32("llama.attention.head_count_kv", 1)
-            .kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+            .kv_f32("llama.attention.layer_norm_rms_epsilon", eps)
             .kv_u32("llama.rope.dimension_count", 2)
             .kv_str_array("tokenizer.ggml.tokens", &["a", "b", "c"])
             .kv_u32("tokenizer.ggml.bos_token_id", 1)
-            .kv_u32("tokenizer.ggml.eos_token_id", 2)
-            .tensor_f32("token_embd.weight", &[4, 3], &v(12, 0.0))
-            .tensor_f32("blk.0.attn_norm.weight", &[4], &v(4, 0.0))
-            .tensor_f32("blk.0.attn_q.weight", &[4, 4], &v(16, 0.0))
-            .tensor_f32("blk.0.attn_k.weight", &[4, 2], &v(8, 100.0))
-            .tensor_f32("blk.0.attn_v.weight", &[4, 2], &v(8, 0.0))
-            .tensor_f32("blk.0.attn_output.weight", &[4, 4], &v(16, 0.0))
-            .tensor_f32("blk.0.ffn_norm.weight", &[4], &v(4, 0.0))
-            .tensor_f32("blk.0.ffn_gate.weight", &[4, 2], &v(8, 0.0))
-            .tensor_f32("blk.0.ffn_up.weight", &[4, 2], &v(8, 0.0))
-            .tensor_f32("blk.0.ffn_down.weight", &[2, 4], &v(8, 0.0))
-            .tensor_f32("output_norm.weight", &[4], &v(4, 0.0))
+            .kv_u32("tokenizer.ggml.eos_token_id", 2);
+        let tensors: [(&str, &[u64], f32); 11] = [
+            ("token_embd.weight", &[4, 3], 0.0),
+            ("blk.0.attn_norm.weight", &[4], 0.0),
+            ("blk.0.attn_q.weight", &[4, 4], 0.0),
+            ("blk.0.attn_k.weight", &[4, 2], 100.0),
+            ("blk.0.attn_v.weight", &[4, 2], 0.0),
+            ("blk.0.attn_output.weight", &[4, 4], 0.0),
+            ("blk.0.ffn_norm.weight", &[4], 0.0),
+            ("blk.0.ffn_gate.weight", &[4, 2], 0.0),
+            ("blk.0.ffn_up.weight", &[4, 2], 0.0),
+            ("blk.0.ffn_down.weight", &[2, 4], 0.0),
+            ("output_norm.weight", &[4], 0.0),
+        ];
+        for (n, d, base) in tensors {
+            b = if n == name {
+                b.tensor_f32(n, dims, values)
+            } else {
+                let count = d.iter().product::<u64>() as usize;
+                b.tensor_f32(
+                    n,
+                    d,
+                    &(0..count).map(|i| base + i as f32).collect::<Vec<_>>(),
+                )
+            };
+        }
+        b
     }
 
     #[test]
@@ -400,6 +470,80 @@ mod tests {
         assert_eq!(w.layers.len(), 1);
     }
 
+    /// llama.cpp's linear RoPE scaling (`rope_freq_scale = 1 / factor`) is HF's `linear` rope
+    /// type: the tiny GGUF with a factor reads as the same config as its `config.json` would.
+    #[test]
+    fn linear_rope_scaling_reads_as_hf_linear() {
+        let hf = |rope: &str| {
+            let text = format!(
+                r#"{{"model_type": "llama", "vocab_size": 3, "hidden_size": 4,
+                "intermediate_size": 2, "num_hidden_layers": 1, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "max_position_embeddings": 16, "rms_norm_eps": {},
+                "tie_word_embeddings": true, "bos_token_id": 1, "eos_token_id": 2 {rope}}}"#,
+                f64::from(1e-5f32)
+            );
+            ModelConfig::from_hf_json(&text, "config.json").unwrap()
+        };
+        let gguf = |b: Builder| config_from_gguf(&b.open().unwrap()).unwrap();
+        assert_eq!(gguf(tiny()), hf(""));
+        let linear = hf(r#", "rope_scaling": {"rope_type": "linear", "factor": 4.0}"#);
+        let (kind, factor) = ("llama.rope.scaling.type", "llama.rope.scaling.factor");
+        // without a type, llama.cpp applies the factor as linear; the older key too
+        for b in [
+            tiny().kv_f32(factor, 4.0),
+            tiny().kv_str(kind, "linear").kv_f32(factor, 4.0),
+            tiny().kv_f32("llama.rope.scale_linear", 4.0),
+        ] {
+            assert_eq!(gguf(b), linear);
+        }
+        // type `none` ignores the factor; a factor of 0 or 1 is no scaling
+        for b in [
+            tiny().kv_str(kind, "none").kv_f32(factor, 4.0),
+            tiny().kv_f32(factor, 1.0),
+            tiny().kv_str(kind, "linear").kv_f32(factor, 0.0),
+        ] {
+            assert_eq!(gguf(b).rope_scaling, RopeScaling::Default);
+        }
+    }
+
+    /// Tensor errors name the tensor as the file does and as HF does; ggml's trailing dims of 1
+    /// are accepted.
+    #[test]
+    fn tensor_errors_name_both_names() {
+        let load = |b: Builder| -> Result<()> {
+            let f = b.open().unwrap();
+            let c = config_from_gguf(&f).unwrap();
+            crate::base::weights::Weights::load(&c, &GgufSource::new(&f, &c)).map(|_| ())
+        };
+        let err = |name: &str, dims: &[u64], values: &[f32]| {
+            let e = load(tiny_with(1e-5, name, dims, values))
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("test.gguf: "), "{e}");
+            e
+        };
+        // k (un-permuted) and v: [Hkv*Dh = 2, D = 4], written transposed
+        for (gguf, hf) in [("attn_k", "k_proj"), ("attn_v", "v_proj")] {
+            let e = err(&format!("blk.0.{gguf}.weight"), &[2, 4], &[0.0; 8]);
+            let want = format!(
+                "tensor `blk.0.{gguf}.weight` (model.layers.0.self_attn.{hf}.weight) has shape \
+                 [4, 2], expected [2, 4]"
+            );
+            assert!(e.contains(&want), "{e}");
+        }
+        let mut nan = [0.0; 8];
+        nan[3] = f32::NAN;
+        let e = err("blk.0.attn_v.weight", &[4, 2], &nan);
+        let want = "tensor `blk.0.attn_v.weight` (model.layers.0.self_attn.v_proj.weight) holds \
+                    a non-finite value (NaN)";
+        assert!(e.contains(want), "{e}");
+        for dims in [&[4, 1][..], &[4, 1, 1]] {
+            load(tiny_with(1e-5, "output_norm.weight", dims, &[1.0; 4])).unwrap();
+        }
+        let e = err("output_norm.weight", &[1, 4], &[1.0; 4]);
+        assert!(e.contains("has shape [4, 1], expected [4]"), "{e}");
+    }
+
     #[test]
     fn config_rejections_name_the_problem() {
         let cases = [
@@ -416,8 +560,12 @@ mod tests {
                 "GGUF RoPE scaling `yarn`",
             ),
             (
-                tiny().kv_f32("llama.rope.scale_linear", 2.0),
-                "`llama.rope.scale_linear` = 2",
+                tiny().kv_f32("llama.rope.scaling.factor", -2.0),
+                "`llama.rope.scaling.factor` is -2: it must be a finite number more than 0",
+            ),
+            (
+                tiny().kv_f32("llama.rope.scaling.attn_factor", 2.0),
+                "`llama.rope.scaling.attn_factor` = 2",
             ),
             (
                 tiny().kv_u32("llama.vocab_size", 5),
@@ -432,13 +580,40 @@ mod tests {
                 "tensor `rope_freqs.weight` is not part",
             ),
         ];
-        for (b, want) in cases {
+        // an epsilon or a RoPE base that would make every logit NaN
+        let eps = "llama.attention.layer_norm_rms_epsilon";
+        let base = "llama.rope.freq_base";
+        let numbers = [
+            (eps, -1e-5, "0 or more"),
+            (eps, f32::NAN, "0 or more"),
+            (eps, f32::INFINITY, "0 or more"),
+            (base, 0.0, "more than 0"),
+            (base, -10000.0, "more than 0"),
+            (base, f32::NAN, "more than 0"),
+            (base, f32::INFINITY, "more than 0"),
+        ]
+        .map(|(key, v, want)| {
+            let b = match key {
+                "llama.rope.freq_base" => tiny().kv_f32(key, v),
+                _ => tiny_with(v, "", &[], &[]),
+            };
+            let v = f64::from(v);
+            (
+                b,
+                format!("`{key}` is {v}: it must be a finite number {want}"),
+            )
+        });
+        for (b, want) in cases
+            .into_iter()
+            .map(|(b, w)| (b, w.to_string()))
+            .chain(numbers)
+        {
             let err = b
                 .open()
                 .and_then(|f| config_from_gguf(&f))
                 .unwrap_err()
                 .to_string();
-            assert!(err.contains(want), "{err:?} should contain {want:?}");
+            assert!(err.contains(&want), "{err:?} should contain {want:?}");
             assert!(err.starts_with("test.gguf"), "{err}");
         }
         let qwen = Builder::default()

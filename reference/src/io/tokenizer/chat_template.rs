@@ -58,34 +58,10 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
-        let mut env = Environment::new();
-        // A template is code from the model's files: bound its work (a loop of loops) and its
-        // recursion (minijinja's default, 500) so a hostile one fails instead of hanging.
-        env.set_fuel(Some(CHAT_TEMPLATE_FUEL));
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> Result<Value, minijinja::Error> {
-                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-            },
-        );
-        env.set_unknown_method_callback(python_method);
-        let err = |e: minijinja::Error| {
-            let mut msg = format!("chat template: {e}");
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                msg.push_str(&format!(": {s}"));
-                source = s.source();
-            }
-            if e.kind() == ErrorKind::OutOfFuel {
-                msg.push_str(&format!(
-                    " (a rendering may run at most {CHAT_TEMPLATE_FUEL} template instructions)"
-                ));
-            }
-            Error::Tokenizer(msg)
-        };
-        let template = env.template_from_str(&self.chat_template).map_err(err)?;
+        let env = environment();
+        let template = env
+            .template_from_str(&self.chat_template)
+            .map_err(|e| self.template_error(e))?;
         let token = |t: &Option<super::SpecialToken>| t.as_ref().map(|t| t.content.clone());
         let mut out = Bounded(Vec::new());
         template
@@ -100,10 +76,53 @@ impl Tokenizer {
                 },
                 &mut out,
             )
-            .map_err(err)?;
+            .map_err(|e| self.template_error(e))?;
         String::from_utf8(out.0)
             .map_err(|e| Error::Tokenizer(format!("chat template: the output is not UTF-8: {e}")))
     }
+
+    /// Whether the chat template parses (`info` reports one that does not, before a `--chat`
+    /// run fails on it); the error is the one [`Tokenizer::apply_chat_template`] would give.
+    pub fn check_chat_template(&self) -> Result<()> {
+        environment()
+            .template_from_str(&self.chat_template)
+            .map(|_| ())
+            .map_err(|e| self.template_error(e))
+    }
+
+    /// A template error with its causes, naming where the template came from.
+    fn template_error(&self, e: minijinja::Error) -> Error {
+        let mut msg = format!("chat template ({}): {e}", self.chat_template_origin);
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            msg.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        if e.kind() == ErrorKind::OutOfFuel {
+            msg.push_str(&format!(
+                " (a rendering may run at most {CHAT_TEMPLATE_FUEL} template instructions)"
+            ));
+        }
+        Error::Tokenizer(msg)
+    }
+}
+
+/// transformers' jinja2 environment for chat templates (see the module's documentation).
+fn environment<'source>() -> Environment<'source> {
+    let mut env = Environment::new();
+    // A template is code from the model's files: bound its work (a loop of loops) and its
+    // recursion (minijinja's default, 500) so a hostile one fails instead of hanging.
+    env.set_fuel(Some(CHAT_TEMPLATE_FUEL));
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.add_function(
+        "raise_exception",
+        |msg: String| -> Result<Value, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+        },
+    );
+    env.set_unknown_method_callback(python_method);
+    env
 }
 
 /// The rendered text, refused past [`CHAT_TEMPLATE_MAX_OUTPUT`] bytes.
@@ -216,6 +235,7 @@ mod tests {
     fn with_template(template: &str) -> Tokenizer {
         let mut t = Tokenizer::byte_level_builtin(300).unwrap();
         t.chat_template = template.to_string();
+        t.chat_template_origin = "test.jinja".into();
         t.chat_template_is_fallback = false;
         t
     }
@@ -277,9 +297,21 @@ mod tests {
         let err = t.apply_chat_template(&[], false).unwrap_err();
         assert!(matches!(err, Error::Tokenizer(_)));
         assert!(err.to_string().contains("no system role allowed"), "{err}");
-        let t = with_template("{% for m in messages %}");
+        // a template that does not parse: found before a rendering, named by where it came from
+        let t = with_template("{% for m in messages %}{{ m.content");
         let err = t.apply_chat_template(&[], false).unwrap_err().to_string();
-        assert!(err.contains("chat template"), "{err}");
+        assert!(
+            err.contains("chat template (test.jinja): syntax error"),
+            "{err}"
+        );
+        assert_eq!(t.check_chat_template().unwrap_err().to_string(), err);
+        assert!(
+            with_template("{{ messages }}")
+                .check_chat_template()
+                .is_ok()
+        );
+        let chatml = Tokenizer::byte_level_builtin(300).unwrap();
+        assert!(chatml.check_chat_template().is_ok());
         let t = with_template("{{ messages[0].content.frobnicate() }}");
         let err = t
             .apply_chat_template(&[ChatMessage::new("user", "x")], false)
@@ -304,6 +336,7 @@ mod fuel_tests {
     fn with_template(template: &str) -> Tokenizer {
         let mut t = Tokenizer::byte_level_builtin(300).unwrap();
         t.chat_template = template.to_string();
+        t.chat_template_origin = "test.jinja".into();
         t.chat_template_is_fallback = false;
         t
     }

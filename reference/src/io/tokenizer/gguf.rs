@@ -207,9 +207,10 @@ impl Tokenizer {
             add_eos,
         }
         .build(&file)?;
+        let key = "tokenizer.chat_template";
         let chat_template = f
-            .optional("tokenizer.chat_template", GgufFile::get_str)?
-            .map(str::to_string);
+            .optional(key, GgufFile::get_str)?
+            .map(|t| (t.to_string(), format!("GGUF key `{key}` in {file}")));
         let extra_eos: Vec<u32> = eot.iter().map(|t| t.id).collect();
         Ok(Tokenizer::assemble(
             inner,
@@ -315,6 +316,26 @@ mod tests {
                 Some(2)
             ]
         );
+    }
+
+    /// A template that does not parse loads (text without `--chat` still works) and says where
+    /// it came from when checked or applied.
+    #[test]
+    fn broken_chat_template_names_its_key_and_file() {
+        let f = tiny("gpt2", MERGES)
+            .kv_str(
+                "tokenizer.chat_template",
+                "{% for m in messages %}{{ m.content",
+            )
+            .open()
+            .unwrap();
+        let t = Tokenizer::from_gguf(&f).unwrap();
+        assert!(!t.chat_template_is_fallback());
+        let err = t.check_chat_template().unwrap_err().to_string();
+        let want = "chat template (GGUF key `tokenizer.chat_template` in test.gguf): syntax error";
+        assert!(err.contains(want), "{err}");
+        let err = t.apply_chat_template(&[], true).unwrap_err().to_string();
+        assert!(err.contains(want), "{err}");
     }
 
     #[test]

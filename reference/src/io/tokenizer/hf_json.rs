@@ -4,7 +4,9 @@
 
 use super::{SpecialToken, Tokenizer};
 use crate::error::{Error, Result};
+use serde::de::IgnoredAny;
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 impl Tokenizer {
@@ -15,9 +17,29 @@ impl Tokenizer {
         let bytes = read_bounded(path, MAX_TOKENIZER_JSON_BYTES)?.ok_or_else(|| {
             Error::Tokenizer(format!("{label}: cannot load tokenizer.json: no such file"))
         })?;
-        // JSON syntax first: tokenizers 0.23 panics on some syntax errors (see `guard`).
-        serde_json::from_slice::<serde::de::IgnoredAny>(&bytes)
-            .map_err(|e| Error::Tokenizer(format!("{label}: not valid JSON: {e}")))?;
+        // JSON syntax and shape first: tokenizers 0.23 panics on some syntax errors (see
+        // `guard`), and reports an object it does not expect as a syntax error.
+        let top = serde_json::from_slice::<BTreeMap<String, IgnoredAny>>(&bytes).map_err(|e| {
+            let what = match e.is_data() {
+                true => "not a tokenizer (expected a JSON object)",
+                false => "not valid JSON",
+            };
+            Error::Tokenizer(format!("{label}: {what}: {e}"))
+        })?;
+        if !top.contains_key("model") {
+            return Err(Error::Tokenizer(format!(
+                "{label}: not a tokenizer: it has no `model` (the vocabulary and its algorithm)"
+            )));
+        }
+        if let Some(key) = top
+            .keys()
+            .find(|k| !TOKENIZER_JSON_FIELDS.contains(&k.as_str()))
+        {
+            return Err(Error::Tokenizer(format!(
+                "{label}: unknown field `{key}` (a tokenizer.json has {})",
+                TOKENIZER_JSON_FIELDS.join(", ")
+            )));
+        }
         let inner = super::guard::guarded(&label, || tokenizers::Tokenizer::from_bytes(&bytes))?
             .map_err(|e| Error::Tokenizer(format!("{label}: cannot load tokenizer.json: {e}")))?;
         let dir = path.parent().unwrap_or(Path::new("."));
@@ -47,14 +69,34 @@ impl Tokenizer {
 
         let jinja_path = dir.join("chat_template.jinja");
         let chat_template = match read_bounded(&jinja_path, MAX_TOKENIZER_SIDE_FILE_BYTES)? {
-            Some(bytes) => Some(String::from_utf8(bytes).map_err(|e| {
-                Error::Tokenizer(format!("{}: not UTF-8: {e}", jinja_path.display()))
-            })?),
-            None => template_of(&config["chat_template"]),
+            Some(bytes) => Some((
+                String::from_utf8(bytes).map_err(|e| {
+                    Error::Tokenizer(format!("{}: not UTF-8: {e}", jinja_path.display()))
+                })?,
+                jinja_path.display().to_string(),
+            )),
+            None => template_of(&config["chat_template"]).map(|t| {
+                let origin = format!("`chat_template` in {}", config_path.display());
+                (t, origin)
+            }),
         };
         Ok(Tokenizer::assemble(inner, specials, &[], chat_template))
     }
 }
+
+/// The top-level fields of a `tokenizer.json`; tokenizers 0.23 reports any other as a JSON syntax
+/// error.
+const TOKENIZER_JSON_FIELDS: [&str; 9] = [
+    "version",
+    "truncation",
+    "padding",
+    "added_tokens",
+    "normalizer",
+    "pre_tokenizer",
+    "model",
+    "post_processor",
+    "decoder",
+];
 
 /// Bytes of a `tokenizer.json` at most (256 MiB; the largest in use, Gemma 3's, is 33 MB).
 pub const MAX_TOKENIZER_JSON_BYTES: u64 = 256 << 20;
@@ -133,6 +175,29 @@ mod tests {
         let t = Tokenizer::from_file(&json_path).unwrap();
         assert_eq!(t.apply_chat_template(&messages, false).unwrap(), "[user]");
 
+        // a template that does not parse is named by the file (and field) it came from
+        let broken = "{% for m in messages %}{{ m.content";
+        std::fs::write(dir.path().join("chat_template.jinja"), broken).unwrap();
+        let err = Tokenizer::from_file(&json_path)
+            .unwrap()
+            .check_chat_template()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("chat_template.jinja): syntax error"), "{err}");
+        std::fs::remove_file(dir.path().join("chat_template.jinja")).unwrap();
+        let config = serde_json::json!({ "chat_template": broken }).to_string();
+        std::fs::write(dir.path().join("tokenizer_config.json"), config).unwrap();
+        let err = Tokenizer::from_file(&json_path)
+            .unwrap()
+            .apply_chat_template(&messages, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("chat template (`chat_template` in ")
+                && err.contains("tokenizer_config.json): syntax error"),
+            "{err}"
+        );
+
         std::fs::write(dir.path().join("tokenizer_config.json"), "{not json").unwrap();
         let err = Tokenizer::from_file(&json_path).unwrap_err().to_string();
         assert!(
@@ -155,6 +220,24 @@ mod tests {
             err.contains("tokenizer.json: 268435457 bytes, more than the"),
             "{err}"
         );
+
+        // valid JSON that is not a tokenizer, said so rather than as tokenizers' syntax error
+        for (text, want) in [
+            (r#"{"foo": 1}"#, "not a tokenizer: it has no `model`"),
+            (
+                "[1, 2]",
+                "not a tokenizer (expected a JSON object): invalid type: sequence",
+            ),
+            (r#"{"model": "#, "not valid JSON"),
+            (
+                r#"{"model": {}, "foo": 1}"#,
+                "unknown field `foo` (a tokenizer.json has version,",
+            ),
+        ] {
+            std::fs::write(&json_path, text).unwrap();
+            let err = Tokenizer::from_file(&json_path).unwrap_err().to_string();
+            assert!(err.contains(&format!("tokenizer.json: {want}")), "{err}");
+        }
 
         let err = Tokenizer::from_file(&dir.path().join("missing.json"))
             .unwrap_err()
