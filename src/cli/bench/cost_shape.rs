@@ -14,7 +14,6 @@ use crate::cli::bench::training::TrainingSpeed;
 use crate::cli::decode_speed::DecodeWeights;
 use crate::cli::step_times::{bench_prompt, time_steps};
 use anyhow::{Result, bail};
-use reference::base::bandwidth::memory_read_bandwidth;
 use reference::base::batch::{BatchRequest, generate_batch};
 use reference::base::generate::ReferenceGreedy;
 use reference::base::generate::{GenerateOptions, GreedyBackend};
@@ -262,9 +261,4 @@ pub fn print(r: &CostShape) {
 /// The kernel `linear` uses on this CPU.
 pub fn kernel_name() -> String {
     Kernel::best().name().into()
-}
-
-/// The machine's read bandwidth, as `m2r2 bench` measures it.
-pub fn bandwidth(sizes: &Sizes) -> f64 {
-    memory_read_bandwidth(sizes.bandwidth_mib << 20, 5)
 }

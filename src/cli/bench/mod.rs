@@ -166,7 +166,7 @@ fn cost_shape(loaded: &LoadedModel, args: &Args) -> Result<()> {
     };
     let weights = m2r2.weights(loaded)?;
     let draft_gate = weights.config.draft_gate;
-    let bandwidth = cost_shape::bandwidth(&args.sizes);
+    let bandwidth = crate::cli::decode_speed::bandwidth(&args.sizes);
     let rows = cost_shape::VERIFY_ROWS[cost_shape::VERIFY_ROWS.len() - 1];
     let mut spec = ReferenceSpeculation::new(
         M2r2::new(&loaded.model, &weights),

@@ -162,7 +162,7 @@ pub fn measure(
         export.check_room(GraphKind::Verifier, positions(draft_len + 1), &why, fix)?;
     }
     let bench = SpecBench::new(loaded, first.draft_gate, draft_len, sizes)?;
-    let bandwidth = cost_shape::bandwidth(sizes);
+    let bandwidth = crate::cli::decode_speed::bandwidth(sizes);
     let runtime = onnx_runner::runtime::init()?;
 
     let reference_runs = bench.reference_runs(&weights)?;
