@@ -106,6 +106,24 @@ fn trees_need_room_and_speculative_mode() {
         .concat(),
         &["--draft-tree", "--mode speculative"],
     );
+    // a chain with a lookup branch is a tree too: the message names the branch's flag
+    let lookup = [
+        "--mode",
+        "speculative",
+        "--prompt-lookup",
+        "8",
+        "--tokens",
+        "1,2,3",
+    ];
+    fails(
+        &[
+            &["run", "--onnx", s][..],
+            &lookup,
+            &["--max-new-tokens", "6"],
+        ]
+        .concat(),
+        &["any --prompt-lookup branch", "a shorter --prompt-lookup"],
+    );
 }
 
 /// `--draft-tree W --dynamic-draft`: the tree is the largest shape and grows per branch while the

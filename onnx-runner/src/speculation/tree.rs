@@ -53,10 +53,11 @@ impl TreeBackend for OnnxSpeculation {
                 // the budget is the caller's: name the levers, not a count of tokens that
                 // may exceed it
                 msg: format!(
-                    "the prompt, the budget and a token tree of {} nodes (one scratch slot per \
-                     node) need {positions} positions, {} more than the static KV buffers hold \
-                     (L = {}): export again with a larger --static-cache, or ask for fewer new \
-                     tokens or a smaller tree",
+                    "the prompt, the budget and a token tree of {} nodes (the drafts and any \
+                     --prompt-lookup branch, one scratch slot per node) need {positions} \
+                     positions, {} more than the static KV buffers hold (L = {}): export again \
+                     with a larger --static-cache, or ask for fewer new tokens, a smaller tree \
+                     or a shorter --prompt-lookup",
                     tree.nodes(),
                     positions - kv.l_max(),
                     kv.l_max(),
