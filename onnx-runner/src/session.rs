@@ -453,7 +453,17 @@ fn build_error(file: &str, ep: Ep, error: BuildError) -> Error {
         BuildError::Provider(reason) => Error::ExecutionProvider {
             file: file.into(),
             ep: ep.name(),
-            reason,
+            reason: if reason.contains("not enabled in this build") {
+                // the library loaded is a CPU build: say which one, and what to load instead
+                let library = crate::runtime::init()
+                    .map_or_else(|_| "(unknown)".into(), |r| r.path.display().to_string());
+                format!(
+                    "{reason} (the ONNX Runtime library loaded, {library}, is a CPU build: point \
+                     ORT_DYLIB_PATH at an onnxruntime-gpu build)"
+                )
+            } else {
+                reason
+            },
         },
         BuildError::Other(msg) => Error::ort(file, msg),
     }

@@ -148,6 +148,11 @@ fn flags_the_run_would_not_read_are_refused() {
     for (command, needles) in cases {
         fails(&[command, &prompt[..]].concat(), needles);
     }
+    // ONNX Runtime reads 0 intra-op threads as its default, not as a pool of N
+    fails(
+        &["run", "--onnx", "x", "--ort-threads", "0"],
+        &["--ort-threads", "0 threads: give 1 or more"],
+    );
     // bench without --onnx times the reference on the CPU: ONNX Runtime's flags have no session
     for flag in [
         &["--ep", "cuda"][..],

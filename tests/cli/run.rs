@@ -141,6 +141,7 @@ fn gpu_providers_fail_fast_with_their_reason() {
             &[
                 &format!("the {ep} execution provider is not available"),
                 reason,
+                "is a CPU build: point ORT_DYLIB_PATH at an onnxruntime-gpu build",
                 "--ep-fallback",
             ],
         );

@@ -32,7 +32,7 @@ pub struct EpArgs {
     pub trt_cache: Option<PathBuf>,
     /// ONNX Runtime: a pool of N intra-op threads for each session (default: one pool with a
     /// thread per core, shared by all sessions, spinning)
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = parse_thread_count)]
     pub ort_threads: Option<usize>,
     /// ONNX Runtime: whether idle intra-op threads spin, in a pool for each session (default: the
     /// shared pool, spinning; `off` where other work needs the cores)
@@ -88,6 +88,20 @@ impl EpArgs {
     }
 }
 
+/// A count of intra-op threads, 1 or more: ONNX Runtime reads 0 as its default, which is not the
+/// pool of N threads asked for.
+fn parse_thread_count(value: &str) -> std::result::Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(0) => Err(
+            "0 threads: give 1 or more (without it, one pool of a thread per core is \
+                      shared by all sessions)"
+                .into(),
+        ),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{value}` is not a count of threads")),
+    }
+}
+
 /// Session options as `bench --cost-shape --ort-compare` spells them: `key=value,...` with keys
 /// `threads` (N), `spinning` (on|off), `opt` (disable|basic|extended|all), `own-pool` (on|off: a
 /// pool for each session) and `host-kv` (on|off), applied on top of `base`.
@@ -104,9 +118,10 @@ pub fn apply_session_options(base: &EpConfig, spec: &str) -> Result<EpConfig> {
         };
         match key {
             "threads" => {
-                ep.intra_threads = Some(value.parse().map_err(|_| {
-                    anyhow::anyhow!("session option `threads` takes a count, not `{value}`")
-                })?)
+                ep.intra_threads =
+                    Some(parse_thread_count(value).map_err(|e| {
+                        anyhow::anyhow!("session option `threads` takes a count: {e}")
+                    })?)
             }
             "spinning" => ep.intra_spinning = Some(on_off(value)?),
             "opt" => ep.optimization = Some(value.parse().map_err(|e: String| anyhow::anyhow!(e))?),
@@ -323,6 +338,7 @@ mod tests {
         for (bad, says) in [
             ("threads", "not key=value"),
             ("threads=two", "takes a count"),
+            ("threads=0", "0 threads: give 1 or more"),
             ("spinning=yes", "takes on or off"),
             ("opt=max", "unknown graph optimisation level `max`"),
             ("colour=red", "unknown session option `colour`"),
