@@ -146,6 +146,12 @@ impl ExportDir {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let what = match reference::io::folder_kind::describe(dir) {
                     Some(kind) => format!("missing: {kind}"),
+                    None if !dir.exists() => format!(
+                        "missing: the folder {} does not exist (write one with `m2r2 export \
+                         --out {}`)",
+                        dir.display(),
+                        dir.display()
+                    ),
                     None => format!(
                         "missing: {} is not a finished export (run `m2r2 export --out {}`)",
                         dir.display(),

@@ -70,7 +70,17 @@ fn a_folder_without_a_manifest_is_not_an_export() {
     fails_with(
         &["run", "--onnx", d, "--tokens", "1,2"],
         &onnxruntime(),
-        &["m2r2_export.json: missing", "m2r2 export --out"],
+        &[
+            "m2r2_export.json: missing",
+            "is not a finished export",
+            "m2r2 export --out",
+        ],
+    );
+    let absent = dir.path().join("absent");
+    fails_with(
+        &["run", "--onnx", absent.to_str().unwrap(), "--tokens", "1,2"],
+        &onnxruntime(),
+        &["absent does not exist", "m2r2 export --out"],
     );
     // a graph file given for the folder
     let graph = dir.path().join("model.onnx");
