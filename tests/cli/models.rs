@@ -480,3 +480,27 @@ fn bad_gguf_files_and_model_types_are_refused_clearly() {
         &["config.json", "unsupported model_type `gpt2`"],
     );
 }
+
+/// An untied config over a checkpoint without `lm_head.weight` is told why the head is wanted
+/// (the tie flag), not the layer count.
+#[test]
+fn an_untied_config_without_its_head_names_the_tie_flag() {
+    let src = m2r2_tests::fixture_dir().join("hf").join("llama_gqa_tied");
+    let dir = tempfile::tempdir().unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    config["tie_word_embeddings"] = false.into();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    std::fs::copy(
+        src.join("model.safetensors"),
+        dir.path().join("model.safetensors"),
+    )
+    .unwrap();
+    fails(
+        &["info", "--model", dir.path().to_str().unwrap()],
+        &[
+            "tensor `lm_head.weight` is missing: tie_word_embeddings is false",
+            "config.json",
+        ],
+    );
+}

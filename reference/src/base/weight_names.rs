@@ -350,12 +350,23 @@ pub fn check_tensor_count(
     // `has` gives the name of a missing tensor (`Some`), or `None` when it is there.
     let missing = WeightId::iter(c)
         .take(present.saturating_add(1))
-        .find_map(has);
+        .find_map(|id| Some((id, has(id)?)));
+    if let Some((WeightId::LmHead, name)) = &missing {
+        // the head is its own tensor only because the config unties it
+        return Err(Error::config(
+            file,
+            format!(
+                "tensor `{name}` is missing: tie_word_embeddings is false, so the output head is \
+                 its own tensor (a checkpoint saved without it ties the head to the embedding: \
+                 tie_word_embeddings true)"
+            ),
+        ));
+    }
     Err(Error::config(
         file,
         format!(
             "{}num_hidden_layers = {}{experts} calls for {} tensors, and the weights have {present}",
-            missing.map_or(String::new(), |m| format!("tensor `{m}` is missing: ")),
+            missing.map_or(String::new(), |(_, m)| format!("tensor `{m}` is missing: ")),
             c.num_hidden_layers,
             needed.map_or("more than 2^64".to_string(), |n| n.to_string()),
         ),
