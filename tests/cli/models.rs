@@ -504,3 +504,32 @@ fn an_untied_config_without_its_head_names_the_tie_flag() {
         ],
     );
 }
+
+/// A Mixtral folder in transformers 5's fused expert layout gives `m2r2 logits` the bytes of the
+/// same checkpoint in transformers 4's per-expert layout (the fixture, checked against
+/// transformers); one missing a fused tensor is refused naming it.
+#[test]
+fn fused_mixtral_experts_give_the_checkpoints_logits() {
+    use reference::io::fused_experts::fuse_layer;
+    let root = tempfile::tempdir().unwrap();
+    let src = m2r2_tests::fixture_dir().join("hf").join("mixtral");
+    let text = std::fs::read_to_string(src.join("config.json")).unwrap();
+    let mut tensors = m2r2_tests::checkpoint_tensors(&src);
+    for l in 0..2 {
+        fuse_layer(&mut tensors, l, 8).unwrap();
+    }
+    let fused = write_folder(&root.path().join("fused"), &text, &tensors);
+    let out = |name: &str| root.path().join(format!("{name}.logits.safetensors"));
+    assert_eq!(
+        logits_bytes(&fused, &out("fused")),
+        logits_bytes(src.to_str().unwrap(), &out("per_expert"))
+    );
+
+    let down = "model.layers.1.mlp.experts.down_proj";
+    tensors.retain(|t| t.0 != down);
+    let missing = write_folder(&root.path().join("missing"), &text, &tensors);
+    fails(
+        &["info", "--model", &missing],
+        &[&format!("tensor `{down}` is missing"), "model.safetensors"],
+    );
+}

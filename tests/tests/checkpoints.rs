@@ -156,3 +156,133 @@ fn unused_and_non_finite_tensors_are_refused() {
         "{nan}"
     );
 }
+
+/// The Mixtral fixture's experts per layer.
+const MIXTRAL_EXPERTS: usize = 8;
+
+/// Rewrite `layers` of a Mixtral checkpoint's tensors in transformers 5's fused expert layout.
+fn fuse(t: &mut NamedTensors, layers: &[usize]) {
+    for &l in layers {
+        reference::io::fused_experts::fuse_layer(t, l, MIXTRAL_EXPERTS).unwrap();
+    }
+}
+
+/// A Mixtral folder in transformers 5's fused expert layout (`mlp.gate.weight`,
+/// `mlp.experts.gate_up_proj`, `mlp.experts.down_proj`) loads to the per-expert tensors of
+/// transformers 4's layout, bit for bit, so its logits are those of the fixture (checked against
+/// transformers): all layers fused and stored as BF16 like the fixture, or one layer fused and the
+/// other per-expert, as F32.
+#[test]
+fn fused_mixtral_experts_load_as_the_per_expert_layout() {
+    use safetensors::tensor::TensorView;
+    let src_dir = fixture_dir().join("hf").join("mixtral");
+    let tmp = tempfile::tempdir().unwrap();
+    let all = tmp.path().join("all_bf16");
+    std::fs::create_dir_all(&all).unwrap();
+    std::fs::copy(src_dir.join("config.json"), all.join("config.json")).unwrap();
+    let mut tensors = checkpoint_tensors(&src_dir);
+    fuse(&mut tensors, &[0, 1]);
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|(_, _, d)| {
+            d.iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect()
+        })
+        .collect();
+    let views = tensors.iter().zip(&bytes).map(|((name, shape, _), b)| {
+        let view = TensorView::new(safetensors::Dtype::BF16, shape.clone(), b).unwrap();
+        (name.clone(), view)
+    });
+    let file = all.join("model.safetensors");
+    reference::io::checkpoint::write_safetensors(views, None, &file).unwrap();
+    let one = tmp.path().join("layer_1_f32");
+    edited("mixtral", &one, |t| fuse(t, &[1]));
+
+    let want = load_hf_dir(&src_dir).unwrap();
+    let tokens = [1u32, 5, 9, 17, 33, 2, 64, 95];
+    let want_logits = want.teacher_forced_logits(&tokens).unwrap();
+    for dir in [all, one] {
+        let got = load_hf_dir(&dir).unwrap();
+        for (id, w) in want.weights.named_tensors(&want.config) {
+            assert_eq!(got.weights.get(id), Some(w), "{dir:?} {}", id.hf_name());
+        }
+        let logits = got.teacher_forced_logits(&tokens).unwrap();
+        assert!(
+            want_logits
+                .iter()
+                .zip(logits.iter())
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{dir:?}"
+        );
+    }
+}
+
+/// A fused Mixtral layer is checked as a whole: a fused tensor of the wrong shape is refused
+/// naming it and both shapes, a missing one naming it, a layer holding both layouts naming a
+/// tensor of each, and fused tensors of a layer past `num_hidden_layers` as unused. A NaN in
+/// expert 1's up rows is named as its w3, in the fused tensor.
+#[test]
+fn fused_mixtral_experts_are_checked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let refused = |dir: &str, edit: &dyn Fn(&mut NamedTensors)| {
+        let out = tmp.path().join(dir);
+        edited("mixtral", &out, |t| {
+            fuse(t, &[0, 1]);
+            edit(t);
+        });
+        load_hf_dir(&out).unwrap_err().to_string()
+    };
+    let gate_up = "model.layers.0.mlp.experts.gate_up_proj";
+    let shape = refused("shape", &|t| {
+        t.iter_mut().find(|t| t.0 == gate_up).unwrap().1 = vec![8, 48, 64];
+    });
+    assert!(
+        shape.contains(&format!(
+            "tensor `{gate_up}` has shape [8, 48, 64], expected [8, 96, 32]"
+        )),
+        "{shape}"
+    );
+    let down = "model.layers.1.mlp.experts.down_proj";
+    let missing = refused("missing", &|t| t.retain(|t| t.0 != down));
+    assert!(
+        missing.contains(&format!("tensor `{down}` is missing")),
+        "{missing}"
+    );
+    let w2 = "model.layers.0.block_sparse_moe.experts.3.w2.weight";
+    let both = refused("both", &|t| {
+        t.push((w2.into(), vec![32, 48], vec![0.0; 32 * 48]))
+    });
+    assert!(
+        both.contains(&format!(
+            "layer 0 has its experts in two layouts, transformers 4's per-expert `{w2}` and \
+             transformers 5's fused `model.layers.0.mlp.experts.down_proj`"
+        )),
+        "{both}"
+    );
+    let extra = refused("extra_layer", &|t| {
+        let layer_1: Vec<_> = t
+            .iter()
+            .filter(|t| t.0.starts_with("model.layers.1.mlp."))
+            .map(|(n, s, d)| (n.replace("layers.1.", "layers.2."), s.clone(), d.clone()))
+            .collect();
+        t.extend(layer_1);
+    });
+    assert!(
+        extra.contains("3 tensor(s) this config does not use")
+            && extra.contains("`model.layers.2.mlp.experts.down_proj`"),
+        "{extra}"
+    );
+    let nan = refused("nan", &|t| {
+        // [8, 96, 32]: expert 1, row 48 (the first of its up rows), column 5
+        t.iter_mut().find(|t| t.0 == gate_up).unwrap().2[96 * 32 + 48 * 32 + 5] = f32::NAN;
+    });
+    assert!(
+        nan.contains(&format!("model.safetensors (in `{gate_up}`): "))
+            && nan.contains(
+                "tensor `model.layers.0.block_sparse_moe.experts.1.w3.weight` holds a \
+                 non-finite value (NaN)"
+            ),
+        "{nan}"
+    );
+}

@@ -121,14 +121,21 @@ impl WeightId {
             WeightId::AttnBias(l, p) => format!("model.layers.{l}.self_attn.{}.bias", p.module()),
             WeightId::Mlp(l, p) => format!("model.layers.{l}.mlp.{}.weight", p.module()),
             WeightId::MlpBias(l, p) => format!("model.layers.{l}.mlp.{}.bias", p.module()),
-            WeightId::Router(l) => format!("model.layers.{l}.block_sparse_moe.gate.weight"),
+            WeightId::Router(l) => format!("model.layers.{l}.{MOE_BLOCK}.gate.weight"),
             WeightId::Expert(l, e, p) => {
                 format!(
-                    "model.layers.{l}.block_sparse_moe.experts.{e}.{}.weight",
+                    "model.layers.{l}.{MOE_BLOCK}.experts.{e}.{}.weight",
                     p.mixtral()
                 )
             }
         }
+    }
+
+    /// The layer `name` belongs to when it is a tensor of transformers 4's Mixtral MoE block
+    /// (`model.layers.{l}.block_sparse_moe.…`: the router and one tensor per expert matrix).
+    pub fn per_expert_layer(name: &str) -> Option<usize> {
+        let (l, rest) = layer_of(name)?;
+        rest.strip_prefix(MOE_BLOCK)?.starts_with('.').then_some(l)
     }
 
     /// Name of the initializer holding this tensor in exported ONNX graphs (the safetensors name,
@@ -231,6 +238,71 @@ impl WeightId {
         per_layer
             .checked_mul(c.num_hidden_layers)?
             .checked_add(2 + bias(!c.tie_word_embeddings))
+    }
+}
+
+/// Transformers 4's name of Mixtral's MoE block, under which [`WeightId::Router`] and
+/// [`WeightId::Expert`] are named.
+const MOE_BLOCK: &str = "block_sparse_moe";
+
+/// `(l, rest)` when `name` is `model.layers.{l}.{rest}`, with `l` spelled as the names above
+/// spell it (no sign, no leading zero).
+fn layer_of(name: &str) -> Option<(usize, &str)> {
+    let (l, rest) = name.strip_prefix("model.layers.")?.split_once('.')?;
+    let n: usize = l.parse().ok()?;
+    (n.to_string() == l).then_some((n, rest))
+}
+
+/// A tensor of a Mixtral MoE layer in transformers 5's fused layout (`MixtralExperts`): the
+/// router under another name, and each expert matrix stacked over the experts. They hold exactly
+/// the [`WeightId::Router`] and [`WeightId::Expert`] tensors of the layer, and are read as those
+/// (`io::fused_experts`). The expert tensors are `nn.Parameter`s, so their names have no `.weight`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FusedMoe {
+    /// `[E, D]` `model.layers.{l}.mlp.gate.weight`, the router.
+    Router,
+    /// `[E, 2I, D]` `model.layers.{l}.mlp.experts.gate_up_proj`: rows `0..I` of expert `e` are
+    /// its gate (w1), rows `I..2I` its up projection (w3).
+    GateUp,
+    /// `[E, D, I]` `model.layers.{l}.mlp.experts.down_proj`: the down projection (w2) of each
+    /// expert.
+    Down,
+}
+
+impl FusedMoe {
+    pub const ALL: [FusedMoe; 3] = [FusedMoe::Router, FusedMoe::GateUp, FusedMoe::Down];
+
+    /// The name's part after `model.layers.{l}.mlp.`.
+    fn module(self) -> &'static str {
+        match self {
+            FusedMoe::Router => "gate.weight",
+            FusedMoe::GateUp => "experts.gate_up_proj",
+            FusedMoe::Down => "experts.down_proj",
+        }
+    }
+
+    /// Name in HF safetensors checkpoints.
+    pub fn hf_name(self, l: usize) -> String {
+        format!("model.layers.{l}.mlp.{}", self.module())
+    }
+
+    /// `(l, tensor)` when `name` is the tensor's [`FusedMoe::hf_name`] in layer `l`.
+    pub fn parse(name: &str) -> Option<(usize, FusedMoe)> {
+        let (l, rest) = layer_of(name)?;
+        let rest = rest.strip_prefix("mlp.")?;
+        let t = FusedMoe::ALL.into_iter().find(|t| t.module() == rest)?;
+        Some((l, t))
+    }
+
+    /// Shape from the config (`[E, 2I, D]`, `[E, D, I]`; the router's as [`WeightId::Router`]).
+    pub fn shape(self, c: &ModelConfig) -> Vec<usize> {
+        let experts = c.moe.as_ref().map_or(0, |m| m.num_local_experts);
+        let (d, i) = (c.hidden_size, c.intermediate_size);
+        match self {
+            FusedMoe::Router => WeightId::Router(0).shape(c),
+            FusedMoe::GateUp => vec![experts, i.saturating_mul(2), d],
+            FusedMoe::Down => vec![experts, d, i],
+        }
     }
 }
 
@@ -386,6 +458,31 @@ mod tests {
                 (c.qkv_bias, c.o_bias, c.mlp_bias, c.tie_word_embeddings) = (qkv, o, mlp, tied);
                 assert_eq!(WeightId::count(&c), Some(WeightId::all(&c).len()), "{name}");
             }
+        }
+    }
+
+    /// Each Mixtral MoE name is told to be of one layout and layer; other names (a `.weight`
+    /// after a fused expert tensor, a layer spelled `01`, a dense MLP) are of neither.
+    #[test]
+    fn moe_names_tell_their_layout_and_layer() {
+        for l in [0, 7, 31] {
+            for t in FusedMoe::ALL {
+                assert_eq!(FusedMoe::parse(&t.hf_name(l)), Some((l, t)));
+            }
+            for id in [WeightId::Router(l), WeightId::Expert(l, 3, MlpProj::Up)] {
+                assert_eq!(WeightId::per_expert_layer(&id.hf_name()), Some(l));
+                assert_eq!(FusedMoe::parse(&id.hf_name()), None);
+            }
+        }
+        for other in [
+            "model.layers.0.mlp.experts.gate_up_proj.weight",
+            "model.layers.01.mlp.experts.down_proj",
+            "model.layers.0.mlp.gate_proj.weight",
+            "model.layers.0.block_sparse_moe_x.gate.weight",
+            "lm_head.weight",
+        ] {
+            assert_eq!(FusedMoe::parse(other), None, "{other}");
+            assert_eq!(WeightId::per_expert_layer(other), None, "{other}");
         }
     }
 

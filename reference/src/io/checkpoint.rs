@@ -1,11 +1,13 @@
 //! Hugging Face checkpoint folders: `config.json` plus `model.safetensors`, or shards listed in
-//! `model.safetensors.index.json`. f32, f16 and bf16 tensors are converted to f32.
+//! `model.safetensors.index.json`. f32, f16 and bf16 tensors are converted to f32. Mixtral experts
+//! are read in transformers 4's per-expert layout or transformers 5's fused one ([`fused_experts`]).
 
 use crate::base::config::ModelConfig;
 use crate::base::model::Model;
 use crate::base::weight_names::{WeightId, check_tensor_count};
 use crate::base::weights::{RawTensor, TensorSource, Weights};
 use crate::error::{Error, Result};
+use crate::io::fused_experts;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,7 +17,8 @@ pub fn load_hf_dir(dir: &Path) -> Result<Model> {
     let config_path = dir.join("config.json");
     let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
     let config = ModelConfig::from_hf_json(&text, &config_path.display().to_string())?;
-    let source = SafetensorsSource::open_dir(dir)?;
+    let mut source = SafetensorsSource::open_dir(dir)?;
+    source.unfuse_experts(&config)?;
     let missing = |id: WeightId| {
         let name = id.hf_name();
         (!source.entries.contains_key(&name)).then_some(name)
@@ -69,6 +72,8 @@ struct Entry {
     /// Byte range inside the file.
     start: usize,
     end: usize,
+    /// The fused tensor this one is a piece of ([`fused_experts`]), for error messages.
+    fused: Option<String>,
 }
 
 /// The tensors of one or more safetensors files, read whole into memory.
@@ -124,6 +129,7 @@ impl SafetensorsSource {
                     shape: info.shape.clone(),
                     start: data_start + info.data_offsets.0,
                     end: data_start + info.data_offsets.1,
+                    fused: None,
                 };
                 src.entries.insert(name, entry);
             }
@@ -137,6 +143,33 @@ impl SafetensorsSource {
         let mut names: Vec<String> = self.entries.keys().cloned().collect();
         names.sort();
         names
+    }
+
+    /// Serve the Mixtral layers saved in transformers 5's fused expert layout under the
+    /// per-expert names of transformers 4 ([`fused_experts`]): each expert matrix a byte range of
+    /// its fused tensor. The fused tensors are then gone from [`SafetensorsSource::names`], used.
+    fn unfuse_experts(&mut self, config: &ModelConfig) -> Result<()> {
+        let shape = |name: &str| self.entries.get(name).map(|e| e.shape.clone());
+        let pieces =
+            fused_experts::pieces(config, &self.names(), shape, |name| self.file_of(name))?;
+        for p in &pieces {
+            let fused = &self.entries[&p.fused];
+            let size = (fused.end - fused.start) / p.count;
+            let start = fused.start + p.index * size;
+            let entry = Entry {
+                file: fused.file,
+                dtype: fused.dtype,
+                shape: p.id.shape(config),
+                start,
+                end: start + size,
+                fused: Some(p.fused.clone()),
+            };
+            self.entries.insert(p.id.hf_name(), entry);
+        }
+        for p in &pieces {
+            self.entries.remove(&p.fused);
+        }
+        Ok(())
     }
 }
 
@@ -171,6 +204,11 @@ fn shard_files(index: &Path) -> Result<Vec<PathBuf>> {
 impl TensorSource for SafetensorsSource {
     fn file_of(&self, name: &str) -> String {
         match self.entries.get(name) {
+            Some(Entry {
+                file,
+                fused: Some(fused),
+                ..
+            }) => format!("{} (in `{fused}`)", self.files[*file].0.display()),
             Some(e) => self.files[e.file].0.display().to_string(),
             None => match self.files.as_slice() {
                 [(only, _)] => only.display().to_string(),

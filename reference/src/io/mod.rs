@@ -5,6 +5,7 @@ pub mod builtin;
 pub mod checkpoint;
 pub mod file_name;
 pub mod folder_kind;
+pub mod fused_experts;
 pub mod gguf;
 pub mod hf_config;
 pub mod hub;
