@@ -361,8 +361,9 @@ pub fn trace_lines(
     lines
 }
 
-/// An f32 flag value as the f64 with the same shortest decimal text.
-fn decimal(x: f32) -> f64 {
+/// An f32 the user gave (a flag, a tolerance) as the f64 with the same shortest decimal text, so
+/// that JSON says `0.0001` and not `9.999999747378752e-05`.
+pub(crate) fn decimal(x: f32) -> f64 {
     x.to_string().parse().unwrap_or(f64::from(x))
 }
 

@@ -53,18 +53,25 @@ fn logits_are_written_and_reproducible() {
     assert_eq!(want.iter().copied().collect::<Vec<f32>>(), data);
 }
 
-/// Rewrite a safetensors file in place with `edit` applied to the bytes of `tensor` (metadata kept).
-pub(crate) fn edit_tensor(path: &Path, tensor: &str, edit: impl FnOnce(Dtype, &mut [u8])) {
+/// A safetensors file's tensors `(name, dtype, shape, bytes)` and metadata.
+type RawFile = (
+    Vec<(String, Dtype, Vec<usize>, Vec<u8>)>,
+    HashMap<String, String>,
+);
+
+/// Rewrite a safetensors file in place through `edit` of its tensors and metadata.
+fn edit_file(path: &Path, edit: impl FnOnce(&mut RawFile)) {
     let bytes = std::fs::read(path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
-    let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = st
+    let tensors = st
         .tensors()
         .into_iter()
         .map(|(name, t)| (name, t.dtype(), t.shape().to_vec(), t.data().to_vec()))
         .collect();
-    let (_, dtype, _, data) = owned.iter_mut().find(|t| t.0 == tensor).unwrap();
-    edit(*dtype, data);
+    let mut raw = (tensors, meta.metadata().clone().unwrap_or_default());
+    edit(&mut raw);
+    let (owned, meta) = raw;
     let views: Vec<(String, safetensors::tensor::TensorView)> = owned
         .iter()
         .map(|(n, d, s, b)| {
@@ -74,15 +81,28 @@ pub(crate) fn edit_tensor(path: &Path, tensor: &str, edit: impl FnOnce(Dtype, &m
             )
         })
         .collect();
-    safetensors::serialize_to_file(views, meta.metadata().clone(), path).unwrap();
+    safetensors::serialize_to_file(views, Some(meta), path).unwrap();
+}
+
+/// Rewrite a safetensors file in place with `edit` applied to the bytes of `tensor` (metadata kept).
+pub(crate) fn edit_tensor(path: &Path, tensor: &str, edit: impl FnOnce(Dtype, &mut [u8])) {
+    edit_file(path, |(tensors, _)| {
+        let (_, dtype, _, data) = tensors.iter_mut().find(|t| t.0 == tensor).unwrap();
+        edit(*dtype, data);
+    });
 }
 
 /// Rewrite a safetensors file with one element of `tensor` (f32) moved by `delta`.
 fn tamper(path: &Path, tensor: &str, index: usize, delta: f32) {
+    set_f32(path, tensor, index, |v| v + delta);
+}
+
+/// Rewrite a safetensors file with one element of `tensor` (f32) set to `value(old)`.
+fn set_f32(path: &Path, tensor: &str, index: usize, value: impl FnOnce(f32) -> f32) {
     edit_tensor(path, tensor, |dtype, data| {
         assert_eq!(dtype, Dtype::F32);
         let at = 4 * index;
-        let v = f32::from_le_bytes(data[at..at + 4].try_into().unwrap()) + delta;
+        let v = value(f32::from_le_bytes(data[at..at + 4].try_into().unwrap()));
         data[at..at + 4].copy_from_slice(&v.to_le_bytes());
     });
 }
@@ -265,4 +285,194 @@ fn checks_that_would_prove_nothing_are_refused() {
         "records no step: there is nothing to check",
     );
     not_checked(&["golden", "compare", file, empty], "records no step");
+}
+
+/// Two writes of the same golden, or of the same logits, are the same bytes (the metadata's keys
+/// sorted, not in a hash map's order): goldens committed to a repository change only with their
+/// content. The files still read with the safetensors crate.
+#[test]
+fn goldens_and_logits_are_written_byte_for_byte_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let write = |kind: &str, i: usize| {
+        let out = p(&format!("{kind}{i}.safetensors"));
+        let args: &[&str] = match kind {
+            "golden" => &["golden", "write", "--tokens", "1,2", "--steps", "2"],
+            _ => &["logits", "--tokens", "1,2"],
+        };
+        ok(&[args, &["--out", &out]].concat());
+        std::fs::read(&out).unwrap()
+    };
+    for kind in ["golden", "logits"] {
+        let first = write(kind, 0);
+        for i in 1..4 {
+            assert!(write(kind, i) == first, "{kind} {i} differs from {kind} 0");
+        }
+        let (_, meta) = SafeTensors::read_metadata(&first).unwrap();
+        assert!(meta.metadata().as_ref().unwrap().len() > 2, "{kind}");
+        SafeTensors::deserialize(&first)
+            .unwrap()
+            .tensor("logits")
+            .unwrap();
+    }
+    // and a golden so written checks
+    ok(&["golden", "check", &p("golden0.safetensors")]);
+}
+
+/// A hand-edited golden is refused for what is wrong in it: an unknown mode by name (not for the
+/// M2R2 metadata a mode would need), a token id outside the vocabulary by its tensor and step
+/// (not by its position in the model's sequence).
+#[test]
+fn hand_edited_modes_and_ids_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.golden.safetensors");
+    let file = path.to_str().unwrap();
+    let write = [
+        "golden", "write", "--tokens", "5,6,7", "--steps", "6", "--out", file,
+    ];
+    let not_checked = |edit: &dyn Fn(&mut RawFile), needle: &str| {
+        ok(&write);
+        edit_file(&path, edit);
+        let run = fails(&["golden", "check", file], &[needle]);
+        assert_eq!(run.code, Some(2), "{}", run.stderr);
+    };
+    not_checked(
+        &|(_, meta)| {
+            meta.insert("mode".into(), "banana".into());
+        },
+        "unknown mode `banana` (expected greedy, early-exit or speculative)",
+    );
+    not_checked(
+        &|(tensors, _)| {
+            let tokens = tensors.iter_mut().find(|t| t.0 == "tokens").unwrap();
+            tokens.3[32..40].copy_from_slice(&999i64.to_le_bytes());
+        },
+        "`tokens` holds token id 999 at step 4, outside the vocabulary of 320 tokens",
+    );
+}
+
+/// NaN and infinities in logits: the same value at the same place is equal, so a golden with a
+/// NaN logit compares OK with itself (as one with an infinity does); a NaN against a number is
+/// NOT OK, its difference reported as NaN, not inf.
+#[test]
+fn non_finite_logits_compare_by_one_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let (g, odd) = (p("g.safetensors"), p("odd.safetensors"));
+    ok(&[
+        "golden", "write", "--tokens", "1,2,3", "--steps", "4", "--out", &g,
+    ]);
+    for value in [f32::INFINITY, f32::NAN] {
+        std::fs::copy(&g, &odd).unwrap();
+        set_f32(Path::new(&odd), "logits", 2 * 320 + 7, |_| value);
+        let run = ok(&["golden", "compare", &odd, &odd]);
+        assert!(
+            run.stdout.contains("overall: OK"),
+            "{value}: {}",
+            run.stdout
+        );
+    }
+    let run = fails(&["golden", "compare", &g, &odd], &["logits NOT OK"]);
+    let line = run.stdout.lines().find(|l| l.contains(" logits ")).unwrap();
+    assert!(
+        line.contains("max abs diff NaN") && line.contains("worst NaN at [2, 7]"),
+        "{}",
+        run.stdout
+    );
+}
+
+/// `golden check --json` reports the tolerance as the decimal given (`0.0001`, not the f32's
+/// `9.999999747378752e-05`), the default's too.
+#[test]
+fn json_tolerances_are_the_decimals_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.safetensors");
+    let file = path.to_str().unwrap();
+    ok(&[
+        "golden", "write", "--tokens", "1,2,3", "--steps", "2", "--out", file,
+    ]);
+    for extra in [&[][..], &["--atol", "0.0001", "--rtol", "0.3"]] {
+        let report = ok(&[&["golden", "check", file, "--json"][..], extra].concat()).json();
+        assert_eq!(report["atol"].as_f64(), Some(0.0001), "{report}");
+        let rtol = if extra.is_empty() { 0.0 } else { 0.3 };
+        assert_eq!(report["rtol"].as_f64(), Some(rtol), "{report}");
+    }
+}
+
+/// `golden check` refuses bench's ONNX Runtime flags up front, naming the flag (the export is
+/// not opened, nor blamed), and does not offer `--ort-compare`; `golden compare --help` describes
+/// its own `--atol` default, without `check --onnx`'s.
+#[test]
+fn bench_flags_are_refused_by_name_and_compare_help_is_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.safetensors");
+    let file = path.to_str().unwrap();
+    ok(&[
+        "golden", "write", "--tokens", "1,2,3", "--steps", "2", "--out", file,
+    ]);
+    let export = dir.path().join("no-export").display().to_string();
+    for (flag, value, says) in [
+        (
+            "--ort-compare",
+            "a:threads=1",
+            "--ort-compare is for `m2r2 bench",
+        ),
+        (
+            "--cuda-graph",
+            "both",
+            "--cuda-graph both is for `bench --onnx`",
+        ),
+    ] {
+        let run = fails(
+            &["golden", "check", file, "--onnx", &export, flag, value],
+            &[says],
+        );
+        assert_eq!(run.code, Some(2), "{}", run.stderr);
+        assert!(!run.stderr.contains("cannot open export"), "{}", run.stderr);
+    }
+    let help = ok(&["golden", "check", "--help"]).stdout;
+    assert!(
+        !help.contains("--ort-compare") && help.contains("--cuda-graph"),
+        "{help}"
+    );
+    let help = ok(&["golden", "compare", "--help"]).stdout;
+    let atol = help.lines().find(|l| l.contains("--atol")).unwrap();
+    assert!(
+        atol.contains("the expected golden's pin, else 1e-4") && !atol.contains("--onnx"),
+        "{help}"
+    );
+}
+
+/// A suite's prompt ids name its files: an empty id, or one starting with a dot (`..` would
+/// write `...golden.safetensors`), would name a hidden file and is refused, naming the line,
+/// before anything is written.
+#[test]
+fn prompt_ids_that_would_name_hidden_files_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = dir.path().join("prompts.jsonl");
+    let suite = dir.path().join("suite");
+    for id in ["", "..", ".x"] {
+        std::fs::write(
+            &prompts,
+            format!("{{\"id\": \"a\", \"prompt\": \"hi\"}}\n\n{{\"id\": \"{id}\", \"prompt\": \"hi\"}}\n"),
+        )
+        .unwrap();
+        fails(
+            &[
+                "golden",
+                "write",
+                "--prompts",
+                prompts.to_str().unwrap(),
+                "--steps",
+                "2",
+                "--out",
+                suite.to_str().unwrap(),
+            ],
+            &[
+                "prompts.jsonl line 3",
+                &format!("the prompt id {id:?} would name a hidden file"),
+            ],
+        );
+        assert!(!suite.exists(), "{id:?}: nothing written");
+    }
 }

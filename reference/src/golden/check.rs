@@ -27,7 +27,7 @@ impl Golden {
     }
 
     /// Refuse a model config that is not the recorded one.
-    pub(super) fn check_config(&self, config: &ModelConfig) -> Result<()> {
+    pub fn check_config(&self, config: &ModelConfig) -> Result<()> {
         if config.hash() != self.config_hash {
             return Err(Error::Invalid(format!(
                 "the model's config (hash {}) is not the one this golden was recorded with (hash {}, model `{}`)",

@@ -5,8 +5,8 @@
 use super::Golden;
 use super::check::token_ids as ids;
 use super::m2r2::{
-    M2r2Record, compare_graph_outputs, compare_rounds, compare_scores, compare_tree_graph_outputs,
-    compare_tree_rounds,
+    Against, M2r2Record, compare_graph_outputs, compare_rounds, compare_scores,
+    compare_tree_graph_outputs, compare_tree_rounds,
 };
 use super::record::replay_on;
 use super::report::{
@@ -70,22 +70,16 @@ impl Golden {
             Some(&self.tokens),
             &[],
         )?;
-        let check = compare_rows(
-            "logits",
-            graph,
-            self.logits.view(),
-            logits.view(),
-            tol,
-            false,
-        );
+        let check = compare_rows("logits", graph, self.logits.view(), logits.view(), tol);
         Ok((chosen, check))
     }
 
     /// Compare `actual` (for example a deployment's own recording) with this golden, tensor by
     /// tensor: the prompt exactly; the tokens and logits over the steps both recorded, and where
     /// each stopped (`stop`: OK when one stopped at an end-of-turn token where the other, recorded
-    /// without stopping, ran on); the M2R2 records (exits and gate scores, or rounds and what the
-    /// verifier and the draft produced up to the first round that differs) where both have them.
+    /// without stopping, ran on); the M2R2 records (exits and gate scores, or the rounds both
+    /// decoded and what the verifier and the draft produced up to the first round that differs)
+    /// where both have them.
     /// `text` names tokens in the report.
     ///
     /// # Errors
@@ -169,7 +163,6 @@ impl Golden {
             self.logits.view(),
             actual.logits.view(),
             tol,
-            false,
         ));
         if let (Some(want), Some(got)) = (&self.m2r2, &actual.m2r2) {
             if !got.weights.matches(&want.weights) {
@@ -225,7 +218,6 @@ fn compare_records(
                     sa.slice(s![..common, ..]),
                     sb.slice(s![..common, ..]),
                     tol,
-                    true,
                 ),
             ])
         }
@@ -260,7 +252,7 @@ fn compare_records(
                     "the goldens record different draft lengths ({la:?} vs {lb:?})"
                 )));
             }
-            let rounds = compare_rounds(ACTUAL, a, b);
+            let rounds = compare_rounds(ACTUAL, a, b, Against::Actual);
             // Rows are comparable up to the first round that differs.
             let same = rounds.first_row.unwrap_or(a.len().min(b.len()));
             let scores = compare_scores(
@@ -312,7 +304,7 @@ fn compare_records(
                     rb.describe()
                 )));
             }
-            let rounds = compare_tree_rounds(ACTUAL, a, b, None);
+            let rounds = compare_tree_rounds(ACTUAL, a, b, None, Against::Actual);
             // Rows are comparable up to the first round that differs.
             let same = rounds.first_row.unwrap_or(a.len().min(b.len()));
             let mut entries = vec![rounds];

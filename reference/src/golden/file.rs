@@ -2,8 +2,8 @@
 //! naming the file, the tensor and the metadata key.
 
 use super::{
-    GOLDEN_FORMAT, GOLDEN_FORMAT_VERSION, GROWN_TREE_FORMAT_VERSION, Golden, M2r2Golden, Pins,
-    TREE_FORMAT_VERSION, Tolerance,
+    GOLDEN_FORMAT, GOLDEN_FORMAT_VERSION, GOLDEN_MODES, GROWN_TREE_FORMAT_VERSION, Golden,
+    M2r2Golden, Pins, TREE_FORMAT_VERSION, Tolerance,
 };
 use crate::error::{Error, Result};
 use ndarray::Array2;
@@ -138,8 +138,19 @@ impl Golden {
                 ));
             }
         }
-        let prompt_tokens = file.ids("prompt_tokens")?;
-        let tokens = file.ids("tokens")?;
+        if !GOLDEN_MODES.contains(&mode.as_str()) {
+            return Err(Error::format(
+                &label,
+                format!("unknown mode `{mode}` (expected greedy, early-exit or speculative)"),
+            ));
+        }
+        let config_json = file.json_object("config")?;
+        // the vocabulary the token ids index (a config without one bounds nothing)
+        let vocab = serde_json::from_str::<serde_json::Value>(&config_json)
+            .ok()
+            .and_then(|c| c.get("vocab_size")?.as_u64());
+        let prompt_tokens = file.ids("prompt_tokens", "position", vocab)?;
+        let tokens = file.ids("tokens", "step", vocab)?;
         let (shape, data) = file.f32s("logits")?;
         if shape.len() != 2 || shape[0] != tokens.len() {
             return Err(Error::ShapeMismatch {
@@ -182,7 +193,7 @@ impl Golden {
         Ok(Golden {
             model: file.field("model")?,
             config_hash: file.field("config_hash")?,
-            config_json: file.json_object("config")?,
+            config_json,
             mode,
             prompt_tokens,
             tokens,
@@ -313,7 +324,14 @@ impl GoldenFile<'_> {
         Ok((shape, values))
     }
 
-    pub(in crate::golden) fn ids(&self, name: &str) -> Result<Vec<u32>> {
+    /// A list of token ids, each below `vocab` when it is known; `row` names an index of the list
+    /// in errors (`step`, `position`).
+    pub(in crate::golden) fn ids(
+        &self,
+        name: &str,
+        row: &str,
+        vocab: Option<u64>,
+    ) -> Result<Vec<u32>> {
         let (shape, values) = self.i64s(name)?;
         // a list of ids: one dimension (`[1, T]` would read as T ids)
         if shape.len() != 1 {
@@ -326,9 +344,21 @@ impl GoldenFile<'_> {
         }
         values
             .into_iter()
-            .map(|v| {
-                u32::try_from(v)
-                    .map_err(|_| Error::format(&self.label, format!("`{name}` holds token id {v}")))
+            .enumerate()
+            .map(|(i, v)| {
+                let outside = match vocab {
+                    Some(size) if u64::try_from(v).is_ok_and(|v| v >= size) => {
+                        format!(", outside the vocabulary of {size} tokens (metadata `config`)")
+                    }
+                    _ => String::new(),
+                };
+                match u32::try_from(v) {
+                    Ok(id) if outside.is_empty() => Ok(id),
+                    _ => Err(Error::format(
+                        &self.label,
+                        format!("`{name}` holds token id {v} at {row} {i}{outside}"),
+                    )),
+                }
             })
             .collect()
     }
@@ -398,6 +428,20 @@ mod tests {
         assert!(err.contains("missing.safetensors"), "{err}");
     }
 
+    /// `g` with `edit` applied, written: reading it back fails naming the file and `needle`.
+    fn refused(g: &Golden, edit: &dyn Fn(&mut Golden), needle: &str) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.safetensors");
+        let mut bad = g.clone();
+        edit(&mut bad);
+        bad.write(&path).unwrap();
+        let err = Golden::read(&path).unwrap_err().to_string();
+        assert!(
+            err.contains("g.safetensors") && err.contains(needle),
+            "{err}"
+        );
+    }
+
     /// Format 3's metadata must agree with itself and with the tokens; each refusal names the
     /// file and the key.
     #[test]
@@ -406,16 +450,7 @@ mod tests {
         let g = Golden::record_greedy(&model, "tiny", &[1, 2], 4).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("g.safetensors");
-        let refused = |edit: &dyn Fn(&mut Golden), needle: &str| {
-            let mut bad = g.clone();
-            edit(&mut bad);
-            bad.write(&path).unwrap();
-            let err = Golden::read(&path).unwrap_err().to_string();
-            assert!(
-                err.contains("g.safetensors") && err.contains(needle),
-                "{err}"
-            );
-        };
+        let refused = |edit: &dyn Fn(&mut Golden), needle: &str| refused(&g, edit, needle);
         refused(&|b| b.max_steps = Some(3), "4 tokens for `max_steps` = 3");
         refused(&|b| b.max_steps = Some(9), "the last not a stop token");
         let second = g.tokens[1];
@@ -436,6 +471,30 @@ mod tests {
             stopped.write(&path).unwrap();
             assert_eq!(Golden::read(&path).unwrap().max_steps, Some(9));
         }
+    }
+
+    /// An unknown mode is refused by name (not for the M2R2 metadata it lacks), and a token id
+    /// outside the config's vocabulary by its tensor and index, as a negative one is.
+    #[test]
+    fn unknown_modes_and_ids_outside_the_vocabulary_are_refused() {
+        let model = crate::io::builtin::builtin("tiny").unwrap();
+        let g = Golden::record_greedy(&model, "tiny", &[1, 2, 3], 6).unwrap();
+        refused(
+            &g,
+            &|b| b.mode = "banana".into(),
+            "unknown mode `banana` (expected greedy, early-exit or speculative)",
+        );
+        refused(
+            &g,
+            &|b| b.tokens[4] = 999,
+            "`tokens` holds token id 999 at step 4, outside the vocabulary of 320 tokens \
+             (metadata `config`)",
+        );
+        refused(
+            &g,
+            &|b| b.prompt_tokens[2] = 320,
+            "`prompt_tokens` holds token id 320 at position 2, outside the vocabulary",
+        );
     }
 
     /// The metadata of a version-1 greedy golden of `tiny` with this `config`.

@@ -45,10 +45,12 @@ pub use m2r2::{
 };
 pub use report::{
     CheckReport, Divergence, StopRules, TensorCheck, Tolerance, compare, compare_int_rows,
-    compare_ints, compare_padded, compare_rows, compare_stops, compare_within,
+    compare_ints, compare_rows, compare_stops, compare_within,
 };
 
 pub const GOLDEN_FORMAT: &str = "m2r2-golden";
+/// The modes a golden records (metadata `mode`).
+pub const GOLDEN_MODES: [&str; 3] = ["greedy", "early-exit", "speculative"];
 /// The newest format version this reads.
 pub const GOLDEN_FORMAT_VERSION: u32 = 5;
 /// The version goldens without a token tree are written as (their layout has not changed since).

@@ -9,8 +9,7 @@ mod tests;
 mod tolerance;
 
 pub use tensors::{
-    StopRules, compare, compare_int_rows, compare_ints, compare_padded, compare_rows,
-    compare_stops, compare_within,
+    StopRules, compare, compare_int_rows, compare_ints, compare_rows, compare_stops, compare_within,
 };
 pub use tolerance::Tolerance;
 

@@ -310,11 +310,15 @@ where
         }
         Err(e) => return Err(Error::io(path, e)),
     };
-    let written = safetensors::serialize_to_file(views, metadata, path).map_err(|e| match e {
-        // a folder, a full disk: an I/O error, not a corrupt file
-        safetensors::SafeTensorError::IoError(io) => Error::io(path, io),
-        other => Error::format(path.display().to_string(), other.to_string()),
-    });
+    // the crate writes the metadata in its map's order, sorted once written
+    let to_sort = metadata.as_ref().filter(|m| m.len() > 1).cloned();
+    let written = safetensors::serialize_to_file(views, metadata, path)
+        .map_err(|e| match e {
+            // a folder, a full disk: an I/O error, not a corrupt file
+            safetensors::SafeTensorError::IoError(io) => Error::io(path, io),
+            other => Error::format(path.display().to_string(), other.to_string()),
+        })
+        .and_then(|()| to_sort.map_or(Ok(()), |m| sort_metadata(path, &m)));
     match (written, mode) {
         (Ok(()), Some(mode)) => {
             std::fs::set_permissions(path, mode).map_err(|e| Error::io(path, e))
@@ -329,9 +333,80 @@ where
     }
 }
 
+/// Rewrite the header of the safetensors file at `path`, just written with `metadata`, with the
+/// metadata's keys in sorted order, so that the same tensors and metadata always give the same
+/// bytes (goldens are committed to repositories: a file should change only when its content
+/// does). safetensors 0.8 takes the metadata as a `HashMap` and writes it in the map's iteration
+/// order, which differs from one map to the next. Its header is `{"__metadata__":{...},...}`, the
+/// metadata first; the same entries sorted serialise to as many bytes, so they fill the same span
+/// and every tensor offset stays valid. The span must read back as `metadata` before it is
+/// overwritten: another layout is an error, never a corrupt file.
+fn sort_metadata(path: &Path, metadata: &HashMap<String, String>) -> Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    const PREFIX: &[u8] = b"{\"__metadata__\":";
+    let label = || path.display().to_string();
+    let io = |e| Error::io(path, e);
+    let sorted: std::collections::BTreeMap<_, _> = metadata.iter().collect();
+    let sorted = serde_json::to_vec(&sorted).map_err(|e| Error::format(label(), e.to_string()))?;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io)?;
+    // 8 bytes of header length, the prefix, then the metadata as written
+    let start = 8 + PREFIX.len();
+    let mut head = vec![0; start + sorted.len()];
+    file.read_exact(&mut head).map_err(io)?;
+    let written = serde_json::from_slice::<HashMap<String, String>>(&head[start..]).ok();
+    if &head[8..start] != PREFIX || written.as_ref() != Some(metadata) {
+        return Err(Error::format(
+            label(),
+            "the safetensors header is not laid out as expected: cannot sort its metadata",
+        ));
+    }
+    file.seek(SeekFrom::Start(start as u64)).map_err(io)?;
+    file.write_all(&sorted).map_err(io)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Metadata is written with its keys sorted: the same tensors and metadata give the same bytes
+    /// whatever the order of the map they come in, and the file reads back as written.
+    #[test]
+    fn metadata_is_written_in_sorted_order() {
+        let dir = tempfile::tempdir().unwrap();
+        // values with characters JSON escapes, and keys whose order a map would shuffle
+        let pairs: Vec<(String, String)> = (0..24)
+            .map(|i| (format!("key{i}"), format!("\"{i}\"\n\\ é")))
+            .collect();
+        let write = |name: &str| {
+            let path = dir.path().join(name);
+            let metadata: HashMap<String, String> = pairs.iter().cloned().collect();
+            let tensors = [
+                ("y".into(), vec![1], vec![3.0]),
+                ("x".into(), vec![2], vec![1.0, 2.0]),
+            ];
+            write_f32_safetensors(&path, &tensors, Some(metadata)).unwrap();
+            std::fs::read(path).unwrap()
+        };
+        let first = write("a.safetensors");
+        for name in ["b.safetensors", "c.safetensors", "d.safetensors"] {
+            assert_eq!(write(name), first, "{name}");
+        }
+        let (_, meta) = SafeTensors::read_metadata(&first).unwrap();
+        let want: HashMap<String, String> = pairs.into_iter().collect();
+        assert_eq!(meta.metadata().clone().unwrap(), want);
+        let st = SafeTensors::deserialize(&first).unwrap();
+        assert_eq!(
+            st.tensor("x").unwrap().data(),
+            &[0, 0, 128, 63, 0, 0, 0, 64]
+        );
+        let header = String::from_utf8_lossy(&first[8..]);
+        let at = |key: &str| header.find(&format!("\"{key}\"")).unwrap();
+        assert!(at("key0") < at("key1") && at("key1") < at("key10") && at("key9") < at("y"));
+    }
 
     fn write_one(path: &Path) -> Result<()> {
         write_f32_safetensors(path, &[("x".into(), vec![2], vec![1.0, 2.0])], None)

@@ -54,24 +54,37 @@ fn read_golden(path: &Path) -> Result<Golden> {
     Ok(golden)
 }
 
-/// A golden recorded with `--draft-head off` names the weights without their pruned draft head:
-/// the head is dropped when that makes them the recorded ones (and the header says so), so the
-/// same folder checks both kinds of golden.
-fn without_unrecorded_head(golden: &Golden, weights: &mut M2r2Weights, header: &mut Vec<String>) {
+/// Refuse M2R2 weights (from `source`, in words) other than the ones `golden` was recorded
+/// with, naming where they came from. A golden recorded with `--draft-head off` names the weights
+/// without their pruned draft head: the head is dropped when that makes them the recorded ones
+/// (and the header says so), so the same folder checks both kinds of golden.
+fn recorded_weights(
+    golden: &Golden,
+    weights: &mut M2r2Weights,
+    source: &str,
+    header: &mut Vec<String>,
+) -> Result<()> {
     let Some(recorded) = golden.m2r2.as_ref().map(|m| &m.weights) else {
-        return;
+        return Ok(());
     };
-    if weights.draft_head.is_none() || WeightsId::of(weights).matches(recorded) {
-        return;
+    let id = WeightsId::of(weights);
+    if id.matches(recorded) {
+        return Ok(());
     }
-    let head = weights.draft_head.take();
-    if WeightsId::of(weights).matches(recorded) {
-        header.push(
-            "note: recorded without the pruned draft head (--draft-head off): checked so".into(),
-        );
-    } else {
-        weights.draft_head = head;
+    if let Some(head) = weights.draft_head.take() {
+        if WeightsId::of(weights).matches(recorded) {
+            header.push(
+                "note: recorded without the pruned draft head (--draft-head off): checked so"
+                    .into(),
+            );
+            return Ok(());
+        }
+        weights.draft_head = Some(head);
     }
+    bail!(
+        "the M2R2 weights from {source}, {id}, are not the ones this golden was recorded with \
+         ({recorded}): pass --m2r2 with the folder it was recorded with"
+    )
 }
 
 /// The text of a token id, when a tokenizer has one.
@@ -82,11 +95,12 @@ fn token_text(tokenizer: Option<&Tokenizer>) -> impl Fn(i64) -> Option<String> +
 pub(super) fn check(args: &CheckArgs) -> Result<()> {
     let suite = args.file.is_dir();
     // ONNX Runtime's flags without --onnx: the reference would run, and its OK read as the
-    // provider's
-    let files = match args
+    // provider's; bench's flags that ask for several sets of sessions
+    let flags = args
         .ep
         .refuse_without_onnx(args.onnx.is_some(), "golden check")
-    {
+        .and_then(|()| args.ep.check_one_config("golden check"));
+    let files = match flags {
         Err(e) => Err(e),
         Ok(()) if suite => suite_files(&args.file),
         Ok(()) => Ok(vec![args.file.clone()]),
@@ -180,21 +194,26 @@ fn check_file(args: &CheckArgs, engine: &mut Engine, file: &Path) -> Outcome {
                     Some((name, loaded)) if name == spec => loaded,
                     slot => &mut slot.insert((spec.to_string(), common::load(spec)?)).1,
                 };
+                fields["model"] = json!(loaded.name);
+                header.push(format!("checking the reference on {}", loaded.name));
+                // a model of another config is refused as such, before any weights are read
+                let config = golden.check_config(&loaded.model.config);
+                match &args.model {
+                    Some(model) => config.with_context(|| format!("--model {model}"))?,
+                    None => config?,
+                }
                 let tol = args
                     .tol
                     .choose(&golden.pins, (DEFAULT_ATOL, "reference default"))?;
-                fields["model"] = json!(loaded.name);
-                header.push(format!("checking the reference on {}", loaded.name));
                 let report = if golden.m2r2.is_some() {
                     if tol.tol.rtol != 0.0 {
                         bail!("--rtol is for greedy goldens; M2R2 goldens are checked with --atol");
                     }
                     let choice = M2r2Args::weights_only(args.m2r2.clone());
                     let mut weights = choice.weights(loaded)?;
-                    without_unrecorded_head(&golden, &mut weights, &mut header);
-                    golden
-                        .check_m2r2(M2r2::new(&loaded.model, &weights), tol.tol.atol)
-                        .with_context(|| format!("M2R2 weights: {}", choice.source(loaded)))?
+                    let source = choice.source(loaded);
+                    recorded_weights(&golden, &mut weights, &source, &mut header)?;
+                    golden.check_m2r2(M2r2::new(&loaded.model, &weights), tol.tol.atol)?
                 } else {
                     if let Some(dir) = &args.m2r2 {
                         // a suite may mix greedy and M2R2 goldens: said, not refused

@@ -11,6 +11,7 @@
 use crate::cli::args::m2r2::M2r2Args;
 use crate::cli::args::model::{ModelArgs, TokenIds, parse_token_ids};
 use crate::cli::args::onnx::EpArgs;
+use crate::cli::report::decimal;
 use anyhow::Result;
 use reference::decode::speculative::DraftLength;
 use reference::golden::{Golden, M2r2Record, Pins, Tolerance};
@@ -20,7 +21,6 @@ mod check;
 mod onnx;
 mod report;
 mod write;
-
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Command {
@@ -101,7 +101,9 @@ pub struct WriteArgs {
     pub json: bool,
 }
 
+// `--ort-compare` (of the flattened ONNX Runtime flags) is bench's: refused here, not offered
 #[derive(clap::Args, Debug)]
+#[command(mut_arg("ort_compare", |a| a.hide(true)))]
 pub struct CheckArgs {
     /// Golden file written by `m2r2 golden write`
     #[arg(value_name = "FILE")]
@@ -135,7 +137,9 @@ pub struct CheckArgs {
     pub json: bool,
 }
 
+// `--atol` without what `check --onnx` defaults to: compare has no export
 #[derive(clap::Args, Debug)]
+#[command(mut_arg("atol", |a| a.help(COMPARE_ATOL_HELP)))]
 pub struct CompareArgs {
     /// The expected golden (e.g. written by `m2r2 golden write`)
     #[arg(value_name = "EXPECTED")]
@@ -152,6 +156,11 @@ pub struct CompareArgs {
     #[arg(long)]
     pub json: bool,
 }
+
+/// `compare`'s `--atol` (`check`'s is [`ToleranceArgs::atol`]'s doc).
+const COMPARE_ATOL_HELP: &str = "Absolute tolerance of a logit: OK when |actual - expected| <= \
+    atol + rtol |expected| (default: the expected golden's pin, else 1e-4). The report says which \
+    applied and why";
 
 /// `--atol` / `--rtol` of `check` and `compare`.
 #[derive(clap::Args, Debug)]
@@ -266,9 +275,9 @@ fn settings_line(golden: &Golden) -> String {
 /// null) and `prompt_lookup` (the branch's most tokens, or null); null for other goldens.
 fn tree_policy_json(golden: &Golden) -> (serde_json::Value, serde_json::Value) {
     let recipe = golden.tree_recipe();
-    let grown = recipe.and_then(|r| r.grown).map(
-        |(gate, threshold)| serde_json::json!({ "gate": gate.to_string(), "threshold": threshold }),
-    );
+    let grown = recipe.and_then(|r| r.grown).map(|(gate, threshold)| {
+        serde_json::json!({ "gate": gate.to_string(), "threshold": decimal(threshold) })
+    });
     let lookup = recipe.and_then(|r| r.lookup).map(|l| l.max_tokens);
     (serde_json::json!(grown), serde_json::json!(lookup))
 }

@@ -4,6 +4,7 @@
 
 use super::ChosenTolerance;
 use crate::cli::common;
+use crate::cli::report::decimal;
 use anyhow::Result;
 use reference::golden::{CheckReport, TensorCheck};
 use serde_json::{Value, json};
@@ -294,8 +295,8 @@ fn render(json_out: bool, o: &Outcome) -> Value {
         Ok(c) => json!({
             "status": o.status(),
             "ok": c.report.ok(),
-            "atol": c.tol.tol.atol,
-            "rtol": c.tol.tol.rtol,
+            "atol": decimal(c.tol.tol.atol),
+            "rtol": decimal(c.tol.tol.rtol),
             "tolerance_reason": c.tol.reason,
             "worst_token_text": c.worst_text,
             "seconds": o.seconds,

@@ -18,7 +18,7 @@ use reference::golden::{Golden, Pins, Tolerance, TreeRecipe};
 use reference::io::load::LoadedModel;
 use reference::m2r2::fast_stream::M2r2;
 use serde_json::json;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The file name of a suite member: the prompt id with anything but `[A-Za-z0-9._-]` replaced.
 fn suite_file(id: &str) -> String {
@@ -33,6 +33,20 @@ fn suite_file(id: &str) -> String {
         })
         .collect();
     format!("{safe}{SUITE_SUFFIX}")
+}
+
+/// Where prompt `k` (0-based) of a prompts file is, for an error about it: `line N` (blank lines
+/// hold no prompt, as `common::read_prompts` reads the file), else `prompt K`.
+fn prompt_line(file: &Path, k: usize) -> String {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let mut prompts = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty());
+    match prompts.nth(k) {
+        Some((i, _)) => format!("line {}", i + 1),
+        None => format!("prompt {}", k + 1),
+    }
 }
 
 pub(super) fn write(args: &WriteArgs) -> Result<()> {
@@ -64,11 +78,18 @@ pub(super) fn write(args: &WriteArgs) -> Result<()> {
     let jobs: Vec<(PathBuf, PromptArgs)> = match &args.prompts {
         Some(file) => {
             let prompts = common::read_prompts(file)?;
-            std::fs::create_dir_all(&args.out)
-                .with_context(|| format!("cannot create {}", args.out.display()))?;
             let mut seen = std::collections::HashSet::new();
             let mut jobs = Vec::new();
-            for (id, text) in prompts {
+            for (k, (id, text)) in prompts.into_iter().enumerate() {
+                // `OUT/.golden.safetensors`, `OUT/...golden.safetensors`: hidden files
+                if id.is_empty() || id.starts_with('.') {
+                    bail!(
+                        "{} {}: the prompt id {id:?} would name a hidden file: give an id that is \
+                         not empty and does not start with a dot",
+                        file.display(),
+                        prompt_line(file, k)
+                    );
+                }
                 let name = suite_file(&id);
                 if !seen.insert(name.clone()) {
                     bail!(
@@ -83,6 +104,8 @@ pub(super) fn write(args: &WriteArgs) -> Result<()> {
                 };
                 jobs.push((args.out.join(name), prompt));
             }
+            std::fs::create_dir_all(&args.out)
+                .with_context(|| format!("cannot create {}", args.out.display()))?;
             jobs
         }
         None => {

@@ -183,7 +183,10 @@ fn print_text(info: &Value) {
             t["vocab_size"],
             t["bos_token"],
             t["eos_tokens"],
-            match (t["chat_template"].as_bool(), t["chat_template_error"].as_str()) {
+            match (
+                t["chat_template"].as_bool(),
+                t["chat_template_error"].as_str()
+            ) {
                 // "chat template does not parse (GGUF key `...` in FILE): syntax error: ..."
                 (_, Some(e)) => match e.strip_prefix("tokenizer: chat template ") {
                     Some(rest) => format!("does not parse {rest}"),

@@ -27,7 +27,7 @@ use ndarray::Array2;
 // the engine and the round comparisons, at the paths `golden::m2r2` and `tree_compare.rs` use
 pub use super::engine::{EngineGraphs, REFERENCE, SpeculativeEngine};
 pub(in crate::golden) use super::rounds_compare::{
-    compare_graph_outputs, compare_rounds, compare_scores, rounds_check,
+    Against, compare_graph_outputs, compare_rounds, compare_scores, rounds_check,
 };
 
 impl Golden {
@@ -90,14 +90,7 @@ impl Golden {
                     d.what = "exit gate".into();
                 }
                 let mut entries = vec![
-                    compare_rows(
-                        "logits",
-                        REFERENCE,
-                        self.logits.view(),
-                        logits.view(),
-                        tol,
-                        false,
-                    ),
+                    compare_rows("logits", REFERENCE, self.logits.view(), logits.view(), tol),
                     compare_int_rows(
                         "tokens",
                         REFERENCE,
@@ -115,7 +108,6 @@ impl Golden {
                     gate_scores.view(),
                     got_scores.view(),
                     tol,
-                    true,
                 ));
                 Ok(CheckReport { entries })
             }
@@ -349,7 +341,12 @@ impl Golden {
         let got = RoundTensors::from_output(&run.out, draft_length.max());
         let step_rounds = rounds.step_rounds(n);
         let mut entries = self.decoded_checks(graphs.decode, &run.out.tokens, &step_rounds);
-        entries.push(compare_rounds(graphs.decode, rounds, &got));
+        entries.push(compare_rounds(
+            graphs.decode,
+            rounds,
+            &got,
+            Against::Recomputed,
+        ));
         // the base model along the recorded tokens
         entries.push(self.base_logits_check(engine.greedy, graphs.greedy, &step_rounds, tol)?);
 

@@ -17,6 +17,10 @@
 //! | `speculative` | `verify_logits`    | F32   | `[T, V]`   | every verified row (format 3), see below        |
 //! | `speculative` | `draft_logits`     | F32   | `[Q, V]`   | the draft's logits at every proposal (format 3) |
 //!
+//! The rounds emit the tokens: the first comes from the prompt's row, then round r emits its
+//! `accepted[r]` drafts and its base token, all of them but in the last round, which the budget or
+//! a stop token may cut (a file whose rounds do not emit its `n` tokens so is refused).
+//!
 //! `verify_logits` holds the prompt's last row, then round by round every row the verifier
 //! finished (the round's first token and each drafted one, accepted or not): `T = 1 + Σ_r
 //! (d_r + 1)` with `d_r` the drafts of round r. `draft_logits` holds the draft's exit logits at
@@ -68,8 +72,8 @@ mod weights_id;
 #[cfg(test)]
 mod weights_id_tests;
 
+pub(super) use check::{Against, compare_graph_outputs, compare_rounds, compare_scores};
 pub use check::{EngineGraphs, REFERENCE, SpeculativeEngine};
-pub(super) use check::{compare_graph_outputs, compare_rounds, compare_scores};
 pub use record::early_exit_logits;
 pub use rounds::RoundTensors;
 pub use tree::{TreeEngine, TreeRecipe, TreeRounds};

@@ -2,6 +2,7 @@
 //! (layouts in the [module docs](super)), and their reader; token trees are handed to
 //! [`tree_file`](super::tree_file).
 
+use super::rounds::check_emitted;
 use super::tree_file;
 use super::{GraphOutputs, M2r2Golden, M2r2Record, RoundTensors, WeightsId, logits_rows};
 use crate::decode::speculative::DraftLength;
@@ -233,6 +234,19 @@ impl M2r2Golden {
                     base_token,
                     scores: Array2::from_shape_vec((r, max + 1), scores).expect("shape checked"),
                 };
+                for (round, &a) in rounds.accepted.iter().enumerate() {
+                    let drafts = rounds.drafted_in(round).len();
+                    if !(0..=drafts as i64).contains(&a) {
+                        return Err(Error::format(
+                            &file.label,
+                            format!(
+                                "tensor `round_accepted`: round {round} accepted {a} of its \
+                                 {drafts} drafts"
+                            ),
+                        ));
+                    }
+                }
+                check_emitted(file, &rounds.accepted, n)?;
                 let graphs = match version {
                     3.. => Some(Box::new(GraphOutputs {
                         verify_logits: logits_rows(
@@ -272,12 +286,7 @@ impl M2r2Golden {
                     graphs,
                 }
             }
-            other => {
-                return Err(Error::format(
-                    &file.label,
-                    format!("unknown golden mode `{other}` (greedy, early-exit, speculative)"),
-                ));
-            }
+            other => unreachable!("mode `{other}`: Golden::read reads the M2R2 modes alone"),
         };
         Ok(M2r2Golden {
             config_json,

@@ -2,6 +2,8 @@
 //! which round emitted each token.
 
 use crate::decode::speculative::SpeculativeOutput;
+use crate::error::{Error, Result};
+use crate::golden::file::GoldenFile;
 use ndarray::Array2;
 
 /// The speculative rounds as padded tensors.
@@ -95,4 +97,31 @@ pub(super) fn step_rounds(accepted: &[i64], n: usize) -> Vec<Option<usize>> {
         steps.extend(std::iter::repeat_n(Some(r), emitted));
     }
     steps
+}
+
+/// Refuse rounds of `accepted` drafts (each `>= 0`) that do not emit the file's `n` tokens: the
+/// first token comes from the prompt's row and each round emits its accepted drafts and a base
+/// token, so every round but the last emits all of them and the last at least one (fewer than
+/// all only where the budget or a stop token cut it, which the reader checks against `max_steps`
+/// and `stop_tokens`). A file without rounds is the caller's to check.
+pub(super) fn check_emitted(file: &GoldenFile<'_>, accepted: &[i64], n: usize) -> Result<()> {
+    let Some((last, earlier)) = accepted.split_last() else {
+        return Ok(());
+    };
+    let emits = |a: &i64| a.unsigned_abs() as usize + 1;
+    let before = 1 + earlier.iter().map(emits).sum::<usize>();
+    let all = before + emits(last);
+    if before < n && n <= all {
+        return Ok(());
+    }
+    Err(Error::format(
+        &file.label,
+        format!(
+            "tensor `round_accepted` does not agree with `tokens`: the prompt's token and {} \
+             rounds of accepted drafts and a base token each make {before} tokens before the last \
+             round and {all} with it, but `tokens` holds {n} (the last round emits at least one, \
+             and fewer than all only where the budget or a stop token cut it)",
+            accepted.len()
+        ),
+    ))
 }

@@ -24,7 +24,7 @@ pub(in crate::golden) fn compare_graph_outputs(
                 .take_while(|r| r.is_none_or(|r| r < rounds_compared))
                 .count();
             let head = |x: &Array2<f32>| x.slice(s![..rows.min(x.nrows()), ..]).to_owned();
-            compare_rows(name, graph, head(w).view(), head(g).view(), tol, false)
+            compare_rows(name, graph, head(w).view(), head(g).view(), tol)
                 .in_rounds(row_name, &of_row)
         };
     [
@@ -70,18 +70,44 @@ pub(in crate::golden) fn compare_scores(
         want.slice(s![..common, ..]),
         got.slice(s![..common, ..]),
         tol,
-        true,
     )
     .in_rounds("round", &rounds)
 }
 
+/// What a golden's rounds are compared with, which decides what rounds past the shorter decode's
+/// last mean.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(in crate::golden) enum Against {
+    /// The engine's decode of the golden's own budget and stop tokens (`check`): a round one
+    /// decode has and the other has not is a difference.
+    Recomputed,
+    /// Another golden file (`compare`), which may have run another budget or stopped at end of
+    /// turn where the golden ran on: where the two stopped is the `stop` line's verdict, and
+    /// the rounds both have are compared. A decode's rounds do not depend on its budget or stop
+    /// tokens (a round drafts in full even next to the budget, which cuts only what the round
+    /// emits), so the shorter decode's last round is compared whole.
+    Actual,
+}
+
+impl Against {
+    /// The other side, in a report's words.
+    pub(in crate::golden) fn word(self) -> &'static str {
+        match self {
+            Against::Recomputed => "recomputed",
+            Against::Actual => "actual",
+        }
+    }
+}
+
 /// The rounds of two speculative decodes, round by round: the first round whose drafts,
 /// accepted count or base token differ is the divergence (every later round follows from it and
-/// is not reported again); padding is never shown.
+/// is not reported again); padding is never shown. Rounds past the shorter decode's are compared
+/// as `against` says.
 pub(in crate::golden) fn compare_rounds(
     graph: &str,
     want: &RoundTensors,
     got: &RoundTensors,
+    against: Against,
 ) -> TensorCheck {
     let differs = |r: usize| {
         let parts = [
@@ -116,16 +142,24 @@ pub(in crate::golden) fn compare_rounds(
         recomputed: extra(got, r).unwrap_or_default(),
         tokens: true,
     };
-    rounds_check(graph, (want.len(), got.len()), differs, past_the_end)
+    rounds_check(
+        graph,
+        (want.len(), got.len()),
+        against,
+        differs,
+        past_the_end,
+    )
 }
 
-/// The `rounds` line of two decodes of `rounds` (golden, recomputed) rounds, a chain's and a
-/// tree's alike: `differs(r)` compares round `r` of both; the first round that differs is the
+/// The `rounds` line of two decodes of `rounds` (golden, other) rounds, a chain's and a tree's
+/// alike: `differs(r)` compares round `r` of both; the first round that differs is the
 /// divergence (every later round follows from it and is not reported again). When they agree as
-/// far as both go and one has more, `past_the_end(r)` names the first extra round `r`.
+/// far as both go and one has more, against a recomputation `past_the_end(r)` names the first
+/// extra round `r`; against another file the rounds both have are all that is compared.
 pub(in crate::golden) fn rounds_check(
     graph: &str,
     (want, got): (usize, usize),
+    against: Against,
     differs: impl Fn(usize) -> Option<Divergence>,
     past_the_end: impl Fn(usize) -> Divergence,
 ) -> TensorCheck {
@@ -136,14 +170,14 @@ pub(in crate::golden) fn rounds_check(
         rows_over += 1;
         first.get_or_insert(d);
     }
-    if first.is_none() && want != got {
+    if first.is_none() && want != got && against == Against::Recomputed {
         first = Some(past_the_end(common));
         rows_over = 1;
     }
-    let note = if first.is_none() {
-        format!("{want} rounds equal")
-    } else {
-        format!("golden {want} rounds, recomputed {got}")
+    let note = match first {
+        None if want == got => format!("{want} rounds equal"),
+        None => format!("the first {common} of {want} vs {got} rounds compared, equal"),
+        Some(_) => format!("golden {want} rounds, {} {got}", against.word()),
     };
     TensorCheck::exact("rounds", graph, "round", first, rows_over, note)
 }

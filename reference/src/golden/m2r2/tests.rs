@@ -667,3 +667,114 @@ fn a_version_edited_down_over_recorded_logits_is_refused() {
         "holds `verify_logits`, which format version 2 does not record",
     );
 }
+
+/// Speculative goldens of one prompt that differ only in their budget, or in stopping at end of
+/// turn where the other ran on, compare OK (chain, dynamic chain, token tree): the rounds both
+/// have are compared, the shorter decode's last round whole, and where they stopped is the `stop`
+/// line's verdict. A round that differs there is still found, named against `actual`.
+#[test]
+fn goldens_of_other_budgets_and_stops_compare_over_their_common_rounds() {
+    let (model, weights) = setup("tiny-moe");
+    let m2r2 = M2r2::new(&model, &weights);
+    let prompt = [5, 6, 7];
+    let record = |how: usize, steps: usize, stops: &[u32]| -> Golden {
+        let (length, gate) = match how {
+            0 => (DraftLength::Fixed(2), None),
+            1 => {
+                let dynamic = DraftLength::Dynamic {
+                    max: 4,
+                    gate: GateKind::Arla,
+                    threshold: 0.5,
+                };
+                (dynamic, Some(GateKind::Arla))
+            }
+            _ => {
+                let recipe = TreeRecipe::fixed(1, &[2, 1, 1]);
+                let g =
+                    Golden::record_tree_drafting(m2r2, "tiny-moe", &prompt, steps, &recipe, stops);
+                return g.unwrap();
+            }
+        };
+        let options = SpeculativeOptions {
+            stop_tokens: stops.to_vec(),
+            ..spec_options(length)
+        };
+        Golden::record_speculative(m2r2, "tiny-moe", &prompt, steps, 1, gate, &options).unwrap()
+    };
+    let tol = Tolerance::absolute(DEFAULT_ATOL);
+    fn base_token(g: &mut Golden) -> &mut Vec<i64> {
+        match &mut g.m2r2.as_mut().unwrap().record {
+            M2r2Record::Speculative { rounds, .. } => &mut rounds.base_token,
+            M2r2Record::SpeculativeTree { rounds, .. } => &mut rounds.base_token,
+            M2r2Record::EarlyExit { .. } => unreachable!(),
+        }
+    }
+    for how in 0..3 {
+        let long = record(how, 12, &[]);
+        let short = record(how, 7, &[]);
+        // stopped at a token the long decode first emits at step k
+        let k = (2..12)
+            .find(|&k| !long.tokens[..k].contains(&long.tokens[k]))
+            .unwrap();
+        let stopped = record(how, 12, &[long.tokens[k]]);
+        assert_eq!(stopped.tokens.len(), k + 1);
+        for other in [&short, &stopped] {
+            for (a, b) in [(&long, other), (other, &long)] {
+                let report = a.compare_to(b, tol, &|_| None).unwrap();
+                assert!(report.ok(), "{how}: {report:?}");
+                let rounds = report.entries.iter().find(|e| e.name == "rounds").unwrap();
+                assert!(rounds.note.contains("rounds compared, equal"), "{rounds:?}");
+            }
+        }
+        // the shorter decode's last round is compared
+        let mut edited = short.clone();
+        let last = base_token(&mut edited).len() - 1;
+        base_token(&mut edited)[last] += 1;
+        let report = long.compare_to(&edited, tol, &|_| None).unwrap();
+        let rounds = report.entries.iter().find(|e| e.name == "rounds").unwrap();
+        assert_eq!(rounds.first_round, Some(last), "{how}: {rounds:?}");
+        assert!(
+            rounds.note.contains(", actual ") && !rounds.note.contains("recomputed"),
+            "{rounds:?}"
+        );
+    }
+}
+
+/// A chain golden's accepted counts must be counts of its drafts and emit its tokens: otherwise a
+/// check would replay rounds past the cache it sizes from the tokens (once `sequence needs 17
+/// positions but the context holds 16`, for an edit of `round_accepted`).
+#[test]
+fn accepted_counts_that_do_not_emit_the_tokens_are_refused() {
+    let (model, weights) = setup("tiny-moe");
+    let m2r2 = M2r2::new(&model, &weights);
+    let options = spec_options(DraftLength::Fixed(2));
+    let g =
+        Golden::record_speculative(m2r2, "tiny-moe", &[5, 6, 7], 10, 1, None, &options).unwrap();
+    let Some(M2r2Record::Speculative { rounds, .. }) = g.m2r2.as_ref().map(|m| &m.record) else {
+        unreachable!()
+    };
+    // every draft refused: 9 rounds after the prompt's token, one token each
+    assert_eq!(rounds.accepted, vec![0; 9]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.safetensors");
+    refused_after(
+        &g,
+        &path,
+        &set_i64("round_accepted", 2, 1),
+        "tensor `round_accepted` does not agree with `tokens`: the prompt's token and 9 rounds \
+         of accepted drafts and a base token each make 10 tokens before the last round and 11 \
+         with it, but `tokens` holds 10",
+    );
+    refused_after(
+        &g,
+        &path,
+        &set_i64("round_accepted", 2, 3),
+        "tensor `round_accepted`: round 2 accepted 3 of its 2 drafts",
+    );
+    refused_after(
+        &g,
+        &path,
+        &set_i64("round_accepted", 0, -1),
+        "tensor `round_accepted`: round 0 accepted -1 of its 2 drafts",
+    );
+}

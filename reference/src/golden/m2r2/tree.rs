@@ -37,6 +37,7 @@
 //! a lookup branch.
 
 use super::M2r2Record;
+use super::check::Against;
 use super::record::m2r2_golden;
 use super::tree_compare::{DraftTies, compare_tree_graph_outputs, compare_tree_rounds};
 pub use super::tree_replay::TreeEngine;
@@ -197,6 +198,7 @@ impl Golden {
             rounds,
             &got,
             Some(&ties),
+            Against::Recomputed,
         ));
         // the base model along the recorded tokens
         entries.push(self.base_logits_check(engine.greedy, graphs.greedy, &step_rounds, tol)?);

@@ -2,6 +2,7 @@
 //! token) and the graphs' rows along them, each row named by its round and node.
 
 use super::GraphOutputs;
+use super::check::{Against, rounds_check};
 use super::tree_rounds::TreeRounds;
 use crate::base::tree::TokenTree;
 use crate::golden::report::{Divergence, TensorCheck, Tolerance, compare_rows};
@@ -94,12 +95,14 @@ fn parents(tree: &TokenTree) -> Vec<i64> {
 /// accepted node or base token differ is the divergence (naming the node); every later round
 /// follows from it and is not reported again. With `ties` (the golden's draft logits), a round
 /// whose node tokens differ only below near ties of the draft, emitting the same tokens, is equal
-/// and named in the note; a divergence at a near tie says so.
+/// and named in the note; a divergence at a near tie says so. Rounds past the shorter decode's are
+/// compared as `against` says.
 pub(in crate::golden) fn compare_tree_rounds(
     graph: &str,
     want: &TreeRounds,
     got: &TreeRounds,
     ties: Option<&DraftTies<'_>>,
+    against: Against,
 ) -> TensorCheck {
     let rows: HashMap<(usize, usize), usize> = match ties {
         Some(_) => want
@@ -190,8 +193,8 @@ pub(in crate::golden) fn compare_tree_rounds(
         recomputed: extra(got, r),
         tokens: true,
     };
-    let mut check =
-        super::check::rounds_check(graph, (want.len(), got.len()), differs, past_the_end);
+    let counts = (want.len(), got.len());
+    let mut check = rounds_check(graph, counts, against, differs, past_the_end);
     if check.ok {
         let tied: Vec<String> = (0..want.len())
             .filter_map(|r| Some((r, tied(r)?)))
@@ -237,7 +240,7 @@ pub(in crate::golden) fn compare_tree_graph_outputs(
             .take_while(|r| r.is_none_or(|(r, _)| r < rounds_compared))
             .count();
         let head = |x: &Array2<f32>| x.slice(s![..rows.min(x.nrows()), ..]).to_owned();
-        compare_rows(name, graph, head(w).view(), head(g).view(), tol, false)
+        compare_rows(name, graph, head(w).view(), head(g).view(), tol)
             .in_tree_rounds(row_name, &of_row)
     };
     let draft_rows = rounds.draft_rows().into_iter().map(Some).collect();

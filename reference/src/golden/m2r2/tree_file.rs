@@ -2,6 +2,7 @@
 //! [`TreeRounds`] (layouts in [`tree`](super::tree)), and a reader that refuses a file that does
 //! not agree with itself, naming the file, the tensor and the round.
 
+use super::rounds::check_emitted;
 use super::tree_rounds::{TreeRecipe, TreeRounds, proposing_in, widths_text};
 use super::{GraphOutputs, M2r2Record};
 use crate::base::tree::TokenTree;
@@ -176,8 +177,8 @@ fn read_recipe(file: &GoldenFile<'_>, version: u32) -> Result<TreeRecipe> {
 
 /// Read a tree record (metadata `draft_length` = `tree`); `n` is the number of tokens. Every
 /// tensor is checked against the recipe and the rounds' trees (trees that fit the largest one
-/// the recipe verifies, accepted nodes that exist, accepted counts that are their depths, node
-/// tokens that are ids, lookup nodes on a chain from the root, the draft's rows and scores of
+/// the recipe verifies, accepted nodes that exist, accepted counts that are their depths and
+/// emit the tokens, node tokens that are ids, lookup nodes on a chain from the root, the draft's rows and scores of
 /// the proposing nodes).
 pub(super) fn read_tree(file: &GoldenFile<'_>, n: usize, version: u32) -> Result<M2r2Record> {
     let format = |msg: String| Error::format(&file.label, msg);
@@ -231,6 +232,7 @@ pub(super) fn read_tree(file: &GoldenFile<'_>, n: usize, version: u32) -> Result
             )));
         }
     }
+    check_emitted(file, &accepted, n)?;
     for (k, &t) in tokens.iter().enumerate() {
         let (round, i) = (k / width, k % width);
         let inside = i < trees[round].nodes();

@@ -194,7 +194,7 @@ fn tampered_trees_tokens_and_scores_are_reported() {
         .map(|i| rounds.trees[r].parent(i).unwrap())
         .collect();
     other.trees[r] = crate::base::tree::TokenTree::from_parents(&parents).unwrap();
-    let e = super::compare_tree_rounds("engine", rounds, &other, None);
+    let e = super::compare_tree_rounds("engine", rounds, &other, None, Against::Recomputed);
     let d = e.divergence.as_ref().unwrap();
     assert_eq!(
         (d.row, d.what.clone(), d.recomputed.clone()),

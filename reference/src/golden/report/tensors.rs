@@ -11,29 +11,30 @@ pub fn compare(name: &str, want: ArrayView2<f32>, got: ArrayView2<f32>, atol: f3
     compare_within(name, want, got, Tolerance::absolute(atol))
 }
 
-/// [`compare_rows`] with no graph named and no padding.
+/// [`compare_rows`] with no graph named.
 pub fn compare_within(
     name: &str,
     want: ArrayView2<f32>,
     got: ArrayView2<f32>,
     tol: Tolerance,
 ) -> TensorCheck {
-    compare_rows(name, "", want, got, tol, false)
+    compare_rows(name, "", want, got, tol)
 }
 
 /// Compare two tensors whose rows are steps, elementwise within `tol`. `at` is the worst element
 /// (the largest difference relative to what `tol` allows there; with `rtol = 0` the largest
-/// difference), `first_row` the first row with a value over `tol`. With `padded`, NaN in both is
-/// equal (not evaluated) and NaN in one only is a mismatch. Tensors of other widths are a
-/// mismatch; of other lengths, the common rows are compared and the note says so (where two
-/// decodes stop is judged on its own, see [`compare_stops`]).
+/// difference), `first_row` the first row with a value over `tol`. Non-finite values: the same
+/// one in both is equal (NaN and NaN too: a value not evaluated, such as padding, or the same
+/// fault reproduced; `inf` and `inf`, a pruned draft head's `-inf`); a NaN in one only is a
+/// difference of NaN (reported so, beside any number), an infinity against anything else one of
+/// `inf`. Tensors of other widths are a mismatch; of other lengths, the common rows are compared
+/// and the note says so (where two decodes stop is judged on its own, see [`compare_stops`]).
 pub fn compare_rows(
     name: &str,
     graph: &str,
     want: ArrayView2<f32>,
     got: ArrayView2<f32>,
     tol: Tolerance,
-    padded: bool,
 ) -> TensorCheck {
     let mut check = TensorCheck::new(name, graph, "step");
     if want.ncols() != got.ncols() {
@@ -45,6 +46,14 @@ pub fn compare_rows(
             ..check
         };
     }
+    // the larger difference, NaN (a NaN against a number) larger than any
+    let larger = |a: f32, b: f32| {
+        if a.is_nan() || b.is_nan() {
+            f32::NAN
+        } else {
+            a.max(b)
+        }
+    };
     let rows = want.nrows().min(got.nrows());
     let mut worst = 0.0f32;
     check.at = vec![0, 0];
@@ -52,12 +61,10 @@ pub fn compare_rows(
         let mut row_max = 0.0f32;
         let mut row_over = false;
         for (c, (&w, &g)) in want.row(r).iter().zip(got.row(r)).enumerate() {
-            if padded && w.is_nan() && g.is_nan() {
+            if w == g || (w.is_nan() && g.is_nan()) {
                 continue;
             }
-            let diff = if w == g { 0.0 } else { (w - g).abs() };
-            // NaN anywhere (or padding on one side only) is a mismatch.
-            let diff = if diff.is_nan() { f32::INFINITY } else { diff };
+            let diff = (w - g).abs();
             let excess = tol.excess(w, g);
             if excess > worst || (excess == worst && diff > check.max_abs && tol.rtol == 0.0) {
                 worst = excess;
@@ -67,9 +74,9 @@ pub fn compare_rows(
                 row_over = true;
                 check.values_over += 1;
             }
-            row_max = row_max.max(diff);
-            check.max_abs = check.max_abs.max(diff);
-            check.max_rel = check.max_rel.max(diff / w.abs().max(1e-6));
+            row_max = larger(row_max, diff);
+            check.max_abs = larger(check.max_abs, diff);
+            check.max_rel = larger(check.max_rel, diff / w.abs().max(1e-6));
         }
         if row_over {
             check.rows_over += 1;
@@ -145,16 +152,6 @@ pub fn compare_int_rows(
 /// [`compare_int_rows`] of a vector.
 pub fn compare_ints(name: &str, want: &[i64], got: &[i64], cols: usize) -> TensorCheck {
     compare_int_rows(name, "", want, got, cols, false)
-}
-
-/// [`compare_rows`] with NaN padding and no graph named (gate scores).
-pub fn compare_padded(
-    name: &str,
-    want: ArrayView2<f32>,
-    got: ArrayView2<f32>,
-    atol: f32,
-) -> TensorCheck {
-    compare_rows(name, "", want, got, Tolerance::absolute(atol), true)
 }
 
 /// How the two decodes of [`compare_stops`] were allowed to end.

@@ -13,7 +13,6 @@ fn rows_over_tolerance_are_counted_and_the_first_named() {
         want.view(),
         got.view(),
         Tolerance::absolute(0.1),
-        false,
     );
     assert!(!c.ok);
     assert_eq!((c.first_row, c.rows_over, c.values_over), (Some(1), 2, 2));
@@ -22,17 +21,7 @@ fn rows_over_tolerance_are_counted_and_the_first_named() {
     let c = c.in_rounds("verified row", &[None, Some(0), Some(1)]);
     assert_eq!(c.first_failure().unwrap(), "verified row 1 (round 0)");
     let inf = array![[f32::NEG_INFINITY, 1.0]];
-    assert!(
-        compare_rows(
-            "d",
-            "",
-            inf.view(),
-            inf.view(),
-            Tolerance::absolute(0.0),
-            false
-        )
-        .ok
-    );
+    assert!(compare_rows("d", "", inf.view(), inf.view(), Tolerance::absolute(0.0),).ok);
     assert!(
         c.describe(&|_| None)
             .contains("2 of 3 verified rows and 2 values over")
@@ -125,4 +114,41 @@ fn a_bound_is_a_finite_number_at_least_zero() {
         let err = Tolerance::check_bound("--rtol", x).unwrap_err().to_string();
         assert_eq!(err, format!("--rtol must be a finite number >= 0, got {x}"));
     }
+}
+
+/// Non-finite values: the same one in both places is equal (NaN and NaN too), a NaN in one only
+/// is a difference reported as NaN (not `inf`), an infinity against a number one of `inf`.
+#[test]
+fn equal_non_finite_values_are_equal_and_a_lone_nan_differs_by_nan() {
+    let tol = Tolerance::absolute(1e-4);
+    let check = |want: ndarray::Array2<f32>, got: ndarray::Array2<f32>| {
+        compare_rows("logits", "", want.view(), got.view(), tol)
+    };
+    let odd = array![[1.0f32, f32::NAN], [f32::INFINITY, f32::NEG_INFINITY]];
+    let c = check(odd.clone(), odd.clone());
+    assert!(
+        c.ok && c.max_abs == 0.0 && c.row_max_abs == vec![0.0, 0.0],
+        "{c:?}"
+    );
+    // a NaN where the other has a number, in row 1 beside a difference of 0.5
+    let want = array![[1.0f32, 2.0], [3.0, 4.0]];
+    let got = array![[1.0f32, 2.0], [3.5, f32::NAN]];
+    let c = check(want.clone(), got);
+    assert!(!c.ok && c.max_abs.is_nan() && c.max_rel.is_nan(), "{c:?}");
+    assert_eq!(
+        (c.at.clone(), c.first_row, c.values_over),
+        (vec![1, 1], Some(1), 2)
+    );
+    assert!(
+        c.row_max_abs[0] == 0.0 && c.row_max_abs[1].is_nan(),
+        "{c:?}"
+    );
+    assert!(
+        c.describe(&|_| None).contains("worst NaN at [1, 1]"),
+        "{c:?}"
+    );
+    // the same the other way round, and an infinity against a number
+    assert!(check(array![[f32::NAN]], array![[1.0f32]]).max_abs.is_nan());
+    let c = check(array![[f32::INFINITY]], array![[1.0f32]]);
+    assert!(!c.ok && c.max_abs == f32::INFINITY, "{c:?}");
 }

@@ -29,10 +29,11 @@ impl Tolerance {
     }
 
     /// How far `got` is past what is allowed around `want`, as a multiple of the allowance (`<= 1`:
-    /// within; NaN anywhere is infinitely far).
+    /// within; a NaN in one of them only is infinitely far).
     pub(in crate::golden) fn excess(&self, want: f32, got: f32) -> f32 {
-        if want == got {
-            // equal infinities too (a pruned draft head's -inf outside its tokens)
+        if want == got || (want.is_nan() && got.is_nan()) {
+            // equal infinities too (a pruned draft head's -inf outside its tokens), and NaN where
+            // the other is NaN (a value not evaluated, or the same fault reproduced)
             return 0.0;
         }
         let diff = (want - got).abs();
