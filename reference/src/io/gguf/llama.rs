@@ -19,7 +19,7 @@ use std::collections::HashMap;
 /// Read the way llama.cpp and transformers read it: `llama.block_count`, `context_length`,
 /// `embedding_length`, `feed_forward_length`, `attention.head_count`, `attention.head_count_kv`
 /// (default: head_count), `rope.freq_base` (default 10000), `attention.layer_norm_rms_epsilon`
-/// (both refused where they would make the logits NaN), linear RoPE scaling ([`rope_scaling`]);
+/// (both refused where they would make the logits NaN), linear RoPE scaling (`rope_scaling` below);
 /// head_dim = `attention.key_length` or embedding_length / head_count, which
 /// `rope.dimension_count` must equal (partial rotary is not implemented); vocab size = the
 /// length of `tokenizer.ggml.tokens` (else `llama.vocab_size`); embeddings are tied when there is
