@@ -505,6 +505,21 @@ class ReadRefusals(TempDir):
         )
         self.assertRefused(self.save(mode="sampled"), "unknown golden mode `sampled`")
 
+    def test_ids_outside_the_vocabulary(self):
+        # as the reference's reader: the step or position, and the config's vocabulary
+        vocab = json.loads(self.ref.metadata["config"])["vocab_size"]
+        tokens = self.ref.tokens.copy()
+        tokens[1] = vocab
+        self.assertRefused(
+            self.save({"tokens": tokens}),
+            f"`tokens` holds token id {vocab} at step 1, outside the vocabulary of {vocab} tokens",
+        )
+        prompt = self.ref.prompt_tokens.copy()
+        prompt[0] = -1
+        self.assertRefused(
+            self.save({"prompt_tokens": prompt}), "`prompt_tokens` holds token id -1 at position 0"
+        )
+
     def test_older_versions_still_read(self):
         # version 1: greedy, no stop tokens, budget or pins (and none read where a file has them)
         old = {key: None for key in V3_METADATA}

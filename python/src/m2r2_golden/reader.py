@@ -197,14 +197,23 @@ class _File:
                 f"tensor `{name}` has shape {_shape(array.shape)}, expected {_shape(expected)}"
             )
 
-    def ids(self, name: str) -> np.ndarray:
-        """A 1-D I64 tensor of token ids, each in ``0..=u32::MAX`` as the reference requires."""
+    def ids(self, name: str, row: str = "index", vocab: Optional[int] = None) -> np.ndarray:
+        """A 1-D I64 tensor of token ids, each in ``0..=u32::MAX`` and below ``vocab`` when it is
+        known, as the reference requires; ``row`` names an index in errors (step, position)."""
         values = self.tensor(name, "I64")
         if values.ndim != 1:
             raise self.error(f"tensor `{name}` has shape {_shape(values.shape)}, expected [n]")
-        bad = values[(values < 0) | (values > _U32_MAX)]
+        limit = _U32_MAX if vocab is None else min(_U32_MAX, vocab - 1)
+        bad = np.flatnonzero((values < 0) | (values > limit))
         if bad.size:
-            raise self.error(f"`{name}` holds token id {int(bad[0])}")
+            i = int(bad[0])
+            v = int(values[i])
+            outside = (
+                f", outside the vocabulary of {vocab} tokens (metadata `config`)"
+                if vocab is not None and v >= vocab
+                else ""
+            )
+            raise self.error(f"`{name}` holds token id {v} at {row} {i}{outside}")
         return values
 
 
@@ -230,7 +239,10 @@ def _read(file: _File) -> Golden:
     v = int(version)
     for key in ("model", "config_hash"):
         file.field(key)
-    file.json_object("config")
+    config = file.json_object("config")
+    # the vocabulary the token ids index (a config without one bounds nothing)
+    vocab = config.get("vocab_size")
+    vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None
     if v >= 3:
         # stop_tokens (the end-of-turn ids it stops at, [] for none), max_steps, optional pins
         stops = file.id_list("stop_tokens")
@@ -241,8 +253,8 @@ def _read(file: _File) -> Golden:
             file.choice("expect_dtype", DTYPES)
 
     # prompt_tokens [P], tokens [n], logits [n, V]
-    prompt_tokens = file.ids("prompt_tokens")
-    tokens = file.ids("tokens")
+    prompt_tokens = file.ids("prompt_tokens", "position", vocab)
+    tokens = file.ids("tokens", "step", vocab)
     logits = file.tensor("logits", "F32")
     n = len(tokens)
     if logits.ndim != 2:
