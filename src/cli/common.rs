@@ -181,8 +181,9 @@ pub fn create_parent(path: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-/// `(id, prompt text)` of every line of a prompts file.
-pub fn read_prompts(path: &std::path::Path) -> Result<Vec<(String, String)>> {
+/// `(line, id, prompt text)` of every prompt of a prompts file, `line` 1-based (blank lines hold
+/// none), for errors about a prompt.
+pub fn read_prompts(path: &std::path::Path) -> Result<Vec<(usize, String, String)>> {
     let file =
         std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut out = Vec::new();
@@ -201,7 +202,7 @@ pub fn read_prompts(path: &std::path::Path) -> Result<Vec<(String, String)>> {
                 .map(str::to_owned)
                 .with_context(|| bad(&format!("missing string field `{name}`")))
         };
-        out.push((field("id")?, field("prompt")?));
+        out.push((i + 1, field("id")?, field("prompt")?));
     }
     if out.is_empty() {
         bail!("{} holds no prompts", path.display());

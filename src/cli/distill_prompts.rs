@@ -98,7 +98,7 @@ pub fn run(args: &Args) -> Result<()> {
         exclude.extend(
             common::read_prompts(path)?
                 .iter()
-                .map(|(_, text)| train::magpie::normalise(text)),
+                .map(|(_, _, text)| train::magpie::normalise(text)),
         );
     }
     let loaded = common::load(&args.model.model)?;

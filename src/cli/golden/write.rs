@@ -18,7 +18,7 @@ use reference::golden::{Golden, Pins, Tolerance, TreeRecipe};
 use reference::io::load::LoadedModel;
 use reference::m2r2::fast_stream::M2r2;
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// The file name of a suite member: the prompt id with anything but `[A-Za-z0-9._-]` replaced.
 fn suite_file(id: &str) -> String {
@@ -33,20 +33,6 @@ fn suite_file(id: &str) -> String {
         })
         .collect();
     format!("{safe}{SUITE_SUFFIX}")
-}
-
-/// Where prompt `k` (0-based) of a prompts file is, for an error about it: `line N` (blank lines
-/// hold no prompt, as `common::read_prompts` reads the file), else `prompt K`.
-fn prompt_line(file: &Path, k: usize) -> String {
-    let text = std::fs::read_to_string(file).unwrap_or_default();
-    let mut prompts = text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty());
-    match prompts.nth(k) {
-        Some((i, _)) => format!("line {}", i + 1),
-        None => format!("prompt {}", k + 1),
-    }
 }
 
 pub(super) fn write(args: &WriteArgs) -> Result<()> {
@@ -80,14 +66,13 @@ pub(super) fn write(args: &WriteArgs) -> Result<()> {
             let prompts = common::read_prompts(file)?;
             let mut seen = std::collections::HashSet::new();
             let mut jobs = Vec::new();
-            for (k, (id, text)) in prompts.into_iter().enumerate() {
+            for (line, id, text) in prompts {
                 // `OUT/.golden.safetensors`, `OUT/...golden.safetensors`: hidden files
                 if id.is_empty() || id.starts_with('.') {
                     bail!(
-                        "{} {}: the prompt id {id:?} would name a hidden file: give an id that is \
-                         not empty and does not start with a dot",
-                        file.display(),
-                        prompt_line(file, k)
+                        "{} line {line}: the prompt id {id:?} would name a hidden file: give an id \
+                         that is not empty and does not start with a dot",
+                        file.display()
                     );
                 }
                 let name = suite_file(&id);
