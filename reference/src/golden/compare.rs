@@ -5,7 +5,7 @@
 use super::Golden;
 use super::check::token_ids as ids;
 use super::m2r2::{
-    Against, M2r2Record, compare_graph_outputs, compare_rounds, compare_scores,
+    Against, DraftTies, M2r2Record, compare_graph_outputs, compare_rounds, compare_scores,
     compare_tree_graph_outputs, compare_tree_rounds,
 };
 use super::record::replay_on;
@@ -252,7 +252,12 @@ fn compare_records(
                     "the goldens record different draft lengths ({la:?} vs {lb:?})"
                 )));
             }
-            let rounds = compare_rounds(ACTUAL, a, b, Against::Actual);
+            // the first file is the golden: its draft logits tell near ties of the draft
+            let ties = ga.as_ref().map(|ga| DraftTies {
+                draft_logits: &ga.draft_logits,
+                tol,
+            });
+            let rounds = compare_rounds(ACTUAL, a, b, ties.as_ref(), Against::Actual);
             // Rows are comparable up to the first round that differs.
             let same = rounds.first_row.unwrap_or(a.len().min(b.len()));
             let scores = compare_scores(
@@ -304,7 +309,11 @@ fn compare_records(
                     rb.describe()
                 )));
             }
-            let rounds = compare_tree_rounds(ACTUAL, a, b, None, Against::Actual);
+            let ties = DraftTies {
+                draft_logits: &ga.draft_logits,
+                tol,
+            };
+            let rounds = compare_tree_rounds(ACTUAL, a, b, Some(&ties), Against::Actual);
             // Rows are comparable up to the first round that differs.
             let same = rounds.first_row.unwrap_or(a.len().min(b.len()));
             let mut entries = vec![rounds];

@@ -27,7 +27,8 @@ use ndarray::Array2;
 // the engine and the round comparisons, at the paths `golden::m2r2` and `tree_compare.rs` use
 pub use super::engine::{EngineGraphs, REFERENCE, SpeculativeEngine};
 pub(in crate::golden) use super::rounds_compare::{
-    Against, compare_graph_outputs, compare_rounds, compare_scores, rounds_check,
+    Against, DraftTies, compare_graph_outputs, compare_rounds, compare_scores, rounds_check,
+    ties_note,
 };
 
 impl Golden {
@@ -341,10 +342,15 @@ impl Golden {
         let got = RoundTensors::from_output(&run.out, draft_length.max());
         let step_rounds = rounds.step_rounds(n);
         let mut entries = self.decoded_checks(graphs.decode, &run.out.tokens, &step_rounds);
+        let ties = recorded_graphs.as_ref().map(|want| DraftTies {
+            draft_logits: &want.draft_logits,
+            tol,
+        });
         entries.push(compare_rounds(
             graphs.decode,
             rounds,
             &got,
+            ties.as_ref(),
             Against::Recomputed,
         ));
         // the base model along the recorded tokens

@@ -72,7 +72,7 @@ mod weights_id;
 #[cfg(test)]
 mod weights_id_tests;
 
-pub(super) use check::{Against, compare_graph_outputs, compare_rounds, compare_scores};
+pub(super) use check::{Against, DraftTies, compare_graph_outputs, compare_rounds, compare_scores};
 pub use check::{EngineGraphs, REFERENCE, SpeculativeEngine};
 pub use record::early_exit_logits;
 pub use rounds::RoundTensors;

@@ -6,6 +6,55 @@ use super::{GraphOutputs, RoundTensors};
 use crate::golden::report::{Divergence, TensorCheck, Tolerance, compare_rows};
 use ndarray::{Array2, s};
 
+/// The golden's draft logits, to tell a near tie of the draft from a fault: a drafted token that
+/// differs is a near tie when the golden draft row it was drafted from scores both tokens within
+/// what `tol` allows the two together (either may move by its own allowance, so the order of two
+/// candidates that close may flip in a lower-precision export).
+pub(in crate::golden) struct DraftTies<'a> {
+    pub draft_logits: &'a Array2<f32>,
+    pub tol: Tolerance,
+}
+
+impl DraftTies<'_> {
+    /// Tokens `a` and `b` are a near tie in row `row` of the golden's draft logits: their
+    /// distance there, when within the allowance.
+    pub(super) fn gap_in_row(&self, row: usize, a: i64, b: i64) -> Option<f32> {
+        let row = (row < self.draft_logits.nrows()).then(|| self.draft_logits.row(row))?;
+        let logit = |t: i64| row.get(usize::try_from(t).ok()?).copied();
+        let (a, b) = (logit(a)?, logit(b)?);
+        let allowed = 2.0 * self.tol.atol + self.tol.rtol * (a.abs() + b.abs());
+        let gap = (a - b).abs();
+        (gap <= allowed).then_some(gap)
+    }
+
+    /// Draft `j` of round `r` is a near tie: the golden's token and the other decode's, in the
+    /// golden's proposal row they were drafted from.
+    fn chain_gap(
+        &self,
+        want: &RoundTensors,
+        got: &RoundTensors,
+        r: usize,
+        j: usize,
+    ) -> Option<f32> {
+        let row = (0..r).map(|q| want.proposals(q)).sum::<usize>() + j;
+        let token = |t: &RoundTensors| t.drafted.get((r, j)).copied().filter(|&t| t >= 0);
+        self.gap_in_row(row, token(want)?, token(got)?)
+    }
+}
+
+/// The note a `rounds` line that is equal but for near ties of the draft adds, `tied` naming
+/// each such round and its tied drafts.
+pub(in crate::golden) fn ties_note(tied: &[String]) -> String {
+    match tied.is_empty() {
+        true => String::new(),
+        false => format!(
+            "; equal but for near ties of the draft (candidates whose golden draft logits are \
+             within the tolerance swapped, the same tokens emitted): {}",
+            tied.join("; ")
+        ),
+    }
+}
+
 /// `verify_logits` (recomputed by `graphs.0`) and `draft_logits` (by `graphs.1`) over the rows of
 /// the first `rounds_compared` of the recorded `rounds` (the prompt's verified row included), each
 /// row named by its round.
@@ -101,25 +150,55 @@ impl Against {
 
 /// The rounds of two speculative decodes, round by round: the first round whose drafts,
 /// accepted count or base token differ is the divergence (every later round follows from it and
-/// is not reported again); padding is never shown. Rounds past the shorter decode's are compared
-/// as `against` says.
+/// is not reported again); padding is never shown. With `ties` (the golden's draft logits), a
+/// round whose drafts first differ at a near tie of the draft, emitting the same tokens (the
+/// tie lies past the accepted drafts), is equal and named in the note; a divergence at a near tie
+/// says so. Rounds past the shorter decode's are compared as `against` says.
 pub(in crate::golden) fn compare_rounds(
     graph: &str,
     want: &RoundTensors,
     got: &RoundTensors,
+    ties: Option<&DraftTies<'_>>,
     against: Against,
 ) -> TensorCheck {
+    // the first draft of round `r` that differs, and its distance when it is a near tie
+    let first_draft = |r: usize| {
+        let (w, g) = (want.drafted_in(r), got.drafted_in(r));
+        let j = (0..w.len().max(g.len())).find(|&j| w.get(j) != g.get(j))?;
+        Some((j, ties.and_then(|t| t.chain_gap(want, got, r, j))))
+    };
+    // round `r` differs only past a near tie its accepted drafts do not reach
+    let tied = |r: usize| match first_draft(r) {
+        Some((j, Some(gap)))
+            if want.accepted[r] == got.accepted[r]
+                && want.base_token[r] == got.base_token[r]
+                && usize::try_from(want.accepted[r]).is_ok_and(|a| a <= j) =>
+        {
+            Some((j, gap))
+        }
+        _ => None,
+    };
     let differs = |r: usize| {
+        if tied(r).is_some() {
+            return None;
+        }
+        let drafted = match first_draft(r) {
+            Some((j, Some(gap))) => format!(
+                "drafted (draft {j}, a near tie of the draft: {gap:.1e} apart in the golden's \
+                 draft row)"
+            ),
+            _ => "drafted".into(),
+        };
         let parts = [
-            ("drafted", want.drafted_in(r), got.drafted_in(r), true),
+            (drafted, want.drafted_in(r), got.drafted_in(r), true),
             (
-                "accepted",
+                "accepted".into(),
                 vec![want.accepted[r]],
                 vec![got.accepted[r]],
                 false,
             ),
             (
-                "base token",
+                "base token".into(),
                 vec![want.base_token[r]],
                 vec![got.base_token[r]],
                 true,
@@ -128,7 +207,7 @@ pub(in crate::golden) fn compare_rounds(
         let (what, golden, recomputed, tokens) = parts.into_iter().find(|(_, w, g, _)| w != g)?;
         Some(Divergence {
             row: r,
-            what: what.into(),
+            what,
             golden,
             recomputed,
             tokens,
@@ -142,13 +221,21 @@ pub(in crate::golden) fn compare_rounds(
         recomputed: extra(got, r).unwrap_or_default(),
         tokens: true,
     };
-    rounds_check(
+    let mut check = rounds_check(
         graph,
         (want.len(), got.len()),
         against,
         differs,
         past_the_end,
-    )
+    );
+    if check.ok {
+        let tied: Vec<String> = (0..want.len().min(got.len()))
+            .filter_map(|r| Some((r, tied(r)?)))
+            .map(|(r, (j, gap))| format!("round {r} draft {j} ({gap:.1e} apart)"))
+            .collect();
+        check.note += &ties_note(&tied);
+    }
+    check
 }
 
 /// The `rounds` line of two decodes of `rounds` (golden, other) rounds, a chain's and a tree's

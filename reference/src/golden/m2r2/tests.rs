@@ -778,3 +778,165 @@ fn accepted_counts_that_do_not_emit_the_tokens_are_refused() {
         "tensor `round_accepted`: round 0 accepted -1 of its 2 drafts",
     );
 }
+
+/// A chain's drafted token that differs where the golden's draft scored both candidates within
+/// the tolerance is a near tie (an f16 export may swap them): past the accepted drafts the round
+/// is equal, named in the note; among them, or farther apart, the round diverges, a tie said so.
+#[test]
+fn near_ties_of_a_chain_draft_are_told_from_faults() {
+    let (model, weights) = setup("tiny");
+    let m2r2 = M2r2::new(&model, &weights);
+    let options = spec_options(DraftLength::Fixed(3));
+    // a prompt whose rounds accept all of their drafts and none (tiny repeats tokens)
+    let g = Golden::record_speculative(m2r2, "tiny", &[7, 8, 9], 14, 1, None, &options).unwrap();
+    let Some(M2r2Record::Speculative { rounds, graphs, .. }) = g.m2r2.as_ref().map(|m| &m.record)
+    else {
+        unreachable!()
+    };
+    let graphs = graphs.as_ref().unwrap();
+    // draft `j` of round `r` swapped for another token with its logit `gap` below the golden's,
+    // the drafts after it drafted from the other token
+    let swapped = |r: usize, j: usize, gap: f32| {
+        let mut got = rounds.clone();
+        let want = rounds.drafted[[r, j]];
+        let other = (0..model.config.vocab_size as i64)
+            .find(|&t| t != want && !rounds.drafted.row(r).iter().any(|&x| x == t))
+            .unwrap();
+        got.drafted[[r, j]] = other;
+        for k in j + 1..rounds.drafted_in(r).len() {
+            got.drafted[[r, k]] = (other + k as i64) % model.config.vocab_size as i64;
+        }
+        let row = rounds
+            .proposal_rounds()
+            .iter()
+            .position(|&p| p == Some(r))
+            .unwrap()
+            + j;
+        let mut logits = graphs.draft_logits.clone();
+        logits[[row, other as usize]] = logits[[row, want as usize]] - gap;
+        (got, logits)
+    };
+    let check = |got: &RoundTensors, logits: &ndarray::Array2<f32>| {
+        let ties = DraftTies {
+            draft_logits: logits,
+            tol: Tolerance::absolute(1e-3),
+        };
+        compare_rounds("engine", rounds, got, Some(&ties), Against::Recomputed)
+    };
+    // a round that rejected a draft: its first rejected draft, not emitted
+    let r = (0..rounds.len())
+        .find(|&r| (rounds.accepted[r] as usize) < rounds.drafted_in(r).len())
+        .unwrap();
+    let j = rounds.accepted[r] as usize;
+    let (got, logits) = swapped(r, j, 5e-4);
+    let e = check(&got, &logits);
+    assert!(e.ok, "{e:?}");
+    assert!(
+        e.note
+            .contains(&format!("near ties of the draft (candidates whose golden draft logits are within the tolerance swapped, the same tokens emitted): round {r} draft {j} (5.0e-4 apart)")),
+        "{}",
+        e.note
+    );
+    // without the golden's logits, or farther apart than 2 x atol: a divergence
+    assert!(!compare_rounds("engine", rounds, &got, None, Against::Recomputed).ok);
+    let (got, logits) = swapped(r, j, 3e-3);
+    let d = check(&got, &logits).divergence.unwrap();
+    assert_eq!((d.row, d.what.as_str()), (r, "drafted"));
+    // an accepted draft: the round emitted another token, a divergence named as a tie
+    let r = (0..rounds.len()).find(|&r| rounds.accepted[r] > 0).unwrap();
+    let (got, logits) = swapped(r, 0, 0.0);
+    let d = check(&got, &logits).divergence.unwrap();
+    assert_eq!(d.row, r);
+    assert!(
+        d.what
+            .contains("draft 0, a near tie of the draft: 0.0e0 apart"),
+        "{}",
+        d.what
+    );
+}
+
+/// `golden compare` tells near ties by the first file's draft logits, for chains and trees: a
+/// deployment's golden that swapped two near-equal candidates of the draft, off what the round
+/// emitted, is equal.
+#[test]
+fn file_compare_tells_near_ties_by_the_first_files_draft() {
+    let (model, weights) = setup("tiny");
+    let m2r2 = M2r2::new(&model, &weights);
+    // a prompt whose chain rounds reject drafts (tiny repeats tokens)
+    let (prompt, vocab) = ([7, 8, 9], model.config.vocab_size as i64);
+    let chain = Golden::record_speculative(
+        m2r2,
+        "tiny",
+        &prompt,
+        14,
+        1,
+        None,
+        &spec_options(DraftLength::Fixed(3)),
+    )
+    .unwrap();
+    let recipe = TreeRecipe::fixed(1, &[2, 1, 1]);
+    let tree = Golden::record_tree_drafting(m2r2, "tiny", &prompt, 14, &recipe, &[]).unwrap();
+    for mut golden in [chain, tree] {
+        let mut deployed = golden.clone();
+        // a drafted token the round did not emit becomes one no draft of the round holds, its
+        // logit in the golden's draft row set 5e-4 under the golden token's
+        let (row, want, other) = match (
+            &mut golden.m2r2.as_mut().unwrap().record,
+            &mut deployed.m2r2.as_mut().unwrap().record,
+        ) {
+            (
+                M2r2Record::Speculative { rounds, .. },
+                M2r2Record::Speculative { rounds: got, .. },
+            ) => {
+                let r = (0..rounds.len())
+                    .find(|&r| (rounds.accepted[r] as usize) < rounds.drafted_in(r).len())
+                    .unwrap();
+                let j = rounds.accepted[r] as usize;
+                let other = (0..vocab)
+                    .find(|&t| !rounds.drafted.row(r).iter().any(|&x| x == t))
+                    .unwrap();
+                got.drafted[[r, j]] = other;
+                let row = rounds.proposal_rounds().iter().position(|&p| p == Some(r));
+                (row.unwrap() + j, rounds.drafted[[r, j]], other)
+            }
+            (
+                M2r2Record::SpeculativeTree { rounds, .. },
+                M2r2Record::SpeculativeTree { rounds: got, .. },
+            ) => {
+                // node 2, the root's second candidate, off the accepted path; the nodes below
+                // it drafted from the other token
+                let tree = &rounds.trees[0];
+                let r = (0..rounds.len())
+                    .find(|&r| !tree.path(rounds.node[r] as usize).contains(&2))
+                    .unwrap();
+                let other = (0..vocab)
+                    .find(|&t| !rounds.tokens.row(r).iter().any(|&x| x == t))
+                    .unwrap();
+                got.tokens[[r, 2]] = other;
+                for d in (3..tree.nodes()).filter(|&d| tree.path(d).contains(&2)) {
+                    got.tokens[[r, d]] = (other + d as i64) % vocab;
+                }
+                let parent = tree.parent(2).unwrap();
+                let row = rounds.draft_rows().iter().position(|&p| p == (r, parent));
+                (row.unwrap(), rounds.tokens[[r, 2]], other)
+            }
+            _ => unreachable!(),
+        };
+        let tol = Tolerance::absolute(1e-3);
+        let unexcused = golden.compare_to(&deployed, tol, &|_| None).unwrap();
+        assert!(!unexcused.ok(), "{unexcused:?}");
+        let graphs = match &mut golden.m2r2.as_mut().unwrap().record {
+            M2r2Record::Speculative { graphs, .. } => graphs.as_mut().unwrap(),
+            M2r2Record::SpeculativeTree { graphs, .. } => graphs,
+            M2r2Record::EarlyExit { .. } => unreachable!(),
+        };
+        let logits = &mut graphs.draft_logits;
+        logits[[row, other as usize]] = logits[[row, want as usize]] - 5e-4;
+        // the deployment's draft logits are the golden's: only the golden's are edited here
+        let report = golden.compare_to(&deployed, tol, &|_| None);
+        let report = report.unwrap();
+        let rounds = report.entries.iter().find(|e| e.name == "rounds").unwrap();
+        assert!(rounds.ok, "{rounds:?}");
+        assert!(rounds.note.contains("(5.0e-4 apart)"), "{}", rounds.note);
+    }
+}

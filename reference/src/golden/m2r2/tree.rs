@@ -38,8 +38,9 @@
 
 use super::M2r2Record;
 use super::check::Against;
+use super::check::DraftTies;
 use super::record::m2r2_golden;
-use super::tree_compare::{DraftTies, compare_tree_graph_outputs, compare_tree_rounds};
+use super::tree_compare::{compare_tree_graph_outputs, compare_tree_rounds};
 pub use super::tree_replay::TreeEngine;
 use super::tree_replay::{replay_tree_rounds, run_tree_on};
 pub use super::tree_rounds::{TreeRecipe, TreeRounds, proposing_nodes, widths_text};

@@ -2,21 +2,12 @@
 //! token) and the graphs' rows along them, each row named by its round and node.
 
 use super::GraphOutputs;
-use super::check::{Against, rounds_check};
+use super::check::{Against, DraftTies, rounds_check, ties_note};
 use super::tree_rounds::TreeRounds;
 use crate::base::tree::TokenTree;
 use crate::golden::report::{Divergence, TensorCheck, Tolerance, compare_rows};
 use ndarray::{Array2, ArrayView1, s};
 use std::collections::HashMap;
-
-/// The golden's draft logits, to tell a near tie of the draft from a fault: a drafted node whose
-/// token differs is a near tie when its parent's golden draft row scores both tokens within what
-/// `tol` allows the two together (either may move by its own allowance, so the order of two
-/// candidates that close may flip in a lower-precision export).
-pub(in crate::golden) struct DraftTies<'a> {
-    pub draft_logits: &'a Array2<f32>,
-    pub tol: Tolerance,
-}
 
 /// A round whose trees differ only below near ties of the draft, and emitted the same tokens.
 struct TiedRound {
@@ -40,15 +31,8 @@ impl DraftTies<'_> {
             return None;
         }
         let parent = want.trees[r].parent(i)?;
-        let row = self.draft_logits.row(*rows.get(&(r, parent))?);
-        let logit = |t: &TreeRounds| {
-            let token = usize::try_from(*t.tokens.get((r, i))?).ok()?;
-            row.get(token).copied()
-        };
-        let (a, b) = (logit(want)?, logit(got)?);
-        let allowed = 2.0 * self.tol.atol + self.tol.rtol * (a.abs() + b.abs());
-        let gap = (a - b).abs();
-        (gap <= allowed).then_some(gap)
+        let token = |t: &TreeRounds| t.tokens.get((r, i)).copied();
+        self.gap_in_row(*rows.get(&(r, parent))?, token(want)?, token(got)?)
     }
 
     /// Round `r` of two decodes with the same tree shape, when every node whose token differs
@@ -196,7 +180,7 @@ pub(in crate::golden) fn compare_tree_rounds(
     let counts = (want.len(), got.len());
     let mut check = rounds_check(graph, counts, against, differs, past_the_end);
     if check.ok {
-        let tied: Vec<String> = (0..want.len())
+        let tied: Vec<String> = (0..want.len().min(got.len()))
             .filter_map(|r| Some((r, tied(r)?)))
             .map(|(r, t)| {
                 let nodes: Vec<String> = t
@@ -207,13 +191,7 @@ pub(in crate::golden) fn compare_tree_rounds(
                 format!("round {r} {}", nodes.join(", "))
             })
             .collect();
-        if !tied.is_empty() {
-            check.note += &format!(
-                "; equal but for near ties of the draft (candidates whose golden draft logits are \
-                 within the tolerance swapped, the same tokens emitted): {}",
-                tied.join("; ")
-            );
-        }
+        check.note += &ties_note(&tied);
     }
     check
 }

@@ -2,9 +2,9 @@
 //! tampering reported at its round and node, inconsistent files refused, a chain-shaped tree
 //! recording what the chain golden records.
 
+use super::check::DraftTies;
 use super::tests::{RawGolden, refused_after, round_trip, set_i64, set_meta, setup, spec_options};
 use super::tree::{TreeEngine, TreeRounds, proposing_nodes};
-use super::tree_compare::DraftTies;
 use super::*;
 use crate::base::generate::ReferenceGreedy;
 use crate::base::tree::TokenTree;
