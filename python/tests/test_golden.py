@@ -438,6 +438,29 @@ class WriteSpeculative(TempDir):
             m2r2_golden.write_speculative(out, like=greedy, **good)
         self.assertFalse(Path(out).exists())
 
+    def test_a_like_whose_weights_hash_the_reference_refuses(self):
+        """`m2r2_weights_hash` is copied from `like` only as the reference reads it (16 hex
+        digits): anything else is a ValueError naming the key, and nothing is written."""
+        out = self.path("spec.golden.safetensors")
+        for bad in ("not-a-hash", "", "0123456789abcdeg", -1, 0.5, [], None):
+            with self.subTest(m2r2_weights_hash=bad):
+                like = m2r2_golden.Golden(
+                    **arrays(self.spec, GREEDY_TENSORS),
+                    metadata={**self.spec.metadata, "m2r2_weights_hash": bad},
+                )
+                with self.assertRaises(ValueError) as e:
+                    m2r2_golden.write_speculative(out, like=like, **self.rounds, **self.graphs)
+                self.assertIn(out, str(e.exception))
+                self.assertIn("`like`", str(e.exception))
+                self.assertIn(f"metadata `m2r2_weights_hash` = {bad!r}", str(e.exception))
+        self.assertEqual(os.listdir(self.dir.name), [])
+        like = m2r2_golden.Golden(
+            **arrays(self.spec, GREEDY_TENSORS),
+            metadata={**self.spec.metadata, "m2r2_weights_hash": "ABCDEF0123456789"},
+        )
+        g = m2r2_golden.write_speculative(out, like=like, **self.rounds, **self.graphs)
+        self.assertEqual(g.m2r2_weights_hash, "ABCDEF0123456789")
+
     def test_a_token_tree_like_is_refused(self):
         """A tree's recipe has no chain's `draft_threshold` or rounds: write_tree writes those."""
         out = self.path("tree-like.golden.safetensors")
@@ -496,6 +519,23 @@ class ReadRefusals(TempDir):
         self.assertRefused(self.save(format=None), "metadata `format` is missing")
         self.assertRefused(self.save(config_hash=None), "metadata `config_hash` is missing")
         self.assertRefused(self.save(config="{oops"), "metadata `config` is not valid JSON")
+
+    def test_vocabulary_is_a_count_the_logits_cover(self):
+        """As the reference's reader: a config's `vocab_size` is a count of tokens, and the
+        logits have one column per token of it."""
+        config = json.loads(self.ref.metadata["config"])
+        for bad in (-1, 0, "320", 3.5, None, True):
+            with self.subTest(vocab_size=bad):
+                edited = json.dumps({**config, "vocab_size": bad})
+                self.assertRefused(
+                    self.save(config=edited),
+                    f"metadata `config`: vocab_size {json.dumps(bad)} is not a count of tokens",
+                )
+        n, v = self.ref.logits.shape
+        self.assertRefused(
+            self.save({"logits": self.ref.logits[:, : v - 1].copy()}),
+            f"tensor `logits` has shape [{n}, {v - 1}], expected [{n}, {v}]",
+        )
 
     def test_unsupported_versions_and_modes(self):
         self.assertRefused(self.save(format_version="6"), "format version 6 is not supported")
@@ -690,11 +730,14 @@ class ReadRefusals(TempDir):
             self.save({**rounds, "draft_logits": spec.draft_logits.reshape(-1)}),
             f"tensor `draft_logits` has shape [{q * v}], expected [{q}, V]",
         )
-        # the rows follow the rounds: one draft fewer in round 0 is one row fewer of each
+        # the rows follow the rounds: one draft fewer in round 0 (which accepts one fewer, to
+        # stay within its drafts) is one row fewer of each
         drafted = spec.round_drafted.copy()
         drafted[0, -1] = -1
+        accepted = spec.round_accepted.copy()
+        accepted[0] = (drafted[0] >= 0).sum()
         self.assertRefused(
-            self.save({**rounds, "round_drafted": drafted}),
+            self.save({**rounds, "round_drafted": drafted, "round_accepted": accepted}),
             f"tensor `verify_logits` has shape [{t}, {v}], expected [{t - 1}, {v}]",
         )
 
@@ -749,6 +792,250 @@ class ReadRefusals(TempDir):
         # the reference's JSON text: 1e-5 as serde_json writes it, not as Python would
         self.assertIn('"rms_norm_eps":0.00001', g.config_json)
         self.assertNotEqual(json.dumps(g.config, separators=(",", ":")), g.config_json)
+
+    def test_chain_rounds_accept_at_most_their_drafts(self):
+        """As the reference's reader: a chain round accepts 0 to its drafts, named by round (even
+        where the rows the rounds imply would be refused too: this is checked first)."""
+        spec = m2r2_golden.read(reference_golden("M2R2_GOLDEN_SPECULATIVE"))
+        self.ref = spec
+        rounds = spec.m2r2_tensors()
+        self.assertEqual(spec.round_drafted.tolist(), [[3, 3], [3, 3]])
+        self.assertEqual(spec.round_accepted.tolist(), [2, 2])
+        for k, a in ((0, -2), (0, 3), (0, 320), (1, 3), (1, -1)):
+            with self.subTest(round=k, accepted=a):
+                accepted = spec.round_accepted.copy()
+                accepted[k] = a
+                self.assertRefused(
+                    self.save({**rounds, "round_accepted": accepted}),
+                    f"tensor `round_accepted`: round {k} accepted {a} of its 2 drafts",
+                )
+        drafted = spec.round_drafted.copy()
+        drafted[0, 1] = -1
+        self.assertRefused(
+            self.save({**rounds, "round_drafted": drafted}),
+            "tensor `round_accepted`: round 0 accepted 2 of its 1 drafts",
+        )
+
+    def test_accepted_counts_must_emit_the_tokens(self):
+        """As the reference's reader: the prompt's token, then per round its accepted drafts and
+        its base token; every round but the last emits all of them, the last at least one, and
+        fewer than all only where the budget (or a stop token) cut it."""
+        spec = m2r2_golden.read(reference_golden("M2R2_GOLDEN_SPECULATIVE"))
+        self.ref = spec
+        rounds = spec.m2r2_tensors()
+        self.assertEqual((spec.round_accepted.tolist(), len(spec.tokens)), ([2, 2], 6))
+
+        def disagree(before: int, everything: int, n: int) -> str:
+            return (
+                "tensor `round_accepted` does not agree with `tokens`: the prompt's token and 2 "
+                "rounds of accepted drafts and a base token each make "
+                f"{before} tokens before the last round and {everything} with it, but `tokens` "
+                f"holds {n} (the last round emits at least one, and fewer than all only where the "
+                "budget or a stop token cut it)"
+            )
+
+        for accepted, before, everything in (
+            ([0, 2], 2, 5),
+            ([2, 0], 4, 5),
+            ([1, 1], 3, 5),
+            ([0, 0], 2, 3),
+        ):
+            with self.subTest(accepted=accepted):
+                self.assertRefused(
+                    self.save({**rounds, "round_accepted": np.array(accepted)}),
+                    disagree(before, everything, 6),
+                )
+        # tokens that end before the last round emits one (its budget), or with none
+        for n in (0, 1, 4):
+            with self.subTest(tokens=n):
+                cut = {"tokens": spec.tokens[:n], "logits": spec.logits[:n]}
+                self.assertRefused(
+                    self.save({**rounds, **cut}, max_steps=str(n)), disagree(4, 7, n)
+                )
+        # the budget cut the last round after its first token, or the rounds emit one more
+        cut = {"tokens": spec.tokens[:5], "logits": spec.logits[:5]}
+        back = m2r2_golden.read(self.save({**rounds, **cut}, max_steps="5"))
+        self.assertEqual(len(back.tokens), 5)
+        more = {"round_accepted": np.array([2, 1])}
+        self.assertEqual(m2r2_golden.read(self.save({**rounds, **more})).round_accepted[1], 1)
+
+    def test_m2r2_weights_hash_is_16_hex_digits(self):
+        """As the reference's reader: `m2r2_weights_hash`, where a golden has one, is 16 hex
+        digits (either case), in every M2R2 mode; `m2r2_hash` and `config_hash` have no form."""
+        for var in ("M2R2_GOLDEN_SPECULATIVE", "M2R2_GOLDEN_EARLY_EXIT", "M2R2_GOLDEN_TREE"):
+            g = m2r2_golden.read(reference_golden(var))
+            self.ref = g
+            tensors = g.m2r2_tensors()
+            for bad in (
+                "not-a-hash",
+                "",
+                "-1",
+                "0.5",
+                "[]",
+                "0123456789abcde",
+                "0123456789abcdef0",
+                "0123456789abcdeg",
+                " 0123456789abcdef",
+                "0123456789abcdef\n",
+                "０123456789abcde",
+            ):
+                with self.subTest(golden=var, m2r2_weights_hash=bad):
+                    self.assertRefused(
+                        self.save(tensors, m2r2_weights_hash=bad),
+                        f"metadata `m2r2_weights_hash` = `{bad}` is not valid",
+                    )
+            for good in ("ABCDEF0123456789", None):
+                with self.subTest(golden=var, m2r2_weights_hash=good):
+                    back = m2r2_golden.read(self.save(tensors, m2r2_weights_hash=good))
+                    self.assertEqual(back.m2r2_weights_hash, good)
+            back = m2r2_golden.read(self.save(tensors, m2r2_hash="zz", config_hash=""))
+            self.assertEqual((back.m2r2_hash, back.config_hash), ("zz", ""))
+
+    def test_m2r2_config_as_the_reference_deserialises_it(self):
+        """`m2r2_config` is refused where the reference cannot deserialise its M2R2 settings from
+        it (serde: required fields, no unknown or repeated ones, counts that are non-negative
+        integers, known gates, targets and bridge sites), and read where it can (structs also
+        as arrays of their fields, `null` for what is optional)."""
+        spec = m2r2_golden.read(reference_golden("M2R2_GOLDEN_SPECULATIVE"))
+        self.ref = spec
+        rounds = spec.m2r2_tensors()
+        text = spec.metadata["m2r2_config"]
+        config = json.loads(text)
+        self.assertEqual(list(config)[:3], ["num_layers", "gates", "draft_gate"])
+
+        def edit(**change) -> str:
+            return json.dumps({**config, **change})
+
+        arla = {"latent": 64, "threshold": 0.5}
+        required = [8, [2, 4, 6], 1, 4, 16, 32.0, ["q_proj"], arla]
+        bridge = {"gate": 1, "rank": 2, "sites": ["entry"]}
+        refused = [
+            ("{}", "metadata `m2r2_config`: missing field `num_layers`"),
+            (edit(extra=1), "unknown field `extra`"),
+            (text[:-1] + ',"rank":16}', "duplicate field `rank`"),
+            (edit(num_layers=-1), "`num_layers`"),
+            (text.replace('"num_layers":8', '"num_layers":-0'), "`num_layers`"),
+            (edit(num_layers=8.0), "`num_layers`"),
+            (text.replace('"num_layers":8', '"num_layers":1e1'), "`num_layers`"),
+            (edit(gates=[2, "4"]), '`gates[1]`: string "4", expected usize'),
+            (edit(draft_len=True), "`draft_len`"),
+            (edit(alpha="1"), "`alpha`"),
+            (text.replace("32.0", "NaN"), "not valid JSON"),
+            (text.replace("32.0", "1e400"), "number out of range"),
+            (edit(seed=2**64), "`seed`"),
+            (edit(seed=-1), "`seed`"),
+            (edit(arla=[64]), "`arla`: invalid length 1, expected struct ArlaConfig with 2"),
+            (edit(arla=[64, 0.5, 1]), "`arla`"),
+            (edit(arla={"latent": 64}), "missing field `threshold`"),
+            (edit(targets=["x_proj"]), "`targets[0]`"),
+            (edit(dynamic_draft={"gate": "arl", "threshold": 0.5}), "`dynamic_draft.gate`"),
+            (
+                edit(early_exit={"gate": "entropy", "thresholds": ["1"]}),
+                "`early_exit.thresholds[0]`",
+            ),
+            (edit(bridge={**bridge, "sites": [{"entry": 1}]}), "`bridge.sites[0]`"),
+            (edit(bridge={**bridge, "sites": [{"entry": None, "gate": None}]}), "`bridge.sites"),
+            (edit(bridge={**bridge, "sites": ["middle"]}), "`bridge.sites[0]`"),
+            (edit(bridge={**bridge, "scales": []}), "`bridge.scales`"),
+            (edit(bridge={**bridge, "scales": None}), "`bridge.scales`"),
+            (edit(bridge={**bridge, "scales": {"middle": 1}}), "`bridge.scales`"),
+            (edit(onnx_drafting={"draft_gate": 2}), "missing field `draft_len`"),
+            (
+                edit(draft_tree={"draft_gate": 1, "widths": [2], "dynamic": {"gate": "entropy"}}),
+                "missing field `threshold`",
+            ),
+            (json.dumps(required[:-1]), "invalid length 7"),
+            (json.dumps(required + [None] * 7 + [1]), "more than the 15 fields"),
+            ('"x"', "`m2r2_config`"),
+            ("null", "`m2r2_config`"),
+        ]
+        for bad, needle in refused:
+            with self.subTest(m2r2_config=bad):
+                self.assertRefused(
+                    self.save(rounds, m2r2_config=bad), "metadata `m2r2_config`", needle
+                )
+        read = [
+            json.dumps(required),
+            json.dumps(required[:7] + [[64, 0.5]] + [None] * 6 + [7]),
+            edit(arla=[64, 0.5], early_exit=None, seed=None, bridge=None),
+            edit(alpha=1e39, rank=2**64 - 1, seed=2**64 - 1),
+            text.replace("32.0", "-0"),
+            edit(bridge={**bridge, "sites": [{"entry": None}, "gate"], "scales": {"gate": 1}}),
+            text[:-1] + ',"bridge":{"gate":1,"rank":2,"sites":[],"scales":{"gate":1,"gate":2}}}',
+            edit(onnx_drafting={"draft_gate": 2, "draft_len": 2, "prompt_lookup": 3}),
+            edit(draft_tree={"draft_gate": 1, "widths": [2, 1], "dynamic": None}),
+            edit(early_exit={"gate": "confidence", "thresholds": [1, 0.5, 1]}),
+        ]
+        for good in read:
+            with self.subTest(m2r2_config=good):
+                self.assertEqual(
+                    m2r2_golden.read(self.save(rounds, m2r2_config=good)).metadata["m2r2_config"],
+                    good,
+                )
+        # early exit's gates from the settings in either form
+        exits = m2r2_golden.read(reference_golden("M2R2_GOLDEN_EARLY_EXIT"))
+        self.ref = exits
+        tensors = exits.m2r2_tensors()
+        m2r2_golden.read(self.save(tensors, m2r2_config=json.dumps(required)))
+        fewer = [8, [2, 4]] + required[2:]
+        self.assertRefused(
+            self.save(tensors, m2r2_config=json.dumps(fewer)), "tensor `gate_scores` has shape"
+        )
+
+    def test_json_as_the_reference_parses_it(self):
+        """`config`, `m2r2_config` and `stop_tokens` are JSON as serde_json reads it: no NaN or
+        Infinity, no number beyond f64, no lone surrogate, at most 127 levels deep; `-0` is a
+        float, integers past u64 too."""
+        config = self.ref.metadata["config"]
+        for bad in (
+            "NaN",
+            "-Infinity",
+            "1e400",
+            "-" + "1" * 400,
+            "1" * 5000,
+            '"\\ud800"',
+            '"\\udc00x"',
+            "[" * 127 + "]" * 127,
+            '{"a":' * 127 + "1" + "}" * 127,
+            "[" * 100000 + "]" * 100000,
+        ):
+            with self.subTest(value=bad[:20]):
+                self.assertRefused(
+                    self.save(config=config[:-1] + f',"x":{bad}}}'), "metadata `config`"
+                )
+        for good in ('"\\ud83d\\ude00"', "[" * 126 + "]" * 126, "1e-400", "1" * 300, "-0"):
+            with self.subTest(value=good[:20]):
+                m2r2_golden.read(self.save(config=config[:-1] + f',"x":{good}}}'))
+        for bad in ("[-0]", "[1e2]", "[256.0]", "[4294967296]", "[NaN]"):
+            with self.subTest(stop_tokens=bad):
+                self.assertRefused(
+                    self.save(stop_tokens=bad), f"metadata `stop_tokens` = `{bad}` is not valid"
+                )
+        # a vocabulary of `-0` tokens is a float to serde_json, not a count of tokens
+        vocab = config.replace('"vocab_size":320', '"vocab_size":-0')
+        self.assertNotEqual(vocab, config)
+        self.assertRefused(self.save(config=vocab), "vocab_size -0.0 is not a count of tokens")
+
+    def test_tensors_numpy_cannot_hold_are_errors_naming_them(self):
+        """`logits` of no rows and 2^63 columns (no bytes, a shape no array has): refused, as
+        the reference refuses it, by a ValueError naming the file and the tensor."""
+        meta = {**self.ref.metadata, "max_steps": "0"}
+        header = {"__metadata__": meta}
+        tensors = [
+            ("prompt_tokens", "I64", [1], np.array([1], np.int64).tobytes()),
+            ("tokens", "I64", [0], b""),
+            ("logits", "F32", [0, 2**63], b""),
+        ]
+        data = b""
+        for name, dtype, shape, raw in tensors:
+            offsets = [len(data), len(data) + len(raw)]
+            header[name] = {"dtype": dtype, "shape": shape, "data_offsets": offsets}
+            data += raw
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        path = self.path("huge.golden.safetensors")
+        Path(path).write_bytes(len(text).to_bytes(8, "little") + text + data)
+        self.assertRefused(path, "tensor `logits` of shape [0, 9223372036854775808]")
 
 
 
@@ -836,6 +1123,23 @@ class ReadTreeGoldens(TempDir):
         self.assertRefused(
             self.rewrite(self.grown, prompt_lookup_ngram="3,2"), "metadata `prompt_lookup_ngram`"
         )
+
+    def test_accepted_nodes_must_emit_the_tokens(self):
+        """As the reference's reader: each round emits its accepted node's path and a base token,
+        all of them but in the last round, which the budget or a stop token may cut."""
+        g = m2r2_golden.read(self.fixed)
+        self.assertEqual((g.round_node.tolist(), len(g.tokens)), ([5, 5], 6))
+        roots = {"round_node": np.array([0, 0]), "round_accepted": np.array([0, 0])}
+        path = self.rewrite(self.fixed, roots)
+        self.assertRefused(
+            path,
+            "tensor `round_accepted` does not agree with `tokens`: the prompt's token and 2 rounds "
+            "of accepted drafts and a base token each make 2 tokens before the last round and 3 "
+            "with it, but `tokens` holds 6",
+        )
+        # a node at depth 1 in round 0: 3 tokens before the last round, 7 with it
+        shallow = {"round_node": np.array([1, 5]), "round_accepted": np.array([1, 3])}
+        self.assertEqual(m2r2_golden.read(self.rewrite(self.fixed, shallow)).round_node[0], 1)
 
     def test_padding_errors_name_the_round_once(self):
         g = m2r2_golden.read(self.grown)
@@ -940,6 +1244,22 @@ class WriteTree(TempDir):
         greedy = reference_golden("M2R2_GOLDEN_GREEDY")
         with self.assertRaisesRegex(ValueError, "not a token-tree golden"):
             m2r2_golden.write_tree(out, like=greedy, **inputs)
+
+    def test_a_like_whose_weights_hash_the_reference_refuses(self):
+        ref = m2r2_golden.read(reference_golden("M2R2_GOLDEN_TREE"))
+        out = self.path("tree.golden.safetensors")
+        for bad in ("not-a-hash", -1):
+            with self.subTest(m2r2_weights_hash=bad):
+                like = m2r2_golden.Golden(
+                    **arrays(ref, GREEDY_TENSORS),
+                    metadata={**ref.metadata, "m2r2_weights_hash": bad},
+                )
+                with self.assertRaises(ValueError) as e:
+                    m2r2_golden.write_tree(out, like=like, **tree_inputs(ref))
+                self.assertIn(out, str(e.exception))
+                self.assertIn("`like`", str(e.exception))
+                self.assertIn(f"metadata `m2r2_weights_hash` = {bad!r}", str(e.exception))
+        self.assertEqual(os.listdir(self.dir.name), [])
 
     @unittest.skipIf(os.name != "posix", "file modes are POSIX")
     def test_the_mode_of_a_plain_open_and_no_other_file_touched(self):

@@ -151,7 +151,9 @@ class Golden:
 
     @property
     def m2r2_config(self) -> Optional[Dict[str, Any]]:
-        """The M2R2 settings of an early-exit or speculative golden, parsed; ``None`` for greedy."""
+        """The M2R2 settings of an early-exit or speculative golden, parsed; ``None`` for greedy.
+        (The reference writes a JSON object; its reader also takes the fields as an array, in the
+        order of its ``M2r2Config``, which this then returns as a list.)"""
         text = self.metadata.get("m2r2_config")
         return None if text is None else json.loads(text)
 

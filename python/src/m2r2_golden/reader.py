@@ -1,6 +1,8 @@
 """Reading a golden file of format version 1 to 5, validated as docs/GOLDEN.md specifies and as
-the reference's reader does (reference/src/golden/file.rs, reference/src/golden/m2r2/mod.rs): every
-error is a ValueError naming the file and the tensor or metadata key."""
+the reference's reader does (reference/src/golden/file.rs; the M2R2 modes' mode_file.rs, rounds.rs
+and tree_file.rs in reference/src/golden/m2r2/): every error is a ValueError naming the file and
+the tensor or metadata key. JSON metadata is read as the reference reads it
+(:mod:`m2r2_golden.reference_json`)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Dict, List, Optional, Tuple, Union
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
+from .reference_json import GATES, KV_POLICIES, JsonError, check_struct, parse
 from .golden import (
     DTYPES,
     FORMAT,
@@ -20,6 +23,7 @@ from .golden import (
     READ_VERSIONS,
     TREE_FORMAT_VERSION,
     Golden,
+    drafted_in,
     proposal_rounds,
     verify_rounds,
 )
@@ -32,9 +36,8 @@ _U32_MAX = 2**32 - 1
 # Rust's usize::MAX and isize::MAX (64-bit), which bound the reference's counts and sizes
 _USIZE_MAX = 2**64 - 1
 _ISIZE_MAX = 2**63 - 1
-# the values of the M2R2 metadata keys that name something (reference: GateKind, KvPolicy)
-_GATES = ("arla", "confidence", "entropy")
-_KV_POLICIES = ("exact", "fast-kv")
+# `m2r2_weights_hash` as the reference reads it (reference/src/golden/m2r2/mode_file.rs)
+_WEIGHTS_HASH = re.compile(r"[0-9a-fA-F]{16}")
 # A number as Rust's `f32::from_str` reads it: decimal, or inf / infinity / nan in any case, each
 # with an optional sign (no spaces or `_`, which Python's float takes)
 _FLOAT = re.compile(
@@ -45,6 +48,7 @@ _RUST_SPACE = (
     "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
     "\u200a\u2028\u2029\u202f\u205f\u3000"
 )
+
 
 
 def _f32(text: str) -> Optional[float]:
@@ -149,11 +153,12 @@ class _File:
         return parsed
 
     def id_list(self, key: str) -> List[int]:
-        """A JSON list of token ids (each in ``0..=u32::MAX``), as ``stop_tokens`` holds."""
+        """A JSON list of token ids (each in ``0..=u32::MAX``), as ``stop_tokens`` holds (read as
+        serde_json reads a ``Vec<u32>``: ``-0`` and ``1e2`` are floats, no id)."""
         value = self.field(key)
         try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError:
+            parsed = parse(value)
+        except JsonError:
             parsed = None
         if not isinstance(parsed, list) or not all(
             type(t) is int and 0 <= t <= _U32_MAX for t in parsed
@@ -172,15 +177,61 @@ class _File:
         if x is None or not (np.isfinite(x) and x >= 0):
             raise self.error(f"metadata `{key}` = `{value}` is not valid (a finite number >= 0)")
 
-    def json_object(self, key: str) -> dict:
+    def json_value(self, key: str):
+        """Metadata ``key`` parsed as serde_json parses it (:func:`_json`)."""
         value = self.field(key)
         try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError as e:
+            return parse(value)
+        except JsonError as e:
             raise self.error(f"metadata `{key}` is not valid JSON: {e}") from None
+
+    def json_object(self, key: str) -> dict:
+        parsed = self.json_value(key)
         if not isinstance(parsed, dict):
             raise self.error(f"metadata `{key}` is not a JSON object")
         return parsed
+
+    def m2r2_config(self) -> int:
+        """Metadata ``m2r2_config``: the M2R2 settings, which must deserialise as the reference's
+        ``M2r2Config`` (:data:`_STRUCTS`); returns their number of exit gates."""
+        config = self.json_value("m2r2_config")
+        try:
+            check_struct(config, "M2r2Config", "")
+        except JsonError as e:
+            raise self.error(f"metadata `m2r2_config`: {e}") from None
+        return len(config[1] if isinstance(config, list) else config["gates"])
+
+    def check_emitted(self, accepted: np.ndarray, n: int) -> None:
+        """Rounds accepting ``accepted`` drafts (each >= 0) must emit the ``n`` tokens, as the
+        reference's reader requires (``check_emitted``, reference/src/golden/m2r2/rounds.rs): the
+        first token comes from the prompt's row and each round emits its accepted drafts and a
+        base token, so every round but the last emits all of them and the last at least one
+        (fewer than all only where the budget or a stop token cut it, which the stop check
+        covers). No rounds: the caller's to check."""
+        counts = [abs(int(a)) + 1 for a in accepted]
+        if not counts:
+            return
+        before = 1 + sum(counts[:-1])
+        everything = before + counts[-1]
+        if before < n <= everything:
+            return
+        raise self.error(
+            f"tensor `round_accepted` does not agree with `tokens`: the prompt's token and "
+            f"{len(counts)} rounds of accepted drafts and a base token each make {before} tokens "
+            f"before the last round and {everything} with it, but `tokens` holds {n} (the last "
+            "round emits at least one, and fewer than all only where the budget or a stop token "
+            "cut it)"
+        )
+
+    def weights_hash(self) -> None:
+        """Optional metadata ``m2r2_weights_hash``: 16 hex digits (either case), as the reference
+        reads it; ``m2r2_hash`` must be there, in any form."""
+        self.field("m2r2_hash")
+        value = self.metadata.get("m2r2_weights_hash")
+        if value is not None and not _WEIGHTS_HASH.fullmatch(value):
+            raise self.error(
+                f"metadata `m2r2_weights_hash` = `{value}` is not valid (16 hex digits)"
+            )
 
     def tensor(self, name: str, dtype: str) -> np.ndarray:
         """The tensor ``name``, which must be stored as ``dtype`` (``I64`` or ``F32``)."""
@@ -189,7 +240,13 @@ class _File:
         stored = self.handle.get_slice(name).get_dtype()
         if stored != dtype:
             raise self.error(f"tensor `{name}` has unsupported dtype {stored} (expected {dtype})")
-        return np.ascontiguousarray(self.handle.get_tensor(name), dtype=_DTYPES[dtype])
+        try:
+            values = self.handle.get_tensor(name)
+        except ValueError as e:
+            # a shape numpy has no array of (no bytes, so the file holds it: [0, 2^63])
+            shape = _shape(self.handle.get_slice(name).get_shape())
+            raise self.error(f"tensor `{name}` of shape {shape}: {e}") from None
+        return np.ascontiguousarray(values, dtype=_DTYPES[dtype])
 
     def expect_shape(self, name: str, array: np.ndarray, expected: Tuple[int, ...]) -> None:
         if tuple(array.shape) != tuple(expected):
@@ -240,9 +297,15 @@ def _read(file: _File) -> Golden:
     for key in ("model", "config_hash"):
         file.field(key)
     config = file.json_object("config")
-    # the vocabulary the token ids index (a config without one bounds nothing)
+    # the vocabulary the token ids and the logits' rows index (a config without one bounds
+    # nothing; one that is not a count is refused, as the reference refuses it)
     vocab = config.get("vocab_size")
-    vocab = vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None
+    if "vocab_size" in config and not (
+        isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 0
+    ):
+        raise file.error(
+            f"metadata `config`: vocab_size {json.dumps(vocab)} is not a count of tokens"
+        )
     if v >= 3:
         # stop_tokens (the end-of-turn ids it stops at, [] for none), max_steps, optional pins
         stops = file.id_list("stop_tokens")
@@ -260,7 +323,7 @@ def _read(file: _File) -> Golden:
     if logits.ndim != 2:
         shape = _shape(logits.shape)
         raise file.error(f"tensor `logits` has shape {shape}, expected [n, V] with n = {n}")
-    file.expect_shape("logits", logits, (n, logits.shape[1]))
+    file.expect_shape("logits", logits, (n, logits.shape[1] if vocab is None else vocab))
 
     extra: Dict[str, np.ndarray] = {}
     if mode == "early-exit":
@@ -298,28 +361,21 @@ def _check_stop(file: _File, tokens: List[int], stops: List[int], steps: int) ->
     raise file.error(f"`tokens` do not agree with `stop_tokens` and `max_steps`: {problem}")
 
 
-def _m2r2_common(file: _File) -> dict:
-    file.field("m2r2_hash")
-    return file.json_object("m2r2_config")
-
-
 def _early_exit(file: _File, n: int) -> Dict[str, np.ndarray]:
     """exit_gate [n], gate_scores [n, J] with J the number of gates of ``m2r2_config``."""
-    config = _m2r2_common(file)
-    gates: List = config.get("gates")
-    if not isinstance(gates, list):
-        raise file.error("metadata `m2r2_config` has no `gates` list")
-    file.choice("gate", _GATES)
+    j = file.m2r2_config()
+    file.choice("gate", GATES)
     thresholds = file.numbers("threshold")
-    if len(thresholds) > 1 and len(thresholds) != len(gates):
+    if len(thresholds) > 1 and len(thresholds) != j:
         raise file.error(
-            f"metadata `threshold` has {len(thresholds)} per-gate thresholds for {len(gates)} gates"
+            f"metadata `threshold` has {len(thresholds)} per-gate thresholds for {j} gates"
         )
-    file.choice("kv_policy", _KV_POLICIES)
+    file.choice("kv_policy", KV_POLICIES)
     exit_gate = file.tensor("exit_gate", "I64")
     file.expect_shape("exit_gate", exit_gate, (n,))
     gate_scores = file.tensor("gate_scores", "F32")
-    file.expect_shape("gate_scores", gate_scores, (n, len(gates)))
+    file.expect_shape("gate_scores", gate_scores, (n, j))
+    file.weights_hash()
     return {"exit_gate": exit_gate, "gate_scores": gate_scores}
 
 
@@ -327,13 +383,18 @@ def _speculative(file: _File, n: int, version: int) -> Dict[str, np.ndarray]:
     """round_drafted [R, M], round_accepted [R], round_base_token [R], round_scores [R, M + 1];
     from version 3 also verify_logits [T, V'] and draft_logits [Q, V'] with T and Q the rows the
     rounds imply (golden.verify_rounds, golden.proposal_rounds). As in the reference's reader,
-    their width is not checked here: a comparison checks it against the other file's."""
-    _m2r2_common(file)
+    their width is not checked here: a comparison checks it against the other file's.
+
+    Each round accepts 0 to its drafts, and the rounds emit the tokens
+    (:meth:`_File.check_emitted`), as the reference's reader requires (its mode_file.rs)."""
+    file.m2r2_config()
     file.integer("draft_gate", plus=True)
-    gate = file.choice("gate", ("none",) + _GATES)
+    gate = file.choice("gate", ("none",) + GATES)
     length = file.field("draft_length")
     if length == "tree":
-        return _tree(file, n, version, gate, file.integer("draft_max"))
+        fields = _tree(file, n, version, gate, file.integer("draft_max"))
+        file.weights_hash()
+        return fields
     # `M + 1` columns of round_scores fit an array (the reference's bound)
     m = file.integer("draft_max", plus=True, limit=_ISIZE_MAX - 1)
     if length == "dynamic":
@@ -356,6 +417,14 @@ def _speculative(file: _File, n: int, version: int) -> Dict[str, np.ndarray]:
     file.expect_shape("round_drafted", drafted, (r, m))
     scores = file.tensor("round_scores", "F32")
     file.expect_shape("round_scores", scores, (r, m + 1))
+    for k in range(r):
+        drafts = len(drafted_in(drafted, k))
+        if not 0 <= accepted[k] <= drafts:
+            raise file.error(
+                f"tensor `round_accepted`: round {k} accepted {int(accepted[k])} of its {drafts} "
+                "drafts"
+            )
+    file.check_emitted(accepted, n)
     tensors = {
         "round_drafted": drafted,
         "round_accepted": accepted,
@@ -385,6 +454,7 @@ def _speculative(file: _File, n: int, version: int) -> Dict[str, np.ndarray]:
                 f"holds `{held[0]}`, which format version {version} does not record (version 3 "
                 "does): is `format_version` edited?"
             )
+    file.weights_hash()
     return tensors
 
 

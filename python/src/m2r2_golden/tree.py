@@ -219,6 +219,10 @@ def read_tree_record(file, n: int, version: int, widths: List[int], grown: bool,
                 f"tensor `round_accepted`: round {k} accepted {int(accepted[k])} drafts, but its "
                 f"node {i} is at depth {t.depths[i]}"
             )
+    # each round emits its accepted path and a base token (the reference's check_emitted)
+    file.check_emitted(accepted, n)
+    for k in range(r):
+        t = trees[k]
         for j in range(width):
             v = int(tokens[k, j])
             if (j < t.nodes and not 0 <= v <= 2**32 - 1) or (j >= t.nodes and v != -1):

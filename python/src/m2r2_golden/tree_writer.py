@@ -23,6 +23,7 @@ from .tree import (
 from .writer import (
     _M2R2_KEYS,
     _array,
+    _copied,
     _decode,
     _float_rows,
     _ids,
@@ -108,6 +109,7 @@ def write_tree(
             f"{label}: `like` ({where}) is not a token-tree golden: a tree golden copies the "
             "recipe of one"
         )
+    recipe = _copied(label, ref, _TREE_KEYS)
     config = _model_config(label, ref.model, ref.config_json, ref.config_hash)
     prompt, toks, rows = _decode(label, prompt_tokens, tokens, logits, config)
     v = rows.shape[1]
@@ -201,7 +203,7 @@ def write_tree(
     version = GROWN_TREE_FORMAT_VERSION if grown or branched else TREE_FORMAT_VERSION
     extra = _stops_and_pins(label, toks, stop_tokens, max_steps, atol, rtol, expect_dtype)
     metadata = _metadata(ref.model, ref.config_json, ref.config_hash, "speculative", version)
-    metadata.update({k: ref.metadata[k] for k in _TREE_KEYS if k in ref.metadata})
+    metadata.update(recipe)
     metadata.update(extra)
     return _save(tensors, label, metadata)
 

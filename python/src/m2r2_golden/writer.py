@@ -32,7 +32,7 @@ from .golden import (
     proposal_rounds,
     verify_rounds,
 )
-from .reader import PathLike, read
+from .reader import _WEIGHTS_HASH, PathLike, read
 
 # what the file records as its writer (`m2r2_version`; the reference writes its crate version)
 WRITER = "m2r2-golden-python"
@@ -51,6 +51,31 @@ _M2R2_KEYS = (
 )
 # A chain's: those and its dynamic drafting's threshold.
 _SPECULATIVE_KEYS = _M2R2_KEYS + ("draft_threshold",)
+
+
+def _copied(label: str, ref: Golden, keys: Sequence[str]) -> Dict[str, str]:
+    """The metadata ``keys`` that ``ref`` (``like``) has, to copy verbatim: each a string, and
+    ``m2r2_weights_hash`` 16 hex digits, as the reference reads it. (The file written is read back
+    before it is kept, which refuses what the reference refuses; this names ``like`` as where a
+    value came from, and refuses what is no string before safetensors does.)"""
+    where = f"`like` ({ref.path})" if ref.path else "`like`"
+    copied = {}
+    for key in keys:
+        if key not in ref.metadata:
+            continue
+        value = ref.metadata[key]
+        if not isinstance(value, str):
+            raise ValueError(
+                f"{label}: {where}: metadata `{key}` = {value!r} is not a string (golden "
+                "metadata values are strings)"
+            )
+        if key == "m2r2_weights_hash" and not _WEIGHTS_HASH.fullmatch(value):
+            raise ValueError(
+                f"{label}: {where}: metadata `{key}` = {value!r} is not valid: the reference "
+                "reads 16 hex digits there, and refuses a golden with anything else"
+            )
+        copied[key] = value
+    return copied
 
 
 def _save(tensors: Dict[str, np.ndarray], path: str, metadata: Dict[str, str]) -> Golden:
@@ -212,7 +237,8 @@ def write_speculative(
     speculative golden file or :class:`Golden`) records: ``model``, ``config``, ``config_hash``,
     ``m2r2_config``, ``m2r2_hash`` and the drafting settings (``draft_gate``, ``gate``,
     ``draft_max`` = M, ``draft_length``, ``draft_threshold``) are copied verbatim, so that
-    ``m2r2 golden compare`` compares the two round by round.
+    ``m2r2 golden compare`` compares the two round by round (and ``m2r2_weights_hash`` where it
+    has one, which must be 16 hex digits, as the reference reads it).
 
     Args (besides :func:`write`'s ``prompt_tokens``, ``tokens``, ``logits`` and the stop and pin
     arguments; ``logits`` row ``i`` is the verifier's row token ``i`` was emitted from):
@@ -256,6 +282,7 @@ def write_speculative(
             f"{label}: `like` ({where}) is a token-tree golden (draft_tree "
             f"{ref.metadata['draft_tree']}): write a tree decode with m2r2_golden.write_tree"
         )
+    settings = _copied(label, ref, _SPECULATIVE_KEYS)
     config = _model_config(label, ref.model, ref.config_json, ref.config_hash)
     prompt, toks, rows = _decode(label, prompt_tokens, tokens, logits, config)
     v = rows.shape[1]
@@ -314,7 +341,7 @@ def write_speculative(
             )
         extra = {}
     metadata = _metadata(ref.model, ref.config_json, ref.config_hash, "speculative", version)
-    metadata.update({k: ref.metadata[k] for k in _SPECULATIVE_KEYS if k in ref.metadata})
+    metadata.update(settings)
     metadata.update(extra)
     return _save(tensors, label, metadata)
 

@@ -145,18 +145,35 @@ impl Golden {
             ));
         }
         let config_json = file.json_object("config")?;
-        // the vocabulary the token ids index (a config without one bounds nothing)
-        let vocab = serde_json::from_str::<serde_json::Value>(&config_json)
+        // the vocabulary the token ids and the logits' rows index (a config without one bounds
+        // nothing; one that is not a count is refused, as the Python reader refuses it)
+        let vocab = match serde_json::from_str::<serde_json::Value>(&config_json)
             .ok()
-            .and_then(|c| c.get("vocab_size")?.as_u64());
+            .and_then(|c| c.get("vocab_size").cloned())
+        {
+            None => None,
+            Some(v) => match v.as_u64().filter(|&n| n > 0) {
+                Some(n) => Some(n),
+                None => {
+                    return Err(Error::format(
+                        &label,
+                        format!("metadata `config`: vocab_size {v} is not a count of tokens"),
+                    ));
+                }
+            },
+        };
         let prompt_tokens = file.ids("prompt_tokens", "position", vocab)?;
         let tokens = file.ids("tokens", "step", vocab)?;
         let (shape, data) = file.f32s("logits")?;
-        if shape.len() != 2 || shape[0] != tokens.len() {
+        let width_ok = |w: usize| vocab.is_none_or(|v| w as u64 == v);
+        if shape.len() != 2 || shape[0] != tokens.len() || !width_ok(shape[1]) {
             return Err(Error::ShapeMismatch {
                 file: label.clone(),
                 tensor: "logits".into(),
-                expected: vec![tokens.len(), shape.get(1).copied().unwrap_or(0)],
+                expected: vec![
+                    tokens.len(),
+                    vocab.map_or(shape.get(1).copied().unwrap_or(0), |v| v as usize),
+                ],
                 actual: shape,
             });
         }
@@ -495,6 +512,31 @@ mod tests {
             &|b| b.prompt_tokens[2] = 320,
             "`prompt_tokens` holds token id 320 at position 2, outside the vocabulary",
         );
+        // the logits' rows cover the vocabulary; a vocabulary that is not a count bounds nothing
+        refused(
+            &g,
+            &|b| b.logits = b.logits.slice(ndarray::s![.., ..319]).to_owned(),
+            "expected [6, 320]",
+        );
+        for (bad, shown) in [
+            ("-1", "-1"),
+            ("0", "0"),
+            ("\"320\"", "\"320\""),
+            ("3.5", "3.5"),
+            // a float to serde_json, as to the Python reader
+            ("-0", "-0.0"),
+        ] {
+            refused(
+                &g,
+                &|b| {
+                    let mut config: serde_json::Value =
+                        serde_json::from_str(&b.config_json).unwrap();
+                    config["vocab_size"] = serde_json::from_str(bad).unwrap();
+                    b.config_json = config.to_string();
+                },
+                &format!("vocab_size {shown} is not a count of tokens"),
+            );
+        }
     }
 
     /// The metadata of a version-1 greedy golden of `tiny` with this `config`.
