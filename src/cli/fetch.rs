@@ -94,11 +94,13 @@ pub fn run(args: &Args) -> Result<()> {
 
 /// The pinned CPU ONNX Runtime into the cache (a no-op when it is there, unless `force`).
 fn fetch_onnxruntime(force: bool) -> Result<()> {
-    use onnx_runner::provision;
-    let present = provision::library_path().is_file();
-    let path = provision::fetch(force)?;
-    if present && !force {
-        println!("{} is already present; nothing to do", path.display());
+    use onnx_runner::provision::{self, Fetched};
+    let (path, fetched) = provision::fetch_into(&reference::io::hub::cache_dir(), force)?;
+    if fetched == Fetched::Present {
+        println!(
+            "{} is already present (SHA-256 verified); nothing to do",
+            path.display()
+        );
     } else {
         println!(
             "fetched ONNX Runtime {} to {} (SHA-256 verified)",

@@ -130,6 +130,65 @@ fn a_missing_or_foreign_library_is_a_clear_error() {
     );
 }
 
+/// A cached library damaged since it was fetched (here truncated) is checked against its pinned
+/// SHA-256 and extracted again from the cached wheel before `run` loads it: loading it used to
+/// die of SIGBUS inside ONNX Runtime, with no message.
+#[test]
+fn a_damaged_cached_library_is_extracted_again() {
+    let real = onnxruntime();
+    let wheel = onnx_runner::provision::ONNXRUNTIME_WHEEL.file_name;
+    // the real cache's wheel (scripts/test.sh and `fetch onnxruntime` leave it there)
+    let real_cache = real.ancestors().nth(3).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(cache.path().join("downloads")).unwrap();
+    std::fs::copy(
+        real_cache.join("downloads").join(wheel),
+        cache.path().join("downloads").join(wheel),
+    )
+    .expect("the cached onnxruntime wheel");
+    let dir = real.parent().unwrap();
+    let copy = cache
+        .path()
+        .join("onnxruntime")
+        .join(dir.file_name().unwrap());
+    std::fs::create_dir_all(&copy).unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), copy.join(entry.file_name())).unwrap();
+    }
+    let library = copy.join(real.file_name().unwrap());
+    let bytes = std::fs::read(&library).unwrap();
+    std::fs::write(&library, &bytes[..1_000_000]).unwrap();
+
+    let export = tempfile::tempdir().unwrap();
+    let out = export.path().join("tiny");
+    let out = out.to_str().unwrap();
+    super::ok(&["export", "--model", "tiny", "--out", out]);
+    let run = super::m2r2_env(
+        &[
+            "run",
+            "--onnx",
+            out,
+            "--tokens",
+            "1,2",
+            "--max-new-tokens",
+            "2",
+        ],
+        &[
+            ("M2R2_CACHE", cache.path().as_os_str()),
+            ("ORT_DYLIB_PATH", "".as_ref()),
+        ],
+    );
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("(truncated or damaged): extracting it again"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(std::fs::read(&library).unwrap(), bytes);
+}
+
 #[test]
 fn gpu_providers_fail_fast_with_their_reason() {
     let dir = tempfile::tempdir().unwrap();

