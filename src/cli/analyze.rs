@@ -49,9 +49,9 @@ struct PcaView {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    // the plot's folder first, as `logits --out` does: an unwritable path fails before the work
+    // the plot's path first, as `logits --out` does: an unwritable path fails before the work
     if let Some(path) = &args.plot {
-        common::create_parent(path)?;
+        common::check_plot(path)?;
     }
     let loaded = common::load(&args.model.model)?;
     let tokens = common::prompt_tokens(&loaded, &args.prompt)?;
@@ -61,7 +61,8 @@ pub fn run(args: &Args) -> Result<()> {
     let weights_source = m2r2.source(&loaded);
 
     let start = Instant::now();
-    let dynamics = residual_dynamics(&loaded.model, &weights, &tokens)?;
+    let dynamics =
+        residual_dynamics(&loaded.model, &weights, &tokens).map_err(common::prompt_only)?;
     eprintln!(
         "analysed {} positions x {} layers and {} gates in {:.2} s",
         tokens.len(),

@@ -171,14 +171,54 @@ pub fn name_budget_flag(error: anyhow::Error, what: &str, flag: &str) -> anyhow:
     }
 }
 
+/// The reference's error for a command that decodes nothing new (`logits`, `analyze`): its
+/// context error without the advice to ask for fewer new tokens; any other error as it is.
+pub fn prompt_only(error: reference::Error) -> anyhow::Error {
+    match error {
+        reference::Error::ContextOverflow { needed, capacity } => anyhow::anyhow!(
+            "the prompt has {needed} tokens but the context holds {capacity}: shorten the prompt"
+        ),
+        e => e.into(),
+    }
+}
+
 /// Create the folder an output file goes in (`--out`, `--junit`), as `mkdir -p` would; nothing
-/// for a bare file name.
+/// for a bare file name. A part of the path that is a file is named as such (the system's own
+/// words are "File exists").
 pub fn create_parent(path: &std::path::Path) -> Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        if let Some(file) = parent
+            .ancestors()
+            .find(|p| !p.as_os_str().is_empty() && p.exists())
+            .filter(|p| !p.is_dir())
+        {
+            anyhow::bail!(
+                "cannot create {}: {} is a file, not a folder",
+                parent.display(),
+                file.display()
+            );
+        }
         std::fs::create_dir_all(parent)
             .with_context(|| format!("cannot create {}", parent.display()))?;
     }
     Ok(())
+}
+
+/// Refuse a `--plot` path before the work it draws: plots are SVG, so the name must end in
+/// `.svg` (a `.png` of SVG text opens nowhere), and it must not be a folder; its folder is
+/// created.
+pub fn check_plot(path: &std::path::Path) -> Result<()> {
+    let shown = path.display();
+    if !path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("svg"))
+    {
+        anyhow::bail!("--plot {shown}: plots are drawn as SVG: give a file name ending in .svg");
+    }
+    if path.is_dir() {
+        anyhow::bail!("--plot {shown} is a folder: give a file name ending in .svg");
+    }
+    create_parent(path)
 }
 
 /// `(line, id, prompt text)` of every prompt of a prompts file, `line` 1-based (blank lines hold

@@ -255,9 +255,9 @@ pub fn bandwidth(sizes: &Sizes) -> f64 {
         && (sizes.bandwidth_mib << 20) < 4 * cache
     {
         eprintln!(
-            "note: --bandwidth-mib {} is not much larger than this CPU's last-level cache ({} \
-             MiB): the probe measures the cache, not memory, and the achieved fraction is taken \
-             of that",
+            "note: the read-bandwidth probe's buffer ({} MiB, `m2r2 bench --bandwidth-mib`) is \
+             not much larger than this CPU's last-level cache ({} MiB): the probe measures the \
+             cache, not memory, and the achieved fraction is taken of that",
             sizes.bandwidth_mib,
             cache >> 20
         );

@@ -35,13 +35,7 @@ pub fn run(args: &Args) -> Result<()> {
     let logits = loaded
         .model
         .teacher_forced_logits(&tokens)
-        .map_err(|e| match e {
-            // the reference's message also suggests fewer new tokens, which logits has none of
-            reference::Error::ContextOverflow { needed, capacity } => anyhow::anyhow!(
-                "the prompt has {needed} tokens but the context holds {capacity}: shorten the prompt"
-            ),
-            e => e.into(),
-        })?;
+        .map_err(common::prompt_only)?;
     let (t, v) = logits.dim();
     let metadata = HashMap::from([
         ("model".to_string(), loaded.name.clone()),

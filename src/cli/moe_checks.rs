@@ -9,6 +9,9 @@ use reference::moe_aot::memory_sim::CapacityScope;
 
 /// Refuse flags that make no sense whatever the model, before anything is loaded.
 pub fn check_flags(args: &MoeSimArgs) -> Result<()> {
+    if let Some(path) = &args.plot {
+        crate::cli::common::check_plot(path)?;
+    }
     // (flag, value, unit the simulator scales it by)
     for (flag, v, scale) in [
         ("--bandwidth-gbps", args.bandwidth_gbps, 1e9),

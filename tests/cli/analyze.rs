@@ -215,7 +215,29 @@ fn analyze_failures_are_clear() {
             "--plot",
             bad_plot.to_str().unwrap(),
         ],
-        &["cannot create", "a-file"],
+        &["cannot create", "a-file is a file, not a folder"],
     );
     assert!(run.stdout.is_empty(), "{}", run.stdout);
+    // plots are SVG: another name, or a folder, is refused before the work
+    for plot in ["out.png", "plots.svg"] {
+        std::fs::create_dir_all(root.path().join("plots.svg")).unwrap();
+        let path = root.path().join(plot);
+        let run = fails(
+            &[
+                "analyze",
+                "--tokens",
+                TOKENS,
+                "--plot",
+                path.to_str().unwrap(),
+            ],
+            &["give a file name ending in .svg"],
+        );
+        assert!(!run.stderr.contains("analysed"), "{}", run.stderr);
+    }
+    // a prompt past the context: no advice about new tokens, which analyze decodes none of
+    let long = vec!["1"; 513].join(",");
+    fails(
+        &["analyze", "--tokens", &long],
+        &["the prompt has 513 tokens but the context holds 512: shorten the prompt"],
+    );
 }

@@ -287,3 +287,15 @@ fn a_closed_stdout_ends_the_command_without_a_panic() {
         out.status
     );
 }
+
+/// The demo prints text: a model without a tokenizer is told so, without advice to pass
+/// `--tokens`, which the demo does not take.
+#[test]
+fn demo_needs_a_tokenizer() {
+    let dir = m2r2_tests::fixture_dir().join("hf").join("llama_gqa_tied");
+    let run = fails(
+        &["demo", "--model", dir.to_str().unwrap()],
+        &["has no tokenizer", "the demo prints text"],
+    );
+    assert!(!run.stderr.contains("pass --tokens"), "{}", run.stderr);
+}

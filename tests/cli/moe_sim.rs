@@ -186,6 +186,11 @@ fn moe_sim_refuses_bad_input() {
         &["moe-sim", "--tokens", TOKENS, "--bandwidth-gbps", "0"],
         &["--bandwidth-gbps must be a finite number > 0"],
     );
+    // a negative value reaches the flag's own check (clap alone calls it an unexpected argument)
+    fails(
+        &["moe-sim", "--tokens", TOKENS, "--latency-us", "-1"],
+        &["--latency-us must be a finite number >= 0, got -1"],
+    );
     fails(
         &["moe-sim", "--tokens", "999", "--steps", "6"],
         &["token id 999"],
@@ -417,4 +422,27 @@ fn moe_sim_latency_and_byte_sizes() {
     .stdout;
     assert!(text.contains("expert 1.84e-26 B;"), "{text}");
     assert!(!text.contains("0.0000000000"), "{text}");
+}
+
+/// A `--plot` that could not be written is refused before the trace, whose results would be lost
+/// at the end: a folder, a path below a file, a name that is not `.svg` (the plot is SVG).
+#[test]
+fn moe_sim_refuses_an_unwritable_plot_before_tracing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a.json");
+    std::fs::write(&file, "{}").unwrap();
+    let below_file = file.join("x.svg");
+    let folder = dir.path().to_str().unwrap();
+    let png = dir.path().join("moe.png");
+    for (plot, needle) in [
+        (folder, "plots are drawn as SVG"),
+        (
+            below_file.to_str().unwrap(),
+            "a.json is a file, not a folder",
+        ),
+        (png.to_str().unwrap(), "give a file name ending in .svg"),
+    ] {
+        fails_before_loading(&["moe-sim", "--tokens", TOKENS, "--plot", plot], &[needle]);
+    }
+    assert!(!png.exists());
 }

@@ -92,7 +92,16 @@ impl Demo {
 pub fn run(args: &Args) -> Result<()> {
     let start = Instant::now();
     let loaded = common::load(&args.model.model)?;
-    let prompt = loaded.tokenizer()?.encode(PROMPT, true)?;
+    // the tour prints text: a model without a tokenizer has no demo (the other commands take
+    // token ids)
+    let Some(tokenizer) = &loaded.tokenizer else {
+        bail!(
+            "{} has no tokenizer (no tokenizer.json beside its weights), and the demo prints \
+             text: give a model with one, or use `generate --tokens IDS` on this one",
+            loaded.name
+        );
+    };
+    let prompt = tokenizer.encode(PROMPT, true)?;
     let mut demo = Demo {
         loaded,
         prompt,
