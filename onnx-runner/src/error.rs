@@ -106,8 +106,33 @@ impl Error {
     pub(crate) fn ort(file: impl Into<String>, error: impl std::fmt::Display) -> Self {
         Error::Ort {
             file: file.into(),
-            msg: error.to_string(),
+            msg: ort_message(&error.to_string()),
         }
+    }
+}
+
+/// ONNX Runtime's message without the C++ frame it was thrown from (`Exception during
+/// initialization: /onnxruntime_src/...cc:74 onnxruntime::...::Info(const std::vector<...>&, ...)
+/// [ONNXRuntimeError] : 1 : FAIL : `), with what to do where the cause is known: external data
+/// shorter than the graph says is a truncated `.onnx.data` file.
+fn ort_message(msg: &str) -> String {
+    const FAIL: &str = "[ONNXRuntimeError] : ";
+    // `[ONNXRuntimeError] : <code> : <name> : <detail>`, kept as `<name>: <detail>`
+    let parts: Vec<&str> = match msg.rfind(FAIL) {
+        Some(at) => msg[at + FAIL.len()..].splitn(3, " : ").collect(),
+        None => vec![],
+    };
+    let detail = match parts[..] {
+        [_, name, detail] => format!("{name}: {}", detail.trim()),
+        _ => msg.trim().to_string(),
+    };
+    if detail.contains("External initializer") && detail.contains("out of bounds") {
+        format!(
+            "{detail} (the graph's external data file is shorter than its initializers say: a \
+             truncated copy? export the folder again; `m2r2 info --onnx DIR` lists such problems)"
+        )
+    } else {
+        detail
     }
 }
 
@@ -118,5 +143,38 @@ pub fn into_reference(error: Error) -> reference::Error {
     match error {
         Error::Reference(e) => e,
         other => reference::Error::Invalid(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// ONNX Runtime 1.31's message for a truncated `model.onnx.data`, as `run` met it.
+    #[test]
+    fn ort_messages_lose_the_cxx_frame_and_say_what_to_do() {
+        let raw = "Exception during initialization: /onnxruntime_src/onnxruntime/core/optimizer/\
+                   optimizer_execution_frame.cc:74 onnxruntime::OptimizerExecutionFrame::Info::\
+                   Info(const std::vector<const onnxruntime::Node*>&, const onnxruntime::\
+                   logging::Logger&) [ONNXRuntimeError] : 1 : FAIL : tensorprotoutils.cc:1876 \
+                   GetExtDataFromTensorProto External initializer: model.embed_tokens.weight \
+                   offset: 4096 size to read: 81920 given file_length: 1000 are out of bounds or \
+                   can not be read in full.\n";
+        let msg = super::ort_message(raw);
+        assert!(
+            msg.starts_with(
+                "FAIL: tensorprotoutils.cc:1876 GetExtDataFromTensorProto External initializer: \
+                 model.embed_tokens.weight offset: 4096"
+            ),
+            "{msg}"
+        );
+        assert!(
+            msg.ends_with("`m2r2 info --onnx DIR` lists such problems)"),
+            "{msg}"
+        );
+        assert!(!msg.contains("std::vector"), "{msg}");
+        // a message of another shape is kept whole
+        assert_eq!(
+            super::ort_message("no such graph file"),
+            "no such graph file"
+        );
     }
 }

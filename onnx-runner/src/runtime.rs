@@ -131,6 +131,7 @@ fn load(path: &Path, source: LibrarySource) -> Result<Runtime> {
     let environment = builder
         .with_name("m2r2")
         .with_global_thread_pool(pool)
+        .with_logger(std::sync::Arc::new(log_plainly))
         .build()
         .map_err(|e| Error::Runtime(format!("cannot create the environment: {e}")))?;
     Ok(Runtime {
@@ -142,6 +143,15 @@ fn load(path: &Path, source: LibrarySource) -> Result<Runtime> {
         },
         environment,
     })
+}
+
+/// ONNX Runtime's own warnings as plain text on stderr: its default logger colours them with
+/// terminal escapes, which pipes and CI logs show raw. Its errors are not printed here: the call
+/// that failed returns the same message, which the runner reports once, with the file it names.
+fn log_plainly(level: ort::logging::LogLevel, _category: &str, _id: &str, _at: &str, msg: &str) {
+    if level < ort::logging::LogLevel::Error {
+        eprintln!("onnxruntime warning: {msg}");
+    }
 }
 
 /// The version string ONNX Runtime reports (`OrtGetApiBase()->GetVersionString()`), read by

@@ -189,6 +189,37 @@ fn a_damaged_cached_library_is_extracted_again() {
     assert_eq!(std::fs::read(&library).unwrap(), bytes);
 }
 
+/// A truncated external data file is named with what to do, in plain text: ONNX Runtime's own log
+/// line came in terminal colours, and its message with the C++ frame it was thrown from.
+#[test]
+fn a_truncated_external_data_file_is_a_plain_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tiny");
+    let out = out.to_str().unwrap();
+    super::ok(&["export", "--model", "tiny", "--out", out, "--external-data"]);
+    let data = dir.path().join("tiny").join("model.onnx.data");
+    let bytes = std::fs::read(&data).unwrap();
+    std::fs::write(&data, &bytes[..1000]).unwrap();
+    let run = super::fails(
+        &[
+            "run",
+            "--onnx",
+            out,
+            "--tokens",
+            "1,2",
+            "--max-new-tokens",
+            "2",
+        ],
+        &[
+            "model.onnx",
+            "given file_length: 1000 are out of bounds",
+            "a truncated copy? export the folder again",
+        ],
+    );
+    assert!(!run.stderr.contains('\x1b'), "{}", run.stderr);
+    assert!(!run.stderr.contains("std::"), "{}", run.stderr);
+}
+
 #[test]
 fn gpu_providers_fail_fast_with_their_reason() {
     let dir = tempfile::tempdir().unwrap();
