@@ -126,6 +126,29 @@ fn json_text(value: &impl serde::Serialize) -> Result<String> {
     serde_json::to_string_pretty(value).context("cannot serialise the JSON report")
 }
 
+/// Whether `a` and `b` name the same existing folder (any spelling of its path).
+pub fn same_folder(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// `--force`: clear the M2R2 weights and trainer files of `dir` before other weights are written
+/// there ([`train::checkpoint_files::clear_weights`]), saying what went.
+pub fn report_cleared(dir: &std::path::Path) -> Result<()> {
+    let removed = train::checkpoint_files::clear_weights(dir)
+        .with_context(|| format!("--force: cannot clear {}", dir.display()))?;
+    if !removed.is_empty() {
+        eprintln!(
+            "--force: removed {} from {}",
+            removed.join(", "),
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
 /// Refuse an output folder (`flag`: `--out`) that could not be written, before any long work: a
 /// path that is, or lies below, something other than a folder, or a distillation data folder.
 pub fn check_out_folder(path: &std::path::Path, flag: &str) -> Result<()> {

@@ -126,6 +126,7 @@ mod prompts;
 mod run;
 mod static_python;
 mod train;
+mod train_checkpoints;
 mod train_ranks;
 mod tree;
 mod tree_onnx;

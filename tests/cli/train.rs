@@ -415,7 +415,7 @@ fn distill_train_resume_generate() {
             "--out",
             &p("ck-hard"),
         ],
-        &["the hard-label weight (--hard-label-weight) must be finite and >= 0 (got -1)"],
+        &["--hard-label-weight must be a finite number >= 0, got -1"],
     );
     fails(
         &[
@@ -559,7 +559,7 @@ fn bad_training_input_is_refused() {
         ),
         (
             &["--out", &out, "--weight-decay=-1"],
-            "--weight-decay) must be finite and >= 0",
+            "--weight-decay must be a finite number >= 0, got -1",
         ),
         (
             &["--out", &out, "--warmup", "4"],

@@ -4,10 +4,16 @@
 //! | file                      | content                                                     |
 //! |---------------------------|-------------------------------------------------------------|
 //! | `m2r2_config.json`, `adapter_config.json`, `adapter_model.safetensors` | the weights |
-//! | `trainer_state.json`      | step, options, per-gate optimizer step count, loss history  |
+//! | `trainer_state.json`      | step, options, per-gate optimizer step count, loss history, the base model's config hash, the early-stopping record, the SHA-256 of the files below |
 //! | `optimizer.safetensors`   | AdamW moments `gate{g}.m.{i}`, `gate{g}.v.{i}` (f32)        |
+//!
+//! Saves are atomic per file and the trainer state is written last
+//! ([`checkpoint_files`](crate::checkpoint_files)); resume refuses files that are not those the
+//! state records, and another base model or other training data.
 
 use crate::adamw::AdamW;
+use crate::checkpoint_files::{Staged, check_digests, finish_interrupted_save};
+use crate::checkpoint_validation::ValidationRecord;
 use crate::data::DistillSample;
 use crate::error::{Error, Result};
 use crate::slow_cache::SlowPass;
@@ -19,10 +25,10 @@ use reference::io::checkpoint::{SafetensorsSource, write_f32_safetensors};
 use reference::m2r2::weights::M2r2Weights;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::path::Path;
 
-pub const STATE_FILE: &str = "trainer_state.json";
-pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+pub use crate::checkpoint_files::{OPTIMIZER_FILE, STATE_FILE};
 
 #[derive(Serialize, Deserialize)]
 struct TrainerState {
@@ -36,7 +42,43 @@ struct TrainerState {
     /// before 2026-11-29, which resume on the shape alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     data_sha256: Option<String>,
+    /// The base model's config hash (`ModelConfig::hash`); absent in checkpoints written before
+    /// 2026-11-30 and in saves without a [`RunRecord`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    model_config_hash: Option<String>,
+    /// SHA-256 of the files this state goes with, by name
+    /// ([`DIGESTED`](crate::checkpoint_files::DIGESTED)); absent before 2026-11-30.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    files_sha256: Option<BTreeMap<String, String>>,
+    /// Early stopping so far (`--val-data`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    validation: Option<ValidationRecord>,
     history: Vec<StepLog>,
+}
+
+/// What a checkpoint records beside the trainer's own state.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunRecord {
+    /// The base model's config hash (`ModelConfig::hash`): a resume on a model of another config
+    /// is refused. (A model of the same config with other weights cannot be told apart without
+    /// hashing every weight.)
+    pub model_config_hash: Option<String>,
+    /// Early stopping so far, restored on resume.
+    pub validation: Option<ValidationRecord>,
+}
+
+/// A checkpoint as [`inspect`] reads it, before any model or data is loaded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Saved {
+    /// Steps done.
+    pub step: usize,
+    /// The run's total steps.
+    pub steps: usize,
+    pub record: RunRecord,
+    /// Whether the state records its files' digests (checked); older checkpoints do not.
+    pub files_checked: bool,
+    /// Whether a save killed while renaming its files into place was completed first.
+    pub finished_save: bool,
 }
 
 /// SHA-256 (hex) of distillation data as training reads it: each sample's tokens and first
@@ -59,20 +101,21 @@ fn data_shape(data: &[DistillSample]) -> (usize, usize) {
     (data.len(), rows)
 }
 
-/// Write the trainer's weights and state into `dir` (created if needed).
+/// [`save_with`] without a record (no model identity, no early stopping).
 pub fn save(trainer: &Trainer, dir: &Path) -> Result<()> {
-    trainer.weights().save_dir(dir)?;
-    let state = TrainerState {
-        step: trainer.step,
-        options: trainer.options.clone(),
-        optimizer_steps: trainer.gates.iter().map(|g| (g.gate, g.opt.t)).collect(),
-        data: (trainer.samples_count(), trainer.rows_available()),
-        data_sha256: Some(trainer.data_sha256.clone()),
-        history: trainer.history.clone(),
-    };
-    let path = dir.join(STATE_FILE);
-    let text = serde_json::to_string_pretty(&state).expect("serialisable");
-    std::fs::write(&path, text + "\n").map_err(|e| Error::io(&path, e))?;
+    save_with(trainer, dir, &RunRecord::default())
+}
+
+/// Write the trainer's weights and state, with `record`, into `dir` (created if needed): every
+/// file through a temporary name, the trainer state (with the other files' SHA-256) last.
+pub fn save_with(trainer: &Trainer, dir: &Path, record: &RunRecord) -> Result<()> {
+    stage(trainer, dir, record)?.commit(STATE_FILE)
+}
+
+/// Every file of a save, written into the staging folder of `dir`.
+fn stage(trainer: &Trainer, dir: &Path, record: &RunRecord) -> Result<Staged> {
+    let staged = Staged::new(dir)?;
+    trainer.weights().save_dir(staged.path())?;
     let mut tensors = Vec::new();
     for g in &trainer.gates {
         for (kind, list) in [("m", &g.opt.m), ("v", &g.opt.v)] {
@@ -85,8 +128,22 @@ pub fn save(trainer: &Trainer, dir: &Path) -> Result<()> {
             }
         }
     }
-    write_f32_safetensors(&dir.join(OPTIMIZER_FILE), &tensors, None)?;
-    Ok(())
+    write_f32_safetensors(&staged.path().join(OPTIMIZER_FILE), &tensors, None)?;
+    let state = TrainerState {
+        step: trainer.step,
+        options: trainer.options.clone(),
+        optimizer_steps: trainer.gates.iter().map(|g| (g.gate, g.opt.t)).collect(),
+        data: (trainer.samples_count(), trainer.rows_available()),
+        data_sha256: Some(trainer.data_sha256.clone()),
+        model_config_hash: record.model_config_hash.clone(),
+        files_sha256: Some(staged.digests()?),
+        validation: record.validation.clone(),
+        history: trainer.history.clone(),
+    };
+    let path = staged.path().join(STATE_FILE);
+    let text = serde_json::to_string_pretty(&state).expect("serialisable");
+    std::fs::write(&path, text + "\n").map_err(|e| Error::io(&path, e))?;
+    Ok(staged)
 }
 
 /// The steps a checkpoint folder has done, read from its state alone (before the slow stream, so
@@ -95,8 +152,43 @@ pub fn steps_done(dir: &Path) -> Result<usize> {
     Ok(read_state(dir)?.step)
 }
 
+/// (steps done, steps of the run) of a checkpoint folder, read from its state alone.
+pub fn progress(dir: &Path) -> Result<(usize, usize)> {
+    let state = read_state(dir)?;
+    Ok((state.step, state.options.steps))
+}
+
+/// Read a checkpoint's state and check that its files are those it records (before any model or
+/// data is loaded, so that a broken checkpoint is refused at once), after completing a save that
+/// was killed while renaming its files into place.
+pub fn inspect(dir: &Path) -> Result<Saved> {
+    let finished_save = finish_interrupted_save(dir)?;
+    let state = read_state(dir)?;
+    if let Some(files) = &state.files_sha256 {
+        check_digests(dir, files, state.step)?;
+    }
+    Ok(Saved {
+        step: state.step,
+        steps: state.options.steps,
+        record: RunRecord {
+            model_config_hash: state.model_config_hash,
+            validation: state.validation,
+        },
+        files_checked: state.files_sha256.is_some(),
+        finished_save,
+    })
+}
+
 fn read_state(dir: &Path) -> Result<TrainerState> {
     let path = dir.join(STATE_FILE);
+    if dir.is_dir() && !path.exists() {
+        return Err(Error::Invalid(format!(
+            "{} holds no {STATE_FILE}: it is not a checkpoint of `m2r2 train` (to train on from \
+             M2R2 weights, start a new run with --init {})",
+            dir.display(),
+            dir.display()
+        )));
+    }
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
     serde_json::from_str(&text).map_err(|e| Error::Data {
         file: path.display().to_string(),
@@ -104,8 +196,7 @@ fn read_state(dir: &Path) -> Result<TrainerState> {
     })
 }
 
-/// Rebuild a trainer from a checkpoint folder, on the same data. `steps` replaces the total step
-/// count (to train longer than first planned); every other setting comes from the checkpoint.
+/// [`resume_with`] without its record.
 pub fn resume(
     model: &Model,
     dir: &Path,
@@ -113,9 +204,37 @@ pub fn resume(
     steps: Option<usize>,
     slow: &mut SlowPass,
 ) -> Result<Trainer> {
-    let weights = M2r2Weights::load_dir(dir, &model.config)?;
+    Ok(resume_with(model, dir, data, steps, slow)?.0)
+}
+
+/// Rebuild a trainer from a checkpoint folder, on the same data, with the record saved beside it.
+/// `steps` replaces the total step count (to train longer than first planned); every other setting
+/// comes from the checkpoint. Refused: files that are not those the state records, a model of
+/// another config than the recorded one, other data.
+pub fn resume_with(
+    model: &Model,
+    dir: &Path,
+    data: &[DistillSample],
+    steps: Option<usize>,
+    slow: &mut SlowPass,
+) -> Result<(Trainer, RunRecord)> {
+    finish_interrupted_save(dir)?;
     let state = read_state(dir)?;
     let path = dir.join(STATE_FILE);
+    if let Some(files) = &state.files_sha256 {
+        check_digests(dir, files, state.step)?;
+    }
+    let hash = model.config.hash();
+    if let Some(recorded) = &state.model_config_hash
+        && *recorded != hash
+    {
+        return Err(Error::Invalid(format!(
+            "{} was trained on a model of config {recorded}, given one of config {hash}: resume \
+             with the same --model",
+            dir.display()
+        )));
+    }
+    let weights = M2r2Weights::load_dir(dir, &model.config)?;
     if data_shape(data) != state.data {
         return Err(Error::Invalid(format!(
             "{} was trained on other data ({} samples, {} rows; given {} samples, {} rows): resume \
@@ -136,6 +255,10 @@ pub fn resume(
             dir.display()
         )));
     }
+    let record = RunRecord {
+        model_config_hash: Some(hash),
+        validation: state.validation,
+    };
     let mut options = state.options;
     if let Some(s) = steps {
         options.steps = s;
@@ -198,5 +321,89 @@ pub fn resume(
             },
         });
     }
-    trainer.with_state(gates, state.step, state.history)
+    let trainer = trainer.with_state(gates, state.step, state.history)?;
+    Ok((trainer, record))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint_files::STAGING_DIR;
+    use crate::trainer::initial_weights;
+    use reference::io::builtin::builtin;
+    use reference::m2r2::config::M2r2Config;
+
+    /// Two samples of `tiny` tokens (a 4-token prompt, 8 response tokens).
+    fn data() -> Vec<DistillSample> {
+        (0..2)
+            .map(|i| DistillSample {
+                prompt_id: format!("p{i}"),
+                sample: 0,
+                prompt_len: 4,
+                tokens: (0..12).map(|k| (17 * i + 5 * k + 1) as u32 % 300).collect(),
+            })
+            .collect()
+    }
+
+    /// A save killed after renaming its adapters into place (the rest of its files, state
+    /// included, still staged) is completed by the next resume, which continues from it; without
+    /// its staged state the mixed folder is refused, naming the adapters file.
+    #[test]
+    fn a_save_killed_between_renames_is_completed_or_refused() {
+        let model = builtin("tiny").unwrap();
+        let data = data();
+        let weights = initial_weights(&model, M2r2Config::default_for(&model.config), 3).unwrap();
+        let options = TrainOptions {
+            train_gates: vec![1],
+            steps: 4,
+            batch_rows: 8,
+            lr: 3e-3,
+            lr_min: 3e-4,
+            warmup: 0,
+            weight_decay: 0.0,
+            clip: 1.0,
+            temperature: 1.0,
+            hard_label_weight: 0.0,
+            align: None,
+            align_weight: 0.0,
+            align_intermediate: false,
+            seed: 1,
+            bridge_only: false,
+        };
+        let slow = &mut SlowPass::default();
+        let mut trainer = Trainer::new(&model, weights, &data, options, slow).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let record = RunRecord {
+            model_config_hash: Some(model.config.hash()),
+            validation: None,
+        };
+        trainer.train_step();
+        save_with(&trainer, d, &record).unwrap();
+        trainer.train_step();
+        let staged = stage(&trainer, d, &record).unwrap();
+        let adapters = reference::io::peft::ADAPTER_WEIGHTS_FILE;
+        std::fs::rename(staged.path().join(adapters), d.join(adapters)).unwrap();
+        // (a copy of the mixed folder without the staged state)
+        let mixed = tempfile::tempdir().unwrap();
+        for f in std::fs::read_dir(d).unwrap() {
+            let f = f.unwrap().path();
+            if f.is_file() {
+                std::fs::copy(&f, mixed.path().join(f.file_name().unwrap())).unwrap();
+            }
+        }
+        let e = inspect(mixed.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("adapter_model.safetensors is not the file"),
+            "{e}"
+        );
+
+        let saved = inspect(d).unwrap();
+        assert!(saved.finished_save);
+        assert_eq!((saved.step, saved.record), (2, record));
+        assert!(!d.join(STAGING_DIR).exists());
+        let resumed = resume(&model, d, &data, None, slow).unwrap();
+        assert_eq!(resumed.step, 2);
+        assert_eq!(resumed.weights(), trainer.weights());
+    }
 }

@@ -21,6 +21,8 @@ pub mod arla_trainer;
 pub mod attention;
 pub mod bridge;
 pub mod checkpoint;
+pub mod checkpoint_files;
+pub mod checkpoint_validation;
 pub mod data;
 pub mod distill;
 pub mod draft_head;

@@ -4,28 +4,29 @@
 //! `--resume`.
 
 mod bridge;
+mod flags;
 mod held_out;
+mod interrupt;
 mod log;
+mod out;
 mod start;
+mod validation;
 
-use crate::cli::args::m2r2::parse_targets;
 use crate::cli::args::model::ModelArgs;
 use crate::cli::common;
 use crate::cli::progress;
 use anyhow::{Context, Result, bail};
-use bridge::add_bridge;
 use held_out::{held_out, report_cache};
-use log::{gate_summary, step_bar};
-use reference::m2r2::config::{M2r2Config, parse_gates};
-use reference::m2r2::weights::M2r2Weights;
-use start::{default_rank, per_gate, starting_weights};
+use interrupt::Stop;
+use log::{gate_summary, print_held_out, step_bar, what_is_trained, window_mean};
 use std::path::PathBuf;
 use std::time::Instant;
 use train::align::AlignKind;
-use train::checkpoint;
-use train::early_stop::{EarlyStop, Observation};
+use train::checkpoint::{self, RunRecord};
+use train::early_stop::Observation;
 use train::slow_cache::SlowPass;
-use train::trainer::{GateStats, StepLog, TrainOptions, Trainer, mean_kl};
+use train::trainer::StepLog;
+use validation::Validation;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -45,37 +46,67 @@ pub struct Args {
     /// the most common rank, so alpha grows with a gate's rank. With --init: the new rank of the
     /// trained gates (or one per gate), which widens their adapters: the same terms, with new
     /// directions to train
-    #[arg(long, value_name = "R[,R2,...]", value_delimiter = ',', num_args = 1..)]
+    #[arg(long, value_name = "R[,R2,...]", value_delimiter = ',', num_args = 1.., allow_negative_numbers = true)]
     pub rank: Vec<usize>,
     /// Adapter alpha (scale alpha / r; default 2 r)
-    #[arg(long, value_name = "A")]
+    #[arg(long, value_name = "A", allow_negative_numbers = true)]
     pub alpha: Option<f32>,
     /// Adapted linear maps, comma-separated (default: all seven)
     #[arg(long, value_name = "LIST")]
     pub targets: Option<String>,
     /// Optimizer steps (each updates every trained gate once)
-    #[arg(long, value_name = "N", default_value_t = 1000)]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1000,
+        allow_negative_numbers = true
+    )]
     pub steps: usize,
     /// Fast rows per gate per step
-    #[arg(long, value_name = "B", default_value_t = 64)]
+    #[arg(
+        long,
+        value_name = "B",
+        default_value_t = 64,
+        allow_negative_numbers = true
+    )]
     pub batch_rows: usize,
     /// Peak learning rate
-    #[arg(long, value_name = "X", default_value_t = 2e-3)]
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 2e-3,
+        allow_negative_numbers = true
+    )]
     pub lr: f64,
     /// Final learning rate of the cosine decay (default lr / 10)
-    #[arg(long, value_name = "X")]
+    #[arg(long, value_name = "X", allow_negative_numbers = true)]
     pub lr_min: Option<f64>,
     /// Warm-up steps (default steps / 20)
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub warmup: Option<usize>,
     /// AdamW decoupled weight decay
-    #[arg(long, value_name = "X", default_value_t = 0.0)]
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
     pub weight_decay: f64,
     /// Clip each gate's gradient to this global L2 norm
-    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     pub clip: f64,
     /// Distillation temperature tau of the KL loss
-    #[arg(long, value_name = "T", default_value_t = 1.0)]
+    #[arg(
+        long,
+        value_name = "T",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
     pub temperature: f64,
     /// Weight of a cross-entropy term on the teacher's argmax (the token greedy decoding emits)
     /// beside the KL; 0 trains on the KL alone
@@ -90,7 +121,13 @@ pub struct Args {
     #[arg(long, value_name = "KIND")]
     pub align: Option<AlignKind>,
     /// Weight of the alignment term
-    #[arg(long, value_name = "X", default_value_t = 0.1, requires = "align")]
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 0.1,
+        requires = "align",
+        allow_negative_numbers = true
+    )]
     pub align_weight: f64,
     /// Also align the fast state after each inner layer i of the interval with the slow residual at
     /// depth d_j(i) = e_j + round(i (N - e_j) / k_j) it estimates, with --align's kind and weight;
@@ -98,13 +135,18 @@ pub struct Args {
     #[arg(long, requires = "align")]
     pub align_intermediate: bool,
     /// Seed of the adapter initialisation and of the row sampling
-    #[arg(long, value_name = "S", default_value_t = 0)]
+    #[arg(
+        long,
+        value_name = "S",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
     pub seed: u64,
     /// Add a bridge of this rank (docs/m2r2/bridge.md): the draft gate's fast stream also reads the
     /// last verified final slow state, through low-rank maps trained with that gate's adapters
     /// (the draft gate must be among --train-gates). With --init, a folder that has a bridge keeps
     /// training it
-    #[arg(long, value_name = "R")]
+    #[arg(long, value_name = "R", allow_negative_numbers = true)]
     pub bridge_rank: Option<usize>,
     /// Where the bridge's term joins the draft: `entry` (the start of the draft gate's interval),
     /// `gate` (the exit state), or both
@@ -112,12 +154,17 @@ pub struct Args {
     pub bridge_sites: Vec<String>,
     /// Train only the bridge's maps, keeping the adapters as they are (early exit, which never
     /// reads the bridge, is then unchanged); needs a bridge (--bridge-rank, or an --init folder
-    /// with one)
+    /// with one). Only the bridge's gate is run (the default --train-gates)
     #[arg(long)]
     pub bridge_only: bool,
-    /// Output folder (checkpoint: M2R2 weights + optimizer state)
+    /// Output folder (checkpoint: M2R2 weights + optimizer state). A folder holding a checkpoint
+    /// or M2R2 weights is refused, unless --resume continues that same folder or --force is given
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
+    /// Start a new run in an --out that holds a checkpoint or M2R2 weights: its M2R2 and trainer
+    /// files are replaced and its best/ removed
+    #[arg(long)]
+    pub force: bool,
     /// Start from trained M2R2 weights (a folder, e.g. reference/assets/smollm2-m2r2): their
     /// gates, ranks and targets (--rank may raise the trained gates' ranks); the trained gates
     /// continue from their adapters, the other gates'
@@ -145,7 +192,7 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub slow_cache: Option<PathBuf>,
     /// Also write the checkpoint every N steps
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub save_every: Option<usize>,
     /// Held-out distillation data (e.g. from dev prompts): per-gate agreement before and after
     /// (refused when it shares a prompt with --data)
@@ -156,56 +203,69 @@ pub struct Args {
     /// written to OUT/best
     #[arg(long, value_name = "DIR")]
     pub val_data: Option<PathBuf>,
-    /// With --val-data: steps between evaluations
-    #[arg(long, value_name = "N", default_value_t = 100, requires = "val_data")]
-    pub eval_every: usize,
+    /// With --val-data: steps between evaluations (default 100; with --resume, the checkpoint's)
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "val_data",
+        allow_negative_numbers = true
+    )]
+    pub eval_every: Option<usize>,
     /// With --val-data: stop after this many evaluations in a row without a lower mean KL
-    #[arg(long, value_name = "P", default_value_t = 3, requires = "val_data")]
-    pub patience: usize,
+    /// (default 3; with --resume, the checkpoint's)
+    #[arg(
+        long,
+        value_name = "P",
+        requires = "val_data",
+        allow_negative_numbers = true
+    )]
+    pub patience: Option<usize>,
     /// Print one line per N steps on stderr (always when stderr is not a terminal)
-    #[arg(long, value_name = "N", default_value_t = 50)]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 50,
+        allow_negative_numbers = true
+    )]
     pub log_every: usize,
 }
 
 pub fn run(args: &Args) -> Result<()> {
     common::check_out_folder(&args.out, "--out")?;
-    for (flag, value) in [
-        ("--save-every", args.save_every),
-        ("--eval-every", Some(args.eval_every)),
-        ("--patience", Some(args.patience)),
-        ("--log-every", Some(args.log_every)),
-    ] {
-        if value == Some(0) {
-            bail!("{flag} must be at least 1");
+    flags::check(args)?;
+    out::check(&args.out, args.resume.as_deref(), args.force)?;
+    let saved = match &args.resume {
+        Some(dir) => {
+            let saved = checkpoint::inspect(dir)
+                .with_context(|| format!("cannot resume from {}", dir.display()))?;
+            if saved.step >= args.steps {
+                bail!(
+                    "{} has already done {} of {} steps: give a larger --steps",
+                    dir.display(),
+                    saved.step,
+                    args.steps
+                );
+            }
+            if saved.finished_save {
+                eprintln!(
+                    "note: completed the save of step {} in {}, which was stopped while its files \
+                     were renamed into place",
+                    saved.step,
+                    dir.display()
+                );
+            }
+            if !saved.files_checked {
+                eprintln!(
+                    "note: {} was saved before checkpoints recorded their files' SHA-256: its \
+                     files are not checked against each other",
+                    dir.display()
+                );
+            }
+            Some(saved)
         }
-    }
-    if let Some(warmup) = args.warmup
-        && warmup > args.steps
-    {
-        bail!(
-            "--warmup {warmup} is longer than the run (--steps {}): the learning rate would never \
-             reach its peak",
-            args.steps
-        );
-    }
-    if let Some(alpha) = args.alpha
-        && !(alpha.is_finite() && alpha > 0.0)
-    {
-        bail!(
-            "--alpha must be a finite number > 0 (the adapters' scale is alpha / r), got {alpha}"
-        );
-    }
-    if let Some(dir) = &args.resume {
-        let done = train::checkpoint::steps_done(dir)
-            .with_context(|| format!("cannot resume from {}", dir.display()))?;
-        if done >= args.steps {
-            bail!(
-                "{} has already done {done} of {} steps: give a larger --steps",
-                dir.display(),
-                args.steps
-            );
-        }
-    }
+        None => None,
+    };
+    let done = saved.as_ref().map_or(0, |s| s.step);
     let loaded = common::load(&args.model.model)?;
     let model = &loaded.model;
     for &rank in &args.rank {
@@ -230,6 +290,17 @@ pub fn run(args: &Args) -> Result<()> {
             );
         }
     }
+    // rows are drawn with replacement: a batch above the rows there are draws them again, and
+    // memory grows with the batch
+    let rows: usize = data.iter().map(|s| s.tokens.len() - s.first_row()).sum();
+    let batch_rows = args.batch_rows.min(rows.max(1));
+    if args.resume.is_none() && batch_rows < args.batch_rows {
+        eprintln!(
+            "note: --batch-rows {} is more than the {rows} trainable rows of the data: each step \
+             draws {batch_rows} rows per gate",
+            args.batch_rows
+        );
+    }
     // held-out data, read and checked before the slow stream (the longest phase)
     let vocab = model.config.vocab_size;
     let eval_data = match &args.eval_data {
@@ -253,6 +324,21 @@ pub fn run(args: &Args) -> Result<()> {
             train::data::refuse_shared_prompts(&data, &args.data, held, flag, dir)?;
         }
     }
+    let resumed_record = args
+        .resume
+        .as_deref()
+        .zip(saved.as_ref().and_then(|s| s.record.validation.as_ref()));
+    let val_record = match &val_data {
+        Some(samples) => Some(validation::start_record(
+            samples,
+            args.eval_every,
+            args.patience,
+            resumed_record,
+            done,
+            args.steps,
+        )?),
+        None => None,
+    };
     let start = Instant::now();
     let mut precompute = progress::Counter::new("slow stream", data.len(), 0);
     let (mut samples_done, mut tokens_done) = (0, 0);
@@ -266,120 +352,40 @@ pub fn run(args: &Args) -> Result<()> {
     let mut trainer = match &args.resume {
         Some(dir) => checkpoint::resume(model, dir, &data, Some(args.steps), &mut slow)
             .with_context(|| format!("cannot resume from {}", dir.display()))?,
-        None => {
-            let init = match &args.init {
-                Some(dir) => {
-                    let mut w = M2r2Weights::load_dir(dir, &model.config).with_context(|| {
-                        format!("cannot load the --init weights folder {}", dir.display())
-                    })?;
-                    w.arla = None;
-                    w.draft_head = None;
-                    Some(w)
-                }
-                None => None,
-            };
-            let mut config = match &init {
-                Some(w) => w.config.clone(),
-                None => M2r2Config::default_for(&model.config),
-            };
-            if let Some(g) = &args.gates {
-                config.gates = parse_gates(g)?;
-            }
-            let train_gates = match &args.train_gates {
-                Some(list) => list
-                    .split(',')
-                    .map(|g| {
-                        g.trim()
-                            .parse::<usize>()
-                            .with_context(|| format!("--train-gates: `{g}` is not a gate number"))
-                    })
-                    .collect::<Result<Vec<_>>>()?,
-                None => (1..=config.gates.len()).collect(),
-            };
-            let ranks = per_gate(
-                &args.rank,
-                config.num_gates(),
-                args.init.is_some(),
-                &train_gates,
-            )?;
-            if args.init.is_none() {
-                config.rank = default_rank(&ranks.iter().flatten().copied().collect::<Vec<_>>());
-                config.alpha = args.alpha.unwrap_or(2.0 * config.rank as f32);
-                if let Some(t) = &args.targets {
-                    config.targets = parse_targets(t)?;
-                }
-            }
-            let options = TrainOptions {
-                train_gates,
-                steps: args.steps,
-                batch_rows: args.batch_rows,
-                lr: args.lr,
-                lr_min: args.lr_min.unwrap_or(args.lr / 10.0),
-                warmup: args.warmup.unwrap_or(args.steps / 20),
-                weight_decay: args.weight_decay,
-                clip: args.clip,
-                temperature: args.temperature,
-                hard_label_weight: args.hard_label_weight,
-                align: args.align,
-                align_weight: args.align_weight,
-                align_intermediate: args.align_intermediate,
-                seed: args.seed,
-                bridge_only: args.bridge_only,
-            };
-            let mut weights =
-                starting_weights(model, config, init, &ranks, &options.train_gates, args.seed)
-                    .with_context(|| format!("invalid M2R2 settings for {}", loaded.name))?;
-            if let Some(rank) = args.bridge_rank {
-                let sample = data.first().map(|d| d.tokens.as_slice());
-                weights = add_bridge(model, weights, rank, &args.bridge_sites, args.seed, sample)?;
-            }
-            // the bridge trains with the adapters of the gate it is read at
-            if let Some(b) = &weights.config.bridge
-                && !options.train_gates.contains(&b.gate)
-            {
-                bail!(
-                    "the bridge trains with its draft gate's adapters: add gate {} to --train-gates",
-                    b.gate
-                );
-            }
-            Trainer::new(model, weights, &data, options, &mut slow)?
-        }
+        None => start::new_trainer(args, model, &loaded.name, &data, batch_rows, &mut slow)?,
     };
     let cached = std::mem::take(&mut slow.used);
     precompute.finish();
     report_cache("the training data", cached);
     eprintln!(
-        "slow stream of {} samples ({} trainable rows) in {:.1} s; training gates {:?}, {} adapter parameters",
+        "slow stream of {} samples ({} trainable rows) in {:.1} s; {}",
         data.len(),
         trainer.rows_available(),
         start.elapsed().as_secs_f64(),
-        trainer.options.train_gates,
-        trainer
-            .gates
-            .iter()
-            .map(|g| g.adapters.len())
-            .sum::<usize>()
+        what_is_trained(&trainer)
     );
-    if trainer.step >= trainer.options.steps {
-        bail!(
-            "the checkpoint has already done {} of {} steps: give a larger --steps",
-            trainer.step,
-            trainer.options.steps
-        );
-    }
     let cache = args.slow_cache.as_deref();
     let eval = match &eval_data {
         Some(data) => Some(held_out(model, &trainer, data, cache, "--eval-data")?),
         None => None,
     };
     let before = eval.as_ref().map(|e| trainer.evaluate_held_out(e));
-
-    let val = match &val_data {
-        Some(data) => Some(held_out(model, &trainer, data, cache, "--val-data")?),
-        None => None,
+    let mut val = match (&val_data, val_record) {
+        (Some(data), Some(record)) => Some(Validation::new(
+            held_out(model, &trainer, data, cache, "--val-data")?,
+            record,
+        )),
+        _ => None,
     };
-    let mut early = EarlyStop::new(args.patience);
+    // without --val-data, a resumed run keeps the checkpoint's record for a later resume with it
+    let kept = saved.and_then(|s| s.record.validation);
+    let record = |val: &Option<Validation>| RunRecord {
+        model_config_hash: Some(model.config.hash()),
+        validation: val.as_ref().map(|v| v.record.clone()).or(kept.clone()),
+    };
+    out::prepare(&args.out, args.resume.as_deref(), args.force)?;
 
+    let stop = Stop::install()?;
     let bar = step_bar(trainer.options.steps as u64);
     bar.set_position(trainer.step as u64);
     let log_to_stderr = !progress::enabled();
@@ -405,19 +411,7 @@ pub fn run(args: &Args) -> Result<()> {
         window.push(log);
         bar.inc(1);
         if window.len() >= args.log_every || trainer.step == trainer.options.steps {
-            let mut mean: Vec<GateStats> = window[0]
-                .gates
-                .iter()
-                .map(|g| GateStats {
-                    gate: g.gate,
-                    ..GateStats::default()
-                })
-                .collect();
-            for log in &window {
-                for (m, g) in mean.iter_mut().zip(&log.gates) {
-                    m.add(g);
-                }
-            }
+            let mean = window_mean(&window);
             let line = format!(
                 "step {} lr {:.2e} | {}",
                 trainer.step,
@@ -430,78 +424,57 @@ pub fn run(args: &Args) -> Result<()> {
             }
             window.clear();
         }
+        // evaluated before the checkpoint is written, so that it records this step's evaluation
+        let seen = match &mut val {
+            Some(v) => v.step(&trainer, &args.out, |line| {
+                bar.suspend(|| eprintln!("{line}"))
+            })?,
+            None => None,
+        };
+        let last = seen == Some(Observation::Stop)
+            || stop.asked()
+            || trainer.step == trainer.options.steps;
         if let Some(n) = args.save_every
             && trainer.step % n == 0
+            && !last
         {
-            checkpoint::save(&trainer, &args.out)?;
+            checkpoint::save_with(&trainer, &args.out, &record(&val))
+                .with_context(|| format!("cannot write {}", args.out.display()))?;
         }
-        if let Some(val) = &val
-            && trainer.step % args.eval_every == 0
-        {
-            let stats = trainer.evaluate_held_out(val);
-            let kl = mean_kl(&stats);
-            let seen = early.observe(trainer.step, kl);
-            if seen == Observation::Improved {
-                let best = args.out.join("best");
-                trainer
-                    .weights()
-                    .save_dir(&best)
-                    .with_context(|| format!("cannot write {}", best.display()))?;
-            }
-            bar.suspend(|| {
-                eprintln!(
-                    "validation at step {}: mean KL {kl:.4} ({}) | {}",
-                    trainer.step,
-                    match seen {
-                        Observation::Improved => "best so far, weights in OUT/best".to_string(),
-                        Observation::NoBetter { misses } =>
-                            format!("no better {misses}/{}", early.patience),
-                        Observation::Stop => "no better: stopping early".to_string(),
-                    },
-                    gate_summary(&stats)
-                )
-            });
-            if seen == Observation::Stop {
-                break;
-            }
+        if last {
+            break;
         }
     }
     bar.finish_and_clear();
     let seconds = train_start.elapsed().as_secs_f64();
     let steps = trainer.step - first_step;
-    checkpoint::save(&trainer, &args.out)
+    checkpoint::save_with(&trainer, &args.out, &record(&val))
         .with_context(|| format!("cannot write {}", args.out.display()))?;
+    if stop.asked() && trainer.step < trainer.options.steps {
+        let out = args.out.display();
+        return Err(common::Exit {
+            code: interrupt::EXIT_CODE,
+            message: format!(
+                "stopped at step {}: checkpoint in {out}, continue with --resume {out} --out {out}",
+                trainer.step
+            ),
+        }
+        .into());
+    }
     println!(
         "trained {steps} steps in {seconds:.1} s ({:.3} s/step, {} rows per gate per step); wrote {}",
         seconds / steps.max(1) as f64,
         trainer.options.batch_rows,
         args.out.display()
     );
-    if let Some((step, kl)) = early.best() {
+    if let Some((step, kl)) = val.as_ref().and_then(|v| v.early.best()) {
         println!(
             "best validation mean KL {kl:.4} at step {step}: weights in {}",
-            args.out.join("best").display()
+            args.out.join(train::checkpoint_files::BEST_DIR).display()
         );
     }
-    if let (Some(e), Some(before)) = (&eval, before) {
-        let after = trainer.evaluate_held_out(e);
-        println!(
-            "held-out data {}:",
-            args.eval_data.as_ref().expect("eval").display()
-        );
-        println!("| gate | rows | KL before | KL after | agreement before | agreement after |");
-        println!("|---|---|---|---|---|---|");
-        for (b, a) in before.iter().zip(&after) {
-            println!(
-                "| {} | {} | {:.4} | {:.4} | {:.3} | {:.3} |",
-                a.gate,
-                a.rows,
-                b.kl,
-                a.kl,
-                b.agreement(),
-                a.agreement()
-            );
-        }
+    if let (Some(e), Some(dir), Some(before)) = (&eval, &args.eval_data, before) {
+        print_held_out(dir, &before, &trainer.evaluate_held_out(e));
     }
     Ok(())
 }

@@ -1,12 +1,112 @@
-//! The weights `m2r2 train` starts from: fresh adapters at the ranks `--rank` gives (one for all
-//! gates or one per gate), or the `--init` folder's, whose trained gates `--rank` may widen
-//! (`Accelerator::widen`: the same adapter terms, new directions to train).
+//! The trainer a new `m2r2 train` run starts from: fresh adapters at the ranks `--rank` gives (one
+//! for all gates or one per gate), or the `--init` folder's, whose trained gates `--rank` may widen
+//! (`Accelerator::widen`: the same adapter terms, new directions to train), with the bridge of
+//! `--bridge-rank` and the training settings of the flags.
 
+use super::Args;
+use super::bridge::add_bridge;
+use super::flags;
+use crate::cli::args::m2r2::parse_targets;
 use anyhow::{Context, Result, bail};
 use reference::Model;
-use reference::m2r2::config::{DEFAULT_RANK, M2r2Config};
+use reference::m2r2::config::{DEFAULT_RANK, M2r2Config, parse_gates};
 use reference::m2r2::weights::M2r2Weights;
-use train::trainer::{initial_weights, initial_weights_ranked};
+use train::data::DistillSample;
+use train::slow_cache::SlowPass;
+use train::trainer::{TrainOptions, Trainer, initial_weights, initial_weights_ranked};
+
+/// The trainer of a new run (not `--resume`) of `model` (called `name`) on `data`, the slow
+/// stream through `slow`. `batch_rows` is `--batch-rows` capped at the rows of the data.
+pub fn new_trainer(
+    args: &Args,
+    model: &Model,
+    name: &str,
+    data: &[DistillSample],
+    batch_rows: usize,
+    slow: &mut SlowPass,
+) -> Result<Trainer> {
+    let init = match &args.init {
+        Some(dir) => {
+            let mut w = M2r2Weights::load_dir(dir, &model.config).with_context(|| {
+                format!("cannot load the --init weights folder {}", dir.display())
+            })?;
+            w.arla = None;
+            w.draft_head = None;
+            Some(w)
+        }
+        None => None,
+    };
+    let mut config = match &init {
+        Some(w) => w.config.clone(),
+        None => M2r2Config::default_for(&model.config),
+    };
+    if let Some(g) = &args.gates {
+        config.gates = parse_gates(g)?;
+    }
+    // --bridge-only trains the bridge alone: only its gate's passes are run
+    let bridge_gate = config.bridge.as_ref().map_or(config.draft_gate, |b| b.gate);
+    let train_gates = match flags::train_gates(args.train_gates.as_deref())? {
+        Some(gates) => gates,
+        None if args.bridge_only => vec![bridge_gate],
+        None => (1..=config.gates.len()).collect(),
+    };
+    let ranks = per_gate(
+        &args.rank,
+        config.num_gates(),
+        args.init.is_some(),
+        &train_gates,
+    )?;
+    if args.init.is_none() {
+        config.rank = default_rank(&ranks.iter().flatten().copied().collect::<Vec<_>>());
+        config.alpha = args.alpha.unwrap_or(2.0 * config.rank as f32);
+        if let Some(t) = &args.targets {
+            config.targets = parse_targets(t)?;
+        }
+    }
+    let options = TrainOptions {
+        train_gates,
+        steps: args.steps,
+        batch_rows,
+        lr: args.lr,
+        lr_min: args.lr_min.unwrap_or(args.lr / 10.0),
+        warmup: args.warmup.unwrap_or(args.steps / 20),
+        weight_decay: args.weight_decay,
+        clip: args.clip,
+        temperature: args.temperature,
+        hard_label_weight: args.hard_label_weight,
+        align: args.align,
+        align_weight: args.align_weight,
+        align_intermediate: args.align_intermediate,
+        seed: args.seed,
+        bridge_only: args.bridge_only,
+    };
+    let mut weights =
+        starting_weights(model, config, init, &ranks, &options.train_gates, args.seed)
+            .with_context(|| format!("invalid M2R2 settings for {name}"))?;
+    if let Some(rank) = args.bridge_rank {
+        let sample = data.first().map(|d| d.tokens.as_slice());
+        weights = add_bridge(model, weights, rank, &args.bridge_sites, args.seed, sample)?;
+    }
+    match &weights.config.bridge {
+        // the bridge trains with the adapters of the gate it is read at
+        Some(b) if !options.train_gates.contains(&b.gate) => bail!(
+            "the bridge trains with its draft gate's adapters: add gate {} to --train-gates",
+            b.gate
+        ),
+        Some(b) if args.bridge_only && options.train_gates != [b.gate] => bail!(
+            "--bridge-only trains the bridge alone, which gate {g} reads: --train-gates {:?} would \
+             run the other gates' passes for nothing; leave out --train-gates (or give {g})",
+            options.train_gates,
+            g = b.gate
+        ),
+        None if args.bridge_only => bail!(
+            "--bridge-only trains the bridge alone, and the weights have no bridge: add one with \
+             --bridge-rank, or --init a folder that has one"
+        ),
+        _ => {}
+    }
+    Ok(Trainer::new(model, weights, data, options, slow)?)
+}
 
 /// `--rank` as one rank per gate (`None`: that gate's rank is left as it is). Empty `rank` is
 /// [`DEFAULT_RANK`] for fresh adapters and no change with `--init`; one value is every gate's
