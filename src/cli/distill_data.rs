@@ -20,7 +20,7 @@ pub struct Args {
     /// Folder to write (samples.jsonl, meta.json)
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
-    /// Responses per prompt
+    /// Responses per prompt (more than 1 needs --temperature: greedy responses are all the same)
     #[arg(long, value_name = "K", default_value_t = 1)]
     pub samples_per_prompt: usize,
     /// Longest response, in tokens (each prompt's tokens plus N must fit the model's context)
@@ -35,7 +35,8 @@ pub struct Args {
     /// Use only the first N prompts (smoke runs)
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
-    /// Sequences decoded together (each response is bitwise the same at any batch size)
+    /// Sequences decoded together (each response is bitwise the same at any batch size; at most
+    /// the samples left to make)
     #[arg(long, value_name = "N", default_value_t = train::distill::DEFAULT_BATCH)]
     pub batch: usize,
     /// Continue a stopped run in --out (same settings and prompts): keep its samples, make the rest
@@ -48,6 +49,11 @@ pub struct Args {
 
 /// The prompts shown in a refusal, at most.
 const SHOWN: usize = 5;
+
+/// Samples one run makes at most (prompts x `--samples-per-prompt`): every request is planned in
+/// memory before decoding starts. Far beyond any run of these tools (the SmolLM2 training data:
+/// 2 384 samples, 685 k tokens).
+const MAX_SAMPLES: usize = 1_000_000;
 
 pub fn run(args: &Args) -> Result<()> {
     if args.samples_per_prompt == 0 || args.max_new_tokens == 0 {
@@ -64,12 +70,40 @@ pub fn run(args: &Args) -> Result<()> {
     {
         bail!("--temperature must be a finite number > 0 (leave it out for greedy), got {t}");
     }
+    if args.temperature.is_none() && args.samples_per_prompt > 1 {
+        bail!(
+            "--samples-per-prompt {} without --temperature: greedy decoding is deterministic, so \
+             every sample of a prompt would be the same response; give --temperature T to sample \
+             them, or leave --samples-per-prompt out",
+            args.samples_per_prompt
+        );
+    }
     let start = Start::from_flags(args.resume, args.force);
     check_out(&args.out, start)?;
     let mut prompts = prompts::read(&args.prompts)?;
+    refuse_empty(&args.prompts, &prompts)?;
     if let Some(n) = args.limit {
+        if n > prompts.len() {
+            eprintln!(
+                "note: --limit {n} is more than the {} prompts of {}: all of them are used",
+                prompts.len(),
+                args.prompts.display()
+            );
+        }
         prompts.truncate(n);
     }
+    let total = prompts
+        .len()
+        .checked_mul(args.samples_per_prompt)
+        .filter(|&n| n <= MAX_SAMPLES)
+        .with_context(|| {
+            format!(
+                "{} prompts x --samples-per-prompt {} is more than the {MAX_SAMPLES} samples one \
+                 run makes: split the prompts, or lower --samples-per-prompt",
+                prompts.len(),
+                args.samples_per_prompt
+            )
+        })?;
     let loaded = common::load(&args.model.model)?;
     let encoded: Vec<(String, Vec<u32>)> = prompts
         .iter()
@@ -98,7 +132,6 @@ pub fn run(args: &Args) -> Result<()> {
         seed: args.seed,
         stop_tokens: loaded.stop_tokens(),
     };
-    let total = encoded.len() * args.samples_per_prompt;
     let planned = DistillMeta {
         model: loaded.name.clone(),
         config_hash: Some(loaded.model.config.hash()),
@@ -121,26 +154,29 @@ pub fn run(args: &Args) -> Result<()> {
             done.len()
         );
     }
+    // each response is bitwise the same at any batch size: more sequences than are left to make
+    // would only reserve room for them
+    let batch = args.batch.min(total - done.len()).max(1);
+    if args.batch > total && args.batch > train::distill::DEFAULT_BATCH {
+        eprintln!(
+            "note: --batch {} is more than the {total} samples of this run: at most {batch} are \
+             decoded together",
+            args.batch
+        );
+    }
     let mut counter = progress::Counter::new("samples", total, done.len());
     let mut finished = done.len();
     let start = std::time::Instant::now();
     let mut generated = 0usize;
     let mut failed = None;
-    generate_samples_batched(
-        &loaded.model,
-        &encoded,
-        &options,
-        args.batch,
-        &done,
-        &mut |s| {
-            generated += s.tokens.len() - s.prompt_len;
-            if failed.is_none() {
-                failed = run.append(s).err();
-            }
-            finished += 1;
-            counter.update(finished, generated);
-        },
-    )?;
+    generate_samples_batched(&loaded.model, &encoded, &options, batch, &done, &mut |s| {
+        generated += s.tokens.len() - s.prompt_len;
+        if failed.is_none() {
+            failed = run.append(s).err();
+        }
+        finished += 1;
+        counter.update(finished, generated);
+    })?;
     if let Some(e) = failed {
         return Err(e.into());
     }
@@ -148,16 +184,55 @@ pub fn run(args: &Args) -> Result<()> {
     let seconds = start.elapsed().as_secs_f64();
     let order: Vec<String> = encoded.iter().map(|(id, _)| id.clone()).collect();
     let samples = run.finish(&order, planned)?;
-    let meta_tokens: usize = samples.iter().map(|s| s.tokens.len()).sum();
     println!(
-        "wrote {} samples ({} response tokens, {} tokens in all) to {} in {:.1} s ({:.1} response tokens/s)",
-        samples.len(),
-        generated,
-        meta_tokens,
-        args.out.display(),
-        seconds,
-        generated as f64 / seconds.max(1e-9)
+        "{}",
+        summary(&samples, done.len(), generated, seconds, args)
     );
+    Ok(())
+}
+
+/// The closing line: the folder's totals, then (after a resume, split from the earlier run's)
+/// what this run made and how fast.
+fn summary(
+    samples: &[train::data::DistillSample],
+    earlier: usize,
+    generated: usize,
+    seconds: f64,
+    args: &Args,
+) -> String {
+    let all: usize = samples.iter().map(|s| s.tokens.len()).sum();
+    let responses: usize = samples.iter().map(|s| s.tokens.len() - s.prompt_len).sum();
+    let rate = generated as f64 / seconds.max(1e-9);
+    let made = samples.len() - earlier;
+    let this_run = match earlier {
+        0 => format!("in {seconds:.1} s ({rate:.1} response tokens/s)"),
+        _ => format!(
+            "({earlier} from the earlier run; this run made {made} of them, {generated} response \
+             tokens, in {seconds:.1} s, {rate:.1} response tokens/s)"
+        ),
+    };
+    format!(
+        "wrote {} samples ({responses} response tokens, {all} tokens in all) to {} {this_run}",
+        samples.len(),
+        args.out.display(),
+    )
+}
+
+/// Refuse a prompt whose `id` or `prompt` is empty (or blank), naming its line: an empty id
+/// cannot key its samples, an empty prompt asks nothing.
+fn refuse_empty(path: &std::path::Path, prompts: &[prompts::PromptLine]) -> Result<()> {
+    for p in prompts {
+        for (field, value) in [("id", &p.id), ("prompt", &p.prompt)] {
+            if value.trim().is_empty() {
+                bail!(
+                    "{} line {}: empty `{field}`: every prompt needs a non-blank id and prompt \
+                     text. Nothing was generated or written",
+                    path.display(),
+                    p.line
+                );
+            }
+        }
+    }
     Ok(())
 }
 

@@ -8,8 +8,9 @@ use crate::cli::common;
 use crate::cli::progress;
 use anyhow::{Context, Result, bail};
 use reference::io::tokenizer::ChatMessage;
-use std::collections::HashSet;
-use std::path::PathBuf;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
 use train::magpie::{
     Candidate, CandidateLog, MagpieMeta, MagpiePrompt, MagpieSettings, Start, Verdict, check_out,
     finish, sample_candidates, select, tally,
@@ -22,7 +23,7 @@ pub struct Args {
     /// Folder to write (candidates.jsonl, prompts.jsonl, meta.json)
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
-    /// User messages to sample (the kept prompts are fewer: see meta.json)
+    /// User messages to sample (the kept prompts are fewer: see meta.json), at most 1 000 000
     #[arg(long, value_name = "N", default_value_t = 1000)]
     pub count: usize,
     /// Seed of candidate i: S + i
@@ -52,7 +53,8 @@ pub struct Args {
     /// when making a validation set (compared after lower-casing and whitespace folding)
     #[arg(long, value_name = "FILE.jsonl", num_args = 1.., value_delimiter = ',')]
     pub exclude: Vec<PathBuf>,
-    /// Sequences sampled together (each message is bitwise the same at any batch size)
+    /// Sequences sampled together (each message is bitwise the same at any batch size; at most
+    /// the messages left to sample)
     #[arg(long, value_name = "N", default_value_t = 16)]
     pub batch: usize,
     /// Continue a stopped run into the same --out (same settings)
@@ -66,9 +68,92 @@ pub struct Args {
 /// The marker standing in for the user's message while the template is rendered.
 const MARKER: &str = "\u{1}M2R2-USER-MESSAGE\u{1}";
 
+/// Candidates one run samples at most: every request is planned in memory before sampling starts.
+const MAX_COUNT: usize = 1_000_000;
+
+/// What a run's model and `--exclude` prompts are by content ([`Identity`]), written when it
+/// starts (and kept), so that `--resume` compares them so, not by their names' spelling.
+const IDENTITY_FILE: &str = "identity.json";
+
+/// A run's model and excluded prompts by content, as `distill-data` identifies its model and
+/// prompts: the model config's hash, and the SHA-256 of the excluded prompts' normalised texts
+/// (what the `excluded` check compares), in sorted order.
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct Identity {
+    config_hash: String,
+    exclude_sha256: Option<String>,
+}
+
+impl Identity {
+    fn of(config_hash: String, exclude: &BTreeSet<String>) -> Self {
+        let lines: Vec<train::data::prompts::PromptLine> = exclude
+            .iter()
+            .map(|text| train::data::prompts::PromptLine {
+                line: 0,
+                id: String::new(),
+                prompt: text.clone(),
+            })
+            .collect();
+        Identity {
+            config_hash,
+            exclude_sha256: (!exclude.is_empty()).then(|| train::data::prompts::digest(&lines)),
+        }
+    }
+}
+
+/// `--resume`: when the run in `dir` recorded its [`Identity`], compare the model and the
+/// `--exclude` prompts by it, and where they are the same take the run's own spellings into
+/// `settings` (so `CandidateLog::open` compares the other settings only, and the run keeps its
+/// record). A run without the file (from before it) is compared by the spellings alone.
+fn match_identity(dir: &Path, settings: &mut MagpieSettings, now: &Identity) -> Result<()> {
+    let path = dir.join(IDENTITY_FILE);
+    let progress = dir.join(train::magpie::PROGRESS_FILE);
+    let (Ok(identity), Ok(recorded)) = (
+        std::fs::read_to_string(&path),
+        std::fs::read_to_string(&progress),
+    ) else {
+        return Ok(());
+    };
+    let was: Identity = serde_json::from_str(&identity)
+        .with_context(|| format!("{}: not a distill-prompts run's identity", path.display()))?;
+    let recorded: MagpieSettings = serde_json::from_str(&recorded)
+        .with_context(|| format!("{}: not distill-prompts settings", progress.display()))?;
+    if was.config_hash != now.config_hash {
+        bail!(
+            "--resume: {} was started with another model, `{}` of config {} (--model `{}` is of \
+             config {}); give the same model",
+            dir.display(),
+            recorded.model,
+            was.config_hash,
+            settings.model,
+            now.config_hash
+        );
+    }
+    if was.exclude_sha256 != now.exclude_sha256 {
+        let show = |e: &Option<String>| e.clone().unwrap_or_else(|| "none".into());
+        bail!(
+            "--resume: {} was started excluding other prompts (--exclude {} there, {} now, \
+             compared by content); give files with the same prompts",
+            dir.display(),
+            show(&recorded.exclude),
+            show(&settings.exclude)
+        );
+    }
+    settings.model = recorded.model;
+    settings.exclude = recorded.exclude;
+    Ok(())
+}
+
 pub fn run(args: &Args) -> Result<()> {
     if args.count == 0 || args.max_prompt_tokens == 0 || args.batch == 0 {
         bail!("--count, --max-prompt-tokens and --batch must be at least 1");
+    }
+    if args.count > MAX_COUNT {
+        bail!(
+            "--count {} is more than the {MAX_COUNT} candidates one run samples: split the run \
+             over seeds (--seed)",
+            args.count
+        );
     }
     if !(args.temperature > 0.0 && args.temperature.is_finite()) {
         bail!("--temperature must be positive (got {})", args.temperature);
@@ -93,7 +178,7 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let start = Start::from_flags(args.resume, args.force);
     check_out(&args.out, start)?;
-    let mut exclude: HashSet<String> = HashSet::new();
+    let mut exclude: BTreeSet<String> = BTreeSet::new();
     for path in &args.exclude {
         exclude.extend(
             common::read_prompts(path)?
@@ -126,7 +211,7 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     let stop = loaded.stop_tokens();
-    let settings = MagpieSettings {
+    let mut settings = MagpieSettings {
         model: loaded.name.clone(),
         count: args.count,
         seed: args.seed,
@@ -145,7 +230,15 @@ pub fn run(args: &Args) -> Result<()> {
             names.join(",")
         }),
     };
+    let identity = Identity::of(loaded.model.config.hash(), &exclude);
+    if start == Start::Resume {
+        match_identity(&args.out, &mut settings, &identity)?;
+    }
     let (mut log, mut candidates) = CandidateLog::open(&args.out, &settings, start)?;
+    let path = args.out.join(IDENTITY_FILE);
+    let text = serde_json::to_string_pretty(&identity).expect("serialisable");
+    std::fs::write(&path, text + "\n")
+        .with_context(|| format!("cannot write {}", path.display()))?;
     if !candidates.is_empty() {
         eprintln!(
             "resuming {}: {} of {} candidates already sampled",
@@ -155,6 +248,9 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     let done: HashSet<u64> = candidates.iter().map(|c| c.seed).collect();
+    // each message is bitwise the same at any batch size: more sequences than are left to sample
+    // would only reserve room for them
+    let batch = args.batch.min(args.count - done.len()).max(1);
     let mut counter = progress::Counter::new("user messages", args.count, done.len());
     let started = std::time::Instant::now();
     let mut tokens = 0usize;
@@ -164,7 +260,7 @@ pub fn run(args: &Args) -> Result<()> {
         &prefix,
         &settings,
         &stop,
-        args.batch,
+        batch,
         &done,
         &mut |c| {
             tokens += c.tokens.len() + usize::from(c.ended);
@@ -184,6 +280,7 @@ pub fn run(args: &Args) -> Result<()> {
         .iter()
         .map(|c| Ok((tokenizer.decode(&c.tokens, false)?, c.ended)))
         .collect::<Result<_>>()?;
+    let exclude: HashSet<String> = exclude.into_iter().collect();
     let verdicts = select(&texts, &settings, &exclude);
     let prompts: Vec<MagpiePrompt> = candidates
         .iter()
@@ -264,4 +361,60 @@ fn rejections(counts: &std::collections::BTreeMap<Verdict, usize>, args: &Args) 
             format!("{n} {}{rule}", name.trim_matches('"'))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(model: &str, exclude: Option<&str>) -> MagpieSettings {
+        MagpieSettings {
+            model: model.into(),
+            count: 3,
+            seed: 0,
+            temperature: 1.0,
+            top_p: None,
+            max_prompt_tokens: 8,
+            min_chars: 16,
+            max_chars: 600,
+            min_ascii_letters: 0.95,
+            exclude: exclude.map(str::to_owned),
+        }
+    }
+
+    /// `--resume` compares the model by config hash and `--exclude` by its prompts: other names
+    /// of the same resume (taking the run's own names), other contents are refused.
+    #[test]
+    fn resume_compares_model_and_exclude_by_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let excluded: BTreeSet<String> = ["a prompt".to_string()].into();
+        let was = Identity::of("abc".into(), &excluded);
+        std::fs::write(
+            dir.path().join(train::magpie::PROGRESS_FILE),
+            serde_json::to_string(&settings("smollm2", Some("ex.jsonl"))).unwrap(),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join(IDENTITY_FILE),
+            serde_json::to_string(&was).unwrap(),
+        )
+        .unwrap();
+        let mut now = settings("/models/smollm2.gguf", Some("./ex.jsonl"));
+        match_identity(dir.path(), &mut now, &Identity::of("abc".into(), &excluded)).unwrap();
+        assert_eq!(now, settings("smollm2", Some("ex.jsonl")));
+
+        let mut now = settings("smollm2", Some("ex.jsonl"));
+        let other = Identity::of("def".into(), &excluded);
+        let err = match_identity(dir.path(), &mut now, &other).unwrap_err();
+        assert!(err.to_string().contains("another model"), "{err}");
+        let fewer = Identity::of("abc".into(), &BTreeSet::new());
+        let err = match_identity(dir.path(), &mut now, &fewer).unwrap_err();
+        assert!(err.to_string().contains("excluding other prompts"), "{err}");
+
+        // a run without the record: left to the names' comparison
+        std::fs::remove_file(dir.path().join(IDENTITY_FILE)).unwrap();
+        let mut now = settings("tiny", None);
+        match_identity(dir.path(), &mut now, &other).unwrap();
+        assert_eq!(now, settings("tiny", None));
+    }
 }

@@ -10,6 +10,17 @@ use reference::base::weight_names::Target;
 use train::draft_head::{DraftHead, most_frequent, pruned_agreement};
 
 #[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("data", |a| a.help(
+        "Distillation data whose response tokens are counted (the K most frequent make the \
+         head), comma-separated or repeated folders"
+    )),
+    mut_arg("dev_data", |a| a.help(
+        "Held-out distillation data the table is measured on (it chooses K): validation data of \
+         the training distribution (e.g. data/distill/smollm2-magpie-val), never the development \
+         prompts (data made from dev_prompts.jsonl, or sharing a prompt with --data, is refused)"
+    )),
+)]
 pub struct Args {
     #[command(flatten)]
     pub trained: TrainedArgs,

@@ -24,8 +24,9 @@ pub struct Args {
     /// Adapter alpha; the adapter term is scaled by alpha / r (default 2 r, as `train`'s)
     #[arg(long, value_name = "A", allow_negative_numbers = true)]
     pub alpha: Option<f32>,
-    /// Linear maps carrying adapters, comma-separated: q_proj,k_proj,v_proj,o_proj,gate_proj,
-    /// up_proj,down_proj (default: all; attention only on MoE models)
+    /// Linear maps carrying adapters, comma-separated:
+    /// q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj (default: all; attention only on
+    /// MoE models)
     #[arg(long, value_name = "LIST")]
     pub targets: Option<String>,
     /// Draft gate g_d, 1-based (default 1)
@@ -46,7 +47,8 @@ pub struct Args {
     /// Folder to write (created if needed)
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
-    /// Write into a non-empty folder, replacing the M2R2 files there
+    /// Write into a non-empty folder, replacing the M2R2 files there (a `train` checkpoint's
+    /// trainer files and best/ too; other files are kept)
     #[arg(long)]
     pub force: bool,
 }
@@ -101,6 +103,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     let weights = M2r2Weights::random(model, config, args.seed)
         .with_context(|| format!("invalid M2R2 settings for {}", loaded.name))?;
+    if args.force {
+        common::report_cleared(&args.out)?;
+    }
     weights
         .save_dir(&args.out)
         .with_context(|| format!("cannot write {}", args.out.display()))?;

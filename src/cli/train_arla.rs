@@ -15,20 +15,31 @@ use reference::m2r2::config::EarlyExitConfig;
 use reference::m2r2::exit_gate::GateKind;
 use reference::m2r2::exit_threshold::ExitThreshold;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::sync::mpsc::{RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
 use train::arla_trainer::{
     ArlaOptions, SweepPoint, TokenGates, arla_accuracy, arla_scores, calibrate, calibrate_per_gate,
     collect, default_thresholds, sweep, train,
 };
 
 #[derive(clap::Args, Debug)]
+#[command(
+    mut_arg("data", |a| a.help(
+        "Distillation data ARLA is trained on, comma-separated or repeated folders"
+    )),
+    mut_arg("dev_data", |a| a.help(
+        "Held-out distillation data the thresholds are calibrated on: validation data of the \
+         training distribution (e.g. data/distill/smollm2-magpie-val), never the development \
+         prompts (data made from dev_prompts.jsonl, or sharing a prompt with --data, is refused)"
+    )),
+)]
 pub struct Args {
     #[command(flatten)]
     pub trained: TrainedArgs,
-    /// Optimizer steps
+    /// Optimizer steps (at most 10 000 000)
     #[arg(long, value_name = "N", default_value_t = 2000)]
     pub steps: usize,
-    /// (token, gate) examples per step
+    /// (token, gate) examples per step, drawn with replacement (at most the examples --data has)
     #[arg(long, value_name = "B", default_value_t = 256)]
     pub batch: usize,
     /// Peak learning rate (warm-up 5 %, cosine to lr / 10)
@@ -43,9 +54,14 @@ pub struct Args {
     /// Agreement with the base model the calibrated threshold must reach on the --dev-data samples
     #[arg(long, value_name = "X", default_value_t = 0.95)]
     pub target_agreement: f64,
-    /// Output folder: the M2R2 weights with ARLA and the calibrated threshold
+    /// Output folder: the M2R2 weights with ARLA and the calibrated threshold (the --m2r2 folder
+    /// itself, or a folder without M2R2 weights unless --force)
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
+    /// Replace the M2R2 weights an --out other than --m2r2 holds (its ARLA, calibration, draft
+    /// head, and a `train` checkpoint's trainer files; other files are kept)
+    #[arg(long)]
+    pub force: bool,
     /// Write the tensors as f16 (half the size; what ships in the repository)
     #[arg(long)]
     pub f16: bool,
@@ -70,6 +86,38 @@ fn print_sweep(name: &str, points: &[SweepPoint]) {
     }
 }
 
+/// Optimizer steps one run takes at most (`--steps`): the losses of every step are kept.
+const MAX_STEPS: usize = 10_000_000;
+
+/// How often a phase without a count of its own says it is still running, when stderr is not a
+/// terminal (as `progress::Counter`'s lines).
+const HEARTBEAT: Duration = Duration::from_secs(30);
+
+/// Run `work` on a thread of its own and, until it returns, call `beat(elapsed)` every `every`:
+/// for a long phase that reports no progress of its own (ARLA's steps). A panic in `work` is
+/// resumed here.
+fn with_heartbeat<T: Send>(
+    every: Duration,
+    work: impl FnOnce() -> T + Send,
+    mut beat: impl FnMut(Duration),
+) -> T {
+    let start = Instant::now();
+    let (done, finished) = channel::<()>();
+    std::thread::scope(|scope| {
+        let worker = scope.spawn(move || {
+            let out = work();
+            drop(done);
+            out
+        });
+        while let Err(RecvTimeoutError::Timeout) = finished.recv_timeout(every) {
+            beat(start.elapsed());
+        }
+        worker
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
 fn scores_of(tokens: &[TokenGates], pick: impl Fn(&TokenGates) -> &Vec<f32>) -> Vec<Vec<f32>> {
     tokens.iter().map(|t| pick(t).clone()).collect()
 }
@@ -77,6 +125,12 @@ fn scores_of(tokens: &[TokenGates], pick: impl Fn(&TokenGates) -> &Vec<f32>) -> 
 pub fn run(args: &Args) -> Result<()> {
     if args.steps == 0 || args.batch == 0 {
         bail!("--steps and --batch must be at least 1");
+    }
+    if args.steps > MAX_STEPS {
+        bail!(
+            "--steps {} is more than the {MAX_STEPS} steps one run takes",
+            args.steps
+        );
     }
     if !(args.target_agreement > 0.0 && args.target_agreement <= 1.0) {
         bail!(
@@ -94,6 +148,20 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     common::check_out_folder(&args.out, "--out")?;
+    // --out is replaced only when it is --m2r2 itself (ARLA written beside its adapters) or holds
+    // no weights, unless --force
+    let in_place = common::same_folder(&args.trained.m2r2, &args.out);
+    let held = train::checkpoint_files::weights_files_in(&args.out);
+    if !in_place && !held.is_empty() && !args.force {
+        bail!(
+            "--out {} holds M2R2 weights ({}) other than --m2r2 {}: pass --force to replace them \
+             (their ARLA and calibration are lost), write into --m2r2 itself, or choose another \
+             --out",
+            args.out.display(),
+            held.join(", "),
+            args.trained.m2r2.display()
+        );
+    }
     let Trained {
         loaded,
         mut weights,
@@ -101,6 +169,18 @@ pub fn run(args: &Args) -> Result<()> {
         dev,
     } = args.trained.load()?;
     let model = &loaded.model;
+    let config = &weights.config;
+    // (token, gate) examples: every response row of --data at every gate
+    let rows: usize = data.iter().map(|d| d.tokens.len() - d.first_row()).sum();
+    let examples = rows.saturating_mul(config.num_gates());
+    let batch = args.batch.min(examples).max(1);
+    if batch < args.batch {
+        eprintln!(
+            "note: --batch {} is more than the {examples} (token, gate) examples of --data: each \
+             step draws {batch}",
+            args.batch
+        );
+    }
     let start = Instant::now();
     let mut counter = progress::Counter::new("exit states", data.len() + dev.len(), 0);
     let (mut done, mut tokens) = (0, 0);
@@ -118,7 +198,6 @@ pub fn run(args: &Args) -> Result<()> {
         dev_tokens.len(),
         start.elapsed().as_secs_f64()
     );
-    let config = &weights.config;
     let eps = model.config.rms_norm_eps as f32;
     let init = Arla::random(
         model.config.hidden_size,
@@ -128,13 +207,29 @@ pub fn run(args: &Args) -> Result<()> {
     );
     let options = ArlaOptions {
         steps: args.steps,
-        batch: args.batch,
+        batch,
         lr: args.lr,
         weight_decay: args.weight_decay,
         seed: args.seed,
     };
     let start = Instant::now();
-    let (arla, losses) = train(&init, &train_tokens, eps, &options)?;
+    // the steps report no progress of their own: say every 30 s that they run
+    let spinner = progress::spinner(format!("ARLA: {} steps", args.steps));
+    let trained = with_heartbeat(
+        HEARTBEAT,
+        || train(&init, &train_tokens, eps, &options),
+        |elapsed| {
+            if !progress::enabled() {
+                eprintln!(
+                    "ARLA: {} steps of {batch} examples, {:.0} s so far",
+                    args.steps,
+                    elapsed.as_secs_f64()
+                );
+            }
+        },
+    );
+    spinner.finish_and_clear();
+    let (arla, losses) = trained?;
     if let Some(step) = losses.iter().position(|l| !l.is_finite()) {
         bail!(
             "ARLA training diverged at step {} (BCE {}): lower --lr; nothing was written",
@@ -225,6 +320,9 @@ pub fn run(args: &Args) -> Result<()> {
             thresholds: p.thresholds,
         });
     weights.arla = Some(arla);
+    if !in_place && args.force {
+        common::report_cleared(&args.out)?;
+    }
     weights
         .save_dir(&args.out)
         .with_context(|| format!("cannot write {}", args.out.display()))?;
@@ -246,4 +344,30 @@ pub fn run(args: &Args) -> Result<()> {
         if args.f16 { ", f16" } else { "" }
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A long phase says every `every` that it runs, until its work returns; a short one says
+    /// nothing.
+    #[test]
+    fn heartbeat_beats_until_the_work_returns() {
+        let mut beats = Vec::new();
+        let out = with_heartbeat(
+            Duration::from_millis(20),
+            || {
+                std::thread::sleep(Duration::from_millis(130));
+                7
+            },
+            |elapsed| beats.push(elapsed),
+        );
+        assert_eq!(out, 7);
+        assert!((3..=7).contains(&beats.len()), "{beats:?}");
+        assert!(beats.windows(2).all(|w| w[0] < w[1]), "{beats:?}");
+        let mut quiet = 0;
+        assert_eq!(with_heartbeat(HEARTBEAT, || 1, |_| quiet += 1), 1);
+        assert_eq!(quiet, 0);
+    }
 }

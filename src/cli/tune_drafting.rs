@@ -4,7 +4,8 @@
 //! For each draft gate, one teacher-forced pass over greedy distillation data records whether each
 //! draft equals the next greedy token, its rank among the draft's candidates and its gate scores
 //! (`reference::decode::draft_sim::trace`); each kind of step is timed on the engines (greedy
-//! step, proposing and feeding draft steps, verifications of 1..=max+1 rows; the steps of token
+//! step, once per engine beside every gate's steps so that all gates are priced against it;
+//! proposing and feeding draft steps, verifications of 1..=max+1 rows; the steps of token
 //! trees: draft levels of n nodes, verifications of each tree); then every
 //! policy (fixed 1..=max drafts; dynamic drafting with each gate kind, threshold and maximum; the
 //! tree shapes, whole and grown per branch by the confidence or entropy gate at each threshold) is
@@ -13,8 +14,9 @@
 //! and priced with the measured step costs. The predicted speed-ups choose defaults per engine:
 //! its fastest chain (`draft_gate`, `draft_len`, `dynamic_draft`), its fastest tree when that
 //! beats the chain (`draft_tree`, grown per branch when that is the winner) and the branch length
-//! whose defaults are fastest (`prompt_lookup`). `--write DIR` stores the reference's at the top
-//! level of an M2R2 weights folder's config (`generate` drafts them by default) and, with `--onnx`,
+//! whose defaults are fastest (`prompt_lookup`). `--write DIR` (a folder holding the tuned
+//! weights, checked first) stores the reference's at the top level of an M2R2 weights folder's
+//! config (`generate` drafts them by default) and, with `--onnx`,
 //! ONNX Runtime's in `onnx_drafting` where they differ (`export` and `run` draft those). Confirm
 //! the winners with real decoding (`generate`, `run`, scripts/bench_speculative.py).
 
@@ -24,10 +26,12 @@ mod lookup;
 mod measure;
 mod price;
 mod print;
+mod timing;
+mod write;
 
 use candidates::{lookup_branches, tree_shapes, with_prefixes};
-use defaults::{Defaults, applied, defaults, describe_defaults, fastest};
-use measure::{EngineCosts, GateTrace, onnx_costs, reference_costs, trace_gate};
+use defaults::{Defaults, defaults, describe_defaults, fastest};
+use measure::{EngineCosts, GateTrace, check_repeats, onnx_costs, reference_costs, trace_gate};
 use price::{describe, growths, policies};
 
 use crate::cli::args::m2r2::{M2r2Args, OnOff};
@@ -37,7 +41,7 @@ use crate::cli::common;
 use anyhow::{Context, Result, bail};
 use reference::base::tree::MAX_TREE_NODES;
 use reference::decode::drafting::check_draft_gate;
-use reference::m2r2::config::{DynamicDraftConfig, M2r2Config};
+use reference::m2r2::config::DynamicDraftConfig;
 use serde::Serialize;
 use std::path::PathBuf;
 
@@ -94,7 +98,7 @@ pub struct Args {
         default_value = "0,2,4,8"
     )]
     pub prompt_lookup: Vec<usize>,
-    /// Dynamic drafting thresholds tried, comma-separated
+    /// Dynamic drafting thresholds tried, comma-separated, each in [0, 1] (gate scores lie there)
     #[arg(
         long,
         value_name = "X,...",
@@ -108,10 +112,12 @@ pub struct Args {
     pub onnx: Option<PathBuf>,
     #[command(flatten)]
     pub ep: EpArgs,
-    /// Rounds of step timings (each figure is the median)
+    /// Rounds of step timings (each figure is the median; the rounds decode after a 160-token
+    /// prompt, so they must fit the model's context)
     #[arg(long, value_name = "N", default_value_t = 5)]
     pub repeats: usize,
-    /// Policies printed, best first
+    /// Rows of each table of policies: the best N on each engine, and the best N of the "by
+    /// family" table (each kept in family order)
     #[arg(long, value_name = "N", default_value_t = 15)]
     pub top: usize,
     /// Print one JSON object instead of the tables
@@ -178,8 +184,8 @@ struct Report {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    if args.max_draft == 0 || args.repeats == 0 {
-        bail!("--max-draft and --repeats must be at least 1");
+    if args.max_draft == 0 || args.repeats == 0 || args.top == 0 {
+        bail!("--max-draft, --repeats and --top must be at least 1");
     }
     if args.max_draft >= MAX_TREE_NODES {
         bail!(
@@ -189,8 +195,11 @@ pub fn run(args: &Args) -> Result<()> {
             MAX_TREE_NODES - 1
         );
     }
-    if let Some(t) = args.thresholds.iter().find(|t| !t.is_finite()) {
-        bail!("--thresholds must be finite numbers, got {t}");
+    if let Some(t) = args.thresholds.iter().find(|t| !(0.0..=1.0).contains(*t)) {
+        bail!(
+            "--thresholds must lie in [0, 1], where the confidence, entropy and ARLA scores lie \
+             (0 always drafts on, above 1 never), got {t}"
+        );
     }
     if args.families.is_empty() {
         bail!("--families: name at least one of chain, tree");
@@ -211,6 +220,12 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     let loaded = common::load(&args.model.model)?;
+    check_repeats(args, &loaded.name, loaded.model.context_length())?;
+    // the folder --write changes must hold the tuned weights: checked before any tracing
+    let target = match &args.write {
+        Some(dir) => Some(write::check_target(dir, args, &loaded)?),
+        None => None,
+    };
     let m2r2_args = M2r2Args {
         draft_head: args.draft_head,
         ..M2r2Args::weights_only(args.m2r2.clone())
@@ -276,10 +291,7 @@ pub fn run(args: &Args) -> Result<()> {
         timed.extend((1..=args.max_draft).map(|k| vec![1; k]));
     }
     let timed = (&timed[..], &branches[..]);
-    let mut costs = Vec::new();
-    for &g in &gates {
-        costs.push(reference_costs(&loaded, &weights, g, args, timed)?);
-    }
+    let mut costs = reference_costs(&loaded, &weights, &gates, args, timed)?;
     let onnx = match &args.onnx {
         Some(dir) => Some(onnx_costs(&loaded, &weights, dir, args, timed)?),
         None => None,
@@ -333,24 +345,9 @@ pub fn run(args: &Args) -> Result<()> {
              policy here is predicted without it (--prompt-lookup 0), and --write keeps it as it is"
         ));
     }
-    if let Some(dir) = &args.write {
-        let folder = M2r2Config::load(dir, &loaded.model.config)
-            .with_context(|| format!("--write {}: not an M2R2 weights folder", dir.display()))?;
-        let priced_lookup = !branches.is_empty();
-        let top = applied(&defaults, folder.drafting(), priced_lookup);
-        // ONNX Runtime's own only where it differs; without --onnx the folder's is kept
-        let onnx_drafting = match &onnx_defaults {
-            Some(d) => Some(applied(d, folder.for_onnx().drafting(), priced_lookup)),
-            None => folder.onnx_drafting.clone(),
-        }
-        .filter(|o| *o != top);
-        let mut written = folder.with_drafting(&top);
-        written.onnx_drafting = onnx_drafting;
-        let file = dir.join(reference::m2r2::config::M2R2_CONFIG_FILE);
-        written
-            .validate(&loaded.model.config, &file.display().to_string())
-            .with_context(|| format!("--write {}", dir.display()))?;
-        written.save(dir)?;
+    if let (Some(dir), Some(folder)) = (&args.write, &target) {
+        let engines = (&defaults, onnx_defaults.as_ref());
+        write::write(dir, folder, engines, !branches.is_empty(), &loaded)?;
     }
     costs.extend(onnx);
     let report = Report {

@@ -505,3 +505,213 @@ fn distill_data_meta_is_checked_when_read() {
     std::fs::write(dir.path().join("d/progress.json"), good.to_string()).unwrap();
     fails(&train, &["an unfinished distill-data run", "--resume"]);
 }
+
+/// Counts that overflow or cannot be planned are refused before anything is written (no
+/// `progress.json` left behind), and so are several greedy samples per prompt (all the same) and
+/// prompts with an empty id or prompt (naming the line); a `--batch` beyond the samples is capped
+/// (responses do not depend on it), and a `--limit` beyond the prompts noted.
+#[test]
+fn distill_data_bounds_its_counts_before_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    write_prompts(&dir.path().join("p.jsonl"), "t", 2);
+    let (prompts, out) = (p("p.jsonl"), p("d"));
+    for (extra, needles) in [
+        (
+            &[
+                "--samples-per-prompt",
+                "4000000000000000000",
+                "--temperature",
+                "1",
+            ][..],
+            &[
+                "2 prompts x --samples-per-prompt 4000000000000000000",
+                "samples one run makes",
+            ][..],
+        ),
+        (
+            &[
+                "--samples-per-prompt",
+                "18446744073709551615",
+                "--temperature",
+                "1",
+            ],
+            &["--samples-per-prompt 18446744073709551615"],
+        ),
+        (
+            &["--samples-per-prompt", "3"],
+            &[
+                "--samples-per-prompt 3 without --temperature",
+                "deterministic",
+            ],
+        ),
+    ] {
+        fails(&distill_args(&prompts, &out, extra), needles);
+        assert!(!dir.path().join("d").exists(), "{extra:?} wrote d");
+    }
+    for (name, text, needles) in [
+        (
+            "empty-id.jsonl",
+            "{\"id\": \"a\", \"prompt\": \"x\"}\n{\"id\": \"\", \"prompt\": \"y\"}\n",
+            &["empty-id.jsonl line 2", "empty `id`"],
+        ),
+        (
+            "empty-prompt.jsonl",
+            "{\"id\": \"a\", \"prompt\": \" \"}\n",
+            &["empty-prompt.jsonl line 1", "empty `prompt`"],
+        ),
+    ] {
+        std::fs::write(dir.path().join(name), text).unwrap();
+        fails(&distill_args(&p(name), &out, &[]), needles);
+        assert!(!dir.path().join("d").exists(), "{name} wrote d");
+    }
+    for batch in ["18446744073709551615", "100000000000"] {
+        let run = ok(&distill_args(
+            &prompts,
+            &out,
+            &["--batch", batch, "--force"],
+        ));
+        assert!(run.stdout.contains("wrote 2 samples"), "{}", run.stdout);
+        assert!(
+            run.stderr
+                .contains(&format!("--batch {batch} is more than the 2 samples")),
+            "{}",
+            run.stderr
+        );
+    }
+    let run = ok(&distill_args(&prompts, &out, &["--limit", "10", "--force"]));
+    assert!(
+        run.stderr
+            .contains("--limit 10 is more than the 2 prompts of"),
+        "{}",
+        run.stderr
+    );
+}
+
+/// After `--resume` the closing line counts the folder's samples and tokens as meta.json does,
+/// and says apart what this run made.
+#[test]
+fn distill_data_summary_after_resume_counts_the_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    write_prompts(&dir.path().join("p.jsonl"), "t", 4);
+    let (prompts, out) = (p("p.jsonl"), p("d"));
+    ok(&distill_args(&prompts, &out, &[]));
+    stop_after(&dir.path().join("d"), 1);
+    let run = ok(&distill_args(&prompts, &out, &["--resume"]));
+    let meta = json(&dir.path().join("d/meta.json"));
+    let samples: Vec<Value> = std::fs::read_to_string(dir.path().join("d/samples.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let responses: u64 = samples
+        .iter()
+        .map(|s| s["tokens"].as_array().unwrap().len() as u64 - s["prompt_len"].as_u64().unwrap())
+        .sum();
+    let want = format!(
+        "wrote 4 samples ({responses} response tokens, {} tokens in all)",
+        meta["tokens"]
+    );
+    assert!(run.stdout.contains(&want), "{want}: {}", run.stdout);
+    assert!(
+        run.stdout
+            .contains("(1 from the earlier run; this run made 3 of them"),
+        "{}",
+        run.stdout
+    );
+}
+
+/// `distill-prompts --resume` compares `--exclude` by its prompts, not by the path's spelling
+/// (another spelling of the same file resumes; other prompts are refused); a `--batch` beyond the
+/// candidates is capped, a `--count` beyond what one run plans refused.
+#[test]
+fn distill_prompts_resume_compares_exclude_by_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    std::fs::write(
+        dir.path().join("ex.jsonl"),
+        "{\"id\": \"x\", \"prompt\": \"Unrelated.\"}\n",
+    )
+    .unwrap();
+    let mp = p("mp");
+    let run = |exclude: &str, extra: &[&str]| -> Run {
+        let mut args = vec![
+            "distill-prompts",
+            "--out",
+            mp.as_str(),
+            "--count",
+            "3",
+            "--max-prompt-tokens",
+            "6",
+            "--exclude",
+            exclude,
+        ];
+        args.extend_from_slice(extra);
+        m2r2(&args)
+    };
+    let first = run(&p("ex.jsonl"), &["--batch", "18446744073709551615"]);
+    assert_eq!(first.code, Some(1), "{}", first.stderr); // tiny keeps no prompt
+    assert!(first.stdout.contains("of 3 candidates"), "{}", first.stdout);
+    // stopped after its first candidate
+    let meta = json(&dir.path().join("mp/meta.json"));
+    std::fs::write(
+        dir.path().join("mp/progress.json"),
+        meta["settings"].to_string(),
+    )
+    .unwrap();
+    std::fs::remove_file(dir.path().join("mp/meta.json")).unwrap();
+    let candidates = std::fs::read_to_string(dir.path().join("mp/candidates.jsonl")).unwrap();
+    let first_line = candidates.lines().next().unwrap().to_string() + "\n";
+    std::fs::write(dir.path().join("mp/candidates.jsonl"), &first_line).unwrap();
+    let spelled = format!("{}/./ex.jsonl", dir.path().display());
+    let resumed = run(&spelled, &["--resume"]);
+    assert_eq!(resumed.code, Some(1), "{}", resumed.stderr);
+    assert!(
+        resumed.stderr.contains("1 of 3 candidates already sampled"),
+        "{}",
+        resumed.stderr
+    );
+    // the run keeps its own record of the spelling
+    let meta = json(&dir.path().join("mp/meta.json"));
+    assert_eq!(
+        meta["settings"]["exclude"].as_str(),
+        Some(p("ex.jsonl").as_str())
+    );
+
+    std::fs::write(
+        dir.path().join("mp/progress.json"),
+        meta["settings"].to_string(),
+    )
+    .unwrap();
+    std::fs::remove_file(dir.path().join("mp/meta.json")).unwrap();
+    std::fs::write(dir.path().join("mp/candidates.jsonl"), &first_line).unwrap();
+    std::fs::write(
+        dir.path().join("other.jsonl"),
+        "{\"id\": \"x\", \"prompt\": \"Something else.\"}\n",
+    )
+    .unwrap();
+    let refused = run(&p("other.jsonl"), &["--resume"]);
+    assert_eq!(refused.code, Some(1), "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("excluding other prompts"),
+        "{}",
+        refused.stderr
+    );
+
+    let big = m2r2(&[
+        "distill-prompts",
+        "--out",
+        &p("big"),
+        "--count",
+        "18446744073709551615",
+    ]);
+    assert_eq!(big.code, Some(1), "{}", big.stderr);
+    assert!(
+        big.stderr
+            .contains("--count 18446744073709551615 is more than"),
+        "{}",
+        big.stderr
+    );
+    assert!(!dir.path().join("big").exists());
+}

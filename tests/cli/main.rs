@@ -123,6 +123,7 @@ mod m2r2_modes;
 mod models;
 mod moe_sim;
 mod prompts;
+mod replace_weights;
 mod run;
 mod static_python;
 mod train;

@@ -6,6 +6,7 @@
 
 use super::{fails, generate_json, ids, ok};
 use serde_json::Value;
+use std::path::Path;
 
 /// `m2r2_config.json` of the folder `dir`.
 fn config(dir: &std::path::Path) -> Value {
@@ -727,5 +728,241 @@ fn tune_drafting_prices_lookup_branches() {
             "2,64",
         ],
         &["--prompt-lookup 64", "at most 63"],
+    );
+}
+
+/// Greedy data of `n` prompts (12 response tokens each) in `dir/data`, and seeded random weights
+/// of `tiny` in `dir/w`; returns both paths.
+fn tiny_data_and_weights(dir: &std::path::Path, n: usize) -> (String, String) {
+    let lines: Vec<String> = (0..n)
+        .map(|i| format!("{{\"id\": \"q{i}\", \"prompt\": \"Count to {i}.\"}}\n"))
+        .collect();
+    std::fs::write(dir.join("prompts.jsonl"), lines.concat()).unwrap();
+    let p = |name: &str| dir.join(name).display().to_string();
+    let (prompts, data, w) = (p("prompts.jsonl"), p("data"), p("w"));
+    ok(&[
+        "distill-data",
+        "--model",
+        "tiny",
+        "--prompts",
+        &prompts,
+        "--out",
+        &data,
+        "--max-new-tokens",
+        "12",
+    ]);
+    ok(&["init-m2r2", "--model", "tiny", "--seed", "1", "--out", &w]);
+    (data, w)
+}
+
+/// Greedy decoding does not depend on the draft gate, so it is timed once, beside every gate's
+/// steps, and every gate's policies are priced against that one step: the report's greedy cost is
+/// the same at every gate, and a fixed chain of `k` drafts (each round `k` proposing steps, a
+/// feeding step and a verification of `k + 1` rows) predicts tokens per round x that greedy step
+/// / its round's cost.
+#[test]
+fn tune_drafting_prices_every_gate_against_one_greedy_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, w) = tiny_data_and_weights(dir.path(), 2);
+    let report = ok(&[
+        "tune-drafting",
+        "--model",
+        "tiny",
+        "--m2r2",
+        &w,
+        "--data",
+        &data,
+        "--families",
+        "chain",
+        "--max-draft",
+        "2",
+        "--thresholds",
+        "0.5",
+        "--prompt-lookup",
+        "0",
+        "--repeats",
+        "3",
+        "--json",
+    ])
+    .json();
+    let costs = report["costs"].as_array().unwrap();
+    assert_eq!(costs.len(), 3, "{report}");
+    let greedy = costs[0]["costs"]["greedy"].as_f64().unwrap();
+    for c in costs {
+        assert_eq!(c["engine"], "reference", "{c}");
+        assert_eq!(c["costs"]["greedy"].as_f64(), Some(greedy), "{report}");
+    }
+    let fixed: Vec<&Value> = report["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["family"] == "chain" && p["dynamic_draft"].is_null())
+        .collect();
+    assert_eq!(fixed.len(), 3 * 2, "{report}");
+    for p in fixed {
+        let k = p["draft_len"].as_u64().unwrap() as usize;
+        let c = &costs[p["draft_gate"].as_u64().unwrap() as usize - 1]["costs"];
+        let at = |key: &str| c[key].as_f64().unwrap();
+        let round = k as f64 * at("propose") + at("feed") + c["verify"][k].as_f64().unwrap();
+        let want = p["tokens_per_round"].as_f64().unwrap() * greedy / round;
+        let got = p["speedup_reference"].as_f64().unwrap();
+        assert!((got - want).abs() <= 1e-9 * want, "{p}: {got} != {want}");
+    }
+}
+
+/// `--write DIR` must hold the weights tuned (the --m2r2 folder, or a copy of it): other weights
+/// are refused before any tracing, naming both folders, and left as they were; a copy is written.
+#[test]
+fn tune_drafting_writes_only_the_weights_it_tuned() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, w) = tiny_data_and_weights(dir.path(), 1);
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let (other, one_gate, copy) = (p("other"), p("one-gate"), p("copy"));
+    ok(&[
+        "init-m2r2",
+        "--model",
+        "tiny",
+        "--seed",
+        "2",
+        "--out",
+        &other,
+    ]);
+    ok(&[
+        "init-m2r2",
+        "--model",
+        "tiny",
+        "--seed",
+        "1",
+        "--gates",
+        "4",
+        "--out",
+        &one_gate,
+    ]);
+    let tune = |write: &str| {
+        let args = [
+            "tune-drafting",
+            "--model",
+            "tiny",
+            "--m2r2",
+            &w,
+            "--data",
+            &data,
+            "--families",
+            "chain",
+            "--max-draft",
+            "1",
+            "--thresholds",
+            "0.5",
+            "--prompt-lookup",
+            "0",
+            "--repeats",
+            "1",
+            "--write",
+            write,
+        ];
+        super::m2r2(&args)
+    };
+    for target in [&other, &one_gate] {
+        let before = std::fs::read(Path::new(target).join("m2r2_config.json")).unwrap();
+        let run = tune(target);
+        assert_eq!(run.code, Some(1), "{}", run.stderr);
+        for needle in [
+            format!("--write {target} holds other M2R2 weights"),
+            format!("--m2r2 {w}"),
+        ] {
+            assert!(run.stderr.contains(&needle), "{needle}: {}", run.stderr);
+        }
+        // refused before the traces
+        assert!(!run.stderr.contains("trace gate"), "{}", run.stderr);
+        let after = std::fs::read(Path::new(target).join("m2r2_config.json")).unwrap();
+        assert_eq!(before, after, "{target} was changed");
+    }
+    // a copy of the tuned weights, and the tuned folder itself under another spelling
+    std::fs::create_dir(&copy).unwrap();
+    for entry in std::fs::read_dir(&w).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), Path::new(&copy).join(entry.file_name())).unwrap();
+    }
+    for target in [copy, format!("{}/./w", dir.path().display())] {
+        let run = tune(&target);
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+        assert!(
+            run.stderr.contains("wrote chain: draft gate"),
+            "{}",
+            run.stderr
+        );
+    }
+}
+
+/// Flags out of range are refused before the model's work: `--repeats` beyond the model's context
+/// (no overflow, no message from deep inside the timings), `--thresholds` outside [0, 1],
+/// `--top 0`; `--top N` limits every table of policies.
+#[test]
+fn tune_drafting_checks_flags_and_limits_every_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, w) = tiny_data_and_weights(dir.path(), 1);
+    let tune = |extra: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = [
+            "tune-drafting",
+            "--model",
+            "tiny",
+            "--m2r2",
+            &w,
+            "--data",
+            &data,
+            "--max-draft",
+            "2",
+            "--prompt-lookup",
+            "0,2",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    let refused = |extra: &[&str], needles: &[&str]| {
+        let args = tune(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = fails(&args, needles);
+        assert!(!run.stderr.contains("trace gate"), "{}", run.stderr);
+    };
+    for repeats in ["18446744073709551615", "1000000000"] {
+        refused(
+            &["--repeats", repeats],
+            &[&format!("--repeats {repeats}"), "context of"],
+        );
+    }
+    refused(
+        &["--thresholds=-1"],
+        &["--thresholds must lie in [0, 1]", "-1"],
+    );
+    refused(
+        &["--thresholds", "0.5,2"],
+        &["--thresholds must lie in [0, 1]", "2"],
+    );
+    refused(&["--top", "0"], &["--top must be at least 1"]);
+
+    let args = tune(&["--thresholds", "0.5", "--repeats", "1", "--top", "2"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = ok(&args);
+    // each table of policies: its header row, then at most --top rows
+    let tables: Vec<usize> = run
+        .stdout
+        .split("| draft gate | drafting |")
+        .skip(1)
+        .map(|table| {
+            table
+                .lines()
+                .skip(2)
+                .take_while(|l| l.starts_with('|'))
+                .count()
+        })
+        .collect();
+    assert_eq!(tables, [2, 2], "{}", run.stdout);
+    assert!(
+        run.stdout.contains("by family") && run.stdout.contains("(the best 2 of "),
+        "{}",
+        run.stdout
     );
 }

@@ -3,10 +3,11 @@
 //! each engine (timed greedy, draft and verify steps, and the token trees' steps).
 
 use super::Args;
+use super::timing::{Timed, time_beside_greedy};
 use crate::cli::args::onnx::open_matching_export;
 use crate::cli::progress;
-use crate::cli::step_times::{StepTimes, bench_prompt, time_steps};
-use anyhow::{Context, Result};
+use crate::cli::step_times::{StepTimes, bench_prompt};
+use anyhow::{Context, Result, bail};
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::speculation::OnnxSpeculation;
 use reference::base::generate::ReferenceGreedy;
@@ -145,38 +146,83 @@ fn engine_costs(engine: String, gate: usize, times: StepTimes, arla: Option<f64>
 /// Prompt length of the timings: about a dev sample's context.
 const COST_PROMPT: usize = 160;
 
+/// Positions the timings need on the reference: the prompt, a greedy token per round (and the
+/// warm-up round), and the longest verification.
+fn cost_capacity(repeats: usize, max_draft: usize) -> usize {
+    COST_PROMPT + repeats + max_draft + 4
+}
+
+/// Refuse a `--repeats` whose timed rounds do not fit the model's `context`: each round decodes
+/// one more greedy token after the [`COST_PROMPT`]-token prompt.
+pub(super) fn check_repeats(args: &Args, model: &str, context: usize) -> Result<()> {
+    let most = context.saturating_sub(cost_capacity(0, args.max_draft));
+    if args.repeats > most {
+        bail!(
+            "--repeats {}: each timed round decodes one more token after a {COST_PROMPT}-token \
+             prompt, so at most {most} rounds (with --max-draft {}) fit {model}'s context of \
+             {context} positions",
+            args.repeats,
+            args.max_draft
+        );
+    }
+    Ok(())
+}
+
+/// The reference's step costs at each of `gates`, in order: greedy decoding timed once beside
+/// every gate's draft and verify steps ([`time_beside_greedy`]: proposing with the confidence
+/// score, and with ARLA's when there is ARLA), so that every gate is priced against the same
+/// greedy step; then each gate's token-tree steps.
 pub(super) fn reference_costs(
     loaded: &LoadedModel,
     weights: &M2r2Weights,
-    gate: usize,
+    gates: &[usize],
     args: &Args,
     (shapes, branches): (&[Vec<usize>], &[usize]),
-) -> Result<EngineCosts> {
+) -> Result<Vec<EngineCosts>> {
     let prompt = bench_prompt(loaded, COST_PROMPT);
-    let capacity = COST_PROMPT + args.repeats + args.max_draft + 4;
+    let capacity = cost_capacity(args.repeats, args.max_draft);
     let m2r2 = M2r2::new(&loaded.model, weights);
-    let mut greedy = ReferenceGreedy::new(&loaded.model);
-    let mut spec = ReferenceSpeculation::new(m2r2, gate, Some(GateKind::Confidence), capacity)?;
-    let times = time_steps(
-        &mut greedy,
-        &mut spec,
-        &prompt,
-        args.repeats,
-        &verify_rows(args),
-    )?;
-    let arla = match weights.arla {
-        Some(_) => {
-            let mut spec = ReferenceSpeculation::new(m2r2, gate, Some(GateKind::Arla), capacity)?;
-            Some(time_steps(&mut greedy, &mut spec, &prompt, args.repeats, &[1])?.propose)
+    let rows = verify_rows(args);
+    // per gate: the confidence-scoring backend, then ARLA's (its proposing step alone)
+    let mut specs = Vec::new();
+    for &gate in gates {
+        specs.push(ReferenceSpeculation::new(
+            m2r2,
+            gate,
+            Some(GateKind::Confidence),
+            capacity,
+        )?);
+        if weights.arla.is_some() {
+            specs.push(ReferenceSpeculation::new(
+                m2r2,
+                gate,
+                Some(GateKind::Arla),
+                capacity,
+            )?);
         }
-        None => None,
-    };
-    let mut costs = engine_costs("reference".into(), gate, times, arla);
-    if !shapes.is_empty() {
-        let trees = time_tree_steps(m2r2, gate, &prompt, (shapes, branches), args.repeats)?;
-        costs.set_tree(trees);
     }
-    Ok(costs)
+    let per_gate = if weights.arla.is_some() { 2 } else { 1 };
+    let mut timed: Vec<Timed<'_>> = specs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, spec)| Timed {
+            spec,
+            verify_rows: if i % per_gate == 0 { &rows[..] } else { &[] },
+        })
+        .collect();
+    let mut greedy = ReferenceGreedy::new(&loaded.model);
+    let times = time_beside_greedy(&mut greedy, &mut timed, &prompt, args.repeats)?;
+    let mut all = Vec::with_capacity(gates.len());
+    for (&gate, times) in gates.iter().zip(times.chunks(per_gate)) {
+        let arla = times.get(1).map(|t| t.propose);
+        let mut costs = engine_costs("reference".into(), gate, times[0].clone(), arla);
+        if !shapes.is_empty() {
+            let trees = time_tree_steps(m2r2, gate, &prompt, (shapes, branches), args.repeats)?;
+            costs.set_tree(trees);
+        }
+        all.push(costs);
+    }
+    Ok(all)
 }
 
 pub(super) fn onnx_costs(
@@ -200,21 +246,25 @@ pub(super) fn onnx_costs(
     let prompt = bench_prompt(loaded, COST_PROMPT);
     let mut model = OnnxModel::load(&export, &ep)?;
     let mut spec = OnnxSpeculation::load(&export, &ep, Some(GateKind::Confidence))?;
-    let engine = format!("onnxruntime-{}", model.session().ep_used().name());
-    let times = time_steps(
-        &mut model,
-        &mut spec,
-        &prompt,
-        args.repeats,
-        &verify_rows(args),
-    )?;
-    let arla = match export.manifest.has_arla {
-        true => {
-            let mut spec = OnnxSpeculation::load(&export, &ep, Some(GateKind::Arla))?;
-            Some(time_steps(&mut model, &mut spec, &prompt, args.repeats, &[1])?.propose)
-        }
+    let mut arla_spec = match export.manifest.has_arla {
+        true => Some(OnnxSpeculation::load(&export, &ep, Some(GateKind::Arla))?),
         false => None,
     };
+    let engine = format!("onnxruntime-{}", model.session().ep_used().name());
+    let rows = verify_rows(args);
+    let mut timed = vec![Timed {
+        spec: &mut spec,
+        verify_rows: &rows,
+    }];
+    if let Some(spec) = &mut arla_spec {
+        timed.push(Timed {
+            spec,
+            verify_rows: &[],
+        });
+    }
+    let times = time_beside_greedy(&mut model, &mut timed, &prompt, args.repeats)?;
+    let arla = times.get(1).map(|t| t.propose);
+    let times = times[0].clone();
     let mut costs = engine_costs(engine, export.manifest.draft_gate, times, arla);
     if !shapes.is_empty() {
         // the tree loop's own steps on the export's graphs (no gate: trees are drafted whole)

@@ -28,6 +28,14 @@ fn print_policies<'a>(policies: impl Iterator<Item = &'a PolicyResult>) {
     }
 }
 
+/// " (the best N of M; --top)" when a table shows `top` of its `rows`, else nothing.
+fn shown(top: usize, rows: usize) -> String {
+    match rows > top {
+        true => format!(" (the best {top} of {rows}; --top)"),
+        false => String::new(),
+    }
+}
+
 fn ms(v: Option<f64>) -> String {
     v.map_or("-".into(), |ms| format!("{ms:.1}"))
 }
@@ -84,7 +92,10 @@ pub(super) fn print(r: &Report, top: usize) {
         );
     }
     println!();
-    println!("step costs, ms (median):");
+    println!(
+        "step costs, ms (median; greedy, the baseline of every speed-up, timed once per engine \
+         beside every gate's steps):"
+    );
     println!();
     let rows = r.costs.first().map_or(0, |c| c.costs.verify.len());
     let header: Vec<String> = (1..=rows).map(|n| format!("verify {n}")).collect();
@@ -108,29 +119,30 @@ pub(super) fn print(r: &Report, top: usize) {
     }
     println!();
     print_tree_costs(&r.costs);
-    println!("predicted speed-up over greedy decoding, best first on the reference:");
+    println!(
+        "predicted speed-up over greedy decoding, best first on the reference{}:",
+        shown(top, r.policies.len())
+    );
     println!();
     print_policies(r.policies.iter().take(top));
     println!();
     if r.best_onnx.is_some() {
-        println!("best first on ONNX Runtime (at the export's draft gate):");
-        println!();
         let mut onnx: Vec<&PolicyResult> = r
             .policies
             .iter()
             .filter(|p| p.speedup_onnx.is_some())
             .collect();
+        println!(
+            "best first on ONNX Runtime (at the export's draft gate){}:",
+            shown(top, onnx.len())
+        );
+        println!();
         let by_onnx = |p: &PolicyResult| p.speedup_onnx.unwrap_or(0.0);
         onnx.sort_by(|a, b| by_onnx(b).total_cmp(&by_onnx(a)));
         print_policies(onnx.into_iter().take(top));
         println!();
     }
-    println!(
-        "by family: each fixed length, the best dynamic policy of each gate kind, and each tree \
-         whole and best grown by each gate kind, per draft gate and lookup branch:"
-    );
-    println!();
-    let mut shown: Vec<(usize, String)> = Vec::new();
+    let mut seen: Vec<(usize, String)> = Vec::new();
     let mut family: Vec<&PolicyResult> = r
         .policies
         .iter()
@@ -144,13 +156,21 @@ pub(super) fn print(r: &Report, top: usize) {
                 kind += &format!(", lookup {n}");
             }
             let key = (p.draft_gate, kind);
-            let new = !shown.contains(&key);
+            let new = !seen.contains(&key);
             if new {
-                shown.push(key);
+                seen.push(key);
             }
             new
         })
         .collect();
+    // the policies are best first, so each family's first is its best: keep the best `top`
+    println!(
+        "by family: each fixed length, the best dynamic policy of each gate kind, and each tree \
+         whole and best grown by each gate kind, per draft gate and lookup branch{}:",
+        shown(top, family.len())
+    );
+    println!();
+    family.truncate(top);
     let order = |p: &PolicyResult| {
         (
             p.draft_gate,
