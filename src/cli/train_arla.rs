@@ -15,8 +15,7 @@ use reference::m2r2::config::EarlyExitConfig;
 use reference::m2r2::exit_gate::GateKind;
 use reference::m2r2::exit_threshold::ExitThreshold;
 use std::path::PathBuf;
-use std::sync::mpsc::{RecvTimeoutError, channel};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use train::arla_trainer::{
     ArlaOptions, SweepPoint, TokenGates, arla_accuracy, arla_scores, calibrate, calibrate_per_gate,
     collect, default_thresholds, sweep, train,
@@ -88,35 +87,6 @@ fn print_sweep(name: &str, points: &[SweepPoint]) {
 
 /// Optimizer steps one run takes at most (`--steps`): the losses of every step are kept.
 const MAX_STEPS: usize = 10_000_000;
-
-/// How often a phase without a count of its own says it is still running, when stderr is not a
-/// terminal (as `progress::Counter`'s lines).
-const HEARTBEAT: Duration = Duration::from_secs(30);
-
-/// Run `work` on a thread of its own and, until it returns, call `beat(elapsed)` every `every`:
-/// for a long phase that reports no progress of its own (ARLA's steps). A panic in `work` is
-/// resumed here.
-fn with_heartbeat<T: Send>(
-    every: Duration,
-    work: impl FnOnce() -> T + Send,
-    mut beat: impl FnMut(Duration),
-) -> T {
-    let start = Instant::now();
-    let (done, finished) = channel::<()>();
-    std::thread::scope(|scope| {
-        let worker = scope.spawn(move || {
-            let out = work();
-            drop(done);
-            out
-        });
-        while let Err(RecvTimeoutError::Timeout) = finished.recv_timeout(every) {
-            beat(start.elapsed());
-        }
-        worker
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-    })
-}
 
 fn scores_of(tokens: &[TokenGates], pick: impl Fn(&TokenGates) -> &Vec<f32>) -> Vec<Vec<f32>> {
     tokens.iter().map(|t| pick(t).clone()).collect()
@@ -213,22 +183,12 @@ pub fn run(args: &Args) -> Result<()> {
         seed: args.seed,
     };
     let start = Instant::now();
-    // the steps report no progress of their own: say every 30 s that they run
-    let spinner = progress::spinner(format!("ARLA: {} steps", args.steps));
-    let trained = with_heartbeat(
-        HEARTBEAT,
-        || train(&init, &train_tokens, eps, &options),
-        |elapsed| {
-            if !progress::enabled() {
-                eprintln!(
-                    "ARLA: {} steps of {batch} examples, {:.0} s so far",
-                    args.steps,
-                    elapsed.as_secs_f64()
-                );
-            }
-        },
-    );
-    spinner.finish_and_clear();
+    // progress: steps done, and the (token, gate) examples they drew as the counter's tokens
+    let mut counter = progress::Counter::new("ARLA steps", args.steps, 0);
+    let trained = train(&init, &train_tokens, eps, &options, &mut |step| {
+        counter.update(step, step * batch)
+    });
+    counter.finish();
     let (arla, losses) = trained?;
     if let Some(step) = losses.iter().position(|l| !l.is_finite()) {
         bail!(
@@ -344,30 +304,4 @@ pub fn run(args: &Args) -> Result<()> {
         if args.f16 { ", f16" } else { "" }
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A long phase says every `every` that it runs, until its work returns; a short one says
-    /// nothing.
-    #[test]
-    fn heartbeat_beats_until_the_work_returns() {
-        let mut beats = Vec::new();
-        let out = with_heartbeat(
-            Duration::from_millis(20),
-            || {
-                std::thread::sleep(Duration::from_millis(130));
-                7
-            },
-            |elapsed| beats.push(elapsed),
-        );
-        assert_eq!(out, 7);
-        assert!((3..=7).contains(&beats.len()), "{beats:?}");
-        assert!(beats.windows(2).all(|w| w[0] < w[1]), "{beats:?}");
-        let mut quiet = 0;
-        assert_eq!(with_heartbeat(HEARTBEAT, || 1, |_| quiet += 1), 1);
-        assert_eq!(quiet, 0);
-    }
 }

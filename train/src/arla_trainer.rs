@@ -104,11 +104,13 @@ pub struct ArlaOptions {
 
 /// Train `init` with BCE on every (token, gate) of `tokens`; returns the weights and the mean batch
 /// loss of each step. Deterministic for a seed (step `s` draws from ChaCha8 stream `s`).
+/// `on_step(n)` is called after each step with the steps done (progress reports).
 pub fn train(
     init: &Arla,
     tokens: &[TokenGates],
     eps: f32,
     options: &ArlaOptions,
+    on_step: &mut dyn FnMut(usize),
 ) -> Result<(Arla, Vec<f64>)> {
     if tokens.is_empty() || options.batch == 0 {
         return Err(Error::Invalid(
@@ -166,6 +168,7 @@ pub fn train(
             grad.tensors().into_iter(),
         );
         losses.push(loss / options.batch as f64);
+        on_step(step + 1);
     }
     Ok((params.to_reference(), losses))
 }

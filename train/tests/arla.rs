@@ -55,7 +55,7 @@ fn arla_training_learns_the_labels() {
         weight_decay: 0.0,
         seed: 0,
     };
-    let (trained, losses) = train(&init, &train_tokens, eps, &options).unwrap();
+    let (trained, losses) = train(&init, &train_tokens, eps, &options, &mut |_| {}).unwrap();
     let (bce0, acc0) = arla_accuracy(&arla_scores(&init, &dev_tokens, eps), &dev_tokens);
     let scores = arla_scores(&trained, &dev_tokens, eps);
     let (bce1, acc1) = arla_accuracy(&scores, &dev_tokens);
