@@ -8,9 +8,8 @@ use crate::cli::common;
 use crate::cli::progress;
 use anyhow::{Context, Result, bail};
 use reference::io::tokenizer::ChatMessage;
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use train::magpie::{
     Candidate, CandidateLog, MagpieMeta, MagpiePrompt, MagpieSettings, Start, Verdict, check_out,
     finish, sample_candidates, select, tally,
@@ -70,79 +69,6 @@ const MARKER: &str = "\u{1}M2R2-USER-MESSAGE\u{1}";
 
 /// Candidates one run samples at most: every request is planned in memory before sampling starts.
 const MAX_COUNT: usize = 1_000_000;
-
-/// What a run's model and `--exclude` prompts are by content ([`Identity`]), written when it
-/// starts (and kept), so that `--resume` compares them so, not by their names' spelling.
-const IDENTITY_FILE: &str = "identity.json";
-
-/// A run's model and excluded prompts by content, as `distill-data` identifies its model and
-/// prompts: the model config's hash, and the SHA-256 of the excluded prompts' normalised texts
-/// (what the `excluded` check compares), in sorted order.
-#[derive(Debug, PartialEq, Serialize, Deserialize)]
-struct Identity {
-    config_hash: String,
-    exclude_sha256: Option<String>,
-}
-
-impl Identity {
-    fn of(config_hash: String, exclude: &BTreeSet<String>) -> Self {
-        let lines: Vec<train::data::prompts::PromptLine> = exclude
-            .iter()
-            .map(|text| train::data::prompts::PromptLine {
-                line: 0,
-                id: String::new(),
-                prompt: text.clone(),
-            })
-            .collect();
-        Identity {
-            config_hash,
-            exclude_sha256: (!exclude.is_empty()).then(|| train::data::prompts::digest(&lines)),
-        }
-    }
-}
-
-/// `--resume`: when the run in `dir` recorded its [`Identity`], compare the model and the
-/// `--exclude` prompts by it, and where they are the same take the run's own spellings into
-/// `settings` (so `CandidateLog::open` compares the other settings only, and the run keeps its
-/// record). A run without the file (from before it) is compared by the spellings alone.
-fn match_identity(dir: &Path, settings: &mut MagpieSettings, now: &Identity) -> Result<()> {
-    let path = dir.join(IDENTITY_FILE);
-    let progress = dir.join(train::magpie::PROGRESS_FILE);
-    let (Ok(identity), Ok(recorded)) = (
-        std::fs::read_to_string(&path),
-        std::fs::read_to_string(&progress),
-    ) else {
-        return Ok(());
-    };
-    let was: Identity = serde_json::from_str(&identity)
-        .with_context(|| format!("{}: not a distill-prompts run's identity", path.display()))?;
-    let recorded: MagpieSettings = serde_json::from_str(&recorded)
-        .with_context(|| format!("{}: not distill-prompts settings", progress.display()))?;
-    if was.config_hash != now.config_hash {
-        bail!(
-            "--resume: {} was started with another model, `{}` of config {} (--model `{}` is of \
-             config {}); give the same model",
-            dir.display(),
-            recorded.model,
-            was.config_hash,
-            settings.model,
-            now.config_hash
-        );
-    }
-    if was.exclude_sha256 != now.exclude_sha256 {
-        let show = |e: &Option<String>| e.clone().unwrap_or_else(|| "none".into());
-        bail!(
-            "--resume: {} was started excluding other prompts (--exclude {} there, {} now, \
-             compared by content); give files with the same prompts",
-            dir.display(),
-            show(&recorded.exclude),
-            show(&settings.exclude)
-        );
-    }
-    settings.model = recorded.model;
-    settings.exclude = recorded.exclude;
-    Ok(())
-}
 
 pub fn run(args: &Args) -> Result<()> {
     if args.count == 0 || args.max_prompt_tokens == 0 || args.batch == 0 {
@@ -213,6 +139,7 @@ pub fn run(args: &Args) -> Result<()> {
     let stop = loaded.stop_tokens();
     let mut settings = MagpieSettings {
         model: loaded.name.clone(),
+        config_hash: Some(loaded.model.config.hash()),
         count: args.count,
         seed: args.seed,
         temperature: args.temperature,
@@ -229,16 +156,9 @@ pub fn run(args: &Args) -> Result<()> {
                 .collect();
             names.join(",")
         }),
+        exclude_sha256: train::magpie::exclude_digest(&exclude),
     };
-    let identity = Identity::of(loaded.model.config.hash(), &exclude);
-    if start == Start::Resume {
-        match_identity(&args.out, &mut settings, &identity)?;
-    }
-    let (mut log, mut candidates) = CandidateLog::open(&args.out, &settings, start)?;
-    let path = args.out.join(IDENTITY_FILE);
-    let text = serde_json::to_string_pretty(&identity).expect("serialisable");
-    std::fs::write(&path, text + "\n")
-        .with_context(|| format!("cannot write {}", path.display()))?;
+    let (mut log, mut candidates) = CandidateLog::open(&args.out, &mut settings, start)?;
     if !candidates.is_empty() {
         eprintln!(
             "resuming {}: {} of {} candidates already sampled",
@@ -361,60 +281,4 @@ fn rejections(counts: &std::collections::BTreeMap<Verdict, usize>, args: &Args) 
             format!("{n} {}{rule}", name.trim_matches('"'))
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn settings(model: &str, exclude: Option<&str>) -> MagpieSettings {
-        MagpieSettings {
-            model: model.into(),
-            count: 3,
-            seed: 0,
-            temperature: 1.0,
-            top_p: None,
-            max_prompt_tokens: 8,
-            min_chars: 16,
-            max_chars: 600,
-            min_ascii_letters: 0.95,
-            exclude: exclude.map(str::to_owned),
-        }
-    }
-
-    /// `--resume` compares the model by config hash and `--exclude` by its prompts: other names
-    /// of the same resume (taking the run's own names), other contents are refused.
-    #[test]
-    fn resume_compares_model_and_exclude_by_content() {
-        let dir = tempfile::tempdir().unwrap();
-        let excluded: BTreeSet<String> = ["a prompt".to_string()].into();
-        let was = Identity::of("abc".into(), &excluded);
-        std::fs::write(
-            dir.path().join(train::magpie::PROGRESS_FILE),
-            serde_json::to_string(&settings("smollm2", Some("ex.jsonl"))).unwrap(),
-        )
-        .unwrap();
-        std::fs::write(
-            dir.path().join(IDENTITY_FILE),
-            serde_json::to_string(&was).unwrap(),
-        )
-        .unwrap();
-        let mut now = settings("/models/smollm2.gguf", Some("./ex.jsonl"));
-        match_identity(dir.path(), &mut now, &Identity::of("abc".into(), &excluded)).unwrap();
-        assert_eq!(now, settings("smollm2", Some("ex.jsonl")));
-
-        let mut now = settings("smollm2", Some("ex.jsonl"));
-        let other = Identity::of("def".into(), &excluded);
-        let err = match_identity(dir.path(), &mut now, &other).unwrap_err();
-        assert!(err.to_string().contains("another model"), "{err}");
-        let fewer = Identity::of("abc".into(), &BTreeSet::new());
-        let err = match_identity(dir.path(), &mut now, &fewer).unwrap_err();
-        assert!(err.to_string().contains("excluding other prompts"), "{err}");
-
-        // a run without the record: left to the names' comparison
-        std::fs::remove_file(dir.path().join(IDENTITY_FILE)).unwrap();
-        let mut now = settings("tiny", None);
-        match_identity(dir.path(), &mut now, &other).unwrap();
-        assert_eq!(now, settings("tiny", None));
-    }
 }

@@ -38,6 +38,11 @@ pub const PROGRESS_FILE: &str = "progress.json";
 #[serde(deny_unknown_fields)]
 pub struct MagpieSettings {
     pub model: String,
+    /// The model's config hash (`ModelConfig::hash`): what `--resume` compares, since one model
+    /// can be named two ways (`smollm2`, or the path to its GGUF). Absent in runs from before it
+    /// was recorded; those are compared by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_hash: Option<String>,
     /// Candidates sampled.
     pub count: usize,
     pub seed: u64,
@@ -51,15 +56,48 @@ pub struct MagpieSettings {
     pub min_ascii_letters: f64,
     /// Prompts file whose prompts are kept out (e.g. held-out evaluation prompts), if any.
     pub exclude: Option<String>,
+    /// [`exclude_digest`] of the prompts kept out: what `--resume` compares, whatever the file's
+    /// spelling. Absent without `--exclude`, and in runs from before it was recorded; those are
+    /// compared by the file's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exclude_sha256: Option<String>,
+}
+
+/// SHA-256 of the normalised texts of the prompts kept out, in sorted order ([`prompts::digest`]
+/// of them without ids); `None` for none.
+///
+/// [`prompts::digest`]: crate::data::prompts::digest
+pub fn exclude_digest(normalised: &std::collections::BTreeSet<String>) -> Option<String> {
+    let lines: Vec<crate::data::prompts::PromptLine> = normalised
+        .iter()
+        .map(|text| crate::data::prompts::PromptLine {
+            line: 0,
+            id: String::new(),
+            prompt: text.clone(),
+        })
+        .collect();
+    (!lines.is_empty()).then(|| crate::data::prompts::digest(&lines))
 }
 
 impl MagpieSettings {
     /// Every setting in which the run that wrote `self` differs from `now`, each as
-    /// `--flag (what it was, what it is now)`.
+    /// `--flag (what it was, what it is now)`. The model is compared by its config hash and the
+    /// `--exclude` prompts by their digest where both runs recorded one, else by name.
     pub fn differing_settings(&self, now: &MagpieSettings) -> Vec<String> {
         let show = |v: Option<String>| v.unwrap_or_else(|| "none".into());
-        [
-            ("--model", self.model.clone(), now.model.clone()),
+        let mut out = Vec::new();
+        match (&self.config_hash, &now.config_hash) {
+            (Some(was), Some(is)) if was != is => out.push(format!(
+                "--model (`{}` of config {was} there, `{}` of config {is} now: another model)",
+                self.model, now.model
+            )),
+            (Some(_), Some(_)) => {}
+            _ if self.model != now.model => {
+                out.push(format!("--model ({} there, {} now)", self.model, now.model))
+            }
+            _ => {}
+        }
+        let others = [
             ("--count", self.count.to_string(), now.count.to_string()),
             ("--seed", self.seed.to_string(), now.seed.to_string()),
             (
@@ -92,16 +130,29 @@ impl MagpieSettings {
                 self.min_ascii_letters.to_string(),
                 now.min_ascii_letters.to_string(),
             ),
-            (
-                "--exclude",
+        ];
+        out.extend(
+            others
+                .into_iter()
+                .filter(|(_, was, is)| was != is)
+                .map(|(flag, was, is)| format!("{flag} ({was} there, {is} now)")),
+        );
+        match (&self.exclude_sha256, &now.exclude_sha256) {
+            (Some(was), Some(is)) if was != is => out.push(format!(
+                "--exclude ({} there, {} now: the run was started excluding other prompts, \
+                 compared by content)",
                 show(self.exclude.clone()),
-                show(now.exclude.clone()),
-            ),
-        ]
-        .into_iter()
-        .filter(|(_, was, is)| was != is)
-        .map(|(flag, was, is)| format!("{flag} ({was} there, {is} now)"))
-        .collect()
+                show(now.exclude.clone())
+            )),
+            (Some(_), Some(_)) => {}
+            _ if self.exclude != now.exclude => out.push(format!(
+                "--exclude ({} there, {} now)",
+                show(self.exclude.clone()),
+                show(now.exclude.clone())
+            )),
+            _ => {}
+        }
+        out
     }
 }
 
@@ -300,12 +351,13 @@ pub struct CandidateLog {
 impl CandidateLog {
     /// Open `dir` for a run with `settings`, as `start` says ([`check_out`]): a fresh run needs an
     /// empty or missing folder, a forced one replaces the run's files, a resumed one needs an
-    /// unfinished run's folder made with the same settings (each differing one named). Returns the
-    /// log and the candidates already sampled (a torn last line dropped). Every check runs before
-    /// the folder is changed.
+    /// unfinished run's folder made with the same settings (each differing one named), and goes
+    /// on with the run's record in `settings` (its spellings of the model and `--exclude`).
+    /// Returns the log and the candidates already sampled (a torn last line dropped). Every check
+    /// runs before the folder is changed.
     pub fn open(
         dir: &Path,
-        settings: &MagpieSettings,
+        settings: &mut MagpieSettings,
         start: Start,
     ) -> Result<(Self, Vec<Candidate>)> {
         check_out(dir, start)?;
@@ -325,6 +377,7 @@ impl CandidateLog {
             }
             let (log, earlier) = JsonlLog::resume(&path)?;
             let earlier = earlier.into_iter().map(|(_, c)| c).collect();
+            *settings = planned;
             return Ok((CandidateLog { log }, earlier));
         }
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;

@@ -8,6 +8,7 @@ use std::io::Write;
 fn settings() -> MagpieSettings {
     MagpieSettings {
         model: "tiny".into(),
+        config_hash: None,
         count: 6,
         seed: 40,
         temperature: 1.0,
@@ -17,6 +18,7 @@ fn settings() -> MagpieSettings {
         max_chars: 40,
         min_ascii_letters: 0.9,
         exclude: None,
+        exclude_sha256: None,
     }
 }
 
@@ -100,14 +102,14 @@ fn candidates_equal_decoding_alone() {
 fn log_resume_and_refusals() {
     let dir = std::env::temp_dir().join(format!("m2r2-magpie-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let s = settings();
+    let mut s = settings();
     let c = Candidate {
         seed: 40,
         tokens: vec![1, 2],
         ended: true,
     };
     {
-        let (mut log, earlier) = CandidateLog::open(&dir, &s, Start::Fresh).unwrap();
+        let (mut log, earlier) = CandidateLog::open(&dir, &mut s, Start::Fresh).unwrap();
         assert!(earlier.is_empty());
         log.append(&c).unwrap();
     }
@@ -116,14 +118,14 @@ fn log_resume_and_refusals() {
         .open(dir.join(CANDIDATES_FILE))
         .unwrap();
     write!(f, "{{\"seed\": 41, \"tok").unwrap();
-    let (_, earlier) = CandidateLog::open(&dir, &s, Start::Resume).unwrap();
+    let (_, earlier) = CandidateLog::open(&dir, &mut s, Start::Resume).unwrap();
     assert_eq!(earlier, std::slice::from_ref(&c));
-    let other = MagpieSettings {
+    let mut other = MagpieSettings {
         temperature: 0.7,
         top_p: Some(0.9),
         ..s.clone()
     };
-    let e = CandidateLog::open(&dir, &other, Start::Resume)
+    let e = CandidateLog::open(&dir, &mut other, Start::Resume)
         .err()
         .unwrap()
         .to_string();
@@ -133,7 +135,7 @@ fn log_resume_and_refusals() {
         ),
         "{e}"
     );
-    let e = CandidateLog::open(&dir, &s, Start::Fresh)
+    let e = CandidateLog::open(&dir, &mut s, Start::Fresh)
         .err()
         .unwrap()
         .to_string();
@@ -149,22 +151,64 @@ fn log_resume_and_refusals() {
     )
     .unwrap();
     // a finished run is replaced only when forced, and is not resumed
-    let e = CandidateLog::open(&dir, &s, Start::Fresh)
+    let e = CandidateLog::open(&dir, &mut s, Start::Fresh)
         .err()
         .unwrap()
         .to_string();
     assert!(e.contains("finished") && e.contains("--force"), "{e}");
-    let e = CandidateLog::open(&dir, &s, Start::Resume)
+    let e = CandidateLog::open(&dir, &mut s, Start::Resume)
         .err()
         .unwrap()
         .to_string();
     assert!(e.contains("not an unfinished distill-prompts run"), "{e}");
-    let (_, earlier) = CandidateLog::open(&dir, &s, Start::Force).unwrap();
+    let (_, earlier) = CandidateLog::open(&dir, &mut s, Start::Force).unwrap();
     assert!(earlier.is_empty());
-    let e = CandidateLog::open(&dir.join("missing"), &s, Start::Resume)
+    let e = CandidateLog::open(&dir.join("missing"), &mut s, Start::Resume)
         .err()
         .unwrap()
         .to_string();
     assert!(e.contains("missing does not exist"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--resume` compares the model by config hash and `--exclude` by its prompts: other spellings
+/// of the same are no difference, other contents are; a run from before the hash and digest were
+/// recorded is compared by the names.
+#[test]
+fn resume_compares_model_and_exclude_by_content() {
+    let excluded: std::collections::BTreeSet<String> = ["a prompt".to_string()].into();
+    let of = |model: &str, hash: &str, exclude: &str, prompts| MagpieSettings {
+        model: model.into(),
+        config_hash: Some(hash.into()),
+        exclude: Some(exclude.into()),
+        exclude_sha256: exclude_digest(prompts),
+        ..settings()
+    };
+    let was = of("smollm2", "abc", "ex.jsonl", &excluded);
+    let same = of("/models/smollm2.gguf", "abc", "./ex.jsonl", &excluded);
+    assert!(was.differing_settings(&same).is_empty());
+    let d = was.differing_settings(&of("smollm2", "def", "ex.jsonl", &excluded));
+    assert!(d.len() == 1 && d[0].contains("another model"), "{d:?}");
+    let other: std::collections::BTreeSet<String> = ["another prompt".to_string()].into();
+    let d = was.differing_settings(&of("smollm2", "abc", "ex.jsonl", &other));
+    assert!(
+        d.len() == 1 && d[0].contains("excluding other prompts"),
+        "{d:?}"
+    );
+    assert_eq!(exclude_digest(&Default::default()), None);
+    // a run without the record: the names
+    let old = MagpieSettings {
+        config_hash: None,
+        exclude_sha256: None,
+        ..was.clone()
+    };
+    let d = old.differing_settings(&same);
+    assert_eq!(
+        d,
+        [
+            "--model (smollm2 there, /models/smollm2.gguf now)",
+            "--exclude (ex.jsonl there, ./ex.jsonl now)"
+        ]
+    );
+    assert!(old.differing_settings(&was).is_empty());
 }
