@@ -17,14 +17,13 @@
 use crate::error::{Error, Result};
 use reference::io::folder_kind::M2R2_CONFIG_FILE;
 use reference::io::peft::{ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE};
+use reference::io::wheel::{Silent, sha256_file};
 use reference::m2r2::arla::ARLA_FILE;
 use reference::m2r2::bridge::BRIDGE_FILE;
 use reference::m2r2::draft_head::DRAFT_HEAD_FILE;
 use reference::m2r2::weights::M2r2Weights;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 pub const STATE_FILE: &str = "trainer_state.json";
@@ -120,7 +119,7 @@ impl Staged {
         for name in DIGESTED {
             let path = self.staging.join(name);
             if path.exists() {
-                digests.insert(name.to_string(), sha256_file(&path)?);
+                digests.insert(name.to_string(), sha256_file(&path, &mut Silent)?);
             }
         }
         Ok(digests)
@@ -195,7 +194,7 @@ pub fn finish_interrupted_save(dir: &Path) -> Result<bool> {
         } else {
             dir.join(name)
         };
-        if !path.exists() || sha256_file(&path)? != *want {
+        if !path.exists() || sha256_file(&path, &mut Silent)? != *want {
             return Ok(false);
         }
     }
@@ -214,21 +213,6 @@ pub fn save_weights(weights: &M2r2Weights, dir: &Path) -> Result<()> {
     staged.commit("")
 }
 
-/// SHA-256 (hex) of a file's bytes.
-pub fn sha256_file(path: &Path) -> Result<String> {
-    let mut file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let mut hash = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(|e| Error::io(path, e))?;
-        if n == 0 {
-            break;
-        }
-        hash.update(&buf[..n]);
-    }
-    Ok(hash.finalize().iter().map(|b| format!("{b:02x}")).collect())
-}
-
 /// Refuse a checkpoint folder whose files are not those its trainer state records (`step`: the
 /// state's step count, for the message).
 pub fn check_digests(dir: &Path, recorded: &BTreeMap<String, String>, step: usize) -> Result<()> {
@@ -241,7 +225,7 @@ pub fn check_digests(dir: &Path, recorded: &BTreeMap<String, String>, step: usiz
                 path.display()
             )));
         }
-        if sha256_file(&path)? != *want {
+        if sha256_file(&path, &mut Silent)? != *want {
             let what = if name == OPTIMIZER_FILE {
                 "copied from another run, or left by a save that did not finish"
             } else {
