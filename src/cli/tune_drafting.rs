@@ -26,7 +26,6 @@ mod lookup;
 mod measure;
 mod price;
 mod print;
-mod timing;
 mod write;
 
 use candidates::{lookup_branches, tree_shapes, with_prefixes};

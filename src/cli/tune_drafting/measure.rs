@@ -3,10 +3,10 @@
 //! each engine (timed greedy, draft and verify steps, and the token trees' steps).
 
 use super::Args;
-use super::timing::{Timed, time_beside_greedy};
 use crate::cli::args::onnx::open_matching_export;
 use crate::cli::progress;
 use crate::cli::step_times::{StepTimes, bench_prompt};
+use crate::cli::step_times::{Timed, time_beside_greedy};
 use anyhow::{Context, Result, bail};
 use onnx_runner::greedy::OnnxModel;
 use onnx_runner::speculation::OnnxSpeculation;
