@@ -8,7 +8,7 @@
 
 mod cli;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -72,9 +72,26 @@ enum Command {
     Export(cli::export::Args),
 }
 
+/// Every option that takes a value takes a negative number too (`--lr -3`, `--tokens -1`): the
+/// option's own check then says what is wrong with it, where clap alone calls `-3` an unexpected
+/// argument. (`allow_hyphen_values` would also take the next flag as the value of an option
+/// given none.)
+fn negative_numbers_as_values(command: clap::Command) -> clap::Command {
+    command
+        .mut_args(|arg| {
+            if arg.get_action().takes_values() {
+                arg.allow_negative_numbers(true)
+            } else {
+                arg
+            }
+        })
+        .mut_subcommands(negative_numbers_as_values)
+}
+
 fn main() -> ExitCode {
     restore_sigpipe();
-    let cli = Cli::parse();
+    let matches = negative_numbers_as_values(Cli::command()).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
     // A decode step is many short parallel sections (SmolLM2: 7 products a layer, 30 layers).
     // With the main thread outside rayon's pool, each section wakes a worker and then the main
     // thread again; as worker 0 of the pool it runs its share and the joins stay in the pool

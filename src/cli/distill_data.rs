@@ -27,7 +27,7 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 256)]
     pub max_new_tokens: usize,
     /// Sampling temperature (default: greedy, the verifier's own decoding)
-    #[arg(long, value_name = "T", allow_negative_numbers = true)]
+    #[arg(long, value_name = "T")]
     pub temperature: Option<f32>,
     /// Seed of sample k of prompt i: S + i * K + k
     #[arg(long, value_name = "S", default_value_t = 0)]

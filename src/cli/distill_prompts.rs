@@ -32,7 +32,7 @@ pub struct Args {
     #[arg(long, value_name = "T", default_value_t = 1.0)]
     pub temperature: f32,
     /// Nucleus sampling of the user messages, in (0, 1] (default: off)
-    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    #[arg(long, value_name = "P")]
     pub top_p: Option<f32>,
     /// Longest user message, in tokens (longer ones are dropped as unfinished); the template's
     /// start plus N must fit the model's context

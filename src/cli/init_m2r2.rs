@@ -22,7 +22,7 @@ pub struct Args {
     #[arg(long, value_name = "R")]
     pub rank: Option<usize>,
     /// Adapter alpha; the adapter term is scaled by alpha / r (default 2 r, as `train`'s)
-    #[arg(long, value_name = "A", allow_negative_numbers = true)]
+    #[arg(long, value_name = "A")]
     pub alpha: Option<f32>,
     /// Linear maps carrying adapters, comma-separated:
     /// q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj (default: all; attention only on
@@ -39,7 +39,7 @@ pub struct Args {
     #[arg(long, value_name = "L")]
     pub arla_latent: Option<usize>,
     /// ARLA exit threshold tau, stored in m2r2_config.json (default 0.5)
-    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    #[arg(long, value_name = "X")]
     pub threshold: Option<f32>,
     /// Seed of the adapters (ARLA uses seed + 1)
     #[arg(long, value_name = "S", default_value_t = 0)]

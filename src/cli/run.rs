@@ -64,7 +64,7 @@ pub struct Args {
     pub gate: Option<GateKind>,
     /// Keep drafting (--dynamic-draft) while the gate score is >= X (default: the export's
     /// arla.threshold)
-    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    #[arg(long, value_name = "X")]
     pub threshold: Option<f32>,
     /// Print one JSON object (tokens, text, timings, statistics, execution provider)
     #[arg(long)]
@@ -93,7 +93,7 @@ pub struct Args {
     pub prompt_lookup: Option<usize>,
     /// Refused with a pointer to `m2r2 generate` (hidden): the runner decodes greedily (0, greedy
     /// as on `generate`, is accepted)
-    #[arg(long, value_name = "T", hide = true, allow_negative_numbers = true)]
+    #[arg(long, value_name = "T", hide = true)]
     pub temperature: Option<String>,
     /// As --temperature (hidden)
     #[arg(long, value_name = "K", hide = true)]

@@ -16,6 +16,27 @@ fn bad_arguments_are_refused_clearly() {
         let args = [command, &["--tokens", "-1"]].concat();
         fails(&args, &["`-1` (item 1 of `-1`) is not a token id"]);
     }
+    // a negative number reaches every option's own check (golden.rs: in subcommands too)
+    // (clap alone calls `-3` an unexpected argument)
+    let train_arla = [
+        "train-arla",
+        "--m2r2",
+        "x",
+        "--out",
+        "y",
+        "--data",
+        "z",
+        "--dev-data",
+        "w",
+    ];
+    fails(
+        &[&train_arla[..], &["--lr", "-3"]].concat(),
+        &["--lr must be a finite number > 0, got -3"],
+    );
+    fails(
+        &[&train_arla[..], &["--target-agreement", "-0.5"]].concat(),
+        &["--target-agreement must be in (0, 1], got -0.5"],
+    );
     // and missing ids are not taken from the next flag
     fails(
         &["generate", "--tokens", "--max-new-tokens", "5"],

@@ -69,7 +69,7 @@ pub struct M2r2Args {
     /// Exit (early-exit) or keep drafting (--dynamic-draft) while the gate score is >= X (default:
     /// the M2R2 config's arla.threshold; > 1 never exits). Early exit also takes one per gate,
     /// X1,X2,... (default: the M2R2 config's early_exit thresholds when it has them)
-    #[arg(long, value_name = "X", allow_negative_numbers = true, value_parser = parse_threshold)]
+    #[arg(long, value_name = "X", value_parser = parse_threshold)]
     pub threshold: Option<ExitThreshold>,
     /// K/V of the layers an exited token skipped: exact (computed later, equals the base model) |
     /// fast-kv (filled from the exit state, approximate); default: exact

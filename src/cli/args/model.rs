@@ -22,10 +22,7 @@ pub struct PromptArgs {
     #[arg(long, requires = "prompt", conflicts_with = "tokens")]
     pub chat: bool,
     /// Prompt as comma-separated token ids, e.g. 1,2,3
-    // `allow_negative_numbers`: `--tokens -1` reaches the parser, which says what is wrong with
-    // it (clap alone calls `-1` an unexpected argument); not `allow_hyphen_values`, which would
-    // take the next flag for the ids when they are missing
-    #[arg(long, value_name = "IDS", value_parser = parse_token_ids, allow_negative_numbers = true)]
+    #[arg(long, value_name = "IDS", value_parser = parse_token_ids)]
     pub tokens: Option<TokenIds>,
 }
 

@@ -30,44 +30,19 @@ pub struct MoeSimArgs {
     #[arg(long, value_name = "C")]
     pub capacity_per_layer: Option<usize>,
     /// Host -> device bandwidth in GB/s
-    #[arg(
-        long,
-        value_name = "B",
-        default_value_t = 25.0,
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "B", default_value_t = 25.0)]
     pub bandwidth_gbps: f64,
     /// Fixed cost of one expert transfer, microseconds (0: none)
-    #[arg(
-        long,
-        value_name = "US",
-        default_value_t = 10.0,
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "US", default_value_t = 10.0)]
     pub latency_us: f64,
     /// Device memory bandwidth in GB/s (compute times: roofline with --tflops)
-    #[arg(
-        long,
-        value_name = "B",
-        default_value_t = 500.0,
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "B", default_value_t = 500.0)]
     pub device_gbps: f64,
     /// Device compute in TFLOP/s
-    #[arg(
-        long,
-        value_name = "T",
-        default_value_t = 30.0,
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "T", default_value_t = 30.0)]
     pub tflops: f64,
     /// Bytes per weight on device and host (2: bf16; 0.5: 4-bit)
-    #[arg(
-        long,
-        value_name = "N",
-        default_value_t = 2.0,
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "N", default_value_t = 2.0)]
     pub bytes_per_param: f64,
     /// Layer times and expert sizes: model (the traced model's sizes) | mixtral-8x7b | measured
     /// (the reference's own per-layer wall-clock times while tracing, the traced model's experts)

@@ -7,13 +7,13 @@ use reference::base::sampling::SamplingParams;
 #[derive(clap::Args, Clone, Debug)]
 pub struct SamplingArgs {
     /// Sample at this temperature (> 0); absent or 0: greedy
-    #[arg(long, value_name = "T", allow_negative_numbers = true)]
+    #[arg(long, value_name = "T")]
     pub temperature: Option<f32>,
     /// Sample only among the K most likely tokens (K >= 1)
     #[arg(long, value_name = "K")]
     pub top_k: Option<usize>,
     /// Sample only among the most likely tokens whose probability reaches P, in (0, 1]
-    #[arg(long, value_name = "P", allow_negative_numbers = true)]
+    #[arg(long, value_name = "P")]
     pub top_p: Option<f32>,
     /// Seed of the sampler (same seed, same tokens on every machine) [default: 0]
     #[arg(long, value_name = "S")]

@@ -50,8 +50,7 @@ pub struct WriteArgs {
         long,
         value_name = "IDS",
         value_parser = parse_token_ids,
-        conflicts_with = "prompts",
-        allow_negative_numbers = true
+        conflicts_with = "prompts"
     )]
     pub tokens: Option<TokenIds>,
     /// A suite: one golden per prompt of this file (`{"id", "prompt"}` per line), written as
@@ -87,10 +86,10 @@ pub struct WriteArgs {
     pub ignore_eos: bool,
     /// Pin this absolute tolerance in the golden: checks use it unless their own --atol says
     /// otherwise
-    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    #[arg(long, value_name = "X")]
     pub atol: Option<f32>,
     /// Pin this relative tolerance in the golden (greedy goldens)
-    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    #[arg(long, value_name = "X")]
     pub rtol: Option<f32>,
     /// Pin the export precision this golden is for: `check --onnx` refuses an export of other
     /// weights (f32 | f16)
@@ -168,11 +167,11 @@ pub struct ToleranceArgs {
     /// Absolute tolerance of a logit: OK when |got - golden| <= atol + rtol |golden| (default:
     /// the golden's pin, else 1e-4; with --onnx 2e-4 for an f32 export, 5e-2 for an f16 one:
     /// docs/GOLDEN.md has the measurements). The report says which applied and why
-    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    #[arg(long, value_name = "X")]
     pub atol: Option<f32>,
     /// Relative tolerance of a logit (ONNX Runtime's convention, with --atol; default: the
     /// golden's pin, else 0)
-    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    #[arg(long, value_name = "X")]
     pub rtol: Option<f32>,
 }
 

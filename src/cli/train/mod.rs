@@ -46,88 +46,47 @@ pub struct Args {
     /// the most common rank, so alpha grows with a gate's rank. With --init: the new rank of the
     /// trained gates (or one per gate), which widens their adapters: the same terms, with new
     /// directions to train
-    #[arg(long, value_name = "R[,R2,...]", value_delimiter = ',', num_args = 1.., allow_negative_numbers = true)]
+    #[arg(long, value_name = "R[,R2,...]", value_delimiter = ',', num_args = 1..)]
     pub rank: Vec<usize>,
     /// Adapter alpha (scale alpha / r; default 2 r)
-    #[arg(long, value_name = "A", allow_negative_numbers = true)]
+    #[arg(long, value_name = "A")]
     pub alpha: Option<f32>,
     /// Adapted linear maps, comma-separated (default: all seven)
     #[arg(long, value_name = "LIST")]
     pub targets: Option<String>,
     /// Optimizer steps (each updates every trained gate once)
-    #[arg(
-        long,
-        value_name = "N",
-        default_value_t = 1000,
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "N", default_value_t = 1000)]
     pub steps: usize,
     /// Fast rows per gate per step
-    #[arg(
-        long,
-        value_name = "B",
-        default_value_t = 64,
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "B", default_value_t = 64)]
     pub batch_rows: usize,
     /// Peak learning rate
-    #[arg(
-        long,
-        value_name = "X",
-        default_value_t = 2e-3,
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "X", default_value_t = 2e-3)]
     pub lr: f64,
     /// Final learning rate of the cosine decay (default lr / 10)
-    #[arg(long, value_name = "X", allow_negative_numbers = true)]
+    #[arg(long, value_name = "X")]
     pub lr_min: Option<f64>,
     /// Warm-up steps (default steps / 20)
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[arg(long, value_name = "N")]
     pub warmup: Option<usize>,
     /// AdamW decoupled weight decay
-    #[arg(
-        long,
-        value_name = "X",
-        default_value_t = 0.0,
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "X", default_value_t = 0.0)]
     pub weight_decay: f64,
     /// Clip each gate's gradient to this global L2 norm
-    #[arg(
-        long,
-        value_name = "X",
-        default_value_t = 1.0,
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
     pub clip: f64,
     /// Distillation temperature tau of the KL loss
-    #[arg(
-        long,
-        value_name = "T",
-        default_value_t = 1.0,
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "T", default_value_t = 1.0)]
     pub temperature: f64,
     /// Weight of a cross-entropy term on the teacher's argmax (the token greedy decoding emits)
     /// beside the KL; 0 trains on the KL alone
-    #[arg(
-        long,
-        value_name = "W",
-        default_value_t = 0.0,
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "W", default_value_t = 0.0)]
     pub hard_label_weight: f64,
     /// Alignment of the exit state with the final slow residual: cosine | mse
     #[arg(long, value_name = "KIND")]
     pub align: Option<AlignKind>,
     /// Weight of the alignment term
-    #[arg(
-        long,
-        value_name = "X",
-        default_value_t = 0.1,
-        requires = "align",
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "X", default_value_t = 0.1, requires = "align")]
     pub align_weight: f64,
     /// Also align the fast state after each inner layer i of the interval with the slow residual at
     /// depth d_j(i) = e_j + round(i (N - e_j) / k_j) it estimates, with --align's kind and weight;
@@ -135,18 +94,13 @@ pub struct Args {
     #[arg(long, requires = "align")]
     pub align_intermediate: bool,
     /// Seed of the adapter initialisation and of the row sampling
-    #[arg(
-        long,
-        value_name = "S",
-        default_value_t = 0,
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "S", default_value_t = 0)]
     pub seed: u64,
     /// Add a bridge of this rank (docs/m2r2/bridge.md): the draft gate's fast stream also reads the
     /// last verified final slow state, through low-rank maps trained with that gate's adapters
     /// (the draft gate must be among --train-gates). With --init, a folder that has a bridge keeps
     /// training it
-    #[arg(long, value_name = "R", allow_negative_numbers = true)]
+    #[arg(long, value_name = "R")]
     pub bridge_rank: Option<usize>,
     /// Where the bridge's term joins the draft: `entry` (the start of the draft gate's interval),
     /// `gate` (the exit state), or both
@@ -192,7 +146,7 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub slow_cache: Option<PathBuf>,
     /// Also write the checkpoint every N steps
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    #[arg(long, value_name = "N")]
     pub save_every: Option<usize>,
     /// Held-out distillation data (e.g. from dev prompts): per-gate agreement before and after
     /// (refused when it shares a prompt with --data)
@@ -204,29 +158,14 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub val_data: Option<PathBuf>,
     /// With --val-data: steps between evaluations (default 100; with --resume, the checkpoint's)
-    #[arg(
-        long,
-        value_name = "N",
-        requires = "val_data",
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "N", requires = "val_data")]
     pub eval_every: Option<usize>,
     /// With --val-data: stop after this many evaluations in a row without a lower mean KL
     /// (default 3; with --resume, the checkpoint's)
-    #[arg(
-        long,
-        value_name = "P",
-        requires = "val_data",
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "P", requires = "val_data")]
     pub patience: Option<usize>,
     /// Print one line per N steps on stderr (always when stderr is not a terminal)
-    #[arg(
-        long,
-        value_name = "N",
-        default_value_t = 50,
-        allow_negative_numbers = true
-    )]
+    #[arg(long, value_name = "N", default_value_t = 50)]
     pub log_every: usize,
 }
 
