@@ -70,7 +70,10 @@ pub fn report_fields(run: &ModeRun) -> serde_json::Map<String, Value> {
         "bytes_per_token".into(),
         per_token(run.work.weight_bytes as f64),
     );
-    map.insert("tokens_per_second".into(), json!(run.tokens_per_second()));
+    map.insert(
+        "tokens_per_second".into(),
+        mean_over(run.tokens_per_second(), decoded),
+    );
     map.insert(
         "timings".into(),
         json!({

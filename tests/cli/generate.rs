@@ -211,7 +211,12 @@ fn means_over_nothing_are_null() {
         ];
         let v = ok(&[&args[..], &["--mode", mode]].concat()).json();
         assert_eq!(v["tokens"].as_array().unwrap().len(), 1, "{v}");
-        for field in ["layers_per_token", "flops_per_token", "bytes_per_token"] {
+        for field in [
+            "layers_per_token",
+            "flops_per_token",
+            "bytes_per_token",
+            "tokens_per_second",
+        ] {
             assert_eq!(v[field], serde_json::Value::Null, "{mode} {field}: {v}");
         }
         if mode == "speculative" {
@@ -229,4 +234,33 @@ fn means_over_nothing_are_null() {
     ])
     .json();
     assert!(v["layers_per_token"].as_f64().is_some(), "{v}");
+}
+
+/// Tokens per verification count the tokens the rounds emitted: a last round cut short by
+/// `--max-new-tokens` counts what it let out, not the drafts it accepted past the budget (a
+/// budget of 2 is one round emitting one token, however many drafts it accepted).
+#[test]
+fn tokens_per_verification_count_emitted_tokens() {
+    for tree in [&[][..], &["--draft-tree", "2,1,1"]] {
+        for budget in ["2", "5", "16"] {
+            let args = [
+                "generate",
+                "--tokens",
+                "5,17,200,33",
+                "--mode",
+                "speculative",
+                "--max-new-tokens",
+                budget,
+                "--json",
+            ];
+            let v = ok(&[&args[..], tree].concat()).json();
+            let tokens = v["tokens"].as_array().unwrap().len() as f64;
+            let rounds = v["rounds"].as_u64().unwrap() as f64;
+            let mean = v["mean_accepted_tokens"].as_f64().unwrap();
+            assert!(
+                (mean * rounds - (tokens - 1.0)).abs() < 1e-9,
+                "{tree:?} budget {budget}: {v}"
+            );
+        }
+    }
 }

@@ -113,13 +113,15 @@ pub struct SpeculativeOutput {
 }
 
 impl SpeculativeOutput {
-    /// Mean tokens emitted per verification (accepted drafts plus the base token).
+    /// Mean tokens emitted per verification: each round's accepted drafts and base token, as far
+    /// as the token budget and the stop tokens let them out (a last round cut short counts the
+    /// tokens it emitted, not the drafts it accepted past the end). The first token, chosen by the
+    /// prompt's prefill, is no round's.
     pub fn mean_accepted_length(&self) -> f64 {
         if self.rounds.is_empty() {
             return 0.0;
         }
-        let emitted: usize = self.rounds.iter().map(|r| r.accepted + 1).sum();
-        emitted as f64 / self.rounds.len() as f64
+        self.tokens.len().saturating_sub(1) as f64 / self.rounds.len() as f64
     }
 
     /// For draft position i (0-based): accepted / drafted over all rounds that drafted it.

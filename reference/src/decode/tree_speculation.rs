@@ -85,10 +85,11 @@ pub struct TreeSpeculativeOutput {
 }
 
 impl TreeSpeculativeOutput {
-    /// Mean tokens emitted per verification (accepted drafts plus the base token).
+    /// Mean tokens emitted per verification, as
+    /// [`SpeculativeOutput::mean_accepted_length`](crate::decode::speculative::SpeculativeOutput::mean_accepted_length)
+    /// counts them: a last round cut short by the budget or a stop token counts what it emitted.
     pub fn mean_accepted_length(&self) -> f64 {
-        let emitted: usize = self.rounds.iter().map(|r| r.accepted + 1).sum();
-        emitted as f64 / self.rounds.len().max(1) as f64
+        self.tokens.len().saturating_sub(1) as f64 / self.rounds.len().max(1) as f64
     }
 
     /// Per depth `d = 1..=depth`: the fraction of rounds that accepted at least `d` drafts
