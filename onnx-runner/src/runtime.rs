@@ -13,6 +13,7 @@
 use crate::error::{Error, Result};
 use crate::provision;
 use ort::environment::Environment;
+use ort::logging::LogLevel;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
@@ -128,12 +129,19 @@ fn load(path: &Path, source: LibrarySource) -> Result<Runtime> {
     let pool = ort::environment::GlobalThreadPoolOptions::default()
         .with_spin_control(true)
         .map_err(|e| Error::Runtime(format!("cannot configure the thread pool: {e}")))?;
+    let level = log_level()?;
     let environment = builder
         .with_name("m2r2")
         .with_global_thread_pool(pool)
-        .with_logger(std::sync::Arc::new(log_plainly))
+        .with_logger(std::sync::Arc::new(move |at, _: &str, _: &str, _: &str, msg: &str| {
+            log_plainly(level, at, msg)
+        }))
         .build()
         .map_err(|e| Error::Runtime(format!("cannot create the environment: {e}")))?;
+    // ort creates an environment with a custom logger at the verbose level: every graph
+    // transformer's and initializer's line would reach the logger (hundreds a session); the
+    // logger itself filters the lines of the environment's creation
+    environment.set_log_level(level);
     Ok(Runtime {
         info: RuntimeInfo {
             path: path.to_path_buf(),
@@ -145,13 +153,41 @@ fn load(path: &Path, source: LibrarySource) -> Result<Runtime> {
     })
 }
 
-/// ONNX Runtime's own warnings as plain text on stderr: its default logger colours them with
-/// terminal escapes, which pipes and CI logs show raw. Its errors are not printed here: the call
-/// that failed returns the same message, which the runner reports once, with the file it names.
-fn log_plainly(level: ort::logging::LogLevel, _category: &str, _id: &str, _at: &str, msg: &str) {
-    if level < ort::logging::LogLevel::Error {
-        eprintln!("onnxruntime warning: {msg}");
+/// The least severe of ONNX Runtime's own log lines that reach stderr: `ORT_LOG` (`verbose`,
+/// `info`, `warning`, `error` or `fatal`, the names the `ort` crate reads), warnings when it is
+/// unset or empty. `ORT_LOG=info` shows, for example, each CUDA graph capture and replay.
+fn log_level() -> Result<LogLevel> {
+    let value = std::env::var("ORT_LOG").unwrap_or_default();
+    Ok(match value.as_str() {
+        "" | "warning" => LogLevel::Warning,
+        "verbose" => LogLevel::Verbose,
+        "info" => LogLevel::Info,
+        "error" => LogLevel::Error,
+        "fatal" => LogLevel::Fatal,
+        other => {
+            return Err(Error::Runtime(format!(
+                "ORT_LOG={other:?} is not a log level: use verbose, info, warning, error or fatal \
+                 (or unset it for warnings)"
+            )));
+        }
+    })
+}
+
+/// One of ONNX Runtime's own log lines, at level `at`, as plain text on stderr with its level when
+/// `at` is at least `least` ([`log_level`]): its default logger colours them with terminal
+/// escapes, which pipes and CI logs show raw. Its errors are not printed here: the call that
+/// failed returns the same message, which the runner reports once, with the file it names.
+fn log_plainly(least: LogLevel, at: LogLevel, msg: &str) {
+    if at < least {
+        return;
     }
+    let name = match at {
+        LogLevel::Verbose => "verbose",
+        LogLevel::Info => "info",
+        LogLevel::Warning => "warning",
+        LogLevel::Error | LogLevel::Fatal => return,
+    };
+    eprintln!("onnxruntime {name}: {msg}");
 }
 
 /// The version string ONNX Runtime reports (`OrtGetApiBase()->GetVersionString()`), read by

@@ -220,6 +220,48 @@ fn a_truncated_external_data_file_is_a_plain_error() {
     assert!(!run.stderr.contains("std::"), "{}", run.stderr);
 }
 
+/// ONNX Runtime's own log reaches stderr from warnings up by default (a session of tiny logs
+/// hundreds of verbose and info lines: graph transformers, removed initializers), `ORT_LOG` lowers
+/// or raises the level, each line says its level, and an unknown level is refused by name.
+#[test]
+fn onnx_runtime_logs_warnings_unless_ort_log_says_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tiny");
+    let out = out.to_str().unwrap();
+    super::ok(&["export", "--model", "tiny", "--out", out]);
+    let args = [
+        "run",
+        "--onnx",
+        out,
+        "--tokens",
+        "1,2",
+        "--max-new-tokens",
+        "2",
+        "--mode",
+        "speculative",
+    ];
+    let run = super::ok(&args);
+    assert!(!run.stderr.contains("onnxruntime "), "{}", run.stderr);
+    let with = |level: &str| super::m2r2_env(&args, &[("ORT_LOG", level.as_ref())]);
+    let verbose = with("verbose");
+    assert_eq!(verbose.code, Some(0), "{}", verbose.stderr);
+    assert!(
+        verbose.stderr.contains("onnxruntime verbose: "),
+        "{}",
+        verbose.stderr
+    );
+    let quiet = with("error");
+    assert_eq!(quiet.code, Some(0), "{}", quiet.stderr);
+    assert!(!quiet.stderr.contains("onnxruntime "), "{}", quiet.stderr);
+    let bad = with("loud");
+    assert_eq!(bad.code, Some(1), "{}", bad.stderr);
+    assert!(
+        bad.stderr.contains("ORT_LOG=\"loud\" is not a log level"),
+        "{}",
+        bad.stderr
+    );
+}
+
 #[test]
 fn gpu_providers_fail_fast_with_their_reason() {
     let dir = tempfile::tempdir().unwrap();
