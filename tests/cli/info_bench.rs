@@ -111,6 +111,7 @@ fn bench_cost_shape_reports_every_step() {
         .collect();
     assert_eq!(batches, [1, 4, 16]);
     let t = &b["training"];
+    assert_eq!(b["training_skipped"], Value::Null, "{b}");
     assert_eq!(t["rows_per_step"], 64, "{b}");
     assert_eq!(t["gate"], b["draft_gate"], "{b}");
     assert!(t["rows_per_second"].as_f64().unwrap() > 0.0, "{b}");
@@ -119,6 +120,108 @@ fn bench_cost_shape_reports_every_step() {
     fails(
         &["bench", "--cost-shape", "--speculative"],
         &["--cost-shape", "--speculative"],
+    );
+}
+
+/// `bench --cost-shape` on an MoE model, whose adapters the trainer cannot train: the table is
+/// printed, the training row left out with a note saying why; --json says so in
+/// `training_skipped` (with `training` null) instead of omitting it.
+#[test]
+fn bench_cost_shape_leaves_out_training_the_trainer_refuses() {
+    let args = [
+        "bench",
+        "--model",
+        "tiny-moe",
+        "--cost-shape",
+        "--prompt-len",
+        "8",
+        "--decode-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--bandwidth-mib",
+        "8",
+    ];
+    let text = ok(&args).stdout;
+    assert!(
+        text.contains("greedy step") && text.contains("verify 16"),
+        "{text}"
+    );
+    assert!(
+        text.contains("training gate 1: not measured, tiny-moe's adapters cannot be trained")
+            && text.contains("sparse MoE block"),
+        "{text}"
+    );
+    let b = ok(&[&args[..], &["--json"]].concat()).json();
+    assert_eq!(b["engines"].as_array().unwrap().len(), 1, "{b}");
+    assert_eq!(b["training"], Value::Null, "{b}");
+    let why = b["training_skipped"].as_str().unwrap();
+    assert!(why.contains("sparse MoE block"), "{b}");
+}
+
+/// `bench --cost-shape` refuses sizes that do not fit the context before measuring anything,
+/// naming the flag at fault, the positions needed and the context; a huge --repeats saturates
+/// instead of wrapping around.
+#[test]
+fn bench_cost_shape_names_the_size_that_does_not_fit() {
+    let bench = |prompt: &str, decode: &str, repeats: &str| {
+        [
+            "bench",
+            "--cost-shape",
+            "--prompt-len",
+            prompt,
+            "--decode-tokens",
+            decode,
+            "--repeats",
+            repeats,
+            "--bandwidth-mib",
+            "8",
+        ]
+        .map(String::from)
+    };
+    let fails_with = |args: [String; 10], needles: &[&str]| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails(&args, needles)
+    };
+    // 2 + 600 + 1 positions for the greedy rounds
+    let run = fails_with(
+        bench("2", "2", "600"),
+        &[
+            "--repeats 600 does not fit with --prompt-len 2",
+            "need 603 positions",
+            "context of tiny (512)",
+            "--repeats must be at most 509",
+        ],
+    );
+    assert!(!run.stderr.contains("leaves no room"), "{}", run.stderr);
+    fails_with(
+        bench("2", "2", &usize::MAX.to_string()),
+        &[
+            &format!("--repeats {} does not fit", usize::MAX),
+            "context of tiny (512)",
+        ],
+    );
+    // the largest --repeats that fits is accepted by the check (the run itself is not started:
+    // --decode-tokens does not fit)
+    fails_with(
+        bench("2", "600", "509"),
+        &["--prompt-len 2 and --decode-tokens 600 need 601 positions"],
+    );
+    fails_with(
+        bench("500", "2", "1"),
+        &[
+            "--prompt-len 500 leaves no room for the verify chunk of 16 rows",
+            "need 517 positions",
+            "context of tiny (512)",
+            "--prompt-len must be at most 495",
+        ],
+    );
+    fails_with(
+        bench("400", "200", "1"),
+        &[
+            "--prompt-len 400 and --decode-tokens 200 need 599 positions",
+            "context of tiny (512)",
+        ],
     );
 }
 

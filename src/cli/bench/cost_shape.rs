@@ -7,7 +7,8 @@
 //! since the rows share one read of the weights; a ratio that grows with the rows means the
 //! products are compute-bound. Also: the measured read bandwidth and the fraction a greedy step
 //! achieves, and batched decoding of independent sequences (tokens/s at B = 1, 4, 16, reference)
-//! and training rows/s of the draft gate's adapters (`training.rs`).
+//! and training rows/s of the draft gate's adapters (`training.rs`; left out, with a note saying
+//! why, on a model the trainer cannot train adapters of, such as an MoE model).
 
 use crate::cli::args::bench::Sizes;
 use crate::cli::bench::training::TrainingSpeed;
@@ -16,7 +17,7 @@ use crate::cli::step_times::{bench_prompt, time_steps};
 use anyhow::{Result, bail};
 use reference::base::batch::{BatchRequest, generate_batch};
 use reference::base::generate::ReferenceGreedy;
-use reference::base::generate::{GenerateOptions, GreedyBackend};
+use reference::base::generate::{GenerateOptions, GreedyBackend, decode_positions};
 use reference::base::matmul::kernel::Kernel;
 use reference::decode::speculative::SpeculativeBackend;
 use reference::io::load::LoadedModel;
@@ -24,6 +25,8 @@ use serde::Serialize;
 
 /// Verify chunk sizes measured.
 pub const VERIFY_ROWS: [usize; 5] = [1, 2, 5, 9, 16];
+/// The largest verify chunk (the last of [`VERIFY_ROWS`]).
+pub const MAX_VERIFY_ROWS: usize = VERIFY_ROWS[VERIFY_ROWS.len() - 1];
 /// Batch sizes of the batched-decoding rows.
 pub const BATCHES: [usize; 3] = [1, 4, 16];
 
@@ -75,8 +78,12 @@ pub struct CostShape {
     pub memory_read_bytes_per_second: f64,
     pub engines: Vec<EngineShape>,
     pub batched_decoding: Vec<BatchSpeed>,
-    /// Training of the draft gate's adapters (`m2r2 train`'s step).
-    pub training: TrainingSpeed,
+    /// Training of the draft gate's adapters (`m2r2 train`'s step); `None` (null) when the trainer
+    /// cannot train them on this model, `training_skipped` saying why.
+    pub training: Option<TrainingSpeed>,
+    /// Why the training row was left out (the trainer's refusal, e.g. an MoE layer); `None` (null)
+    /// when it was measured.
+    pub training_skipped: Option<String>,
 }
 
 /// Step costs of one engine ([`time_steps`] with the verify chunks of [`VERIFY_ROWS`]), with the
@@ -169,18 +176,66 @@ pub fn reference_shape(
     Ok((shape, batched))
 }
 
-/// Refuse sizes the measurement cannot run.
+/// Cache positions the speculation backend holds: the prompt, the largest verify chunk's drafted
+/// rows ([`MAX_VERIFY_ROWS`]) and one more (the capacity its cache is made with).
+pub fn verify_positions(prompt_len: usize) -> usize {
+    prompt_len.saturating_add(MAX_VERIFY_ROWS + 1)
+}
+
+/// Cache positions the greedy engine's steps take: the prompt, then one token fed per round (one
+/// warm-up and `repeats` timed), what a decode of `repeats + 2` tokens writes (the first comes from
+/// the prefill, the last is never fed).
+pub fn greedy_positions(prompt_len: usize, repeats: usize) -> usize {
+    decode_positions(prompt_len, repeats.saturating_add(2))
+}
+
+/// Refuse sizes the measurement cannot run, naming the flag that does not fit: the verify chunks
+/// after the prompt (--prompt-len), the greedy rounds (--repeats), the batched decoding
+/// (--decode-tokens). Saturating counts, as plain `bench` does ([`decode_positions`]).
 pub fn check(loaded: &LoadedModel, sizes: &Sizes) -> Result<()> {
-    let max_rows = *VERIFY_ROWS.iter().max().expect("sizes");
-    let needed = sizes.prompt_len + (sizes.repeats + 1).max(max_rows) + 1;
-    let context = loaded.model.config.max_position_embeddings;
-    if needed > context {
+    let (prompt, repeats) = (sizes.prompt_len, sizes.repeats);
+    let context = loaded.model.context_length();
+    let name = &loaded.name;
+    let verify = verify_positions(prompt);
+    if verify > context {
         bail!(
-            "--prompt-len {} leaves no room for the measured steps in the context of {context}",
-            sizes.prompt_len
+            "--prompt-len {prompt} leaves no room for the verify chunk of {} rows: the prompt, the \
+             drafted rows and one more need {} positions, more than the context of {name} \
+             ({context}); --prompt-len must be at most {}",
+            MAX_VERIFY_ROWS,
+            positions(verify),
+            context.saturating_sub(MAX_VERIFY_ROWS + 1),
+        );
+    }
+    let greedy = greedy_positions(prompt, repeats);
+    if greedy > context {
+        bail!(
+            "--repeats {repeats} does not fit with --prompt-len {prompt}: the prompt and one greedy \
+             token per round (1 warm-up and {repeats} timed) need {} positions, more than the \
+             context of {name} ({context}); --repeats must be at most {} with this prompt",
+            positions(greedy),
+            context - prompt - 1,
+        );
+    }
+    let batched = decode_positions(prompt, sizes.decode_tokens);
+    if batched > context {
+        bail!(
+            "--prompt-len {prompt} and --decode-tokens {} need {} positions for the batched \
+             decoding (the last token is never fed), more than the context of {name} ({context})",
+            sizes.decode_tokens,
+            positions(batched),
         );
     }
     Ok(())
+}
+
+/// A saturated count of positions, said as such.
+fn positions(n: usize) -> String {
+    if n == usize::MAX {
+        format!("{n} or more")
+    } else {
+        n.to_string()
+    }
 }
 
 /// The table.
@@ -251,11 +306,18 @@ pub fn print(r: &CostShape) {
         "  batched decoding on the reference, decode steps: {}",
         batched.join(", ")
     );
-    let t = &r.training;
-    println!(
-        "  training gate {} ({} rows per step): {:.1} ms per step, {:.0} rows/s",
-        t.gate, t.rows_per_step, t.step_ms, t.rows_per_second
-    );
+    match (&r.training, &r.training_skipped) {
+        (Some(t), _) => println!(
+            "  training gate {} ({} rows per step): {:.1} ms per step, {:.0} rows/s",
+            t.gate, t.rows_per_step, t.step_ms, t.rows_per_second
+        ),
+        (None, why) => println!(
+            "  training gate {}: not measured, {}'s adapters cannot be trained ({})",
+            r.draft_gate,
+            r.model,
+            why.as_deref().unwrap_or("no reason given")
+        ),
+    }
 }
 
 /// The kernel `linear` uses on this CPU.

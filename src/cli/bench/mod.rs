@@ -159,6 +159,9 @@ fn speculative(loaded: &LoadedModel, args: &Args) -> Result<()> {
 
 /// `--cost-shape`: the reference's step costs (and ONNX Runtime's with `--onnx`) in one table.
 fn cost_shape(loaded: &LoadedModel, args: &Args) -> Result<()> {
+    if args.onnx.len() > 1 {
+        bail!("--cost-shape takes one --onnx export (--ort-compare compares session options)");
+    }
     cost_shape::check(loaded, &args.sizes)?;
     let m2r2 = M2r2Args {
         draft_head: args.draft_head,
@@ -167,20 +170,27 @@ fn cost_shape(loaded: &LoadedModel, args: &Args) -> Result<()> {
     let weights = m2r2.weights(loaded)?;
     let draft_gate = weights.config.draft_gate;
     let bandwidth = crate::cli::decode_speed::bandwidth(&args.sizes);
-    let rows = cost_shape::VERIFY_ROWS[cost_shape::VERIFY_ROWS.len() - 1];
     let mut spec = ReferenceSpeculation::new(
         M2r2::new(&loaded.model, &weights),
         draft_gate,
         None,
-        args.sizes.prompt_len + rows + 1,
+        cost_shape::verify_positions(args.sizes.prompt_len),
     )?;
+    // Asked of the trainer before anything is timed: a model whose adapters it cannot train (an
+    // MoE model) gets its table without the training row, and a note saying why.
+    let training_skipped = training::untrainable(loaded, &weights, draft_gate)?;
     let (reference, batched_decoding) =
         cost_shape::reference_shape(loaded, &mut spec, &args.sizes, bandwidth)?;
-    let training = training::training_speed(loaded, &weights, draft_gate, args.sizes.repeats)?;
+    let training = match training_skipped {
+        None => Some(training::training_speed(
+            loaded,
+            &weights,
+            draft_gate,
+            args.sizes.repeats,
+        )?),
+        Some(_) => None,
+    };
     let mut engines = vec![reference];
-    if args.onnx.len() > 1 {
-        bail!("--cost-shape takes one --onnx export (--ort-compare compares session options)");
-    }
     if let Some(dir) = args.onnx.first() {
         engines.extend(onnx::cost_shape_engines(
             loaded,
@@ -206,6 +216,7 @@ fn cost_shape(loaded: &LoadedModel, args: &Args) -> Result<()> {
         engines,
         batched_decoding,
         training,
+        training_skipped,
     };
     if args.json {
         common::print_json(&result)?;

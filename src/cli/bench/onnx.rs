@@ -44,10 +44,7 @@ pub fn cost_shape_engines(
     let export = open_matching_export(loaded, weights, dir)?;
     check_weights(&export, weights, source)?;
     onnx_runner::runtime::init()?;
-    let base = ep_args.config(
-        &export,
-        cost_shape::VERIFY_ROWS[cost_shape::VERIFY_ROWS.len() - 1],
-    )?;
+    let base = ep_args.config(&export, cost_shape::MAX_VERIFY_ROWS)?;
     let mut variants = vec![(String::new(), base.clone())];
     variants.extend(ep_args.compare(&base)?);
     let prompt = crate::cli::step_times::bench_prompt(loaded, sizes.prompt_len);

@@ -1,6 +1,7 @@
 //! Training throughput for `m2r2 bench --cost-shape`: optimizer steps of one gate's adapters on
 //! synthetic samples (fixed pseudo-random token ids; the arithmetic of a step does not depend on
-//! the ids), timed the way `m2r2 train` runs them.
+//! the ids), timed the way `m2r2 train` runs them. [`untrainable`] asks the trainer first whether
+//! it can train the gate's adapters on the model at all (not on an MoE model).
 
 use crate::cli::step_times::bench_prompt;
 use anyhow::{Context, Result};
@@ -9,6 +10,7 @@ use reference::m2r2::weights::M2r2Weights;
 use serde::Serialize;
 use std::time::Instant;
 use train::data::DistillSample;
+use train::fast_stream::FrozenBase;
 use train::trainer::{TrainOptions, Trainer, initial_weights};
 
 /// Fast rows per optimizer step measured (the `m2r2 train` default).
@@ -27,6 +29,24 @@ pub struct TrainingSpeed {
     /// Median milliseconds of one optimizer step (forward, backward, clipping, AdamW).
     pub step_ms: f64,
     pub rows_per_second: f64,
+}
+
+/// Why the trainer cannot train `gate`'s adapters on this model, or `None` when it can. Asked of
+/// the trainer itself, before anything is timed: [`FrozenBase::new`] over the layers
+/// [`Trainer::new`] freezes for the gate (its interval) is where the trainer refuses what it does
+/// not handle (a sparse MoE layer: adapters are trained on dense SwiGLU blocks only), with
+/// [`train::Error::Unsupported`]. Any other error stays an error.
+pub fn untrainable(
+    loaded: &LoadedModel,
+    weights: &M2r2Weights,
+    gate: usize,
+) -> Result<Option<String>> {
+    let layers = weights.config.interval_layers(gate - 1);
+    match FrozenBase::<f32>::new(&loaded.model, layers) {
+        Ok(_) => Ok(None),
+        Err(train::Error::Unsupported(why)) => Ok(Some(why)),
+        Err(e) => Err(e).context("the training bench's frozen layers"),
+    }
 }
 
 /// Time `repeats` training steps of `gate` (after one warm-up step) with `weights`' adapter
