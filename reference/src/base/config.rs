@@ -126,6 +126,33 @@ pub fn check_float(file: &str, what: &str, value: f64, zero_ok: bool) -> Result<
     ))
 }
 
+/// Refuse llama3 RoPE settings its formula cannot use (`rope.rs`, HF
+/// `_compute_llama3_parameters`): it divides the original context by `low_freq_factor` and by
+/// `high_freq_factor` to get the band edges and by `high_freq_factor - low_freq_factor` to
+/// interpolate between them, so both must be finite and positive and high more than low (the
+/// ordering transformers' `_validate_llama3_parameters` asks for); a context of 0 puts every
+/// frequency in the long-wavelength band.
+fn check_llama3(file: &str, low: f64, high: f64, original_context: usize) -> Result<()> {
+    check_float(file, "the rope scaling `low_freq_factor`", low, false)?;
+    check_float(file, "the rope scaling `high_freq_factor`", high, false)?;
+    if high <= low {
+        return Err(Error::config(
+            file,
+            format!(
+                "the rope scaling `high_freq_factor` ({high}) must be more than `low_freq_factor` \
+                 ({low}): the llama3 formula divides by their difference"
+            ),
+        ));
+    }
+    if original_context == 0 {
+        return Err(Error::config(
+            file,
+            "the rope scaling `original_max_position_embeddings` is 0: it must be positive",
+        ));
+    }
+    Ok(())
+}
+
 impl ModelConfig {
     /// Query dim `H * Dh`.
     pub fn q_dim(&self) -> usize {
@@ -137,8 +164,9 @@ impl ModelConfig {
         self.num_key_value_heads * self.head_dim
     }
 
-    /// Reject configs whose numbers cannot describe a model (zero sizes, heads that do not divide,
-    /// an epsilon or RoPE setting that makes the logits NaN: [`check_float`]).
+    /// Reject configs whose numbers cannot describe a model (zero sizes, a window of 0, heads that
+    /// do not divide, an epsilon or RoPE setting that makes the logits NaN: [`check_float`],
+    /// [`check_llama3`]).
     pub fn validate(&self, file: &str) -> Result<()> {
         let bad = |msg: String| Err(Error::config(file, msg));
         for (name, v) in [
@@ -204,6 +232,26 @@ impl ModelConfig {
             self.rope_scaling
         {
             check_float(file, "the rope scaling `factor`", factor, false)?;
+        }
+        if let RopeScaling::Llama3 {
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+            ..
+        } = self.rope_scaling
+        {
+            check_llama3(
+                file,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            )?;
+        }
+        // a window of 0 would hide every key, the query's own included: no attention at all
+        if self.sliding_window == Some(0) {
+            return bad(
+                "`sliding_window` is 0: it must be positive (or null for no window)".into(),
+            );
         }
         Ok(())
     }

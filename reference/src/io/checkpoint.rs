@@ -2,12 +2,12 @@
 //! `model.safetensors.index.json`. f32, f16 and bf16 tensors are converted to f32. Mixtral experts
 //! are read in transformers 4's per-expert layout or transformers 5's fused one ([`fused_experts`]).
 
-use crate::base::config::ModelConfig;
+use crate::base::config::{Architecture, ModelConfig};
 use crate::base::model::Model;
 use crate::base::weight_names::{WeightId, check_tensor_count};
 use crate::base::weights::{RawTensor, TensorSource, Weights};
 use crate::error::{Error, Result};
-use crate::io::fused_experts;
+use crate::io::{fused_experts, tied_head};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -26,6 +26,9 @@ pub fn load_hf_dir(dir: &Path) -> Result<Model> {
     let label = config_path.display().to_string();
     check_tensor_count(&config, source.entries.len(), &label, &missing)?;
     check_all_used(&config, &source, &label)?;
+    if let Some(warning) = tied_head::check_tied_head(&config, &source, &label)? {
+        eprintln!("{warning}");
+    }
     let weights = Weights::load(&config, &source)?;
     Ok(Model::new(config, weights))
 }
@@ -33,7 +36,8 @@ pub fn load_hf_dir(dir: &Path) -> Result<Model> {
 /// Refuse tensors the config does not call for (more layers than `num_hidden_layers`, biases with
 /// `attention_bias` false, ...): the weights were saved for another config, and running without
 /// them would be another model than the one saved. A rotary embedding's `inv_freq` buffer (older
-/// checkpoints) and `lm_head.weight` beside tied embeddings (the same values) are not weights.
+/// checkpoints) and `lm_head.weight` beside tied embeddings ([`tied_head`]) are not weights. The
+/// message suggests the config's settings that decide which tensors there are.
 fn check_all_used(config: &ModelConfig, source: &SafetensorsSource, label: &str) -> Result<()> {
     let used: std::collections::HashSet<String> = WeightId::all(config)
         .iter()
@@ -54,14 +58,29 @@ fn check_all_used(config: &ModelConfig, source: &SafetensorsSource, label: &str)
             label,
             format!(
                 "the weights hold {} tensor(s) this config does not use, the first `{first}` (in \
-                 {}): they were saved for another config (num_hidden_layers = {}, attention_bias, \
-                 mlp_bias?), and leaving them out would run another model",
+                 {}): they were saved for another config ({}?), and leaving them out would run \
+                 another model",
                 unused.len(),
                 source.file_of(first),
-                config.num_hidden_layers
+                tensor_settings(config)
             ),
         )),
     }
+}
+
+/// The config's settings that decide which tensors a checkpoint has, as the config names them:
+/// the layer count, the expert count of a MoE config, and the bias switches of llama (the other
+/// architectures refuse them, `hf_config`).
+fn tensor_settings(config: &ModelConfig) -> String {
+    let mut settings = vec![format!("num_hidden_layers = {}", config.num_hidden_layers)];
+    if let Some(moe) = &config.moe {
+        settings.push(format!("num_local_experts = {}", moe.num_local_experts));
+    }
+    if config.architecture == Architecture::Llama {
+        settings.push(format!("attention_bias = {}", config.o_bias));
+        settings.push(format!("mlp_bias = {}", config.mlp_bias));
+    }
+    settings.join(", ")
 }
 
 /// Where one tensor's bytes are.

@@ -208,12 +208,12 @@ impl HfFields<'_> {
         });
         let (rope_theta, rope_scaling) = self.rope(architecture)?;
 
-        let attention_bias = self.bool("attention_bias")?.unwrap_or(false);
+        let attention_bias = self.llama_only_bias("attention_bias", architecture, &model_type)?;
         let (qkv_bias, o_bias) = match architecture {
             Architecture::Qwen2 => (true, false),
             _ => (attention_bias, attention_bias),
         };
-        let mlp_bias = self.bool("mlp_bias")?.unwrap_or(false);
+        let mlp_bias = self.llama_only_bias("mlp_bias", architecture, &model_type)?;
         let tie_word_embeddings = self.bool("tie_word_embeddings")?.unwrap_or(false);
 
         // `MistralConfig`'s default window is 4096; an explicit null is none
@@ -234,11 +234,8 @@ impl HfFields<'_> {
             }
             _ => None,
         };
-        if let Some(Value::Array(types)) = &layer_types
-            && types.iter().any(|t| t != "full_attention")
-            && sliding_window.is_none()
-        {
-            return Err(self.err("layer_types with sliding attention layers are not supported"));
+        if let Some(types) = layer_types {
+            self.check_layer_types(types, num_hidden_layers, sliding_window)?;
         }
 
         let moe = if architecture == Architecture::Mixtral {
@@ -288,6 +285,69 @@ impl HfFields<'_> {
         };
         config.validate(self.file)?;
         Ok(config)
+    }
+
+    /// `attention_bias` or `mlp_bias` (`key`): Llama's switches for biases on every attention
+    /// projection and on the MLP. Mistral and Mixtral build every projection with `bias=False`
+    /// whatever the config says, and Qwen2 its MLP and `o_proj` (its q/k/v biases are always
+    /// there), so for them a true flag asks for biases transformers would not use: refused rather
+    /// than honoured (another model than transformers runs) or ignored (the config says biases).
+    fn llama_only_bias(
+        &mut self,
+        key: &str,
+        architecture: Architecture,
+        model_type: &str,
+    ) -> Result<bool> {
+        let value = self.bool(key)?.unwrap_or(false);
+        if value && architecture != Architecture::Llama {
+            let biases = match architecture {
+                Architecture::Qwen2 => "its only biases are on q, k and v, and always there",
+                _ => "none of its projections has a bias",
+            };
+            return Err(self.err(format!(
+                "`{key}` is true, but transformers' `{model_type}` does not read it: {biases}; \
+                 only model_type `llama` honours `{key}` (set it false, or null)"
+            )));
+        }
+        Ok(value)
+    }
+
+    /// `layer_types` (transformers 5): one entry per layer, `"full_attention"` or
+    /// `"sliding_attention"`. Every layer here runs the same attention, windowed when the config
+    /// has a window, so each entry must say that attention: a list that differs (per-layer
+    /// windows, or a full layer beside a window) describes another model and is refused.
+    fn check_layer_types(&self, types: Value, layers: usize, window: Option<usize>) -> Result<()> {
+        const KNOWN: [&str; 2] = ["full_attention", "sliding_attention"];
+        let list = match &types {
+            Value::Array(items) => items.iter().map(Value::as_str).collect::<Option<Vec<_>>>(),
+            _ => None,
+        };
+        let Some(list) = list else {
+            return Err(self.err(format!(
+                "`layer_types` must be a list of strings (one per layer: {KNOWN:?}), got {types}"
+            )));
+        };
+        if list.len() != layers {
+            return Err(self.err(format!(
+                "`layer_types` has {} entries, expected one per layer: num_hidden_layers = {layers}",
+                list.len()
+            )));
+        }
+        let want = if window.is_some() { KNOWN[1] } else { KNOWN[0] };
+        match list.iter().enumerate().find(|(_, t)| **t != want) {
+            None => Ok(()),
+            Some((i, t)) if !KNOWN.contains(t) => Err(self.err(format!(
+                "`layer_types[{i}]` is `{t}`: expected one of {KNOWN:?}"
+            ))),
+            Some((i, t)) => Err(self.err(format!(
+                "`layer_types[{i}]` is `{t}`, but {}: every layer must be `{want}` (per-layer \
+                 attention types are not supported)",
+                match window {
+                    Some(w) => format!("the config has a sliding window of {w} for every layer"),
+                    None => "the config has no sliding window".to_string(),
+                }
+            ))),
+        }
     }
 
     /// RoPE settings: transformers 4.x writes `rope_theta` and `rope_scaling` at the top level,
@@ -368,8 +428,11 @@ impl HfFields<'_> {
                 factor: num(&mut p, "factor")?,
                 low_freq_factor: num(&mut p, "low_freq_factor")?,
                 high_freq_factor: num(&mut p, "high_freq_factor")?,
-                original_max_position_embeddings: num(&mut p, "original_max_position_embeddings")?
-                    as usize,
+                original_max_position_embeddings: positive_integer(
+                    file,
+                    p.remove("original_max_position_embeddings"),
+                    "original_max_position_embeddings",
+                )?,
             },
             other => {
                 return Err(self.err(format!(
@@ -384,6 +447,20 @@ impl HfFields<'_> {
         }
         Ok((theta, scaling))
     }
+}
+
+/// A context length in the rope parameters: a JSON integer of 1 or more. transformers asks for an
+/// integer too (`_validate_llama3_parameters`); a fraction or a negative number would otherwise be
+/// cut to another length (16.7 to 16, -16 to 0) and give other frequencies than the file says.
+fn positive_integer(file: &str, value: Option<Value>, key: &str) -> Result<usize> {
+    let n = value.as_ref().and_then(Value::as_u64).filter(|&n| n > 0);
+    n.and_then(|n| usize::try_from(n).ok()).ok_or_else(|| {
+        let got = value.map_or("nothing".to_string(), |v| v.to_string());
+        Error::config(
+            file,
+            format!("rope parameters need `{key}` as a positive integer, got {got}"),
+        )
+    })
 }
 
 #[cfg(test)]

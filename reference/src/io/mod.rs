@@ -12,5 +12,6 @@ pub mod hub;
 pub mod load;
 pub mod peft;
 pub mod peft_pattern;
+pub mod tied_head;
 pub mod tokenizer;
 pub mod wheel;

@@ -271,6 +271,8 @@ impl Header {
             tensors.push(c.tensor_info(i, alignment)?);
         }
 
+        check_layout(&tensors, alignment, &c)?;
+
         let data_start = align_up(c.pos as u64, alignment)
             .and_then(|p| usize::try_from(p).ok())
             .ok_or_else(|| c.err("data section offset overflows"))?;
@@ -300,6 +302,36 @@ impl Header {
             data_start,
         })
     }
+}
+
+/// Refuse tensors that are not laid out back to back: each must start where the one before it in
+/// the tensor table ends, padded to the alignment, the first at 0. llama.cpp's reader
+/// (`gguf_init_from_file_impl`) refuses any other layout, so a file it would not load is not
+/// loaded here either; and offsets that overlap or point at another tensor's bytes would
+/// otherwise load and run on the wrong weights.
+fn check_layout(tensors: &[TensorInfo], alignment: u64, c: &Cursor) -> Result<()> {
+    let mut expected = 0u64;
+    for t in tensors {
+        if t.offset != expected {
+            return Err(c.err(format!(
+                "tensor `{}` is at data offset {}, expected {expected}: each tensor's data must \
+                 follow the previous one's in the order of the tensor table, padded to the \
+                 alignment {alignment} (as llama.cpp requires), so offsets that overlap, leave \
+                 gaps or are out of order are refused",
+                t.name, t.offset
+            )));
+        }
+        expected = expected
+            .checked_add(t.n_bytes as u64)
+            .and_then(|end| align_up(end, alignment))
+            .ok_or_else(|| {
+                c.err(format!(
+                    "the data of tensor `{}` ends beyond 2^64 bytes",
+                    t.name
+                ))
+            })?;
+    }
+    Ok(())
 }
 
 fn align_up(pos: u64, alignment: u64) -> Option<u64> {

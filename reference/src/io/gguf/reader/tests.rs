@@ -246,3 +246,58 @@ fn custom_alignment_is_honoured() {
     assert_eq!(f.alignment, 64);
     assert_eq!(f.tensor_f32("t").unwrap().data, vec![1.5, 2.5]);
 }
+
+/// Overwrite the data offset in the tensor info of `name` (a name found nowhere else in the file).
+fn set_offset(bytes: &mut [u8], name: &str, offset: u64) {
+    let mut key = (name.len() as u64).to_le_bytes().to_vec();
+    key.extend(name.as_bytes());
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    let n_dims = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    let pos = at + 4 + 8 * n_dims + 4;
+    bytes[pos..pos + 8].copy_from_slice(&offset.to_le_bytes());
+}
+
+/// Tensors must lie back to back in the order of the tensor table, as llama.cpp requires: data
+/// offsets that overlap another tensor's bytes, or that swap two tensors, lie inside the file and
+/// would load and run on the wrong weights. Three 32-byte tensors sit at 0, 32 and 64.
+#[test]
+fn overlapping_or_reordered_tensor_data_is_refused() {
+    let three = || {
+        Builder::default()
+            .tensor_f32("first", &[8], &[1.0; 8])
+            .tensor_f32("second", &[8], &[2.0; 8])
+            .tensor_f32("third", &[8], &[3.0; 8])
+            .build()
+    };
+    let f = GgufFile::from_bytes("good.gguf".into(), three()).unwrap();
+    let offsets: Vec<u64> = f.tensor_infos().iter().map(|t| t.offset).collect();
+    assert_eq!(offsets, [0, 32, 64]);
+
+    let mut overlap = three();
+    set_offset(&mut overlap, "second", 0); // reads `first`'s bytes
+    let err = err_of(overlap);
+    assert!(
+        err.contains("tensor `second` is at data offset 0, expected 32"),
+        "{err}"
+    );
+    let mut swapped = three();
+    set_offset(&mut swapped, "first", 32);
+    set_offset(&mut swapped, "second", 0);
+    let err = err_of(swapped);
+    assert!(
+        err.contains("tensor `first` is at data offset 32, expected 0"),
+        "{err}"
+    );
+    assert!(
+        err.starts_with("bad.gguf: corrupt or unsupported file"),
+        "{err}"
+    );
+    // a gap is refused too, before the bytes it would need are looked for
+    let mut gap = three();
+    set_offset(&mut gap, "third", 96);
+    let err = err_of(gap);
+    assert!(
+        err.contains("tensor `third` is at data offset 96, expected 64"),
+        "{err}"
+    );
+}
