@@ -293,7 +293,8 @@ pub fn write_f32_safetensors(
 
 /// `safetensors::serialize_to_file` with its errors named by `path` (a missing folder is said
 /// before anything is written: the crate's own message names its temporary file), and the file
-/// mode a plain `File::create` gives: an existing file's, else `0666` less the umask.
+/// a plain `File::create` would write: through a symbolic link ([`write_target`]), with an
+/// existing file's mode, else `0666` less the umask.
 ///
 /// safetensors 0.8 writes through a temporary file, which `tempfile` creates with mode `0600`,
 /// and renames it into place, so goldens, M2R2 weights and logits would be readable by their
@@ -309,6 +310,8 @@ where
     V: safetensors::View,
     I: IntoIterator<Item = (S, V)>,
 {
+    let target = write_target(path)?;
+    let path = target.as_path();
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty())
         && !parent.is_dir()
     {
@@ -349,6 +352,40 @@ where
             }
             Err(e)
         }
+    }
+}
+
+/// The file a write to `path` replaces: `path` itself, or the file a symbolic link there points
+/// to (the link stays a link, as `File::create` leaves it). The write goes to a temporary file
+/// renamed over the target, which would replace a link, a FIFO or a device with a regular file:
+/// a link is followed, and anything but a regular file (or nothing) at the end is refused.
+fn write_target(path: &Path) -> Result<PathBuf> {
+    let refuse = |what: String| {
+        Error::io(
+            path,
+            std::io::Error::other(format!(
+                "{what}: a safetensors file is written whole into a regular file (write it to a \
+                 file, then copy it)"
+            )),
+        )
+    };
+    let linked = std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+    let target = if linked {
+        std::fs::canonicalize(path)
+            .map_err(|_| refuse("it is a symbolic link to nothing".to_string()))?
+    } else {
+        path.to_path_buf()
+    };
+    match std::fs::metadata(&target) {
+        Ok(m) if !m.is_file() => Err(refuse(if linked {
+            format!(
+                "it links to {}, which is not a regular file",
+                target.display()
+            )
+        } else {
+            "it is not a regular file (a folder, a FIFO or a device)".to_string()
+        })),
+        _ => Ok(target),
     }
 }
 
@@ -482,5 +519,48 @@ mod tests {
         let err = write_safetensors([("x", Short)], None, &path).unwrap_err();
         assert!(err.to_string().contains("bad.safetensors"), "{err}");
         assert!(!path.exists());
+    }
+
+    /// A write through a symbolic link writes the file it points to and leaves the link; a FIFO, a
+    /// folder or a link to one is refused and left as it was (the temporary file renamed over
+    /// them would have replaced them with a regular file).
+    #[cfg(unix)]
+    #[test]
+    fn links_are_followed_and_other_nodes_refused() {
+        use std::os::unix::fs::{FileTypeExt, symlink};
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("target.safetensors");
+        std::fs::write(&file, b"old").unwrap();
+        let link = dir.path().join("link.safetensors");
+        symlink(&file, &link).unwrap();
+        write_one(&link).unwrap();
+        assert!(link.symlink_metadata().unwrap().file_type().is_symlink());
+        let written = std::fs::read(&file).unwrap();
+        SafeTensors::deserialize(&written).unwrap();
+
+        let fifo = dir.path().join("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+        let folder = dir.path().join("folder");
+        std::fs::create_dir(&folder).unwrap();
+        let to_fifo = dir.path().join("to-fifo");
+        symlink(&fifo, &to_fifo).unwrap();
+        let dangling = dir.path().join("dangling");
+        symlink(dir.path().join("nothing"), &dangling).unwrap();
+        for (path, why) in [
+            (&fifo, "not a regular file"),
+            (&folder, "not a regular file"),
+            (&to_fifo, "which is not a regular file"),
+            (&dangling, "a symbolic link to nothing"),
+        ] {
+            let err = write_one(path).unwrap_err().to_string();
+            assert!(
+                err.contains(why) && err.contains(&*path.to_string_lossy()),
+                "{err}"
+            );
+        }
+        assert!(fifo.metadata().unwrap().file_type().is_fifo());
+        assert!(folder.is_dir());
+        assert!(to_fifo.symlink_metadata().unwrap().file_type().is_symlink());
     }
 }
