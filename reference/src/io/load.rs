@@ -79,7 +79,10 @@ pub fn load_model(spec: &str) -> Result<LoadedModel> {
         let model = checkpoint::load_hf_dir(path)?;
         let tokenizer_json = path.join("tokenizer.json");
         let tokenizer = if tokenizer_json.is_file() {
-            Some(Tokenizer::from_file(&tokenizer_json)?)
+            Some(Tokenizer::from_file_for(
+                &tokenizer_json,
+                model.config.vocab_size,
+            )?)
         } else {
             None
         };

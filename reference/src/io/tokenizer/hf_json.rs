@@ -10,6 +10,25 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 impl Tokenizer {
+    /// [`Tokenizer::from_file`] for a model whose logits have `vocab_size` rows: a tokenizer with
+    /// more tokens (added ones included) was made for another model, and is refused naming the
+    /// file. Its ids past the model's would be out of range, and those within it would encode text
+    /// to another model's tokens without any error. Fewer is fine: models often pad their
+    /// vocabulary.
+    pub fn from_file_for(path: &Path, vocab_size: usize) -> Result<Tokenizer> {
+        let tokenizer = Self::from_file(path)?;
+        if tokenizer.vocab_size() > vocab_size {
+            return Err(Error::Tokenizer(format!(
+                "{}: the tokenizer has {} tokens, added ones included, but the model's vocabulary \
+                 has {vocab_size}: it was made for another model (copy the model's own \
+                 tokenizer.json)",
+                path.display(),
+                tokenizer.vocab_size()
+            )));
+        }
+        Ok(tokenizer)
+    }
+
     /// Load `tokenizer.json` at `path`; `tokenizer_config.json` and `chat_template.jinja` in the
     /// same folder are read when present (without a template the tokenizer uses ChatML).
     pub fn from_file(path: &Path) -> Result<Tokenizer> {
@@ -137,6 +156,28 @@ fn template_of(value: &Value) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tokenizer with more tokens than the model's vocabulary is refused naming the file; as
+    /// many or fewer load.
+    #[test]
+    fn a_tokenizer_larger_than_the_model_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let json_path = dir.path().join("tokenizer.json");
+        let builtin = Tokenizer::byte_level_builtin(300).unwrap();
+        builtin.backend().save(&json_path, false).unwrap();
+        let tokens = builtin.vocab_size();
+        for vocab in [tokens, tokens + 20] {
+            Tokenizer::from_file_for(&json_path, vocab).unwrap();
+        }
+        let err = Tokenizer::from_file_for(&json_path, tokens - 1)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("tokenizer.json"), "{err}");
+        assert!(
+            err.contains(&format!("has {tokens} tokens")) && err.contains("another model"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn round_trip_through_tokenizer_json() {
