@@ -10,6 +10,7 @@ Files of versions 1 and 2 are made from them by dropping what those versions lac
 variable fails the tests that need it; nothing is skipped.
 """
 
+import hashlib
 import json
 import os
 import tempfile
@@ -41,6 +42,12 @@ V3_METADATA = ("stop_tokens", "max_steps", "atol", "rtol", "expect_dtype")
 
 def arrays(g: m2r2_golden.Golden, names) -> dict:
     return {name: getattr(g, name) for name in names}
+
+
+def rehashed(config: str) -> dict:
+    """Metadata `config` with the `config_hash` it hashes to (SHA-256 over the text, the first 16
+    hex digits): an edit of the config that readers take, to test what they check in it."""
+    return {"config": config, "config_hash": hashlib.sha256(config.encode()).hexdigest()[:16]}
 
 
 class ReadReferenceGoldens(unittest.TestCase):
@@ -226,7 +233,7 @@ class Write(TempDir):
             logits=[[0.0, 1.0, 2.0, 3.0]],
             model="mine",
             config_json=config,
-            config_hash="0123456789abcdef",
+            config_hash=rehashed(config)["config_hash"],
             stop_tokens=[3],
             max_steps=10,
         )
@@ -528,7 +535,7 @@ class ReadRefusals(TempDir):
             with self.subTest(vocab_size=bad):
                 edited = json.dumps({**config, "vocab_size": bad})
                 self.assertRefused(
-                    self.save(config=edited),
+                    self.save(**rehashed(edited)),
                     f"metadata `config`: vocab_size {json.dumps(bad)} is not a count of tokens",
                 )
         n, v = self.ref.logits.shape
@@ -561,7 +568,8 @@ class ReadRefusals(TempDir):
         )
 
     def test_older_versions_still_read(self):
-        # version 1: greedy, no stop tokens, budget or pins (and none read where a file has them)
+        # version 1: greedy, no stop tokens, budget or pins (a file that has them is refused by
+        # name, as the reference refuses it: they would be ignored)
         old = {key: None for key in V3_METADATA}
         for version in ("1", "2"):
             with self.subTest(version=version):
@@ -569,8 +577,11 @@ class ReadRefusals(TempDir):
                 self.assertEqual(g.format_version, int(version))
                 self.assertEqual((g.stop_tokens, g.max_steps, g.atol), (None, None, None))
                 np.testing.assert_array_equal(g.logits, self.ref.logits)
-                g = m2r2_golden.read(self.save(format_version=version, atol="x", stop_tokens="x"))
-                self.assertEqual((g.stop_tokens, g.atol), (None, None))
+                self.assertRefused(
+                    self.save(format_version=version, **{**old, "atol": "x", "stop_tokens": "x"}),
+                    "holds metadata `atol`, metadata `stop_tokens`, which no greedy golden of "
+                    f"format version {version} records",
+                )
         # version 2 speculative: the rounds, without the graphs' logits
         spec = m2r2_golden.read(reference_golden("M2R2_GOLDEN_SPECULATIVE"))
         self.ref = spec
@@ -633,7 +644,8 @@ class ReadRefusals(TempDir):
         self.assertEqual((stopped.max_steps, stopped.stop_tokens), (9, [first]))
         self.assertEqual(len(m2r2_golden.read(self.save(empty, max_steps="0")).tokens), 0)
         # versions before 3 record neither: their tokens are the budget
-        old = m2r2_golden.read(self.save(format_version="1", max_steps="2"))
+        old = {key: None for key in V3_METADATA}
+        old = m2r2_golden.read(self.save(format_version="1", **old))
         self.assertEqual((old.mode, old.max_steps), ("greedy", None))
 
     def test_numbers_and_counts_as_the_reference_parses_them(self):
@@ -730,15 +742,23 @@ class ReadRefusals(TempDir):
             self.save({**rounds, "draft_logits": spec.draft_logits.reshape(-1)}),
             f"tensor `draft_logits` has shape [{q * v}], expected [{q}, V]",
         )
-        # the rows follow the rounds: one draft fewer in round 0 (which accepts one fewer, to
-        # stay within its drafts) is one row fewer of each
+        # the rows follow the rounds: one draft fewer in round 0 of a dynamic draft (which may
+        # stop early; round 0 accepts one fewer, to stay within its drafts) is one row fewer of
+        # each; a fixed draft drafts in full, and one draft fewer is refused by that rule first
         drafted = spec.round_drafted.copy()
         drafted[0, -1] = -1
         accepted = spec.round_accepted.copy()
         accepted[0] = (drafted[0] >= 0).sum()
+        fewer = {**rounds, "round_drafted": drafted, "round_accepted": accepted}
+        dynamic = dict(draft_length="dynamic", gate="confidence", draft_threshold="0.5")
         self.assertRefused(
-            self.save({**rounds, "round_drafted": drafted, "round_accepted": accepted}),
+            self.save(fewer, **dynamic),
             f"tensor `verify_logits` has shape [{t}, {v}], expected [{t - 1}, {v}]",
+        )
+        self.assertRefused(
+            self.save(fewer),
+            "tensor `round_drafted`: round 0 drafted 1 tokens, but a fixed draft length drafts "
+            "`draft_max` = 2 every round",
         )
 
     def test_early_exit_shapes(self):
@@ -811,8 +831,9 @@ class ReadRefusals(TempDir):
                 )
         drafted = spec.round_drafted.copy()
         drafted[0, 1] = -1
+        dynamic = dict(draft_length="dynamic", gate="confidence", draft_threshold="0.5")
         self.assertRefused(
-            self.save({**rounds, "round_drafted": drafted}),
+            self.save({**rounds, "round_drafted": drafted}, **dynamic),
             "tensor `round_accepted`: round 0 accepted 2 of its 1 drafts",
         )
 
@@ -861,7 +882,8 @@ class ReadRefusals(TempDir):
 
     def test_m2r2_weights_hash_is_16_hex_digits(self):
         """As the reference's reader: `m2r2_weights_hash`, where a golden has one, is 16 hex
-        digits (either case), in every M2R2 mode; `m2r2_hash` and `config_hash` have no form."""
+        digits (either case), in every M2R2 mode; `m2r2_hash` has no form (`config_hash` must be
+        its config's hash: ReadRefusals.test_a_config_edited_under_its_hash)."""
         for var in ("M2R2_GOLDEN_SPECULATIVE", "M2R2_GOLDEN_EARLY_EXIT", "M2R2_GOLDEN_TREE"):
             g = m2r2_golden.read(reference_golden(var))
             self.ref = g
@@ -888,8 +910,8 @@ class ReadRefusals(TempDir):
                 with self.subTest(golden=var, m2r2_weights_hash=good):
                     back = m2r2_golden.read(self.save(tensors, m2r2_weights_hash=good))
                     self.assertEqual(back.m2r2_weights_hash, good)
-            back = m2r2_golden.read(self.save(tensors, m2r2_hash="zz", config_hash=""))
-            self.assertEqual((back.m2r2_hash, back.config_hash), ("zz", ""))
+            back = m2r2_golden.read(self.save(tensors, m2r2_hash="zz"))
+            self.assertEqual(back.m2r2_hash, "zz")
 
     def test_m2r2_config_as_the_reference_deserialises_it(self):
         """`m2r2_config` is refused where the reference cannot deserialise its M2R2 settings from
@@ -1005,7 +1027,7 @@ class ReadRefusals(TempDir):
                 )
         for good in ('"\\ud83d\\ude00"', "[" * 126 + "]" * 126, "1e-400", "1" * 300, "-0"):
             with self.subTest(value=good[:20]):
-                m2r2_golden.read(self.save(config=config[:-1] + f',"x":{good}}}'))
+                m2r2_golden.read(self.save(**rehashed(config[:-1] + f',"x":{good}}}')))
         for bad in ("[-0]", "[1e2]", "[256.0]", "[4294967296]", "[NaN]"):
             with self.subTest(stop_tokens=bad):
                 self.assertRefused(
@@ -1014,7 +1036,9 @@ class ReadRefusals(TempDir):
         # a vocabulary of `-0` tokens is a float to serde_json, not a count of tokens
         vocab = config.replace('"vocab_size":320', '"vocab_size":-0')
         self.assertNotEqual(vocab, config)
-        self.assertRefused(self.save(config=vocab), "vocab_size -0.0 is not a count of tokens")
+        self.assertRefused(
+            self.save(**rehashed(vocab)), "vocab_size -0.0 is not a count of tokens"
+        )
 
     def test_tensors_numpy_cannot_hold_are_errors_naming_them(self):
         """`logits` of no rows and 2^63 columns (no bytes, a shape no array has): refused, as

@@ -54,13 +54,13 @@ fn logits_are_written_and_reproducible() {
 }
 
 /// A safetensors file's tensors `(name, dtype, shape, bytes)` and metadata.
-type RawFile = (
+pub(crate) type RawFile = (
     Vec<(String, Dtype, Vec<usize>, Vec<u8>)>,
     HashMap<String, String>,
 );
 
 /// Rewrite a safetensors file in place through `edit` of its tensors and metadata.
-fn edit_file(path: &Path, edit: impl FnOnce(&mut RawFile)) {
+pub(crate) fn edit_file(path: &Path, edit: impl FnOnce(&mut RawFile)) {
     let bytes = std::fs::read(path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
@@ -170,10 +170,25 @@ fn tolerances_must_be_finite_and_not_negative() {
         &[&write[..], &["--rtol", "-0.5"]].concat(),
         &["--rtol must be a finite number >= 0, got -0.5"],
     );
+    // a number beyond an f32 is quoted as typed, not as the f32's inf
+    let beyond = "got 1e308, beyond what an f32 holds (at most 3.4028235e38)";
+    fails(
+        &[&write[..], &["--rtol", "1e308"]].concat(),
+        &["--rtol must be a finite number >= 0", beyond],
+    );
     ok(&write);
     fails(
         &["golden", "check", file, "--rtol", "NaN"],
         &["--rtol must be a finite number >= 0, got NaN"],
+    );
+    let run = fails(
+        &["golden", "check", file, "--atol", "1e308"],
+        &["--atol must be a finite number >= 0", beyond],
+    );
+    assert!(!run.stderr.contains("got inf"), "{}", run.stderr);
+    fails(
+        &["golden", "compare", file, file, "--atol", "-1e39"],
+        &["got -1e39"],
     );
 }
 

@@ -341,3 +341,207 @@ fn inconsistent_rounds_and_another_model_are_named() {
         run.stderr
     );
 }
+
+/// `golden write` refuses `--rtol` for the M2R2 modes (a check of them takes atol alone); a file
+/// that pins one anyway is refused by `check` and `compare` alike as a bad file naming the
+/// metadata, not the flag nobody gave; `check --rtol` of an M2R2 golden names the flag.
+#[test]
+fn an_rtol_for_an_m2r2_golden_is_refused_where_it_comes_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let golden = dir.path().join("r.golden.safetensors");
+    let file = golden.to_str().unwrap();
+    for mode in ["early-exit", "speculative"] {
+        let write = [
+            "golden",
+            "write",
+            "--tokens",
+            "5,17,200,33",
+            "--steps",
+            "3",
+            "--mode",
+            mode,
+            "--out",
+            file,
+        ];
+        super::fails(
+            &[&write[..], &["--rtol", "0.1"]].concat(),
+            &["--rtol is for greedy goldens", &format!("(--mode {mode})")],
+        );
+        super::ok(&[&write[..], &["--atol", "0.1"]].concat());
+        let run = super::fails(&["golden", "check", file, "--rtol", "0.1"], &["--rtol"]);
+        assert!(
+            run.stdout
+                .contains("overall: NOT CHECKED: --rtol is for greedy goldens")
+        );
+        super::golden::edit_file(&golden, |(_, meta)| {
+            meta.insert("rtol".into(), "0.1".into());
+        });
+        let pinned = format!("metadata `rtol` = `0.1` is pinned in an M2R2 golden (mode `{mode}`)");
+        for command in [&["check", file][..], &["compare", file, file]] {
+            let run = super::fails(&[&["golden"][..], command].concat(), &[&pinned]);
+            assert_eq!(run.code, Some(2), "{}", run.stderr);
+            assert!(!run.stdout.contains("--rtol"), "{}", run.stdout);
+        }
+    }
+}
+
+/// What a golden says about its model and weights is checked, not only their hashes: a `config`
+/// or `m2r2_config` edited under them (the tester's sizes, gates and rank), an unknown metadata
+/// key or tensor, each NOT CHECKED naming what; `compare` refuses a golden whose settings differ
+/// under the same hash.
+#[test]
+fn descriptive_metadata_edited_under_its_hashes_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name);
+    let (golden, edited) = (p("ee.golden.safetensors"), p("edited.golden.safetensors"));
+    let (file, bad) = (golden.to_str().unwrap(), edited.to_str().unwrap());
+    super::ok(&[
+        "golden",
+        "write",
+        "--tokens",
+        "5,17,200,33",
+        "--steps",
+        "6",
+        "--mode",
+        "early-exit",
+        "--out",
+        file,
+    ]);
+    let edit = |key: &str, change: &dyn Fn(&mut serde_json::Value)| {
+        std::fs::copy(&golden, &edited).unwrap();
+        super::golden::edit_file(&edited, |(_, meta)| {
+            let mut value: serde_json::Value = serde_json::from_str(&meta[key]).unwrap();
+            change(&mut value);
+            meta.insert(key.into(), value.to_string());
+        });
+    };
+    edit("config", &|c| {
+        c["num_hidden_layers"] = 4.into();
+        c["hidden_size"] = 32.into();
+    });
+    let run = super::fails(
+        &["golden", "check", bad],
+        &["metadata `config` does not hash to `config_hash`", bad],
+    );
+    assert_eq!(run.code, Some(2));
+    edit("m2r2_config", &|c| {
+        c["gates"] = serde_json::json!([1, 3, 5]);
+        c["rank"] = 4.into();
+    });
+    let needles = [
+        "metadata `m2r2_config` is not the settings its `m2r2_weights_hash`",
+        "`gates` ([1,3,5] vs",
+        "`rank` (4 vs",
+        bad,
+    ];
+    assert_eq!(
+        super::fails(&["golden", "check", bad], &needles).code,
+        Some(2)
+    );
+    super::fails(
+        &["golden", "compare", file, bad],
+        &["the same `m2r2_weights_hash`", "`gates` ("],
+    );
+    for (what, needle) in [
+        ("key", "holds metadata `foo`"),
+        ("tensor", "holds tensor `junk`"),
+    ] {
+        std::fs::copy(&golden, &edited).unwrap();
+        super::golden::edit_file(&edited, |(tensors, meta)| match what {
+            "key" => {
+                meta.insert("foo".into(), "bar".into());
+            }
+            _ => tensors.push(("junk".into(), Dtype::F32, vec![1], vec![0; 4])),
+        });
+        for command in [&["check", bad][..], &["compare", file, bad]] {
+            super::fails(&[&["golden"][..], command].concat(), &[needle, bad]);
+        }
+    }
+}
+
+/// Other M2R2 weights than recorded: the advice names where the recorded ones are, the model's
+/// own weights (drop --m2r2) or `--m2r2 none`'s zeros, and a folder only when neither is.
+#[test]
+fn the_advice_for_other_weights_names_where_the_recorded_ones_are() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    let w1 = p("w1");
+    super::ok(&["init-m2r2", "--model", "tiny", "--out", &w1, "--seed", "1"]);
+    let write = |out: &str, m2r2: &[&str]| {
+        let args = [
+            "golden",
+            "write",
+            "--tokens",
+            "5,17,200,33",
+            "--mode",
+            "speculative",
+            "--steps",
+            "10",
+            "--out",
+            out,
+        ];
+        super::ok(&[&args[..], m2r2].concat());
+    };
+    let (own, zeros, folder) = (p("own.st"), p("zeros.st"), p("folder.st"));
+    write(&own, &[]);
+    write(&zeros, &["--m2r2", "none"]);
+    write(&folder, &["--m2r2", &w1]);
+    for (golden, m2r2, advice) in [
+        (
+            &own,
+            &["--m2r2", w1.as_str()][..],
+            "the model's own M2R2 weights, builtin",
+        ),
+        (&own, &["--m2r2", "none"], "not a folder: drop --m2r2"),
+        (
+            &zeros,
+            &[],
+            "it was recorded with --m2r2 none (zeros): pass --m2r2 none",
+        ),
+        (&zeros, &["--m2r2", w1.as_str()], "pass --m2r2 none"),
+        (
+            &folder,
+            &[],
+            "pass --m2r2 with the folder it was recorded with",
+        ),
+    ] {
+        let run = super::fails(
+            &[&["golden", "check", golden][..], m2r2].concat(),
+            &[advice],
+        );
+        let folder_advice = run.stderr.contains("with the folder it was recorded with");
+        assert_eq!(folder_advice, golden == &folder, "{}", run.stderr);
+    }
+}
+
+/// A speculative round's drafts edited (the tester's `round_drafted[1,3] = -1`, round 1 having
+/// accepted 3 of 4): refused naming `round_drafted`, which was edited, not `verify_logits`,
+/// whose rows it implies.
+#[test]
+fn edited_drafts_are_named_not_the_rows_they_imply() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.golden.safetensors");
+    let file = path.to_str().unwrap();
+    super::ok(&[
+        "golden",
+        "write",
+        "--tokens",
+        "5,17,200,33",
+        "--mode",
+        "speculative",
+        "--steps",
+        "10",
+        "--out",
+        file,
+    ]);
+    assert_eq!(read_i64(&path, "round_accepted"), vec![4, 3]);
+    set_i64(&path, "round_drafted", 7, -1);
+    let run = super::fails(
+        &["golden", "check", file],
+        &[
+            "tensor `round_drafted`: round 1 drafted 3 tokens, but a fixed draft length drafts \
+           `draft_max` = 4 every round",
+        ],
+    );
+    assert!(!run.stderr.contains("verify_logits"), "{}", run.stderr);
+}

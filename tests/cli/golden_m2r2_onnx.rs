@@ -121,6 +121,21 @@ fn speculative_goldens_on_onnx_runtime() {
         assert!(run.stdout.contains(graph), "{graph}:\n{}", run.stdout);
     }
 
+    // settings edited under the hashes (the export's manifest has the settings they cover)
+    let mut edited = Golden::read(Path::new(&fixed)).unwrap();
+    let settings = &mut edited.m2r2.as_mut().unwrap().config_json;
+    let mut value: Value = serde_json::from_str(settings).unwrap();
+    value["rank"] = serde_json::json!(4);
+    *settings = value.to_string();
+    edited.write(Path::new(&p("edited.safetensors"))).unwrap();
+    fails(
+        &["golden", "check", &p("edited.safetensors"), "--onnx", &onnx],
+        &[
+            "metadata `m2r2_config` differs from the M2R2 settings of export",
+            "`rank` (4 vs",
+        ],
+    );
+
     // refusals, each naming what is missing
     let early = p("early.safetensors");
     write(&early, &["--mode", "early-exit"]);

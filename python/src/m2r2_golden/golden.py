@@ -52,6 +52,27 @@ M2R2_TENSORS = {
 # What each graph of a speculative deployment produced along the rounds (version 3).
 GRAPH_TENSORS = {"speculative": ("verify_logits", "draft_logits")}
 
+# The metadata keys each kind of golden records; the reader refuses any other, naming it, as the
+# reference's does (reference/src/golden/metadata.rs): every golden's, version 3's, the M2R2
+# modes', then each kind's own (a speculative golden drafts a chain or a token tree).
+COMMON_KEYS = ("format", "format_version", "model", "config_hash", "config", "mode", "m2r2_version")
+VERSION_3_KEYS = ("stop_tokens", "max_steps", "atol", "rtol", "expect_dtype")
+M2R2_KEYS = ("m2r2_config", "m2r2_hash", "m2r2_weights_hash")
+KIND_KEYS = {
+    "early-exit": ("gate", "threshold", "kv_policy"),
+    "chain": ("draft_gate", "gate", "draft_length", "draft_max", "draft_threshold"),
+    "tree": (
+        "draft_gate",
+        "gate",
+        "draft_length",
+        "draft_max",
+        "draft_tree",
+        "tree_threshold",
+        "prompt_lookup",
+        "prompt_lookup_ngram",
+    ),
+}
+
 
 def drafted_in(round_drafted: np.ndarray, r: int) -> np.ndarray:
     """The tokens round ``r`` drafted: its row of ``round_drafted`` [R, M] without the -1 pad."""

@@ -7,6 +7,7 @@ the tensor or metadata key. JSON metadata is read as the reference reads it
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import re
@@ -17,11 +18,17 @@ from safetensors import SafetensorError, safe_open
 
 from .reference_json import GATES, KV_POLICIES, JsonError, check_struct, parse
 from .golden import (
+    COMMON_KEYS,
     DTYPES,
     FORMAT,
+    GRAPH_TENSORS,
     GREEDY_FORMAT_VERSION,
+    KIND_KEYS,
+    M2R2_KEYS,
+    M2R2_TENSORS,
     READ_VERSIONS,
     TREE_FORMAT_VERSION,
+    VERSION_3_KEYS,
     Golden,
     drafted_in,
     proposal_rounds,
@@ -297,6 +304,7 @@ def _read(file: _File) -> Golden:
     for key in ("model", "config_hash"):
         file.field(key)
     config = file.json_object("config")
+    check_config_hash(file.label, file.metadata["config"], file.metadata["config_hash"])
     # the vocabulary the token ids and the logits' rows index (a config without one bounds
     # nothing; one that is not a count is refused, as the reference refuses it)
     vocab = config.get("vocab_size")
@@ -329,11 +337,20 @@ def _read(file: _File) -> Golden:
     if mode == "early-exit":
         extra = _early_exit(file, n)
     elif mode == "speculative":
-        extra = _speculative(file, n, v)
+        extra = _speculative(file, n, v, vocab)
     elif mode != "greedy":
         raise file.error(f"unknown golden mode `{mode}` (greedy, early-exit, speculative)")
     if v >= 3:
         _check_stop(file, tokens.tolist(), stops, steps)
+        # `golden check` takes an M2R2 golden's tolerance as atol alone, `compare` would apply a
+        # pinned rtol: refused, as the reference's reader refuses it
+        if mode != "greedy" and "rtol" in file.metadata:
+            raise file.error(
+                f"metadata `rtol` = `{file.metadata['rtol']}` is pinned in an M2R2 golden (mode "
+                f"`{mode}`): M2R2 goldens are checked with atol alone (a relative tolerance is "
+                "for greedy goldens); pin `atol` instead"
+            )
+    _check_known(file, v, mode)
     return Golden(
         prompt_tokens=prompt_tokens,
         tokens=tokens,
@@ -342,6 +359,60 @@ def _read(file: _File) -> Golden:
         path=file.label,
         **extra,
     )
+
+
+def config_hash(config_json: str) -> str:
+    """``config_hash`` of a golden whose ``config`` is ``config_json``: the first 16 hex digits of
+    SHA-256 over the text as stored (the reference's own serialisation, which it hashes; never a
+    re-serialisation, which Python's ``json`` would not reproduce byte for byte)."""
+    return hashlib.sha256(config_json.encode("utf-8")).hexdigest()[:16]
+
+
+def check_config_hash(label: str, config_json: str, recorded: str) -> None:
+    """Refuse a ``config`` that does not hash to the recorded ``config_hash`` (edited after
+    recording: a check compares the hash alone, and would take the edited config for the model
+    the golden is of)."""
+    got = config_hash(config_json)
+    if got != recorded:
+        raise ValueError(
+            f"{label}: metadata `config` does not hash to `config_hash` = `{recorded}` (it hashes "
+            f"to `{got}`): the config was edited after recording, or the hash was; record the "
+            "golden again"
+        )
+
+
+def _check_known(file: _File, version: int, mode: str) -> None:
+    """Refuse a tensor or metadata key that a golden of this kind (mode, format ``version``,
+    chain or tree) does not record, naming every one, as the reference's reader does."""
+    from .tree import TREE_TENSORS, VARYING_TREE_TENSORS
+
+    keys = list(COMMON_KEYS) + (list(VERSION_3_KEYS) if version >= 3 else [])
+    tensors = ["prompt_tokens", "tokens", "logits"]
+    kind = "greedy golden"
+    if mode == "early-exit":
+        keys += M2R2_KEYS + KIND_KEYS["early-exit"]
+        tensors += M2R2_TENSORS["early-exit"]
+        kind = "early-exit golden"
+    elif mode == "speculative" and file.metadata.get("draft_length") == "tree":
+        keys += M2R2_KEYS + KIND_KEYS["tree"]
+        tensors += TREE_TENSORS
+        kind = "token-tree golden (a fixed tree)"
+        if "tree_threshold" in file.metadata or "prompt_lookup" in file.metadata:
+            tensors += VARYING_TREE_TENSORS
+            kind = "token-tree golden (trees that change from round to round)"
+    elif mode == "speculative":
+        keys += M2R2_KEYS + KIND_KEYS["chain"]
+        tensors += M2R2_TENSORS["speculative"]
+        if version >= 3:
+            tensors += GRAPH_TENSORS["speculative"]
+        kind = "speculative golden"
+    unknown = [f"metadata `{k}`" for k in sorted(file.metadata) if k not in keys]
+    unknown += [f"tensor `{t}`" for t in sorted(file.names) if t not in tensors]
+    if unknown:
+        raise file.error(
+            f"holds {', '.join(unknown)}, which no {kind} of format version {version} records "
+            "(edited after recording, or written by another tool?)"
+        )
 
 
 def _check_stop(file: _File, tokens: List[int], stops: List[int], steps: int) -> None:
@@ -379,7 +450,56 @@ def _early_exit(file: _File, n: int) -> Dict[str, np.ndarray]:
     return {"exit_gate": exit_gate, "gate_scores": gate_scores}
 
 
-def _speculative(file: _File, n: int, version: int) -> Dict[str, np.ndarray]:
+def _outside(t: int, vocab: Optional[int]) -> Optional[str]:
+    """Why ``t`` is no token id (the reference's words): outside the config's vocabulary, or
+    outside ``0..=u32::MAX`` (``""``); ``None`` for an id."""
+    if vocab is not None and t >= vocab:
+        return f", outside the vocabulary of {vocab} tokens (metadata `config`)"
+    if not 0 <= t <= _U32_MAX:
+        return ""
+    return None
+
+
+def _round_tokens(
+    file: _File, drafted: np.ndarray, base_token: np.ndarray, fixed: bool, vocab: Optional[int]
+) -> None:
+    """A chain's rounds hold what a decode records, checked before anything that follows from
+    them (the accepted counts' range, the rows of the graphs' logits), so the error names the
+    tensor that is off, as the reference's reader does (``check_round_tokens``,
+    reference/src/golden/m2r2/rounds.rs): each row of ``round_drafted`` its token ids (below
+    ``vocab``), then -1 padding, and all ``draft_max`` of them under a fixed draft length;
+    ``round_base_token`` token ids."""
+    for r in range(drafted.shape[0]):
+        row = [int(t) for t in drafted[r]]
+        d = 0
+        while d < len(row) and row[d] >= 0:
+            d += 1
+        after = [(j, t) for j, t in enumerate(row) if j >= d and t != -1]
+        if after:
+            j, t = after[0]
+            raise file.error(
+                f"tensor `round_drafted`: round {r} holds {t} at draft {j}, after its {d} drafts "
+                "(drafted token ids, then -1 padding)"
+            )
+        bad = [(j, t) for j, t in enumerate(row[:d]) if _outside(t, vocab)]
+        if bad:
+            j, t = bad[0]
+            raise file.error(
+                f"tensor `round_drafted`: round {r} holds token id {t} at draft {j}"
+                f"{_outside(t, vocab)}"
+            )
+        if fixed and d != len(row):
+            raise file.error(
+                f"tensor `round_drafted`: round {r} drafted {d} tokens, but a fixed draft length "
+                f"drafts `draft_max` = {len(row)} every round"
+            )
+    for r, t in enumerate(int(t) for t in base_token):
+        why = _outside(t, vocab)
+        if why is not None:
+            raise file.error(f"tensor `round_base_token`: round {r} holds token id {t}{why}")
+
+
+def _speculative(file: _File, n: int, version: int, vocab: Optional[int]) -> Dict[str, np.ndarray]:
     """round_drafted [R, M], round_accepted [R], round_base_token [R], round_scores [R, M + 1];
     from version 3 also verify_logits [T, V'] and draft_logits [Q, V'] with T and Q the rows the
     rounds imply (golden.verify_rounds, golden.proposal_rounds). As in the reference's reader,
@@ -392,7 +512,7 @@ def _speculative(file: _File, n: int, version: int) -> Dict[str, np.ndarray]:
     gate = file.choice("gate", ("none",) + GATES)
     length = file.field("draft_length")
     if length == "tree":
-        fields = _tree(file, n, version, gate, file.integer("draft_max"))
+        fields = _tree(file, n, version, gate, file.integer("draft_max"), vocab)
         file.weights_hash()
         return fields
     # `M + 1` columns of round_scores fit an array (the reference's bound)
@@ -417,6 +537,7 @@ def _speculative(file: _File, n: int, version: int) -> Dict[str, np.ndarray]:
     file.expect_shape("round_drafted", drafted, (r, m))
     scores = file.tensor("round_scores", "F32")
     file.expect_shape("round_scores", scores, (r, m + 1))
+    _round_tokens(file, drafted, base_token, length == "fixed", vocab)
     for k in range(r):
         drafts = len(drafted_in(drafted, k))
         if not 0 <= accepted[k] <= drafts:
@@ -458,7 +579,7 @@ def _speculative(file: _File, n: int, version: int) -> Dict[str, np.ndarray]:
     return tensors
 
 
-def _tree(file: _File, n: int, version: int, gate: str, depth: int) -> dict:
+def _tree(file: _File, n: int, version: int, gate: str, depth: int, vocab: Optional[int]) -> dict:
     """A token-tree record (metadata ``draft_length`` = ``tree``; tree.py): version 4 drafts the
     shape ``draft_tree`` every round; version 5 may grow it per branch (``tree_threshold``, with
     ``gate`` the gate that scores) and hang a prompt-lookup branch at the root (``prompt_lookup``,
@@ -508,6 +629,6 @@ def _tree(file: _File, n: int, version: int, gate: str, depth: int) -> dict:
         parts = [_usize(p) for p in ngram.split(",")]
         if len(parts) != 2 or None in parts or not 1 <= parts[0] <= parts[1] or branch == 0:
             raise file.error(f"metadata `prompt_lookup_ngram` = `{ngram}` is not valid (MIN,MAX)")
-    fields, trees = tree.read_tree_record(file, n, version, widths, grown, branch)
+    fields, trees = tree.read_tree_record(file, n, version, widths, grown, branch, vocab)
     fields["round_trees"] = trees
     return fields

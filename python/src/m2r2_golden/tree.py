@@ -150,9 +150,12 @@ def _rows(values: np.ndarray, r: int) -> List[int]:
     return row[:k]
 
 
-def read_tree_record(file, n: int, version: int, widths: List[int], grown: bool, branch: int):
+def read_tree_record(
+    file, n: int, version: int, widths: List[int], grown: bool, branch: int, vocab=None
+):
     """The tensors of a tree record (``file``: the reader's open file), checked against the shape
-    ``widths`` and, in version 5, the rounds' own trees; returns the Golden's tree fields."""
+    ``widths`` and, in version 5, the rounds' own trees; node and base tokens are ids below
+    ``vocab`` (the config's, when it has one). Returns the Golden's tree fields."""
     shape = from_widths(widths)
     largest = with_lookup_branch(shape, branch)
     node = file.tensor("round_node", "I64")
@@ -221,12 +224,22 @@ def read_tree_record(file, n: int, version: int, widths: List[int], grown: bool,
             )
     # each round emits its accepted path and a base token (the reference's check_emitted)
     file.check_emitted(accepted, n)
+    from .reader import _outside
+
     for k in range(r):
         t = trees[k]
         for j in range(width):
             v = int(tokens[k, j])
-            if (j < t.nodes and not 0 <= v <= 2**32 - 1) or (j >= t.nodes and v != -1):
-                raise file.error(f"tensor `round_tree_tokens`: round {k} node {j} holds token id {v}")
+            why = _outside(v, vocab) if j < t.nodes else ("" if v != -1 else None)
+            if why is not None:
+                raise file.error(
+                    f"tensor `round_tree_tokens`: round {k} node {j} holds token id {v}{why}"
+                )
+    for k in range(r):
+        v = int(base_token[k])
+        why = _outside(v, vocab)
+        if why is not None:
+            raise file.error(f"tensor `round_base_token`: round {k} holds token id {v}{why}")
     grown_depth = len(widths) if grown else None
     props = [proposing(t, b, grown_depth) for t, b in zip(trees, branches)]
     if grown:

@@ -32,6 +32,7 @@ from .writer import (
     _metadata,
     _all_emitted,
     _model_config,
+    _no_rtol,
     _round_emits,
     _round_has_room,
     _save,
@@ -94,7 +95,8 @@ def write_tree(
     The rounds must emit the tokens: ``tokens[0]`` from the prompt, then per round the tokens of
     its accepted node's path and its base token (cut where the decode stopped), each round's root
     the last token emitted before it. ``round_lookup`` is for a recipe with a lookup branch and
-    ``round_scores`` for a grown one only.
+    ``round_scores`` for a grown one only. ``rtol`` is refused, as by
+    :func:`m2r2_golden.write_speculative`.
 
     The file is written beside ``path`` and validated by reading it back
     (:func:`m2r2_golden.read`) before it takes ``path``: inputs that do not fit the recipe or
@@ -102,6 +104,7 @@ def write_tree(
     written golden, read back.
     """
     label = os.fspath(path)
+    _no_rtol(label, rtol)
     ref = _like(label, like)
     if ref.draft_tree is None:
         where = ref.path or "like"

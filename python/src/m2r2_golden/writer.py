@@ -32,7 +32,7 @@ from .golden import (
     proposal_rounds,
     verify_rounds,
 )
-from .reader import _WEIGHTS_HASH, PathLike, read
+from .reader import _WEIGHTS_HASH, PathLike, config_hash as _config_hash, read
 
 # what the file records as its writer (`m2r2_version`; the reference writes its crate version)
 WRITER = "m2r2-golden-python"
@@ -203,7 +203,8 @@ def write_greedy(
 
     ``config_json`` and ``config_hash`` must be the reference's own (a golden's ``config`` and
     ``config_hash`` metadata, or ``m2r2 golden write``'s): ``golden compare`` refuses files whose
-    hashes differ. The hash is checked for its form only; it is not recomputed here.
+    hashes differ, and every reader a ``config`` that does not hash to its ``config_hash``
+    (SHA-256 over the text, :func:`m2r2_golden.reader.config_hash`), so both are checked here.
     """
     label = os.fspath(path)
     config = _model_config(label, model, config_json, config_hash)
@@ -264,12 +265,14 @@ def write_speculative(
     there. Passing only one of the two is refused.
 
     ``like`` must be a chain's golden: one of a token tree (``draft_length`` = ``tree``) is
-    written with :func:`m2r2_golden.write_tree`.
+    written with :func:`m2r2_golden.write_tree`. ``rtol`` is refused: `golden check` takes an M2R2
+    golden's tolerance as atol alone, and readers refuse one that pins an rtol.
 
     Returns the written golden, read back before it takes ``path``. Raises ValueError on inputs
     that do not fit the format (naming the argument), OSError where ``path`` cannot be written.
     """
     label = os.fspath(path)
+    _no_rtol(label, rtol)
     ref = _like(label, like)
     where = ref.path or "like"
     if ref.mode != "speculative":
@@ -328,7 +331,6 @@ def write_speculative(
                 ("stop_tokens", stop_tokens is not None and len(stop_tokens) > 0),
                 ("max_steps", max_steps is not None and max_steps != len(toks)),
                 ("atol", atol is not None),
-                ("rtol", rtol is not None),
                 ("expect_dtype", expect_dtype is not None),
             )
             if set_
@@ -344,6 +346,16 @@ def write_speculative(
     metadata.update(settings)
     metadata.update(extra)
     return _save(tensors, label, metadata)
+
+
+def _no_rtol(label: str, rtol) -> None:
+    """An M2R2 golden pins no rtol: `golden check` takes its tolerance as atol alone, and every
+    reader refuses a speculative golden that pins one."""
+    if rtol is not None:
+        raise ValueError(
+            f"{label}: `rtol` is for greedy goldens: a speculative golden is checked with atol "
+            "alone (pin `atol`)"
+        )
 
 
 def _like(label: str, like) -> Golden:
@@ -395,6 +407,12 @@ def _model_config(label: str, model: str, config_json: str, config_hash: str) ->
         raise ValueError(f"{label}: `config_json` is not valid JSON: {e}") from None
     if not isinstance(config, dict):
         raise ValueError(f"{label}: `config_json` is not a JSON object")
+    if _config_hash(config_json) != config_hash:
+        raise ValueError(
+            f"{label}: `config_hash` = {config_hash!r} is not the hash of `config_json` (it "
+            f"hashes to {_config_hash(config_json)!r}): pass the reference's config text and its "
+            "hash together, as its golden records them"
+        )
     return config
 
 

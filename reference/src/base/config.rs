@@ -153,6 +153,14 @@ fn check_llama3(file: &str, low: f64, high: f64, original_context: usize) -> Res
     Ok(())
 }
 
+/// [`ModelConfig::hash`] of a config serialised as `json`: taken over the text as it is, so a
+/// golden's stored `config` can be checked against its recorded hash without serialising it again
+/// (another writer's JSON, Python's, would not reproduce the bytes).
+pub fn hash_of_json(json: &str) -> String {
+    let digest = Sha256::digest(json.as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
 impl ModelConfig {
     /// Query dim `H * Dh`.
     pub fn q_dim(&self) -> usize {
@@ -259,9 +267,7 @@ impl ModelConfig {
     /// A short stable identity of the config: the first 16 hex digits of SHA-256 over its canonical
     /// JSON. Goldens record it so that a check against a different model is refused.
     pub fn hash(&self) -> String {
-        let json = serde_json::to_string(self).expect("config serialises");
-        let digest = Sha256::digest(json.as_bytes());
-        digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+        hash_of_json(&serde_json::to_string(self).expect("config serialises"))
     }
 
     /// Parameters of the base model (embedding and head counted once when tied).

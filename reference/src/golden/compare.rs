@@ -171,6 +171,13 @@ impl Golden {
                     want.weights, got.weights
                 )));
             }
+            // one hash covers one set of settings: other settings under it were edited
+            if let Some(differ) = want.settings_differ(got) {
+                return Err(Error::Invalid(format!(
+                    "the goldens record {differ}; the hash covers the settings, so one of them \
+                     was edited after recording"
+                )));
+            }
             entries.extend(compare_records(&want.record, &got.record, tol)?);
         }
         for e in &mut entries {

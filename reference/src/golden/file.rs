@@ -3,7 +3,7 @@
 
 use super::{
     GOLDEN_FORMAT, GOLDEN_FORMAT_VERSION, GOLDEN_MODES, GROWN_TREE_FORMAT_VERSION, Golden,
-    M2r2Golden, Pins, TREE_FORMAT_VERSION, Tolerance,
+    M2r2Golden, Pins, TREE_FORMAT_VERSION, Tolerance, metadata,
 };
 use crate::error::{Error, Result};
 use ndarray::Array2;
@@ -27,6 +27,13 @@ impl Golden {
                 "a golden of token trees that change from round to round is format version \
                  {GROWN_TREE_FORMAT_VERSION} at least, not {}",
                 self.version
+            )));
+        }
+        if self.m2r2.is_some() && self.pins.rtol.is_some() {
+            // the reader refuses it (`Golden::read`): nothing writes a file it cannot read back
+            return Err(Error::Invalid(format!(
+                "a {} golden cannot pin rtol: M2R2 goldens are checked with atol alone",
+                self.mode
             )));
         }
         let ids =
@@ -145,6 +152,8 @@ impl Golden {
             ));
         }
         let config_json = file.json_object("config")?;
+        let config_hash = file.field("config_hash")?;
+        metadata::check_config_hash(&file, &config_json, &config_hash)?;
         // the vocabulary the token ids and the logits' rows index (a config without one bounds
         // nothing; one that is not a count is refused, as the Python reader refuses it)
         let vocab = match serde_json::from_str::<serde_json::Value>(&config_json)
@@ -185,7 +194,13 @@ impl Golden {
         let version: u32 = version.parse().expect("matched above");
         let m2r2 = match mode.as_str() {
             "greedy" => None,
-            _ => Some(M2r2Golden::read(&file, &mode, tokens.len(), version)?),
+            _ => Some(M2r2Golden::read(
+                &file,
+                &mode,
+                tokens.len(),
+                version,
+                vocab,
+            )?),
         };
         let (stop_tokens, max_steps, pins) = match version {
             3.. => {
@@ -203,13 +218,27 @@ impl Golden {
                     rtol: file.optional_number("rtol")?,
                     expect_dtype,
                 };
+                // a check of an M2R2 golden on the reference takes atol alone: a pinned rtol
+                // would be refused there and applied by `compare`
+                if let (Some(_), Some(value)) = (&m2r2, file.meta.get("rtol")) {
+                    return Err(Error::format(
+                        &label,
+                        format!(
+                            "metadata `rtol` = `{value}` is pinned in an M2R2 golden (mode \
+                             `{mode}`): M2R2 goldens are checked with atol alone (a relative \
+                             tolerance is for greedy goldens); pin `atol` instead"
+                        ),
+                    ));
+                }
                 (Some(stops), Some(steps), pins)
             }
             _ => (None, None, Pins::default()),
         };
+        let model = file.field("model")?;
+        metadata::check_known(&file, version, m2r2.as_ref())?;
         Ok(Golden {
-            model: file.field("model")?,
-            config_hash: file.field("config_hash")?,
+            model,
+            config_hash,
             config_json,
             mode,
             prompt_tokens,
@@ -533,6 +562,7 @@ mod tests {
                         serde_json::from_str(&b.config_json).unwrap();
                     config["vocab_size"] = serde_json::from_str(bad).unwrap();
                     b.config_json = config.to_string();
+                    b.config_hash = crate::base::config::hash_of_json(&b.config_json);
                 },
                 &format!("vocab_size {shown} is not a count of tokens"),
             );
@@ -541,13 +571,14 @@ mod tests {
 
     /// The metadata of a version-1 greedy golden of `tiny` with this `config`.
     fn version_1(config: &str) -> HashMap<String, String> {
+        let hash = crate::base::config::hash_of_json(config);
         HashMap::from(
             [
                 ("format", GOLDEN_FORMAT),
                 ("format_version", "1"),
                 ("mode", "greedy"),
                 ("model", "tiny"),
-                ("config_hash", "0"),
+                ("config_hash", &hash),
                 ("config", config),
             ]
             .map(|(k, v)| (k.to_string(), v.to_string())),

@@ -24,8 +24,11 @@
 //! the other goldens keep version 3's layout and number, so readers of version 3 (an m2r2 from
 //! before trees, the Python package) still read them.
 //!
-//! A reader of an older version refuses a newer file by its version; this one reads all four,
-//! and a check of an older file reports what it lacks as skipped.
+//! A reader of an older version refuses a newer file by its version; this one reads all five,
+//! and a check of an older file reports what it lacks as skipped. It refuses what a file says
+//! about itself that is not so (`metadata.rs`): a `config` that does not hash to
+//! `config_hash`, a tensor or metadata key that no golden of its kind records, an `rtol` pinned
+//! in an M2R2 golden (whose check takes atol alone).
 
 use crate::base::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -35,6 +38,7 @@ mod check;
 mod compare;
 mod file;
 mod m2r2;
+mod metadata;
 mod record;
 mod report;
 

@@ -54,37 +54,81 @@ fn read_golden(path: &Path) -> Result<Golden> {
     Ok(golden)
 }
 
-/// Refuse M2R2 weights (from `source`, in words) other than the ones `golden` was recorded
-/// with, naming where they came from. A golden recorded with `--draft-head off` names the weights
-/// without their pruned draft head: the head is dropped when that makes them the recorded ones
-/// (and the header says so), so the same folder checks both kinds of golden.
+/// Whether `weights` are the ones `recorded` names, with their pruned draft head or without it
+/// (a golden recorded with `--draft-head off`): `Some(dropped)`, the head dropped when that made
+/// them the recorded ones; `None` when neither is.
+fn matching(weights: &mut M2r2Weights, recorded: &WeightsId) -> Option<bool> {
+    if WeightsId::of(weights).matches(recorded) {
+        return Some(false);
+    }
+    let head = weights.draft_head.take()?;
+    if WeightsId::of(weights).matches(recorded) {
+        return Some(true);
+    }
+    weights.draft_head = Some(head);
+    None
+}
+
+/// Refuse M2R2 weights (`--m2r2 m2r2`, from `source` in words) other than the ones `golden` was
+/// recorded with, naming where they came from and where the recorded ones are. A golden recorded
+/// with `--draft-head off` names the weights without their pruned draft head: the head is dropped
+/// when that makes them the recorded ones (and the header says so), so the same folder checks
+/// both kinds of golden.
 fn recorded_weights(
     golden: &Golden,
+    loaded: &LoadedModel,
+    m2r2: Option<&str>,
     weights: &mut M2r2Weights,
-    source: &str,
     header: &mut Vec<String>,
 ) -> Result<()> {
     let Some(recorded) = golden.m2r2.as_ref().map(|m| &m.weights) else {
         return Ok(());
     };
     let id = WeightsId::of(weights);
-    if id.matches(recorded) {
-        return Ok(());
-    }
-    if let Some(head) = weights.draft_head.take() {
-        if WeightsId::of(weights).matches(recorded) {
+    match matching(weights, recorded) {
+        Some(false) => return Ok(()),
+        Some(true) => {
             header.push(
                 "note: recorded without the pruned draft head (--draft-head off): checked so"
                     .into(),
             );
             return Ok(());
         }
-        weights.draft_head = Some(head);
+        None => {}
     }
+    let source = M2r2Args::weights_only(m2r2.map(String::from)).source(loaded);
+    let advice = recorded_elsewhere(recorded, loaded, m2r2)
+        .unwrap_or_else(|| "pass --m2r2 with the folder it was recorded with".into());
     bail!(
         "the M2R2 weights from {source}, {id}, are not the ones this golden was recorded with \
-         ({recorded}): pass --m2r2 with the folder it was recorded with"
+         ({recorded}): {advice}"
     )
+}
+
+/// Where the weights `recorded` names are when they are no folder: the model's own (built-in or
+/// shipped, what a check without `--m2r2` takes) or `--m2r2 none`'s zeros, whichever is not
+/// `m2r2`, the choice that did not match; the advice that takes them. `None`: neither (a folder).
+fn recorded_elsewhere(
+    recorded: &WeightsId,
+    loaded: &LoadedModel,
+    m2r2: Option<&str>,
+) -> Option<String> {
+    [None, Some("none")]
+        .into_iter()
+        .filter(|&choice| choice != m2r2)
+        .find_map(|choice| {
+            let args = M2r2Args::weights_only(choice.map(String::from));
+            let mut weights = args.weights(loaded).ok()?;
+            matching(&mut weights, recorded)?;
+            Some(match choice {
+                None => format!(
+                    "it was recorded with the model's own M2R2 weights, {}, not a folder: drop \
+                     --m2r2",
+                    args.source(loaded)
+                ),
+                Some(_) => "it was recorded with --m2r2 none (zeros): pass --m2r2 none".into(),
+            })
+        })
 }
 
 /// The text of a token id, when a tokenizer has one.
@@ -206,13 +250,14 @@ fn check_file(args: &CheckArgs, engine: &mut Engine, file: &Path) -> Outcome {
                     .tol
                     .choose(&golden.pins, (DEFAULT_ATOL, "reference default"))?;
                 let report = if golden.m2r2.is_some() {
+                    // the reader refuses an rtol pinned in an M2R2 golden: this one is the flag's
                     if tol.tol.rtol != 0.0 {
                         bail!("--rtol is for greedy goldens; M2R2 goldens are checked with --atol");
                     }
                     let choice = M2r2Args::weights_only(args.m2r2.clone());
                     let mut weights = choice.weights(loaded)?;
-                    let source = choice.source(loaded);
-                    recorded_weights(&golden, &mut weights, &source, &mut header)?;
+                    let m2r2 = args.m2r2.as_deref();
+                    recorded_weights(&golden, loaded, m2r2, &mut weights, &mut header)?;
                     golden.check_m2r2(M2r2::new(&loaded.model, &weights), tol.tol.atol)?
                 } else {
                     if let Some(dir) = &args.m2r2 {

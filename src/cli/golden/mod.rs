@@ -87,10 +87,10 @@ pub struct WriteArgs {
     /// Pin this absolute tolerance in the golden: checks use it unless their own --atol says
     /// otherwise
     #[arg(long, value_name = "X")]
-    pub atol: Option<f32>,
+    pub atol: Option<Bound>,
     /// Pin this relative tolerance in the golden (greedy goldens)
     #[arg(long, value_name = "X")]
-    pub rtol: Option<f32>,
+    pub rtol: Option<Bound>,
     /// Pin the export precision this golden is for: `check --onnx` refuses an export of other
     /// weights (f32 | f16)
     #[arg(long, value_name = "DTYPE", value_parser = ["f32", "f16"])]
@@ -168,11 +168,51 @@ pub struct ToleranceArgs {
     /// the golden's pin, else 1e-4; with --onnx 2e-4 for an f32 export, 5e-2 for an f16 one:
     /// docs/GOLDEN.md has the measurements). The report says which applied and why
     #[arg(long, value_name = "X")]
-    pub atol: Option<f32>,
+    pub atol: Option<Bound>,
     /// Relative tolerance of a logit (ONNX Runtime's convention, with --atol; default: the
     /// golden's pin, else 0)
     #[arg(long, value_name = "X")]
-    pub rtol: Option<f32>,
+    pub rtol: Option<Bound>,
+}
+
+/// A tolerance as given on the command line: its value as the golden pins it (an f32) and the
+/// text typed, which a refusal quotes (`1e308` is inf as an f32: quoting the f32 would say the
+/// user typed `inf`).
+#[derive(Clone, Debug)]
+pub struct Bound {
+    pub value: f32,
+    text: String,
+}
+
+impl std::str::FromStr for Bound {
+    type Err = std::num::ParseFloatError;
+
+    fn from_str(text: &str) -> std::result::Result<Self, Self::Err> {
+        Ok(Bound {
+            value: text.parse()?,
+            text: text.into(),
+        })
+    }
+}
+
+impl Bound {
+    /// The value of `name` (`--atol`), refused unless a finite number >= 0 that an f32 holds
+    /// ([`Tolerance::check_bound`]'s rule), quoting what was typed.
+    pub fn checked(&self, name: &str) -> Result<f32> {
+        if Tolerance::check_bound(name, self.value).is_ok() {
+            return Ok(self.value);
+        }
+        let beyond = match self.text.parse::<f64>() {
+            Ok(x) if x.is_finite() && x.abs() > f64::from(f32::MAX) => {
+                format!(", beyond what an f32 holds (at most {:e})", f32::MAX)
+            }
+            _ => String::new(),
+        };
+        anyhow::bail!(
+            "{name} must be a finite number >= 0, got {}{beyond}",
+            self.text
+        )
+    }
 }
 
 /// A tolerance and why it applies (printed with every report).
@@ -187,13 +227,13 @@ impl ToleranceArgs {
     /// The tolerance of checking `golden`: the command line's, else the golden's pins, else
     /// `derived` (a default and its reason, e.g. the export's precision).
     fn choose(&self, pins: &Pins, derived: (f32, &str)) -> Result<ChosenTolerance> {
-        let (atol, atol_from) = match (self.atol, pins.atol) {
-            (Some(x), _) => (x, "--atol"),
+        let (atol, atol_from) = match (&self.atol, pins.atol) {
+            (Some(x), _) => (x.checked("--atol")?, "--atol"),
             (None, Some(x)) => (x, "pinned in the golden"),
             (None, None) => (derived.0, derived.1),
         };
-        let (rtol, rtol_from) = match (self.rtol, pins.rtol) {
-            (Some(x), _) => (x, Some("--rtol")),
+        let (rtol, rtol_from) = match (&self.rtol, pins.rtol) {
+            (Some(x), _) => (x.checked("--rtol")?, Some("--rtol")),
             (None, Some(x)) => (x, Some("pinned in the golden")),
             (None, None) => (0.0, None),
         };

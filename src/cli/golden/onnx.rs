@@ -203,6 +203,14 @@ impl OnnxEngine {
                 recorded.weights
             );
         }
+        // the golden's settings are the ones its hashes cover (the export's, when they match;
+        // the manifest has no tensors to hash them with)
+        if let Some(recorded) = &golden.m2r2
+            && hash.matches(&recorded.weights)
+        {
+            let export = format!("export {dir} (its m2r2_export.json)");
+            recorded.check_settings_against(&manifest.m2r2, &export)?;
+        }
         if manifest.draft_gate != draft_gate {
             bail!(
                 "this golden drafts at gate {draft_gate}, export {dir} at gate {}: export with \

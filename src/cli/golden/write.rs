@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use reference::decode::early_exit::EarlyExitOptions;
 use reference::decode::mode::{M2r2Settings, Mode};
 use reference::decode::speculative::{DraftLength, SpeculativeOptions};
-use reference::golden::{Golden, Pins, Tolerance, TreeRecipe};
+use reference::golden::{Golden, Pins, TreeRecipe};
 use reference::io::load::LoadedModel;
 use reference::m2r2::fast_stream::M2r2;
 use serde_json::json;
@@ -36,10 +36,19 @@ fn suite_file(id: &str) -> String {
 }
 
 pub(super) fn write(args: &WriteArgs) -> Result<()> {
-    for (name, x) in [("--atol", args.atol), ("--rtol", args.rtol)] {
+    for (name, x) in [("--atol", &args.atol), ("--rtol", &args.rtol)] {
         if let Some(x) = x {
-            Tolerance::check_bound(name, x)?;
+            x.checked(name)?;
         }
+    }
+    // `check` takes an M2R2 golden's tolerance as atol alone (its help says so): a pinned rtol
+    // would make the golden one no check reads
+    if args.rtol.is_some() && args.m2r2.mode != ModeArg::Greedy {
+        bail!(
+            "--rtol is for greedy goldens: an M2R2 golden (--mode {}) is checked with --atol \
+             alone, so pin --atol",
+            Mode::from(args.m2r2.mode).name()
+        );
     }
     if args.steps == 0 {
         bail!("--steps 0 records nothing to check: give 1 or more");
@@ -187,8 +196,8 @@ fn record(args: &WriteArgs, loaded: &LoadedModel, prompt: &[u32]) -> Result<Gold
         _ => record_m2r2(args, loaded, prompt, stops)?,
     };
     golden.pins = Pins {
-        atol: args.atol,
-        rtol: args.rtol,
+        atol: args.atol.as_ref().map(|b| b.value),
+        rtol: args.rtol.as_ref().map(|b| b.value),
         expect_dtype: args.expect_dtype.clone(),
     };
     Ok(golden)

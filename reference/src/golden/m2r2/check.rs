@@ -50,6 +50,8 @@ impl Golden {
                 recorded.weights
             )));
         }
+        // the settings the golden describes its weights by are the ones its hashes cover
+        recorded.check_settings(m2r2.weights)?;
         let tol = Tolerance::absolute(atol);
         let n = self.tokens.len();
         match &recorded.record {

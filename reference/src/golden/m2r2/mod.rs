@@ -32,6 +32,8 @@
 //! JSON, with its `bridge` entry when the drafts read the verified state), `m2r2_hash`
 //! ([`weights_hash`], the bridge's maps included) and, since the drafting defaults were left out
 //! of a second hash, `m2r2_weights_hash` ([`weights_hash_without_defaults`]; see [`WeightsId`]).
+//! The settings are checked against those hashes where the weights' tensors are at hand
+//! (`settings.rs`: [`M2r2Golden::check_settings`]).
 //! Early exit: `gate`, `threshold`, `kv_policy`.
 //! Speculative: `draft_gate` (1-based), `gate` (scored at each proposal, or `none`),
 //! `draft_length` (`fixed` or `dynamic`), `draft_max`, and `draft_threshold` when dynamic.
@@ -53,10 +55,13 @@ use ndarray::Array2;
 
 mod check;
 mod engine;
+#[cfg(test)]
+mod metadata_tests;
 mod mode_file;
 mod record;
 mod rounds;
 mod rounds_compare;
+mod settings;
 #[cfg(test)]
 mod tests;
 pub mod tree;

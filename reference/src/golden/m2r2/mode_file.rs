@@ -2,7 +2,7 @@
 //! (layouts in the [module docs](super)), and their reader; token trees are handed to
 //! [`tree_file`](super::tree_file).
 
-use super::rounds::check_emitted;
+use super::rounds::{check_emitted, check_round_tokens};
 use super::tree_file;
 use super::{GraphOutputs, M2r2Golden, M2r2Record, RoundTensors, WeightsId, logits_rows};
 use crate::decode::speculative::DraftLength;
@@ -134,12 +134,14 @@ impl M2r2Golden {
         meta
     }
 
-    /// Read the mode's tensors and metadata; `n` is the number of tokens.
+    /// Read the mode's tensors and metadata; `n` is the number of tokens, `vocab` the config's
+    /// vocabulary (when it has one), which bounds the rounds' token ids.
     pub(in crate::golden) fn read(
         file: &GoldenFile<'_>,
         mode: &str,
         n: usize,
         version: u32,
+        vocab: Option<u64>,
     ) -> Result<M2r2Golden> {
         let bad = |key: &str, value: &str| {
             Error::format(
@@ -181,7 +183,7 @@ impl M2r2Golden {
                 }
             }
             "speculative" if parsed("draft_length")? == "tree" => {
-                tree_file::read_tree(file, n, version)?
+                tree_file::read_tree(file, n, version, vocab)?
             }
             "speculative" => {
                 let draft_gate = parsed("draft_gate")?;
@@ -234,6 +236,8 @@ impl M2r2Golden {
                     base_token,
                     scores: Array2::from_shape_vec((r, max + 1), scores).expect("shape checked"),
                 };
+                let fixed = matches!(draft_length, DraftLength::Fixed(_));
+                check_round_tokens(file, &rounds, fixed, vocab)?;
                 for (round, &a) in rounds.accepted.iter().enumerate() {
                     let drafts = rounds.drafted_in(round).len();
                     if !(0..=drafts as i64).contains(&a) {

@@ -99,6 +99,66 @@ pub(super) fn step_rounds(accepted: &[i64], n: usize) -> Vec<Option<usize>> {
     steps
 }
 
+/// Refuse a chain's rounds whose own tensors do not hold what a decode records, before anything
+/// that follows from them (the accepted counts' range, the rows of `verify_logits` and
+/// `draft_logits`) is compared, so that the message names the tensor that is off: each row of
+/// `round_drafted` its drafted token ids (below `vocab`, the config's, when known), then -1
+/// padding, and all `draft_max` of them under a fixed draft length (the loop drafts in full every
+/// round, even next to the budget); `round_base_token` token ids.
+pub(super) fn check_round_tokens(
+    file: &GoldenFile<'_>,
+    rounds: &RoundTensors,
+    fixed: bool,
+    vocab: Option<u64>,
+) -> Result<()> {
+    let bad = |msg: String| Err(Error::format(&file.label, msg));
+    let outside = |t: i64| match vocab {
+        Some(v) if u64::try_from(t).is_ok_and(|t| t >= v) => {
+            format!(", outside the vocabulary of {v} tokens (metadata `config`)")
+        }
+        _ if u32::try_from(t).is_err() => " (token ids are 0..=2^32-1)".into(),
+        _ => String::new(),
+    };
+    for (r, row) in rounds.drafted.rows().into_iter().enumerate() {
+        let d = row.iter().take_while(|&&t| t >= 0).count();
+        if let Some((j, &t)) = row.iter().enumerate().skip(d).find(|&(_, &t)| t != -1) {
+            return bad(format!(
+                "tensor `round_drafted`: round {r} holds {t} at draft {j}, after its {d} drafts \
+                 (drafted token ids, then -1 padding)"
+            ));
+        }
+        if let Some((j, &t)) = row
+            .iter()
+            .enumerate()
+            .find(|&(_, &t)| t >= 0 && !outside(t).is_empty())
+        {
+            return bad(format!(
+                "tensor `round_drafted`: round {r} holds token id {t} at draft {j}{}",
+                outside(t)
+            ));
+        }
+        if fixed && d != row.len() {
+            return bad(format!(
+                "tensor `round_drafted`: round {r} drafted {d} tokens, but a fixed draft length \
+                 drafts `draft_max` = {} every round",
+                row.len()
+            ));
+        }
+    }
+    if let Some((r, &t)) = rounds
+        .base_token
+        .iter()
+        .enumerate()
+        .find(|&(_, &t)| t < 0 || !outside(t).is_empty())
+    {
+        return bad(format!(
+            "tensor `round_base_token`: round {r} holds token id {t}{}",
+            outside(t)
+        ));
+    }
+    Ok(())
+}
+
 /// Refuse rounds of `accepted` drafts (each `>= 0`) that do not emit the file's `n` tokens: the
 /// first token comes from the prompt's row and each round emits its accepted drafts and a base
 /// token, so every round but the last emits all of them and the last at least one (fewer than

@@ -180,7 +180,12 @@ fn read_recipe(file: &GoldenFile<'_>, version: u32) -> Result<TreeRecipe> {
 /// the recipe verifies, accepted nodes that exist, accepted counts that are their depths and
 /// emit the tokens, node tokens that are ids, lookup nodes on a chain from the root, the draft's rows and scores of
 /// the proposing nodes).
-pub(super) fn read_tree(file: &GoldenFile<'_>, n: usize, version: u32) -> Result<M2r2Record> {
+pub(super) fn read_tree(
+    file: &GoldenFile<'_>,
+    n: usize,
+    version: u32,
+    vocab: Option<u64>,
+) -> Result<M2r2Record> {
     let format = |msg: String| Error::format(&file.label, msg);
     if version < TREE_FORMAT_VERSION {
         return Err(format(format!(
@@ -233,14 +238,35 @@ pub(super) fn read_tree(file: &GoldenFile<'_>, n: usize, version: u32) -> Result
         }
     }
     check_emitted(file, &accepted, n)?;
+    // a token id: within u32 and, when the config says, below its vocabulary
+    let outside = |t: i64| match vocab {
+        Some(v) if u64::try_from(t).is_ok_and(|t| t >= v) => Some(format!(
+            ", outside the vocabulary of {v} tokens (metadata `config`)"
+        )),
+        _ if u32::try_from(t).is_err() => Some(String::new()),
+        _ => None,
+    };
     for (k, &t) in tokens.iter().enumerate() {
         let (round, i) = (k / width, k % width);
         let inside = i < trees[round].nodes();
-        if (inside && u32::try_from(t).is_err()) || (!inside && t != -1) {
+        let why = match inside {
+            true => outside(t),
+            false => (t != -1).then(String::new),
+        };
+        if let Some(why) = why {
             return Err(format(format!(
-                "tensor `round_tree_tokens`: round {round} node {i} holds token id {t}"
+                "tensor `round_tree_tokens`: round {round} node {i} holds token id {t}{why}"
             )));
         }
+    }
+    if let Some((round, t, why)) = base_token
+        .iter()
+        .enumerate()
+        .find_map(|(r, &t)| outside(t).map(|why| (r, t, why)))
+    {
+        return Err(format(format!(
+            "tensor `round_base_token`: round {round} holds token id {t}{why}"
+        )));
     }
     let grown_depth = recipe.grown.map(|_| recipe.widths.len());
     let proposing: Vec<Vec<usize>> = trees

@@ -2,6 +2,7 @@
 //! settings ([`weights_hash`]) and without the decoding defaults
 //! ([`weights_hash_without_defaults`]).
 
+use crate::m2r2::config::M2r2Config;
 use crate::m2r2::weights::M2r2Weights;
 use sha2::{Digest, Sha256};
 
@@ -59,6 +60,12 @@ pub fn weights_hash(weights: &M2r2Weights) -> String {
     hash_with(&config, weights)
 }
 
+/// [`weights_hash`] of `weights`' tensors under the settings `config`, their JSON text as a golden
+/// stores it (`m2r2_config`, the text the hash was taken over).
+pub(super) fn weights_hash_with_settings(config: &str, weights: &M2r2Weights) -> String {
+    hash_with(config, weights)
+}
+
 /// The decoding defaults of `m2r2_config.json`, which a golden records for itself (or, for
 /// `seed`, which only says where the weights came from).
 const DECODING_DEFAULTS: [&str; 8] = [
@@ -76,7 +83,24 @@ const DECODING_DEFAULTS: [&str; 8] = [
 /// `early_exit`, `arla.threshold`, `seed`): what the weights compute, whatever they draft or exit
 /// by default. `m2r2_weights_hash` of goldens and export manifests.
 pub fn weights_hash_without_defaults(weights: &M2r2Weights) -> String {
-    let mut config = serde_json::to_value(&weights.config).expect("config serialises");
+    weights_hash_without_defaults_with(&weights.config, weights)
+}
+
+/// [`weights_hash_without_defaults`] of `weights`' tensors under the settings `config`.
+pub(super) fn weights_hash_without_defaults_with(
+    config: &M2r2Config,
+    weights: &M2r2Weights,
+) -> String {
+    hash_with(
+        &format!("weights {}", settings_without_defaults(config)),
+        weights,
+    )
+}
+
+/// `config` as JSON without its decoding defaults: what [`weights_hash_without_defaults`] covers
+/// of the settings.
+pub(super) fn settings_without_defaults(config: &M2r2Config) -> serde_json::Value {
+    let mut config = serde_json::to_value(config).expect("config serialises");
     let object = config.as_object_mut().expect("the config is a JSON object");
     for key in DECODING_DEFAULTS {
         object.remove(key);
@@ -84,7 +108,7 @@ pub fn weights_hash_without_defaults(weights: &M2r2Weights) -> String {
     if let Some(arla) = object.get_mut("arla").and_then(|a| a.as_object_mut()) {
         arla.remove("threshold");
     }
-    hash_with(&format!("weights {config}"), weights)
+    config
 }
 
 /// The hash of `config` (the settings as text) and every tensor of `weights`.
