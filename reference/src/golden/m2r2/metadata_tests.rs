@@ -8,7 +8,6 @@ use super::*;
 use crate::decode::early_exit::EarlyExitOptions;
 use crate::decode::prompt_lookup::LookupConfig;
 use crate::golden::{DEFAULT_ATOL, Golden, Tolerance};
-use crate::io::builtin;
 use crate::m2r2::fast_stream::M2r2;
 use crate::m2r2::weights::M2r2Weights;
 use safetensors::Dtype;
