@@ -286,12 +286,25 @@ impl ExportDir {
         Ok(session)
     }
 
-    /// Refuse a graph whose `metadata_props` (written by `m2r2 export`) say it belongs to another
-    /// export: another graph kind, model config, weights dtype, static cache, or (draft, verifier
-    /// and feed) draft gate or M2R2 weights. Shapes alone cannot tell a draft.onnx copied from
-    /// another export of equal shapes, and it decodes wrong tokens. A key a graph lacks (older
-    /// exports) is not compared.
+    /// Refuse a loaded graph whose `metadata_props` (written by `m2r2 export`) say it belongs to
+    /// another export ([`check_metadata`](Self::check_metadata)).
     pub fn check_identity(&self, kind: GraphKind, session: &OnnxSession) -> Result<()> {
+        self.check_metadata(kind, session.file(), |key| session.metadata(key))
+    }
+
+    /// Refuse graph file `file`, listed as graph `kind`, whose `metadata_props` (`metadata`: the
+    /// value of a key, `None` where the graph has none) say it belongs to another export: another
+    /// graph kind, model config, weights dtype, static cache, or (draft, verifier and feed) draft
+    /// gate or M2R2 weights. Shapes alone cannot tell a draft.onnx copied from another export of
+    /// equal shapes, and it decodes wrong tokens. A key a graph lacks (older exports) is not
+    /// compared. The properties come from a loaded session (`check_identity`) or from the parsed
+    /// file (`m2r2 info --onnx`, which loads no session).
+    pub fn check_metadata(
+        &self,
+        kind: GraphKind,
+        file: &str,
+        metadata: impl Fn(&str) -> Result<Option<String>>,
+    ) -> Result<()> {
         let m = &self.manifest;
         let speculative = kind != GraphKind::Model;
         let static_cache = self
@@ -323,14 +336,14 @@ impl ExportDir {
         ];
         for (key, want, what) in expected {
             let Some(want) = want else { continue };
-            let found = match (key, session.metadata(key)?) {
+            let found = match (key, metadata(key)?) {
                 // the config is recorded whole: compared by its hash
                 ("m2r2.config", Some(json)) => match serde_json::from_str::<ModelConfig>(&json) {
                     Ok(config) => Some(config.hash()),
                     Err(_) => Some(format!("unreadable ({json:.40})")),
                 },
                 // exports before the static graphs record no `m2r2.static_cache` when dynamic
-                ("m2r2.static_cache", None) if session.metadata("m2r2.graph")?.is_some() => {
+                ("m2r2.static_cache", None) if metadata("m2r2.graph")?.is_some() => {
                     Some("none".into())
                 }
                 (_, found) => found,
@@ -339,7 +352,7 @@ impl ExportDir {
                 && found != want
             {
                 return Err(Error::Export {
-                    file: session.file().to_string(),
+                    file: file.to_string(),
                     msg: format!(
                         "this graph is not the one {MANIFEST_FILE} describes: its {what} is \
                          {found}, the manifest's is {want} (`{key}`; was it copied from another \

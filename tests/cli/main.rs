@@ -119,6 +119,7 @@ mod golden_tree;
 mod gpu_script;
 mod graph_identity;
 mod info_bench;
+mod info_onnx;
 mod m2r2_modes;
 mod models;
 mod moe_sim;

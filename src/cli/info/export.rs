@@ -1,18 +1,18 @@
 //! `m2r2 info --onnx DIR`: what an export folder holds, read from its manifest and its graphs:
 //! the model and M2R2 settings it was written with, the draft split, the drafting `run --mode
 //! speculative` does by default (the config's `onnx_drafting` when it has one), and per graph its file,
-//! size, node count (per decoder layer), opset and whether its KV cache is static (fixed
-//! buffers of `L` positions written in place) or grows every step. What the parsed graphs
-//! contradict (an empty graph file, KV buffers of another length than the manifest's, external
-//! data shorter than the initializers reach) is listed as `problems` and fails the command.
+//! size, node count (per decoder layer), opset, weights dtype and whether its KV cache is static
+//! (fixed buffers of `L` positions written in place) or grows every step. What the parsed graphs
+//! contradict (`problems.rs`: an empty graph file, a graph of another export, KV buffers of
+//! another length than the manifest's, external data shorter than the initializers reach) is
+//! listed as `problems` and fails the command; what the manifest says and a graph contradicts
+//! (its weights dtype) is not printed as fact.
 
+use super::problems::{file_size, folder_problems, genai_model, graph_problems, metadata};
 use crate::cli::common;
 use anyhow::{Context, Result, bail};
-use export::proto::ModelProto;
-use export::proto::tensor_shape_proto::dimension;
-use export::proto::type_proto;
 use export::summary::is_constant;
-use onnx_runner::manifest::{ExportDir, GraphKind, MANIFEST_FILE};
+use onnx_runner::manifest::{ExportDir, GraphKind};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -32,12 +32,21 @@ pub fn describe(dir: &Path) -> Result<Value> {
     let n = c.num_hidden_layers;
     let e = m.draft_layers;
     let mut graphs = Vec::new();
-    let mut problems = Vec::new();
+    let genai = genai_model(dir);
+    let mut problems = folder_problems(&export, genai.as_ref());
+    // the weights dtype each graph records, where it is not the manifest's
+    let mut other_dtypes = Vec::new();
     for kind in KINDS.into_iter().filter(|&k| export.has(k)) {
         let path = export.graph(kind)?;
         let proto = export::write::read_graph(&path)
             .with_context(|| format!("cannot read the {} graph", kind.name()))?;
-        problems.extend(graph_problems(&path, &proto, export.static_l_max(kind)));
+        problems.extend(graph_problems(&export, kind, &path, &proto));
+        let dtype = metadata(&proto, "m2r2.weights_dtype");
+        if let Some(d) = dtype.as_ref().filter(|&d| *d != m.weights_dtype)
+            && !other_dtypes.contains(d)
+        {
+            other_dtypes.push(d.clone());
+        }
         let graph = proto.graph.as_ref();
         let nodes = graph.map_or(0, |g| g.node.len());
         let weights = graph.map_or(0, |g| {
@@ -66,6 +75,8 @@ pub fn describe(dir: &Path) -> Result<Value> {
             "nodes_per_layer": (!layers.is_empty()).then(|| nodes as f64 / layers.len() as f64),
             "weight_initializers": weights,
             "opset": opset,
+            // as the graph records it (`m2r2.weights_dtype`; null in older exports)
+            "weights_dtype": dtype,
             "layers": [layers.start, layers.end],
             "kv_cache": match export.static_l_max(kind) {
                 Some(l) => json!({"kind": "static", "l_max": l}),
@@ -78,7 +89,9 @@ pub fn describe(dir: &Path) -> Result<Value> {
         "model_name": m.model_name,
         "exporter_version": m.exporter_version,
         "format_version": m.format_version,
-        "weights_dtype": m.weights_dtype,
+        // the manifest's, unless a graph holds another (then null, and a problem says which)
+        "weights_dtype": other_dtypes.is_empty().then_some(&m.weights_dtype),
+        "manifest_weights_dtype": m.weights_dtype,
         "layers": n,
         "hidden_size": c.hidden_size,
         "vocab_size": c.vocab_size,
@@ -92,88 +105,12 @@ pub fn describe(dir: &Path) -> Result<Value> {
         // what `run --mode speculative` drafts on this export without flags
         "drafting": super::m2r2::drafting(&m.m2r2.drafting(), m.draft_head_tokens),
         "static_cache": m.static_cache.as_ref().map(|s| json!({"l_max": s.l_max, "opset": s.opset, "merged_adapters": s.merged_adapters})),
-        "genai_config": dir.join("genai_config.json").is_file(),
+        "genai_config": genai.is_some(),
+        // the graph onnxruntime-genai loads (genai_config.json's model.decoder.filename)
+        "genai_model": genai.and_then(Result::ok),
         "graphs": graphs,
         "problems": problems,
     }))
-}
-
-/// What the parse of the graph at `path` shows wrong, cheaply: no graph (an empty or truncated
-/// file), KV buffers of another length than the manifest's static cache (`l_max`; `None`:
-/// dynamic), and external data files shorter than the bytes its initializers name.
-fn graph_problems(path: &Path, proto: &ModelProto, l_max: Option<usize>) -> Vec<String> {
-    let file = path.display();
-    let Some(graph) = proto.graph.as_ref().filter(|g| !g.node.is_empty()) else {
-        return vec![format!(
-            "{file} holds no graph ({} bytes, no nodes): export the folder again",
-            file_size(path)
-        )];
-    };
-    let mut problems = Vec::new();
-    // the first layer's key buffer `[B, Hkv, L, Dh]`: L fixed in a static graph, named in a
-    // dynamic one
-    let past = graph.input.iter().find(|i| {
-        i.name
-            .as_deref()
-            .is_some_and(|n| n.starts_with("past_key_values."))
-    });
-    let fixed = past.and_then(|i| match i.r#type.as_ref()?.value.as_ref()? {
-        type_proto::Value::TensorType(t) => match t.shape.as_ref()?.dim.get(2)?.value {
-            Some(dimension::Value::DimValue(l)) => usize::try_from(l).ok(),
-            _ => None,
-        },
-        _ => None,
-    });
-    if fixed != l_max {
-        let name = past
-            .and_then(|i| i.name.as_deref())
-            .unwrap_or("past_key_values.*");
-        let manifest = match l_max {
-            Some(l) => format!("static_cache.l_max = {l}"),
-            None => "a dynamic KV cache".into(),
-        };
-        let graph = match fixed {
-            Some(l) => format!("`{name}` holds {l} positions"),
-            None => format!("`{name}` has no fixed positions axis"),
-        };
-        problems.push(format!(
-            "{file}: {MANIFEST_FILE} says {manifest}, but the graph's {graph} (the manifest and \
-             the graph disagree: export the folder again)"
-        ));
-    }
-    // external data: each file must hold the bytes its initializers point at
-    let mut reach: BTreeMap<String, u64> = BTreeMap::new();
-    for t in &graph.initializer {
-        let entry = |key: &str| {
-            t.external_data
-                .iter()
-                .find(|e| e.key.as_deref() == Some(key))
-                .and_then(|e| e.value.as_deref())
-        };
-        let Some(location) = entry("location") else {
-            continue;
-        };
-        let number = |key| entry(key).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        let end = number("offset") + number("length");
-        let slot = reach.entry(location.to_string()).or_default();
-        *slot = (*slot).max(end);
-    }
-    for (location, end) in reach {
-        let data = path.with_file_name(&location);
-        let bytes = file_size(&data);
-        if bytes < end {
-            problems.push(format!(
-                "{} holds {bytes} bytes, but {file}'s initializers reach byte {end} (a truncated or \
-                 missing file: export the folder again)",
-                data.display()
-            ));
-        }
-    }
-    problems
-}
-
-fn file_size(path: &Path) -> u64 {
-    std::fs::metadata(path).map_or(0, |m| m.len())
 }
 
 pub fn print_text(info: &Value) {
@@ -183,13 +120,40 @@ pub fn print_text(info: &Value) {
         v => v.to_string(),
     };
     println!("export        {}", s(&info["export"]));
+    let graphs: Vec<&Value> = info["graphs"].as_array().into_iter().flatten().collect();
+    // the manifest's dtype as fact only where no graph holds another
+    let manifest_dtype = s(&info["manifest_weights_dtype"]);
+    let dtype = match &info["weights_dtype"] {
+        Value::Null => {
+            let mut held: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for g in &graphs {
+                match g["weights_dtype"].as_str() {
+                    Some(d) if d != manifest_dtype => {
+                        held.entry(d.into()).or_default().push(s(&g["file"]))
+                    }
+                    _ => {}
+                }
+            }
+            let held: Vec<String> = held
+                .iter()
+                .map(|(dtype, files)| {
+                    let verb = if files.len() == 1 { "holds" } else { "hold" };
+                    format!("{} {verb} {dtype}", files.join(", "))
+                })
+                .collect();
+            format!(
+                "{manifest_dtype} weights by the manifest, but {} (see the problems)",
+                held.join("; ")
+            )
+        }
+        d => format!("{} weights", s(d)),
+    };
     println!(
-        "model         {} ({} layers, hidden {}, vocab {}), {} weights",
+        "model         {} ({} layers, hidden {}, vocab {}), {dtype}",
         s(&info["model_name"]),
         info["layers"],
         info["hidden_size"],
         info["vocab_size"],
-        s(&info["weights_dtype"])
     );
     println!(
         "written by    m2r2 {} (folder format {})",
@@ -224,24 +188,29 @@ pub fn print_text(info: &Value) {
     }
     println!(
         "genai config  {}",
-        if info["genai_config"].as_bool() == Some(true) {
-            "genai_config.json (onnxruntime-genai loads model.onnx)"
-        } else {
-            "none"
+        match (info["genai_config"].as_bool(), info["genai_model"].as_str()) {
+            (Some(true), Some(file)) =>
+                format!("genai_config.json (onnxruntime-genai loads {file})"),
+            (Some(true), None) => "genai_config.json (unreadable: see the problems)".into(),
+            _ => "none".into(),
         }
     );
     println!();
-    println!(
-        "{:<9} {:<14} {:>10} {:>7} {:>11} {:>6} {:>8}  kv cache",
-        "graph", "file", "size", "nodes", "per layer", "opset", "layers"
-    );
-    for g in info["graphs"].as_array().into_iter().flatten() {
+    if graphs.is_empty() {
+        println!("graphs        none (the manifest lists no graph)");
+    } else {
+        println!(
+            "{:<9} {:<14} {:>10} {:>7} {:>11} {:>6} {:>6} {:>8}  kv cache",
+            "graph", "file", "size", "nodes", "per layer", "opset", "dtype", "layers"
+        );
+    }
+    for g in graphs {
         let kv = match g["kv_cache"]["l_max"].as_u64() {
             Some(l) => format!("static, L = {l}"),
             None => "dynamic".into(),
         };
         println!(
-            "{:<9} {:<14} {:>10} {:>7} {:>11} {:>6} {:>8}  {kv}",
+            "{:<9} {:<14} {:>10} {:>7} {:>11} {:>6} {:>6} {:>8}  {kv}",
             s(&g["graph"]),
             s(&g["file"]),
             common::bytes(g["bytes"].as_f64().unwrap_or(0.0)),
@@ -250,6 +219,7 @@ pub fn print_text(info: &Value) {
                 .as_f64()
                 .map_or("-".into(), |x| format!("{x:.1}")),
             s(&g["opset"]),
+            g["weights_dtype"].as_str().unwrap_or("-"),
             format!("{}..{}", g["layers"][0], g["layers"][1]),
         );
     }

@@ -4,6 +4,7 @@
 
 mod export;
 mod m2r2;
+mod problems;
 
 use crate::cli::args::m2r2::M2r2Args;
 use crate::cli::args::model::ModelArgs;
@@ -24,8 +25,9 @@ pub struct Args {
     pub m2r2: Option<String>,
     /// Describe an export folder written by `m2r2 export` instead: its graphs, their size and
     /// node counts, the draft split, and whether the KV cache is static (`--static-cache`); fails
-    /// (after the description) on what the graphs contradict: an empty graph, KV buffers of
-    /// another length than the manifest's, truncated external data
+    /// (after the description) on what the graphs contradict: an empty graph, a graph of another
+    /// export (its `m2r2.*` metadata, as `run` checks it), KV buffers of another length than the
+    /// manifest's, truncated external data, a manifest without graphs
     #[arg(long, value_name = "DIR", conflicts_with_all = ["m2r2", "model"])]
     pub onnx: Option<std::path::PathBuf>,
     /// Print one JSON object instead of tables
