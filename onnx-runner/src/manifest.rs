@@ -398,13 +398,15 @@ impl ExportDir {
         Ok(self.dir.join(name))
     }
 
-    /// The tokenizer written beside the graphs, when there is one.
+    /// The tokenizer written beside the graphs, when there is one (refused when it has more
+    /// tokens than the model: another model's).
     pub fn tokenizer(&self) -> Result<Option<Tokenizer>> {
         let path = self.dir.join("tokenizer.json");
         if !path.is_file() {
             return Ok(None);
         }
-        Ok(Some(Tokenizer::from_file(&path)?))
+        let vocab_size = self.manifest.config.vocab_size;
+        Ok(Some(Tokenizer::from_file_for(&path, vocab_size)?))
     }
 
     /// Tokens that end a generation: the manifest's `stop_token_ids`; for folders exported before
