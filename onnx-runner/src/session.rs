@@ -133,7 +133,10 @@ impl OnnxSession {
     /// [`load`](Self::load), with the CUDA provider's `enable_cuda_graph` when `cuda_graph` (then
     /// every run must set `gpu_graph_id`, see `static_kv.rs`). A session ONNX Runtime refuses to
     /// build that way (e.g. nodes it did not place on CUDA) is [`Error::CudaGraph`] with its
-    /// reason.
+    /// reason, and so is a fallback to the CPU (`ep.fallback`) when the graphs were asked for by
+    /// name (`ep.cuda_graph == Some(true)`): the CPU has none, and a run that asked for them must
+    /// not quietly run without. The default (`None`, graphs where they apply) falls back with a
+    /// warning that says they are off.
     pub fn load_with_cuda_graph(
         path: &Path,
         ep: &EpConfig,
@@ -165,11 +168,29 @@ impl OnnxSession {
         let dispatches = ep.dispatches(&file, &inputs_for_profile, cuda_graph)?;
         let (session, ep_used) = match build(path, ep, &dispatches) {
             Ok(session) => (session, ep.ep),
+            // CUDA graphs asked for by name are not dropped for the CPU, which has none
+            Err(BuildError::Provider(reason))
+                if ep.fallback && cuda_graph && ep.cuda_graph == Some(true) =>
+            {
+                return Err(Error::CudaGraph {
+                    file,
+                    reason: format!(
+                        "CUDA graphs need the CUDA execution provider, which is not available: {} \
+                         (--ep-fallback runs on the CPU, which has no CUDA graphs: pass \
+                         `--cuda-graph off` with it, or leave --cuda-graph unset)",
+                        provider_reason(&reason)
+                    ),
+                });
+            }
             Err(BuildError::Provider(reason)) if ep.fallback => {
                 eprintln!(
                     "warning: {file}: the {} execution provider is not available ({reason}); \
-                     running on the CPU (--ep-fallback)",
-                    ep.ep
+                     running on the CPU (--ep-fallback){}",
+                    ep.ep,
+                    match cuda_graph {
+                        true => ", without CUDA graphs",
+                        false => "",
+                    }
                 );
                 let session = build(path, ep, &[]).map_err(|e| build_error(&file, Ep::Cpu, e))?;
                 (session, Ep::Cpu)
@@ -453,19 +474,24 @@ fn build_error(file: &str, ep: Ep, error: BuildError) -> Error {
         BuildError::Provider(reason) => Error::ExecutionProvider {
             file: file.into(),
             ep: ep.name(),
-            reason: if reason.contains("not enabled in this build") {
-                // the library loaded is a CPU build: say which one, and what to load instead
-                let library = crate::runtime::init()
-                    .map_or_else(|_| "(unknown)".into(), |r| r.path.display().to_string());
-                format!(
-                    "{reason} (the ONNX Runtime library loaded, {library}, is a CPU build: point \
-                     ORT_DYLIB_PATH at an onnxruntime-gpu build)"
-                )
-            } else {
-                reason
-            },
+            reason: provider_reason(&reason),
         },
         BuildError::Other(msg) => Error::ort(file, msg),
+    }
+}
+
+/// A provider's own reason for not registering, with what to load instead where the library
+/// loaded is a CPU build.
+fn provider_reason(reason: &str) -> String {
+    if reason.contains("not enabled in this build") {
+        let library = crate::runtime::init()
+            .map_or_else(|_| "(unknown)".into(), |r| r.path.display().to_string());
+        format!(
+            "{reason} (the ONNX Runtime library loaded, {library}, is a CPU build: point \
+             ORT_DYLIB_PATH at an onnxruntime-gpu build)"
+        )
+    } else {
+        reason.into()
     }
 }
 

@@ -194,3 +194,31 @@ fn gpu_providers_fail_fast_on_a_cpu_build() {
         assert_eq!(out.get("y").unwrap(), &array![[0.5f32, -1.0]].into_dyn());
     }
 }
+
+/// CUDA graphs asked for by name (`cuda_graph: Some(true)`) are not dropped when `fallback` puts
+/// the graph on the CPU, which has none: the load fails naming why; left to the default, the
+/// session falls back (and its warning says the graphs are off).
+#[test]
+fn cuda_graphs_asked_for_are_not_dropped_by_a_fallback() {
+    if onnx_runner::ep::compiled_in(Ep::Cuda).unwrap() {
+        eprintln!("skipping: this ONNX Runtime has the CUDA provider compiled in");
+        return;
+    }
+    let config = |cuda_graph| EpConfig {
+        fallback: true,
+        cuda_graph,
+        ..EpConfig::new(Ep::Cuda)
+    };
+    let err = OnnxSession::load_with_cuda_graph(&fixture(), &config(Some(true)), true).unwrap_err();
+    let Error::CudaGraph { file, reason } = &err else {
+        panic!("expected a CUDA graph error, got {err}");
+    };
+    assert_eq!(*file, fixture().display().to_string());
+    assert!(
+        reason.contains("CUDA graphs need the CUDA execution provider, which is not available")
+            && reason.contains("CUDA execution provider is not enabled in this build"),
+        "{err}"
+    );
+    let s = OnnxSession::load_with_cuda_graph(&fixture(), &config(None), true).unwrap();
+    assert_eq!(s.ep_used(), Ep::Cpu);
+}

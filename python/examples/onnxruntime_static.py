@@ -84,6 +84,49 @@ def attn_mask(pos0: int, rows: int, l_max: int, window) -> np.ndarray:
     return np.where(visible, 0.0, HIDDEN).astype(np.float32)[None, None]
 
 
+def load_session(model: Path, provider: str) -> ort.InferenceSession:
+    """``model`` in ONNX Runtime on ``provider``; a file it cannot load (truncated, not ONNX) or a
+    session that fell back to another provider is a one-line error naming the file."""
+    try:
+        session = ort.InferenceSession(str(model), providers=[provider])
+    except Exception as e:  # InvalidProtobuf, InvalidGraph, Fail, ...: one per cause
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise SystemExit(
+            f"{model}: ONNX Runtime cannot load this graph ({reason}): is the file complete? "
+            "export the folder again"
+        ) from None
+    if session.get_providers()[0] != provider:  # registered, but the session fell back
+        raise SystemExit(
+            f"{model}: ONNX Runtime could not run the session on {provider} (it fell back to "
+            f"{session.get_providers()[0]}; its log above says why)"
+        )
+    return session
+
+
+def check_buffers(session: ort.InferenceSession, model: Path, l_max: int) -> None:
+    """The manifest's ``static_cache.l_max`` must be the length the graph declares for its KV
+    buffers (``past_key_values.0.key`` [B, Hkv, L, Dh]): the masks and buffers are sized by it,
+    and ONNX Runtime would refuse them on the first run with a raw error."""
+    name = "past_key_values.0.key"
+    shape = next((i.shape for i in session.get_inputs() if i.name == name), None)
+    if shape is None:
+        raise SystemExit(
+            f"{model}: the graph has no input {name}: not the model.onnx of an m2r2 export; "
+            "export the folder again"
+        )
+    declared = shape[2] if len(shape) == 4 else None
+    if declared != l_max:
+        held = (
+            f"holds {declared} positions"
+            if isinstance(declared, int)
+            else f"has no fixed positions axis (shape {shape})"
+        )
+        raise SystemExit(
+            f"{model}: m2r2_export.json says static_cache.l_max = {l_max}, but the graph's "
+            f"{name} {held} (the manifest and the graph disagree: export the folder again)"
+        )
+
+
 def decode(folder: Path, prompt: List[int], max_new: int, ignore_eos: bool, provider: str):
     """Greedy tokens after ``prompt``: at most ``max_new``, ending after the first stop token."""
     manifest_path = folder / "m2r2_export.json"
@@ -101,6 +144,13 @@ def decode(folder: Path, prompt: List[int], max_new: int, ignore_eos: bool, prov
     if graph is None:
         raise SystemExit(f"{folder}: the export has no model.onnx (export it with --graphs model)")
     model = folder / graph
+    available = ort.get_available_providers()
+    if provider not in available:  # ONNX Runtime would warn and run on the CPU instead
+        raise SystemExit(
+            f"--provider {provider}: this onnxruntime build offers {', '.join(available)}"
+        )
+    session = load_session(model, provider)
+    check_buffers(session, model, l_max)
     needed = len(prompt) + max_new - 1  # the last token is chosen, never fed
     if needed > l_max:
         raise SystemExit(
@@ -116,18 +166,6 @@ def decode(folder: Path, prompt: List[int], max_new: int, ignore_eos: bool, prov
                 f"{model} has {vocab} tokens"
             )
     stops = [] if ignore_eos else stop_tokens(folder, config)
-
-    available = ort.get_available_providers()
-    if provider not in available:  # ONNX Runtime would warn and run on the CPU instead
-        raise SystemExit(
-            f"--provider {provider}: this onnxruntime build offers {', '.join(available)}"
-        )
-    session = ort.InferenceSession(str(model), providers=[provider])
-    if session.get_providers()[0] != provider:  # registered, but the session fell back
-        raise SystemExit(
-            f"{model}: ONNX Runtime could not run the session on {provider} (it fell back to "
-            f"{session.get_providers()[0]}; its log above says why)"
-        )
     device = "cuda" if provider.startswith("CUDA") else "cpu"
     binding = session.io_binding()
     binding.bind_output("logits", "cpu")  # bound first: get_outputs()[0]

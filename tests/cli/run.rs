@@ -262,6 +262,25 @@ fn onnx_runtime_logs_warnings_unless_ort_log_says_otherwise() {
     );
 }
 
+/// An export's tokenizer.json with more tokens than the model (another model's) is refused by
+/// name: within the model's vocabulary it would encode a prompt to another model's ids silently.
+#[test]
+fn another_models_tokenizer_in_an_export_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tiny");
+    super::ok(&["export", "--model", "tiny", "--out", out.to_str().unwrap()]);
+    let larger = reference::io::tokenizer::Tokenizer::byte_level_builtin(512).unwrap();
+    larger
+        .backend()
+        .save(out.join("tokenizer.json"), false)
+        .unwrap();
+    let args = ["run", "--onnx", out.to_str().unwrap(), "--prompt", "a"];
+    super::fails(
+        &args,
+        &["tokenizer.json", "but the model's vocabulary has 320"],
+    );
+}
+
 #[test]
 fn gpu_providers_fail_fast_with_their_reason() {
     let dir = tempfile::tempdir().unwrap();
@@ -879,8 +898,9 @@ fn static_export_runs_and_benches_beside_a_dynamic_one() {
     }
 }
 
-/// `--cuda-graph`: `on` where a CUDA graph cannot apply (the CPU provider, a dynamic export, for
-/// greedy and speculative decoding) and `both` outside `bench` are errors naming why, with no panic; the
+/// `--cuda-graph`: `on` where a CUDA graph cannot apply (the CPU provider, a dynamic export, a
+/// fallback to the CPU, for greedy and speculative decoding) and `both` outside `bench` are errors
+/// naming why, with no panic; the
 /// default on the CPU is off (`"cuda_graph": null`) and gives the same tokens as `off`.
 #[test]
 fn cuda_graph_is_refused_where_it_cannot_apply() {
@@ -969,6 +989,33 @@ fn cuda_graph_is_refused_where_it_cannot_apply() {
         .map(String::as_str)
         .collect::<Vec<_>>(),
     );
+    // an explicit `on` is not dropped when --ep-fallback falls back to the CPU (which has no
+    // CUDA graphs; CUDA is not in this ONNX Runtime): refused with the provider's reason before
+    // anything decodes; left unset, the fallback runs and says the graphs are off
+    for mode in ["greedy", "speculative"] {
+        let args = ["--mode", mode, "--ep", "cuda", "--ep-fallback", "--json"];
+        let on = [&args[..], &["--cuda-graph", "on"]].concat();
+        let refusal = super::fails(
+            &run(s, &on).iter().map(String::as_str).collect::<Vec<_>>(),
+            &[
+                "--cuda-graph: CUDA graphs need the CUDA execution provider, which is not \
+                 available: CUDA execution provider is not enabled in this build",
+                "`--cuda-graph off`",
+            ],
+        );
+        assert!(refusal.stdout.is_empty(), "{}", refusal.stdout);
+        let unset = super::ok(&run(s, &args).iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(
+            unset
+                .stderr
+                .contains("running on the CPU (--ep-fallback), without CUDA graphs"),
+            "{}",
+            unset.stderr
+        );
+        let report = unset.json();
+        assert_eq!(report["ep_used"], "cpu");
+        assert_eq!(report["cuda_graph"], serde_json::Value::Null);
+    }
     // golden check runs one set of sessions too
     let golden = dir.path().join("g.golden.safetensors");
     let golden = golden.to_str().unwrap();

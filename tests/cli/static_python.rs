@@ -2,8 +2,9 @@
 //! decodes `export --static-cache 64` folders of tiny and tiny-moe with ONNX Runtime's IoBinding,
 //! the KV buffers updated in place (no "in-place optimization not activated" warning), to the
 //! tokens of `m2r2 run --onnx`; it refuses a dynamic export, a folder without model.onnx, a
-//! decode past its buffers, token ids outside the vocabulary and a provider its onnxruntime lacks,
-//! naming why.
+//! decode past its buffers, token ids outside the vocabulary, a provider its onnxruntime lacks, a
+//! manifest whose `l_max` is not the graph's and a model.onnx ONNX Runtime cannot load, naming
+//! why.
 //!
 //! Needs `M2R2_PYTHON` (numpy and onnxruntime; see golden_python.rs).
 
@@ -148,4 +149,49 @@ fn static_python_example_decodes_like_the_runner() {
         "draft",
     ]);
     refused(s, &prompt, &["has no model.onnx", "--graphs model"]);
+
+    // a manifest whose l_max is not the graph's buffers, and a truncated model.onnx: one line
+    // naming the file, not ONNX Runtime's traceback
+    let copy = |name: &str, edit: &dyn Fn(&Path)| {
+        let out = dir.path().join(name);
+        std::fs::create_dir(&out).unwrap();
+        for entry in std::fs::read_dir(&tiny).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), out.join(entry.file_name())).unwrap();
+        }
+        edit(&out);
+        out.display().to_string()
+    };
+    for l_max in [16, 128] {
+        let other = copy(&format!("l{l_max}"), &|d| {
+            let path = d.join("m2r2_export.json");
+            let text = std::fs::read_to_string(&path).unwrap();
+            let mut m: serde_json::Value = serde_json::from_str(&text).unwrap();
+            m["static_cache"]["l_max"] = l_max.into();
+            std::fs::write(&path, m.to_string()).unwrap();
+        });
+        refused(
+            &other,
+            &prompt,
+            &[
+                "model.onnx: m2r2_export.json says static_cache.l_max",
+                &format!("= {l_max}, but the graph's past_key_values.0.key holds 64 positions"),
+            ],
+        );
+    }
+    let truncated = copy("truncated", &|d| {
+        let model = std::fs::OpenOptions::new()
+            .write(true)
+            .open(d.join("model.onnx"))
+            .unwrap();
+        model.set_len(1000).unwrap();
+    });
+    refused(
+        &truncated,
+        &prompt,
+        &[
+            "truncated/model.onnx: ONNX Runtime cannot load this graph",
+            "export the folder again",
+        ],
+    );
 }
