@@ -133,9 +133,9 @@ fn load(path: &Path, source: LibrarySource) -> Result<Runtime> {
     let environment = builder
         .with_name("m2r2")
         .with_global_thread_pool(pool)
-        .with_logger(std::sync::Arc::new(move |at, _: &str, _: &str, _: &str, msg: &str| {
-            log_plainly(level, at, msg)
-        }))
+        .with_logger(std::sync::Arc::new(
+            move |at, _: &str, _: &str, _: &str, msg: &str| log_plainly(level, at, msg),
+        ))
         .build()
         .map_err(|e| Error::Runtime(format!("cannot create the environment: {e}")))?;
     // ort creates an environment with a custom logger at the verbose level: every graph

@@ -174,7 +174,7 @@ impl ModelConfig {
 
     /// Reject configs whose numbers cannot describe a model (zero sizes, a window of 0, heads that
     /// do not divide, an epsilon or RoPE setting that makes the logits NaN: [`check_float`],
-    /// [`check_llama3`]).
+    /// `check_llama3`).
     pub fn validate(&self, file: &str) -> Result<()> {
         let bad = |msg: String| Err(Error::config(file, msg));
         for (name, v) in [

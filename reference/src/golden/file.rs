@@ -153,7 +153,7 @@ impl Golden {
         }
         let config_json = file.json_object("config")?;
         let config_hash = file.field("config_hash")?;
-        metadata::check_config_hash(&file, &config_json, &config_hash)?;
+        metadata::check_config_hash(&file.label, &config_json, &config_hash)?;
         // the vocabulary the token ids and the logits' rows index (a config without one bounds
         // nothing; one that is not a count is refused, as the Python reader refuses it)
         let vocab = match serde_json::from_str::<serde_json::Value>(&config_json)
@@ -235,7 +235,13 @@ impl Golden {
             _ => (None, None, Pins::default()),
         };
         let model = file.field("model")?;
-        metadata::check_known(&file, version, m2r2.as_ref())?;
+        metadata::check_known(
+            &file.label,
+            &file.meta,
+            file.st.names(),
+            version,
+            m2r2.as_ref(),
+        )?;
         Ok(Golden {
             model,
             config_hash,

@@ -8,23 +8,19 @@
 //! reader would silently ignore. Both are refused by name, as the Python reader
 //! (`python/src/m2r2_golden/reader.py`) refuses them.
 
-use super::file::GoldenFile;
 use super::{M2r2Golden, M2r2Record};
 use crate::base::config::hash_of_json;
 use crate::error::{Error, Result};
+use std::collections::HashMap;
 
 /// Refuse a `config` that does not hash to the recorded `config_hash` (edited after recording).
-pub(in crate::golden) fn check_config_hash(
-    file: &GoldenFile<'_>,
-    json: &str,
-    recorded: &str,
-) -> Result<()> {
+pub(in crate::golden) fn check_config_hash(label: &str, json: &str, recorded: &str) -> Result<()> {
     let hash = hash_of_json(json);
     if hash == recorded {
         return Ok(());
     }
     Err(Error::format(
-        &file.label,
+        label,
         format!(
             "metadata `config` does not hash to `config_hash` = `{recorded}` (it hashes to \
              `{hash}`): the config was edited after recording, or the hash was; record the golden \
@@ -86,10 +82,12 @@ const TREE_TENSORS: [&str; 5] = [
 /// A tree that changes from round to round (format version 5).
 const VARYING_TREE_TENSORS: [&str; 3] = ["round_tree_parents", "round_lookup", "round_scores"];
 
-/// Refuse a tensor or a metadata key that a golden of this kind (mode, format `version`, chain or
-/// tree) does not record, naming every one.
+/// Refuse a tensor (of `tensor_names`) or a metadata key (of `meta`) that a golden of this kind
+/// (mode, format `version`, chain or tree) does not record, naming every one (`label`: the file).
 pub(in crate::golden) fn check_known(
-    file: &GoldenFile<'_>,
+    label: &str,
+    meta: &HashMap<String, String>,
+    tensor_names: Vec<&str>,
     version: u32,
     m2r2: Option<&M2r2Golden>,
 ) -> Result<()> {
@@ -130,16 +128,13 @@ pub(in crate::golden) fn check_known(
             }
         }
     };
-    let mut unknown: Vec<String> = file
-        .meta
+    let mut unknown: Vec<String> = meta
         .keys()
         .filter(|k| !keys.contains(&k.as_str()))
         .map(|k| format!("metadata `{k}`"))
         .collect();
     unknown.sort();
-    let mut names: Vec<String> = file
-        .st
-        .names()
+    let mut names: Vec<String> = tensor_names
         .into_iter()
         .filter(|n| !tensors.contains(n))
         .map(|n| format!("tensor `{n}`"))
@@ -150,7 +145,7 @@ pub(in crate::golden) fn check_known(
         return Ok(());
     }
     Err(Error::format(
-        &file.label,
+        label,
         format!(
             "holds {}, which no {kind} of format version {version} records (edited after \
              recording, or written by another tool?)",

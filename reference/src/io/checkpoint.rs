@@ -293,7 +293,7 @@ pub fn write_f32_safetensors(
 
 /// `safetensors::serialize_to_file` with its errors named by `path` (a missing folder is said
 /// before anything is written: the crate's own message names its temporary file), and the file
-/// a plain `File::create` would write: through a symbolic link ([`write_target`]), with an
+/// a plain `File::create` would write: through a symbolic link (`write_target`), with an
 /// existing file's mode, else `0666` less the umask.
 ///
 /// safetensors 0.8 writes through a temporary file, which `tempfile` creates with mode `0600`,
