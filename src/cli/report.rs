@@ -42,10 +42,11 @@ pub fn settings_json(settings: &M2r2Settings) -> Value {
 ///   then tokens that ran all N layers (the first token, from the prompt, counts there);
 ///   `layers_at_emit_per_token`: mean slow layers computed before a decoded token was emitted;
 /// - speculative: `rounds`, `mean_accepted_tokens` (tokens emitted per verification, the base
-///   token included), `acceptance_by_position` (accepted / drafted per draft position),
-///   `acceptance_rate` (accepted / drafted);
+///   token included; a last round cut short by the budget or a stop token counts what it
+///   emitted), `acceptance_by_position` (accepted / drafted per draft position, every accepted
+///   draft counted: the draft's quality), `acceptance_rate` (accepted / drafted);
 /// - speculative with `--draft-tree`: `draft_tree` (the widths `[W1, ...]`), `tree_nodes` (the
-///   root included), `rounds`, `mean_accepted_tokens` (tokens per verification),
+///   root included), `rounds`, `mean_accepted_tokens` (tokens emitted per verification),
 ///   `acceptance_by_depth` (per depth d = 1..=D: the fraction of rounds that accepted at least d
 ///   drafts; with a lookup branch up to the branch's depth); `mean_tree_nodes`: nodes verified per
 ///   round, the root and any lookup branch included; `prompt_lookup` (the branch's most tokens,

@@ -377,13 +377,13 @@ fn write_target(path: &Path) -> Result<PathBuf> {
         path.to_path_buf()
     };
     match std::fs::metadata(&target) {
-        Ok(m) if !m.is_file() => Err(refuse(if linked {
-            format!(
+        Ok(m) if !m.is_file() => Err(refuse(match (linked, m.is_dir()) {
+            (true, _) => format!(
                 "it links to {}, which is not a regular file",
                 target.display()
-            )
-        } else {
-            "it is not a regular file (a folder, a FIFO or a device)".to_string()
+            ),
+            (false, true) => "it is a directory".to_string(),
+            (false, false) => "it is not a regular file (a FIFO or a device)".to_string(),
         })),
         _ => Ok(target),
     }
@@ -549,7 +549,7 @@ mod tests {
         symlink(dir.path().join("nothing"), &dangling).unwrap();
         for (path, why) in [
             (&fifo, "not a regular file"),
-            (&folder, "not a regular file"),
+            (&folder, "it is a directory"),
             (&to_fifo, "which is not a regular file"),
             (&dangling, "a symbolic link to nothing"),
         ] {
