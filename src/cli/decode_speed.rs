@@ -114,22 +114,34 @@ pub fn check_sizes(sizes: &Sizes) -> Result<()> {
     Ok(())
 }
 
-/// Warm up, time `repeats` greedy runs of `prompt_len + decode_tokens`, and probe the memory bandwidth.
-pub fn measure(loaded: &LoadedModel, sizes: &Sizes) -> Result<BenchResult> {
-    check_sizes(sizes)?;
-    let model = &loaded.model;
-    let config = &model.config;
+/// Refuse `--prompt-len` and `--decode-tokens` that do not fit the model's context together (the
+/// greedy runs here, the batched decoding of `bench --cost-shape`); a saturated count is said as
+/// "or more".
+pub fn check_context(loaded: &LoadedModel, sizes: &Sizes) -> Result<()> {
     let needed = decode_positions(sizes.prompt_len, sizes.decode_tokens);
-    if needed > model.context_length() {
+    let context = loaded.model.context_length();
+    if needed > context {
+        let needed = match needed {
+            usize::MAX => format!("{needed} or more"),
+            n => n.to_string(),
+        };
         bail!(
             "--prompt-len {} and --decode-tokens {} need {needed} positions (the last token is \
-             never fed), more than the context of {} ({})",
+             never fed), more than the context of {} ({context})",
             sizes.prompt_len,
             sizes.decode_tokens,
             loaded.name,
-            model.context_length()
         );
     }
+    Ok(())
+}
+
+/// Warm up, time `repeats` greedy runs of `prompt_len + decode_tokens`, and probe the memory bandwidth.
+pub fn measure(loaded: &LoadedModel, sizes: &Sizes) -> Result<BenchResult> {
+    check_sizes(sizes)?;
+    check_context(loaded, sizes)?;
+    let model = &loaded.model;
+    let config = &model.config;
     // A fixed pseudo-random prompt; no stop tokens, so every run decodes exactly `decode_tokens`.
     let prompt: Vec<u32> = (0..sizes.prompt_len as u64)
         .map(|i| ((i * 2_654_435_761 + 12_345) % config.vocab_size as u64) as u32)

@@ -191,7 +191,7 @@ pub fn greedy_positions(prompt_len: usize, repeats: usize) -> usize {
 
 /// Refuse sizes the measurement cannot run, naming the flag that does not fit: the verify chunks
 /// after the prompt (--prompt-len), the greedy rounds (--repeats), the batched decoding
-/// (--decode-tokens). Saturating counts, as plain `bench` does ([`decode_positions`]).
+/// (--decode-tokens, plain `bench`'s own check). Saturating counts ([`decode_positions`]).
 pub fn check(loaded: &LoadedModel, sizes: &Sizes) -> Result<()> {
     let (prompt, repeats) = (sizes.prompt_len, sizes.repeats);
     let context = loaded.model.context_length();
@@ -217,16 +217,7 @@ pub fn check(loaded: &LoadedModel, sizes: &Sizes) -> Result<()> {
             context - prompt - 1,
         );
     }
-    let batched = decode_positions(prompt, sizes.decode_tokens);
-    if batched > context {
-        bail!(
-            "--prompt-len {prompt} and --decode-tokens {} need {} positions for the batched \
-             decoding (the last token is never fed), more than the context of {name} ({context})",
-            sizes.decode_tokens,
-            positions(batched),
-        );
-    }
-    Ok(())
+    crate::cli::decode_speed::check_context(loaded, sizes)
 }
 
 /// A saturated count of positions, said as such.
