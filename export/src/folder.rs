@@ -10,6 +10,7 @@
 
 use crate::error::{Error, Result};
 use crate::graphs::{self, ExportOptions, GraphKind};
+use crate::stale;
 use crate::static_graph;
 use crate::summary::{GraphSummary, summarize};
 use crate::write::write_graph;
@@ -39,6 +40,9 @@ pub struct ExportRequest<'a> {
 
 /// Progress of an export, for a progress bar.
 pub enum Event<'a> {
+    /// A temporary folder of an earlier export to the same target that was stopped (Ctrl-C,
+    /// `kill`) before it finished, now removed ([`crate::stale`]).
+    RemovedStale(&'a Path),
     Building(GraphKind),
     Writing(GraphKind),
     Done(&'a GraphSummary),
@@ -71,6 +75,11 @@ pub fn export(
     let out = &resolve_link(out)?;
     check_replaceable(out)?;
     let temp = temp_sibling(out)?;
+    if let (Some(parent), Some(name)) = (temp.parent(), out.file_name().and_then(|n| n.to_str())) {
+        for removed in stale::remove_stale(parent, name) {
+            progress(Event::RemovedStale(&removed));
+        }
+    }
     std::fs::create_dir(&temp).map_err(|e| {
         Error::Invalid(format!(
             "output folder {} is not writable: cannot create {}: {e}",
@@ -143,7 +152,7 @@ fn temp_sibling(out: &Path) -> Result<PathBuf> {
         _ => PathBuf::from("."),
     };
     create_parent(out, &parent)?;
-    Ok(parent.join(format!(".{name}.partial-{}", std::process::id())))
+    Ok(parent.join(stale::partial_name(name, std::process::id())))
 }
 
 /// Create `out`'s missing parent folders (like `mkdir -p`), naming an ancestor that is a file.

@@ -11,7 +11,8 @@
 //! [`emit`] (one emitter per reference module, same file names), [`graphs`] (the four graphs and
 //! their interfaces), [`static_graph`] (the same four with fixed KV buffers written in place,
 //! `--static-cache`, docs/STATIC.md), [`write`](mod@write) (protobuf files, external data), [`folder`] (the
-//! export folder: manifest, onnxruntime-genai config, tokenizer files), [`summary`] (per-graph
+//! export folder: manifest, onnxruntime-genai config, tokenizer files; [`stale`]: what stopped
+//! exports left), [`summary`] (per-graph
 //! statistics), [`check`] (the graphs under ONNX Runtime against the reference).
 
 pub mod builder;
@@ -21,6 +22,7 @@ pub mod error;
 pub mod folder;
 pub mod graphs;
 pub mod proto;
+pub mod stale;
 pub mod static_graph;
 pub mod summary;
 pub mod write;

@@ -123,6 +123,13 @@ pub fn run(args: &Args) -> Result<()> {
         Event::Building(k) => bar.set_message(format!("building {}", k.file_name())),
         Event::Writing(k) => bar.set_message(format!("writing {}", k.file_name())),
         Event::Done(_) => bar.inc(1),
+        Event::RemovedStale(dir) => bar.suspend(|| {
+            eprintln!(
+                "note: removed {}, left by an export to the same folder that was stopped before \
+                 it finished",
+                dir.display()
+            )
+        }),
     })
     .with_context(|| format!("cannot export {} to {}", loaded.name, args.out.display()))?;
     bar.finish_and_clear();

@@ -384,6 +384,33 @@ fn only_an_earlier_export_is_replaced() {
     assert!(keep.join("model.onnx").is_file() && !keep.join("trt_cache").exists());
 }
 
+/// A temporary folder left by an export that was stopped (Ctrl-C, `kill`) is removed by the next
+/// export to the same folder, with a note; one of a live process is left alone.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_stopped_exports_partial_folder_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    // no process has this id (Linux ids stay below 2^22)
+    let stale = dir.path().join(".out.partial-4000000000");
+    std::fs::create_dir(&stale).unwrap();
+    std::fs::write(stale.join("model.onnx"), "half a graph").unwrap();
+    // process 1 is alive
+    let live = dir.path().join(".out.partial-1");
+    std::fs::create_dir(&live).unwrap();
+    let export = ["export", "--model", "tiny", "--graphs", "model", "--out"];
+    let run = ok(&[&export[..], &[out.to_str().unwrap()]].concat());
+    assert!(
+        run.stderr.contains(&format!(
+            "note: removed {}, left by an export to the same folder that was stopped",
+            stale.display()
+        )),
+        "{}",
+        run.stderr
+    );
+    assert!(!stale.exists() && live.is_dir() && out.join("model.onnx").is_file());
+}
+
 /// `--out` a symbolic link to a folder: the export goes into that folder and the link stays.
 #[cfg(unix)]
 #[test]
