@@ -4,7 +4,7 @@
 
 use crate::cli::args::model::{PromptArgs, TokenIds};
 use crate::cli::progress;
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use reference::io::load::{LoadedModel, load_model};
 use reference::io::tokenizer::{ChatMessage, Tokenizer};
 use std::io::BufRead;
@@ -45,7 +45,8 @@ pub fn prompt_tokens_with(
     let tokens = match (&args.tokens, &args.prompt) {
         (Some(TokenIds(ids)), _) => ids.clone(),
         (None, Some(text)) => {
-            let tokenizer = tokenizer?;
+            let tokenizer =
+                tokenizer.map_err(|e| anyhow!("{e}; pass --tokens instead of --prompt"))?;
             if args.chat {
                 let messages = [ChatMessage::new("user", text.as_str())];
                 let rendered = tokenizer
@@ -177,6 +178,21 @@ pub fn check_low_rank(flag: &str, value: usize, hidden: usize) -> Result<()> {
     if value > hidden {
         anyhow::bail!(
             "{flag} {value} is wider than the model's hidden size {hidden}: give at most {hidden}"
+        );
+    }
+    Ok(())
+}
+
+/// Refuse `--seed S` when a run's seeds `S + i` for its `count` `what` (candidates, samples) pass
+/// 2^64 - 1: they would wrap around to 0, 1, ..., another run's seeds, and so its samples.
+pub fn check_seed_range(seed: u64, count: usize, what: &str) -> Result<()> {
+    let last = (count as u64).saturating_sub(1);
+    if seed.checked_add(last).is_none() {
+        anyhow::bail!(
+            "--seed {seed}: the {count} {what} of this run take seeds {seed} + i, which pass \
+             2^64 - 1 and would wrap around to the seeds 0, 1, ... of another run: give a --seed \
+             of at most {}",
+            u64::MAX - last
         );
     }
     Ok(())

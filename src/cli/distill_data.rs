@@ -104,7 +104,11 @@ pub fn run(args: &Args) -> Result<()> {
                 args.samples_per_prompt
             )
         })?;
+    common::check_seed_range(args.seed, total, "samples")?;
     let loaded = common::load(&args.model.model)?;
+    loaded
+        .tokenizer()
+        .context("distill-data renders each prompt with the model's chat template")?;
     let encoded: Vec<(String, Vec<u32>)> = prompts
         .iter()
         .map(|p| {

@@ -81,6 +81,7 @@ pub fn run(args: &Args) -> Result<()> {
             args.count
         );
     }
+    common::check_seed_range(args.seed, args.count, "candidates")?;
     if !(args.temperature > 0.0 && args.temperature.is_finite()) {
         bail!("--temperature must be positive (got {})", args.temperature);
     }
@@ -113,7 +114,9 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     let loaded = common::load(&args.model.model)?;
-    let tokenizer = loaded.tokenizer()?;
+    let tokenizer = loaded
+        .tokenizer()
+        .context("distill-prompts samples user messages with the model's chat template")?;
     // The template up to where the user's message starts: rendered around a marker, cut before it.
     let rendered = tokenizer
         .apply_chat_template(&[ChatMessage::new("user", MARKER)], false)

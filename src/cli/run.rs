@@ -347,14 +347,15 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// The tokenizer, or the error `--prompt` gets for an export without one.
+/// The tokenizer, or the error `--prompt` gets for an export without one (whose advice to pass
+/// `--tokens` [`common::prompt_tokens_with`] adds).
 fn tokenizer_or_error<'a>(
     export: &ExportDir,
     tokenizer: Option<&'a Tokenizer>,
 ) -> reference::Result<&'a Tokenizer> {
     tokenizer.ok_or_else(|| {
         reference::Error::Invalid(format!(
-            "{} has no tokenizer (no tokenizer.json in the export); pass --tokens instead of --prompt",
+            "{} has no tokenizer (no tokenizer.json in the export)",
             export.dir.display()
         ))
     })

@@ -320,3 +320,34 @@ fn demo_needs_a_tokenizer() {
     );
     assert!(!run.stderr.contains("pass --tokens"), "{}", run.stderr);
 }
+
+/// Only commands that take `--tokens` advise it for a model without a tokenizer: `generate` does,
+/// `distill-data` (chat prompts alone) says why it needs one instead.
+#[test]
+fn no_tokenizer_advice_fits_the_command() {
+    let dir = m2r2_tests::fixture_dir().join("hf").join("llama_gqa_tied");
+    let model = dir.to_str().unwrap();
+    fails(
+        &["generate", "--model", model, "--prompt", "hi"],
+        &["has no tokenizer (no tokenizer.json in the folder); pass --tokens instead of --prompt"],
+    );
+    let out = tempfile::tempdir().unwrap();
+    let prompts = out.path().join("p.jsonl");
+    std::fs::write(&prompts, "{\"id\": \"a\", \"prompt\": \"hi\"}\n").unwrap();
+    let run = fails(
+        &[
+            "distill-data",
+            "--model",
+            model,
+            "--prompts",
+            prompts.to_str().unwrap(),
+            "--out",
+            out.path().join("d").to_str().unwrap(),
+        ],
+        &[
+            "distill-data renders each prompt with the model's chat template: ",
+            "has no tokenizer",
+        ],
+    );
+    assert!(!run.stderr.contains("--tokens"), "{}", run.stderr);
+}

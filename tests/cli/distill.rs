@@ -269,6 +269,19 @@ fn distill_checks_settings_before_writing() {
             "--min-chars 100 is above --max-chars 10",
         ),
         (&["--temperature", "0"], "--temperature must be positive"),
+        // seeds 2^64 - 2, 2^64 - 1 and then 0: another run's
+        (
+            &["--seed", "18446744073709551614"],
+            "--seed 18446744073709551614: the 3 candidates of this run take seeds \
+             18446744073709551614 + i, which pass 2^64 - 1",
+        ),
+        (
+            &[
+                "--model",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf/mixtral"),
+            ],
+            "distill-prompts samples user messages with the model's chat template: ",
+        ),
         (
             &["--exclude", "/nonexistent/x.jsonl"],
             "/nonexistent/x.jsonl",
@@ -316,6 +329,10 @@ fn distill_checks_settings_before_writing() {
         (&["--batch", "0"], "--batch must be at least 1"),
         (&["--limit", "0"], "--limit must be at least 1"),
         (&["--samples-per-prompt", "0"], "--samples-per-prompt"),
+        (
+            &["--seed", "18446744073709551615", "--temperature", "1"],
+            "give a --seed of at most 18446744073709551614",
+        ),
     ] {
         fails(&distill_args(&prompts, &out, extra), &[needle]);
         assert!(!dir.path().join("d").exists(), "{extra:?} wrote d");

@@ -19,7 +19,7 @@
 
 use crate::error::{Error, Result};
 pub use crate::jsonl_log::Start;
-use crate::jsonl_log::{JsonlLog, folder_is_empty};
+use crate::jsonl_log::{JsonlLog, folder_is_empty, read_lines};
 use reference::Model;
 use reference::base::batch::{BatchRequest, generate_batch};
 use reference::base::generate::GenerateOptions;
@@ -375,6 +375,9 @@ impl CandidateLog {
                     differ.join(", ")
                 )));
             }
+            if path.exists() {
+                check_belong(&path, &read_lines(&path, true)?, &planned)?;
+            }
             let (log, earlier) = JsonlLog::resume(&path)?;
             let earlier = earlier.into_iter().map(|(_, c)| c).collect();
             *settings = planned;
@@ -397,6 +400,42 @@ impl CandidateLog {
     pub fn append(&mut self, c: &Candidate) -> Result<()> {
         self.log.append(c)
     }
+}
+
+/// Refuse a resumed run's candidate that is not one the run would sample: its seed outside
+/// `seed..seed + count`, the same seed on an earlier line, or more tokens than
+/// `max_prompt_tokens`. (Otherwise it would be selected, counted and written as a prompt of a run
+/// that never sampled it.)
+fn check_belong(path: &Path, lines: &[(usize, Candidate)], planned: &MagpieSettings) -> Result<()> {
+    let seeds = planned.seed..planned.seed.saturating_add(planned.count as u64);
+    let mut seen = HashSet::new();
+    for (line, c) in lines {
+        let why = if !seeds.contains(&c.seed) {
+            format!(
+                "its seed is not one of the run's {} seeds from --seed {}",
+                planned.count, planned.seed
+            )
+        } else if !seen.insert(c.seed) {
+            "the same seed is on an earlier line".to_string()
+        } else if c.tokens.len() > planned.max_prompt_tokens {
+            format!(
+                "it has {} tokens, more than --max-prompt-tokens {}",
+                c.tokens.len(),
+                planned.max_prompt_tokens
+            )
+        } else {
+            continue;
+        };
+        return Err(Error::Data {
+            file: path.display().to_string(),
+            msg: format!(
+                "line {line} (seed {}): --resume: {why}; this file was not written by this run \
+                 (rerun without --resume and with --force, or write a new folder)",
+                c.seed
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// One kept prompt, as `distill-data --prompts` reads it.

@@ -25,11 +25,12 @@ pub struct LoadedModel {
 }
 
 impl LoadedModel {
-    /// The tokenizer, or an error saying this model has none (pass token ids instead).
+    /// The tokenizer, or an error saying this model has none (callers that take token ids say
+    /// so).
     pub fn tokenizer(&self) -> Result<&Tokenizer> {
         self.tokenizer.as_ref().ok_or_else(|| {
             Error::Invalid(format!(
-                "{} has no tokenizer (no tokenizer.json in the folder); pass --tokens instead of --prompt",
+                "{} has no tokenizer (no tokenizer.json in the folder)",
                 self.name
             ))
         })

@@ -171,6 +171,57 @@ fn log_resume_and_refusals() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `--resume` refuses candidates the run would not sample (seed outside `seed..seed + count`,
+/// a seed twice, more tokens than `max_prompt_tokens`), naming the line, and changes nothing.
+#[test]
+fn resume_refuses_candidates_of_another_run() {
+    let s = settings(); // seeds 40..46, at most 8 tokens
+    let ok = Candidate {
+        seed: 45,
+        tokens: vec![1; 8],
+        ended: true,
+    };
+    let cases = [
+        (
+            46,
+            2,
+            "its seed is not one of the run's 6 seeds from --seed 40",
+        ),
+        (
+            39,
+            2,
+            "its seed is not one of the run's 6 seeds from --seed 40",
+        ),
+        (45, 2, "the same seed is on an earlier line"),
+        (41, 9, "it has 9 tokens, more than --max-prompt-tokens 8"),
+    ];
+    for (seed, len, why) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = s.clone();
+        {
+            let (mut log, _) = CandidateLog::open(dir.path(), &mut s, Start::Fresh).unwrap();
+            log.append(&ok).unwrap();
+            let bad = Candidate {
+                seed,
+                tokens: vec![1; len],
+                ended: true,
+            };
+            log.append(&bad).unwrap();
+        }
+        let path = dir.path().join(CANDIDATES_FILE);
+        let before = std::fs::read(&path).unwrap();
+        let e = CandidateLog::open(dir.path(), &mut s, Start::Resume)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains(&format!("line 2 (seed {seed}): --resume: {why};")),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), before);
+    }
+}
+
 /// `--resume` compares the model by config hash and `--exclude` by its prompts: other spellings
 /// of the same are no difference, other contents are; a run from before the hash and digest were
 /// recorded is compared by the names.
