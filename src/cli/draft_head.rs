@@ -6,7 +6,7 @@
 
 use crate::cli::args::trained::{Trained, TrainedArgs};
 use anyhow::{Context, Result, bail};
-use reference::base::weight_names::Target;
+use reference::m2r2::cost::CostModel;
 use train::draft_head::{DraftHead, most_frequent, pruned_agreement};
 
 #[derive(clap::Args, Debug)]
@@ -80,13 +80,11 @@ pub fn run(args: &Args) -> Result<()> {
     let gate = weights.config.draft_gate;
     let result = pruned_agreement(model, &weights, gate, &dev, &heads)?;
     // Multiply-adds of one draft step: the draft gate's layers on one slow and one fast row (the
-    // linear maps; attention and adapters are small), then the head on the fast row.
-    let per_layer: usize = Target::ALL
-        .iter()
-        .map(|t| t.shape(config))
-        .map(|(o, i)| o * i)
-        .sum();
-    let layers = 2 * weights.config.gate_layer(gate) * per_layer;
+    // linear maps, an MoE layer's router and k experts per row; attention and adapters are
+    // small), then the head on the fast row.
+    let cost = CostModel::new(config, None);
+    let per_layer = cost.attention_projections(2) + cost.feed_forward(2, 1);
+    let layers = weights.config.gate_layer(gate) * per_layer.weight_macs as usize;
     let d = config.hidden_size;
     let n = result.rows.max(1) as f64;
     println!(
