@@ -5,7 +5,7 @@
 use crate::cli::args::moe_sim::MoeSimArgs;
 use anyhow::{Result, bail};
 use reference::base::config::{MAX_CONTEXT, ModelConfig};
-use reference::moe_aot::memory_sim::CapacityScope;
+use reference::moe_aot::memory_sim::{CapacityScope, Eviction};
 
 /// Refuse flags that make no sense whatever the model, before anything is loaded.
 pub fn check_flags(args: &MoeSimArgs) -> Result<()> {
@@ -21,9 +21,10 @@ pub fn check_flags(args: &MoeSimArgs) -> Result<()> {
     ] {
         check_positive(flag, v, scale)?;
     }
-    // A link without a fixed cost per transfer is a fair what-if: 0 is allowed.
+    // A link without a fixed cost per transfer is a fair what-if: 0 is allowed (-0 is not: the
+    // report would print it as -0.0).
     let latency = args.latency_us;
-    if !(latency.is_finite() && latency >= 0.0) {
+    if !(latency.is_finite() && latency.is_sign_positive()) {
         bail!("--latency-us must be a finite number >= 0, got {latency}");
     }
     if !(latency * 1e-6).is_finite() {
@@ -44,6 +45,16 @@ pub fn check_flags(args: &MoeSimArgs) -> Result<()> {
              (give --warmup below --steps)",
             args.warmup,
             args.steps
+        );
+    }
+    // With per-layer pools, layer l evicts only its own experts, and only while it runs, when the
+    // only predictions that name them (this token's, for layer l) are settled; no predictor
+    // guesses the next token's experts. keep-predicted would report lru's numbers under its name.
+    if args.eviction == Eviction::KeepPredicted && args.capacity_per_layer.is_some() {
+        bail!(
+            "--eviction keep-predicted needs --capacity, not --capacity-per-layer: a layer's own \
+             pool only holds experts whose predictions are settled when it evicts, so it would be \
+             exactly lru (give --capacity, or --eviction lru)"
         );
     }
     for (flag, capacity) in [

@@ -69,7 +69,9 @@ fn moe_sim_json_and_plot() {
         assert!((time - compute - stall).abs() <= 1e-9 * time, "{p}");
     }
     assert_eq!(policies[0]["speedup_over_lazy"], 1.0);
+    // lazy predicts nothing: precision is undefined, recall 0 (none of the accesses predicted).
     assert!(policies[0]["precision"].is_null());
+    assert_eq!(policies[0]["recall"], 0.0);
     assert_eq!(policies[3]["precision"], 1.0);
     assert_eq!(policies[3]["recall"], 1.0);
     let oracle = policies[3]["time_per_token_seconds"].as_f64().unwrap();
@@ -105,12 +107,10 @@ fn moe_sim_json_and_plot() {
 
 #[test]
 fn moe_sim_options() {
-    // Per-layer capacity, keep-predicted, two bandwidths, Mixtral-8x7B sizes, zero adapters.
+    // Per-layer capacity, two bandwidths, Mixtral-8x7B sizes, zero adapters.
     let r = moe_sim(&[
         "--capacity-per-layer",
         "4",
-        "--eviction",
-        "keep-predicted",
         "--policy",
         "m2r2,oracle",
         "--sweep-capacities",
@@ -129,8 +129,9 @@ fn moe_sim_options() {
     assert_eq!(r["policies"].as_array().unwrap().len(), 2);
     assert_eq!(r["sweep"]["points"].as_array().unwrap().len(), 2 * 2 * 2);
     // Times measured from the reference itself: positive, and the same for every policy.
-    let m = moe_sim(&["--timing", "measured"]);
+    let m = moe_sim(&["--timing", "measured", "--eviction", "keep-predicted"]);
     assert_eq!(m["deployment"]["timing"], "measured");
+    assert_eq!(m["params"]["eviction"], "keep-predicted");
     let pre = m["deployment"]["layer_pre_us"].as_array().unwrap();
     assert!(pre.iter().all(|t| t.as_f64().unwrap() > 0.0), "{pre:?}");
     assert_eq!(
@@ -384,6 +385,11 @@ fn moe_sim_validates_flags_before_loading() {
             &["--bandwidth-gbps", "1e300"],
             "--bandwidth-gbps 1e300 is out of range",
         ),
+        // Per-layer pools would make keep-predicted exactly lru (docs/MOE_AOT.md).
+        (
+            &["--capacity-per-layer", "4", "--eviction", "keep-predicted"],
+            "--eviction keep-predicted needs --capacity, not --capacity-per-layer",
+        ),
         // A dense model is refused from its config, before its weights.
         (&["--model", "tiny"], "tiny is a dense model"),
     ] {
@@ -394,12 +400,13 @@ fn moe_sim_validates_flags_before_loading() {
 }
 
 /// --latency-us accepts 0 (a link without a fixed cost) and refuses what is not a finite number
-/// >= 0, saying so; byte sizes far below a byte print with a precision, not 40 digits.
+/// >= 0, -0 included (the report would print `-0.0`), saying so; byte sizes far below a byte print
+/// with a precision, not 40 digits.
 #[test]
 fn moe_sim_latency_and_byte_sizes() {
     let r = moe_sim(&["--latency-us", "0"]);
     assert_eq!(r["deployment"]["latency_us"], 0.0);
-    for bad in ["nan", "-1", "inf"] {
+    for bad in ["nan", "-1", "inf", "-0", "-0.0"] {
         fails_before_loading(
             &[
                 "moe-sim",

@@ -100,11 +100,11 @@ impl Meter {
     ) -> SimResult {
         let ratio = |a: usize, b: usize| (b > 0).then(|| a as f64 / b as f64);
         self.layers.retain(|r| r.accesses > 0);
+        // Precision over no predictions is undefined (null); recall is defined by the accesses, so a
+        // layer, or a predictor, that predicts nothing has found none of its experts: 0.
         for r in &mut self.layers {
-            if r.predicted > 0 {
-                r.precision = ratio(r.predicted_used, r.predicted);
-                r.recall = ratio(r.predicted_used, r.accesses);
-            }
+            r.precision = ratio(r.predicted_used, r.predicted);
+            r.recall = ratio(r.predicted_used, r.accesses);
         }
         let sum = |f: fn(&LayerStats) -> usize| self.layers.iter().map(f).sum::<usize>();
         let (accesses, predicted, predicted_used) = (
@@ -131,8 +131,8 @@ impl Meter {
             demand_loads: self.demand,
             bytes_moved: self.bytes,
             wasted_bytes: self.wasted,
-            precision: (predicted > 0).then(|| predicted_used as f64 / predicted as f64),
-            recall: (predicted > 0).then(|| predicted_used as f64 / accesses as f64),
+            precision: ratio(predicted_used, predicted),
+            recall: ratio(predicted_used, accesses),
             stall_seconds: stall,
             stall_per_token_seconds: stall / tokens as f64,
             compute_per_token_seconds: self.compute / tokens as f64,

@@ -14,7 +14,10 @@
 //! - Cache: `capacity` experts, one pool (`global`) or one pool per layer (`per-layer`). An expert
 //!   enters it when a layer uses it; the victim is chosen by the eviction policy among the experts
 //!   the layer does not use (`lru`: least recently used; `keep-predicted`: least recently used
-//!   among those no outstanding prediction of this token names, else LRU).
+//!   among those no outstanding prediction of this token names, else LRU). With per-layer pools
+//!   `keep-predicted` is exactly `lru`: layer `l` evicts only layer `l`'s experts, when it runs,
+//!   and by then this token's predictions for `l` are settled and the next token's not yet made
+//!   (the CLI refuses the combination).
 //! - Prefetch: a prediction issues a transfer for each predicted expert that is neither cached nor
 //!   already requested. It lands in a prefetch buffer (reported as `peak_buffered_experts`, not
 //!   counted in `capacity`) and enters the cache only when its layer uses it; an unused prefetch is
@@ -76,7 +79,7 @@ pub struct LayerStats {
     pub predicted_used: usize,
     /// `predicted_used / predicted` (null without predictions)
     pub precision: Option<f64>,
-    /// `predicted_used / accesses` (null without predictions)
+    /// `predicted_used / accesses` (0 without predictions: none of the experts was found)
     pub recall: Option<f64>,
     pub stall_seconds: f64,
 }
@@ -107,7 +110,7 @@ pub struct SimResult {
     pub wasted_bytes: f64,
     /// predicted experts used / predicted experts, over all layers (null without predictions)
     pub precision: Option<f64>,
-    /// predicted experts used / all accesses, layers without predictions included
+    /// predicted experts used / all accesses, layers without predictions included (0 for `lazy`)
     pub recall: Option<f64>,
     pub stall_seconds: f64,
     pub stall_per_token_seconds: f64,
@@ -388,10 +391,15 @@ mod tests {
             (2, 2, 1)
         );
         assert_eq!((ng.bytes_moved, ng.wasted_bytes), (8.0, 2.0));
-        // Recall over all accesses: nothing predicts layer 0.
+        // Recall over all accesses: nothing predicts layer 0, where precision is undefined and
+        // recall 0; lazy predicts nothing at all.
         assert_eq!((ng.precision, ng.recall), (Some(0.5), Some(0.25)));
         assert_eq!(ng.layers[1].recall, Some(0.5));
-        assert_eq!(ng.layers[0].recall, None);
+        assert_eq!(
+            (ng.layers[0].precision, ng.layers[0].recall),
+            (None, Some(0.0))
+        );
+        assert_eq!((lazy.precision, lazy.recall), (None, Some(0.0)));
         let m2r2 = expect(Predictor::M2r2, 15.0, 7.0, 1);
         assert_eq!((m2r2.precision, m2r2.recall), (Some(1.0), Some(0.5)));
         assert_eq!(m2r2.layers[1].stall_seconds, 4.0);
@@ -428,6 +436,43 @@ mod tests {
         // Under LRU the oracle re-requests L1e0 when it is evicted at t2.
         let r = simulate(&tr, Predictor::Oracle, &params(3, Eviction::Lru)).unwrap();
         assert_eq!((r.prefetches, r.demand_loads), (6, 0));
+    }
+
+    /// Per-layer pools: every prediction that names an expert of layer `l`'s pool is settled when
+    /// `l` evicts, so `keep-predicted` protects nothing and equals `lru` (why the CLI refuses it),
+    /// also on the trace of `keep_predicted_spares_a_predicted_expert`, where one global pool of 3
+    /// tells them apart.
+    #[test]
+    fn per_layer_keep_predicted_is_lru() {
+        let spares = trace(&[
+            [(0, None, None), (0, None, None)],
+            [(1, None, None), (1, None, None)],
+            [(2, None, None), (0, None, None)],
+        ]);
+        let guesses = trace(&[
+            [(0, None, None), (0, Some(1), Some(0))],
+            [(1, None, None), (1, Some(1), Some(3))],
+            [(2, None, None), (0, Some(0), Some(0))],
+            [(0, None, None), (3, Some(3), Some(2))],
+        ]);
+        for tr in [&spares, &guesses] {
+            for capacity in 1..=4 {
+                let run = |p, eviction| {
+                    let mut params = params(capacity, eviction);
+                    params.scope = CapacityScope::PerLayer;
+                    let mut r = simulate(tr, p, &params).unwrap();
+                    r.eviction = Eviction::Lru;
+                    r
+                };
+                for p in Predictor::ALL {
+                    assert_eq!(
+                        run(p, Eviction::KeepPredicted),
+                        run(p, Eviction::Lru),
+                        "{p}, {capacity} per layer"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
