@@ -5,7 +5,9 @@
 //!
 //! Values are named after the node that produces them, so a value name tells where it comes from.
 //! In the f16 flavour every weight is stored as an f16 initializer followed by one `Cast` to f32;
-//! the emitters never see the difference ([`GraphBuilder::weight`] returns the f32 value).
+//! the emitters never see the difference ([`GraphBuilder::weight`] returns the f32 value). A weight
+//! beyond f16's finite range is refused there ([`F16_MAX`]), and [`GraphBuilder::try_finish`]
+//! returns the refusal in place of the graph.
 
 use crate::error::{Error, Result};
 use crate::proto::tensor_proto::DataType;
@@ -63,6 +65,10 @@ pub fn check_opset(opset: i64) -> Result<()> {
     }
     Ok(())
 }
+
+/// The largest finite f16 value: f16 stores anything of larger magnitude as inf, so an f16 export
+/// refuses a weight beyond it.
+pub const F16_MAX: f32 = 65504.0;
 
 /// How weights are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -145,6 +151,10 @@ pub struct GraphBuilder {
     constants: HashSet<String>,
     /// `(value, output name)` of every declared output, folded into the graph by `finish`.
     outputs: Vec<(String, String)>,
+    /// The first weight the f16 flavour could not store ([`f16_bytes`]), returned by
+    /// [`try_finish`](Self::try_finish): [`weight`](Self::weight) cannot fail without every
+    /// emitter doing so.
+    refused: Option<Error>,
 }
 
 impl GraphBuilder {
@@ -162,6 +172,7 @@ impl GraphBuilder {
             transposed: HashMap::new(),
             constants: HashSet::new(),
             outputs: Vec::new(),
+            refused: None,
         }
     }
 
@@ -320,7 +331,8 @@ impl GraphBuilder {
     }
 
     /// The weight `name` (emitted once, whatever the number of uses) as an f32 value: the initializer
-    /// itself, or in the f16 flavour the output of its `Cast`.
+    /// itself, or in the f16 flavour the output of its `Cast`. Every f16 initializer is converted
+    /// here; one f16 cannot hold is left empty and refused by [`try_finish`](Self::try_finish).
     pub fn weight(&mut self, name: &str, data: ArrayViewD<f32>) -> String {
         if let Some(v) = self.weights.get(name) {
             return v.clone();
@@ -333,9 +345,10 @@ impl GraphBuilder {
             ),
             WeightsDtype::F16 => (
                 DataType::Float16,
-                data.iter()
-                    .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
-                    .collect(),
+                f16_bytes(name, &data).unwrap_or_else(|e| {
+                    self.refused.get_or_insert(e);
+                    Vec::new()
+                }),
             ),
         };
         self.graph.initializer.push(TensorProto {
@@ -438,7 +451,18 @@ impl GraphBuilder {
         }
     }
 
-    /// The finished model with `metadata_props` (in the given order).
+    /// The finished model with `metadata_props` (in the given order), or the first weight the f16
+    /// flavour refused ([`f16_bytes`]). Exports build through this.
+    pub fn try_finish(mut self, metadata: &[(String, String)]) -> Result<ModelProto> {
+        match self.refused.take() {
+            Some(refused) => Err(refused),
+            None => Ok(self.finish(metadata)),
+        }
+    }
+
+    /// The finished model with `metadata_props` (in the given order), for graphs of single
+    /// modules in tests; a weight the f16 flavour refused stays an empty initializer, which no
+    /// runtime loads ([`try_finish`](Self::try_finish) says why instead).
     pub fn finish(mut self, metadata: &[(String, String)]) -> ModelProto {
         self.fold_outputs();
         ModelProto {
@@ -460,6 +484,23 @@ impl GraphBuilder {
             ..Default::default()
         }
     }
+}
+
+/// `data` as little-endian f16 bytes, or the refusal of a weight with a value beyond [`F16_MAX`]:
+/// f16 would store it as inf, and every output that reads it would turn inf or NaN (an f32 export
+/// holds it). NaN is stored as NaN, as an f32 export would.
+fn f16_bytes(name: &str, data: &ArrayViewD<f32>) -> Result<Vec<u8>> {
+    if data.iter().any(|v| v.abs() > F16_MAX) {
+        let largest = data.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        return Err(Error::F16Range {
+            name: name.into(),
+            largest,
+        });
+    }
+    Ok(data
+        .iter()
+        .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+        .collect())
 }
 
 fn attribute(name: &str, attr: Attr) -> AttributeProto {
@@ -560,6 +601,26 @@ mod tests {
         assert_eq!(g.node[0].op_type.as_deref(), Some("Cast"));
         assert_eq!(model.metadata_props[0].key.as_deref(), Some("k"));
         assert_eq!(model.ir_version, Some(8));
+    }
+
+    #[test]
+    fn an_f16_weight_beyond_the_f16_range_is_refused_by_name() {
+        let fits = ndarray::arr1(&[F16_MAX, -F16_MAX]).into_dyn();
+        let beyond = ndarray::arr1(&[1.0f32, 99840.0, -1.5e5, 2.0]).into_dyn();
+        let mut b = GraphBuilder::new("g", 17, WeightsDtype::F16);
+        b.weight("model.norm.weight", fits.view());
+        b.weight("lm_head.weight", beyond.view());
+        let msg = b.try_finish(&[]).unwrap_err().to_string();
+        for needle in ["`lm_head.weight`", "150000", "65504", "--weights-dtype f32"] {
+            assert!(msg.contains(needle), "{needle:?} not in: {msg}");
+        }
+        // f32 holds it, and f16 holds everything up to its largest finite value
+        let mut b = GraphBuilder::new("g", 17, WeightsDtype::F32);
+        b.weight("lm_head.weight", beyond.view());
+        b.try_finish(&[]).unwrap();
+        let mut b = GraphBuilder::new("g", 17, WeightsDtype::F16);
+        b.weight("model.norm.weight", fits.view());
+        b.try_finish(&[]).unwrap();
     }
 
     #[test]

@@ -30,6 +30,14 @@ pub enum Error {
         fix: &'static str,
     },
 
+    /// A weight the f16 flavour cannot store: beyond f16's largest finite value it would be inf.
+    #[error(
+        "weight `{name}` does not fit in f16: its largest |value| is {largest}, beyond 65504 \
+         (the largest finite f16), so it would be stored as inf and the graphs would compute inf \
+         and NaN; export with --weights-dtype f32"
+    )]
+    F16Range { name: String, largest: f32 },
+
     /// Bad arguments from the caller.
     #[error("{0}")]
     Invalid(String),

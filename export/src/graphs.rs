@@ -399,5 +399,5 @@ pub fn build(
         b.output(&kn, k, Elem::F32, &kv_dims(TOTAL));
         b.output(&vn, v, Elem::F32, &kv_dims(TOTAL));
     }
-    Ok(b.finish(&metadata(kind, model, m2r2, options)))
+    b.try_finish(&metadata(kind, model, m2r2, options))
 }

@@ -201,7 +201,7 @@ pub fn build_static(
     }
     let mut metadata = graphs::metadata(kind, model, m2r2, options);
     metadata.push(("m2r2.static_cache".into(), l_max.to_string()));
-    Ok(b.finish(&metadata))
+    b.try_finish(&metadata)
 }
 
 /// `s_0 = Embed[input_ids]`: `[B, T]` -> `[B, T, D]`.

@@ -247,6 +247,22 @@ fn check(
     } else {
         ""
     };
+    // NaN or inf fail whatever the differences: say where, before the tolerance
+    let non_finite: Vec<String> = rows
+        .iter()
+        .filter_map(|r| {
+            let side = r.non_finite?;
+            Some(format!("{} {} (non-finite in {side})", r.graph, r.tensor))
+        })
+        .collect();
+    if let Some(first) = non_finite.first() {
+        anyhow::bail!(
+            "--check: {} of {} tensors hold non-finite values (NaN or inf), which no tolerance \
+             accepts (the NOT OK rows); the first: {first}",
+            non_finite.len(),
+            rows.len()
+        );
+    }
     if failed > 0 {
         anyhow::bail!(
             "--check: {failed} of {} tensors differ from the reference by more than {TOLERANCE} x max(1, max |ref|){except}",

@@ -142,6 +142,51 @@ fn failures_are_clear_and_leave_no_export() {
     );
 }
 
+/// An f16 export of a checkpoint with a weight beyond f16's finite range (it would be stored as
+/// inf, and the graphs would compute NaN) is refused, naming the tensor, its largest |value| and
+/// 65504, and leaves nothing; the f32 export it suggests holds the weight and passes its check.
+#[test]
+fn f16_refuses_a_weight_beyond_its_range() {
+    use reference::io::checkpoint::write_f32_safetensors;
+    let dir = tempfile::tempdir().unwrap();
+    let src = m2r2_tests::fixture_dir()
+        .join("hf")
+        .join("llama_untied_bias");
+    let big = dir.path().join("big");
+    std::fs::create_dir(&big).unwrap();
+    std::fs::copy(src.join("config.json"), big.join("config.json")).unwrap();
+    let mut tensors = m2r2_tests::checkpoint_tensors(&src);
+    let (_, shape, head) = tensors
+        .iter_mut()
+        .find(|(name, _, _)| name == "lm_head.weight")
+        .expect("an untied checkpoint has lm_head.weight");
+    let row = 5 * shape[1];
+    head[row + 3] = 1e5;
+    head[row + 4] = -1.5e5;
+    write_f32_safetensors(&big.join("model.safetensors"), &tensors, None).unwrap();
+    let (big_s, out) = (big.to_str().unwrap(), dir.path().join("e16"));
+    let out_s = out.to_str().unwrap();
+    let f16 = ["--weights-dtype", "f16", "--check"];
+    fails(
+        &[&["export", "--model", big_s, "--out", out_s][..], &f16].concat(),
+        &[
+            "weight `lm_head.weight` does not fit in f16",
+            "its largest |value| is 150000, beyond 65504",
+            "export with --weights-dtype f32",
+        ],
+    );
+    assert!(!out.exists());
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "no partial folder left"
+    );
+    let run = ok(&[
+        "export", "--model", big_s, "--out", out_s, "--graphs", "model", "--check",
+    ]);
+    assert!(run.stderr.contains("check passed"), "{}", run.stderr);
+}
+
 #[test]
 fn missing_parents_are_created_and_a_file_parent_is_named() {
     let dir = tempfile::tempdir().unwrap();

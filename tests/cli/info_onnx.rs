@@ -1,7 +1,8 @@
 //! `info --onnx` fails on what `run` refuses: a graph whose `m2r2.*` metadata say it belongs to
 //! another export (another model config, M2R2 weights, weights dtype or draft gate; a graph
-//! listed under another kind), and a manifest that lists no graph; and it never prints the
-//! manifest's weights dtype as fact when the graphs hold another.
+//! listed under another kind), and a manifest that lists no graph, listing every contradiction of
+//! a graph; and it never prints the manifest's weights dtype or static cache length as fact when
+//! the graphs hold another.
 
 use super::{fails, ok};
 use serde_json::Value;
@@ -173,4 +174,58 @@ fn info_onnx_fails_on_a_manifest_the_graphs_contradict() {
         text.contains("graphs        none (the manifest lists no graph)"),
         "{text}"
     );
+}
+
+/// A static f16 model.onnx of L = 32 copied into a static f32 export of L = 64: both
+/// contradictions are problems (the dtype the model line points at among them), and the table
+/// shows the L the graph holds.
+#[test]
+fn info_onnx_lists_every_contradiction_of_a_graph() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let s64 = export(dir, "s64", &["--model", "tiny", "--static-cache", "64"]);
+    let s32 = export(
+        dir,
+        "s32",
+        &[
+            "--model",
+            "tiny",
+            "--static-cache",
+            "32",
+            "--weights-dtype",
+            "f16",
+            "--graphs",
+            "model",
+        ],
+    );
+    let mixed = copy(dir, &s64, "mixed", &|d| {
+        std::fs::copy(Path::new(&s32).join("model.onnx"), d.join("model.onnx")).unwrap();
+    });
+    let info = contradicted(
+        &mixed,
+        &[
+            &format!(
+                "{mixed}/model.onnx: m2r2_export.json says static_cache.l_max = 64, but the \
+                 graph's `past_key_values.0.key` holds 32 positions"
+            ),
+            &format!(
+                "{mixed}/model.onnx: this graph is not the one m2r2_export.json describes: its \
+                 weights dtype is f16, the manifest's is f32"
+            ),
+        ],
+    );
+    assert_eq!(info["problems"].as_array().unwrap().len(), 2, "{info}");
+    let graphs = info["graphs"].as_array().unwrap();
+    assert_eq!(graphs[0]["kv_cache"]["l_max"], 32, "{info}");
+    assert_eq!(graphs[1]["kv_cache"]["l_max"], 64, "{info}");
+    let text = fails(&["info", "--onnx", &mixed], &["has 2 problems"]).stdout;
+    assert!(
+        text.contains("f32 weights by the manifest, but model.onnx holds f16 (see the problems)"),
+        "{text}"
+    );
+    let model_row = text
+        .lines()
+        .find(|l| l.starts_with("model     model.onnx"))
+        .unwrap();
+    assert!(model_row.ends_with("static, L = 32"), "{text}");
 }

@@ -13,11 +13,15 @@ pub struct Comparison {
     pub max_abs_ref: f32,
     /// It passes when `max_abs_diff <= tolerance * max(1, max_abs_ref)`.
     pub tolerance: f32,
+    /// Which side holds a NaN or an infinite value, if one does ("the ONNX Runtime output", "the
+    /// reference" or both): the row then fails whatever its differences say, since NaN minus NaN
+    /// is no difference and an infinite `max_abs_ref` makes the tolerance infinite.
+    pub non_finite: Option<&'static str>,
 }
 
 impl Comparison {
     pub fn ok(&self) -> bool {
-        self.max_abs_diff <= self.tolerance * self.max_abs_ref.max(1.0)
+        self.non_finite.is_none() && self.max_abs_diff <= self.tolerance * self.max_abs_ref.max(1.0)
     }
 }
 
@@ -28,10 +32,7 @@ pub(super) fn compare(
     reference: &ArrayD<f32>,
 ) -> Comparison {
     let max_abs_diff = if onnx.shape() == reference.shape() {
-        onnx.iter()
-            .zip(reference.iter())
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, |m, d| if d.is_nan() { f32::NAN } else { m.max(d) })
+        max_abs(onnx.iter().zip(reference.iter()).map(|(a, b)| a - b))
     } else {
         f32::INFINITY
     };
@@ -39,8 +40,32 @@ pub(super) fn compare(
         graph: graph.into(),
         tensor: format!("{tensor} {:?}", reference.shape()),
         max_abs_diff,
-        max_abs_ref: reference.iter().fold(0.0f32, |m, v| m.max(v.abs())),
+        max_abs_ref: max_abs(reference.iter().copied()),
         tolerance: TOLERANCE,
+        non_finite: non_finite(onnx, reference),
+    }
+}
+
+/// The largest `|x|`, NaN as soon as one `x` is NaN (`f32::max` would drop it for any number
+/// that follows).
+fn max_abs(values: impl Iterator<Item = f32>) -> f32 {
+    values.fold(0.0f32, |m, x| {
+        if m.is_nan() || x.is_nan() {
+            f32::NAN
+        } else {
+            m.max(x.abs())
+        }
+    })
+}
+
+/// Which of the two compared tensors holds a NaN or an infinite value, if any.
+fn non_finite(onnx: &ArrayD<f32>, reference: &ArrayD<f32>) -> Option<&'static str> {
+    let bad = |a: &ArrayD<f32>| a.iter().any(|v| !v.is_finite());
+    match (bad(onnx), bad(reference)) {
+        (false, false) => None,
+        (true, false) => Some("the ONNX Runtime output"),
+        (false, true) => Some("the reference"),
+        (true, true) => Some("the ONNX Runtime output and the reference"),
     }
 }
 
@@ -62,4 +87,47 @@ pub(super) fn kv_layout(x: ArrayView2<f32>, heads: usize, dh: usize) -> ArrayD<f
         .as_standard_layout()
         .to_owned();
     x.into_dyn()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(values: &[f32]) -> ArrayD<f32> {
+        ndarray::arr1(values).into_dyn()
+    }
+
+    #[test]
+    fn a_nan_in_the_middle_is_kept_and_fails() {
+        let row = compare(
+            "model.onnx",
+            "logits",
+            &tensor(&[1.0, f32::NAN, 3.0]),
+            &tensor(&[1.0, 2.0, 3.5]),
+        );
+        assert!(row.max_abs_diff.is_nan(), "{row:?}");
+        assert_eq!(row.non_finite, Some("the ONNX Runtime output"));
+        assert!(!row.ok());
+    }
+
+    #[test]
+    fn an_infinite_reference_fails_whatever_the_tolerance() {
+        let inf = tensor(&[1.0, f32::INFINITY]);
+        let row = compare("model.onnx", "logits", &tensor(&[1.0, 2.0]), &inf);
+        assert_eq!(row.non_finite, Some("the reference"));
+        assert!(!row.ok(), "{row:?}");
+        let both = compare("model.onnx", "logits", &inf, &inf);
+        assert_eq!(
+            both.non_finite,
+            Some("the ONNX Runtime output and the reference")
+        );
+        assert!(!both.ok());
+        let finite = compare(
+            "model.onnx",
+            "logits",
+            &tensor(&[1.0, 2.0]),
+            &tensor(&[1.0, 2.0]),
+        );
+        assert!(finite.ok() && finite.non_finite.is_none(), "{finite:?}");
+    }
 }

@@ -20,7 +20,9 @@
 //! (ORT's blocked GEMMs and vectorised exp / sigmoid against the reference's sequential sums), so
 //! differences are rounding: about 1e-6 relative per operation, accumulated over the layers. A
 //! tensor passes when `max |onnx - ref| <= TOLERANCE * max(1, max |ref|)`: 1e-4 absolute for
-//! values of order one (KV, hidden states, probabilities), scaled for logits of order ten.
+//! values of order one (KV, hidden states, probabilities), scaled for logits of order ten. A NaN
+//! or infinite value in either tensor fails it whatever the differences
+//! ([`Comparison::non_finite`]): an infinite reference would make the tolerance infinite.
 //!
 //! One exception ([`MERGED_F16_TOLERANCE`]): a static `--merge-adapters` draft in f16 stores the
 //! fast stream's merged weight `W' = W + c B A` rounded once to f16, which the reference's

@@ -5,10 +5,13 @@
 //! (fixed buffers of `L` positions written in place) or grows every step. What the parsed graphs
 //! contradict (`problems.rs`: an empty graph file, a graph of another export, KV buffers of
 //! another length than the manifest's, external data shorter than the initializers reach) is
-//! listed as `problems` and fails the command; what the manifest says and a graph contradicts
-//! (its weights dtype) is not printed as fact.
+//! listed as `problems` (every contradiction of each graph) and fails the command; what the
+//! manifest says and a graph contradicts is not printed as fact: the graphs table shows each
+//! graph's own weights dtype and KV buffer length.
 
-use super::problems::{file_size, folder_problems, genai_model, graph_problems, metadata};
+use super::problems::{
+    file_size, folder_problems, genai_model, graph_problems, held_positions, metadata,
+};
 use crate::cli::common;
 use anyhow::{Context, Result, bail};
 use export::summary::is_constant;
@@ -78,10 +81,8 @@ pub fn describe(dir: &Path) -> Result<Value> {
             // as the graph records it (`m2r2.weights_dtype`; null in older exports)
             "weights_dtype": dtype,
             "layers": [layers.start, layers.end],
-            "kv_cache": match export.static_l_max(kind) {
-                Some(l) => json!({"kind": "static", "l_max": l}),
-                None => json!({"kind": "dynamic"}),
-            },
+            // what the graph's buffers hold (a problem says where the manifest says otherwise)
+            "kv_cache": kv_cache(&proto),
         }));
     }
     Ok(json!({
@@ -205,9 +206,13 @@ pub fn print_text(info: &Value) {
         );
     }
     for g in graphs {
-        let kv = match g["kv_cache"]["l_max"].as_u64() {
-            Some(l) => format!("static, L = {l}"),
-            None => "dynamic".into(),
+        let kv = match (
+            g["kv_cache"]["kind"].as_str(),
+            g["kv_cache"]["l_max"].as_u64(),
+        ) {
+            (Some("static"), Some(l)) => format!("static, L = {l}"),
+            (Some("dynamic"), _) => "dynamic".into(),
+            _ => "-".into(),
         };
         println!(
             "{:<9} {:<14} {:>10} {:>7} {:>11} {:>6} {:>6} {:>8}  {kv}",
@@ -251,6 +256,18 @@ pub fn check_problems(info: &Value) -> Result<()> {
         ),
     }
     Ok(())
+}
+
+/// The KV cache graph `proto` holds, read from its buffers' shape ([`held_positions`]): static with
+/// its `L`, or dynamic; null for a file without a graph (a problem says so).
+fn kv_cache(proto: &export::proto::ModelProto) -> Value {
+    match proto.graph.as_ref().filter(|g| !g.node.is_empty()) {
+        None => Value::Null,
+        Some(graph) => match held_positions(graph) {
+            Some(l) => json!({"kind": "static", "l_max": l}),
+            None => json!({"kind": "dynamic"}),
+        },
+    }
 }
 
 fn yes_no(v: &Value) -> &'static str {

@@ -1,16 +1,19 @@
 //! What `m2r2 info --onnx DIR` finds contradicted in an export folder, cheaply (the graphs are
 //! parsed, no ONNX Runtime session is built): a manifest that lists no graph, a genai_config.json
 //! pointing at another file than the manifest's model graph, and per graph an empty file, KV
-//! buffers of another length than the manifest's, `m2r2.*` metadata of another export (the
-//! runner's own check, [`ExportDir::check_metadata`], so `info` fails on what `run` refuses), and
-//! external data shorter than the initializers reach.
+//! buffers of another length than the manifest's, every `m2r2.*` metadata entry of another export
+//! (the runner's own check, [`ExportDir::check_metadata`], so `info` fails on what `run` refuses),
+//! and external data shorter than the initializers reach.
 
-use export::proto::ModelProto;
 use export::proto::tensor_shape_proto::dimension;
 use export::proto::type_proto;
+use export::proto::{GraphProto, ModelProto, ValueInfoProto};
 use onnx_runner::manifest::{ExportDir, GraphKind, MANIFEST_FILE};
 use std::collections::BTreeMap;
 use std::path::Path;
+
+/// The graphs' metadata entry of their static cache length (`none` when dynamic).
+const STATIC_CACHE_KEY: &str = "m2r2.static_cache";
 
 /// onnxruntime-genai's config, written beside a dynamic model.onnx.
 pub const GENAI_CONFIG: &str = "genai_config.json";
@@ -79,9 +82,9 @@ pub fn folder_problems(export: &ExportDir, genai: Option<&Result<String, String>
 
 /// What the parse of graph `kind` at `path` shows wrong: no graph (an empty or truncated file);
 /// a graph that is not the one the manifest describes, by its KV buffers (another length than
-/// the manifest's static cache) or else by its `m2r2.*` metadata as the runner checks it (one
-/// contradiction per graph: a static cache length would be said twice); external data files
-/// shorter than the bytes its initializers name.
+/// the manifest's static cache, [`held_positions`]) and by every `m2r2.*` metadata entry that
+/// contradicts the manifest ([`metadata_problems`]); external data files shorter than the bytes
+/// its initializers name.
 pub fn graph_problems(
     export: &ExportDir,
     kind: GraphKind,
@@ -97,22 +100,9 @@ pub fn graph_problems(
     };
     let mut problems = Vec::new();
     let l_max = export.static_l_max(kind);
-    // the first layer's key buffer `[B, Hkv, L, Dh]`: L fixed in a static graph, named in a
-    // dynamic one
-    let past = graph.input.iter().find(|i| {
-        i.name
-            .as_deref()
-            .is_some_and(|n| n.starts_with("past_key_values."))
-    });
-    let fixed = past.and_then(|i| match i.r#type.as_ref()?.value.as_ref()? {
-        type_proto::Value::TensorType(t) => match t.shape.as_ref()?.dim.get(2)?.value {
-            Some(dimension::Value::DimValue(l)) => usize::try_from(l).ok(),
-            _ => None,
-        },
-        _ => None,
-    });
+    let fixed = held_positions(graph);
     if fixed != l_max {
-        let name = past
+        let name = past_key(graph)
             .and_then(|i| i.name.as_deref())
             .unwrap_or("past_key_values.*");
         let manifest = match l_max {
@@ -127,11 +117,8 @@ pub fn graph_problems(
             "{file}: {MANIFEST_FILE} says {manifest}, but the graph's {graph} (the manifest and \
              the graph disagree: export the folder again)"
         ));
-    } else if let Err(e) =
-        export.check_metadata(kind, &file.to_string(), |key| Ok(metadata(proto, key)))
-    {
-        problems.push(e.to_string());
     }
+    problems.extend(metadata_problems(export, kind, &file.to_string(), proto));
     // external data: each file must hold the bytes its initializers point at
     let mut reach: BTreeMap<String, u64> = BTreeMap::new();
     for t in &graph.initializer {
@@ -161,6 +148,59 @@ pub fn graph_problems(
         }
     }
     problems
+}
+
+/// The first layer's key buffer `past_key_values.0.key` (`[B, Hkv, L, Dh]`) among the graph's
+/// inputs.
+fn past_key(graph: &GraphProto) -> Option<&ValueInfoProto> {
+    graph.input.iter().find(|i| {
+        i.name
+            .as_deref()
+            .is_some_and(|n| n.starts_with("past_key_values."))
+    })
+}
+
+/// The positions `L` the graph's KV buffers hold: fixed in a static graph, `None` in a dynamic one
+/// (its positions axis is named). What the graph holds, whatever the manifest says.
+pub fn held_positions(graph: &GraphProto) -> Option<usize> {
+    match past_key(graph)?.r#type.as_ref()?.value.as_ref()? {
+        type_proto::Value::TensorType(t) => match t.shape.as_ref()?.dim.get(2)?.value {
+            Some(dimension::Value::DimValue(l)) => usize::try_from(l).ok(),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// Every `m2r2.*` entry of the graph's metadata that contradicts the manifest, one problem each in
+/// the runner's words ([`ExportDir::check_metadata`], so `info` fails on what `run` refuses). That
+/// check stops at the first contradiction, so it is asked about one entry at a time, the others
+/// unanswered. The static cache length is answered as the manifest's: the KV buffers' shape
+/// ([`held_positions`]) says it from the graph itself, once.
+fn metadata_problems(
+    export: &ExportDir,
+    kind: GraphKind,
+    file: &str,
+    proto: &ModelProto,
+) -> Vec<String> {
+    // the runner's spelling of the manifest's length (`none` for a dynamic cache)
+    let l_max = export
+        .static_l_max(kind)
+        .map_or("none".to_string(), |l| l.to_string());
+    let keys = proto.metadata_props.iter().filter_map(|p| p.key.as_deref());
+    keys.filter(|key| key.starts_with("m2r2.") && *key != STATIC_CACHE_KEY)
+        .filter_map(|key| {
+            let answer = |asked: &str| match asked {
+                STATIC_CACHE_KEY => Some(l_max.clone()),
+                _ if asked == key => metadata(proto, key),
+                _ => None,
+            };
+            export
+                .check_metadata(kind, file, |asked| Ok(answer(asked)))
+                .err()
+        })
+        .map(|e| e.to_string())
+        .collect()
 }
 
 pub fn file_size(path: &Path) -> u64 {
