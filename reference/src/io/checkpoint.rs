@@ -112,6 +112,16 @@ impl SafetensorsSource {
             vec![single]
         } else if index.is_file() {
             shard_files(&index)?
+        } else if single.exists() {
+            return Err(Error::Invalid(format!(
+                "{}: not a safetensors file ({})",
+                single.display(),
+                if single.is_dir() {
+                    "a directory"
+                } else {
+                    "not a regular file"
+                }
+            )));
         } else {
             return Err(Error::Invalid(format!(
                 "{}: no model.safetensors or model.safetensors.index.json",
@@ -562,5 +572,23 @@ mod tests {
         assert!(fifo.metadata().unwrap().file_type().is_fifo());
         assert!(folder.is_dir());
         assert!(to_fifo.symlink_metadata().unwrap().file_type().is_symlink());
+    }
+
+    /// A folder whose `model.safetensors` is a directory is told so, not that the file is missing.
+    #[test]
+    fn a_directory_named_model_safetensors_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = |dir: &Path| SafetensorsSource::open_dir(dir).err().unwrap().to_string();
+        assert!(
+            err(dir.path()).ends_with("no model.safetensors or model.safetensors.index.json"),
+            "{}",
+            err(dir.path())
+        );
+        std::fs::create_dir(dir.path().join("model.safetensors")).unwrap();
+        let e = err(dir.path());
+        assert!(
+            e.ends_with("model.safetensors: not a safetensors file (a directory)"),
+            "{e}"
+        );
     }
 }
