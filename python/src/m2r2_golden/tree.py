@@ -224,7 +224,7 @@ def read_tree_record(
             )
     # each round emits its accepted path and a base token (the reference's check_emitted)
     file.check_emitted(accepted, n)
-    from .reader import _outside
+    from .reader_file import _outside
 
     for k in range(r):
         t = trees[k]

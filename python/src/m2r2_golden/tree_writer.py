@@ -20,22 +20,16 @@ from .tree import (
     from_widths,
     proposing,
 )
-from .writer import (
-    _M2R2_KEYS,
+from .writer import _M2R2_KEYS, _copied, _like, _metadata, _no_rtol
+from .writer_file import _save
+from .writer_rounds import _all_emitted, _round_emits, _round_has_room
+from .writer_values import (
     _array,
-    _copied,
     _decode,
     _float_rows,
     _ids,
     _ints,
-    _like,
-    _metadata,
-    _all_emitted,
     _model_config,
-    _no_rtol,
-    _round_emits,
-    _round_has_room,
-    _save,
     _stops_and_pins,
 )
 
