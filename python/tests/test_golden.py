@@ -290,6 +290,12 @@ class Write(TempDir):
             (dict(atol=True), "`atol` must be a finite number >= 0"),
             (dict(rtol=float("nan")), "`rtol` must be a finite number >= 0"),
             (dict(expect_dtype="bf16"), "`expect_dtype` = 'bf16' is not valid (f32, f16)"),
+            # what the reference never writes and `golden check` refuses
+            (dict(prompt_tokens=[]), "`prompt_tokens` is empty"),
+            (
+                dict(tokens=ref.tokens[:0], logits=ref.logits[:0], max_steps=0),
+                "`tokens` and `logits` record no step: there is nothing to check",
+            ),
         ]
         for change, needle in cases:
             with self.subTest(needle=needle):
@@ -432,6 +438,11 @@ class WriteSpeculative(TempDir):
             (dict(tokens=spec.tokens[:k], logits=spec.logits[:k]), f"round 1 of {r} emits no"),
             (fewer, f"the rounds emit {k} tokens (the first from the prompt), `tokens` holds {n}"),
             (dict(stop_tokens=[int(spec.tokens[0])]), "holds stop token"),
+            (dict(prompt_tokens=spec.prompt_tokens[:0]), "`prompt_tokens` is empty"),
+            (
+                dict(tokens=spec.tokens[:0], logits=spec.logits[:0]),
+                "`tokens` and `logits` record no step",
+            ),
         ]
         good = {**self.rounds, **self.graphs}
         for change, needle in cases:
@@ -550,7 +561,29 @@ class ReadRefusals(TempDir):
         self.assertRefused(
             self.save(format_version="1", mode="speculative"), "version 1 has no mode `speculative`"
         )
-        self.assertRefused(self.save(mode="sampled"), "unknown golden mode `sampled`")
+        self.assertRefused(
+            self.save(mode="sampled"),
+            "unknown mode `sampled` (expected greedy, early-exit or speculative)",
+        )
+
+    def test_values_from_the_file_are_quoted_escaped(self):
+        """A metadata value or name is quoted in a message as the reference quotes it (Rust's
+        `{:?}`, without the quotes): a control character shows as `\\u{1}` rather than reaching
+        the terminal, or vanishing from an XML report so that `gr\\u{1}eedy` would read
+        `greedy`."""
+        cases = [
+            (dict(mode="gr\x01eedy"), "unknown mode `gr\\u{1}eedy` (expected greedy,"),
+            (dict(format_version="3\x1b[0m"), "golden format version 3\\u{1b}[0m is not"),
+            (dict(expect_dtype='f3\t"2'), 'metadata `expect_dtype` = `f3\\t\\"2` is not valid'),
+            (dict(max_steps="6\n"), "metadata `max_steps` = `6\\n` is not valid"),
+            ({"ju\x7fnk": "1"}, "holds metadata `ju\\u{7f}nk`, which no greedy golden"),
+        ]
+        for metadata, needle in cases:
+            with self.subTest(needle=needle):
+                self.assertRefused(self.save(**metadata), needle)
+        with self.assertRaises(ValueError) as e:
+            m2r2_golden.read(self.save(mode="gr\x01eedy"))
+        self.assertNotIn("\x01", str(e.exception))
 
     def test_ids_outside_the_vocabulary(self):
         # as the reference's reader: the step or position, and the config's vocabulary
@@ -901,10 +934,12 @@ class ReadRefusals(TempDir):
                 "0123456789abcdef\n",
                 "０123456789abcde",
             ):
+                # quoted escaped, as the reference quotes it (Rust's `{:?}`)
+                quoted = bad.replace("\n", "\\n")
                 with self.subTest(golden=var, m2r2_weights_hash=bad):
                     self.assertRefused(
                         self.save(tensors, m2r2_weights_hash=bad),
-                        f"metadata `m2r2_weights_hash` = `{bad}` is not valid",
+                        f"metadata `m2r2_weights_hash` = `{quoted}` is not valid",
                     )
             for good in ("ABCDEF0123456789", None):
                 with self.subTest(golden=var, m2r2_weights_hash=good):
@@ -1148,6 +1183,22 @@ class ReadTreeGoldens(TempDir):
             self.rewrite(self.grown, prompt_lookup_ngram="3,2"), "metadata `prompt_lookup_ngram`"
         )
 
+    def test_a_tree_deeper_than_the_recipe_is_named_by_its_depth(self):
+        """A round's tree within the recipe's largest node count but deeper than it: the message
+        gives both counts and depths, as the reference's reader does."""
+        g = m2r2_golden.read(self.grown)
+        largest = m2r2_golden.tree.with_lookup_branch(m2r2_golden.tree.from_widths([2, 1, 1]), 3)
+        k = next(k for k, t in enumerate(g.round_trees) if t.nodes > largest.max_depth + 1)
+        nodes = g.round_trees[k].nodes
+        parents = g.round_tree_parents.copy()
+        parents[k, : nodes - 1] = np.arange(nodes - 1)  # the same nodes as one chain
+        self.assertRefused(
+            self.rewrite(self.grown, {"round_tree_parents": parents}),
+            f"tensor `round_tree_parents`: round {k}: a tree of {nodes} nodes and depth "
+            f"{nodes - 1}, larger than the recipe's largest ({largest.nodes} nodes, depth "
+            f"{largest.max_depth})",
+        )
+
     def test_accepted_nodes_must_emit_the_tokens(self):
         """As the reference's reader: each round emits its accepted node's path and a base token,
         all of them but in the last round, which the budget or a stop token may cut."""
@@ -1268,6 +1319,17 @@ class WriteTree(TempDir):
         greedy = reference_golden("M2R2_GOLDEN_GREEDY")
         with self.assertRaisesRegex(ValueError, "not a token-tree golden"):
             m2r2_golden.write_tree(out, like=greedy, **inputs)
+        # an empty prompt, no step: what the reference never writes and `golden check` refuses
+        for change, needle in (
+            (dict(prompt_tokens=[]), "`prompt_tokens` is empty"),
+            (dict(tokens=[], logits=ref.logits[:0]), "`tokens` and `logits` record no step"),
+        ):
+            with self.subTest(needle=needle):
+                with self.assertRaises(ValueError) as e:
+                    m2r2_golden.write_tree(out, like=ref, **dict(inputs, **change))
+                self.assertIn(needle, str(e.exception))
+                self.assertIn(out, str(e.exception))
+        self.assertFalse(Path(out).exists())
 
     def test_a_like_whose_weights_hash_the_reference_refuses(self):
         ref = m2r2_golden.read(reference_golden("M2R2_GOLDEN_TREE"))

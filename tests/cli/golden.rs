@@ -366,6 +366,145 @@ fn hand_edited_modes_and_ids_are_named() {
     );
 }
 
+/// What a golden holds is quoted escaped, as Rust's `{:?}` writes it (`gr\u{1}eedy`): on the
+/// terminal (the table, stderr) and in JUnit, whose XML cannot hold a control character and
+/// would drop it, so that the mode would read `greedy`. A model name the loader refuses too.
+#[test]
+fn control_characters_from_a_golden_are_shown_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.golden.safetensors");
+    let file = path.to_str().unwrap();
+    let junit = dir.path().join("report.xml");
+    let write = [
+        "golden", "write", "--tokens", "5,6,7", "--steps", "2", "--out", file,
+    ];
+    for (key, value, says) in [
+        (
+            "mode",
+            "gr\u{1}eedy",
+            "unknown mode `gr\\u{1}eedy` (expected greedy, early-exit or speculative)",
+        ),
+        ("model", "ti\u{1b}[1mny", "unknown model `ti\\u{1b}[1mny`"),
+    ] {
+        ok(&write);
+        edit_file(&path, |(_, meta)| {
+            meta.insert(key.into(), value.into());
+        });
+        let run = fails(
+            &["golden", "check", file, "--junit", junit.to_str().unwrap()],
+            &[says],
+        );
+        assert_eq!(run.code, Some(2), "{}", run.stderr);
+        let xml = std::fs::read_to_string(&junit).unwrap();
+        for (what, text) in [
+            ("stdout", &run.stdout),
+            ("stderr", &run.stderr),
+            ("JUnit", &xml),
+        ] {
+            assert!(
+                !text.contains(value) && !text.chars().any(|c| c.is_control() && c != '\n'),
+                "{key}: {what} holds a control character:\n{text:?}"
+            );
+        }
+        assert!(xml.contains(says), "{key}: {xml}");
+    }
+}
+
+/// A JUnit report that cannot be written (`--junit` names a folder) is exit 2, and `--json` says
+/// so as well: `status` `error`, `ok` false and the reason, for one golden, a suite (whose golden
+/// itself stays `ok`) and a comparison; never `"ok": true` beside exit 2.
+#[test]
+fn an_unwritable_junit_report_makes_the_json_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite");
+    let path = suite.join("g.golden.safetensors");
+    let (file, folder) = (path.to_str().unwrap(), suite.to_str().unwrap());
+    ok(&[
+        "golden", "write", "--tokens", "1,2,3", "--steps", "2", "--out", file,
+    ]);
+    let unwritable = dir.path().to_str().unwrap();
+    for args in [
+        &["golden", "check", file][..],
+        &["golden", "check", folder],
+        &["golden", "compare", file, file],
+        &["golden", "compare", folder, folder],
+    ] {
+        let all = [args, &["--junit", unwritable, "--json"]].concat();
+        let run = fails(&all, &[&format!("cannot write {unwritable}")]);
+        assert_eq!(run.code, Some(2), "{args:?}: {}", run.stderr);
+        let report = run.json();
+        assert_eq!(report["status"], "error", "{args:?}: {report}");
+        assert_eq!(report["ok"], false, "{args:?}: {report}");
+        let error = report["error"].as_str().unwrap_or_default();
+        assert!(
+            error.starts_with(&format!("cannot write {unwritable}: ")),
+            "{args:?}: {report}"
+        );
+        if args[2] == folder {
+            assert_eq!(report["files"][0]["status"], "ok", "{args:?}: {report}");
+        }
+    }
+}
+
+/// `compare` names where two prompts part, by position (a prompt has no steps): the first that
+/// differs, else the first the shorter one lacks, with both lengths; in the table, the JSON and
+/// JUnit alike (never `at ?`).
+#[test]
+fn prompts_that_differ_are_named_by_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |tokens: &str| {
+        let out = dir.path().join(format!("{tokens}.golden.safetensors"));
+        let out = out.display().to_string();
+        ok(&[
+            "golden", "write", "--tokens", tokens, "--steps", "2", "--out", &out,
+        ]);
+        out
+    };
+    let (three, four, other) = (write("1,2,3"), write("1,2,3,4"), write("1,2,4"));
+    let junit = dir.path().join("compare.xml");
+    let junit = junit.to_str().unwrap();
+    let line = |stdout: &str| -> String {
+        let found = stdout.lines().find(|l| l.contains(" prompt_tokens "));
+        found
+            .unwrap_or_else(|| panic!("no prompt_tokens line:\n{stdout}"))
+            .into()
+    };
+    let run = fails(
+        &["golden", "compare", &three, &four, "--junit", junit],
+        &["prompt_tokens NOT OK"],
+    );
+    let shorter = "first divergence at position 3: token golden (nothing: ended) vs actual ";
+    let prompt = line(&run.stdout);
+    assert!(
+        prompt.contains(shorter) && prompt.ends_with("(prompts of 3 and 4 tokens)"),
+        "{}",
+        run.stdout
+    );
+    let xml = std::fs::read_to_string(junit).unwrap();
+    assert!(xml.contains(shorter) && !xml.contains("at ?"), "{xml}");
+    let report = fails(&["golden", "compare", &three, &four, "--json"], &[]).json();
+    let entry = &report["entries"][0];
+    assert_eq!(entry["name"], "prompt_tokens", "{report}");
+    assert_eq!(entry["first"], "position 3", "{report}");
+    assert_eq!(entry["at"], serde_json::json!([3]), "{report}");
+    assert!(
+        entry["description"].as_str().unwrap().contains(shorter),
+        "{report}"
+    );
+    // prompts of one length: the position where they part
+    let run = fails(
+        &["golden", "compare", &three, &other],
+        &["prompt_tokens NOT OK"],
+    );
+    let prompt = line(&run.stdout);
+    assert!(
+        prompt.contains("first divergence at position 2: token golden ")
+            && !prompt.contains("step"),
+        "{}",
+        run.stdout
+    );
+}
+
 /// NaN and infinities in logits: the same value at the same place is equal, so a golden with a
 /// NaN logit compares OK with itself (as one with an infinity does); a NaN against a number is
 /// NOT OK, its difference reported as NaN, not inf.

@@ -33,7 +33,7 @@ from .golden import (
     VERSION_3_KEYS,
     Golden,
 )
-from .reader_file import _File, _shape
+from .reader_file import _File, _shape, _shown
 from .reader_modes import _early_exit, _speculative
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -71,11 +71,12 @@ def _read(file: _File) -> Golden:
     if version == str(GREEDY_FORMAT_VERSION):
         if mode != "greedy":
             raise file.error(
-                f"golden format version 1 has no mode `{mode}` (only greedy; metadata `mode`)"
+                f"golden format version 1 has no mode `{_shown(mode)}` (only greedy; metadata "
+                "`mode`)"
             )
     elif version not in [str(v) for v in READ_VERSIONS]:
         raise file.error(
-            f"golden format version {version} is not supported (metadata `format_version`; "
+            f"golden format version {_shown(version)} is not supported (metadata `format_version`; "
             f"this reader reads {GREEDY_FORMAT_VERSION} to {READ_VERSIONS[-1]})"
         )
     v = int(version)
@@ -117,14 +118,17 @@ def _read(file: _File) -> Golden:
     elif mode == "speculative":
         extra = _speculative(file, n, v, vocab)
     elif mode != "greedy":
-        raise file.error(f"unknown golden mode `{mode}` (greedy, early-exit, speculative)")
+        raise file.error(
+            f"unknown mode `{_shown(mode)}` (expected greedy, early-exit or speculative)"
+        )
     if v >= 3:
         _check_stop(file, tokens.tolist(), stops, steps)
         # `golden check` takes an M2R2 golden's tolerance as atol alone, `compare` would apply a
         # pinned rtol: refused, as the reference's reader refuses it
         if mode != "greedy" and "rtol" in file.metadata:
             raise file.error(
-                f"metadata `rtol` = `{file.metadata['rtol']}` is pinned in an M2R2 golden (mode "
+                f"metadata `rtol` = `{_shown(file.metadata['rtol'])}` is pinned in an M2R2 golden "
+                f"(mode "
                 f"`{mode}`): M2R2 goldens are checked with atol alone (a relative tolerance is "
                 "for greedy goldens); pin `atol` instead"
             )
@@ -153,7 +157,8 @@ def check_config_hash(label: str, config_json: str, recorded: str) -> None:
     got = config_hash(config_json)
     if got != recorded:
         raise ValueError(
-            f"{label}: metadata `config` does not hash to `config_hash` = `{recorded}` (it hashes "
+            f"{label}: metadata `config` does not hash to `config_hash` = `{_shown(recorded)}` (it "
+            f"hashes "
             f"to `{got}`): the config was edited after recording, or the hash was; record the "
             "golden again"
         )
@@ -184,8 +189,8 @@ def _check_known(file: _File, version: int, mode: str) -> None:
         if version >= 3:
             tensors += GRAPH_TENSORS["speculative"]
         kind = "speculative golden"
-    unknown = [f"metadata `{k}`" for k in sorted(file.metadata) if k not in keys]
-    unknown += [f"tensor `{t}`" for t in sorted(file.names) if t not in tensors]
+    unknown = [f"metadata `{_shown(k)}`" for k in sorted(file.metadata) if k not in keys]
+    unknown += [f"tensor `{_shown(t)}`" for t in sorted(file.names) if t not in tensors]
     if unknown:
         raise file.error(
             f"holds {', '.join(unknown)}, which no {kind} of format version {version} records "

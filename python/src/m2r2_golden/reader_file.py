@@ -8,6 +8,7 @@ Apart from :mod:`m2r2_golden.reader` (the whole-file checks) and :mod:`m2r2_gold
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -33,6 +34,27 @@ _RUST_SPACE = (
     "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
     "\u200a\u2028\u2029\u202f\u205f\u3000"
 )
+
+
+# Rust's `{:?}` escapes of these characters in a string (others it escapes are `\u{hex}`)
+_RUST_ESCAPES = {"\t": "\\t", "\r": "\\r", "\n": "\\n", "\\": "\\\\", '"': '\\"', "\0": "\\0"}
+
+
+def _shown(text: str) -> str:
+    """``text`` (a value read from a file) as the reference's messages quote it: as Rust's
+    ``{:?}`` writes it, without the quotes, so that control characters show as ``\\u{1}``
+    instead of reaching a terminal raw (or an XML report dropping them, so that ``gr\\u{1}eedy``
+    reads ``greedy``); what Rust escapes besides: the characters Python does not print (other
+    spaces than ' ', format and unassigned ones) and combining marks."""
+    out = []
+    for c in text:
+        if c in _RUST_ESCAPES:
+            out.append(_RUST_ESCAPES[c])
+        elif not c.isprintable() or unicodedata.category(c) in ("Mn", "Me"):
+            out.append(f"\\u{{{ord(c):x}}}")
+        else:
+            out.append(c)
+    return "".join(out)
 
 
 def _f32(text: str) -> Optional[float]:
@@ -68,6 +90,11 @@ class _File:
     def error(self, msg: str) -> ValueError:
         return ValueError(f"{self.label}: {msg}")
 
+    def bad(self, key: str, value: str, why: str) -> ValueError:
+        """Metadata ``key`` holds ``value``, which is not valid (``why``: what it must be), quoted
+        escaped (:func:`_shown`), as the reference's reader says it."""
+        return self.error(f"metadata `{key}` = `{_shown(value)}` is not valid ({why})")
+
     def field(self, key: str) -> str:
         if key not in self.metadata:
             raise self.error(f"not a golden file: metadata `{key}` is missing")
@@ -79,16 +106,13 @@ class _File:
         value = self.field(key)
         parsed = _usize(value, plus)
         if parsed is None or parsed > limit:
-            raise self.error(
-                f"metadata `{key}` = `{value}` is not valid (a non-negative integer, at most "
-                f"{limit})"
-            )
+            raise self.bad(key, value, f"a non-negative integer, at most {limit}")
         return parsed
 
     def choice(self, key: str, options: Tuple[str, ...]) -> str:
         value = self.field(key)
         if value not in options:
-            raise self.error(f"metadata `{key}` = `{value}` is not valid ({', '.join(options)})")
+            raise self.bad(key, value, ", ".join(options))
         return value
 
     def number(self, key: str, finite: bool = False) -> float:
@@ -97,7 +121,7 @@ class _File:
         x = _f32(value)
         if x is None or (finite and not np.isfinite(x)):
             what = "a finite number" if finite else "a number"
-            raise self.error(f"metadata `{key}` = `{value}` is not valid ({what})")
+            raise self.bad(key, value, what)
         return x
 
     def numbers(self, key: str) -> List[float]:
@@ -106,10 +130,7 @@ class _File:
         value = self.field(key)
         parsed = [_f32(part.strip(_RUST_SPACE)) for part in value.split(",")]
         if not all(x is not None and np.isfinite(x) for x in parsed):
-            raise self.error(
-                f"metadata `{key}` = `{value}` is not valid (a finite number, or one per gate "
-                "separated by commas)"
-            )
+            raise self.bad(key, value, "a finite number, or one per gate separated by commas")
         return parsed
 
     def id_list(self, key: str) -> List[int]:
@@ -123,9 +144,7 @@ class _File:
         if not isinstance(parsed, list) or not all(
             type(t) is int and 0 <= t <= _U32_MAX for t in parsed
         ):
-            raise self.error(
-                f"metadata `{key}` = `{value}` is not valid (a JSON list of token ids)"
-            )
+            raise self.bad(key, value, "a JSON list of token ids")
         return parsed
 
     def tolerance(self, key: str) -> None:
@@ -135,7 +154,7 @@ class _File:
             return
         x = _f32(value)
         if x is None or not (np.isfinite(x) and x >= 0):
-            raise self.error(f"metadata `{key}` = `{value}` is not valid (a finite number >= 0)")
+            raise self.bad(key, value, "a finite number >= 0")
 
     def json_value(self, key: str):
         """Metadata ``key`` parsed as serde_json parses it (:func:`_json`)."""
@@ -189,9 +208,7 @@ class _File:
         self.field("m2r2_hash")
         value = self.metadata.get("m2r2_weights_hash")
         if value is not None and not _WEIGHTS_HASH.fullmatch(value):
-            raise self.error(
-                f"metadata `m2r2_weights_hash` = `{value}` is not valid (16 hex digits)"
-            )
+            raise self.bad("m2r2_weights_hash", value, "16 hex digits")
 
     def tensor(self, name: str, dtype: str) -> np.ndarray:
         """The tensor ``name``, which must be stored as ``dtype`` (``I64`` or ``F32``)."""

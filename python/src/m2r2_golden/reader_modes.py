@@ -96,7 +96,7 @@ def _speculative(file: _File, n: int, version: int, vocab: Optional[int]) -> Dic
             raise file.error("metadata `gate` = `none` is not valid (dynamic draft length)")
         file.number("draft_threshold")
     elif length != "fixed":
-        raise file.error(f"metadata `draft_length` = `{length}` is not valid (fixed, dynamic, tree)")
+        raise file.bad("draft_length", length, "fixed, dynamic, tree")
     accepted = file.tensor("round_accepted", "I64")
     if accepted.ndim != 1:
         shape = _shape(accepted.shape)
@@ -175,7 +175,7 @@ def _tree(file: _File, n: int, version: int, gate: str, depth: int, vocab: Optio
         except ValueError:
             valid = False
     if not valid:
-        raise file.error(f"metadata `draft_tree` = `{spec}` is not valid (widths W1,W2,...)")
+        raise file.bad("draft_tree", spec, "widths W1,W2,...")
     if depth != len(widths):
         raise file.error(f"metadata `draft_max` = `{depth}` is not valid (the tree's depth)")
     newer = tree.GROWN_TREE_FORMAT_VERSION
@@ -190,7 +190,7 @@ def _tree(file: _File, n: int, version: int, gate: str, depth: int, vocab: Optio
             raise file.error("metadata `gate` = `none` is not valid (a tree grown per branch)")
         file.number("tree_threshold", finite=True)
     elif gate != "none":
-        raise file.error(f"metadata `gate` = `{gate}` is not valid (a tree drafted whole)")
+        raise file.bad("gate", gate, "a tree drafted whole")
     branch = 0
     if "prompt_lookup" in file.metadata:
         if version < newer:
@@ -202,7 +202,7 @@ def _tree(file: _File, n: int, version: int, gate: str, depth: int, vocab: Optio
         ngram = file.field("prompt_lookup_ngram")
         parts = [_usize(p) for p in ngram.split(",")]
         if len(parts) != 2 or None in parts or not 1 <= parts[0] <= parts[1] or branch == 0:
-            raise file.error(f"metadata `prompt_lookup_ngram` = `{ngram}` is not valid (MIN,MAX)")
+            raise file.bad("prompt_lookup_ngram", ngram, "MIN,MAX")
     fields, trees = tree.read_tree_record(file, n, version, widths, grown, branch, vocab)
     fields["round_trees"] = trees
     return fields

@@ -189,8 +189,9 @@ def read_tree_record(
                 raise file.error(f"tensor `round_tree_parents`: round {k}: {e}") from None
             if tree.nodes > largest.nodes or tree.max_depth > largest.max_depth:
                 raise file.error(
-                    f"tensor `round_tree_parents`: round {k}: a tree of {tree.nodes} nodes, larger "
-                    f"than the recipe's largest ({largest.nodes} nodes)"
+                    f"tensor `round_tree_parents`: round {k}: a tree of {tree.nodes} nodes and "
+                    f"depth {tree.max_depth}, larger than the recipe's largest ({largest.nodes} "
+                    f"nodes, depth {largest.max_depth})"
                 )
             try:
                 nodes = _rows(lookup, k)

@@ -97,8 +97,9 @@ def write(
     like it.
 
     Args:
-        prompt_tokens: ``[P]`` integer token ids.
-        tokens: ``[n]`` integer token ids, the greedy tokens.
+        prompt_tokens: ``[P]`` integer token ids, ``P >= 1``.
+        tokens: ``[n]`` integer token ids, the greedy tokens, ``n >= 1`` (a golden of no step
+            has nothing to check: `golden check` refuses it).
         logits: ``[n, V]`` floats (written as float32): row ``i`` holds the logits token ``i`` was
             chosen from (row 0: the last prompt position).
         stop_tokens: the end-of-turn ids the decode stops at (after the first one it emits,

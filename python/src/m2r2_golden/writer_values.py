@@ -49,9 +49,20 @@ def _model_config(label: str, model: str, config_json: str, config_hash: str) ->
 
 
 def _decode(label: str, prompt_tokens, tokens, logits, config: dict):
-    """prompt_tokens [P], tokens [n] (int64) and logits [n, V] (float32), V the config's."""
+    """prompt_tokens [P], tokens [n] (int64) and logits [n, V] (float32), V the config's; neither
+    empty, as the reference writes no such golden (``the prompt encodes to no tokens``, ``--steps
+    0 records nothing to check``) and `golden check` refuses one as NOT CHECKED."""
     prompt = _ids(label, "prompt_tokens", prompt_tokens)
+    if prompt.size == 0:
+        raise ValueError(
+            f"{label}: `prompt_tokens` is empty: a decode starts from a prompt of 1 token or more"
+        )
     toks = _ids(label, "tokens", tokens)
+    if toks.size == 0:
+        raise ValueError(
+            f"{label}: `tokens` and `logits` record no step: there is nothing to check (record 1 "
+            "step or more)"
+        )
     rows = _logits(label, logits, len(toks))  # [n, V]
     v = rows.shape[1]
     vocab = config.get("vocab_size")

@@ -1,8 +1,8 @@
 //! Checking a greedy golden: recompute along the recorded tokens and compare tensor by tensor
 //! (logits within a tolerance, tokens exactly), and the comparisons the M2R2 modes share.
 
-use super::Golden;
 use super::report::{CheckReport, Tolerance};
+use super::{Golden, shown};
 use crate::base::config::ModelConfig;
 use crate::base::generate::ReferenceGreedy;
 use crate::base::model::Model;
@@ -32,8 +32,8 @@ impl Golden {
             return Err(Error::Invalid(format!(
                 "the model's config (hash {}) is not the one this golden was recorded with (hash {}, model `{}`)",
                 config.hash(),
-                self.config_hash,
-                self.model
+                shown(&self.config_hash),
+                shown(&self.model)
             )));
         }
         Ok(())

@@ -2,7 +2,6 @@
 //! [`GreedyBackend`] (an ONNX Runtime deployment), and two golden files compared tensor by tensor
 //! (one of them written by a deployment's own harness).
 
-use super::Golden;
 use super::check::token_ids as ids;
 use super::m2r2::{
     Against, DraftTies, M2r2Record, compare_graph_outputs, compare_rounds, compare_scores,
@@ -10,8 +9,10 @@ use super::m2r2::{
 };
 use super::record::replay_on;
 use super::report::{
-    CheckReport, StopRules, TensorCheck, Tolerance, compare_int_rows, compare_rows, compare_stops,
+    CheckReport, Divergence, StopRules, TensorCheck, Tolerance, compare_int_rows, compare_rows,
+    compare_stops,
 };
+use super::{Golden, shown};
 use crate::base::config::ModelConfig;
 use crate::base::generate::GreedyBackend;
 use crate::error::{Error, Result};
@@ -94,7 +95,10 @@ impl Golden {
             return Err(Error::Invalid(format!(
                 "the goldens were recorded with different model configs (hash {} of `{}` vs {} of \
                  `{}`)",
-                self.config_hash, self.model, actual.config_hash, actual.model
+                shown(&self.config_hash),
+                shown(&self.model),
+                shown(&actual.config_hash),
+                shown(&actual.model)
             )));
         }
         if actual.mode != self.mode {
@@ -106,14 +110,7 @@ impl Golden {
         // The header of a comparison names both files; its lines name no graph.
         const ACTUAL: &str = "";
         let mut entries = vec![
-            compare_int_rows(
-                "prompt_tokens",
-                ACTUAL,
-                &ids(&self.prompt_tokens),
-                &ids(&actual.prompt_tokens),
-                1,
-                true,
-            ),
+            compare_prompts(&self.prompt_tokens, &actual.prompt_tokens),
             compare_int_rows(
                 "tokens",
                 ACTUAL,
@@ -123,15 +120,6 @@ impl Golden {
                 true,
             ),
         ];
-        if self.prompt_tokens.len() != actual.prompt_tokens.len() {
-            let prompt = entries.first_mut().expect("pushed above");
-            prompt.ok = false;
-            prompt.note = format!(
-                "prompts of {} and {} tokens",
-                self.prompt_tokens.len(),
-                actual.prompt_tokens.len()
-            );
-        }
         // Where the decodes stop: the stop tokens either recorded, else the model's EOS.
         let mut stops: Vec<i64> = ids(self.stops());
         stops.extend(ids(actual.stops()));
@@ -185,6 +173,39 @@ impl Golden {
         }
         Ok(CheckReport { entries })
     }
+}
+
+/// The `prompt_tokens` line of a comparison, by position (a prompt has no steps). Prompts of
+/// other lengths are NOT OK: at the first position where they differ, else at the first one the
+/// shorter lacks (`first divergence at position 3: token golden (nothing: ended) vs actual ...`),
+/// the lengths in the note.
+fn compare_prompts(want: &[u32], got: &[u32]) -> TensorCheck {
+    let mut check = compare_int_rows("prompt_tokens", "", &ids(want), &ids(got), 1, true);
+    check.row_name = "position";
+    if want.len() == got.len() {
+        return check;
+    }
+    let common = want.len().min(got.len());
+    let extra = want.len().max(got.len()) - common;
+    if check.divergence.is_none() {
+        let at = |tokens: &[u32]| ids(&tokens[common..(common + 1).min(tokens.len())]);
+        check.first_row = Some(common);
+        check.at = vec![common];
+        check.divergence = Some(Divergence {
+            row: common,
+            what: "token".into(),
+            golden: at(want),
+            recomputed: at(got),
+            tokens: true,
+        });
+    }
+    // the positions one prompt has and the other lacks differ too
+    check.rows_over += extra;
+    check.values_over += extra;
+    check.ok = false;
+    check.max_abs = 1.0;
+    check.note = format!("prompts of {} and {} tokens", want.len(), got.len());
+    check
 }
 
 fn compare_records(
@@ -411,6 +432,35 @@ mod tests {
         let report = g.compare_to(&other, loose, &|_| None).unwrap();
         assert_eq!(report.entries[1].at, vec![4]);
         assert!(!report.entries[1].ok);
+
+        // prompts that differ: named by position, where they part or where the shorter ended
+        let longer = Golden::record_greedy(&model, "tiny", &[1, 2, 3, 4], 6).unwrap();
+        let other = Golden::record_greedy(&model, "tiny", &[1, 2, 4], 6).unwrap();
+        for (a, b, says) in [
+            (
+                &g,
+                &longer,
+                "first divergence at position 3: token golden (nothing: ended) vs actual 4 \
+                 (prompts of 3 and 4 tokens)",
+            ),
+            (
+                &longer,
+                &g,
+                "first divergence at position 3: token golden 4 vs actual (nothing: ended) \
+                 (prompts of 4 and 3 tokens)",
+            ),
+            (
+                &g,
+                &other,
+                "first divergence at position 2: token golden 3 vs actual 4 (2 values equal)",
+            ),
+        ] {
+            let prompt = &a.compare_to(b, tol, &|_| None).unwrap().entries[0];
+            assert_eq!(prompt.name, "prompt_tokens");
+            assert!(!prompt.ok, "{prompt:?}");
+            assert_eq!(prompt.describe(&|_| None), says);
+            assert_eq!(prompt.first_failure().unwrap(), says[20..30]);
+        }
 
         // refusals: another model, another mode, an M2R2 golden on another engine
         let moe = builtin::builtin("tiny-moe").unwrap();

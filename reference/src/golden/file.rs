@@ -3,7 +3,7 @@
 
 use super::{
     GOLDEN_FORMAT, GOLDEN_FORMAT_VERSION, GOLDEN_MODES, GROWN_TREE_FORMAT_VERSION, Golden,
-    M2r2Golden, Pins, TREE_FORMAT_VERSION, Tolerance, metadata,
+    M2r2Golden, Pins, TREE_FORMAT_VERSION, Tolerance, metadata, shown,
 };
 use crate::error::{Error, Result};
 use ndarray::Array2;
@@ -132,15 +132,19 @@ impl Golden {
             ("1", other) => {
                 return Err(Error::format(
                     &label,
-                    format!("golden format version 1 has no mode `{other}` (only greedy)"),
+                    format!(
+                        "golden format version 1 has no mode `{}` (only greedy)",
+                        shown(other)
+                    ),
                 ));
             }
             _ => {
                 return Err(Error::format(
                     &label,
                     format!(
-                        "golden format version {version} is not supported (this m2r2 reads 1 to \
-                         {GOLDEN_FORMAT_VERSION}; a newer m2r2 wrote it?)"
+                        "golden format version {} is not supported (this m2r2 reads 1 to \
+                         {GOLDEN_FORMAT_VERSION}; a newer m2r2 wrote it?)",
+                        shown(&version)
                     ),
                 ));
             }
@@ -148,7 +152,10 @@ impl Golden {
         if !GOLDEN_MODES.contains(&mode.as_str()) {
             return Err(Error::format(
                 &label,
-                format!("unknown mode `{mode}` (expected greedy, early-exit or speculative)"),
+                format!(
+                    "unknown mode `{}` (expected greedy, early-exit or speculative)",
+                    shown(&mode)
+                ),
             ));
         }
         let config_json = file.json_object("config")?;
@@ -224,9 +231,10 @@ impl Golden {
                     return Err(Error::format(
                         &label,
                         format!(
-                            "metadata `rtol` = `{value}` is pinned in an M2R2 golden (mode \
+                            "metadata `rtol` = `{}` is pinned in an M2R2 golden (mode \
                              `{mode}`): M2R2 goldens are checked with atol alone (a relative \
-                             tolerance is for greedy goldens); pin `atol` instead"
+                             tolerance is for greedy goldens); pin `atol` instead",
+                            shown(value)
                         ),
                     ));
                 }
@@ -336,10 +344,11 @@ impl GoldenFile<'_> {
         serde_json::from_str(&value).map_err(|_| self.bad(key, &value))
     }
 
+    /// Metadata `key` holds `value`, which is not valid: quoted escaped ([`shown`]).
     pub(in crate::golden) fn bad(&self, key: &str, value: &str) -> Error {
         Error::format(
             &self.label,
-            format!("metadata `{key}` = `{value}` is not valid"),
+            format!("metadata `{key}` = `{}` is not valid", shown(value)),
         )
     }
 
@@ -535,6 +544,17 @@ mod tests {
             &g,
             &|b| b.mode = "banana".into(),
             "unknown mode `banana` (expected greedy, early-exit or speculative)",
+        );
+        // a value read from the file is quoted escaped: its control characters shown, not sent
+        refused(
+            &g,
+            &|b| b.mode = "gr\u{1}eedy\n\"".into(),
+            "unknown mode `gr\\u{1}eedy\\n\\\"` (expected",
+        );
+        refused(
+            &g,
+            &|b| b.pins.expect_dtype = Some("f\u{1b}[1m32".into()),
+            "metadata `expect_dtype` = `f\\u{1b}[1m32` is not valid",
         );
         refused(
             &g,

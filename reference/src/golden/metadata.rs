@@ -8,7 +8,7 @@
 //! reader would silently ignore. Both are refused by name, as the Python reader
 //! (`python/src/m2r2_golden/reader.py`) refuses them.
 
-use super::{M2r2Golden, M2r2Record};
+use super::{M2r2Golden, M2r2Record, shown};
 use crate::base::config::hash_of_json;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
@@ -22,9 +22,9 @@ pub(in crate::golden) fn check_config_hash(label: &str, json: &str, recorded: &s
     Err(Error::format(
         label,
         format!(
-            "metadata `config` does not hash to `config_hash` = `{recorded}` (it hashes to \
-             `{hash}`): the config was edited after recording, or the hash was; record the golden \
-             again"
+            "metadata `config` does not hash to `config_hash` = `{}` (it hashes to `{hash}`): \
+             the config was edited after recording, or the hash was; record the golden again",
+            shown(recorded)
         ),
     ))
 }
@@ -131,13 +131,13 @@ pub(in crate::golden) fn check_known(
     let mut unknown: Vec<String> = meta
         .keys()
         .filter(|k| !keys.contains(&k.as_str()))
-        .map(|k| format!("metadata `{k}`"))
+        .map(|k| format!("metadata `{}`", shown(k)))
         .collect();
     unknown.sort();
     let mut names: Vec<String> = tensor_names
         .into_iter()
         .filter(|n| !tensors.contains(n))
-        .map(|n| format!("tensor `{n}`"))
+        .map(|n| format!("tensor `{}`", shown(n)))
         .collect();
     names.sort();
     unknown.extend(names);

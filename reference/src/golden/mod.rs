@@ -110,6 +110,14 @@ pub struct Pins {
     pub expect_dtype: Option<String>,
 }
 
+/// `text` (a value read from a file) as Rust's `{:?}` writes it, without the quotes, for a
+/// message to quote between backticks: control characters show as `\u{1}` instead of reaching the
+/// terminal raw, or being dropped by an XML report so that `gr\u{1}eedy` would read `greedy`.
+pub fn shown(text: &str) -> String {
+    let debug = format!("{text:?}");
+    debug[1..debug.len() - 1].to_string()
+}
+
 impl Golden {
     /// The format version this golden is written as (the one it was read from).
     pub fn format_version(&self) -> u32 {

@@ -232,11 +232,15 @@ impl TensorCheck {
                 }
             );
         }
-        let first = self.first_failure().unwrap_or_else(|| "?".into());
         if self.row_max_abs.is_empty() && self.at.is_empty() {
-            // a verdict (`stop`): no values were compared, the note says what differs
-            return format!("at {first}: {}", self.note);
+            // a verdict (`stop`, tensors of other widths): no values were compared, the note
+            // says what differs (and where, when a row is known)
+            return match self.first_failure() {
+                Some(first) => format!("at {first}: {}", self.note),
+                None => self.note.clone(),
+            };
         }
+        let first = self.first_failure().unwrap_or_else(|| "?".into());
         format!(
             "first over tolerance at {first}; {} of {} {}s and {} values over; worst {:.3e} at {:?} ({})",
             self.rows_over,

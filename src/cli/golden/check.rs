@@ -9,7 +9,7 @@ use crate::cli::args::m2r2::M2r2Args;
 use crate::cli::common;
 use anyhow::{Context, Result, bail};
 use reference::base::generate::ReferenceGreedy;
-use reference::golden::{DEFAULT_ATOL, Golden, WeightsId};
+use reference::golden::{DEFAULT_ATOL, Golden, WeightsId, shown};
 use reference::io::load::LoadedModel;
 use reference::io::tokenizer::Tokenizer;
 use reference::m2r2::fast_stream::M2r2;
@@ -180,7 +180,7 @@ fn check_file(args: &CheckArgs, engine: &mut Engine, file: &Path) -> Outcome {
     let mut header = vec![format!(
         "golden {} (recorded with {}, {}; format {}, {}): {} prompt tokens, {} steps",
         file.display(),
-        golden.model,
+        shown(&golden.model),
         settings_line(&golden),
         golden.format_version(),
         stop_line(&golden),
@@ -383,12 +383,12 @@ fn compare_files(
         "golden {} (recorded with {}, {}; written by {}; {}) against {} (recorded with {}, {}; \
          written by {}; {}): {} prompt tokens, {} steps",
         expected_path.display(),
-        expected.model,
+        shown(&expected.model),
         settings_line(&expected),
         writer(&expected),
         stop_line(&expected),
         actual_path.display(),
-        actual.model,
+        shown(&actual.model),
         settings_line(&actual),
         writer(&actual),
         stop_line(&actual),
@@ -431,11 +431,12 @@ fn compare_files(
 }
 
 /// Who wrote a golden file, from its `m2r2_version`: the reference records its bare version
-/// (`0.1.0` -> `m2r2 0.1.0`), other writers their own name (`m2r2-golden-python 0.1.0`).
+/// (`0.1.0` -> `m2r2 0.1.0`), other writers their own name (`m2r2-golden-python 0.1.0`); escaped
+/// as the file's free text it is ([`shown`]).
 fn writer(golden: &Golden) -> String {
-    match golden.writer.as_deref() {
+    match golden.writer.as_deref().map(shown) {
         Some(v) if v.starts_with(|c: char| c.is_ascii_digit()) => format!("m2r2 {v}"),
-        Some(v) => v.to_string(),
+        Some(v) => v,
         None => "an unknown writer (no m2r2_version)".into(),
     }
 }

@@ -274,7 +274,7 @@ fn settings_line(golden: &Golden) -> String {
             ..
         } => format!(
             "early-exit (gate {gate} >= {threshold}, kv {kv_policy}, m2r2 {})",
-            m2r2.weights.hash
+            reference::golden::shown(&m2r2.weights.hash)
         ),
         M2r2Record::SpeculativeTree { recipe, .. } => {
             let nodes = recipe
@@ -286,7 +286,7 @@ fn settings_line(golden: &Golden) -> String {
                 recipe.draft_gate,
                 reference::golden::tree::widths_text(&recipe.widths),
                 recipe.policy(),
-                m2r2.weights.hash
+                reference::golden::shown(&m2r2.weights.hash)
             )
         }
         M2r2Record::Speculative {
@@ -304,7 +304,7 @@ fn settings_line(golden: &Golden) -> String {
             };
             format!(
                 "speculative (draft gate {draft_gate}, {length}, m2r2 {})",
-                m2r2.weights.hash
+                reference::golden::shown(&m2r2.weights.hash)
             )
         }
     }

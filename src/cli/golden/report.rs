@@ -75,7 +75,7 @@ impl Outcome {
             label,
             header,
             fields,
-            result: result.map_err(|e| common::error_chain(&e)),
+            result: result.map_err(|e| printable(&common::error_chain(&e))),
             seconds: start.elapsed().as_secs_f64(),
         }
     }
@@ -86,7 +86,7 @@ impl Outcome {
             label: format!("{what} of {}", file.display()),
             header: vec![format!("golden {}", file.display())],
             fields: json!({ "file": file.display().to_string() }),
-            result: Err(common::error_chain(error)),
+            result: Err(printable(&common::error_chain(error))),
             seconds: 0.0,
         }
     }
@@ -100,31 +100,49 @@ impl Outcome {
     }
 }
 
+/// `reason` with its control characters escaped as `{:?}` does (`\u{1}`): a reason may quote
+/// what a file holds from code that does not escape it (a model name the loader refuses), and
+/// the terminal must not get it raw, nor JUnit XML (which cannot hold it) drop it silently.
+fn printable(reason: &str) -> String {
+    reason
+        .chars()
+        .map(|c| match c.is_control() {
+            true => c.escape_debug().to_string(),
+            false => c.to_string(),
+        })
+        .collect()
+}
+
 /// Write the JUnit file, print every report (tables, or JSON: the one object of a single file,
 /// `{"ok", "status", "files"}` for a suite), and end with the exit code of the worst outcome.
+/// The JUnit file is written first: one that cannot be written makes the JSON say `error` with
+/// the reason, as the exit code (2) does, never `ok`.
 pub(super) fn report_all(
     outcomes: &[Outcome],
     json_out: bool,
     junit: Option<&Path>,
     suite: bool,
 ) -> Result<()> {
-    let junit_written = write_junit(junit, outcomes);
+    let junit_error = write_junit(junit, outcomes)
+        .err()
+        .map(|e| printable(&common::error_chain(&e)));
     let objects: Vec<Value> = outcomes.iter().map(|o| render(json_out, o)).collect();
     let count = |status: &str| outcomes.iter().filter(|o| o.status() == status).count();
     let (ok, mismatched, errors) = (count("ok"), count("mismatch"), count("error"));
-    let status = match (errors, mismatched) {
-        (0, 0) => "ok",
-        (0, _) => "mismatch",
+    let status = match (errors, mismatched, &junit_error) {
+        (0, 0, None) => "ok",
+        (0, _, None) => "mismatch",
         _ => "error",
     };
     if json_out {
-        if suite {
-            common::print_json(
-                &json!({ "ok": status == "ok", "status": status, "files": objects }),
-            )?;
-        } else {
-            common::print_json(&objects[0])?;
+        let mut report = match suite {
+            true => json!({ "ok": status == "ok", "status": status, "files": objects }),
+            false => objects[0].clone(),
+        };
+        if let Some(reason) = &junit_error {
+            unwritten_junit(&mut report, reason);
         }
+        common::print_json(&report)?;
     } else if suite {
         println!(
             "suite: {ok} of {} files OK, {mismatched} NOT OK, {errors} not checked",
@@ -150,8 +168,8 @@ pub(super) fn report_all(
         .collect();
     problems.truncate(20);
     // a report CI cannot read is an error of the check (2), whatever the goldens' outcome
-    if let Err(e) = junit_written {
-        problems.insert(0, common::error_chain(&e));
+    if let Some(reason) = junit_error {
+        problems.insert(0, reason);
         return Err(common::Exit {
             code: 2,
             message: problems.join("; "),
@@ -166,6 +184,19 @@ pub(super) fn report_all(
         }
         .into()),
     }
+}
+
+/// Make a JSON report (one golden's object, or a suite's) say what the exit code says when the
+/// JUnit file could not be written: `status` `error`, `ok` false, and `error` the reason (before
+/// a golden's own reason, when it was not checked either), as stderr says it.
+fn unwritten_junit(report: &mut Value, reason: &str) {
+    let error = match report["error"].as_str() {
+        Some(own) => format!("{reason}; {own}"),
+        None => reason.to_string(),
+    };
+    report["status"] = json!("error");
+    report["ok"] = json!(false);
+    report["error"] = json!(error);
 }
 
 /// A report line's and JUnit case's name: `verifier.onnx verify_logits`.

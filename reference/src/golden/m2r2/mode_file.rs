@@ -143,12 +143,7 @@ impl M2r2Golden {
         version: u32,
         vocab: Option<u64>,
     ) -> Result<M2r2Golden> {
-        let bad = |key: &str, value: &str| {
-            Error::format(
-                &file.label,
-                format!("metadata `{key}` = `{value}` is not valid"),
-            )
-        };
+        let bad = |key: &str, value: &str| file.bad(key, value);
         let parsed = |key: &str| -> Result<String> { file.field(key) };
         let number = |key: &str| -> Result<f32> {
             let v = parsed(key)?;

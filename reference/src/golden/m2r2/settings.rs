@@ -56,9 +56,10 @@ impl M2r2Golden {
             false => format!(" (it differs from those weights' settings in {differ})"),
         };
         Err(Error::Invalid(format!(
-            "metadata `m2r2_config` is not the settings its `{key}` = `{want}` covers: with the \
+            "metadata `m2r2_config` is not the settings its `{key}` = `{}` covers: with the \
              tensors of the weights that hash names, it hashes to `{have}`{differ}; the settings \
-             were edited after recording, or the hash was"
+             were edited after recording, or the hash was",
+            crate::golden::shown(want)
         )))
     }
 

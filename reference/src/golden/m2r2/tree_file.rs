@@ -116,8 +116,12 @@ fn read_recipe(file: &GoldenFile<'_>, version: u32) -> Result<TreeRecipe> {
         .parse()
         .map_err(|_| file.bad("draft_gate", &draft_gate))?;
     let spec = file.field("draft_tree")?;
-    TokenTree::parse(&spec)
-        .map_err(|e| format(format!("metadata `draft_tree` = `{spec}`: {e}")))?;
+    TokenTree::parse(&spec).map_err(|e| {
+        format(format!(
+            "metadata `draft_tree` = `{}`: {e}",
+            crate::golden::shown(&spec)
+        ))
+    })?;
     let widths: Vec<usize> = spec
         .split(',')
         .map(|w| w.trim().parse().expect("checked by TokenTree::parse"))

@@ -44,9 +44,10 @@ impl WeightsId {
 /// `hash H` (`hash H, weights hash W` when it has the second): how messages name an identity.
 impl std::fmt::Display for WeightsId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "hash {}", self.hash)?;
+        // the hashes as read from a file: escaped ([`crate::golden::shown`])
+        write!(f, "hash {}", crate::golden::shown(&self.hash))?;
         if let Some(w) = &self.without_defaults {
-            write!(f, ", weights hash {w}")?;
+            write!(f, ", weights hash {}", crate::golden::shown(w))?;
         }
         Ok(())
     }
