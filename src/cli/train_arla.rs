@@ -20,6 +20,7 @@ use train::arla_trainer::{
     ArlaOptions, SweepPoint, TokenGates, arla_accuracy, arla_scores, calibrate, calibrate_per_gate,
     collect, default_thresholds, sweep, train,
 };
+use train::data::{ContextNeed, DistillSample, SHORTEN_DATA, check_context};
 
 #[derive(clap::Args, Debug)]
 #[command(
@@ -92,6 +93,25 @@ fn scores_of(tokens: &[TokenGates], pick: impl Fn(&TokenGates) -> &Vec<f32>) -> 
     tokens.iter().map(|t| pick(t).clone()).collect()
 }
 
+/// Refuse a sample of `data` (from `--data`) or `dev` (from `--dev-data`) that the model's
+/// `context` cannot hold, naming its file and line, before any exit state is collected: each runs
+/// through the whole model once.
+fn check_fit(
+    trained: &TrainedArgs,
+    context: usize,
+    data: &[DistillSample],
+    dev: &[DistillSample],
+) -> Result<()> {
+    let need = ContextNeed {
+        context,
+        extra: None,
+        advice: SHORTEN_DATA,
+    };
+    check_context(&trained.data, data, &need)?;
+    check_context(std::slice::from_ref(&trained.dev_data), dev, &need)?;
+    Ok(())
+}
+
 pub fn run(args: &Args) -> Result<()> {
     if args.steps == 0 || args.batch == 0 {
         bail!("--steps and --batch must be at least 1");
@@ -139,6 +159,7 @@ pub fn run(args: &Args) -> Result<()> {
         dev,
     } = args.trained.load()?;
     let model = &loaded.model;
+    check_fit(&args.trained, model.context_length(), &data, &dev)?;
     let config = &weights.config;
     // (token, gate) examples: every response row of --data at every gate
     let rows: usize = data.iter().map(|d| d.tokens.len() - d.first_row()).sum();
@@ -154,7 +175,7 @@ pub fn run(args: &Args) -> Result<()> {
     let start = Instant::now();
     let mut counter = progress::Counter::new("exit states", data.len() + dev.len(), 0);
     let (mut done, mut tokens) = (0, 0);
-    let mut on_sample = |sample: &train::data::DistillSample| {
+    let mut on_sample = |sample: &DistillSample| {
         done += 1;
         tokens += sample.tokens.len();
         counter.update(done, tokens);

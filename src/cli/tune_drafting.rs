@@ -30,7 +30,9 @@ mod write;
 
 use candidates::{lookup_branches, tree_shapes, with_prefixes};
 use defaults::{Defaults, defaults, describe_defaults, fastest};
-use measure::{EngineCosts, GateTrace, check_repeats, onnx_costs, reference_costs, trace_gate};
+use measure::{
+    EngineCosts, GateTrace, check_repeats, check_traceable, onnx_costs, reference_costs, trace_gate,
+};
 use price::{describe, growths, policies};
 
 use crate::cli::args::m2r2::{M2r2Args, OnOff};
@@ -268,6 +270,7 @@ pub fn run(args: &Args) -> Result<()> {
             d.tokens.truncate(d.prompt_len.saturating_add(n));
         }
     }
+    check_traceable(&args.data, &data, loaded.model.context_length())?;
     // a response is traced from its second token: without one, every policy would price as NaN
     if !data.iter().any(|d| d.tokens.len() >= d.prompt_len + 2) {
         bail!(

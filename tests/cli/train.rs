@@ -929,3 +929,219 @@ fn train_slow_cache_is_written_then_read() {
     assert_eq!(reads, 2, "{}", both.stderr);
     assert!(!both.stderr.contains("written to"), "{}", both.stderr);
 }
+
+/// Rewrite `m2r2_config.json` in `dir` with `edit` applied.
+fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("m2r2_config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(&path, config.to_string()).unwrap();
+}
+
+/// `train --init` of a folder with ARLA drops it and resets every setting that reads its score
+/// (early exit and dynamic drafting with the arla gate, its calibrated threshold), saying so, so
+/// the written folder runs early exit and speculative decoding with its own defaults; confidence
+/// thresholds are kept, with a note that they were chosen for the old adapters.
+#[test]
+fn init_resets_the_settings_that_read_arla() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    distill_tiny(
+        dir.path(),
+        &[("t.jsonl", "t", 4, "data"), ("d.jsonl", "d", 2, "dev")],
+    );
+    let (data, dev) = (p("data"), p("dev"));
+    let train = |init: &str, out: &str| {
+        let mut args = vec!["train", "--model", "tiny", "--data", &data, "--steps", "3"];
+        args.extend(["--batch-rows", "8", "--out", out]);
+        if !init.is_empty() {
+            args.extend(["--init", init]);
+        }
+        ok(&args)
+    };
+    let ck = p("ck");
+    train("", &ck);
+    let arla = p("arla");
+    ok(&[
+        "train-arla",
+        "--model",
+        "tiny",
+        "--m2r2",
+        &ck,
+        "--data",
+        &data,
+        "--dev-data",
+        &dev,
+        "--steps",
+        "3",
+        "--batch",
+        "8",
+        "--out",
+        &arla,
+    ]);
+    let arla_gate = serde_json::json!({"gate": "arla", "threshold": 0.6});
+    edit_config(Path::new(&arla), |c| {
+        c["arla"]["threshold"] = serde_json::json!(0.98);
+        c["early_exit"] = serde_json::json!({"gate": "arla", "thresholds": [0.9, 0.9, 0.9]});
+        c["dynamic_draft"] = arla_gate.clone();
+        c["draft_tree"] =
+            serde_json::json!({"draft_gate": 1, "widths": [2, 1], "dynamic": arla_gate});
+    });
+    let run = train(&arla, &p("again"));
+    for needle in [
+        "ARLA is dropped",
+        "`early_exit` (arla gate",
+        "`arla.threshold` 0.98 (now the default 0.5)",
+        "`dynamic_draft` (arla gate",
+        "`draft_tree.dynamic` (arla gate",
+        "run `m2r2 train-arla` and `m2r2 tune-drafting` on the new weights",
+    ] {
+        assert!(run.stderr.contains(needle), "{needle}: {}", run.stderr);
+    }
+    let config = reference::io::builtin::tiny_config();
+    let again = M2r2Weights::load_dir(&dir.path().join("again"), &config).unwrap();
+    assert!(again.arla.is_none());
+    let c = &again.config;
+    assert_eq!(c.arla.threshold, 0.5);
+    assert!(c.early_exit.is_none() && c.dynamic_draft.is_none());
+    assert!(c.draft_tree.as_ref().is_some_and(|t| t.dynamic.is_none()));
+    let again = p("again");
+    for mode in ["early-exit", "speculative"] {
+        generate_json(&[
+            "--model",
+            "tiny",
+            "--m2r2",
+            &again,
+            "--mode",
+            mode,
+            "--tokens",
+            "84,104,101",
+            "--max-new-tokens",
+            "8",
+        ]);
+    }
+    // kept confidence thresholds are noted, nothing is reset
+    edit_config(Path::new(&arla), |c| {
+        c["early_exit"] = serde_json::json!({"gate": "confidence", "thresholds": [0.9, 0.8, 0.7]});
+        c["arla"]["threshold"] = serde_json::json!(0.5);
+        c.as_object_mut().unwrap().remove("dynamic_draft");
+        c.as_object_mut().unwrap().remove("draft_tree");
+    });
+    let run = train(&arla, &p("kept"));
+    assert!(!run.stderr.contains("ARLA is dropped"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains(
+            "these thresholds are kept, but were chosen for its adapters, not the ones trained \
+             now: `early_exit` (confidence >= 0.9,0.8,0.7); run `m2r2 train-arla`"
+        ),
+        "{}",
+        run.stderr
+    );
+}
+
+/// A sample longer than the model's context is refused by `train`, `train-arla` and
+/// `tune-drafting` naming its file and line, before any pass; tune-drafting says it traces one
+/// position more.
+#[test]
+fn samples_beyond_the_context_are_refused_by_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).display().to_string();
+    distill_tiny(
+        dir.path(),
+        &[("t.jsonl", "t", 3, "data"), ("d.jsonl", "d", 2, "dev")],
+    );
+    // line 2 of a copy of the data: 600 tokens (tiny's context is 512), meta.json's count kept
+    std::fs::create_dir(dir.path().join("long")).unwrap();
+    let text = std::fs::read_to_string(dir.path().join("data/samples.jsonl")).unwrap();
+    let mut lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let old = lines[1]["tokens"].as_array().unwrap().len();
+    lines[1]["tokens"] = serde_json::json!((0..600).map(|t| t % 300).collect::<Vec<u32>>());
+    let lines: Vec<String> = lines.iter().map(|l| l.to_string() + "\n").collect();
+    std::fs::write(dir.path().join("long/samples.jsonl"), lines.concat()).unwrap();
+    let meta = std::fs::read_to_string(dir.path().join("data/meta.json")).unwrap();
+    let mut meta: serde_json::Value = serde_json::from_str(&meta).unwrap();
+    meta["tokens"] = serde_json::json!(meta["tokens"].as_u64().unwrap() + 600 - old as u64);
+    std::fs::write(dir.path().join("long/meta.json"), meta.to_string()).unwrap();
+    let line = format!(
+        "{}: line 2: the sample has 600 tokens",
+        p("long/samples.jsonl")
+    );
+    let context = "more than the model's context of 512 positions";
+    let (long, weights) = (p("long"), p("w"));
+    let run = fails(
+        &[
+            "train",
+            "--model",
+            "tiny",
+            "--data",
+            &long,
+            "--steps",
+            "2",
+            "--out",
+            &p("o"),
+        ],
+        &[&line, context, "remove the line"],
+    );
+    assert!(!run.stderr.contains("slow stream of"), "{}", run.stderr);
+    ok(&["init-m2r2", "--model", "tiny", "--out", &weights]);
+    let out = p("a");
+    let arla_fails = |data: &str, dev: &str| {
+        let args = ["train-arla", "--model", "tiny", "--m2r2", &weights];
+        let more = [
+            "--data",
+            data,
+            "--dev-data",
+            dev,
+            "--steps",
+            "2",
+            "--out",
+            &out,
+        ];
+        fails(&[&args[..], &more].concat(), &[&line, context])
+    };
+    let dev = p("dev");
+    let run = arla_fails(&long, &dev);
+    assert!(!run.stderr.contains("exit states of"), "{}", run.stderr);
+    // --dev-data shares no prompt with the copy: its long line is named as --dev-data's
+    arla_fails(&dev, &long);
+    fails(
+        &[
+            "tune-drafting",
+            "--model",
+            "tiny",
+            "--m2r2",
+            &weights,
+            "--data",
+            &long,
+        ],
+        &[
+            &line,
+            "tune-drafting traces it in one position more: 601 positions",
+            context,
+            "--max-new-tokens N",
+        ],
+    );
+    // a held-out sample too long is refused by file and line too, before any work
+    let run = fails(
+        &[
+            "train",
+            "--model",
+            "tiny",
+            "--data",
+            &dev,
+            "--eval-data",
+            &long,
+            "--steps",
+            "2",
+            "--out",
+            &p("o"),
+        ],
+        &[&line, context],
+    );
+    assert!(!run.stderr.contains("new tokens"), "{}", run.stderr);
+    assert!(!run.stderr.contains("slow stream of"), "{}", run.stderr);
+}

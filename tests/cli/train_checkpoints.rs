@@ -322,6 +322,32 @@ fn a_signal_saves_a_checkpoint_that_resumes() {
     }
 }
 
+/// `--resume` without `--steps` goes on to the checkpoint's own total, so that the command an
+/// interrupted run prints continues that run (it once trained to the default 1000 instead); a
+/// finished run needs a larger `--steps`.
+#[test]
+fn a_resume_without_steps_keeps_the_runs_total() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let p = |name: &str| d.join(name).display().to_string();
+    distill_tiny(d, &[("train.jsonl", "t", 2, "data")]);
+    let (data, out) = (p("data"), p("ck"));
+    let train = ["train", "--data", &data, "--out", &out];
+    ok(&cat(&train, &["--train-gates", "1", "--steps", "3"]));
+    let resume = cat(&train, &["--resume", &out]);
+    fails(
+        &resume,
+        &["has already done 3 of 3 steps: give a larger --steps to train on"],
+    );
+    // a run of 5 steps stopped after 3, as its state records it
+    let mut s = state(Path::new(&out));
+    s["options"]["steps"] = 5.into();
+    std::fs::write(Path::new(&out).join("trainer_state.json"), s.to_string()).unwrap();
+    let run = ok(&resume);
+    assert!(run.stdout.contains("trained 2 steps"), "{}", run.stdout);
+    assert_eq!(state(Path::new(&out))["step"], 5);
+}
+
 /// Flags no run can use are refused before any work, by name; a batch above the data's rows is
 /// capped; `--bridge-only` runs the bridge's gate alone; validation that would never run is
 /// refused.

@@ -4,7 +4,7 @@
 //! | file                      | content                                                     |
 //! |---------------------------|-------------------------------------------------------------|
 //! | `m2r2_config.json`, `adapter_config.json`, `adapter_model.safetensors` | the weights |
-//! | `trainer_state.json`      | step, options, per-gate optimizer step count, loss history, the base model's config hash, the early-stopping record, the SHA-256 of the files below |
+//! | `trainer_state.json`      | step, options, per-gate optimizer step count, loss history, the base model's config hash and weights' SHA-256, the early-stopping record, the SHA-256 of the files below |
 //! | `optimizer.safetensors`   | AdamW moments `gate{g}.m.{i}`, `gate{g}.v.{i}` (f32)        |
 //!
 //! Saves are atomic per file and the trainer state is written last
@@ -12,6 +12,7 @@
 //! state records, and another base model or other training data.
 
 use crate::adamw::AdamW;
+use crate::base_digest::base_weights_sha256;
 use crate::checkpoint_files::{Staged, check_digests, finish_interrupted_save};
 use crate::checkpoint_validation::ValidationRecord;
 use crate::data::DistillSample;
@@ -46,6 +47,10 @@ struct TrainerState {
     /// 2026-11-30 and in saves without a [`RunRecord`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     model_config_hash: Option<String>,
+    /// SHA-256 of the base model's weights ([`base_weights_sha256`]); absent in checkpoints
+    /// written before 2026-11-30 (a resume of those compares the config alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    base_weights_sha256: Option<String>,
     /// SHA-256 of the files this state goes with, by name
     /// ([`DIGESTED`](crate::checkpoint_files::DIGESTED)); absent before 2026-11-30.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -60,9 +65,11 @@ struct TrainerState {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RunRecord {
     /// The base model's config hash (`ModelConfig::hash`): a resume on a model of another config
-    /// is refused. (A model of the same config with other weights cannot be told apart without
-    /// hashing every weight.)
+    /// is refused.
     pub model_config_hash: Option<String>,
+    /// SHA-256 of the base model's weights ([`base_weights_sha256`]): a resume on a model of the
+    /// same config with other weights (another fine-tune or quantisation) is refused too.
+    pub base_weights_sha256: Option<String>,
     /// Early stopping so far, restored on resume.
     pub validation: Option<ValidationRecord>,
 }
@@ -136,6 +143,7 @@ fn stage(trainer: &Trainer, dir: &Path, record: &RunRecord) -> Result<Staged> {
         data: (trainer.samples_count(), trainer.rows_available()),
         data_sha256: Some(trainer.data_sha256.clone()),
         model_config_hash: record.model_config_hash.clone(),
+        base_weights_sha256: record.base_weights_sha256.clone(),
         files_sha256: Some(staged.digests()?),
         validation: record.validation.clone(),
         history: trainer.history.clone(),
@@ -172,6 +180,7 @@ pub fn inspect(dir: &Path) -> Result<Saved> {
         steps: state.options.steps,
         record: RunRecord {
             model_config_hash: state.model_config_hash,
+            base_weights_sha256: state.base_weights_sha256,
             validation: state.validation,
         },
         files_checked: state.files_sha256.is_some(),
@@ -210,7 +219,7 @@ pub fn resume(
 /// Rebuild a trainer from a checkpoint folder, on the same data, with the record saved beside it.
 /// `steps` replaces the total step count (to train longer than first planned); every other setting
 /// comes from the checkpoint. Refused: files that are not those the state records, a model of
-/// another config than the recorded one, other data.
+/// another config or other weights than the recorded ones, other data.
 pub fn resume_with(
     model: &Model,
     dir: &Path,
@@ -232,6 +241,19 @@ pub fn resume_with(
             "{} was trained on a model of config {recorded}, given one of config {hash}: resume \
              with the same --model",
             dir.display()
+        )));
+    }
+    let base_weights = base_weights_sha256(model);
+    if let Some(recorded) = &state.base_weights_sha256
+        && *recorded != base_weights
+    {
+        return Err(Error::Invalid(format!(
+            "{} was trained on a base model of the same config but other weights (SHA-256 \
+             {:.16}..., given {:.16}...): resume with the same --model (another fine-tune or \
+             quantisation of it is another model)",
+            dir.display(),
+            recorded,
+            base_weights
         )));
     }
     let weights = M2r2Weights::load_dir(dir, &model.config)?;
@@ -257,6 +279,7 @@ pub fn resume_with(
     }
     let record = RunRecord {
         model_config_hash: Some(hash),
+        base_weights_sha256: Some(base_weights),
         validation: state.validation,
     };
     let mut options = state.options;
@@ -345,14 +368,9 @@ mod tests {
             .collect()
     }
 
-    /// A save killed after renaming its adapters into place (the rest of its files, state
-    /// included, still staged) is completed by the next resume, which continues from it; without
-    /// its staged state the mixed folder is refused, naming the adapters file.
-    #[test]
-    fn a_save_killed_between_renames_is_completed_or_refused() {
-        let model = builtin("tiny").unwrap();
-        let data = data();
-        let weights = initial_weights(&model, M2r2Config::default_for(&model.config), 3).unwrap();
+    /// A trainer of gate 1 of `model` for 4 steps on `data`.
+    fn trainer(model: &Model, data: &[DistillSample], slow: &mut SlowPass) -> Trainer {
+        let weights = initial_weights(model, M2r2Config::default_for(&model.config), 3).unwrap();
         let options = TrainOptions {
             train_gates: vec![1],
             steps: 4,
@@ -370,12 +388,53 @@ mod tests {
             seed: 1,
             bridge_only: false,
         };
+        Trainer::new(model, weights, data, options, slow).unwrap()
+    }
+
+    /// A resume on a model of the same config with one weight changed is refused (it would train
+    /// on a mixture of two base models); on the recorded weights it goes on.
+    #[test]
+    fn a_resume_on_other_base_weights_is_refused() {
+        let model = builtin("tiny").unwrap();
+        let data = data();
         let slow = &mut SlowPass::default();
-        let mut trainer = Trainer::new(&model, weights, &data, options, slow).unwrap();
+        let mut trainer = trainer(&model, &data, slow);
+        trainer.train_step();
+        let dir = tempfile::tempdir().unwrap();
+        let record = RunRecord {
+            model_config_hash: Some(model.config.hash()),
+            base_weights_sha256: Some(base_weights_sha256(&model)),
+            validation: None,
+        };
+        save_with(&trainer, dir.path(), &record).unwrap();
+        let mut other = model.clone();
+        other.weights.layers[3].mlp_norm[0] += 1e-3;
+        let e = resume(&other, dir.path(), &data, None, slow)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("was trained on a base model of the same config but other weights"),
+            "{e}"
+        );
+        let (resumed, kept) = resume_with(&model, dir.path(), &data, None, slow).unwrap();
+        assert_eq!((resumed.step, kept), (1, record));
+    }
+
+    /// A save killed after renaming its adapters into place (the rest of its files, state
+    /// included, still staged) is completed by the next resume, which continues from it; without
+    /// its staged state the mixed folder is refused, naming the adapters file.
+    #[test]
+    fn a_save_killed_between_renames_is_completed_or_refused() {
+        let model = builtin("tiny").unwrap();
+        let data = data();
+        let slow = &mut SlowPass::default();
+        let mut trainer = trainer(&model, &data, slow);
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let record = RunRecord {
             model_config_hash: Some(model.config.hash()),
+            base_weights_sha256: None,
             validation: None,
         };
         trainer.train_step();

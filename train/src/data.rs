@@ -58,8 +58,10 @@ impl DistillSample {
 /// ([`refuse_dev_prompts`]); measuring on them (`train --eval-data`) is what they are for.
 pub const DEV_PROMPTS_FILE: &str = "dev_prompts.jsonl";
 
+mod context;
 pub mod prompts;
 mod run;
+pub use context::{ContextNeed, SHORTEN_DATA, check_context};
 pub use run::{Run, check_out};
 
 /// How a data folder was generated.
@@ -223,7 +225,8 @@ pub fn write(dir: &Path, samples: &[DistillSample], meta: &DistillMeta) -> Resul
     std::fs::write(&path, text + "\n").map_err(|e| Error::io(&path, e))
 }
 
-/// Read a data folder, checking every sample against the vocabulary and its own lengths.
+/// Read a data folder, checking every sample against the vocabulary and its own lengths (against
+/// the model's context too, once a command knows how it runs them: [`check_context`]).
 pub fn read(dir: &Path, vocab_size: usize) -> Result<(Vec<DistillSample>, DistillMeta)> {
     let meta_path = dir.join(META_FILE);
     let text = match std::fs::read_to_string(&meta_path) {
@@ -310,6 +313,14 @@ fn check_samples(
             file: label.clone(),
             msg: format!("line {line}: {msg}"),
         };
+        // the range below would read `1..=0`
+        if s.tokens.is_empty() {
+            return Err(bad(
+                "the sample has no tokens: a sample is its prompt (1 token or more), then the \
+                 response"
+                    .into(),
+            ));
+        }
         if s.prompt_len == 0 || s.prompt_len > s.tokens.len() {
             return Err(bad(format!(
                 "prompt_len {} must be in 1..={} (the number of tokens)",

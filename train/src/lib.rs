@@ -19,6 +19,7 @@ pub mod align;
 pub mod arla;
 pub mod arla_trainer;
 pub mod attention;
+pub mod base_digest;
 pub mod bridge;
 pub mod checkpoint;
 pub mod checkpoint_files;

@@ -14,12 +14,12 @@
 //! computes (tested). Files are written to a temporary name and renamed, so an interrupted write
 //! leaves no file that could be read.
 
+use crate::base_digest::hash_slow_weights;
 use crate::data::DistillSample;
 use crate::error::{Error, Result};
 use crate::slow_stream::SlowSample;
 use ndarray::Array2;
 use reference::Model;
-use reference::base::weights::{FeedForward, Linear, Mlp};
 use reference::m2r2::config::M2r2Config;
 use safetensors::tensor::{Dtype, View};
 use sha2::{Digest, Sha256};
@@ -53,7 +53,7 @@ impl SlowKey<'_> {
         let mut h = Sha256::new();
         h.update(FORMAT.as_bytes());
         h.update(self.model.config.hash().as_bytes());
-        hash_weights(&mut h, self.model);
+        hash_slow_weights(&mut h, self.model);
         let gates = format!(
             "gates {:?} of {} layers; intervals {:?}; aligned {}",
             self.config.gates, self.config.num_layers, self.intervals, self.keep_aligned
@@ -74,63 +74,6 @@ impl SlowKey<'_> {
         let digest = h.finalize();
         let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
         format!("slow-{hex}.safetensors")
-    }
-}
-
-/// Every base weight the slow stream reads, in a fixed order.
-fn hash_weights(h: &mut Sha256, model: &Model) {
-    let w = &model.weights;
-    let mut hasher = WeightHasher {
-        h,
-        bytes: Vec::with_capacity(1 << 16),
-    };
-    hasher.values(w.embed.iter());
-    for layer in &w.layers {
-        hasher.values(layer.attn_norm.iter());
-        for l in [&layer.attn.q, &layer.attn.k, &layer.attn.v, &layer.attn.o] {
-            hasher.linear(l);
-        }
-        hasher.values(layer.mlp_norm.iter());
-        match &layer.ffn {
-            FeedForward::Dense(m) => hasher.mlp(m),
-            FeedForward::Moe(moe) => {
-                hasher.values(moe.router.iter());
-                moe.experts.iter().for_each(|e| hasher.mlp(e));
-            }
-        }
-    }
-}
-
-/// Feeds f32 values to SHA-256 as little-endian bytes, 64 KiB at a time.
-struct WeightHasher<'h> {
-    h: &'h mut Sha256,
-    bytes: Vec<u8>,
-}
-
-impl WeightHasher<'_> {
-    fn values<'v>(&mut self, values: impl Iterator<Item = &'v f32>) {
-        for v in values {
-            self.bytes.extend_from_slice(&v.to_le_bytes());
-            if self.bytes.len() >= 1 << 16 {
-                self.h.update(&self.bytes);
-                self.bytes.clear();
-            }
-        }
-        self.h.update(&self.bytes);
-        self.bytes.clear();
-    }
-
-    fn linear(&mut self, l: &Linear) {
-        self.values(l.w.iter());
-        if let Some(b) = &l.b {
-            self.values(b.iter());
-        }
-    }
-
-    fn mlp(&mut self, m: &Mlp) {
-        for l in [&m.gate, &m.up, &m.down] {
-            self.linear(l);
-        }
     }
 }
 

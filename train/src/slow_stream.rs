@@ -7,11 +7,27 @@
 //! base forward per sample (the reference's own `layer_forward`, so the K/V are exactly the
 //! inference cache) gives every input of every fast row, and rows can be batched freely.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::real::{Real, lift};
 use ndarray::Array2;
 use reference::Model;
 use reference::m2r2::config::M2r2Config;
+
+/// Refuse `tokens` longer than `model`'s context in the words of data: the cache's own error
+/// advises `generate`'s flags. The commands check their data first, naming file and line
+/// ([`crate::data::check_context`]); this stops any other sample (held-out data) as clearly.
+fn check_fits(model: &Model, tokens: &[u32]) -> Result<()> {
+    let context = model.context_length();
+    if tokens.len() <= context {
+        return Ok(());
+    }
+    Err(Error::Invalid(format!(
+        "a sample has {} tokens, more than the model's context of {context} positions (remove \
+         it from its data, or make the data again with `m2r2 distill-data` and this model, which \
+         keeps every sample within its context)",
+        tokens.len()
+    )))
+}
 
 /// The slow-stream quantities of one token sequence.
 #[derive(Clone, Debug)]
@@ -69,6 +85,7 @@ impl<F: Real> SlowSample<F> {
             .iter()
             .map(|d| (!d.is_empty()).then(Vec::new))
             .collect();
+        check_fits(model, tokens)?;
         let mut cache = model.new_cache(tokens.len())?;
         model.check_input(tokens, 0, &cache)?;
         let mut s = model.embed(tokens);

@@ -16,7 +16,7 @@ pub fn check(args: &Args) -> Result<()> {
         ("--eval-every", args.eval_every),
         ("--patience", args.patience),
         ("--log-every", Some(args.log_every)),
-        ("--steps", Some(args.steps)),
+        ("--steps", args.steps),
         ("--batch-rows", Some(args.batch_rows)),
     ] {
         if value == Some(0) {
@@ -24,12 +24,12 @@ pub fn check(args: &Args) -> Result<()> {
         }
     }
     if let Some(warmup) = args.warmup
-        && warmup > args.steps
+        && warmup > args.steps()
     {
         bail!(
             "--warmup {warmup} is longer than the run (--steps {}): the learning rate would never \
              reach its peak",
-            args.steps
+            args.steps()
         );
     }
     if let Some(alpha) = args.alpha

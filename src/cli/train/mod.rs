@@ -22,7 +22,9 @@ use log::{gate_summary, print_held_out, step_bar, what_is_trained, window_mean};
 use std::path::PathBuf;
 use std::time::Instant;
 use train::align::AlignKind;
-use train::checkpoint::{self, RunRecord};
+use train::base_digest::base_weights_sha256;
+use train::checkpoint::{self, RunRecord, Saved};
+use train::data::{ContextNeed, SHORTEN_DATA, check_context};
 use train::early_stop::Observation;
 use train::slow_cache::SlowPass;
 use train::trainer::StepLog;
@@ -54,9 +56,10 @@ pub struct Args {
     /// Adapted linear maps, comma-separated (default: all seven)
     #[arg(long, value_name = "LIST")]
     pub targets: Option<String>,
-    /// Optimizer steps (each updates every trained gate once)
-    #[arg(long, value_name = "N", default_value_t = 1000)]
-    pub steps: usize,
+    /// Optimizer steps (each updates every trained gate once) [default: 1000; with --resume, the
+    /// checkpoint's total]
+    #[arg(long, value_name = "N")]
+    pub steps: Option<usize>,
     /// Fast rows per gate per step
     #[arg(long, value_name = "B", default_value_t = 64)]
     pub batch_rows: usize,
@@ -169,6 +172,27 @@ pub struct Args {
     pub log_every: usize,
 }
 
+/// A new run's steps when `--steps` is not given.
+const DEFAULT_STEPS: usize = 1000;
+
+impl Args {
+    /// A new run's total steps: `--steps`, else [`DEFAULT_STEPS`]. (A resumed run's default is its
+    /// checkpoint's total, [`total_steps`].)
+    pub fn steps(&self) -> usize {
+        self.steps.unwrap_or(DEFAULT_STEPS)
+    }
+}
+
+/// The run's total steps: `--steps` when given, else a resumed checkpoint's own total (so that the
+/// `--resume DIR --out DIR` an interrupted run prints continues that run), else the default.
+fn total_steps(args: &Args, saved: Option<&Saved>) -> usize {
+    match (args.steps, saved) {
+        (Some(steps), _) => steps,
+        (None, Some(saved)) => saved.steps,
+        (None, None) => DEFAULT_STEPS,
+    }
+}
+
 pub fn run(args: &Args) -> Result<()> {
     common::check_out_folder(&args.out, "--out")?;
     flags::check(args)?;
@@ -177,12 +201,12 @@ pub fn run(args: &Args) -> Result<()> {
         Some(dir) => {
             let saved = checkpoint::inspect(dir)
                 .with_context(|| format!("cannot resume from {}", dir.display()))?;
-            if saved.step >= args.steps {
+            let total = total_steps(args, Some(&saved));
+            if saved.step >= total {
                 bail!(
-                    "{} has already done {} of {} steps: give a larger --steps",
+                    "{} has already done {} of {total} steps: give a larger --steps to train on",
                     dir.display(),
                     saved.step,
-                    args.steps
                 );
             }
             if saved.finished_save {
@@ -205,6 +229,7 @@ pub fn run(args: &Args) -> Result<()> {
         None => None,
     };
     let done = saved.as_ref().map_or(0, |s| s.step);
+    let total = total_steps(args, saved.as_ref());
     let loaded = common::load(&args.model.model)?;
     let model = &loaded.model;
     for &rank in &args.rank {
@@ -261,6 +286,12 @@ pub fn run(args: &Args) -> Result<()> {
     ] {
         if let (Some(dir), Some(held)) = (dir, held) {
             train::data::refuse_shared_prompts(&data, &args.data, held, flag, dir)?;
+            let need = ContextNeed {
+                context: model.context_length(),
+                extra: None,
+                advice: SHORTEN_DATA,
+            };
+            check_context(std::slice::from_ref(dir), held, &need)?;
         }
     }
     let resumed_record = args
@@ -274,7 +305,7 @@ pub fn run(args: &Args) -> Result<()> {
             args.patience,
             resumed_record,
             done,
-            args.steps,
+            total,
         )?),
         None => None,
     };
@@ -288,10 +319,18 @@ pub fn run(args: &Args) -> Result<()> {
     };
     let mut slow = SlowPass::new(args.slow_cache.as_deref(), &mut on_sample);
     slow.parts = parts;
-    let mut trainer = match &args.resume {
-        Some(dir) => checkpoint::resume(model, dir, &data, Some(args.steps), &mut slow)
-            .with_context(|| format!("cannot resume from {}", dir.display()))?,
-        None => start::new_trainer(args, model, &loaded.name, &data, batch_rows, &mut slow)?,
+    // the base weights' SHA-256 for the checkpoint: a resume has just checked the recorded one
+    let (mut trainer, base_weights) = match &args.resume {
+        Some(dir) => {
+            let (trainer, record) =
+                checkpoint::resume_with(model, dir, &data, Some(total), &mut slow)
+                    .with_context(|| format!("cannot resume from {}", dir.display()))?;
+            (trainer, record.base_weights_sha256)
+        }
+        None => (
+            start::new_trainer(args, model, &loaded.name, &data, batch_rows, &mut slow)?,
+            Some(base_weights_sha256(model)),
+        ),
     };
     let cached = std::mem::take(&mut slow.used);
     precompute.finish();
@@ -320,6 +359,7 @@ pub fn run(args: &Args) -> Result<()> {
     let kept = saved.and_then(|s| s.record.validation);
     let record = |val: &Option<Validation>| RunRecord {
         model_config_hash: Some(model.config.hash()),
+        base_weights_sha256: base_weights.clone(),
         validation: val.as_ref().map(|v| v.record.clone()).or(kept.clone()),
     };
     out::prepare(&args.out, args.resume.as_deref(), args.force)?;

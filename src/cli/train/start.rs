@@ -1,7 +1,8 @@
 //! The trainer a new `m2r2 train` run starts from: fresh adapters at the ranks `--rank` gives (one
 //! for all gates or one per gate), or the `--init` folder's, whose trained gates `--rank` may widen
 //! (`Accelerator::widen`: the same adapter terms, new directions to train), with the bridge of
-//! `--bridge-rank` and the training settings of the flags.
+//! `--bridge-rank` and the training settings of the flags. An `--init` folder loses ARLA and what
+//! reads it (`init_weights`); the data must fit the model's context.
 
 use super::Args;
 use super::bridge::add_bridge;
@@ -9,9 +10,14 @@ use super::flags;
 use crate::cli::args::m2r2::parse_targets;
 use anyhow::{Context, Result, bail};
 use reference::Model;
-use reference::m2r2::config::{DEFAULT_RANK, M2r2Config, parse_gates};
+use reference::m2r2::config::{
+    DEFAULT_RANK, DEFAULT_THRESHOLD, DynamicDraftConfig, M2r2Config, parse_gates,
+};
+use reference::m2r2::exit_gate::GateKind;
+use reference::m2r2::exit_threshold::ExitThreshold;
 use reference::m2r2::weights::M2r2Weights;
-use train::data::DistillSample;
+use std::path::Path;
+use train::data::{ContextNeed, DistillSample, SHORTEN_DATA, check_context};
 use train::slow_cache::SlowPass;
 use train::trainer::{TrainOptions, Trainer, initial_weights, initial_weights_ranked};
 
@@ -25,15 +31,14 @@ pub fn new_trainer(
     batch_rows: usize,
     slow: &mut SlowPass,
 ) -> Result<Trainer> {
+    let need = ContextNeed {
+        context: model.context_length(),
+        extra: None,
+        advice: SHORTEN_DATA,
+    };
+    check_context(&args.data, data, &need)?;
     let init = match &args.init {
-        Some(dir) => {
-            let mut w = M2r2Weights::load_dir(dir, &model.config).with_context(|| {
-                format!("cannot load the --init weights folder {}", dir.display())
-            })?;
-            w.arla = None;
-            w.draft_head = None;
-            Some(w)
-        }
+        Some(dir) => Some(init_weights(dir, model)?),
         None => None,
     };
     let mut config = match &init {
@@ -65,11 +70,11 @@ pub fn new_trainer(
     }
     let options = TrainOptions {
         train_gates,
-        steps: args.steps,
+        steps: args.steps(),
         batch_rows,
         lr: args.lr,
         lr_min: args.lr_min.unwrap_or(args.lr / 10.0),
-        warmup: args.warmup.unwrap_or(args.steps / 20),
+        warmup: args.warmup.unwrap_or(args.steps() / 20),
         weight_decay: args.weight_decay,
         clip: args.clip,
         temperature: args.temperature,
@@ -106,6 +111,130 @@ pub fn new_trainer(
         _ => {}
     }
     Ok(Trainer::new(model, weights, data, options, slow)?)
+}
+
+/// The `--init` weights in `dir`, without what was fitted to their adapters' exit states (ARLA,
+/// the pruned draft head: docs/TRAINING.md) and without the settings that read ARLA's score, so
+/// the written folder runs as it is; notes name what was reset, and the confidence or entropy
+/// thresholds kept, which were chosen for the old adapters.
+fn init_weights(dir: &Path, model: &Model) -> Result<M2r2Weights> {
+    let mut w = M2r2Weights::load_dir(dir, &model.config)
+        .with_context(|| format!("cannot load the --init weights folder {}", dir.display()))?;
+    let had_arla = w.arla.take().is_some();
+    w.draft_head = None;
+    let (reset, kept) = split_score_settings(&mut w.config, had_arla);
+    let dir = dir.display();
+    if !reset.is_empty() {
+        eprintln!(
+            "note: --init {dir}: ARLA is dropped (it was fitted to the old adapters' exit states), \
+             and the settings that read its score are reset: {}",
+            redo(&reset)
+        );
+    }
+    if !kept.is_empty() {
+        eprintln!(
+            "note: --init {dir}: these thresholds are kept, but were chosen for its adapters, not \
+             the ones trained now: {}",
+            redo(&kept)
+        );
+    }
+    Ok(w)
+}
+
+/// A setting `--init` reset or kept, as the note names it, and the command that chooses it again.
+type Noted = (String, &'static str);
+
+/// `train-arla` calibrates ARLA's threshold and the early exit.
+const TRAIN_ARLA: &str = "`m2r2 train-arla`";
+/// `tune-drafting` chooses the drafting defaults.
+const TUNE_DRAFTING: &str = "`m2r2 tune-drafting`";
+
+/// `settings` for a note: each named, then the commands that choose them again, each once.
+fn redo(settings: &[Noted]) -> String {
+    let names: Vec<&str> = settings.iter().map(|(name, _)| name.as_str()).collect();
+    let mut commands: Vec<&str> = Vec::new();
+    for &(_, command) in settings {
+        if !commands.contains(&command) {
+            commands.push(command);
+        }
+    }
+    format!(
+        "{}; run {} on the new weights",
+        names.join("; "),
+        commands.join(" and ")
+    )
+}
+
+/// Split the settings of `config` that compare a gate's score: those that read ARLA's, which the
+/// new weights lack, are reset to what a config without them means (the default early exit, fixed
+/// drafting, the whole tree every round); the confidence and entropy thresholds are kept. With
+/// `had_arla` (the folder had ARLA weights) `arla.threshold` is ARLA's calibration and is reset
+/// to the default too; without, it is the default early exit's own threshold, kept.
+fn split_score_settings(config: &mut M2r2Config, had_arla: bool) -> (Vec<Noted>, Vec<Noted>) {
+    let (mut reset, mut kept) = (Vec::new(), Vec::new());
+    match &config.early_exit {
+        Some(e) if e.gate == GateKind::Arla => {
+            config.early_exit = None;
+            let now = "early exit now uses the confidence gate at `arla.threshold`";
+            reset.push((format!("`early_exit` (arla gate; {now})"), TRAIN_ARLA));
+        }
+        Some(e) => {
+            let at = ExitThreshold::PerGate(e.thresholds.clone());
+            kept.push((format!("`early_exit` ({} >= {at})", e.gate), TRAIN_ARLA));
+        }
+        None => {}
+    }
+    if had_arla && config.arla.threshold != DEFAULT_THRESHOLD {
+        let was = config.arla.threshold;
+        config.arla.threshold = DEFAULT_THRESHOLD;
+        let note = format!("`arla.threshold` {was} (now the default {DEFAULT_THRESHOLD})");
+        reset.push((note, TRAIN_ARLA));
+    }
+    for (name, now, slot) in dynamic_drafting(config) {
+        match slot.as_ref().map(|d| (d.gate, d.threshold)) {
+            Some((GateKind::Arla, _)) => {
+                *slot = None;
+                reset.push((format!("`{name}` (arla gate; {now})"), TUNE_DRAFTING));
+            }
+            Some((gate, threshold)) => {
+                kept.push((format!("`{name}` ({gate} >= {threshold})"), TUNE_DRAFTING));
+            }
+            None => {}
+        }
+    }
+    (reset, kept)
+}
+
+/// Every dynamic drafting setting of `config` (the chain's, the tree's, and the same for ONNX
+/// Runtime): its name in `m2r2_config.json`, what drafts without it, and the setting.
+fn dynamic_drafting(
+    config: &mut M2r2Config,
+) -> Vec<(String, &'static str, &mut Option<DynamicDraftConfig>)> {
+    const CHAIN: &str = "speculative decoding now drafts `draft_len` tokens";
+    const TREE: &str = "the whole tree is now drafted every round";
+    let mut slots = vec![(
+        "dynamic_draft".to_string(),
+        CHAIN,
+        &mut config.dynamic_draft,
+    )];
+    if let Some(t) = &mut config.draft_tree {
+        slots.push(("draft_tree.dynamic".into(), TREE, &mut t.dynamic));
+    }
+    if let Some(o) = &mut config.onnx_drafting {
+        slots.push((
+            "onnx_drafting.dynamic_draft".into(),
+            CHAIN,
+            &mut o.dynamic_draft,
+        ));
+        if let Some(t) = &mut o.draft_tree {
+            slots.push((
+                "onnx_drafting.draft_tree.dynamic".into(),
+                TREE,
+                &mut t.dynamic,
+            ));
+        }
+    }
+    slots
 }
 
 /// `--rank` as one rank per gate (`None`: that gate's rank is left as it is). Empty `rank` is

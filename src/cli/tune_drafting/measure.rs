@@ -21,7 +21,24 @@ use reference::m2r2::exit_gate::GateKind;
 use reference::m2r2::fast_stream::M2r2;
 use reference::m2r2::weights::M2r2Weights;
 use serde::Serialize;
+use std::path::Path;
 use std::time::Instant;
+use train::data::{ContextNeed, DistillSample, check_context};
+
+/// Positions a trace holds beyond its sample's tokens: the backend is sized for a verification
+/// after the last one.
+const TRACE_EXTRA: usize = 1;
+
+/// Refuse a sample of `data` (read from `--data` `dir`, cut by `--limit` and `--max-new-tokens`)
+/// that the model's `context` cannot trace, naming its file and line, before any gate is traced.
+pub(super) fn check_traceable(dir: &Path, data: &[DistillSample], context: usize) -> Result<()> {
+    let need = ContextNeed {
+        context,
+        extra: Some((TRACE_EXTRA, "tune-drafting traces it in one position more")),
+        advice: "trace fewer of its response tokens with --max-new-tokens N, or remove the line",
+    };
+    Ok(check_context(&[dir.to_path_buf()], data, &need)?)
+}
 
 /// One gate's trace.
 #[derive(Serialize)]
@@ -80,7 +97,7 @@ pub(super) fn trace_gate(
     loaded: &LoadedModel,
     weights: &M2r2Weights,
     gate: usize,
-    data: &[train::data::DistillSample],
+    data: &[DistillSample],
     max_draft: usize,
 ) -> Result<GateTrace> {
     // without a bridge a draft depends only on the true prefix, so one per position is exact
@@ -97,7 +114,8 @@ pub(super) fn trace_gate(
     for (i, d) in data.iter().enumerate() {
         let (prompt, response) = d.tokens.split_at(d.prompt_len);
         let m2r2 = M2r2::new(&loaded.model, weights);
-        let mut backend = ReferenceSpeculation::new(m2r2, gate, arla, d.tokens.len() + 1)?;
+        let capacity = d.tokens.len() + TRACE_EXTRA;
+        let mut backend = ReferenceSpeculation::new(m2r2, gate, arla, capacity)?;
         let points = trace(&mut backend, prompt, response, depth)
             .with_context(|| format!("sample {} (prompt {})", i + 1, d.prompt_id))?;
         tokens += d.tokens.len();

@@ -405,3 +405,73 @@ fn committed_data_folders_read() {
     }
     assert!(read_any, "no data folder under {}", root.display());
 }
+
+/// A sample without tokens is named as such, not as `prompt_len 0 must be in 1..=0`.
+#[test]
+fn a_sample_without_tokens_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = DistillSample {
+        prompt_id: "a".into(),
+        sample: 0,
+        prompt_len: 0,
+        tokens: vec![],
+    };
+    write(dir.path(), &[sample("b", 0), empty], &meta()).unwrap();
+    let err = read(dir.path(), 10).unwrap_err().to_string();
+    assert!(
+        err.contains("samples.jsonl: line 2: the sample has no tokens"),
+        "{err}"
+    );
+    assert!(!err.contains("1..=0"), "{err}");
+}
+
+/// The first sample too long for the context is named by file and line, across folders and after
+/// blank lines and a cut; the positions a command adds count, and are said.
+#[test]
+fn samples_beyond_the_context_are_named_by_file_and_line() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let long = DistillSample {
+        tokens: vec![1; 8],
+        ..sample("long", 0)
+    };
+    write(a.path(), &[sample("a", 0)], &meta()).unwrap();
+    write(b.path(), &[sample("b", 0), long.clone()], &meta()).unwrap();
+    let path = b.path().join(SAMPLES_FILE);
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, format!("\n{}", text.replacen('\n', "\n\n", 1))).unwrap();
+    let dirs = [a.path().to_path_buf(), b.path().to_path_buf()];
+    let samples = [sample("a", 0), sample("b", 0), long];
+    let need = |context, extra| ContextNeed {
+        context,
+        extra,
+        advice: "advice",
+    };
+    check_context(&dirs, &samples, &need(8, None)).unwrap();
+    let err = check_context(&dirs, &samples, &need(7, None))
+        .unwrap_err()
+        .to_string();
+    let want = format!(
+        "{}: line 4: the sample has 8 tokens, more than the model's context of 7 positions \
+         (advice)",
+        path.display()
+    );
+    assert_eq!(err, want);
+    let err = check_context(&dirs, &samples, &need(8, Some((1, "it runs in one more"))))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("line 4: the sample has 8 tokens, and it runs in one more: 9 positions"),
+        "{err}"
+    );
+    // cut before the long sample (--limit): nothing to refuse
+    check_context(&dirs, &samples[..2], &need(7, None)).unwrap();
+    // a folder changed since it was read: the sample is named by its place and prompt
+    std::fs::write(&path, "").unwrap();
+    let err = check_context(&dirs, &samples, &need(7, None))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("sample 3 (prompt long): the sample has 8"),
+        "{err}"
+    );
+}
