@@ -346,6 +346,27 @@ fn a_resume_without_steps_keeps_the_runs_total() {
     let run = ok(&resume);
     assert!(run.stdout.contains("trained 2 steps"), "{}", run.stdout);
     assert_eq!(state(Path::new(&out))["step"], 5);
+    assert!(!run.stderr.contains("holds ARLA"), "{}", run.stderr);
+    // ARLA trained into the checkpoint is kept by a resume, which says it needs retraining
+    let dev = p("dev");
+    distill_tiny(d, &[("dev.jsonl", "d", 2, "dev")]);
+    let arla = [
+        "train-arla",
+        "--m2r2",
+        &out,
+        "--data",
+        &data,
+        "--dev-data",
+        &dev,
+    ];
+    ok(&cat(&arla, &["--steps", "2", "--out", &out]));
+    let run = ok(&cat(&resume, &["--steps", "6"]));
+    assert!(
+        run.stderr
+            .contains("holds ARLA (arla.safetensors, with its calibrated thresholds)"),
+        "{}",
+        run.stderr
+    );
 }
 
 /// Flags no run can use are refused before any work, by name; a batch above the data's rows is

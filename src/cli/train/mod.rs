@@ -19,6 +19,7 @@ use anyhow::{Context, Result, bail};
 use held_out::{held_out, report_cache};
 use interrupt::Stop;
 use log::{gate_summary, print_held_out, step_bar, what_is_trained, window_mean};
+use reference::m2r2::arla::ARLA_FILE;
 use std::path::PathBuf;
 use std::time::Instant;
 use train::align::AlignKind;
@@ -325,6 +326,14 @@ pub fn run(args: &Args) -> Result<()> {
             let (trainer, record) =
                 checkpoint::resume_with(model, dir, &data, Some(total), &mut slow)
                     .with_context(|| format!("cannot resume from {}", dir.display()))?;
+            if dir.join(ARLA_FILE).is_file() {
+                eprintln!(
+                    "note: {} holds ARLA ({ARLA_FILE}, with its calibrated thresholds), fitted to \
+                     the adapters as they were: kept, but retrain it with `m2r2 train-arla` after \
+                     this run",
+                    dir.display()
+                );
+            }
             (trainer, record.base_weights_sha256)
         }
         None => (
