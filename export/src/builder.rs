@@ -452,7 +452,7 @@ impl GraphBuilder {
     }
 
     /// The finished model with `metadata_props` (in the given order), or the first weight the f16
-    /// flavour refused ([`f16_bytes`]). Exports build through this.
+    /// flavour refused (`f16_bytes`). Exports build through this.
     pub fn try_finish(mut self, metadata: &[(String, String)]) -> Result<ModelProto> {
         match self.refused.take() {
             Some(refused) => Err(refused),

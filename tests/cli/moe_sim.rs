@@ -400,8 +400,8 @@ fn moe_sim_validates_flags_before_loading() {
 }
 
 /// --latency-us accepts 0 (a link without a fixed cost) and refuses what is not a finite number
-/// >= 0, -0 included (the report would print `-0.0`), saying so; byte sizes far below a byte print
-/// with a precision, not 40 digits.
+/// `>= 0`, -0 included (the report would print `-0.0`), saying so; byte sizes far below a byte
+/// print with a precision, not 40 digits.
 #[test]
 fn moe_sim_latency_and_byte_sizes() {
     let r = moe_sim(&["--latency-us", "0"]);
