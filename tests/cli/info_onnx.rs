@@ -228,4 +228,11 @@ fn info_onnx_lists_every_contradiction_of_a_graph() {
         .find(|l| l.starts_with("model     model.onnx"))
         .unwrap();
     assert!(model_row.ends_with("static, L = 32"), "{text}");
+    assert!(
+        text.contains(
+            "positions, written in place (opset 24) by the manifest, but a graph holds \
+             another (see the problems)"
+        ),
+        "{text}"
+    );
 }

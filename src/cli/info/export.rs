@@ -175,9 +175,19 @@ pub fn print_text(info: &Value) {
         }
     );
     super::m2r2::print_drafting("drafting     ", "default tree ", &info["drafting"]);
+    // the manifest's word, not printed as fact where a graph's buffers say otherwise
+    let manifest_l = info["static_cache"]["l_max"].as_u64();
+    let contradicted = match graphs
+        .iter()
+        .filter(|g| !g["kv_cache"].is_null())
+        .any(|g| g["kv_cache"]["l_max"].as_u64() != manifest_l)
+    {
+        true => " by the manifest, but a graph holds another (see the problems)",
+        false => "",
+    };
     match info["static_cache"].as_object() {
         Some(sc) => println!(
-            "KV cache      static: fixed buffers of {} positions, written in place (opset {}){}",
+            "KV cache      static: fixed buffers of {} positions, written in place (opset {}){}{contradicted}",
             sc["l_max"],
             sc["opset"],
             match sc["merged_adapters"].as_bool() {
@@ -185,7 +195,7 @@ pub fn print_text(info: &Value) {
                 _ => "",
             }
         ),
-        None => println!("KV cache      dynamic: grows every step"),
+        None => println!("KV cache      dynamic: grows every step{contradicted}"),
     }
     println!(
         "genai config  {}",
