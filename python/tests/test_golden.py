@@ -149,6 +149,24 @@ class TempDir(unittest.TestCase):
     def path(self, name: str) -> str:
         return str(Path(self.dir.name) / name)
 
+    def saved(self, name: str, tensors: dict, metadata: dict) -> str:
+        """``tensors`` and ``metadata`` written as ``name`` in the temporary folder, the entries
+        that are None left out (how the tests remove one)."""
+        out = self.path(name)
+        save_file(
+            {k: v for k, v in tensors.items() if v is not None},
+            out,
+            metadata={k: v for k, v in metadata.items() if v is not None},
+        )
+        return out
+
+    def assertRefused(self, path: str, *needles: str):
+        """Reading ``path`` raises a ValueError naming the file and every needle."""
+        with self.assertRaises(ValueError) as e:
+            m2r2_golden.read(path)
+        for needle in (path, *needles):
+            self.assertIn(needle, str(e.exception))
+
 
 class Write(TempDir):
     def test_round_trip_like_a_reference_golden(self):
@@ -518,19 +536,7 @@ class ReadRefusals(TempDir):
         t = arrays(self.ref, GREEDY_TENSORS)
         t.update(tensors or {})
         m = {**self.ref.metadata, **metadata}
-        path = self.path("bad.golden.safetensors")
-        save_file(
-            {k: v for k, v in t.items() if v is not None},
-            path,
-            metadata={k: v for k, v in m.items() if v is not None},
-        )
-        return path
-
-    def assertRefused(self, path: str, *needles: str):
-        with self.assertRaises(ValueError) as e:
-            m2r2_golden.read(path)
-        for needle in (path, *needles):
-            self.assertIn(needle, str(e.exception))
+        return self.saved("bad.golden.safetensors", t, m)
 
     def test_wrong_format_key(self):
         self.assertRefused(self.save(format="m2r2-goldn"), "not a golden file", "`format`")
@@ -1143,12 +1149,6 @@ class ReadTreeGoldens(TempDir):
         out = self.path("bad.golden.safetensors")
         save_file(t, out, metadata=m)
         return out
-
-    def assertRefused(self, path: str, *needles: str):
-        with self.assertRaises(ValueError) as e:
-            m2r2_golden.read(path)
-        for needle in (path, *needles):
-            self.assertIn(needle, str(e.exception))
 
     def test_inconsistent_tree_files_are_refused(self):
         g = m2r2_golden.read(self.grown)
