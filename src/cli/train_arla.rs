@@ -20,7 +20,7 @@ use train::arla_trainer::{
     ArlaOptions, SweepPoint, TokenGates, arla_accuracy, arla_scores, calibrate, calibrate_per_gate,
     collect, default_thresholds, sweep, train,
 };
-use train::data::{ContextNeed, DistillSample, SHORTEN_DATA, check_context};
+use train::data::{ContextNeed, DistillSample, check_context};
 
 #[derive(clap::Args, Debug)]
 #[command(
@@ -102,11 +102,7 @@ fn check_fit(
     data: &[DistillSample],
     dev: &[DistillSample],
 ) -> Result<()> {
-    let need = ContextNeed {
-        context,
-        extra: None,
-        advice: SHORTEN_DATA,
-    };
+    let need = ContextNeed::exact(context);
     check_context(&trained.data, data, &need)?;
     check_context(std::slice::from_ref(&trained.dev_data), dev, &need)?;
     Ok(())

@@ -61,7 +61,7 @@ pub const DEV_PROMPTS_FILE: &str = "dev_prompts.jsonl";
 mod context;
 pub mod prompts;
 mod run;
-pub use context::{ContextNeed, SHORTEN_DATA, check_context};
+pub use context::{ContextNeed, check_context};
 pub use run::{Run, check_out};
 
 /// How a data folder was generated.

@@ -25,7 +25,7 @@ use std::time::Instant;
 use train::align::AlignKind;
 use train::base_digest::base_weights_sha256;
 use train::checkpoint::{self, RunRecord, Saved};
-use train::data::{ContextNeed, SHORTEN_DATA, check_context};
+use train::data::{ContextNeed, check_context};
 use train::early_stop::Observation;
 use train::slow_cache::SlowPass;
 use train::trainer::StepLog;
@@ -287,11 +287,7 @@ pub fn run(args: &Args) -> Result<()> {
     ] {
         if let (Some(dir), Some(held)) = (dir, held) {
             train::data::refuse_shared_prompts(&data, &args.data, held, flag, dir)?;
-            let need = ContextNeed {
-                context: model.context_length(),
-                extra: None,
-                advice: SHORTEN_DATA,
-            };
+            let need = ContextNeed::exact(model.context_length());
             check_context(std::slice::from_ref(dir), held, &need)?;
         }
     }

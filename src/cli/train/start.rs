@@ -17,7 +17,7 @@ use reference::m2r2::exit_gate::GateKind;
 use reference::m2r2::exit_threshold::ExitThreshold;
 use reference::m2r2::weights::M2r2Weights;
 use std::path::Path;
-use train::data::{ContextNeed, DistillSample, SHORTEN_DATA, check_context};
+use train::data::{ContextNeed, DistillSample, check_context};
 use train::slow_cache::SlowPass;
 use train::trainer::{TrainOptions, Trainer, initial_weights, initial_weights_ranked};
 
@@ -31,12 +31,11 @@ pub fn new_trainer(
     batch_rows: usize,
     slow: &mut SlowPass,
 ) -> Result<Trainer> {
-    let need = ContextNeed {
-        context: model.context_length(),
-        extra: None,
-        advice: SHORTEN_DATA,
-    };
-    check_context(&args.data, data, &need)?;
+    check_context(
+        &args.data,
+        data,
+        &ContextNeed::exact(model.context_length()),
+    )?;
     let init = match &args.init {
         Some(dir) => Some(init_weights(dir, model)?),
         None => None,

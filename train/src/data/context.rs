@@ -21,8 +21,20 @@ pub struct ContextNeed<'a> {
 
 /// The advice for a command that runs each sample as it is: `distill-data` keeps every sample of
 /// a model within its context, so a longer one was made for another model, or edited.
-pub const SHORTEN_DATA: &str = "remove the line, or make the data again with `m2r2 distill-data` \
+const SHORTEN_DATA: &str = "remove the line, or make the data again with `m2r2 distill-data` \
                                 and this model, which keeps every sample within its context";
+
+impl ContextNeed<'static> {
+    /// A command that runs each sample in exactly its tokens (the slow stream of `train`, ARLA's
+    /// exit states) in a context of `context` positions.
+    pub fn exact(context: usize) -> Self {
+        ContextNeed {
+            context,
+            extra: None,
+            advice: SHORTEN_DATA,
+        }
+    }
+}
 
 impl ContextNeed<'_> {
     /// Positions `sample` is run in.
