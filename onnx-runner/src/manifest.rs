@@ -298,13 +298,34 @@ impl ExportDir {
     /// gate or M2R2 weights. Shapes alone cannot tell a draft.onnx copied from another export of
     /// equal shapes, and it decodes wrong tokens. A key a graph lacks (older exports) is not
     /// compared. The properties come from a loaded session (`check_identity`) or from the parsed
-    /// file (`m2r2 info --onnx`, which loads no session).
+    /// file (`m2r2 info --onnx`, which loads no session). The first of
+    /// [`metadata_contradictions`](Self::metadata_contradictions).
     pub fn check_metadata(
         &self,
         kind: GraphKind,
         file: &str,
         metadata: impl Fn(&str) -> Result<Option<String>>,
     ) -> Result<()> {
+        match self
+            .metadata_contradictions(kind, file, metadata)?
+            .into_iter()
+            .next()
+        {
+            Some((_, contradiction)) => Err(contradiction),
+            None => Ok(()),
+        }
+    }
+
+    /// Every `m2r2.*` key of graph file `file` (listed as graph `kind`) whose value contradicts
+    /// the manifest, in the order [`check_metadata`](Self::check_metadata) compares them, with
+    /// the error that names it (`m2r2 info --onnx` lists them all); a key that cannot be read is
+    /// the error.
+    pub fn metadata_contradictions(
+        &self,
+        kind: GraphKind,
+        file: &str,
+        metadata: impl Fn(&str) -> Result<Option<String>>,
+    ) -> Result<Vec<(&'static str, Error)>> {
         let m = &self.manifest;
         let speculative = kind != GraphKind::Model;
         let static_cache = self
@@ -334,6 +355,7 @@ impl ExportDir {
                 "M2R2 weights (hash)",
             ),
         ];
+        let mut contradictions = Vec::new();
         for (key, want, what) in expected {
             let Some(want) = want else { continue };
             let found = match (key, metadata(key)?) {
@@ -351,17 +373,18 @@ impl ExportDir {
             if let Some(found) = found
                 && found != want
             {
-                return Err(Error::Export {
+                let contradiction = Error::Export {
                     file: file.to_string(),
                     msg: format!(
                         "this graph is not the one {MANIFEST_FILE} describes: its {what} is \
                          {found}, the manifest's is {want} (`{key}`; was it copied from another \
                          export? export the folder again)"
                     ),
-                });
+                };
+                contradictions.push((key, contradiction));
             }
         }
-        Ok(())
+        Ok(contradictions)
     }
 
     /// Which M2R2 weights the export holds, as goldens identify them (`m2r2_hash`, and

@@ -173,34 +173,23 @@ pub fn held_positions(graph: &GraphProto) -> Option<usize> {
 }
 
 /// Every `m2r2.*` entry of the graph's metadata that contradicts the manifest, one problem each in
-/// the runner's words ([`ExportDir::check_metadata`], so `info` fails on what `run` refuses). That
-/// check stops at the first contradiction, so it is asked about one entry at a time, the others
-/// unanswered. The static cache length is answered as the manifest's: the KV buffers' shape
-/// ([`held_positions`]) says it from the graph itself, once.
+/// the runner's words ([`ExportDir::metadata_contradictions`], whose first `run` refuses), but the
+/// static cache length: the KV buffers' shape ([`held_positions`]) says it from the graph itself,
+/// once.
 fn metadata_problems(
     export: &ExportDir,
     kind: GraphKind,
     file: &str,
     proto: &ModelProto,
 ) -> Vec<String> {
-    // the runner's spelling of the manifest's length (`none` for a dynamic cache)
-    let l_max = export
-        .static_l_max(kind)
-        .map_or("none".to_string(), |l| l.to_string());
-    let keys = proto.metadata_props.iter().filter_map(|p| p.key.as_deref());
-    keys.filter(|key| key.starts_with("m2r2.") && *key != STATIC_CACHE_KEY)
-        .filter_map(|key| {
-            let answer = |asked: &str| match asked {
-                STATIC_CACHE_KEY => Some(l_max.clone()),
-                _ if asked == key => metadata(proto, key),
-                _ => None,
-            };
-            export
-                .check_metadata(kind, file, |asked| Ok(answer(asked)))
-                .err()
-        })
-        .map(|e| e.to_string())
-        .collect()
+    match export.metadata_contradictions(kind, file, |key| Ok(metadata(proto, key))) {
+        Ok(found) => found
+            .into_iter()
+            .filter(|(key, _)| *key != STATIC_CACHE_KEY)
+            .map(|(_, contradiction)| contradiction.to_string())
+            .collect(),
+        Err(e) => vec![e.to_string()],
+    }
 }
 
 pub fn file_size(path: &Path) -> u64 {
